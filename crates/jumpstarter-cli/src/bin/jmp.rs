@@ -1,0 +1,4 @@
+//! `jmp`: the Jumpstarter CLI.
+fn main() -> std::process::ExitCode {
+    jumpstarter_cli::jmp::main()
+}

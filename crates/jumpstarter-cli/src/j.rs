@@ -1,0 +1,51 @@
+//! `j`: drive the exporter of the current `jmp shell`, with commands built from its tree.
+
+use std::process::ExitCode;
+
+use jumpstarter_core::client::{ConnectOptions, ExporterSession};
+
+/// Entry point of the `j` binary.
+pub fn main() -> ExitCode {
+    let Some(host) = std::env::var("JUMPSTARTER_HOST")
+        .ok()
+        .filter(|h| !h.is_empty())
+    else {
+        eprintln!("Error: the j command must be used inside a jmp shell: JUMPSTARTER_HOST not set");
+        return ExitCode::FAILURE;
+    };
+    let level = std::env::args().skip_while(|a| a != "--log-level").nth(1);
+    crate::logging::init(level.as_deref());
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("Error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    rt.block_on(async move {
+        let session = match ExporterSession::connect(&host, &ConnectOptions::from_env()).await {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("Error: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let matches = match jumpstarter_drivers::cli::j_command(&session).try_get_matches() {
+            Ok(m) => m,
+            Err(e) => {
+                let _ = e.print();
+                return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
+            }
+        };
+        match jumpstarter_drivers::cli::run(session.root(), matches).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("Error: {e}");
+                ExitCode::FAILURE
+            }
+        }
+    })
+}

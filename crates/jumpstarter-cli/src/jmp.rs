@@ -1,0 +1,291 @@
+//! `jmp`: the Jumpstarter CLI.
+
+use std::{path::PathBuf, process::ExitCode, sync::Arc};
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Parser, Subcommand};
+use jumpstarter_core::{
+    Session,
+    client::{ConnectOptions, ExporterSession},
+    config::{ExporterConfig, exporter_config_path},
+    serve::{ServeOptions, serve_tcp},
+};
+
+use crate::shell;
+
+/// The Jumpstarter CLI
+#[derive(Parser, Debug)]
+#[command(name = "jmp", version, about = "The Jumpstarter CLI")]
+pub struct Cli {
+    /// Set the log level
+    #[arg(long, global = true, value_parser = ["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"])]
+    pub log_level: Option<String>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Spawns a shell (or custom command) connecting to a local or remote exporter
+    #[command(visible_alias = "sh", alias = "s")]
+    Shell(ShellArgs),
+    /// Run an exporter locally.
+    Run(RunArgs),
+    /// Get the current Jumpstarter version
+    #[command(alias = "ver", alias = "v")]
+    Version,
+}
+
+/// Which exporter config to use.
+#[derive(Args, Debug, Default)]
+struct ExporterSelect {
+    /// Path of exporter config
+    #[arg(long, value_name = "PATH")]
+    exporter_config: Option<PathBuf>,
+    /// Alias of exporter config
+    #[arg(long, value_name = "TEXT", conflicts_with = "exporter_config")]
+    exporter: Option<String>,
+}
+
+impl ExporterSelect {
+    fn load(&self) -> Result<Option<ExporterConfig>> {
+        let path = match (&self.exporter_config, &self.exporter) {
+            (Some(p), _) => p.clone(),
+            (None, Some(alias)) => exporter_config_path(alias)?,
+            (None, None) => return Ok(None),
+        };
+        Ok(Some(ExporterConfig::load(&path)?))
+    }
+}
+
+/// Spawns a shell (or custom command) connecting to a local or remote exporter.
+///
+/// COMMAND is the custom command to run instead of shell; its exit code becomes jmp's.
+#[derive(Args, Debug)]
+struct ShellArgs {
+    #[command(flatten)]
+    exporter: ExporterSelect,
+    /// Connect directly to an exporter at this address (no controller). E.g.
+    /// exporter.host.name:1234.
+    #[arg(long, value_name = "HOST:PORT")]
+    tls_grpc: Option<String>,
+    /// With --tls-grpc, connect without TLS (insecure, for development only).
+    #[arg(long, requires = "tls_grpc")]
+    tls_grpc_insecure: bool,
+    /// With --tls-grpc, also trust this CA certificate (PEM) besides the system roots.
+    #[arg(long, value_name = "PATH", requires = "tls_grpc")]
+    tls_ca: Option<PathBuf>,
+    /// Passphrase for authenticating with a standalone exporter (--tls-grpc).
+    #[arg(long, value_name = "TEXT", requires = "tls_grpc")]
+    passphrase: Option<String>,
+    /// The command to run instead of a shell.
+    #[arg(
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "COMMAND"
+    )]
+    command: Vec<String>,
+}
+
+/// Run an exporter locally.
+#[derive(Args, Debug)]
+struct RunArgs {
+    #[command(flatten)]
+    exporter: ExporterSelect,
+    /// Listen on TCP (and optional TLS) instead of registering with a controller. E.g. 1234
+    /// or 0.0.0.0:1234.
+    #[arg(long, value_name = "[HOST:]PORT")]
+    tls_grpc_listener: Option<String>,
+    /// With --tls-grpc-listener, listen without TLS (insecure, for development only).
+    #[arg(long, requires = "tls_grpc_listener")]
+    tls_grpc_insecure: bool,
+    /// Server certificate (PEM) for --tls-grpc-listener.
+    #[arg(long, value_name = "PATH", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// Server private key (PEM) for --tls-grpc-listener.
+    #[arg(long, value_name = "PATH", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Require this passphrase from clients connecting via --tls-grpc-listener.
+    #[arg(long, value_name = "TEXT", requires = "tls_grpc_listener")]
+    passphrase: Option<String>,
+}
+
+/// Entry point of the `jmp` binary.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    crate::logging::init(cli.log_level.as_deref());
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("Error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(cli)) {
+        Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        Err(e) => {
+            eprintln!("Error: {}", format_error(&e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// An error with its causes, on one line.
+pub fn format_error(e: &anyhow::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+    }
+    parts.join(": ")
+}
+
+/// Runs a parsed command line; returns the exit code.
+pub async fn run(cli: Cli) -> Result<i32> {
+    match cli.command {
+        Command::Shell(args) => shell(args).await,
+        Command::Run(args) => run_exporter(args).await,
+        Command::Version => {
+            println!("Jumpstarter v{} (Rust)", env!("CARGO_PKG_VERSION"));
+            Ok(0)
+        }
+    }
+}
+
+async fn shell(args: ShellArgs) -> Result<i32> {
+    if let Some(addr) = &args.tls_grpc {
+        let opts = ConnectOptions {
+            insecure: args.tls_grpc_insecure,
+            passphrase: args.passphrase.clone(),
+            ca_pem: match &args.tls_ca {
+                Some(p) => {
+                    Some(std::fs::read(p).with_context(|| format!("cannot read {}", p.display()))?)
+                }
+                None => None,
+            },
+        };
+        // Fail here, with one clear line, rather than in every command of the shell.
+        ExporterSession::connect(addr, &opts).await?;
+        let mut env = shell::base_env(addr);
+        if args.tls_grpc_insecure {
+            env.insert("JMP_GRPC_INSECURE".into(), "1".into());
+        }
+        if let Some(p) = &args.passphrase {
+            env.insert("JMP_GRPC_PASSPHRASE".into(), p.clone());
+        }
+        if let Some(p) = &args.tls_ca {
+            let abs = std::path::absolute(p).unwrap_or_else(|_| p.clone());
+            env.insert("JMP_GRPC_CA".into(), abs.to_string_lossy().into());
+        }
+        env.insert("JMP_LEASE".into(), "direct".into());
+        env.insert("JMP_EXPORTER".into(), "direct".into());
+        return shell::run_child(&args.command, &env, "direct").await;
+    }
+    match args.exporter.load()? {
+        Some(cfg) => shell::local(&cfg, &args.command).await,
+        None => bail!(
+            "no exporter given: use --exporter-config PATH or --exporter ALIAS for a local \
+             exporter, or --tls-grpc HOST:PORT for a standalone one"
+        ),
+    }
+}
+
+/// Parses `[HOST:]PORT` (default host 0.0.0.0, as upstream).
+fn listen_addr(spec: &str) -> Result<String> {
+    let (host, port) = match spec.rsplit_once(':') {
+        Some((h, p)) => (h.trim_start_matches('[').trim_end_matches(']'), p),
+        None => ("0.0.0.0", spec),
+    };
+    let port: u16 = port
+        .parse()
+        .with_context(|| format!("invalid port in --tls-grpc-listener {spec:?}"))?;
+    let host = if host.is_empty() { "0.0.0.0" } else { host };
+    Ok(if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    })
+}
+
+async fn run_exporter(args: RunArgs) -> Result<i32> {
+    let cfg = args
+        .exporter
+        .load()?
+        .context("no exporter given: use --exporter-config PATH or --exporter ALIAS")?;
+    let Some(spec) = &args.tls_grpc_listener else {
+        bail!(
+            "controller mode (jmp run without --tls-grpc-listener) is not available in this \
+             build yet; use --tls-grpc-listener [HOST:]PORT to serve clients directly"
+        );
+    };
+    let tls = match (&args.tls_cert, &args.tls_key, args.tls_grpc_insecure) {
+        (Some(_), Some(_), true) => {
+            bail!("--tls-grpc-insecure cannot be used with --tls-cert/--tls-key")
+        }
+        (Some(c), Some(k), false) => Some((
+            std::fs::read(c).with_context(|| format!("cannot read {}", c.display()))?,
+            std::fs::read(k).with_context(|| format!("cannot read {}", k.display()))?,
+        )),
+        (None, None, true) => None,
+        _ => bail!("--tls-grpc-listener needs --tls-cert and --tls-key, or --tls-grpc-insecure"),
+    };
+    let tree = jumpstarter_drivers::stock_registry().build(&cfg)?;
+    let session = Session::new_ready(tree, Default::default());
+    let addr = listen_addr(spec)?;
+    let listener = tokio::net::TcpListener::bind(&addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}"))?;
+    let local = listener.local_addr()?;
+    eprintln!(
+        "Exporter {} listening on {local} ({})",
+        cfg.metadata.name,
+        if tls.is_some() { "TLS" } else { "plaintext" }
+    );
+    let opts = ServeOptions {
+        tls,
+        passphrase: args.passphrase.clone(),
+    };
+    serve_tcp(Arc::clone(&session), listener, opts, shutdown_signal()).await?;
+    Ok(0)
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listen_addresses() {
+        assert_eq!(listen_addr("1234").unwrap(), "0.0.0.0:1234");
+        assert_eq!(listen_addr("127.0.0.1:0").unwrap(), "127.0.0.1:0");
+        assert_eq!(listen_addr(":99").unwrap(), "0.0.0.0:99");
+        assert_eq!(listen_addr("[::1]:5").unwrap(), "[::1]:5");
+        assert!(listen_addr("host:port").is_err());
+    }
+
+    #[test]
+    fn cli_parses() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

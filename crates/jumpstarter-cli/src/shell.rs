@@ -1,0 +1,115 @@
+//! What `jmp shell` does once it has an exporter to talk to: run a command (or the user's
+//! shell) with `JUMPSTARTER_HOST` and friends set, and return its exit code.
+
+use std::{collections::BTreeMap, path::Path, sync::Arc};
+
+use anyhow::{Context, Result};
+use jumpstarter_core::{
+    Session,
+    config::ExporterConfig,
+    serve::{local_socket_path, serve_unix},
+};
+
+/// Environment for the child of `jmp shell`.
+pub type ShellEnv = BTreeMap<String, String>;
+
+/// Runs `command` (or an interactive shell when empty) with `env` added; returns the exit
+/// code to leave with (128 + signal when the child was killed by a signal).
+pub async fn run_child(command: &[String], env: &ShellEnv, context: &str) -> Result<i32> {
+    let mut cmd = if let Some((prog, args)) = command.split_first() {
+        let mut c = tokio::process::Command::new(prog);
+        c.args(args);
+        c
+    } else {
+        let shell = std::env::var("SHELL")
+            .ok()
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| "bash".into());
+        let mut c = tokio::process::Command::new(&shell);
+        let name = Path::new(&shell)
+            .file_name()
+            .map(|n| n.to_string_lossy().to_string())
+            .unwrap_or_default();
+        match name.as_str() {
+            "bash" => {
+                c.args(["--norc", "--noprofile"]);
+                c.env("PS1", format!("⚡{context} ➤ "));
+            }
+            "zsh" => {
+                c.arg("--no-rcs");
+                c.env("PROMPT", format!("⚡{context} ➤ "));
+            }
+            _ => {
+                c.env("PS1", format!("⚡{context} ➤ "));
+            }
+        }
+        eprintln!("Connected to {context}; type `exit` to leave.");
+        c
+    };
+    cmd.envs(env);
+    let program = command.first().cloned().unwrap_or_else(|| "shell".into());
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("cannot run {program:?}"))?;
+    // Ctrl-C belongs to the child (it shares our terminal); we keep serving until it exits.
+    let status = loop {
+        tokio::select! {
+            s = child.wait() => break s.with_context(|| format!("waiting for {program:?}"))?,
+            _ = tokio::signal::ctrl_c() => continue,
+        }
+    };
+    Ok(exit_code(status))
+}
+
+fn exit_code(status: std::process::ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(c), _) => c,
+        (None, Some(sig)) => 128 + sig,
+        (None, None) => 1,
+    }
+}
+
+/// The environment every `jmp shell` child gets besides `JUMPSTARTER_HOST`.
+pub fn base_env(host: &str) -> ShellEnv {
+    let mut env = ShellEnv::new();
+    env.insert("JUMPSTARTER_HOST".into(), host.into());
+    env.insert("JMP_DRIVERS_ALLOW".into(), "UNSAFE".into());
+    env.insert("_JMP_SUPPRESS_DRIVER_WARNINGS".into(), "1".into());
+    env
+}
+
+/// Builds the exporter of `cfg` in this process, serves it on a private Unix socket and runs
+/// `command` against it. Unlike upstream 0.9.0, the command's exit code is returned.
+pub async fn local(cfg: &ExporterConfig, command: &[String]) -> Result<i32> {
+    let tree = jumpstarter_drivers::stock_registry().build(cfg)?;
+    let session = Session::new_ready(tree, BTreeMap::new());
+    let dir = private_dir()?;
+    let socket = local_socket_path(dir.path());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = serve_unix(Arc::clone(&session), &socket, async {
+        let _ = stopped.await;
+    })?;
+    let server = tokio::spawn(server);
+    let env = base_env(&socket.to_string_lossy());
+    let code = run_child(command, &env, "local").await;
+    let _ = stop.send(());
+    match server.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!("exporter stopped with an error: {e}"),
+        Err(e) => tracing::warn!("exporter task failed: {e}"),
+    }
+    code
+}
+
+/// A fresh private (0700) directory under `$XDG_RUNTIME_DIR` or the temp dir.
+pub fn private_dir() -> Result<tempfile::TempDir> {
+    let base = std::env::var_os("XDG_RUNTIME_DIR")
+        .filter(|d| !d.is_empty() && Path::new(d).is_dir())
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
+    tempfile::Builder::new()
+        .prefix("jumpstarter-")
+        .tempdir_in(&base)
+        .with_context(|| format!("cannot create a private directory in {}", base.display()))
+}

@@ -1,0 +1,1 @@
+//! The Jumpstarter controller: inventory, authentication and lease scheduling (not built yet).

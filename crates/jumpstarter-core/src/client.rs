@@ -1,0 +1,675 @@
+//! The client library: connect to an exporter session, read its driver tree, call drivers.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), jumpstarter_core::ClientError> {
+//! use jumpstarter_core::client::{ConnectOptions, ExporterSession};
+//! // What `j` does inside `jmp shell`: JUMPSTARTER_HOST is a Unix path or host:port.
+//! let session = ExporterSession::connect("/tmp/jumpstarter.sock", &ConnectOptions::from_env()).await?;
+//! let power = session.driver("power")?;
+//! power.call::<()>("on", ()).await?;
+//! # Ok(()) }
+//! ```
+
+use std::{collections::BTreeMap, path::PathBuf, sync::Arc};
+
+use futures::{StreamExt, stream::BoxStream};
+use hyper_util::rt::TokioIo;
+use jumpstarter_proto::v1::{
+    DriverCallRequest, GetStatusRequest, GetStatusResponse, StreamRequest,
+    StreamingDriverCallRequest, exporter_service_client::ExporterServiceClient,
+    router_service_client::RouterServiceClient,
+};
+use serde::{Serialize, de::DeserializeOwned};
+use tokio::io::{AsyncRead, AsyncWrite, DuplexStream};
+use tonic::{
+    Request, Status,
+    metadata::{MetadataMap, MetadataValue},
+    service::interceptor::InterceptedService,
+    transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Uri},
+};
+
+use crate::{
+    DriverError,
+    frames::splice,
+    resource::{PIPE_BUFFER, ResourceHandle, StreamRequestMetadata},
+    serve::PASSPHRASE_METADATA,
+    tree::{CLIENT_LABEL, NAME_LABEL},
+    value::{self, Value},
+};
+
+/// Why a client operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The exporter could not be reached.
+    #[error("cannot connect to {target}: {message}")]
+    Connect {
+        /// The address or socket path.
+        target: String,
+        /// Why.
+        message: String,
+    },
+    /// The exporter refused the passphrase.
+    #[error("Authentication failed: {0}")]
+    Authentication(String),
+    /// A driver call failed.
+    #[error("{driver}.{method}: {error}")]
+    Call {
+        /// The driver path (`power`).
+        driver: String,
+        /// The method.
+        method: String,
+        /// The error, mapped from the gRPC status.
+        error: DriverError,
+    },
+    /// An RPC other than a driver call failed.
+    #[error("{rpc} failed: {status}")]
+    Rpc {
+        /// The RPC.
+        rpc: &'static str,
+        /// The status.
+        status: Box<Status>,
+    },
+    /// No driver at that path in the exporter's tree.
+    #[error("no driver named {path:?} in this exporter (available: {available})")]
+    NoSuchDriver {
+        /// The requested path.
+        path: String,
+        /// The paths that exist.
+        available: String,
+    },
+    /// The exporter's report is inconsistent.
+    #[error("invalid report from exporter: {0}")]
+    Report(String),
+    /// A value could not be encoded or decoded.
+    #[error("{0}")]
+    Value(String),
+    /// Local I/O failed during a transfer.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl ClientError {
+    fn rpc(rpc: &'static str, status: Status) -> Self {
+        if status.code() == tonic::Code::Unauthenticated {
+            return ClientError::Authentication(status.message().to_string());
+        }
+        ClientError::Rpc {
+            rpc,
+            status: Box::new(status),
+        }
+    }
+}
+
+/// How to reach an exporter session.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Target {
+    /// A Unix socket path (local mode).
+    Unix(PathBuf),
+    /// `host:port` (direct mode).
+    Tcp(String),
+}
+
+impl Target {
+    /// Parses `JUMPSTARTER_HOST`: `host:port` with a valid port is TCP, anything else a path.
+    pub fn parse(host: &str) -> Self {
+        if let Some((h, p)) = host.rsplit_once(':')
+            && !h.is_empty()
+            && !h.contains('/')
+            && p.parse::<u16>().is_ok()
+        {
+            return Target::Tcp(host.to_string());
+        }
+        Target::Unix(PathBuf::from(host.strip_prefix("unix://").unwrap_or(host)))
+    }
+}
+
+/// Options for direct (TCP) connections.
+#[derive(Debug, Clone, Default)]
+pub struct ConnectOptions {
+    /// Plaintext HTTP/2 instead of TLS (`JMP_GRPC_INSECURE=1`).
+    pub insecure: bool,
+    /// Passphrase sent with every RPC (`JMP_GRPC_PASSPHRASE`).
+    pub passphrase: Option<String>,
+    /// Extra CA certificate (PEM) to trust for TLS (`JMP_GRPC_CA`, a file path).
+    pub ca_pem: Option<Vec<u8>>,
+}
+
+fn env_flag(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| matches!(v.as_str(), "1" | "true" | "True" | "yes"))
+}
+
+impl ConnectOptions {
+    /// Reads `JMP_GRPC_INSECURE` / `JUMPSTARTER_GRPC_INSECURE`, `JMP_GRPC_PASSPHRASE` and
+    /// `JMP_GRPC_CA`, as `jmp shell` sets them for the commands it runs.
+    pub fn from_env() -> Self {
+        Self {
+            insecure: env_flag("JMP_GRPC_INSECURE") || env_flag("JUMPSTARTER_GRPC_INSECURE"),
+            passphrase: std::env::var("JMP_GRPC_PASSPHRASE")
+                .ok()
+                .filter(|p| !p.is_empty()),
+            ca_pem: std::env::var_os("JMP_GRPC_CA").and_then(|p| std::fs::read(p).ok()),
+        }
+    }
+}
+
+/// Adds per-call metadata (the passphrase) to every request.
+#[derive(Clone, Default)]
+pub struct CallMetadata {
+    entries: Arc<Vec<(&'static str, MetadataValue<tonic::metadata::Ascii>)>>,
+}
+
+impl tonic::service::Interceptor for CallMetadata {
+    fn call(&mut self, mut req: Request<()>) -> Result<Request<()>, Status> {
+        for (k, v) in self.entries.iter() {
+            req.metadata_mut().insert(*k, v.clone());
+        }
+        Ok(req)
+    }
+}
+
+/// A channel with call metadata attached.
+pub type SessionChannel = InterceptedService<Channel, CallMetadata>;
+
+/// Opens a gRPC channel to an exporter session.
+pub async fn connect_channel(
+    host: &str,
+    opts: &ConnectOptions,
+) -> Result<SessionChannel, ClientError> {
+    let connect_err = |e: &dyn std::error::Error| ClientError::Connect {
+        target: host.to_string(),
+        message: error_chain(e),
+    };
+    let channel = match Target::parse(host) {
+        Target::Unix(path) => {
+            let endpoint = Endpoint::from_static("http://localhost");
+            endpoint
+                .connect_with_connector(tower::service_fn(move |_: Uri| {
+                    let path = path.clone();
+                    async move {
+                        let s = tokio::net::UnixStream::connect(path).await?;
+                        Ok::<_, std::io::Error>(TokioIo::new(s))
+                    }
+                }))
+                .await
+                .map_err(|e| connect_err(&e))?
+        }
+        Target::Tcp(addr) => {
+            let scheme = if opts.insecure { "http" } else { "https" };
+            let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))
+                .map_err(|e| connect_err(&e))?
+                .tcp_nodelay(true)
+                .http2_keep_alive_interval(std::time::Duration::from_secs(20))
+                .keep_alive_while_idle(true);
+            if !opts.insecure {
+                let mut tls = ClientTlsConfig::new().with_native_roots();
+                if let Some(ca) = &opts.ca_pem {
+                    tls = tls.ca_certificate(Certificate::from_pem(ca));
+                }
+                endpoint = endpoint.tls_config(tls).map_err(|e| connect_err(&e))?;
+            }
+            endpoint.connect().await.map_err(|e| connect_err(&e))?
+        }
+    };
+    let mut entries = Vec::new();
+    if let Some(p) = &opts.passphrase {
+        let v = MetadataValue::try_from(p.as_str()).map_err(|_| ClientError::Connect {
+            target: host.to_string(),
+            message: "the passphrase must be printable ASCII".into(),
+        })?;
+        entries.push((PASSPHRASE_METADATA, v));
+    }
+    Ok(InterceptedService::new(
+        channel,
+        CallMetadata {
+            entries: Arc::new(entries),
+        },
+    ))
+}
+
+/// An error and its sources on one line (`a: b: c`), skipping repeats.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        src = s.source();
+    }
+    out
+}
+
+/// One driver as the client sees it (from `GetReport`).
+#[derive(Debug, Clone)]
+pub struct ClientNode {
+    /// Driver uuid.
+    pub uuid: String,
+    /// Dotted path from the root (`""` for the root).
+    pub path: String,
+    /// Reported labels.
+    pub labels: BTreeMap<String, String>,
+    /// Description.
+    pub description: Option<String>,
+    /// Help per CLI command.
+    pub methods_description: BTreeMap<String, String>,
+    /// Children by name, in report order.
+    pub children: Vec<(String, Arc<ClientNode>)>,
+}
+
+impl ClientNode {
+    /// The `jumpstarter.dev/client` label.
+    pub fn client_class(&self) -> &str {
+        self.labels
+            .get(CLIENT_LABEL)
+            .map(String::as_str)
+            .unwrap_or("")
+    }
+}
+
+/// Rebuilds the tree from a report list (parents before children, as upstream).
+fn build_tree(
+    reports: Vec<jumpstarter_proto::v1::DriverInstanceReport>,
+) -> Result<Arc<ClientNode>, ClientError> {
+    use std::collections::HashMap;
+    let mut children_of: HashMap<String, Vec<(String, String)>> = HashMap::new();
+    let mut by_uuid: HashMap<String, jumpstarter_proto::v1::DriverInstanceReport> = HashMap::new();
+    let mut root = None;
+    for r in reports {
+        match &r.parent_uuid {
+            Some(p) => {
+                if !by_uuid.contains_key(p) {
+                    return Err(ClientError::Report(format!(
+                        "driver {} appears before its parent {p}",
+                        r.uuid
+                    )));
+                }
+                let name = r
+                    .labels
+                    .get(NAME_LABEL)
+                    .cloned()
+                    .unwrap_or_else(|| r.uuid.clone());
+                children_of
+                    .entry(p.clone())
+                    .or_default()
+                    .push((name, r.uuid.clone()));
+            }
+            None if root.is_none() => root = Some(r.uuid.clone()),
+            None => {}
+        }
+        // A proxy repeats its target's uuid; the first report of a uuid is the one we keep.
+        by_uuid.entry(r.uuid.clone()).or_insert(r);
+    }
+    let root = root.ok_or_else(|| ClientError::Report("no root driver".into()))?;
+    fn make(
+        uuid: &str,
+        path: String,
+        by_uuid: &HashMap<String, jumpstarter_proto::v1::DriverInstanceReport>,
+        children_of: &HashMap<String, Vec<(String, String)>>,
+        depth: usize,
+    ) -> Result<Arc<ClientNode>, ClientError> {
+        if depth > 64 {
+            return Err(ClientError::Report(
+                "driver tree deeper than 64 levels".into(),
+            ));
+        }
+        let r = by_uuid
+            .get(uuid)
+            .ok_or_else(|| ClientError::Report(format!("unknown driver {uuid}")))?;
+        let mut children = Vec::new();
+        for (name, child) in children_of.get(uuid).into_iter().flatten() {
+            let p = if path.is_empty() {
+                name.clone()
+            } else {
+                format!("{path}.{name}")
+            };
+            children.push((
+                name.clone(),
+                make(child, p, by_uuid, children_of, depth + 1)?,
+            ));
+        }
+        Ok(Arc::new(ClientNode {
+            uuid: uuid.to_string(),
+            path,
+            labels: r.labels.clone().into_iter().collect(),
+            description: r.description.clone(),
+            methods_description: r.methods_description.clone().into_iter().collect(),
+            children,
+        }))
+    }
+    make(&root, String::new(), &by_uuid, &children_of, 0)
+}
+
+/// A connected exporter session with its driver tree.
+#[derive(Clone)]
+pub struct ExporterSession {
+    channel: SessionChannel,
+    labels: BTreeMap<String, String>,
+    root: Arc<ClientNode>,
+}
+
+impl ExporterSession {
+    /// Connects to `host` (Unix path or `host:port`) and reads the driver tree.
+    pub async fn connect(host: &str, opts: &ConnectOptions) -> Result<Self, ClientError> {
+        let channel = connect_channel(host, opts).await?;
+        Self::from_channel(channel).await
+    }
+
+    /// Reads the driver tree over an existing channel.
+    pub async fn from_channel(channel: SessionChannel) -> Result<Self, ClientError> {
+        let report = ExporterServiceClient::new(channel.clone())
+            .get_report(())
+            .await
+            .map_err(|s| ClientError::rpc("GetReport", s))?
+            .into_inner();
+        let root = build_tree(report.reports)?;
+        Ok(Self {
+            channel,
+            labels: report.labels.into_iter().collect(),
+            root,
+        })
+    }
+
+    /// The exporter's labels.
+    pub fn labels(&self) -> &BTreeMap<String, String> {
+        &self.labels
+    }
+
+    /// The root driver.
+    pub fn root(&self) -> DriverClient {
+        DriverClient {
+            channel: self.channel.clone(),
+            node: self.root.clone(),
+        }
+    }
+
+    /// The driver at a dotted path (`power`, `storage.disk`).
+    pub fn driver(&self, path: &str) -> Result<DriverClient, ClientError> {
+        let mut node = self.root.clone();
+        for part in path.split('.').filter(|p| !p.is_empty()) {
+            let next = node
+                .children
+                .iter()
+                .find(|(n, _)| n == part)
+                .map(|(_, c)| c.clone());
+            node = match next {
+                Some(n) => n,
+                None => {
+                    return Err(ClientError::NoSuchDriver {
+                        path: path.to_string(),
+                        available: all_paths(&self.root).join(", "),
+                    });
+                }
+            };
+        }
+        Ok(DriverClient {
+            channel: self.channel.clone(),
+            node,
+        })
+    }
+
+    /// The exporter's status (`GetStatus`).
+    pub async fn status(&self) -> Result<GetStatusResponse, ClientError> {
+        ExporterServiceClient::new(self.channel.clone())
+            .get_status(GetStatusRequest {})
+            .await
+            .map(|r| r.into_inner())
+            .map_err(|s| ClientError::rpc("GetStatus", s))
+    }
+}
+
+fn all_paths(node: &ClientNode) -> Vec<String> {
+    let mut out = Vec::new();
+    for (_, c) in &node.children {
+        out.push(c.path.clone());
+        out.extend(all_paths(c));
+    }
+    out
+}
+
+/// Positional arguments of a driver call.
+pub trait IntoArgs {
+    /// Encodes the arguments.
+    fn into_args(self) -> Result<Vec<Value>, ClientError>;
+}
+
+impl IntoArgs for Vec<Value> {
+    fn into_args(self) -> Result<Vec<Value>, ClientError> {
+        Ok(self)
+    }
+}
+
+impl IntoArgs for () {
+    fn into_args(self) -> Result<Vec<Value>, ClientError> {
+        Ok(Vec::new())
+    }
+}
+
+macro_rules! tuple_args {
+    ($($t:ident),+) => {
+        impl<$($t: Serialize),+> IntoArgs for ($($t,)+) {
+            #[allow(non_snake_case)]
+            fn into_args(self) -> Result<Vec<Value>, ClientError> {
+                let ($($t,)+) = self;
+                Ok(vec![$(value::to_value(&$t).map_err(|e| ClientError::Value(e.to_string()))?),+])
+            }
+        }
+    };
+}
+tuple_args!(A);
+tuple_args!(A, B);
+tuple_args!(A, B, C);
+tuple_args!(A, B, C, D);
+
+/// A handle on one driver of a connected exporter.
+#[derive(Clone)]
+pub struct DriverClient {
+    channel: SessionChannel,
+    node: Arc<ClientNode>,
+}
+
+impl DriverClient {
+    /// What the exporter reported about this driver.
+    pub fn node(&self) -> &ClientNode {
+        &self.node
+    }
+
+    /// The driver's path (`power`).
+    pub fn path(&self) -> &str {
+        &self.node.path
+    }
+
+    /// A child by name.
+    pub fn child(&self, name: &str) -> Option<DriverClient> {
+        self.node
+            .children
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, c)| DriverClient {
+                channel: self.channel.clone(),
+                node: c.clone(),
+            })
+    }
+
+    /// The children, in report order.
+    pub fn children(&self) -> Vec<(String, DriverClient)> {
+        self.node
+            .children
+            .iter()
+            .map(|(n, c)| {
+                (
+                    n.clone(),
+                    DriverClient {
+                        channel: self.channel.clone(),
+                        node: c.clone(),
+                    },
+                )
+            })
+            .collect()
+    }
+
+    fn call_error(&self, method: &str, status: &Status) -> ClientError {
+        if status.code() == tonic::Code::Unauthenticated {
+            return ClientError::Authentication(status.message().to_string());
+        }
+        ClientError::Call {
+            driver: self.node.path.clone(),
+            method: method.to_string(),
+            error: DriverError::from_status(status),
+        }
+    }
+
+    /// Calls a unary method and decodes its result.
+    pub async fn call<T: DeserializeOwned>(
+        &self,
+        method: &str,
+        args: impl IntoArgs,
+    ) -> Result<T, ClientError> {
+        let raw = self.call_raw(method, args.into_args()?).await?;
+        value::from_value(raw).map_err(|e| ClientError::Value(format!("{method}: {e}")))
+    }
+
+    /// Calls a unary method, returning the raw `Value`.
+    pub async fn call_raw(&self, method: &str, args: Vec<Value>) -> Result<Value, ClientError> {
+        let resp = ExporterServiceClient::new(self.channel.clone())
+            .driver_call(DriverCallRequest {
+                uuid: self.node.uuid.clone(),
+                method: method.to_string(),
+                args,
+            })
+            .await
+            .map_err(|s| self.call_error(method, &s))?;
+        Ok(resp.into_inner().result.unwrap_or(Value {
+            kind: Some(prost_types::value::Kind::NullValue(0)),
+        }))
+    }
+
+    /// Calls a streaming method; each item is decoded as `T`.
+    pub async fn streaming_call<T: DeserializeOwned + Send + 'static>(
+        &self,
+        method: &str,
+        args: impl IntoArgs,
+    ) -> Result<BoxStream<'static, Result<T, ClientError>>, ClientError> {
+        let resp = ExporterServiceClient::new(self.channel.clone())
+            .streaming_driver_call(StreamingDriverCallRequest {
+                uuid: self.node.uuid.clone(),
+                method: method.to_string(),
+                args: args.into_args()?,
+            })
+            .await
+            .map_err(|s| self.call_error(method, &s))?;
+        let this = self.clone();
+        let method = method.to_string();
+        Ok(resp
+            .into_inner()
+            .map(move |item| {
+                let item = item.map_err(|s| this.call_error(&method, &s))?;
+                let v = item.result.unwrap_or_default();
+                value::from_value(v).map_err(|e| ClientError::Value(format!("{method}: {e}")))
+            })
+            .boxed())
+    }
+
+    async fn open_router_stream(
+        &self,
+        request: &StreamRequestMetadata,
+    ) -> Result<(MetadataMap, DuplexStream), ClientError> {
+        let (tx, rx) = tokio::sync::mpsc::channel::<StreamRequest>(1);
+        let mut req = Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+        let v = MetadataValue::try_from(request.to_json())
+            .map_err(|e| ClientError::Value(e.to_string()))?;
+        req.metadata_mut().insert("request", v);
+        let resp = RouterServiceClient::new(self.channel.clone())
+            .stream(req)
+            .await
+            .map_err(|s| self.call_error("stream", &s))?;
+        let meta = resp.metadata().clone();
+        let (local, user) = tokio::io::duplex(PIPE_BUFFER);
+        let mut outbound = Box::pin(splice::<_, StreamRequest, _, _, _, _>(
+            resp.into_inner(),
+            local,
+            (),
+        ));
+        tokio::spawn(async move {
+            while let Some(frame) = outbound.next().await {
+                if tx.send(frame).await.is_err() {
+                    break;
+                }
+            }
+        });
+        Ok((meta, user))
+    }
+
+    /// Opens a byte stream to an `#[export(stream)]` method (upstream `@exportstream`).
+    pub async fn open_stream(
+        &self,
+        method: &str,
+    ) -> Result<impl AsyncRead + AsyncWrite + Send + Unpin + 'static, ClientError> {
+        let uuid = parse_uuid(&self.node.uuid)?;
+        let (_, io) = self
+            .open_router_stream(&StreamRequestMetadata::Driver {
+                uuid,
+                method: method.to_string(),
+            })
+            .await?;
+        Ok(io)
+    }
+
+    /// Opens a resource stream for this driver: returns the handle to pass to a driver
+    /// method and the local end (write the bytes the driver reads; read what it writes).
+    pub async fn open_resource(
+        &self,
+    ) -> Result<
+        (
+            ResourceHandle,
+            impl AsyncRead + AsyncWrite + Send + Unpin + 'static,
+        ),
+        ClientError,
+    > {
+        let uuid = parse_uuid(&self.node.uuid)?;
+        let (meta, io) = self
+            .open_router_stream(&StreamRequestMetadata::Resource {
+                uuid,
+                x_jmp_content_encoding: None,
+            })
+            .await?;
+        let raw = meta
+            .get("resource")
+            .and_then(|v| v.to_str().ok())
+            .ok_or_else(|| ClientError::Report("exporter sent no resource handle".into()))?;
+        let handle: ResourceHandle = serde_json::from_str(raw)
+            .map_err(|e| ClientError::Report(format!("bad resource handle {raw:?}: {e}")))?;
+        Ok((handle, io))
+    }
+}
+
+fn parse_uuid(s: &str) -> Result<uuid::Uuid, ClientError> {
+    uuid::Uuid::parse_str(s).map_err(|e| ClientError::Report(format!("bad driver uuid {s:?}: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets() {
+        assert_eq!(
+            Target::parse("127.0.0.1:1234"),
+            Target::Tcp("127.0.0.1:1234".into())
+        );
+        assert_eq!(
+            Target::parse("[::1]:1234"),
+            Target::Tcp("[::1]:1234".into())
+        );
+        assert_eq!(
+            Target::parse("/tmp/x/socket"),
+            Target::Unix("/tmp/x/socket".into())
+        );
+        assert_eq!(
+            Target::parse("host:notaport"),
+            Target::Unix("host:notaport".into())
+        );
+        assert_eq!(Target::parse("unix:///a/b"), Target::Unix("/a/b".into()));
+    }
+}

@@ -1,0 +1,448 @@
+//! Exporter config files (`kind: ExporterConfig`), in upstream's format.
+//!
+//! ```yaml
+//! apiVersion: jumpstarter.dev/v1alpha1
+//! kind: ExporterConfig
+//! metadata: {namespace: default, name: demo}
+//! endpoint: ""
+//! token: ""
+//! export:
+//!   power:
+//!     type: jumpstarter_driver_power.driver.MockPower
+//! ```
+//!
+//! Each entry of `export` (and of any `children`) is one of: `{type, config?, children?,
+//! description?, methods_description?}`, `{children}` (an implicit Composite), or
+//! `{ref: "a.b"}` (the node at that dotted path, reported again under this name).
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+};
+
+use indexmap::IndexMap;
+use serde::{Deserialize, Serialize};
+use serde_saphyr::Spanned;
+
+/// The API version of every config file.
+pub const API_VERSION: &str = "jumpstarter.dev/v1alpha1";
+
+/// A config file could not be used; the message names the file, line and field at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The YAML is malformed or a field has the wrong type.
+    #[error("{path}: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message, with line and column.
+        message: String,
+    },
+    /// A field has an invalid value.
+    #[error("{path}:{line}: {field}: {message}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line (0 when unknown).
+        line: u64,
+        /// Dotted path of the field.
+        field: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// `metadata` of a config file.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ObjectMeta {
+    /// Namespace on the controller.
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// Name on the controller.
+    #[serde(default)]
+    pub name: String,
+}
+
+/// `tls` of a config file.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TlsConfig {
+    /// Base64 of a PEM CA bundle ("" = system roots).
+    #[serde(default)]
+    pub ca: String,
+    /// Trust whatever certificate the server presents.
+    #[serde(default)]
+    pub insecure: bool,
+}
+
+/// One lease hook (`beforeLease` / `afterLease`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Hook {
+    /// Interpreter to run the script with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exec: Option<String>,
+    /// The script.
+    pub script: String,
+    /// Seconds before the hook is stopped.
+    #[serde(default = "default_hook_timeout")]
+    pub timeout: u64,
+    /// `warn`, `endLease` or `exit`.
+    #[serde(default = "default_on_failure", rename = "onFailure")]
+    pub on_failure: String,
+}
+
+fn default_hook_timeout() -> u64 {
+    120
+}
+fn default_on_failure() -> String {
+    "warn".into()
+}
+
+/// `hooks` of an exporter config.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Hooks {
+    /// Runs before a lease is handed to the client.
+    #[serde(default, rename = "beforeLease")]
+    pub before_lease: Option<Hook>,
+    /// Runs after a lease ends.
+    #[serde(default, rename = "afterLease")]
+    pub after_lease: Option<Hook>,
+}
+
+/// `failureDetection` of an exporter config.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FailureDetection {
+    /// Restarts within the window before `jmp run` gives up.
+    #[serde(rename = "maxRapidFailures", default = "default_max_failures")]
+    pub max_rapid_failures: u32,
+    /// The window, in seconds.
+    #[serde(rename = "rapidFailureWindow", default = "default_failure_window")]
+    pub rapid_failure_window: u32,
+}
+
+fn default_max_failures() -> u32 {
+    5
+}
+fn default_failure_window() -> u32 {
+    60
+}
+
+impl Default for FailureDetection {
+    fn default() -> Self {
+        Self {
+            max_rapid_failures: default_max_failures(),
+            rapid_failure_window: default_failure_window(),
+        }
+    }
+}
+
+/// One node of the `export` tree, as written.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DriverInstance {
+    /// The driver type, e.g. `jumpstarter_driver_power.driver.MockPower`.
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    pub driver_type: Option<Spanned<String>>,
+    /// A dotted path to another node (a proxy).
+    #[serde(default, rename = "ref", skip_serializing_if = "Option::is_none")]
+    pub reference: Option<Spanned<String>>,
+    /// Description (help text).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// Help text per CLI command.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub methods_description: BTreeMap<String, String>,
+    /// Constructor arguments of the driver.
+    #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
+    pub config: serde_json::Value,
+    /// Child drivers, in order.
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub children: IndexMap<String, DriverInstance>,
+}
+
+/// An exporter config file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExporterConfig {
+    /// Always `jumpstarter.dev/v1alpha1`.
+    #[serde(rename = "apiVersion", default = "api_version")]
+    pub api_version: String,
+    /// Always `ExporterConfig`.
+    #[serde(default = "exporter_kind")]
+    pub kind: String,
+    /// Name and namespace on the controller.
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    /// Controller endpoint (`host:port`), for controller mode.
+    #[serde(default)]
+    pub endpoint: Option<String>,
+    /// TLS settings towards the controller.
+    #[serde(default)]
+    pub tls: TlsConfig,
+    /// Bearer token for the controller.
+    #[serde(default)]
+    pub token: Option<String>,
+    /// gRPC channel options.
+    #[serde(rename = "grpcOptions", default)]
+    pub grpc_options: BTreeMap<String, serde_json::Value>,
+    /// Description of the root driver.
+    #[serde(default)]
+    pub description: Option<String>,
+    /// The driver tree.
+    #[serde(default)]
+    pub export: IndexMap<String, DriverInstance>,
+    /// Lease hooks.
+    #[serde(default)]
+    pub hooks: Hooks,
+    /// `jmp run` restart policy.
+    #[serde(rename = "failureDetection", default)]
+    pub failure_detection: FailureDetection,
+    /// Where it was loaded from (not part of the file).
+    #[serde(skip)]
+    pub path: Option<PathBuf>,
+}
+
+fn api_version() -> String {
+    API_VERSION.into()
+}
+fn exporter_kind() -> String {
+    "ExporterConfig".into()
+}
+
+impl ExporterConfig {
+    /// Reads and validates a config file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let mut cfg = Self::parse(&text, path)?;
+        cfg.path = Some(path.to_path_buf());
+        Ok(cfg)
+    }
+
+    /// Parses and validates config text; `path` is used in error messages.
+    pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        let cfg: ExporterConfig = serde_saphyr::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        let invalid = |line: u64, field: &str, message: String| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            line,
+            field: field.to_string(),
+            message,
+        };
+        if cfg.kind != "ExporterConfig" {
+            return Err(invalid(
+                0,
+                "kind",
+                format!("expected ExporterConfig, found {:?}", cfg.kind),
+            ));
+        }
+        if cfg.api_version != API_VERSION {
+            return Err(invalid(
+                0,
+                "apiVersion",
+                format!("expected {API_VERSION}, found {:?}", cfg.api_version),
+            ));
+        }
+        for (name, inst) in &cfg.export {
+            validate(&format!("export.{name}"), inst, &invalid)?;
+        }
+        Ok(cfg)
+    }
+
+    /// The YAML text of this config.
+    pub fn to_yaml(&self) -> Result<String, ConfigError> {
+        serde_saphyr::to_string(self).map_err(|e| ConfigError::Parse {
+            path: self.path.clone().unwrap_or_default(),
+            message: e.to_string(),
+        })
+    }
+}
+
+fn validate(
+    field: &str,
+    inst: &DriverInstance,
+    invalid: &dyn Fn(u64, &str, String) -> ConfigError,
+) -> Result<(), ConfigError> {
+    if let (Some(t), Some(_)) = (&inst.driver_type, &inst.reference) {
+        return Err(invalid(
+            t.referenced.line(),
+            field,
+            "give either `type` or `ref`, not both".into(),
+        ));
+    }
+    if inst.driver_type.is_none() && inst.reference.is_none() && inst.children.is_empty() {
+        return Err(invalid(
+            0,
+            field,
+            "a driver needs `type`, `ref` or `children`".into(),
+        ));
+    }
+    if let Some(t) = &inst.driver_type
+        && t.value.trim().is_empty()
+    {
+        return Err(invalid(
+            t.referenced.line(),
+            &format!("{field}.type"),
+            "empty driver type".into(),
+        ));
+    }
+    if !matches!(
+        inst.config,
+        serde_json::Value::Null | serde_json::Value::Object(_)
+    ) {
+        return Err(invalid(
+            0,
+            &format!("{field}.config"),
+            "expected a mapping of driver arguments".into(),
+        ));
+    }
+    for (name, child) in &inst.children {
+        validate(&format!("{field}.children.{name}"), child, invalid)?;
+    }
+    Ok(())
+}
+
+/// The user config directory: `$JMP_CLIENT_CONFIG_HOME`, else `$XDG_CONFIG_HOME/jumpstarter`
+/// (default `~/.config/jumpstarter`).
+pub fn config_dir() -> PathBuf {
+    if let Some(p) = std::env::var_os("JMP_CLIENT_CONFIG_HOME").filter(|p| !p.is_empty()) {
+        return PathBuf::from(p);
+    }
+    let base = std::env::var_os("XDG_CONFIG_HOME")
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| dirs::home_dir().map(|h| h.join(".config")))
+        .unwrap_or_else(|| PathBuf::from(".config"));
+    base.join("jumpstarter")
+}
+
+/// The system exporter config directory.
+pub const SYSTEM_EXPORTER_DIR: &str = "/etc/jumpstarter/exporters";
+
+/// Finds the exporter config for an alias: the user directory first, then `/etc`.
+pub fn exporter_config_path(alias: &str) -> Result<PathBuf, ConfigError> {
+    if alias.is_empty() || alias.contains(['/', '\\']) || alias == "." || alias == ".." {
+        return Err(ConfigError::Invalid {
+            path: PathBuf::from(alias),
+            line: 0,
+            field: "alias".into(),
+            message: "an alias may not be empty or contain '/', '\\', '.' or '..'".into(),
+        });
+    }
+    let user = config_dir().join("exporters").join(format!("{alias}.yaml"));
+    if user.exists() {
+        return Ok(user);
+    }
+    let system = Path::new(SYSTEM_EXPORTER_DIR).join(format!("{alias}.yaml"));
+    if system.exists() {
+        return Ok(system);
+    }
+    Err(ConfigError::Read {
+        path: user,
+        source: std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!("no exporter config named {alias:?} (also looked in {SYSTEM_EXPORTER_DIR})"),
+        ),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DEMO: &str = "apiVersion: jumpstarter.dev/v1alpha1
+kind: ExporterConfig
+metadata:
+  namespace: default
+  name: demo
+endpoint: \"\"
+token: \"\"
+export:
+  storage:
+    type: jumpstarter_driver_opendal.driver.MockStorageMux
+  power:
+    type: jumpstarter_driver_power.driver.MockPower
+    description: the bench supply
+    config:
+      voltage: 5
+  group:
+    children:
+      inner:
+        ref: power
+";
+
+    #[test]
+    fn parses_upstream_config_in_order() {
+        let cfg = ExporterConfig::parse(DEMO, Path::new("demo.yaml")).unwrap();
+        let names: Vec<_> = cfg.export.keys().cloned().collect();
+        assert_eq!(names, ["storage", "power", "group"]);
+        let power = &cfg.export["power"];
+        assert_eq!(
+            power.driver_type.as_ref().unwrap().value,
+            "jumpstarter_driver_power.driver.MockPower"
+        );
+        assert_eq!(power.driver_type.as_ref().unwrap().referenced.line(), 12);
+        assert_eq!(power.config["voltage"], 5);
+        assert_eq!(cfg.failure_detection.max_rapid_failures, 5);
+    }
+
+    #[test]
+    fn malformed_yaml_names_file_and_line() {
+        let e = ExporterConfig::parse("export:\n  power: [\n", Path::new("bad.yaml"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("bad.yaml: "), "{e}");
+        assert!(
+            e.contains("line") || e.contains(":2") || e.contains("2:"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn unknown_field_in_driver_is_named() {
+        let e = ExporterConfig::parse(
+            "kind: ExporterConfig\nexport:\n  power:\n    typ: x.Y\n",
+            Path::new("c.yaml"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("typ"), "{e}");
+    }
+
+    #[test]
+    fn wrong_kind_and_empty_node_are_rejected() {
+        let e = ExporterConfig::parse("kind: ClientConfig\n", Path::new("c.yaml"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("kind") && e.contains("ClientConfig"), "{e}");
+        let e = ExporterConfig::parse(
+            "kind: ExporterConfig\nexport:\n  power: {}\n",
+            Path::new("c.yaml"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("export.power"), "{e}");
+    }
+
+    #[test]
+    fn round_trips_through_yaml() {
+        let cfg = ExporterConfig::parse(DEMO, Path::new("demo.yaml")).unwrap();
+        let text = cfg.to_yaml().unwrap();
+        let again = ExporterConfig::parse(&text, Path::new("again.yaml")).unwrap();
+        assert_eq!(
+            again.export.keys().collect::<Vec<_>>(),
+            cfg.export.keys().collect::<Vec<_>>()
+        );
+        assert_eq!(again.export["power"].config, cfg.export["power"].config);
+    }
+}

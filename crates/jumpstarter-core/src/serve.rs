@@ -1,0 +1,115 @@
+//! Serving a [`Session`] on a Unix socket (local mode) or TCP (direct mode).
+
+use std::{future::Future, path::Path, sync::Arc};
+
+use jumpstarter_proto::v1::{
+    exporter_service_server::ExporterServiceServer, router_service_server::RouterServiceServer,
+};
+use subtle::ConstantTimeEq;
+use tokio::net::{TcpListener, UnixListener};
+use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
+use tonic::{
+    Request, Status,
+    transport::{Identity, Server, ServerTlsConfig},
+};
+
+use crate::{CoreError, Session};
+
+/// The metadata key carrying a direct-mode passphrase.
+pub const PASSPHRASE_METADATA: &str = "x-jumpstarter-passphrase";
+
+/// How a TCP listener is secured.
+#[derive(Clone, Default)]
+pub struct ServeOptions {
+    /// Certificate chain and private key (PEM) for TLS; `None` serves plaintext HTTP/2.
+    pub tls: Option<(Vec<u8>, Vec<u8>)>,
+    /// A passphrase every RPC must carry in `x-jumpstarter-passphrase`.
+    pub passphrase: Option<String>,
+}
+
+/// Checks the passphrase of every request, in constant time.
+#[derive(Clone)]
+struct PassphraseCheck(Option<Arc<[u8]>>);
+
+impl tonic::service::Interceptor for PassphraseCheck {
+    fn call(&mut self, req: Request<()>) -> Result<Request<()>, Status> {
+        let Some(expected) = &self.0 else {
+            return Ok(req);
+        };
+        let given = req
+            .metadata()
+            .get(PASSPHRASE_METADATA)
+            .map(|v| v.as_bytes())
+            .unwrap_or_default();
+        if bool::from(given.ct_eq(expected)) {
+            Ok(req)
+        } else {
+            Err(Status::unauthenticated("invalid or missing passphrase"))
+        }
+    }
+}
+
+fn router(
+    session: &Arc<Session>,
+    opts: &ServeOptions,
+) -> Result<tonic::transport::server::Router, CoreError> {
+    let check = PassphraseCheck(opts.passphrase.as_ref().map(|p| Arc::from(p.as_bytes())));
+    let svc = session.services();
+    let mut builder = Server::builder();
+    if let Some((cert, key)) = &opts.tls {
+        builder = builder
+            .tls_config(ServerTlsConfig::new().identity(Identity::from_pem(cert, key)))
+            .map_err(|e| CoreError::Tls(e.to_string()))?;
+    }
+    Ok(builder
+        .add_service(ExporterServiceServer::with_interceptor(
+            svc.clone(),
+            check.clone(),
+        ))
+        .add_service(RouterServiceServer::with_interceptor(svc, check)))
+}
+
+/// Where to put a session socket in the private directory `dir`.
+///
+/// grpc C-core (the upstream Python client) sends the percent-encoded socket path as the
+/// HTTP/2 `:authority`, which servers built on the `http` crate reject unless a `@` follows
+/// the last `%` (the part before it then parses as userinfo): hence the `@` in the name.
+pub fn local_socket_path(dir: &Path) -> std::path::PathBuf {
+    dir.join("exporter@socket")
+}
+
+/// Binds a Unix socket at `path` and returns the server future, which serves `session`
+/// until `shutdown` resolves. Binding happens before this returns, so clients may connect
+/// as soon as it does.
+///
+/// The socket is created with the process umask; put it in a private directory.
+pub fn serve_unix(
+    session: Arc<Session>,
+    path: &Path,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<impl Future<Output = Result<(), CoreError>> + Send + 'static, CoreError> {
+    let listener = UnixListener::bind(path).map_err(|e| CoreError::Listen {
+        addr: path.display().to_string(),
+        source: e,
+    })?;
+    let router = router(&session, &ServeOptions::default())?;
+    Ok(async move {
+        router
+            .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
+            .await
+            .map_err(|e| CoreError::Serve(e.to_string()))
+    })
+}
+
+/// Serves `session` on an already bound TCP listener until `shutdown` resolves.
+pub async fn serve_tcp(
+    session: Arc<Session>,
+    listener: TcpListener,
+    opts: ServeOptions,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), CoreError> {
+    router(&session, &opts)?
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .await
+        .map_err(|e| CoreError::Serve(e.to_string()))
+}

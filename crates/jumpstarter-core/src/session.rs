@@ -1,0 +1,390 @@
+//! The exporter session: `ExporterService` and `RouterService` over a driver tree.
+//!
+//! One [`Session`] serves one driver tree. Serve it on a Unix socket, on TCP (plaintext or
+//! TLS, optionally behind a passphrase), or on any connection with [`crate::serve`].
+
+use std::{
+    collections::BTreeMap,
+    sync::{Arc, Mutex},
+};
+
+use futures::{Stream, StreamExt};
+use jumpstarter_proto::v1::{
+    DriverCallRequest, DriverCallResponse, EndSessionRequest, EndSessionResponse, ExporterStatus,
+    GetReportResponse, GetStatusRequest, GetStatusResponse, LogSource, LogStreamResponse,
+    ResetRequest, ResetResponse, StreamRequest, StreamResponse, StreamingDriverCallRequest,
+    StreamingDriverCallResponse, exporter_service_server::ExporterService,
+    router_service_server::RouterService,
+};
+use tokio::sync::{broadcast, watch};
+use tonic::{Request, Response, Status, metadata::MetadataValue};
+use uuid::Uuid;
+
+use crate::{
+    CallContext, Driver, DriverError,
+    frames::splice,
+    resource::{ResourceRegistry, StreamRequestMetadata},
+    tree::DriverNode,
+};
+
+/// How many log records a `LogStream` subscriber may lag behind before it skips some.
+const LOG_BUFFER: usize = 256;
+
+/// Where driver log records go: `tracing` (target `driver`) and the session's `LogStream`.
+#[derive(Clone)]
+pub struct LogSink {
+    tx: broadcast::Sender<LogStreamResponse>,
+}
+
+impl Default for LogSink {
+    fn default() -> Self {
+        Self {
+            tx: broadcast::channel(LOG_BUFFER).0,
+        }
+    }
+}
+
+impl LogSink {
+    /// Records one driver log line.
+    pub fn emit(&self, driver: &str, severity: &str, message: String) {
+        match severity {
+            "WARNING" | "ERROR" | "CRITICAL" => {
+                tracing::warn!(target: "driver", "[driver.{driver}] {message}")
+            }
+            "DEBUG" => tracing::debug!(target: "driver", "[driver.{driver}] {message}"),
+            _ => tracing::info!(target: "driver", "[driver.{driver}] {message}"),
+        }
+        let _ = self.tx.send(LogStreamResponse {
+            uuid: String::new(),
+            severity: severity.to_string(),
+            message,
+            source: Some(LogSource::Driver as i32),
+        });
+    }
+
+    fn subscribe(&self) -> broadcast::Receiver<LogStreamResponse> {
+        self.tx.subscribe()
+    }
+}
+
+/// The status an exporter reports through `GetStatus`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StatusState {
+    /// Current status.
+    pub status: ExporterStatus,
+    /// Message explaining it.
+    pub message: Option<String>,
+    /// Incremented on every change.
+    pub version: u64,
+    /// The status before the current one.
+    pub previous: Option<ExporterStatus>,
+}
+
+/// One driver tree served to clients.
+pub struct Session {
+    uuid: Uuid,
+    labels: BTreeMap<String, String>,
+    root: DriverNode,
+    drivers: BTreeMap<Uuid, (String, Arc<dyn Driver>)>,
+    resources: Arc<ResourceRegistry>,
+    logs: LogSink,
+    status: watch::Sender<StatusState>,
+    end_requested: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
+}
+
+impl Session {
+    /// A session over `root` with the exporter's labels, starting in `AVAILABLE`.
+    pub fn new(root: DriverNode, labels: BTreeMap<String, String>) -> Arc<Self> {
+        let drivers = root.index();
+        let (status, _) = watch::channel(StatusState {
+            status: ExporterStatus::Available,
+            message: None,
+            version: 0,
+            previous: None,
+        });
+        Arc::new(Self {
+            uuid: Uuid::new_v4(),
+            labels,
+            root,
+            drivers,
+            resources: Arc::new(ResourceRegistry::default()),
+            logs: LogSink::default(),
+            status,
+            end_requested: Mutex::new(None),
+        })
+    }
+
+    /// A session ready for driver calls at once (local and direct modes): status
+    /// `LEASE_READY`, version 1, previous `AVAILABLE`, as upstream's standalone sessions.
+    pub fn new_ready(root: DriverNode, labels: BTreeMap<String, String>) -> Arc<Self> {
+        let s = Self::new(root, labels);
+        s.set_status(
+            ExporterStatus::LeaseReady,
+            Some("Ready for commands".into()),
+        );
+        s
+    }
+
+    /// The root of the driver tree.
+    pub fn root(&self) -> &DriverNode {
+        &self.root
+    }
+
+    /// The exporter labels.
+    pub fn labels(&self) -> &BTreeMap<String, String> {
+        &self.labels
+    }
+
+    /// Changes the status (bumping the version).
+    pub fn set_status(&self, status: ExporterStatus, message: Option<String>) {
+        self.status.send_modify(|s| {
+            s.previous = Some(s.status);
+            s.status = status;
+            s.message = message;
+            s.version += 1;
+        });
+    }
+
+    /// The current status.
+    pub fn status(&self) -> StatusState {
+        self.status.borrow().clone()
+    }
+
+    /// Arms `EndSession`: the returned receiver fires when a client asks to end the session.
+    pub fn on_end_session(&self) -> tokio::sync::oneshot::Receiver<()> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        *self.end_requested.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
+        rx
+    }
+
+    /// The `GetReport` answer.
+    pub fn report(&self) -> GetReportResponse {
+        GetReportResponse {
+            uuid: self.uuid.to_string(),
+            labels: self.labels.clone().into_iter().collect(),
+            reports: self.root.reports(),
+            alternative_endpoints: Vec::new(),
+        }
+    }
+
+    fn context(&self, name: &str) -> CallContext {
+        CallContext {
+            driver_name: name.into(),
+            resources: self.resources.clone(),
+            logs: self.logs.clone(),
+        }
+    }
+
+    fn lookup(&self, uuid: &str) -> Result<(String, Arc<dyn Driver>), DriverError> {
+        Uuid::parse_str(uuid)
+            .ok()
+            .and_then(|u| self.drivers.get(&u).cloned())
+            .ok_or_else(|| DriverError::UnknownDriver(uuid.to_string()))
+    }
+
+    fn check_ready(&self) -> Result<(), DriverError> {
+        let s = self.status.borrow().status;
+        match s {
+            ExporterStatus::LeaseReady
+            | ExporterStatus::BeforeLeaseHook
+            | ExporterStatus::AfterLeaseHook => Ok(()),
+            other => Err(DriverError::NotReady(format!(
+                "Exporter not ready for driver calls (status: {})",
+                other.as_str_name()
+            ))),
+        }
+    }
+
+    /// Runs a unary driver call (what `DriverCall` does, without gRPC).
+    pub async fn driver_call(
+        &self,
+        uuid: &str,
+        method: String,
+        args: Vec<prost_types::Value>,
+    ) -> Result<prost_types::Value, DriverError> {
+        self.check_ready()?;
+        let (name, driver) = self.lookup(uuid)?;
+        let ctx = self.context(&name);
+        driver.call(ctx, method, args).await
+    }
+
+    /// The gRPC services of this session, to add to a tonic router.
+    pub fn services(self: &Arc<Self>) -> SessionService {
+        SessionService(self.clone())
+    }
+}
+
+/// `ExporterService` and `RouterService` over a [`Session`].
+#[derive(Clone)]
+pub struct SessionService(pub Arc<Session>);
+
+type BoxStatusStream<T> = std::pin::Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl ExporterService for SessionService {
+    async fn get_report(&self, _: Request<()>) -> Result<Response<GetReportResponse>, Status> {
+        Ok(Response::new(self.0.report()))
+    }
+
+    async fn driver_call(
+        &self,
+        request: Request<DriverCallRequest>,
+    ) -> Result<Response<DriverCallResponse>, Status> {
+        let req = request.into_inner();
+        let result = self
+            .0
+            .driver_call(&req.uuid, req.method, req.args)
+            .await
+            .map_err(|e| e.to_status())?;
+        Ok(Response::new(DriverCallResponse {
+            uuid: Uuid::new_v4().to_string(),
+            result: Some(result),
+        }))
+    }
+
+    type StreamingDriverCallStream = BoxStatusStream<StreamingDriverCallResponse>;
+
+    async fn streaming_driver_call(
+        &self,
+        request: Request<StreamingDriverCallRequest>,
+    ) -> Result<Response<Self::StreamingDriverCallStream>, Status> {
+        let req = request.into_inner();
+        self.0.check_ready().map_err(|e| e.to_status())?;
+        let (name, driver) = self.0.lookup(&req.uuid).map_err(|e| e.to_status())?;
+        let ctx = self.0.context(&name);
+        let stream = driver
+            .streaming_call(ctx, req.method, req.args)
+            .await
+            .map_err(|e| e.to_status())?;
+        let out = stream.map(|item| {
+            item.map(|v| StreamingDriverCallResponse {
+                uuid: Uuid::new_v4().to_string(),
+                result: Some(v),
+            })
+            .map_err(|e| e.to_status())
+        });
+        Ok(Response::new(Box::pin(out)))
+    }
+
+    type LogStreamStream = BoxStatusStream<LogStreamResponse>;
+
+    async fn log_stream(&self, _: Request<()>) -> Result<Response<Self::LogStreamStream>, Status> {
+        let rx = self.0.logs.subscribe();
+        let uuid = self.0.uuid.to_string();
+        let out = tokio_stream::wrappers::BroadcastStream::new(rx).filter_map(move |r| {
+            let uuid = uuid.clone();
+            async move {
+                match r {
+                    Ok(mut rec) => {
+                        rec.uuid = uuid;
+                        Some(Ok(rec))
+                    }
+                    // A slow reader skips what it missed rather than stalling drivers.
+                    Err(_) => None,
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(out)))
+    }
+
+    async fn reset(&self, _: Request<ResetRequest>) -> Result<Response<ResetResponse>, Status> {
+        Err(Status::unimplemented("Method not implemented!"))
+    }
+
+    async fn get_status(
+        &self,
+        _: Request<GetStatusRequest>,
+    ) -> Result<Response<GetStatusResponse>, Status> {
+        let s = self.0.status();
+        Ok(Response::new(GetStatusResponse {
+            status: s.status as i32,
+            message: s.message,
+            status_version: s.version,
+            previous_status: s.previous.map(|p| p as i32),
+        }))
+    }
+
+    async fn end_session(
+        &self,
+        _: Request<EndSessionRequest>,
+    ) -> Result<Response<EndSessionResponse>, Status> {
+        let tx = self
+            .0
+            .end_requested
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        let resp = match tx {
+            Some(tx) => {
+                let _ = tx.send(());
+                EndSessionResponse {
+                    success: true,
+                    message: Some(
+                        "Session end triggered, afterLease hook running asynchronously".into(),
+                    ),
+                }
+            }
+            None => EndSessionResponse {
+                success: false,
+                message: Some("No active lease context".into()),
+            },
+        };
+        Ok(Response::new(resp))
+    }
+}
+
+#[tonic::async_trait]
+impl RouterService for SessionService {
+    type StreamStream = BoxStatusStream<StreamResponse>;
+
+    async fn stream(
+        &self,
+        request: Request<tonic::Streaming<StreamRequest>>,
+    ) -> Result<Response<Self::StreamStream>, Status> {
+        let raw = request
+            .metadata()
+            .get("request")
+            .ok_or_else(|| Status::invalid_argument("missing \"request\" metadata"))?
+            .to_str()
+            .map_err(|_| Status::invalid_argument("\"request\" metadata is not text"))?
+            .to_string();
+        let meta: StreamRequestMetadata = serde_json::from_str(&raw).map_err(|e| {
+            Status::invalid_argument(format!("invalid \"request\" metadata {raw:?}: {e}"))
+        })?;
+        let inbound = request.into_inner();
+        match meta {
+            StreamRequestMetadata::Driver { uuid, method } => {
+                let (name, driver) = self
+                    .0
+                    .lookup(&uuid.to_string())
+                    .map_err(|e| e.to_status())?;
+                let io = driver
+                    .open_stream(self.0.context(&name), method)
+                    .await
+                    .map_err(|e| e.to_status())?;
+                let out = splice::<_, StreamResponse, _, _, _, _>(inbound, io, ()).map(Ok);
+                Ok(Response::new(Box::pin(out)))
+            }
+            StreamRequestMetadata::Resource { uuid, .. } => {
+                self.0
+                    .lookup(&uuid.to_string())
+                    .map_err(|e| e.to_status())?;
+                let (resource, io, guard) = self.0.resources.create();
+                let handle = serde_json::json!({
+                    "kind": "client_stream",
+                    "uuid": resource,
+                    // No content encoding is accepted yet, so the client decompresses
+                    // before sending and the handle says the bytes are plain.
+                    "x_jmp_content_encoding": null,
+                })
+                .to_string();
+                let out = splice::<_, StreamResponse, _, _, _, _>(inbound, io, guard).map(Ok);
+                let mut response = Response::new(Box::pin(out) as Self::StreamStream);
+                let value = MetadataValue::try_from(handle.as_str())
+                    .map_err(|e| Status::internal(format!("resource metadata: {e}")))?;
+                response.metadata_mut().insert("resource", value);
+                Ok(response)
+            }
+        }
+    }
+}

@@ -1,0 +1,168 @@
+//! The `j` command: built at run time from the exporter's driver tree.
+//!
+//! Each driver client class may bring a [`DriverCommand`]; composites become groups of their
+//! children, and drivers whose class we do not know get generic `call` / `stream-call`
+//! commands taking JSON arguments.
+
+use std::{future::Future, pin::Pin};
+
+use clap::{Arg, ArgAction, ArgMatches, Command};
+use futures::StreamExt;
+use jumpstarter_core::{
+    ClientError,
+    client::{DriverClient, ExporterSession},
+    value,
+};
+
+use crate::{composite::COMPOSITE_CLIENT, power};
+
+/// What a `j` command returns.
+pub type CliFuture = Pin<Box<dyn Future<Output = Result<(), ClientError>> + Send>>;
+
+/// The `j` subcommands of one driver client class.
+#[derive(Clone, Copy)]
+pub struct DriverCommand {
+    /// Default help text of the group (a config `description` overrides it).
+    pub about: &'static str,
+    /// Adds the driver's subcommands to its group.
+    pub build: fn(Command) -> Command,
+    /// Runs the chosen subcommand (`matches` are the group's).
+    pub run: fn(DriverClient, ArgMatches) -> CliFuture,
+}
+
+/// The commands for a client class, if we know it.
+pub fn command_for(client_class: &str) -> Option<DriverCommand> {
+    match client_class {
+        power::POWER_CLIENT => Some(power::cli()),
+        _ => None,
+    }
+}
+
+fn group(name: String, client: &DriverClient) -> Command {
+    let node = client.node();
+    let class = node.client_class().to_string();
+    let mut cmd = if class == COMPOSITE_CLIENT
+        || (!node.children.is_empty() && command_for(&class).is_none())
+    {
+        let mut cmd = Command::new(name)
+            .about("Generic composite device")
+            .subcommand_required(true);
+        for (child_name, child) in client.children() {
+            cmd = cmd.subcommand(group(child_name, &child));
+        }
+        cmd
+    } else if let Some(dc) = command_for(&class) {
+        (dc.build)(Command::new(name).about(dc.about))
+    } else {
+        generic(Command::new(name).about(format!("Driver {class} (generic commands)")))
+    };
+    if let Some(d) = &node.description {
+        cmd = cmd.about(d.clone());
+    }
+    // methods_description is keyed by CLI command name.
+    let overrides: Vec<(String, String)> = node
+        .methods_description
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    for (sub, help) in overrides {
+        if cmd.find_subcommand(&sub).is_some() {
+            cmd = cmd.mut_subcommand(sub, |c| c.about(help));
+        }
+    }
+    cmd
+}
+
+fn generic(cmd: Command) -> Command {
+    let args = Arg::new("args")
+        .num_args(0..)
+        .action(ArgAction::Append)
+        .help(
+            "Arguments as JSON values (e.g. 1, '\"text\"', '{\"k\": 2}'); bare words are strings",
+        );
+    cmd.subcommand_required(true)
+        .subcommand(
+            Command::new("call")
+                .about("Call a method and print its result as JSON")
+                .arg(Arg::new("method").required(true))
+                .arg(args.clone()),
+        )
+        .subcommand(
+            Command::new("stream-call")
+                .about("Call a streaming method and print each result as JSON")
+                .arg(Arg::new("method").required(true))
+                .arg(args),
+        )
+}
+
+/// The whole `j` command for a session.
+pub fn j_command(session: &ExporterSession) -> Command {
+    let root = session.root();
+    let mut cmd = group("j".into(), &root)
+        .about(
+            root.node()
+                .description
+                .clone()
+                .unwrap_or_else(|| "Generic composite device".into()),
+        )
+        .arg(
+            Arg::new("log-level")
+                .long("log-level")
+                .global(true)
+                .value_parser(["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"])
+                .help("Set the log level"),
+        );
+    cmd = cmd.subcommand_required(true).arg_required_else_help(true);
+    cmd
+}
+
+/// Runs what the user chose in [`j_command`].
+pub fn run(client: DriverClient, matches: ArgMatches) -> CliFuture {
+    Box::pin(async move {
+        let class = client.node().client_class().to_string();
+        if let Some(dc) = command_for(&class) {
+            return (dc.run)(client, matches).await;
+        }
+        let Some((name, sub)) = matches.subcommand() else {
+            return Err(ClientError::Value("missing command".into()));
+        };
+        if let Some(child) = client.child(name) {
+            return run(child, sub.clone()).await;
+        }
+        run_generic(client, name, sub).await
+    })
+}
+
+fn parse_args(m: &ArgMatches) -> Vec<value::Value> {
+    m.get_many::<String>("args")
+        .into_iter()
+        .flatten()
+        .map(|a| {
+            let json =
+                serde_json::from_str(a).unwrap_or_else(|_| serde_json::Value::String(a.clone()));
+            value::from_json(json)
+        })
+        .collect()
+}
+
+async fn run_generic(client: DriverClient, name: &str, m: &ArgMatches) -> Result<(), ClientError> {
+    let method = m.get_one::<String>("method").cloned().unwrap_or_default();
+    let args = parse_args(m);
+    match name {
+        "call" => {
+            let v = client.call_raw(&method, args).await?;
+            println!("{}", value::to_json(v));
+            Ok(())
+        }
+        "stream-call" => {
+            let mut s = client
+                .streaming_call::<serde_json::Value>(&method, args)
+                .await?;
+            while let Some(item) = s.next().await {
+                println!("{}", item?);
+            }
+            Ok(())
+        }
+        other => Err(ClientError::Value(format!("unknown command {other}"))),
+    }
+}

@@ -1,0 +1,24 @@
+//! Stock Jumpstarter drivers: their exporter halves, mocks, client halves and `j` commands,
+//! and the registry mapping config `type:` names (upstream's Python class paths, so upstream
+//! configs work unchanged) to constructors.
+
+pub mod cli;
+pub mod composite;
+pub mod power;
+
+use jumpstarter_core::registry::{COMPOSITE_TYPE, DriverRegistry};
+
+/// Every stock driver under its upstream config type name.
+pub fn stock_registry() -> DriverRegistry {
+    let mut r = DriverRegistry::new();
+    r.register(COMPOSITE_TYPE, composite::Composite::from_args)
+        .register(
+            "jumpstarter_driver_power.driver.MockPower",
+            power::MockPower::from_args,
+        )
+        .register(
+            "jumpstarter_driver_power.driver.SyncMockPower",
+            power::MockPower::from_args,
+        );
+    r
+}

@@ -1,0 +1,45 @@
+//! Compiles the Jumpstarter `.proto` files with `protox` (pure Rust, no
+//! `protoc` needed), stores the encoded `FileDescriptorSet` in
+//! `$OUT_DIR/jumpstarter_descriptor.bin` and generates prost messages plus
+//! tonic clients and servers from it.
+
+use std::path::PathBuf;
+
+use prost::Message as _;
+
+/// The proto files making up the Jumpstarter 0.9.0 protocol (relative to `proto/`).
+const PROTO_FILES: [&str; 5] = [
+    "jumpstarter/v1/common.proto",
+    "jumpstarter/v1/kubernetes.proto",
+    "jumpstarter/v1/jumpstarter.proto",
+    "jumpstarter/v1/router.proto",
+    "jumpstarter/client/v1/client.proto",
+];
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let manifest_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?);
+    let proto_dir = manifest_dir.join("proto");
+    let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
+
+    println!("cargo:rerun-if-changed={}", proto_dir.display());
+    for file in PROTO_FILES {
+        println!("cargo:rerun-if-changed={}", proto_dir.join(file).display());
+    }
+
+    // Files are given relative to the include path so that descriptor file
+    // names are e.g. `jumpstarter/v1/common.proto`, exactly as upstream.
+    let fds = protox::compile(PROTO_FILES, [&proto_dir]).map_err(|e| format!("protox: {e:?}"))?;
+
+    std::fs::write(
+        out_dir.join("jumpstarter_descriptor.bin"),
+        fds.encode_to_vec(),
+    )?;
+
+    tonic_prost_build::configure()
+        .build_server(true)
+        .build_client(true)
+        .emit_rerun_if_changed(false)
+        .compile_fds(fds)?;
+
+    Ok(())
+}

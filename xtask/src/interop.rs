@@ -1,0 +1,448 @@
+//! `cargo xtask interop`: the upstream Python tools (PyPI 0.9.0) against ours, both ways.
+//!
+//! Builds a venv with the pinned packages under `target/interop-venv` (once), builds our
+//! binaries, checks descriptor conformance, then runs each scenario and prints
+//! `N passed, N failed`.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    time::Duration,
+};
+
+use anyhow::{Context, Result, bail, ensure};
+
+use crate::procs::{self, Background};
+
+/// The upstream packages, pinned.
+pub const REQUIREMENTS: &[&str] = &[
+    "jumpstarter-cli==0.9.0",
+    "jumpstarter-protocol==0.9.0",
+    "jumpstarter-driver-power==0.9.0",
+    "jumpstarter-driver-opendal==0.9.0",
+    "jumpstarter-driver-composite==0.9.0",
+];
+
+const CALL_TIMEOUT: Duration = Duration::from_secs(60);
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| crate::workspace_root().join("target"))
+}
+
+/// Creates (once) the venv with the pinned upstream packages; returns its directory.
+pub fn ensure_venv() -> Result<PathBuf> {
+    let venv = target_dir().join("interop-venv");
+    let stamp = venv.join("requirements.stamp");
+    let wanted = REQUIREMENTS.join("\n");
+    if std::fs::read_to_string(&stamp).is_ok_and(|s| s == wanted) {
+        return Ok(venv);
+    }
+    println!(
+        "== creating {} (pip install {})",
+        venv.display(),
+        REQUIREMENTS.join(" ")
+    );
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let status = Command::new(&python)
+        .args(["-m", "venv", "--clear"])
+        .arg(&venv)
+        .status()
+        .with_context(|| format!("running {python} -m venv"))?;
+    ensure!(status.success(), "{python} -m venv failed ({status})");
+    let status = Command::new(venv.join("bin/pip"))
+        .args(["install", "--quiet", "--disable-pip-version-check"])
+        .args(REQUIREMENTS)
+        .status()
+        .context("running pip")?;
+    ensure!(status.success(), "pip install failed ({status})");
+    std::fs::write(&stamp, wanted)?;
+    Ok(venv)
+}
+
+/// Paths the scenarios use.
+pub struct Env {
+    /// The venv.
+    pub venv: PathBuf,
+    /// Our `jmp`.
+    pub jmp: PathBuf,
+    /// Our `j`.
+    pub j: PathBuf,
+    /// A scratch directory for this run.
+    pub work: tempfile_dir::Dir,
+    /// The scripts directory (`xtask/interop`).
+    pub scripts: PathBuf,
+}
+
+/// A tiny temp-dir helper (xtask keeps its dependencies to anyhow and the proto crate).
+pub mod tempfile_dir {
+    use std::path::{Path, PathBuf};
+
+    /// A directory removed when dropped.
+    pub struct Dir(PathBuf);
+
+    impl Dir {
+        /// Creates a fresh directory under the system temp dir.
+        pub fn new(prefix: &str) -> std::io::Result<Self> {
+            let base = std::env::temp_dir();
+            for i in 0..1000u32 {
+                let p = base.join(format!("{prefix}-{}-{i}", std::process::id()));
+                if std::fs::create_dir(&p).is_ok() {
+                    return Ok(Dir(p));
+                }
+            }
+            Err(std::io::Error::other("cannot create a temp dir"))
+        }
+        /// Its path.
+        pub fn path(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+impl Env {
+    fn py(&self, tool: &str) -> PathBuf {
+        self.venv.join("bin").join(tool)
+    }
+
+    /// A command for an upstream tool with a clean config home.
+    fn upstream(&self, tool: &str) -> Command {
+        let mut c = Command::new(self.py(tool));
+        c.env("JMP_CLIENT_CONFIG_HOME", self.work.path().join("py-config"))
+            .env_remove("JUMPSTARTER_HOST")
+            .current_dir(self.work.path());
+        c
+    }
+
+    fn ours(&self, bin: &Path) -> Command {
+        let mut c = Command::new(bin);
+        c.env("JMP_CLIENT_CONFIG_HOME", self.work.path().join("rs-config"))
+            .env_remove("JUMPSTARTER_HOST")
+            .current_dir(self.work.path());
+        c
+    }
+
+    fn config(&self) -> PathBuf {
+        self.work.path().join("exporter.yaml")
+    }
+}
+
+const EXPORTER_CONFIG: &str = "apiVersion: jumpstarter.dev/v1alpha1
+kind: ExporterConfig
+metadata:
+  namespace: default
+  name: interop
+endpoint: \"\"
+token: \"\"
+export:
+  power:
+    type: jumpstarter_driver_power.driver.MockPower
+";
+
+/// Runs every scenario whose name contains `filter`.
+pub fn run(filter: Option<&str>) -> Result<()> {
+    let venv = ensure_venv()?;
+    crate::cargo(&["build", "--quiet", "-p", "jumpstarter-cli", "--bins"])?;
+    let bin = target_dir().join("debug");
+    let env = Env {
+        venv,
+        jmp: bin.join("jmp"),
+        j: bin.join("j"),
+        work: tempfile_dir::Dir::new("jmp-interop")?,
+        scripts: Path::new(env!("CARGO_MANIFEST_DIR")).join("interop"),
+    };
+    std::fs::write(env.config(), EXPORTER_CONFIG)?;
+
+    type Scenario = fn(&Env) -> Result<()>;
+    let scenarios: &[(&str, Scenario)] = &[
+        (
+            "descriptor conformance (jumpstarter-protocol 0.9.0)",
+            conformance,
+        ),
+        (
+            "python j power on/read -> our exporter, unix socket",
+            py_j_unix,
+        ),
+        (
+            "python env() script -> our exporter, unix socket",
+            py_script_unix,
+        ),
+        (
+            "python j + script -> our exporter, direct TCP plaintext",
+            py_direct_plain,
+        ),
+        (
+            "python jmp shell --tls-grpc -> our exporter",
+            py_shell_tls_grpc,
+        ),
+        (
+            "python client -> our exporter, direct TCP with passphrase",
+            py_direct_passphrase,
+        ),
+        (
+            "our j power on/read -> python exporter, direct TCP",
+            rs_j_to_py_tcp,
+        ),
+        (
+            "our j power on/read -> python exporter, unix socket",
+            rs_j_to_py_unix,
+        ),
+    ];
+    let (mut passed, mut failed) = (0, 0);
+    let mut failures = Vec::new();
+    for (name, f) in scenarios {
+        if filter.is_some_and(|flt| !name.contains(flt)) {
+            continue;
+        }
+        println!("-- {name}");
+        match f(&env) {
+            Ok(()) => {
+                println!("   ok");
+                passed += 1;
+            }
+            Err(e) => {
+                println!("   FAILED: {e:#}");
+                failures.push(name.to_string());
+                failed += 1;
+            }
+        }
+    }
+    println!("interop: {passed} passed, {failed} failed");
+    if failed > 0 {
+        bail!("interop scenarios failed: {}", failures.join("; "));
+    }
+    Ok(())
+}
+
+fn conformance(env: &Env) -> Result<()> {
+    crate::conformance::run(&env.py("python"), &env.work.path().join("conformance"))
+}
+
+fn check(out: &procs::Output, what: &str) -> Result<()> {
+    ensure!(
+        out.code == 0,
+        "{what} exited {}\nstdout:\n{}\nstderr:\n{}",
+        out.code,
+        out.stdout,
+        out.stderr
+    );
+    Ok(())
+}
+
+fn expect_readings(out: &procs::Output) -> Result<()> {
+    ensure!(
+        out.stdout
+            .contains("voltage=0.0 V  current=0.0 A  apparent_power=0.0 VA")
+            && out
+                .stdout
+                .contains("voltage=5.0 V  current=2.0 A  apparent_power=10.0 VA"),
+        "unexpected readings:\n{}{}",
+        out.stdout,
+        out.stderr
+    );
+    Ok(())
+}
+
+/// Upstream `j` inside our local `jmp shell` (our exporter on a private Unix socket).
+fn py_j_unix(env: &Env) -> Result<()> {
+    let mut c = env.ours(&env.jmp);
+    c.arg("shell")
+        .arg("--exporter-config")
+        .arg(env.config())
+        .arg("--")
+        .arg(env.py("j"))
+        .args(["power", "on"]);
+    check(
+        &procs::run(c, CALL_TIMEOUT)?,
+        "jmp shell -- (python) j power on",
+    )?;
+    let mut c = env.ours(&env.jmp);
+    c.arg("shell")
+        .arg("--exporter-config")
+        .arg(env.config())
+        .arg("--")
+        .arg(env.py("j"))
+        .args(["power", "read"]);
+    let out = procs::run(c, CALL_TIMEOUT)?;
+    check(&out, "jmp shell -- (python) j power read")?;
+    expect_readings(&out)
+}
+
+fn py_script_unix(env: &Env) -> Result<()> {
+    let mut c = env.ours(&env.jmp);
+    c.arg("shell")
+        .arg("--exporter-config")
+        .arg(env.config())
+        .arg("--")
+        .arg(env.py("python"))
+        .arg(env.scripts.join("drive_power.py"));
+    let out = procs::run(c, CALL_TIMEOUT)?;
+    check(&out, "python drive_power.py")?;
+    ensure!(out.stdout.contains("python client ok"), "{}", out.stdout);
+    Ok(())
+}
+
+/// Starts our exporter on a TCP port (port 0) and returns it with its port.
+fn our_direct_exporter(env: &Env, extra: &[&str]) -> Result<(Background, u16)> {
+    let mut c = env.ours(&env.jmp);
+    c.arg("run")
+        .arg("--exporter-config")
+        .arg(env.config())
+        .args(["--tls-grpc-listener", "127.0.0.1:0", "--tls-grpc-insecure"])
+        .args(extra);
+    let mut bg = Background::start("jmp run", c)?;
+    let line = bg.wait_for_line("listening on", Duration::from_secs(30))?;
+    let port = line
+        .split("listening on ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|addr| addr.rsplit(':').next())
+        .and_then(|p| p.parse::<u16>().ok())
+        .with_context(|| format!("no port in {line:?}"))?;
+    Ok((bg, port))
+}
+
+fn py_direct(env: &Env, port: u16, passphrase: Option<&str>) -> Command {
+    let mut c = env.upstream("j");
+    c.env("JUMPSTARTER_HOST", format!("127.0.0.1:{port}"))
+        .env("JMP_GRPC_INSECURE", "1")
+        .env("JMP_DRIVERS_ALLOW", "UNSAFE");
+    if let Some(p) = passphrase {
+        c.env("JMP_GRPC_PASSPHRASE", p);
+    }
+    c
+}
+
+fn py_direct_plain(env: &Env) -> Result<()> {
+    let (_exporter, port) = our_direct_exporter(env, &[])?;
+    let mut c = py_direct(env, port, None);
+    c.args(["power", "on"]);
+    check(&procs::run(c, CALL_TIMEOUT)?, "(python) j power on")?;
+    let mut c = py_direct(env, port, None);
+    c.args(["power", "read"]);
+    let out = procs::run(c, CALL_TIMEOUT)?;
+    check(&out, "(python) j power read")?;
+    expect_readings(&out)?;
+    let mut c = py_direct(env, port, None);
+    c.env("PATH", path_with_venv(env));
+    let mut script = Command::new(env.py("python"));
+    script.arg(env.scripts.join("drive_power.py"));
+    for (k, v) in c.get_envs() {
+        match v {
+            Some(v) => script.env(k, v),
+            None => script.env_remove(k),
+        };
+    }
+    let out = procs::run(script, CALL_TIMEOUT)?;
+    check(&out, "python drive_power.py over TCP")
+}
+
+fn path_with_venv(env: &Env) -> String {
+    format!(
+        "{}:{}",
+        env.venv.join("bin").display(),
+        std::env::var("PATH").unwrap_or_default()
+    )
+}
+
+fn py_shell_tls_grpc(env: &Env) -> Result<()> {
+    let (_exporter, port) = our_direct_exporter(env, &[])?;
+    let mut c = env.upstream("jmp");
+    c.env("PATH", path_with_venv(env)).args([
+        "shell",
+        "--tls-grpc",
+        &format!("127.0.0.1:{port}"),
+        "--tls-grpc-insecure",
+        "--",
+        "j",
+        "power",
+        "on",
+    ]);
+    check(
+        &procs::run(c, CALL_TIMEOUT)?,
+        "(python) jmp shell --tls-grpc -- j power on",
+    )
+}
+
+fn py_direct_passphrase(env: &Env) -> Result<()> {
+    let (_exporter, port) = our_direct_exporter(env, &["--passphrase", "s3cret"])?;
+    let mut c = py_direct(env, port, Some("s3cret"));
+    c.args(["power", "on"]);
+    check(
+        &procs::run(c, CALL_TIMEOUT)?,
+        "(python) j power on with passphrase",
+    )?;
+    let mut c = py_direct(env, port, Some("wrong"));
+    c.args(["power", "on"]);
+    let out = procs::run(c, CALL_TIMEOUT)?;
+    ensure!(
+        out.code != 0,
+        "a wrong passphrase was accepted:\n{}",
+        out.stdout
+    );
+    ensure!(
+        out.stderr.contains("invalid or missing passphrase")
+            || out.stdout.contains("invalid or missing passphrase"),
+        "unexpected error for a wrong passphrase:\n{}{}",
+        out.stdout,
+        out.stderr
+    );
+    // The exporter keeps serving after refusing.
+    let mut c = py_direct(env, port, Some("s3cret"));
+    c.args(["power", "off"]);
+    check(
+        &procs::run(c, CALL_TIMEOUT)?,
+        "(python) j power off after a refusal",
+    )
+}
+
+fn our_j(env: &Env, host: &str, args: &[&str]) -> Result<procs::Output> {
+    let mut c = env.ours(&env.j);
+    c.env("JUMPSTARTER_HOST", host)
+        .env("JMP_GRPC_INSECURE", "1")
+        .args(args);
+    procs::run(c, CALL_TIMEOUT)
+}
+
+fn rs_j_to_py_tcp(env: &Env) -> Result<()> {
+    let port = procs::free_port()?;
+    let mut c = env.upstream("jmp");
+    c.arg("run")
+        .arg("--exporter-config")
+        .arg(env.config())
+        .args([
+            "--tls-grpc-listener",
+            &format!("127.0.0.1:{port}"),
+            "--tls-grpc-insecure",
+        ]);
+    let _exporter = Background::start("(python) jmp run", c)?;
+    procs::wait_port(port, Duration::from_secs(60))?;
+    let host = format!("127.0.0.1:{port}");
+    check(&our_j(env, &host, &["power", "on"])?, "our j power on")?;
+    let out = our_j(env, &host, &["power", "read"])?;
+    check(&out, "our j power read")?;
+    expect_readings(&out)
+}
+
+fn rs_j_to_py_unix(env: &Env) -> Result<()> {
+    let sock = env.work.path().join("py.sock");
+    let _ = std::fs::remove_file(&sock);
+    let mut c = env.upstream("python");
+    c.arg(env.scripts.join("serve_unix.py"))
+        .arg(env.config())
+        .arg(&sock);
+    let _exporter = Background::start("(python) serve_unix.py", c)?;
+    procs::wait_path(&sock, Duration::from_secs(60))?;
+    let host = sock.to_string_lossy().to_string();
+    check(&our_j(env, &host, &["power", "on"])?, "our j power on")?;
+    let out = our_j(env, &host, &["power", "read"])?;
+    check(&out, "our j power read")?;
+    expect_readings(&out)
+}

@@ -1,0 +1,75 @@
+//! Developer tasks: `cargo xtask ci | interop | bench`.
+
+mod bench;
+mod conformance;
+mod interop;
+mod procs;
+
+use anyhow::{Result, bail};
+
+fn main() -> std::process::ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("ci") => ci(),
+        Some("interop") => interop::run(args.get(1).map(String::as_str)),
+        Some("bench") => bench::run(&args[1..]),
+        Some("venv") => interop::ensure_venv().map(|p| println!("{}", p.display())),
+        _ => {
+            eprintln!(
+                "usage: cargo xtask <task>\n\n\
+                 tasks:\n  \
+                 ci        fmt check, clippy -D warnings, all tests, interop checks (what CI runs)\n  \
+                 interop   [FILTER] upstream Python 0.9.0 tools against ours (builds a venv)\n  \
+                 bench     latency/throughput, ours vs upstream Python, in one run\n  \
+                 venv      create the pinned upstream venv and print its path"
+            );
+            return std::process::ExitCode::from(2);
+        }
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs a command from the workspace root, failing on a non-zero exit.
+pub fn cargo(args: &[&str]) -> Result<()> {
+    let status =
+        std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+            .args(args)
+            .current_dir(workspace_root())
+            .status()?;
+    if !status.success() {
+        bail!("cargo {} failed ({status})", args.join(" "));
+    }
+    Ok(())
+}
+
+/// The workspace root.
+pub fn workspace_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(std::path::Path::to_path_buf)
+        .unwrap_or_else(|| ".".into())
+}
+
+fn ci() -> Result<()> {
+    println!("== cargo fmt --check");
+    cargo(&["fmt", "--all", "--", "--check"])?;
+    println!("== cargo clippy -D warnings");
+    cargo(&[
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ])?;
+    println!("== cargo test");
+    cargo(&["test", "--workspace"])?;
+    println!("== interop with upstream 0.9.0");
+    interop::run(None)
+}
