@@ -1,6 +1,170 @@
-//! Benchmarks (filled in below).
-use anyhow::Result;
-/// Runs the benchmarks.
-pub fn run(_args: &[String]) -> Result<()> {
-    anyhow::bail!("not yet")
+//! `cargo xtask bench`: our figures next to the upstream Python tools', measured in one run.
+//!
+//! Performance claims live here, never in timed test assertions.
+
+use std::{path::PathBuf, process::Command, time::Duration};
+
+use anyhow::{Context, Result, bail};
+
+use crate::{
+    interop::ensure_venv,
+    procs::{self, Background},
+};
+
+const CONFIG: &str = "apiVersion: jumpstarter.dev/v1alpha1
+kind: ExporterConfig
+metadata: {namespace: default, name: bench}
+endpoint: \"\"
+token: \"\"
+export:
+  power:
+    type: jumpstarter_driver_power.driver.MockPower
+";
+
+/// Call latency and throughput figures.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CallFigures {
+    /// Median latency, µs.
+    pub p50_us: f64,
+    /// 99th percentile latency, µs.
+    pub p99_us: f64,
+    /// Calls per second.
+    pub calls_per_sec: f64,
+}
+
+fn parse_figures(line: &str) -> Result<CallFigures> {
+    let num = |key: &str| -> Result<f64> {
+        let pat = format!("\"{key}\":");
+        let rest = line
+            .split(&pat)
+            .nth(1)
+            .with_context(|| format!("no {key} in {line:?}"))?;
+        let end = rest.find([',', '}']).unwrap_or(rest.len());
+        rest[..end]
+            .trim()
+            .parse()
+            .with_context(|| format!("bad {key} in {line:?}"))
+    };
+    Ok(CallFigures {
+        p50_us: num("p50_us")?,
+        p99_us: num("p99_us")?,
+        calls_per_sec: num("calls_per_sec")?,
+    })
+}
+
+fn release_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| crate::workspace_root().join("target"))
+        .join("release")
+}
+
+/// Starts a `jmp run` (ours or upstream) on loopback; returns it with its port.
+fn start_exporter(
+    jmp: &PathBuf,
+    config: &PathBuf,
+    ours: bool,
+    work: &std::path::Path,
+) -> Result<(Background, u16)> {
+    let port = if ours { 0 } else { procs::free_port()? };
+    let mut c = Command::new(jmp);
+    c.args(["run", "--exporter-config"])
+        .arg(config)
+        .args([
+            "--tls-grpc-listener",
+            &format!("127.0.0.1:{port}"),
+            "--tls-grpc-insecure",
+        ])
+        .env("JMP_CLIENT_CONFIG_HOME", work.join("config"))
+        .env("JMP_LOG", "warn");
+    let mut bg = Background::start("exporter", c)?;
+    if ours {
+        let line = bg.wait_for_line("listening on", Duration::from_secs(30))?;
+        let port = line
+            .split("listening on ")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|a| a.rsplit(':').next())
+            .and_then(|p| p.parse().ok())
+            .with_context(|| format!("no port in {line:?}"))?;
+        return Ok((bg, port));
+    }
+    procs::wait_port(port, Duration::from_secs(60))?;
+    Ok((bg, port))
+}
+
+/// Runs the benchmarks. `--quick` uses small counts (a smoke run).
+pub fn run(args: &[String]) -> Result<()> {
+    let quick = args.iter().any(|a| a == "--quick");
+    let calls = if quick { 300 } else { 5000 };
+    let py_calls = if quick { 100 } else { 1000 };
+    crate::cargo(&[
+        "build",
+        "--release",
+        "--quiet",
+        "-p",
+        "jumpstarter-cli",
+        "--bins",
+        "--example",
+        "bench_calls",
+    ])?;
+    let venv = ensure_venv()?;
+    let work = crate::interop::tempfile_dir::Dir::new("jmp-bench")?;
+    let config = work.path().join("exporter.yaml");
+    std::fs::write(&config, CONFIG)?;
+    let rel = release_dir();
+
+    println!("== unary driver calls (power.on), direct TCP on loopback, plaintext");
+    let (ours_exporter, port) = start_exporter(&rel.join("jmp"), &config, true, work.path())?;
+    let host = format!("127.0.0.1:{port}");
+    let run_rs = |conc: usize| -> Result<CallFigures> {
+        let mut c = Command::new(rel.join("examples/bench_calls"));
+        c.args([host.as_str(), &calls.to_string(), &conc.to_string()])
+            .env("JMP_GRPC_INSECURE", "1");
+        let out = procs::run(c, Duration::from_secs(300))?;
+        if out.code != 0 {
+            bail!("bench_calls failed: {}", out.stderr);
+        }
+        parse_figures(out.stdout.trim())
+    };
+    let ours = run_rs(1)?;
+    let ours_conc = run_rs(16)?;
+    drop(ours_exporter);
+
+    let (py_exporter, py_port) =
+        start_exporter(&venv.join("bin/jmp"), &config, false, work.path())?;
+    let mut c = Command::new(venv.join("bin/python"));
+    c.arg(crate::workspace_root().join("xtask/interop/bench_calls.py"))
+        .arg(py_calls.to_string())
+        .env("JUMPSTARTER_HOST", format!("127.0.0.1:{py_port}"))
+        .env("JMP_GRPC_INSECURE", "1")
+        .env("JMP_DRIVERS_ALLOW", "UNSAFE");
+    let out = procs::run(c, Duration::from_secs(600))?;
+    if out.code != 0 {
+        bail!("python bench failed: {}", out.stderr);
+    }
+    let py = parse_figures(out.stdout.trim())?;
+    drop(py_exporter);
+
+    println!(
+        "{:<44} {:>10} {:>10} {:>12}",
+        "", "p50 (µs)", "p99 (µs)", "calls/s"
+    );
+    let row = |name: &str, f: &CallFigures| {
+        println!(
+            "{:<44} {:>10.1} {:>10.1} {:>12.0}",
+            name, f.p50_us, f.p99_us, f.calls_per_sec
+        )
+    };
+    row("ours (Rust client -> Rust exporter)", &ours);
+    row("ours, 16 concurrent callers", &ours_conc);
+    row("upstream (Python client -> Python exporter)", &py);
+    println!(
+        "ratio: {:.1}x lower p50 latency, {:.1}x throughput (sequential), {:.1}x (concurrent vs Python)",
+        py.p50_us / ours.p50_us.max(0.001),
+        ours.calls_per_sec / py.calls_per_sec.max(0.001),
+        ours_conc.calls_per_sec / py.calls_per_sec.max(0.001)
+    );
+    println!("targets: p50 < 100 µs, throughput >= 20x Python");
+    Ok(())
 }

@@ -1,0 +1,194 @@
+//! Local mode: `jmp shell --exporter-config`, `j`, config errors.
+
+use crate::{J, JMP, Scratch, text};
+
+#[test]
+fn shell_runs_j_against_an_in_process_exporter() {
+    let s = Scratch::new();
+    let out = s
+        .cmd(JMP)
+        .args([
+            "shell",
+            "--exporter-config",
+            "exporter.yaml",
+            "--",
+            J,
+            "power",
+            "on",
+        ])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(stderr.contains("[driver.MockPower] power on"), "{stderr}");
+
+    let out = s
+        .cmd(JMP)
+        .args([
+            "shell",
+            "--exporter-config",
+            "exporter.yaml",
+            "--",
+            J,
+            "power",
+            "read",
+        ])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert_eq!(
+        stdout,
+        "voltage=0.0 V  current=0.0 A  apparent_power=0.0 VA\n\
+         voltage=5.0 V  current=2.0 A  apparent_power=10.0 VA\n"
+    );
+}
+
+#[test]
+fn shell_propagates_the_exit_code_and_sets_the_environment() {
+    let s = Scratch::new();
+    let out = s
+        .cmd(JMP)
+        .args([
+            "shell",
+            "--exporter-config",
+            "exporter.yaml",
+            "--",
+            "sh",
+            "-c",
+        ])
+        .arg("echo \"$JUMPSTARTER_HOST|$JMP_DRIVERS_ALLOW\"; exit 7")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(7), "{stdout}{stderr}");
+    let (host, allow) = stdout.trim().split_once('|').unwrap();
+    assert!(host.ends_with("exporter@socket"), "{host}");
+    assert_eq!(allow, "UNSAFE");
+    // The private socket directory is gone afterwards.
+    assert!(!std::path::Path::new(host).exists());
+}
+
+#[test]
+fn j_outside_a_shell_says_why() {
+    let s = Scratch::new();
+    let out = s.cmd(J).args(["power", "on"]).output().unwrap();
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        stderr.trim(),
+        "Error: the j command must be used inside a jmp shell: JUMPSTARTER_HOST not set"
+    );
+}
+
+#[test]
+fn j_usage_errors_exit_2_and_help_lists_drivers() {
+    let s = Scratch::new();
+    let out = s
+        .cmd(JMP)
+        .args([
+            "shell",
+            "--exporter-config",
+            "exporter.yaml",
+            "--",
+            J,
+            "power",
+            "explode",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let out = s
+        .cmd(JMP)
+        .args([
+            "shell",
+            "--exporter-config",
+            "exporter.yaml",
+            "--",
+            J,
+            "--help",
+        ])
+        .output()
+        .unwrap();
+    let (stdout, _) = text(&out);
+    assert!(out.status.success());
+    assert!(
+        stdout.contains("power") && stdout.contains("Generic power"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn bad_configs_give_one_clear_error() {
+    let s = Scratch::new();
+    let cases = [
+        (
+            "malformed.yaml",
+            "export:\n  power: [\n",
+            vec!["malformed.yaml"],
+        ),
+        (
+            "unknown.yaml",
+            "apiVersion: jumpstarter.dev/v1alpha1\nkind: ExporterConfig\nexport:\n  power:\n    type: acme.driver.Toaster\n",
+            vec!["unknown.yaml:5", "export.power.type", "acme.driver.Toaster"],
+        ),
+        (
+            "typo.yaml",
+            "kind: ExporterConfig\nexport:\n  power:\n    typo: x\n",
+            vec!["typo.yaml", "typo"],
+        ),
+        (
+            "badconfig.yaml",
+            "kind: ExporterConfig\nexport:\n  power:\n    type: jumpstarter_driver_power.driver.MockPower\n    config:\n      volts: 3\n",
+            vec!["badconfig.yaml", "export.power.config", "volts"],
+        ),
+    ];
+    for (name, body, needles) in cases {
+        s.write(name, body);
+        let out = s
+            .cmd(JMP)
+            .args(["shell", "--exporter-config", name, "--", "true"])
+            .output()
+            .unwrap();
+        let (_, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(1), "{name}: {stderr}");
+        assert!(stderr.starts_with("Error: "), "{name}: {stderr}");
+        for n in needles {
+            assert!(stderr.contains(n), "{name}: {n:?} not in {stderr}");
+        }
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+    let out = s
+        .cmd(JMP)
+        .args(["shell", "--exporter-config", "missing.yaml", "--", "true"])
+        .output()
+        .unwrap();
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr.contains("missing.yaml"), "{stderr}");
+}
+
+#[test]
+fn exporter_alias_is_found_in_the_config_dir() {
+    let s = Scratch::new();
+    std::fs::create_dir_all(s.path("config/exporters")).unwrap();
+    std::fs::copy(
+        s.path("exporter.yaml"),
+        s.path("config/exporters/bench.yaml"),
+    )
+    .unwrap();
+    let out = s
+        .cmd(JMP)
+        .args(["shell", "--exporter", "bench", "--", J, "power", "off"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{:?}", text(&out));
+    let out = s
+        .cmd(JMP)
+        .args(["shell", "--exporter", "nope", "--", "true"])
+        .output()
+        .unwrap();
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr.contains("nope"), "{stderr}");
+}
