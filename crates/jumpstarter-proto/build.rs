@@ -16,6 +16,9 @@ const PROTO_FILES: [&str; 5] = [
     "jumpstarter/client/v1/client.proto",
 ];
 
+/// Our own admin API (not upstream).
+const ADMIN_FILE: &str = "jumpstarter/admin/v1/admin.proto";
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let manifest_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?);
     let proto_dir = manifest_dir.join("proto");
@@ -40,6 +43,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_client(true)
         .emit_rerun_if_changed(false)
         .compile_fds(fds)?;
+
+    // Our own admin API, compiled into its own descriptor set so the upstream one above
+    // stays exactly the five upstream files. It refers to jumpstarter.v1 types, which the
+    // generated code reaches through `super::super::super::v1` (see lib.rs nesting).
+    println!(
+        "cargo:rerun-if-changed={}",
+        proto_dir.join(ADMIN_FILE).display()
+    );
+    let admin =
+        protox::compile([ADMIN_FILE], [&proto_dir]).map_err(|e| format!("protox: {e:?}"))?;
+    std::fs::write(out_dir.join("admin_descriptor.bin"), admin.encode_to_vec())?;
+    tonic_prost_build::configure()
+        .build_server(true)
+        .build_client(true)
+        .emit_rerun_if_changed(false)
+        .extern_path(".jumpstarter.v1", "crate::jumpstarter::v1")
+        .compile_fds(admin)?;
 
     Ok(())
 }

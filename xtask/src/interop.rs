@@ -144,6 +144,8 @@ token: \"\"
 export:
   power:
     type: jumpstarter_driver_power.driver.MockPower
+  storage:
+    type: jumpstarter_driver_opendal.driver.MockStorageMux
 ";
 
 /// Runs every scenario whose name contains `filter`.
@@ -193,6 +195,18 @@ pub fn run(filter: Option<&str>) -> Result<()> {
         (
             "our j power on/read -> python exporter, unix socket",
             rs_j_to_py_unix,
+        ),
+        (
+            "storage: python client 64 MiB round trip -> our exporter, unix socket",
+            storage_py_client_to_ours,
+        ),
+        (
+            "storage: our j 64 MiB round trip + gzip flash -> python exporter, unix socket",
+            storage_rs_client_to_py,
+        ),
+        (
+            "storage: our j gzip flash, python exporter refusing encodings (local fallback)",
+            storage_rs_client_fallback,
         ),
     ];
     let (mut passed, mut failed) = (0, 0);
@@ -445,4 +459,175 @@ fn rs_j_to_py_unix(env: &Env) -> Result<()> {
     let out = our_j(env, &host, &["power", "read"])?;
     check(&out, "our j power read")?;
     expect_readings(&out)
+}
+
+// ------------------------------------------------------------------------------------
+// Storage (resource streams): 64 MiB round trips through MockStorageMux, both ways.
+// ------------------------------------------------------------------------------------
+
+const STORAGE_BYTES: usize = 64 * 1024 * 1024;
+const STORAGE_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Writes `len` pseudo-random bytes (xorshift) to `path`.
+fn storage_random_file(path: &Path, len: usize, seed: u64) -> Result<()> {
+    use std::io::Write;
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
+    let mut x = seed | 1;
+    let mut chunk = vec![0u8; 1 << 20];
+    let mut left = len;
+    while left > 0 {
+        for b in chunk.chunks_mut(8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            b.copy_from_slice(&x.to_le_bytes()[..b.len()]);
+        }
+        let n = left.min(chunk.len());
+        f.write_all(&chunk[..n])?;
+        left -= n;
+    }
+    f.flush()?;
+    Ok(())
+}
+
+/// Fails unless two files hold the same bytes (compared in chunks).
+fn storage_same_files(a: &Path, b: &Path) -> Result<()> {
+    use std::io::Read;
+    let (ma, mb) = (std::fs::metadata(a)?, std::fs::metadata(b)?);
+    ensure!(
+        ma.len() == mb.len(),
+        "{} has {} bytes, {} has {}",
+        a.display(),
+        ma.len(),
+        b.display(),
+        mb.len()
+    );
+    let (mut fa, mut fb) = (std::fs::File::open(a)?, std::fs::File::open(b)?);
+    let (mut ba, mut bb) = (vec![0u8; 1 << 20], vec![0u8; 1 << 20]);
+    let mut offset = 0u64;
+    loop {
+        let n = fa.read(&mut ba)?;
+        if n == 0 {
+            return Ok(());
+        }
+        fb.read_exact(&mut bb[..n])?;
+        ensure!(
+            ba[..n] == bb[..n],
+            "{} and {} differ near offset {offset}",
+            a.display(),
+            b.display()
+        );
+        offset += n as u64;
+    }
+}
+
+fn storage_gzip(src: &Path, dst: &Path) -> Result<()> {
+    let out = std::fs::File::create(dst)?;
+    let status = Command::new("gzip")
+        .args(["-c", "-1"])
+        .arg(src)
+        .stdout(out)
+        .status()
+        .context("running gzip")?;
+    ensure!(status.success(), "gzip failed ({status})");
+    Ok(())
+}
+
+/// Upstream Python client (`StorageMuxClient.write_local_file` / `read_local_file`) inside
+/// our local `jmp shell`, i.e. against our exporter on a Unix socket.
+fn storage_py_client_to_ours(env: &Env) -> Result<()> {
+    let src = env.work.path().join("storage-py-src.img");
+    let dst = env.work.path().join("storage-py-dst.img");
+    storage_random_file(&src, STORAGE_BYTES, 0x5eed)?;
+    let mut c = env.ours(&env.jmp);
+    c.arg("shell")
+        .arg("--exporter-config")
+        .arg(env.config())
+        .arg("--")
+        .arg(env.py("python"))
+        .arg(env.scripts.join("storage_roundtrip.py"))
+        .arg(&src)
+        .arg(&dst);
+    let out = procs::run(c, STORAGE_TIMEOUT)?;
+    check(&out, "python storage_roundtrip.py against our exporter")?;
+    ensure!(
+        out.stdout.contains("python storage round trip ok"),
+        "{}",
+        out.stdout
+    );
+    storage_same_files(&src, &dst)
+}
+
+/// Starts the upstream exporter on a Unix socket; returns it and the socket path.
+fn storage_py_exporter(
+    env: &Env,
+    name: &str,
+    extra_env: &[(&str, &str)],
+) -> Result<(Background, String)> {
+    let sock = env.work.path().join(name);
+    let _ = std::fs::remove_file(&sock);
+    let mut c = env.upstream("python");
+    c.arg(env.scripts.join("serve_unix.py"))
+        .arg(env.config())
+        .arg(&sock);
+    for (k, v) in extra_env {
+        c.env(k, v);
+    }
+    let exporter = Background::start("(python) serve_unix.py", c)?;
+    procs::wait_path(&sock, Duration::from_secs(60))?;
+    Ok((exporter, sock.to_string_lossy().into_owned()))
+}
+
+fn storage_our_j(env: &Env, host: &str, args: &[&Path], cmd: &[&str]) -> Result<()> {
+    let mut c = env.ours(&env.j);
+    c.env("JUMPSTARTER_HOST", host).args(cmd).args(args);
+    let out = procs::run(c, STORAGE_TIMEOUT)?;
+    check(&out, &format!("our j {}", cmd.join(" ")))
+}
+
+/// Our `j storage` against the upstream exporter: 64 MiB written and read back, then a
+/// gzip image flashed (the exporter expands it) and read back.
+fn storage_rs_client_to_py(env: &Env) -> Result<()> {
+    let (_exporter, host) = storage_py_exporter(env, "py-storage.sock", &[])?;
+    let src = env.work.path().join("storage-rs-src.img");
+    let dst = env.work.path().join("storage-rs-dst.img");
+    storage_random_file(&src, STORAGE_BYTES, 0xfeed)?;
+    storage_our_j(env, &host, &[&src], &["storage", "write-local-file"])?;
+    storage_our_j(env, &host, &[&dst], &["storage", "read-local-file"])?;
+    storage_same_files(&src, &dst)?;
+
+    let gz = env.work.path().join("storage-rs-src.img.gz");
+    storage_gzip(&src, &gz)?;
+    let back = env.work.path().join("storage-rs-back.img");
+    storage_our_j(
+        env,
+        &host,
+        &[&gz],
+        &["storage", "flash", "--compression", "gzip"],
+    )?;
+    storage_our_j(env, &host, &[&back], &["storage", "read-local-file"])?;
+    storage_same_files(&src, &back)
+}
+
+/// With `JMP_DISABLE_COMPRESSION=1` the upstream exporter refuses encodings: our client
+/// expands the gzip image itself and sends it plain.
+fn storage_rs_client_fallback(env: &Env) -> Result<()> {
+    let (_exporter, host) = storage_py_exporter(
+        env,
+        "py-storage-plain.sock",
+        &[("JMP_DISABLE_COMPRESSION", "1")],
+    )?;
+    let src = env.work.path().join("storage-fb-src.img");
+    storage_random_file(&src, 8 * 1024 * 1024, 0xb00)?;
+    let gz = env.work.path().join("storage-fb-src.img.gz");
+    storage_gzip(&src, &gz)?;
+    let back = env.work.path().join("storage-fb-back.img");
+    storage_our_j(
+        env,
+        &host,
+        &[&gz],
+        &["storage", "flash", "--compression", "gzip"],
+    )?;
+    storage_our_j(env, &host, &[&back], &["storage", "read-local-file"])?;
+    storage_same_files(&src, &back)
 }

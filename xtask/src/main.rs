@@ -1,6 +1,7 @@
 //! Developer tasks: `cargo xtask ci | interop | bench`.
 
 mod bench;
+mod bench_storage;
 mod conformance;
 mod interop;
 mod procs;
@@ -12,7 +13,7 @@ fn main() -> std::process::ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("ci") => ci(),
         Some("interop") => interop::run(args.get(1).map(String::as_str)),
-        Some("bench") => bench::run(&args[1..]),
+        Some("bench") => bench(&args[1..]),
         Some("venv") => interop::ensure_venv().map(|p| println!("{}", p.display())),
         _ => {
             eprintln!(
@@ -54,6 +55,18 @@ pub fn workspace_root() -> std::path::PathBuf {
         .parent()
         .map(std::path::Path::to_path_buf)
         .unwrap_or_else(|| ".".into())
+}
+
+/// Call benchmarks, then storage benchmarks (`--quick`: small counts and 64 MiB).
+fn bench(args: &[String]) -> Result<()> {
+    let quick = args.iter().any(|a| a == "--quick");
+    bench::run(args)?;
+    let storage_args: Vec<String> = if quick {
+        vec!["--size-mib".into(), "64".into()]
+    } else {
+        args.iter().filter(|a| *a != "--quick").cloned().collect()
+    };
+    bench_storage::run(&storage_args)
 }
 
 fn ci() -> Result<()> {

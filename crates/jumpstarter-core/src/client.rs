@@ -12,15 +12,18 @@
 
 use std::{collections::BTreeMap, path::PathBuf, sync::Arc};
 
+use bytes::Bytes;
 use futures::{StreamExt, stream::BoxStream};
 use hyper_util::rt::TokioIo;
+use jumpstarter_proto::v1::FrameType;
 use jumpstarter_proto::v1::{
     DriverCallRequest, GetStatusRequest, GetStatusResponse, StreamRequest,
     StreamingDriverCallRequest, exporter_service_client::ExporterServiceClient,
     router_service_client::RouterServiceClient,
 };
 use serde::{Serialize, de::DeserializeOwned};
-use tokio::io::{AsyncRead, AsyncWrite, DuplexStream};
+use std::future::Future;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tonic::{
     Request, Status,
     metadata::{MetadataMap, MetadataValue},
@@ -30,9 +33,12 @@ use tonic::{
 
 use crate::{
     DriverError,
-    frames::splice,
-    resource::{PIPE_BUFFER, ResourceHandle, StreamRequestMetadata},
-    serve::PASSPHRASE_METADATA,
+    frames::{AbortOnDrop, CHUNK, EndOfStream, Frame, splice_with},
+    resource::{
+        ContentEncoding, PipeReader, PipeWriter, ResourceHandle, StreamRequestMetadata, decoder,
+        encoder, pipe,
+    },
+    serve::{CONNECTION_WINDOW, PASSPHRASE_METADATA, STREAM_WINDOW},
     tree::{CLIENT_LABEL, NAME_LABEL},
     value::{self, Value},
 };
@@ -181,7 +187,9 @@ pub async fn connect_channel(
     };
     let channel = match Target::parse(host) {
         Target::Unix(path) => {
-            let endpoint = Endpoint::from_static("http://localhost");
+            let endpoint = Endpoint::from_static("http://localhost")
+                .initial_stream_window_size(STREAM_WINDOW)
+                .initial_connection_window_size(CONNECTION_WINDOW);
             endpoint
                 .connect_with_connector(tower::service_fn(move |_: Uri| {
                     let path = path.clone();
@@ -198,6 +206,8 @@ pub async fn connect_channel(
             let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))
                 .map_err(|e| connect_err(&e))?
                 .tcp_nodelay(true)
+                .initial_stream_window_size(STREAM_WINDOW)
+                .initial_connection_window_size(CONNECTION_WINDOW)
                 .http2_keep_alive_interval(std::time::Duration::from_secs(20))
                 .keep_alive_while_idle(true);
             if !opts.insecure {
@@ -574,7 +584,8 @@ impl DriverClient {
     async fn open_router_stream(
         &self,
         request: &StreamRequestMetadata,
-    ) -> Result<(MetadataMap, DuplexStream), ClientError> {
+        eof: EndOfStream,
+    ) -> Result<(MetadataMap, RouterStreamEnds), ClientError> {
         let (tx, rx) = tokio::sync::mpsc::channel::<StreamRequest>(1);
         let mut req = Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
         let v = MetadataValue::try_from(request.to_json())
@@ -585,20 +596,43 @@ impl DriverClient {
             .await
             .map_err(|s| self.call_error("stream", &s))?;
         let meta = resp.metadata().clone();
-        let (local, user) = tokio::io::duplex(PIPE_BUFFER);
-        let mut outbound = Box::pin(splice::<_, StreamRequest, _, _, _, _>(
+        let (upload, upload_source) = pipe();
+        let (download_sink, download) = pipe();
+        let mut outbound = Box::pin(splice_with::<_, StreamRequest, _, _, _, _, _>(
             resp.into_inner(),
-            local,
+            download_sink,
+            upload_source,
+            eof,
             (),
         ));
-        tokio::spawn(async move {
-            while let Some(frame) = outbound.next().await {
-                if tx.send(frame).await.is_err() {
-                    break;
+        let task = AbortOnDrop(tokio::spawn(async move {
+            while let Some(item) = outbound.next().await {
+                match item {
+                    Ok(frame) => {
+                        if tx.send(frame).await.is_err() {
+                            break;
+                        }
+                    }
+                    Err(e) => {
+                        // Tell the peer the transfer broke (our exporter fails the driver's
+                        // read on RST_STREAM), then cancel the call, which upstream
+                        // exporters see as an error too.
+                        tracing::debug!("resource upload broken: {e}");
+                        let _ = tx.try_send(StreamRequest::new(Vec::new(), FrameType::RstStream));
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        break;
+                    }
                 }
             }
-        });
-        Ok((meta, user))
+        }));
+        Ok((
+            meta,
+            RouterStreamEnds {
+                upload,
+                download,
+                task,
+            },
+        ))
     }
 
     /// Opens a byte stream to an `#[export(stream)]` method (upstream `@exportstream`).
@@ -607,32 +641,36 @@ impl DriverClient {
         method: &str,
     ) -> Result<impl AsyncRead + AsyncWrite + Send + Unpin + 'static, ClientError> {
         let uuid = parse_uuid(&self.node.uuid)?;
-        let (_, io) = self
-            .open_router_stream(&StreamRequestMetadata::Driver {
-                uuid,
-                method: method.to_string(),
-            })
+        let (_, ends) = self
+            .open_router_stream(
+                &StreamRequestMetadata::Driver {
+                    uuid,
+                    method: method.to_string(),
+                },
+                EndOfStream::Lenient,
+            )
             .await?;
-        Ok(io)
+        Ok(ends)
     }
 
-    /// Opens a resource stream for this driver: returns the handle to pass to a driver
-    /// method and the local end (write the bytes the driver reads; read what it writes).
+    /// Opens a resource stream for this driver, asking the exporter to accept bytes in
+    /// `encoding` (the encoding of the data on the client's side).
+    ///
+    /// Most callers want [`DriverClient::upload`] or [`DriverClient::download`], which also
+    /// run the driver call and fall back to local (de)compression.
     pub async fn open_resource(
         &self,
-    ) -> Result<
-        (
-            ResourceHandle,
-            impl AsyncRead + AsyncWrite + Send + Unpin + 'static,
-        ),
-        ClientError,
-    > {
+        encoding: Option<ContentEncoding>,
+    ) -> Result<ClientResource, ClientError> {
         let uuid = parse_uuid(&self.node.uuid)?;
-        let (meta, io) = self
-            .open_router_stream(&StreamRequestMetadata::Resource {
-                uuid,
-                x_jmp_content_encoding: None,
-            })
+        let (meta, ends) = self
+            .open_router_stream(
+                &StreamRequestMetadata::Resource {
+                    uuid,
+                    x_jmp_content_encoding: encoding,
+                },
+                EndOfStream::GoawayRequired,
+            )
             .await?;
         let raw = meta
             .get("resource")
@@ -640,8 +678,232 @@ impl DriverClient {
             .ok_or_else(|| ClientError::Report("exporter sent no resource handle".into()))?;
         let handle: ResourceHandle = serde_json::from_str(raw)
             .map_err(|e| ClientError::Report(format!("bad resource handle {raw:?}: {e}")))?;
-        Ok((handle, io))
+        let accepted = meta
+            .get("x_jmp_accept_encoding")
+            .and_then(|v| v.to_str().ok())
+            .and_then(ContentEncoding::parse)
+            .filter(|a| Some(*a) == encoding);
+        Ok(ClientResource {
+            handle,
+            accepted,
+            ends,
+        })
     }
+
+    /// Streams `source` to this driver: opens a resource, runs `call` with its handle (the
+    /// driver method that reads it) while sending, and returns what `call` returns.
+    ///
+    /// `encoding` is the encoding of `source`: the exporter decodes it if it accepts it,
+    /// otherwise it is decoded here and sent plain. Fails if reading `source` fails, if the
+    /// call fails, or if the driver returns without reading everything.
+    pub async fn upload<T, F, Fut, R>(
+        &self,
+        source: R,
+        encoding: Option<ContentEncoding>,
+        call: F,
+    ) -> Result<T, ClientError>
+    where
+        R: AsyncRead + Send + Unpin + 'static,
+        F: FnOnce(ResourceHandle) -> Fut,
+        Fut: Future<Output = Result<T, ClientError>>,
+    {
+        let res = self.open_resource(encoding).await?;
+        let local_decode = if res.accepted.is_some() {
+            None
+        } else {
+            encoding
+        };
+        let ClientResource { handle, ends, .. } = res;
+        let handle = plain_if_not_accepted(handle, local_decode.is_some());
+        let RouterStreamEnds {
+            mut upload,
+            download: _download,
+            task: _task,
+        } = ends;
+        let mut pump = AbortOnDrop(tokio::spawn(async move {
+            // Large reads from the source (a file: each read is a blocking-pool hop),
+            // sent in DATA frames of at most CHUNK bytes.
+            let mut reader = decoder(
+                tokio::io::BufReader::with_capacity(LOCAL_IO_BUFFER, source),
+                local_decode,
+            );
+            let mut buf = vec![0u8; CHUNK];
+            loop {
+                match reader.read(&mut buf).await {
+                    Ok(0) => {
+                        upload.finish_now();
+                        return Ok(());
+                    }
+                    Ok(n) => upload.send(Bytes::copy_from_slice(&buf[..n])).await?,
+                    Err(e) => {
+                        let msg = e.to_string();
+                        upload.fail(e);
+                        return Err(std::io::Error::other(msg));
+                    }
+                }
+            }
+        }));
+        let result = call(handle).await;
+        let pumped = match &result {
+            Ok(_) => tokio::time::timeout(DRAIN_TIMEOUT, &mut pump.0)
+                .await
+                .map_err(|_| {
+                    std::io::Error::other("the driver returned before reading all the data")
+                })
+                .and_then(|r| r.map_err(std::io::Error::other).and_then(|r| r)),
+            Err(_) => {
+                pump.0.abort();
+                match tokio::time::timeout(std::time::Duration::from_millis(1), &mut pump.0).await {
+                    Ok(Ok(Err(e))) => Err(e),
+                    _ => Ok(()),
+                }
+            }
+        };
+        match (result, pumped) {
+            (Ok(v), Ok(())) => Ok(v),
+            (Ok(_), Err(e)) => Err(ClientError::Io(e)),
+            (Err(call), Err(e)) => Err(ClientError::Io(std::io::Error::other(format!(
+                "{e} (and the driver call failed: {call})"
+            )))),
+            (Err(call), Ok(())) => Err(call),
+        }
+    }
+
+    /// Streams what this driver sends into `sink`: opens a resource, runs `call` with its
+    /// handle (the driver method that writes it) while receiving, shuts `sink` down at the
+    /// end and returns what `call` returns.
+    ///
+    /// `encoding` is the encoding wanted in `sink`: the exporter encodes if it accepts it,
+    /// otherwise it is encoded here. Fails if the transfer breaks (an error frame or a
+    /// stream cut before the end), if writing `sink` fails, or if the call fails.
+    pub async fn download<T, F, Fut, W>(
+        &self,
+        sink: W,
+        encoding: Option<ContentEncoding>,
+        call: F,
+    ) -> Result<T, ClientError>
+    where
+        W: AsyncWrite + Send + Unpin + 'static,
+        F: FnOnce(ResourceHandle) -> Fut,
+        Fut: Future<Output = Result<T, ClientError>>,
+    {
+        let res = self.open_resource(encoding).await?;
+        let local_encode = if res.accepted.is_some() {
+            None
+        } else {
+            encoding
+        };
+        let ClientResource { handle, ends, .. } = res;
+        let handle = plain_if_not_accepted(handle, local_encode.is_some());
+        let RouterStreamEnds {
+            upload,
+            mut download,
+            task: _task,
+        } = ends;
+        upload.finish_now();
+        let mut pump = AbortOnDrop(tokio::spawn(async move {
+            let mut writer = encoder(
+                tokio::io::BufWriter::with_capacity(LOCAL_IO_BUFFER, sink),
+                local_encode,
+            );
+            while let Some(chunk) = download.chunk().await? {
+                writer.write_all(&chunk).await?;
+            }
+            writer.shutdown().await
+        }));
+        let result = call(handle).await;
+        let pumped = match &result {
+            Ok(_) => tokio::time::timeout(DRAIN_TIMEOUT, &mut pump.0)
+                .await
+                .map_err(|_| {
+                    std::io::Error::other("the driver returned without ending the data stream")
+                })
+                .and_then(|r| r.map_err(std::io::Error::other).and_then(|r| r)),
+            Err(_) => {
+                pump.0.abort();
+                Ok(())
+            }
+        };
+        match (result, pumped) {
+            (Ok(v), Ok(())) => Ok(v),
+            (Ok(_), Err(e)) => Err(ClientError::Io(e)),
+            (Err(call), _) => Err(call),
+        }
+    }
+}
+
+/// When we (de)compress locally the bytes on the wire are plain, so the handle we pass
+/// must say so: upstream exporters decode by the handle's encoding even when they did not
+/// accept it.
+fn plain_if_not_accepted(handle: ResourceHandle, local: bool) -> ResourceHandle {
+    match handle {
+        ResourceHandle::ClientStream { uuid, .. } if local => ResourceHandle::ClientStream {
+            uuid,
+            x_jmp_content_encoding: None,
+        },
+        other => other,
+    }
+}
+
+/// Buffer between a transfer and the caller's local source or sink.
+const LOCAL_IO_BUFFER: usize = 1024 * 1024;
+
+/// How long a transfer may take to drain once the driver call has returned.
+const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The client's ends of a `RouterService.Stream`: write to `upload`, read from `download`.
+/// Dropping it cancels the stream.
+pub struct RouterStreamEnds {
+    /// Bytes for the driver: finish it to send GOAWAY; failing or dropping it aborts.
+    pub upload: PipeWriter,
+    /// Bytes from the driver; fails if the transfer breaks.
+    pub download: PipeReader,
+    task: AbortOnDrop<()>,
+}
+
+impl AsyncRead for RouterStreamEnds {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.download).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for RouterStreamEnds {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.upload).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.upload).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.upload).poll_shutdown(cx)
+    }
+}
+
+/// A resource stream opened by the client ([`DriverClient::open_resource`]).
+pub struct ClientResource {
+    /// The handle to pass to the driver method.
+    pub handle: ResourceHandle,
+    /// The encoding the exporter accepted (it decodes what we send and encodes what it
+    /// sends); `None` when the bytes on the wire must be plain.
+    pub accepted: Option<ContentEncoding>,
+    /// The stream's ends (dropping them cancels the stream).
+    pub ends: RouterStreamEnds,
 }
 
 fn parse_uuid(s: &str) -> Result<uuid::Uuid, ClientError> {

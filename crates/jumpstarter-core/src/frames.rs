@@ -1,16 +1,24 @@
 //! Byte streams over `RouterService.Stream` frames.
 //!
 //! Both sides of a stream send `{payload, frame_type}` messages: `DATA` carries bytes,
-//! `GOAWAY` marks the end of one direction, `PING` and `RST_STREAM` are ignored, and the end
-//! of the gRPC stream also ends the direction. [`splice`] connects such a frame stream to an
-//! `AsyncRead + AsyncWrite`, with backpressure in both directions and at most one chunk in
-//! flight per direction besides the pipe buffer.
+//! `GOAWAY` marks the end of one direction, `PING` is ignored. What else ends a direction
+//! depends on [`EndOfStream`]: upstream treats `RST_STREAM` as noise and the end of the gRPC
+//! stream as a clean end; resource streams are stricter, so that a transfer cut midway is an
+//! error for whoever reads it, never a short file.
+//!
+//! [`splice_with`] connects a frame stream to a [`FrameSink`] (where incoming bytes go) and
+//! a [`FrameSource`] (what goes out), with backpressure in both directions: at most one
+//! chunk in flight per direction besides the sink's own buffer. [`splice`] does the same for
+//! any `AsyncRead + AsyncWrite` (driver byte streams, the router tunnel).
 
 use std::{
+    future::Future,
+    io,
     pin::Pin,
     task::{Context, Poll},
 };
 
+use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use jumpstarter_proto::v1::{FrameType, StreamRequest, StreamResponse};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -23,21 +31,29 @@ pub const CHUNK: usize = 64 * 1024;
 pub trait Frame: Send + 'static {
     /// Builds a frame.
     fn new(payload: Vec<u8>, frame_type: FrameType) -> Self;
+    /// Builds a frame from shared bytes.
+    fn from_bytes(payload: Bytes, frame_type: FrameType) -> Self;
     /// Splits a frame into payload and type (unknown types are reported as `None`).
-    fn into_parts(self) -> (Vec<u8>, Option<FrameType>);
+    fn into_parts(self) -> (Bytes, Option<FrameType>);
 }
 
 macro_rules! impl_frame {
     ($t:ty) => {
         impl Frame for $t {
             fn new(payload: Vec<u8>, frame_type: FrameType) -> Self {
+                Self::from_bytes(Bytes::from(payload), frame_type)
+            }
+            fn from_bytes(payload: Bytes, frame_type: FrameType) -> Self {
                 Self {
-                    payload,
+                    payload: payload.into(),
                     frame_type: frame_type as i32,
                 }
             }
-            fn into_parts(self) -> (Vec<u8>, Option<FrameType>) {
-                (self.payload, FrameType::try_from(self.frame_type).ok())
+            fn into_parts(self) -> (Bytes, Option<FrameType>) {
+                (
+                    Bytes::from(self.payload),
+                    FrameType::try_from(self.frame_type).ok(),
+                )
             }
         }
     };
@@ -45,21 +61,204 @@ macro_rules! impl_frame {
 impl_frame!(StreamRequest);
 impl_frame!(StreamResponse);
 
-/// Aborts a task when dropped.
-struct AbortOnDrop(JoinHandle<()>);
+/// How strictly the end of the incoming direction is judged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndOfStream {
+    /// As upstream: GOAWAY or the end of the gRPC stream is a clean end, an error ends the
+    /// direction (the sink is failed), RST_STREAM is ignored.
+    Lenient,
+    /// Only GOAWAY is a clean end: the gRPC stream ending without it, RST_STREAM, or an
+    /// error fail the sink (used for resource streams).
+    GoawayRequired,
+}
 
-impl Drop for AbortOnDrop {
+/// Where the bytes of incoming DATA frames go.
+pub trait FrameSink: Send + 'static {
+    /// Writes one chunk (waits while the consumer is behind).
+    fn write_chunk(&mut self, data: Bytes) -> impl Future<Output = io::Result<()>> + Send;
+    /// The peer ended cleanly (GOAWAY).
+    fn finish(self) -> impl Future<Output = io::Result<()>> + Send;
+    /// The transfer broke: the consumer must see an error, not an end of file.
+    fn fail(self, error: io::Error);
+}
+
+/// What goes out in DATA frames.
+pub trait FrameSource: Send + 'static {
+    /// The next chunk; `None` at a clean end of file.
+    fn next_chunk(&mut self) -> impl Future<Output = io::Result<Option<Bytes>>> + Send;
+}
+
+/// A [`FrameSink`] over any `AsyncWrite`: a clean end shuts it down, a failure drops it
+/// without shutdown (all a plain writer can be told).
+pub struct IoSink<W>(pub W);
+
+impl<W: AsyncWrite + Send + Unpin + 'static> FrameSink for IoSink<W> {
+    async fn write_chunk(&mut self, data: Bytes) -> io::Result<()> {
+        self.0.write_all(&data).await
+    }
+    async fn finish(mut self) -> io::Result<()> {
+        self.0.shutdown().await
+    }
+    fn fail(self, error: io::Error) {
+        tracing::debug!("stream broken: {error}");
+    }
+}
+
+/// A [`FrameSource`] over any `AsyncRead`, read in chunks of at most [`CHUNK`] bytes.
+pub struct IoSource<R> {
+    reader: R,
+    buf: Vec<u8>,
+}
+
+impl<R> IoSource<R> {
+    /// Wraps a reader.
+    pub fn new(reader: R) -> Self {
+        Self {
+            reader,
+            buf: vec![0; CHUNK],
+        }
+    }
+}
+
+impl<R: AsyncRead + Send + Unpin + 'static> FrameSource for IoSource<R> {
+    async fn next_chunk(&mut self) -> io::Result<Option<Bytes>> {
+        let n = self.reader.read(&mut self.buf).await?;
+        Ok((n > 0).then(|| Bytes::copy_from_slice(&self.buf[..n])))
+    }
+}
+
+/// Aborts a task when dropped.
+pub(crate) struct AbortOnDrop<T>(pub(crate) JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
     fn drop(&mut self) {
         self.0.abort();
     }
 }
 
-/// Connects a stream of incoming frames and an I/O object.
+/// Pumps incoming frames into `sink` until GOAWAY, the end or an error.
+async fn pump_inbound<In, E, S, Snk>(mut inbound: S, mut sink: Snk, eof: EndOfStream)
+where
+    In: Frame,
+    E: std::fmt::Display + Send + 'static,
+    S: Stream<Item = Result<In, E>> + Send + Unpin + 'static,
+    Snk: FrameSink,
+{
+    let broken = |msg: String| io::Error::new(io::ErrorKind::UnexpectedEof, msg);
+    loop {
+        match inbound.next().await {
+            Some(Ok(frame)) => match frame.into_parts() {
+                (payload, Some(FrameType::Data)) => {
+                    if payload.is_empty() {
+                        continue;
+                    }
+                    if let Err(e) = sink.write_chunk(payload).await {
+                        // The consumer went away; nothing to tell it.
+                        tracing::debug!("stream sink closed: {e}");
+                        return;
+                    }
+                }
+                (_, Some(FrameType::Goaway)) => {
+                    if let Err(e) = sink.finish().await {
+                        tracing::debug!("stream sink shutdown: {e}");
+                    }
+                    return;
+                }
+                (_, Some(FrameType::RstStream)) if eof == EndOfStream::GoawayRequired => {
+                    sink.fail(io::Error::new(
+                        io::ErrorKind::ConnectionReset,
+                        "transfer aborted by the peer (RST_STREAM frame)",
+                    ));
+                    return;
+                }
+                (_, other) => tracing::trace!("ignoring frame {other:?}"),
+            },
+            Some(Err(e)) => {
+                sink.fail(broken(format!("transfer broken: {e}")));
+                return;
+            }
+            None => {
+                match eof {
+                    EndOfStream::Lenient => {
+                        if let Err(e) = sink.finish().await {
+                            tracing::debug!("stream sink shutdown: {e}");
+                        }
+                    }
+                    EndOfStream::GoawayRequired => sink.fail(broken(
+                        "transfer broken: the stream ended without an end-of-stream (GOAWAY) frame"
+                            .into(),
+                    )),
+                }
+                return;
+            }
+        }
+    }
+}
+
+/// Connects a stream of incoming frames to `sink` and `source`.
+///
+/// Incoming DATA payloads go to `sink`; the end of that direction is judged by `eof`. The
+/// returned stream yields frames carrying what `source` produces, then a GOAWAY frame at its
+/// end of file, or an error if `source` fails (the caller turns it into an error status or
+/// an abort). After the GOAWAY the returned stream stays open until the incoming direction
+/// has ended too, so that one side finishing never cuts the other short. `keep` is held
+/// until the returned stream ends or is dropped (tie a resource's lifetime to the RPC).
+pub fn splice_with<In, Out, E, S, Snk, Src, K>(
+    inbound: S,
+    sink: Snk,
+    mut source: Src,
+    eof: EndOfStream,
+    keep: K,
+) -> impl Stream<Item = io::Result<Out>> + Send
+where
+    In: Frame,
+    Out: Frame,
+    E: std::fmt::Display + Send + 'static,
+    S: Stream<Item = Result<In, E>> + Send + Unpin + 'static,
+    Snk: FrameSink,
+    Src: FrameSource,
+    K: Send + 'static,
+{
+    let inbound_task = tokio::spawn(pump_inbound(inbound, sink, eof));
+    let mut guard = AbortOnDrop(inbound_task);
+    generate(move |tx| async move {
+        let _keep = keep;
+        loop {
+            match source.next_chunk().await {
+                Ok(Some(chunk)) => {
+                    if tx
+                        .send(Ok(Out::from_bytes(chunk, FrameType::Data)))
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    let _ = tx.send(Err(e)).await;
+                    return;
+                }
+            }
+        }
+        if tx
+            .send(Ok(Out::new(Vec::new(), FrameType::Goaway)))
+            .await
+            .is_err()
+        {
+            return;
+        }
+        // Linger until the other direction is done (or the consumer drops us).
+        let _ = (&mut guard.0).await;
+    })
+}
+
+/// Connects a stream of incoming frames and an I/O object, as upstream does (lenient end).
 ///
 /// Incoming DATA payloads are written to `io`; GOAWAY or the end of `inbound` shuts down
-/// `io`'s write side. The returned stream yields frames carrying what `io` reads, then a
-/// GOAWAY frame when `io` reaches end of file. `keep` is held until the returned stream is
-/// dropped (use it to tie a resource's lifetime to the RPC).
+/// `io`'s write side (an error drops it without shutdown). The returned stream yields
+/// frames carrying what `io` reads, then a GOAWAY frame at its end of file; a read error
+/// ends it without GOAWAY. `keep` is held until the returned stream is dropped.
 pub fn splice<In, Out, E, S, IO, K>(inbound: S, io: IO, keep: K) -> impl Stream<Item = Out> + Send
 where
     In: Frame,
@@ -69,69 +268,31 @@ where
     IO: AsyncRead + AsyncWrite + Send + 'static,
     K: Send + 'static,
 {
-    let (mut reader, mut writer) = tokio::io::split(io);
-    let inbound_task = tokio::spawn(async move {
-        let mut inbound = inbound;
-        while let Some(item) = inbound.next().await {
-            match item {
-                Ok(frame) => match frame.into_parts() {
-                    (payload, Some(FrameType::Data)) => {
-                        if payload.is_empty() {
-                            continue;
-                        }
-                        if let Err(e) = writer.write_all(&payload).await {
-                            tracing::debug!("stream sink closed: {e}");
-                            return;
-                        }
-                    }
-                    (_, Some(FrameType::Goaway)) => break,
-                    (_, other) => tracing::trace!("ignoring frame {other:?}"),
-                },
-                Err(e) => {
-                    tracing::debug!("inbound frames ended with an error: {e}");
-                    // Dropping the writer without shutdown makes the reader see EOF too;
-                    // callers that must tell a broken transfer from a complete one check
-                    // the GOAWAY they received.
-                    return;
-                }
+    let (reader, writer) = tokio::io::split(io);
+    splice_with(
+        inbound,
+        IoSink(writer),
+        IoSource::new(reader),
+        EndOfStream::Lenient,
+        keep,
+    )
+    .scan((), |_, item: io::Result<Out>| {
+        futures::future::ready(match item {
+            Ok(frame) => Some(frame),
+            Err(e) => {
+                tracing::debug!("stream source failed: {e}");
+                None
             }
-        }
-        let _ = writer.shutdown().await;
-    });
-    let guard = AbortOnDrop(inbound_task);
-
-    async_stream(move |tx| async move {
-        let _guard = guard;
-        let _keep = keep;
-        let mut buf = vec![0u8; CHUNK];
-        loop {
-            match reader.read(&mut buf).await {
-                Ok(0) => break,
-                Ok(n) => {
-                    if tx
-                        .send(Out::new(buf[..n].to_vec(), FrameType::Data))
-                        .await
-                        .is_err()
-                    {
-                        return;
-                    }
-                }
-                Err(e) => {
-                    tracing::debug!("stream source failed: {e}");
-                    return;
-                }
-            }
-        }
-        let _ = tx.send(Out::new(Vec::new(), FrameType::Goaway)).await;
+        })
     })
 }
 
 /// A minimal generator: runs `f` with a bounded sender and yields what it sends.
-fn async_stream<T, F, Fut>(f: F) -> impl Stream<Item = T> + Send
+fn generate<T, F, Fut>(f: F) -> impl Stream<Item = T> + Send
 where
     T: Send + 'static,
     F: FnOnce(tokio::sync::mpsc::Sender<T>) -> Fut,
-    Fut: std::future::Future<Output = ()> + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
 {
     let (tx, rx) = tokio::sync::mpsc::channel(1);
     let task = AbortOnDrop(tokio::spawn(f(tx)));
@@ -140,7 +301,7 @@ where
 
 struct ReceiverStream<T> {
     rx: tokio::sync::mpsc::Receiver<T>,
-    _task: AbortOnDrop,
+    _task: AbortOnDrop<()>,
 }
 
 impl<T> Stream for ReceiverStream<T> {
@@ -153,6 +314,7 @@ impl<T> Stream for ReceiverStream<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::resource::pipe;
 
     #[tokio::test]
     async fn data_then_goaway_round_trip() {
@@ -174,5 +336,96 @@ mod tests {
         assert_eq!(frames.len(), 2);
         assert_eq!(frames[0].payload, b"back");
         assert_eq!(frames[1].frame_type, FrameType::Goaway as i32);
+    }
+
+    async fn strict_inbound(frames: Vec<Result<StreamRequest, String>>) -> io::Result<Vec<u8>> {
+        let (sink_w, mut sink_r) = pipe();
+        let (src_w, src_r) = pipe();
+        src_w.finish_now();
+        let out = splice_with::<_, StreamResponse, _, _, _, _, _>(
+            futures::stream::iter(frames),
+            sink_w,
+            src_r,
+            EndOfStream::GoawayRequired,
+            (),
+        );
+        let reader = tokio::spawn(async move {
+            let mut v = Vec::new();
+            sink_r.read_to_end(&mut v).await.map(|_| v)
+        });
+        let _: Vec<_> = out.collect().await;
+        reader.await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn strict_end_requires_goaway() {
+        let data = |s: &[u8]| Ok(StreamRequest::new(s.to_vec(), FrameType::Data));
+        let ok = strict_inbound(vec![
+            data(b"ab"),
+            data(b"cd"),
+            Ok(StreamRequest::new(vec![], FrameType::Goaway)),
+        ])
+        .await
+        .unwrap();
+        assert_eq!(ok, b"abcd");
+
+        let cut = strict_inbound(vec![data(b"ab")]).await.unwrap_err();
+        assert!(cut.to_string().contains("GOAWAY"), "{cut}");
+
+        let reset = strict_inbound(vec![
+            data(b"ab"),
+            Ok(StreamRequest::new(vec![], FrameType::RstStream)),
+        ])
+        .await
+        .unwrap_err();
+        assert!(reset.to_string().contains("RST_STREAM"), "{reset}");
+
+        let err = strict_inbound(vec![data(b"ab"), Err("connection reset".into())])
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("connection reset"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn source_error_is_reported_not_goaway() {
+        let (sink_w, _sink_r) = pipe();
+        let (src_w, src_r) = pipe();
+        src_w.fail(io::Error::other("disk on fire"));
+        let inbound = futures::stream::iter(Vec::<Result<StreamRequest, String>>::new());
+        let out: Vec<io::Result<StreamResponse>> =
+            splice_with(inbound, sink_w, src_r, EndOfStream::GoawayRequired, ())
+                .collect()
+                .await;
+        assert_eq!(out.len(), 1);
+        let e = out.into_iter().next().unwrap().unwrap_err();
+        assert!(e.to_string().contains("disk on fire"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn outbound_lingers_until_inbound_ends() {
+        // The source ends at once; the sink still receives everything sent afterwards.
+        let (sink_w, mut sink_r) = pipe();
+        let (src_w, src_r) = pipe();
+        src_w.finish_now();
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<StreamRequest, String>>(1);
+        let out = splice_with::<_, StreamResponse, _, _, _, _, _>(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+            sink_w,
+            src_r,
+            EndOfStream::GoawayRequired,
+            (),
+        );
+        let collector = tokio::spawn(async move { out.collect::<Vec<_>>().await });
+        tx.send(Ok(StreamRequest::new(b"late".to_vec(), FrameType::Data)))
+            .await
+            .unwrap();
+        tx.send(Ok(StreamRequest::new(vec![], FrameType::Goaway)))
+            .await
+            .unwrap();
+        let mut got = Vec::new();
+        sink_r.read_to_end(&mut got).await.unwrap();
+        assert_eq!(got, b"late");
+        let frames = collector.await.unwrap();
+        assert_eq!(frames.len(), 1);
     }
 }

@@ -8,6 +8,7 @@
 
 extern crate self as jumpstarter_core;
 
+pub mod auth;
 pub mod client;
 pub mod config;
 pub mod driver;

@@ -1,29 +1,52 @@
 //! Resource streams: bytes a client sends to (or receives from) a driver, passed by handle.
 //!
 //! The client opens `RouterService.Stream` on the session with a `resource` request; the
-//! exporter registers one end of an in-memory pipe under a fresh uuid and answers with the
-//! handle in the initial metadata. The client then passes the handle as an ordinary
-//! driver-call argument, and the driver opens it with [`crate::CallContext::resource`].
+//! exporter registers the driver's end of two in-memory [`pipe`]s (one per direction) under a
+//! fresh uuid and answers with the handle in the initial metadata. The client then passes
+//! the handle as an ordinary driver-call argument, and the driver opens it with
+//! [`crate::CallContext::resource`].
+//!
+//! Bytes move chunk by chunk with backpressure: each pipe holds at most [`PIPE_CHUNKS`]
+//! chunks, so memory stays flat whatever the size. A pipe's writer either finishes (the
+//! reader sees end of file) or fails, and a writer dropped without finishing is a failure
+//! too: a transfer cut midway is an error for the reader, never a short file.
+//!
+//! Content encodings (gzip, xz, bz2, zstd) are negotiated as upstream does: the client names
+//! the encoding of its bytes in the request (`x_jmp_content_encoding`); the exporter accepts
+//! it in its initial metadata (`x_jmp_accept_encoding`) unless `JMP_DISABLE_COMPRESSION=1`,
+//! and then decodes what the client sends and encodes what the driver sends back. When the
+//! exporter does not accept it, the client does that work locally (see [`decoder`] and
+//! [`encoder`]).
 
 use std::{
     collections::HashMap,
+    io,
     pin::Pin,
     sync::{Arc, Mutex},
-    task::{Context, Poll},
+    task::{Context, Poll, ready},
 };
 
+use async_compression::tokio::{bufread, write};
+use bytes::{Buf, Bytes};
+use futures::Stream;
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncRead, AsyncWrite, DuplexStream, ReadBuf, ReadHalf, WriteHalf};
+use tokio::io::{AsyncBufRead, AsyncRead, AsyncWrite, ReadBuf};
+use tokio_util::sync::PollSender;
 use uuid::Uuid;
 
-use crate::DriverError;
+use crate::{
+    DriverError,
+    frames::{FrameSink, FrameSource},
+};
 
-/// Size of the in-memory pipe between a resource stream and its driver: the amount of data
-/// in flight per direction before the sender waits (backpressure).
-pub const PIPE_BUFFER: usize = 256 * 1024;
+/// How many chunks a pipe holds before its writer waits (backpressure).
+pub const PIPE_CHUNKS: usize = 4;
+
+/// The environment variable that, set to `1`, makes the exporter refuse content encodings.
+pub const DISABLE_COMPRESSION_ENV: &str = "JMP_DISABLE_COMPRESSION";
 
 /// A content encoding negotiated for a resource stream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ContentEncoding {
     /// gzip
@@ -36,6 +59,109 @@ pub enum ContentEncoding {
     Zstd,
 }
 
+impl ContentEncoding {
+    /// Every encoding, in upstream's order.
+    pub const ALL: [ContentEncoding; 4] = [
+        ContentEncoding::Gzip,
+        ContentEncoding::Xz,
+        ContentEncoding::Bz2,
+        ContentEncoding::Zstd,
+    ];
+
+    /// The wire name (`gzip`, `xz`, `bz2`, `zstd`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ContentEncoding::Gzip => "gzip",
+            ContentEncoding::Xz => "xz",
+            ContentEncoding::Bz2 => "bz2",
+            ContentEncoding::Zstd => "zstd",
+        }
+    }
+
+    /// Parses a wire name.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|e| e.as_str() == name)
+    }
+
+    /// Recognises an encoding from the first bytes of a file (magic numbers).
+    pub fn detect(head: &[u8]) -> Option<Self> {
+        const MAGIC: [(&[u8], ContentEncoding); 4] = [
+            (b"\x1f\x8b\x08", ContentEncoding::Gzip),
+            (b"\xfd7zXZ\x00", ContentEncoding::Xz),
+            (b"BZh", ContentEncoding::Bz2),
+            (b"\x28\xb5\x2f\xfd", ContentEncoding::Zstd),
+        ];
+        MAGIC
+            .into_iter()
+            .find(|(m, _)| head.starts_with(m))
+            .map(|(_, e)| e)
+    }
+
+    /// Whether this exporter accepts encodings (`JMP_DISABLE_COMPRESSION` is not `1`).
+    pub fn exporter_accepts() -> bool {
+        std::env::var(DISABLE_COMPRESSION_ENV).map_or(true, |v| v != "1")
+    }
+}
+
+impl std::fmt::Display for ContentEncoding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A boxed buffered reader.
+pub type BoxBufRead = Pin<Box<dyn AsyncBufRead + Send>>;
+/// A boxed writer.
+pub type BoxWrite = Pin<Box<dyn AsyncWrite + Send>>;
+
+/// Wraps `reader` so that reading yields the bytes decoded from `encoding`.
+pub fn decoder<R: AsyncBufRead + Send + 'static>(
+    reader: R,
+    encoding: Option<ContentEncoding>,
+) -> BoxBufRead {
+    fn buffered<D: AsyncRead + Send + 'static>(d: D) -> BoxBufRead {
+        Box::pin(tokio::io::BufReader::with_capacity(64 * 1024, d))
+    }
+    match encoding {
+        None => Box::pin(reader),
+        Some(ContentEncoding::Gzip) => {
+            let mut d = bufread::GzipDecoder::new(reader);
+            d.multiple_members(true);
+            buffered(d)
+        }
+        Some(ContentEncoding::Xz) => {
+            let mut d = bufread::XzDecoder::new(reader);
+            d.multiple_members(true);
+            buffered(d)
+        }
+        Some(ContentEncoding::Bz2) => {
+            let mut d = bufread::BzDecoder::new(reader);
+            d.multiple_members(true);
+            buffered(d)
+        }
+        Some(ContentEncoding::Zstd) => {
+            let mut d = bufread::ZstdDecoder::new(reader);
+            d.multiple_members(true);
+            buffered(d)
+        }
+    }
+}
+
+/// Wraps `writer` so that what is written goes out encoded with `encoding` (shut it down
+/// to write the trailer).
+pub fn encoder<W: AsyncWrite + Send + 'static>(
+    writer: W,
+    encoding: Option<ContentEncoding>,
+) -> BoxWrite {
+    match encoding {
+        None => Box::pin(writer),
+        Some(ContentEncoding::Gzip) => Box::pin(write::GzipEncoder::new(writer)),
+        Some(ContentEncoding::Xz) => Box::pin(write::XzEncoder::new(writer)),
+        Some(ContentEncoding::Bz2) => Box::pin(write::BzEncoder::new(writer)),
+        Some(ContentEncoding::Zstd) => Box::pin(write::ZstdEncoder::new(writer)),
+    }
+}
+
 /// The handle a driver method receives for a resource (the `resource` argument upstream).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -44,7 +170,7 @@ pub enum ResourceHandle {
     ClientStream {
         /// The resource uuid the exporter assigned.
         uuid: Uuid,
-        /// The encoding of the bytes the client sends, if any.
+        /// The encoding of the bytes on the client's side, if any.
         #[serde(default)]
         x_jmp_content_encoding: Option<ContentEncoding>,
     },
@@ -95,26 +221,270 @@ impl StreamRequestMetadata {
                 x_jmp_content_encoding,
             } => format!(
                 "{{\"kind\":\"resource\",\"uuid\":\"{uuid}\",\"x_jmp_content_encoding\":{}}}",
-                serde_json::to_string(x_jmp_content_encoding).unwrap_or_else(|_| "null".into())
+                match x_jmp_content_encoding {
+                    Some(e) => format!("\"{e}\""),
+                    None => "null".into(),
+                }
             ),
         }
     }
 }
 
-/// The driver's end of a resource stream: read the client's bytes, write bytes back
-/// (shut down the writer to signal the end).
+// ------------------------------------------------------------------------------- pipes
+
+/// How a pipe's writer ended.
+#[derive(Debug, Clone)]
+enum End {
+    Finished,
+    Failed(io::ErrorKind, String),
+}
+
+type EndSlot = Arc<Mutex<Option<End>>>;
+
+fn set_end(slot: &EndSlot, end: End) {
+    let mut g = slot.lock().unwrap_or_else(|p| p.into_inner());
+    if g.is_none() {
+        *g = Some(end);
+    }
+}
+
+/// A bounded in-memory byte pipe: returns its writer and reader.
+///
+/// The reader sees end of file only after [`PipeWriter::finish`]; a writer that fails or is
+/// dropped first makes the reader fail.
+pub fn pipe() -> (PipeWriter, PipeReader) {
+    let (tx, rx) = tokio::sync::mpsc::channel(PIPE_CHUNKS);
+    let end: EndSlot = Arc::default();
+    (
+        PipeWriter {
+            tx: Some(PollSender::new(tx)),
+            end: end.clone(),
+            finish_if_unused: false,
+            used: false,
+        },
+        PipeReader {
+            rx,
+            end,
+            current: Bytes::new(),
+            done: false,
+        },
+    )
+}
+
+/// The writing end of a [`pipe`].
+pub struct PipeWriter {
+    tx: Option<PollSender<Bytes>>,
+    end: EndSlot,
+    finish_if_unused: bool,
+    used: bool,
+}
+
+fn reader_gone() -> io::Error {
+    io::Error::new(io::ErrorKind::BrokenPipe, "the reading side went away")
+}
+
+impl PipeWriter {
+    /// Sends one chunk, waiting while the pipe is full.
+    pub async fn send(&mut self, data: Bytes) -> io::Result<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.used = true;
+        let tx = self
+            .tx
+            .as_ref()
+            .and_then(|s| s.get_ref())
+            .ok_or_else(reader_gone)?;
+        tx.send(data).await.map_err(|_| reader_gone())
+    }
+
+    /// Ends the pipe cleanly: the reader sees end of file after the buffered chunks.
+    pub fn finish_now(mut self) {
+        set_end(&self.end, End::Finished);
+        self.tx = None;
+    }
+
+    /// Ends the pipe with an error: the reader fails after the buffered chunks.
+    pub fn fail(mut self, error: io::Error) {
+        set_end(&self.end, End::Failed(error.kind(), error.to_string()));
+        self.tx = None;
+    }
+
+    /// A writer never written to ends cleanly when dropped (drivers that only read a
+    /// resource need not close its other direction); once written to, a drop is a failure.
+    pub fn finish_if_unused(mut self) -> Self {
+        self.finish_if_unused = true;
+        self
+    }
+}
+
+impl Drop for PipeWriter {
+    fn drop(&mut self) {
+        if self.tx.is_some() {
+            let end = if self.finish_if_unused && !self.used {
+                End::Finished
+            } else {
+                End::Failed(
+                    io::ErrorKind::UnexpectedEof,
+                    "transfer broken: the sending side stopped before the end".into(),
+                )
+            };
+            set_end(&self.end, end);
+        }
+    }
+}
+
+impl AsyncWrite for PipeWriter {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        if buf.is_empty() {
+            return Poll::Ready(Ok(0));
+        }
+        let Some(tx) = self.tx.as_mut() else {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "write after shutdown",
+            )));
+        };
+        ready!(tx.poll_reserve(cx)).map_err(|_| reader_gone())?;
+        let n = buf.len().min(crate::frames::CHUNK);
+        tx.send_item(Bytes::copy_from_slice(&buf[..n]))
+            .map_err(|_| reader_gone())?;
+        self.used = true;
+        Poll::Ready(Ok(n))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        set_end(&self.end, End::Finished);
+        self.tx = None;
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl FrameSink for PipeWriter {
+    async fn write_chunk(&mut self, data: Bytes) -> io::Result<()> {
+        self.send(data).await
+    }
+    async fn finish(self) -> io::Result<()> {
+        self.finish_now();
+        Ok(())
+    }
+    fn fail(self, error: io::Error) {
+        PipeWriter::fail(self, error)
+    }
+}
+
+/// The reading end of a [`pipe`]: `AsyncRead`, `AsyncBufRead` and a stream of chunks.
+pub struct PipeReader {
+    rx: tokio::sync::mpsc::Receiver<Bytes>,
+    end: EndSlot,
+    current: Bytes,
+    done: bool,
+}
+
+impl PipeReader {
+    fn ended(&mut self) -> io::Result<()> {
+        self.done = true;
+        let end = self.end.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        match end {
+            Some(End::Finished) => Ok(()),
+            Some(End::Failed(kind, msg)) => Err(io::Error::new(kind, msg)),
+            None => Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "transfer broken: the sending side went away before the end",
+            )),
+        }
+    }
+
+    /// The next chunk, `None` at a clean end of file.
+    pub fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<Option<Bytes>>> {
+        if !self.current.is_empty() {
+            return Poll::Ready(Ok(Some(std::mem::take(&mut self.current))));
+        }
+        if self.done {
+            return Poll::Ready(self.ended().map(|_| None));
+        }
+        match ready!(self.rx.poll_recv(cx)) {
+            Some(b) => Poll::Ready(Ok(Some(b))),
+            None => Poll::Ready(self.ended().map(|_| None)),
+        }
+    }
+
+    /// The next chunk, `None` at a clean end of file.
+    pub async fn chunk(&mut self) -> io::Result<Option<Bytes>> {
+        std::future::poll_fn(|cx| self.poll_chunk(cx)).await
+    }
+}
+
+impl AsyncBufRead for PipeReader {
+    fn poll_fill_buf(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<&[u8]>> {
+        let this = self.get_mut();
+        if this.current.is_empty() {
+            match ready!(this.poll_chunk(cx))? {
+                Some(b) => this.current = b,
+                None => return Poll::Ready(Ok(&[])),
+            }
+        }
+        Poll::Ready(Ok(&this.current[..]))
+    }
+
+    fn consume(self: Pin<&mut Self>, amt: usize) {
+        let this = self.get_mut();
+        this.current.advance(amt.min(this.current.len()));
+    }
+}
+
+impl AsyncRead for PipeReader {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let data = ready!(self.as_mut().poll_fill_buf(cx))?;
+        let n = data.len().min(buf.remaining());
+        buf.put_slice(&data[..n]);
+        self.consume(n);
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl Stream for PipeReader {
+    type Item = io::Result<Bytes>;
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.get_mut().poll_chunk(cx).map(|r| r.transpose())
+    }
+}
+
+impl FrameSource for PipeReader {
+    async fn next_chunk(&mut self) -> io::Result<Option<Bytes>> {
+        self.chunk().await
+    }
+}
+
+// ---------------------------------------------------------------------- driver's end
+
+/// The driver's end of a resource stream: read it for the client's bytes (decoded when an
+/// encoding was negotiated), write it for bytes sent back and shut it down at the end.
+///
+/// Reading fails if the client's transfer broke midway. Dropping it without shutdown after
+/// writing makes the client's read fail; never writing to it is fine.
 pub struct ResourceStream {
-    read: Pin<Box<dyn AsyncRead + Send>>,
-    write: WriteHalf<DuplexStream>,
+    read: BoxBufRead,
+    write: BoxWrite,
 }
 
 impl ResourceStream {
-    /// Wraps the driver's end of the pipe.
-    pub(crate) fn new(end: DuplexStream) -> Self {
-        let (r, w): (ReadHalf<DuplexStream>, WriteHalf<DuplexStream>) = tokio::io::split(end);
+    fn new(reader: PipeReader, writer: PipeWriter, encoding: Option<ContentEncoding>) -> Self {
         Self {
-            read: Box::pin(r),
-            write: w,
+            read: decoder(reader, encoding),
+            write: encoder(writer.finish_if_unused(), encoding),
         }
     }
 }
@@ -124,8 +494,18 @@ impl AsyncRead for ResourceStream {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
+    ) -> Poll<io::Result<()>> {
         self.read.as_mut().poll_read(cx, buf)
+    }
+}
+
+impl AsyncBufRead for ResourceStream {
+    fn poll_fill_buf(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<&[u8]>> {
+        self.get_mut().read.as_mut().poll_fill_buf(cx)
+    }
+
+    fn consume(mut self: Pin<&mut Self>, amt: usize) {
+        self.read.as_mut().consume(amt)
     }
 }
 
@@ -134,68 +514,99 @@ impl AsyncWrite for ResourceStream {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.write).poll_write(cx, buf)
+    ) -> Poll<io::Result<usize>> {
+        self.write.as_mut().poll_write(cx, buf)
     }
 
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.write).poll_flush(cx)
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.write.as_mut().poll_flush(cx)
     }
 
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.write).poll_shutdown(cx)
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.write.as_mut().poll_shutdown(cx)
     }
+}
+
+/// The session's end of a resource stream: feed `inbound` from the client's frames and
+/// send what comes out of `outbound`.
+pub(crate) struct SessionEnd {
+    pub(crate) inbound: PipeWriter,
+    pub(crate) outbound: PipeReader,
+}
+
+struct Pending {
+    driver_reader: PipeReader,
+    driver_writer: PipeWriter,
+    accepted: Option<ContentEncoding>,
 }
 
 /// The open resource streams of a session, by uuid.
 #[derive(Default)]
 pub struct ResourceRegistry {
-    pending: Mutex<HashMap<Uuid, DuplexStream>>,
+    pending: Mutex<HashMap<Uuid, Pending>>,
 }
 
 impl ResourceRegistry {
-    /// Registers a new resource; returns its uuid and the session's end of the pipe.
-    pub(crate) fn create(self: &Arc<Self>) -> (Uuid, DuplexStream, ResourceGuard) {
-        let (session_end, driver_end) = tokio::io::duplex(PIPE_BUFFER);
+    /// Registers a new resource whose bytes the exporter decodes from `accepted` (if any);
+    /// returns its uuid, the session's end and a guard removing it when the RPC ends.
+    pub(crate) fn create(
+        self: &Arc<Self>,
+        accepted: Option<ContentEncoding>,
+    ) -> (Uuid, SessionEnd, ResourceGuard) {
+        let (inbound, driver_reader) = pipe();
+        let (driver_writer, outbound) = pipe();
         let uuid = Uuid::new_v4();
-        self.lock().insert(uuid, driver_end);
+        self.lock().insert(
+            uuid,
+            Pending {
+                driver_reader,
+                driver_writer,
+                accepted,
+            },
+        );
         let guard = ResourceGuard {
             registry: self.clone(),
             uuid,
         };
-        (uuid, session_end, guard)
+        (uuid, SessionEnd { inbound, outbound }, guard)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Uuid, DuplexStream>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Uuid, Pending>> {
         // A poisoned lock only means another call panicked while holding it; the map itself
         // is always consistent (single insert/remove operations).
         self.pending.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Takes the driver's end of a resource stream.
+    /// Takes the driver's end of a resource stream (each handle opens once).
     pub fn open(&self, handle: &ResourceHandle) -> Result<ResourceStream, DriverError> {
         match handle {
             ResourceHandle::ClientStream {
                 uuid,
                 x_jmp_content_encoding,
             } => {
-                if let Some(enc) = x_jmp_content_encoding {
-                    // The exporter never accepts an encoding it cannot decode, so a handle
-                    // claiming one was not negotiated with this session.
-                    return Err(DriverError::InvalidArgument(format!(
-                        "resource {uuid}: content encoding {enc:?} was not negotiated"
-                    )));
-                }
-                let end = self.lock().remove(uuid).ok_or_else(|| {
+                let p = self.lock().remove(uuid).ok_or_else(|| {
                     DriverError::InvalidArgument(format!(
                         "unknown resource {uuid}: no open stream with that handle (closed or already used)"
                     ))
                 })?;
-                Ok(ResourceStream::new(end))
+                if p.accepted.is_none() && x_jmp_content_encoding.is_some() {
+                    // Not accepted: the client decoded locally, the bytes are plain.
+                    tracing::debug!(
+                        "resource {uuid}: {x_jmp_content_encoding:?} was not accepted, bytes are plain"
+                    );
+                }
+                Ok(ResourceStream::new(
+                    p.driver_reader,
+                    p.driver_writer,
+                    p.accepted,
+                ))
             }
-            ResourceHandle::PresignedRequest { url, .. } => Err(DriverError::Unimplemented(
-                format!("presigned requests are not supported by this exporter ({url})"),
-            )),
+            ResourceHandle::PresignedRequest { url, .. } => {
+                Err(DriverError::Unimplemented(format!(
+                    "presigned requests are not supported by this exporter ({})",
+                    url.split('?').next().unwrap_or_default()
+                )))
+            }
         }
     }
 }
@@ -215,6 +626,7 @@ impl Drop for ResourceGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     #[test]
     fn request_metadata_is_upstream_compact_json() {
@@ -229,17 +641,26 @@ mod tests {
         );
         let parsed: StreamRequestMetadata = serde_json::from_str(&r.to_json()).unwrap();
         assert_eq!(parsed, r);
+        let z = StreamRequestMetadata::Resource {
+            uuid: u,
+            x_jmp_content_encoding: Some(ContentEncoding::Zstd),
+        };
+        assert!(z.to_json().ends_with(r#""x_jmp_content_encoding":"zstd"}"#));
         let d: StreamRequestMetadata = serde_json::from_str(
             r#"{"method":"connect","uuid":"00000000-0000-0000-0000-000000000000","kind":"driver"}"#,
         )
         .unwrap();
         assert!(matches!(d, StreamRequestMetadata::Driver { .. }));
+        let bad = serde_json::from_str::<StreamRequestMetadata>(
+            r#"{"kind":"resource","uuid":"00000000-0000-0000-0000-000000000000","x_jmp_content_encoding":"br"}"#,
+        );
+        assert!(bad.is_err());
     }
 
     #[test]
     fn handle_opens_once() {
         let reg = Arc::new(ResourceRegistry::default());
-        let (uuid, _end, _guard) = reg.create();
+        let (uuid, _end, _guard) = reg.create(None);
         let h = ResourceHandle::ClientStream {
             uuid,
             x_jmp_content_encoding: None,
@@ -252,12 +673,95 @@ mod tests {
     #[test]
     fn guard_removes_unused_resource() {
         let reg = Arc::new(ResourceRegistry::default());
-        let (uuid, _end, guard) = reg.create();
+        let (uuid, _end, guard) = reg.create(None);
         drop(guard);
         let h = ResourceHandle::ClientStream {
             uuid,
             x_jmp_content_encoding: None,
         };
         assert!(reg.open(&h).is_err());
+    }
+
+    #[tokio::test]
+    async fn pipe_finish_fail_and_drop() {
+        let (mut w, mut r) = pipe();
+        let reader = tokio::spawn(async move {
+            let mut v = Vec::new();
+            r.read_to_end(&mut v).await.map(|_| v)
+        });
+        w.send(Bytes::from_static(b"ab")).await.unwrap();
+        w.write_all(b"cd").await.unwrap();
+        w.shutdown().await.unwrap();
+        assert_eq!(reader.await.unwrap().unwrap(), b"abcd");
+
+        let (mut w, mut r) = pipe();
+        w.send(Bytes::from_static(b"ab")).await.unwrap();
+        drop(w);
+        let mut v = Vec::new();
+        let e = r.read_to_end(&mut v).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
+        assert_eq!(v, b"ab");
+
+        let (w, mut r) = pipe();
+        w.fail(io::Error::other("boom"));
+        let e = r.read_to_end(&mut Vec::new()).await.unwrap_err();
+        assert!(e.to_string().contains("boom"));
+
+        let (w, mut r) = pipe();
+        drop(w.finish_if_unused());
+        assert_eq!(r.read_to_end(&mut Vec::new()).await.unwrap(), 0);
+    }
+
+    #[tokio::test]
+    async fn pipe_is_bounded() {
+        let (mut w, _r) = pipe();
+        for _ in 0..PIPE_CHUNKS {
+            w.send(Bytes::from_static(b"x")).await.unwrap();
+        }
+        let blocked = tokio::time::timeout(
+            std::time::Duration::from_millis(50),
+            w.send(Bytes::from_static(b"x")),
+        )
+        .await;
+        assert!(blocked.is_err(), "a full pipe must make the writer wait");
+    }
+
+    #[tokio::test]
+    async fn encodings_round_trip_and_detect() {
+        let data: Vec<u8> = (0..200_000u32).flat_map(|i| i.to_le_bytes()).collect();
+        for enc in ContentEncoding::ALL {
+            let (w, r) = pipe();
+            let mut e = encoder(w, Some(enc));
+            let src = data.clone();
+            let writer = tokio::spawn(async move {
+                e.write_all(&src).await.unwrap();
+                e.shutdown().await.unwrap();
+            });
+            let mut d = decoder(r, Some(enc));
+            let mut out = Vec::new();
+            // Peek at the encoded bytes indirectly: decoding must give back the data.
+            d.read_to_end(&mut out).await.unwrap();
+            writer.await.unwrap();
+            assert_eq!(out, data, "{enc}");
+        }
+        assert_eq!(
+            ContentEncoding::detect(b"\x1f\x8b\x08\x00"),
+            Some(ContentEncoding::Gzip)
+        );
+        assert_eq!(ContentEncoding::detect(b"BZh9"), Some(ContentEncoding::Bz2));
+        assert_eq!(ContentEncoding::detect(b"plain"), None);
+        assert_eq!(ContentEncoding::parse("xz"), Some(ContentEncoding::Xz));
+        assert_eq!(ContentEncoding::parse("br"), None);
+    }
+
+    #[tokio::test]
+    async fn corrupt_encoded_input_is_an_error() {
+        let (mut w, r) = pipe();
+        w.send(Bytes::from_static(b"\x1f\x8b\x08\x00garbage-not-gzip"))
+            .await
+            .unwrap();
+        w.finish_now();
+        let mut d = decoder(r, Some(ContentEncoding::Gzip));
+        assert!(d.read_to_end(&mut Vec::new()).await.is_err());
     }
 }

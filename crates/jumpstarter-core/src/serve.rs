@@ -15,6 +15,11 @@ use tonic::{
 
 use crate::{CoreError, Session};
 
+/// HTTP/2 stream flow-control window of our servers and clients.
+pub const STREAM_WINDOW: u32 = 4 * 1024 * 1024;
+/// HTTP/2 connection flow-control window of our servers and clients.
+pub const CONNECTION_WINDOW: u32 = 8 * 1024 * 1024;
+
 /// The metadata key carrying a direct-mode passphrase.
 pub const PASSPHRASE_METADATA: &str = "x-jumpstarter-passphrase";
 
@@ -55,7 +60,11 @@ fn router(
 ) -> Result<tonic::transport::server::Router, CoreError> {
     let check = PassphraseCheck(opts.passphrase.as_ref().map(|p| Arc::from(p.as_bytes())));
     let svc = session.services();
-    let mut builder = Server::builder();
+    // Larger HTTP/2 windows keep bulk transfers (flashing images) flowing at line rate.
+    let mut builder = Server::builder()
+        .tcp_nodelay(true)
+        .initial_stream_window_size(Some(STREAM_WINDOW))
+        .initial_connection_window_size(Some(CONNECTION_WINDOW));
     if let Some((cert, key)) = &opts.tls {
         builder = builder
             .tls_config(ServerTlsConfig::new().identity(Identity::from_pem(cert, key)))

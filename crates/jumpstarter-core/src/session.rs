@@ -22,8 +22,8 @@ use uuid::Uuid;
 
 use crate::{
     CallContext, Driver, DriverError,
-    frames::splice,
-    resource::{ResourceRegistry, StreamRequestMetadata},
+    frames::{EndOfStream, splice, splice_with},
+    resource::{ContentEncoding, ResourceRegistry, StreamRequestMetadata},
     tree::DriverNode,
 };
 
@@ -365,26 +365,56 @@ impl RouterService for SessionService {
                 let out = splice::<_, StreamResponse, _, _, _, _>(inbound, io, ()).map(Ok);
                 Ok(Response::new(Box::pin(out)))
             }
-            StreamRequestMetadata::Resource { uuid, .. } => {
+            StreamRequestMetadata::Resource {
+                uuid,
+                x_jmp_content_encoding,
+            } => {
                 self.0
                     .lookup(&uuid.to_string())
                     .map_err(|e| e.to_status())?;
-                let (resource, io, guard) = self.0.resources.create();
-                let handle = serde_json::json!({
-                    "kind": "client_stream",
-                    "uuid": resource,
-                    // No content encoding is accepted yet, so the client decompresses
-                    // before sending and the handle says the bytes are plain.
-                    "x_jmp_content_encoding": null,
-                })
-                .to_string();
-                let out = splice::<_, StreamResponse, _, _, _, _>(inbound, io, guard).map(Ok);
-                let mut response = Response::new(Box::pin(out) as Self::StreamStream);
-                let value = MetadataValue::try_from(handle.as_str())
-                    .map_err(|e| Status::internal(format!("resource metadata: {e}")))?;
-                response.metadata_mut().insert("resource", value);
+                let (response, metadata) =
+                    resource_stream(&self.0.resources, inbound, x_jmp_content_encoding);
+                let mut response = Response::new(response);
+                for (key, value) in metadata {
+                    let value = MetadataValue::try_from(value.as_str())
+                        .map_err(|e| Status::internal(format!("resource metadata: {e}")))?;
+                    response.metadata_mut().insert(key, value);
+                }
                 Ok(response)
             }
         }
     }
+}
+
+/// Serves one resource stream: registers the driver's end, pipes the client's frames into
+/// it and the driver's bytes back. Returns the response stream and the initial metadata
+/// (`resource` handle, and `x_jmp_accept_encoding` when the requested encoding is accepted).
+///
+/// A driver side that breaks ends the response with `ABORTED`, never with a clean GOAWAY.
+fn resource_stream(
+    resources: &Arc<ResourceRegistry>,
+    inbound: tonic::Streaming<StreamRequest>,
+    requested: Option<ContentEncoding>,
+) -> (BoxStatusStream<StreamResponse>, Vec<(&'static str, String)>) {
+    let accepted = requested.filter(|_| ContentEncoding::exporter_accepts());
+    let (resource, end, guard) = resources.create(accepted);
+    let handle = serde_json::json!({
+        "kind": "client_stream",
+        "uuid": resource,
+        "x_jmp_content_encoding": requested,
+    })
+    .to_string();
+    let mut metadata = vec![("resource", handle)];
+    if let Some(enc) = accepted {
+        metadata.push(("x_jmp_accept_encoding", enc.as_str().to_string()));
+    }
+    let out = splice_with::<_, StreamResponse, _, _, _, _, _>(
+        inbound,
+        end.inbound,
+        end.outbound,
+        EndOfStream::GoawayRequired,
+        guard,
+    )
+    .map(|item| item.map_err(|e| Status::aborted(format!("resource stream broken: {e}"))));
+    (Box::pin(out), metadata)
 }

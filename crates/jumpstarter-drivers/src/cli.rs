@@ -14,7 +14,7 @@ use jumpstarter_core::{
     value,
 };
 
-use crate::{composite::COMPOSITE_CLIENT, power};
+use crate::{composite::COMPOSITE_CLIENT, power, storage};
 
 /// What a `j` command returns.
 pub type CliFuture = Pin<Box<dyn Future<Output = Result<(), ClientError>> + Send>>;
@@ -34,6 +34,10 @@ pub struct DriverCommand {
 pub fn command_for(client_class: &str) -> Option<DriverCommand> {
     match client_class {
         power::POWER_CLIENT => Some(power::cli()),
+        storage::STORAGE_MUX_CLIENT | storage::STORAGE_MUX_FLASHER_CLIENT => {
+            Some(storage::mux_cli())
+        }
+        storage::OPENDAL_CLIENT => Some(storage::opendal_cli()),
         _ => None,
     }
 }

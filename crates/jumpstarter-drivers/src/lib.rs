@@ -5,6 +5,7 @@
 pub mod cli;
 pub mod composite;
 pub mod power;
+pub mod storage;
 
 use jumpstarter_core::registry::{COMPOSITE_TYPE, DriverRegistry};
 
@@ -19,6 +20,18 @@ pub fn stock_registry() -> DriverRegistry {
         .register(
             "jumpstarter_driver_power.driver.SyncMockPower",
             power::MockPower::from_args,
+        )
+        .register(
+            "jumpstarter_driver_opendal.driver.Opendal",
+            storage::Opendal::from_args,
+        )
+        .register(
+            "jumpstarter_driver_opendal.driver.MockStorageMux",
+            storage::MockStorageMux::from_args,
+        )
+        .register(
+            "jumpstarter_driver_opendal.driver.MockStorageMuxFlasher",
+            storage::MockStorageMuxFlasher::from_args,
         );
     r
 }

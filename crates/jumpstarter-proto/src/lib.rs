@@ -35,6 +35,15 @@
 /// Generated code, one module per protobuf package (nesting mirrors the package
 /// names so that prost's `super::`-relative paths resolve).
 pub mod jumpstarter {
+    /// Our own administration API (`jumpstarter.admin.v1`, not part of upstream).
+    pub mod admin {
+        /// Version 1.
+        #[allow(missing_docs, clippy::all)]
+        pub mod v1 {
+            include!(concat!(env!("OUT_DIR"), "/jumpstarter.admin.v1.rs"));
+        }
+    }
+
     /// Package `jumpstarter.v1`: controller, exporter and router services.
     pub mod v1 {
         #![allow(missing_docs)]
@@ -62,6 +71,13 @@ pub use jumpstarter::v1;
 /// Suitable for gRPC server reflection and for descriptor conformance checks.
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/jumpstarter_descriptor.bin"));
+
+/// Our admin API (`jumpstarter.admin.v1`).
+pub use jumpstarter::admin::v1 as admin_v1;
+
+/// The encoded `FileDescriptorSet` of our admin API (for reflection).
+pub const ADMIN_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/admin_descriptor.bin"));
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]

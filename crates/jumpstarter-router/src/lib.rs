@@ -1,1 +1,406 @@
-//! The Jumpstarter router: pairs client and exporter streams and forwards frames (not built yet).
+//! The Jumpstarter router: pairs two `RouterService.Stream` calls that present router tokens
+//! with the same subject (one from the client, one from the exporter) and forwards their
+//! frames to each other unchanged.
+//!
+//! - Authentication: exactly one `authorization: Bearer <jwt>`, an HS256 router token signed
+//!   with the key shared with the controller (issuer, audience, expiry checked); anything
+//!   else is refused with `UNAUTHENTICATED "invalid jwt token"`.
+//! - Pairing: the first stream of a subject waits (at most [`RouterConfig::pair_timeout`]);
+//!   the second is paired with it. Unlike upstream, a subject pairs once: a third stream on
+//!   the same token is refused (`ALREADY_EXISTS`), so a leaked token cannot splice into or
+//!   hijack a live tunnel.
+//! - Forwarding: frames are copied both ways through bounded channels, so a slow side slows
+//!   the other and nothing buffers without bound. When one side ends or fails, both end.
+
+use std::{
+    collections::HashMap,
+    pin::Pin,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use futures::{Stream, StreamExt};
+use jumpstarter_core::auth::{RouterTokenKey, bearer_token};
+use jumpstarter_proto::v1::{
+    StreamRequest, StreamResponse,
+    router_service_server::{RouterService, RouterServiceServer},
+};
+use tokio::sync::{mpsc, oneshot};
+use tonic::{Request, Response, Status, Streaming};
+
+/// Frames in flight per direction before the sender waits.
+const FORWARD_BUFFER: usize = 8;
+
+/// Router settings.
+#[derive(Debug, Clone)]
+pub struct RouterConfig {
+    /// How long the first stream of a pair waits for its peer.
+    pub pair_timeout: Duration,
+}
+
+impl Default for RouterConfig {
+    fn default() -> Self {
+        Self {
+            pair_timeout: Duration::from_secs(120),
+        }
+    }
+}
+
+/// Counters of a router (exported as metrics).
+#[derive(Debug, Default)]
+pub struct RouterStats {
+    /// Tunnels currently forwarding.
+    pub active_tunnels: AtomicU64,
+    /// Streams waiting for their peer.
+    pub waiting_streams: AtomicU64,
+    /// Tunnels paired since start.
+    pub tunnels_total: AtomicU64,
+    /// Payload bytes forwarded (both directions).
+    pub bytes_forwarded: AtomicU64,
+    /// Streams refused (bad token, reused token, timeout).
+    pub refused_total: AtomicU64,
+}
+
+impl RouterStats {
+    /// Prometheus text exposition of the counters.
+    pub fn prometheus(&self) -> String {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        format!(
+            "# TYPE jumpstarter_router_active_tunnels gauge\njumpstarter_router_active_tunnels {}\n\
+             # TYPE jumpstarter_router_waiting_streams gauge\njumpstarter_router_waiting_streams {}\n\
+             # TYPE jumpstarter_router_tunnels_total counter\njumpstarter_router_tunnels_total {}\n\
+             # TYPE jumpstarter_router_bytes_forwarded_total counter\njumpstarter_router_bytes_forwarded_total {}\n\
+             # TYPE jumpstarter_router_refused_total counter\njumpstarter_router_refused_total {}\n",
+            g(&self.active_tunnels),
+            g(&self.waiting_streams),
+            g(&self.tunnels_total),
+            g(&self.bytes_forwarded),
+            g(&self.refused_total),
+        )
+    }
+}
+
+type ResponseStream = Pin<Box<dyn Stream<Item = Result<StreamResponse, Status>> + Send>>;
+
+/// One side of a tunnel: its incoming frames and where its outgoing frames go.
+struct Side {
+    inbound: Streaming<StreamRequest>,
+    outbound: mpsc::Sender<Result<StreamResponse, Status>>,
+}
+
+/// A stream waiting for its peer.
+struct Waiting {
+    side: Side,
+    /// Dropped (or fired) once the wait is over; the waiter's timer watches it.
+    paired: oneshot::Sender<()>,
+}
+
+#[derive(Default)]
+struct Pairing {
+    waiting: HashMap<String, Waiting>,
+    /// Subjects already paired, with when their record may be forgotten.
+    used: HashMap<String, Instant>,
+}
+
+/// The router service: pairs streams and forwards frames.
+#[derive(Clone)]
+pub struct Router {
+    key: RouterTokenKey,
+    config: RouterConfig,
+    pairing: Arc<Mutex<Pairing>>,
+    stats: Arc<RouterStats>,
+}
+
+impl Router {
+    /// A router verifying tokens with `key`.
+    pub fn new(key: RouterTokenKey, config: RouterConfig) -> Self {
+        Self {
+            key,
+            config,
+            pairing: Arc::default(),
+            stats: Arc::default(),
+        }
+    }
+
+    /// The router's counters.
+    pub fn stats(&self) -> Arc<RouterStats> {
+        self.stats.clone()
+    }
+
+    /// The gRPC service to add to a tonic server.
+    pub fn service(self) -> RouterServiceServer<Router> {
+        RouterServiceServer::new(self)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Pairing> {
+        // The map is consistent after every single operation, so a poisoned lock is usable.
+        self.pairing.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn refuse(&self, status: Status) -> Status {
+        self.stats.refused_total.fetch_add(1, Ordering::Relaxed);
+        status
+    }
+}
+
+#[tonic::async_trait]
+impl RouterService for Router {
+    type StreamStream = ResponseStream;
+
+    async fn stream(
+        &self,
+        request: Request<Streaming<StreamRequest>>,
+    ) -> Result<Response<Self::StreamStream>, Status> {
+        let token = bearer_token(request.metadata()).map_err(|s| self.refuse(s))?;
+        let subject = self
+            .key
+            .verify(&token)
+            .map_err(|e| self.refuse(e.to_router_status()))?;
+        let (tx, rx) = mpsc::channel(FORWARD_BUFFER);
+        let side = Side {
+            inbound: request.into_inner(),
+            outbound: tx,
+        };
+        let response: ResponseStream = Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx));
+
+        let mut pairing = self.lock();
+        let now = Instant::now();
+        pairing.used.retain(|_, until| *until > now);
+        if pairing.used.contains_key(&subject) {
+            drop(pairing);
+            return Err(self.refuse(Status::already_exists(
+                "router token already used: this stream is paired already",
+            )));
+        }
+        match pairing.waiting.remove(&subject) {
+            Some(first) => {
+                // Remember the subject for as long as a token can live (30 minutes).
+                pairing
+                    .used
+                    .insert(subject.clone(), now + Duration::from_secs(31 * 60));
+                drop(pairing);
+                let _ = first.paired.send(());
+                self.stats.waiting_streams.fetch_sub(1, Ordering::Relaxed);
+                tokio::spawn(forward(first.side, side, self.stats.clone(), subject));
+            }
+            None => {
+                let (paired_tx, paired_rx) = oneshot::channel();
+                let outbound = side.outbound.clone();
+                pairing.waiting.insert(
+                    subject.clone(),
+                    Waiting {
+                        side,
+                        paired: paired_tx,
+                    },
+                );
+                drop(pairing);
+                self.stats.waiting_streams.fetch_add(1, Ordering::Relaxed);
+                let this = self.clone();
+                let timeout = self.config.pair_timeout;
+                tokio::spawn(async move {
+                    let outcome = tokio::select! {
+                        r = paired_rx => r.is_ok(),
+                        _ = tokio::time::sleep(timeout) => false,
+                        _ = outbound.closed() => false,
+                    };
+                    if outcome {
+                        return;
+                    }
+                    // Timed out or the waiter went away: forget it unless it was just paired.
+                    let removed = this.lock().waiting.remove(&subject);
+                    if let Some(w) = removed {
+                        this.stats.waiting_streams.fetch_sub(1, Ordering::Relaxed);
+                        this.stats.refused_total.fetch_add(1, Ordering::Relaxed);
+                        let _ = w
+                            .side
+                            .outbound
+                            .send(Err(Status::deadline_exceeded(format!(
+                                "no peer connected within {}s",
+                                timeout.as_secs()
+                            ))))
+                            .await;
+                    }
+                });
+            }
+        }
+        Ok(Response::new(response))
+    }
+}
+
+/// Copies frames between two sides until either ends; then ends both.
+async fn forward(a: Side, b: Side, stats: Arc<RouterStats>, subject: String) {
+    stats.active_tunnels.fetch_add(1, Ordering::Relaxed);
+    stats.tunnels_total.fetch_add(1, Ordering::Relaxed);
+    tracing::debug!(stream = %subject, "tunnel open");
+    let Side {
+        inbound: a_in,
+        outbound: a_out,
+    } = a;
+    let Side {
+        inbound: b_in,
+        outbound: b_out,
+    } = b;
+    let a_to_b = pipe(a_in, b_out.clone(), stats.clone());
+    let b_to_a = pipe(b_in, a_out.clone(), stats.clone());
+    let ended = tokio::select! {
+        r = a_to_b => r,
+        r = b_to_a => r,
+    };
+    // One side ended: end both response streams (with the error, if there was one).
+    if let Err(status) = ended {
+        let _ = a_out.try_send(Err(status.clone()));
+        let _ = b_out.try_send(Err(status));
+    }
+    drop(a_out);
+    drop(b_out);
+    stats.active_tunnels.fetch_sub(1, Ordering::Relaxed);
+    tracing::debug!(stream = %subject, "tunnel closed");
+}
+
+async fn pipe(
+    mut from: Streaming<StreamRequest>,
+    to: mpsc::Sender<Result<StreamResponse, Status>>,
+    stats: Arc<RouterStats>,
+) -> Result<(), Status> {
+    loop {
+        match from.next().await {
+            Some(Ok(frame)) => {
+                stats
+                    .bytes_forwarded
+                    .fetch_add(frame.payload.len() as u64, Ordering::Relaxed);
+                let out = StreamResponse {
+                    payload: frame.payload,
+                    frame_type: frame.frame_type,
+                };
+                if to.send(Ok(out)).await.is_err() {
+                    return Ok(());
+                }
+            }
+            Some(Err(status)) => {
+                return Err(Status::unavailable(format!(
+                    "peer stream failed: {}",
+                    status.message()
+                )));
+            }
+            None => return Ok(()),
+        }
+    }
+}
+
+/// Serves the router on an already bound listener (TLS when an identity is given) until
+/// `shutdown` resolves.
+pub async fn serve(
+    router: Router,
+    listener: tokio::net::TcpListener,
+    tls: Option<tonic::transport::Identity>,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> Result<(), RouterError> {
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(id) = tls {
+        builder = builder
+            .tls_config(tonic::transport::ServerTlsConfig::new().identity(id))
+            .map_err(|e| RouterError::Tls(e.to_string()))?;
+    }
+    builder
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .add_service(router.service())
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            shutdown,
+        )
+        .await
+        .map_err(|e| RouterError::Serve(e.to_string()))
+}
+
+/// Errors of the router server.
+#[derive(Debug, thiserror::Error)]
+pub enum RouterError {
+    /// The TLS settings are unusable.
+    #[error("TLS configuration: {0}")]
+    Tls(String),
+    /// The server stopped with an error.
+    #[error("router server error: {0}")]
+    Serve(String),
+}
+
+pub mod cli {
+    //! Command line of the `jumpstarter-router` binary.
+
+    use std::{path::PathBuf, time::Duration};
+
+    use anyhow::{Context, Result};
+    use clap::Parser;
+    use jumpstarter_core::auth::{RouterTokenKey, load_identity};
+
+    use crate::{Router, RouterConfig, serve};
+
+    /// Jumpstarter router: tunnels client<->exporter traffic for leases granted by the
+    /// controller.
+    #[derive(Parser, Debug)]
+    #[command(name = "jumpstarter-router", version)]
+    pub struct Args {
+        /// Address to listen on.
+        #[arg(long, default_value = "0.0.0.0:8083", env = "ROUTER_LISTEN")]
+        pub listen: String,
+        /// Server certificate (PEM).
+        #[arg(long, env = "EXTERNAL_CERT_PEM", value_name = "PATH")]
+        pub tls_cert: PathBuf,
+        /// Server private key (PEM).
+        #[arg(long, env = "EXTERNAL_KEY_PEM", value_name = "PATH")]
+        pub tls_key: PathBuf,
+        /// The key shared with the controller that signs router tokens.
+        #[arg(long, env = "ROUTER_KEY", hide_env_values = true)]
+        pub router_key: String,
+        /// Seconds the first stream of a pair waits for its peer.
+        #[arg(long, default_value_t = 120)]
+        pub pair_timeout: u64,
+    }
+
+    /// Entry point of the binary.
+    pub fn main() -> std::process::ExitCode {
+        let args = Args::parse();
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+            )
+            .try_init();
+        let rt = match tokio::runtime::Runtime::new() {
+            Ok(rt) => rt,
+            Err(e) => {
+                eprintln!("Error: cannot start the async runtime: {e}");
+                return std::process::ExitCode::FAILURE;
+            }
+        };
+        match rt.block_on(run(args)) {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("Error: {e:#}");
+                std::process::ExitCode::FAILURE
+            }
+        }
+    }
+
+    async fn run(args: Args) -> Result<()> {
+        let key = RouterTokenKey::new(args.router_key.into_bytes())?;
+        let identity = load_identity(&args.tls_cert, &args.tls_key)?;
+        let listener = tokio::net::TcpListener::bind(&args.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", args.listen))?;
+        eprintln!("Router listening on {}", listener.local_addr()?);
+        let router = Router::new(
+            key,
+            RouterConfig {
+                pair_timeout: Duration::from_secs(args.pair_timeout),
+            },
+        );
+        serve(router, listener, Some(identity), async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await?;
+        Ok(())
+    }
+}

@@ -6,7 +6,7 @@ mod local;
 
 use std::{
     io::{BufRead, BufReader},
-    path::{Path, PathBuf},
+    path::PathBuf,
     process::{Child, Command, Output, Stdio},
     time::Duration,
 };
@@ -29,6 +29,12 @@ export:
 /// A scratch directory with an exporter config, and a clean environment for the tools.
 pub struct Scratch {
     pub dir: tempfile::TempDir,
+}
+
+impl Default for Scratch {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl Scratch {
@@ -107,8 +113,4 @@ pub fn start_exporter(scratch: &Scratch, extra: &[&str]) -> (Running, u16) {
             return (running, port);
         }
     }
-}
-
-pub fn exists(p: &Path) -> bool {
-    p.exists()
 }

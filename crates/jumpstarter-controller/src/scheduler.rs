@@ -1,0 +1,762 @@
+//! The lease scheduler as a pure function: a snapshot of the objects and the time in, one
+//! decision per live lease out (§4.3 of the protocol spec).
+//!
+//! Per lease it follows upstream's reconcile order — (1) exporter assignment, (2) begin time and
+//! `Ready`, (3) ending — with the same condition types, reasons and messages. Beyond upstream:
+//!
+//! - competing pending leases are served in a defined order (policy priority descending, then
+//!   creation time, then name), so no lease starves behind later ones, and a waiting lease's
+//!   `Pending` message says its place in the queue;
+//! - one pass sees every lease, so an exporter is never granted to two live leases, and an
+//!   exporter freed by a lease ending in this pass can be granted in the same pass;
+//! - a pending lease whose requested end has passed ends (`Expired`) instead of being granted,
+//!   a released pending lease ends without being granted, and a lease never outlives its end.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet};
+
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::core::v1::LocalObjectReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1 as metav1;
+
+use crate::objects::{
+    Client, Exporter, ExporterAccessPolicy, ExporterStatusValue, Lease, LeaseStatus,
+    condition_is_true, conditions as c, exporter_online_state, exporter_registered, find_condition,
+    lease_labels, set_condition,
+};
+use crate::selector::LabelSelector;
+
+/// How long a waiting lease waits before it is looked at again (upstream: 1 s).
+pub const PENDING_REQUEUE: SignedDuration = SignedDuration::from_secs(1);
+
+/// Everything the scheduler looks at. Objects of several namespaces may be mixed; each
+/// namespace is scheduled on its own.
+#[derive(Debug, Clone, Copy)]
+pub struct Snapshot<'a> {
+    /// All leases (ended ones are ignored).
+    pub leases: &'a [Lease],
+    /// All exporters.
+    pub exporters: &'a [Exporter],
+    /// All access policies.
+    pub policies: &'a [ExporterAccessPolicy],
+    /// All clients (their labels select policy rules).
+    pub clients: &'a [Client],
+    /// The current time.
+    pub now: Timestamp,
+}
+
+/// What happened to a lease in this pass.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Already running; nothing to do but wait for its end.
+    Running,
+    /// Waiting for an exporter (`Pending=True` with `reason`); `position` is 1-based among the
+    /// waiting leases competing for the same exporters.
+    Waiting {
+        /// The `Pending` reason: `Offline`, `NotAvailable` or `NotReady`.
+        reason: &'static str,
+        /// Place in the queue (1 = next to be served).
+        position: usize,
+    },
+    /// `spec.beginTime` is in the future; nothing is done before then.
+    Deferred,
+    /// The exporter was granted in this pass.
+    Assigned {
+        /// The exporter's name.
+        exporter: String,
+        /// The granting policy rule's priority.
+        priority: i64,
+    },
+    /// The lease ended in this pass, for `reason` (a condition reason such as `Expired`).
+    Ended {
+        /// The reason of the condition that ended it.
+        reason: &'static str,
+    },
+}
+
+/// The scheduler's decision for one live lease.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LeaseDecision {
+    /// The lease's namespace.
+    pub namespace: String,
+    /// The lease's name.
+    pub name: String,
+    /// What happened.
+    pub action: Action,
+    /// The new status (to write when `status_changed`).
+    pub status: LeaseStatus,
+    /// Whether `status` differs from the stored one.
+    pub status_changed: bool,
+    /// The labels the lease should carry (`jumpstarter.dev/lease-ended`, selector matchLabels,
+    /// tags); write when `labels_changed`.
+    pub labels: BTreeMap<String, String>,
+    /// Whether `labels` differ from the stored ones.
+    pub labels_changed: bool,
+    /// The exporter that should own the lease (controller owner reference), once assigned.
+    pub owner_exporter: Option<String>,
+    /// When to run the scheduler again for this lease (begin time, expiry, or a retry).
+    pub requeue_at: Option<Timestamp>,
+}
+
+/// Whether an exporter is online for scheduling at `now`: registered (devices set) and its
+/// `Online` condition, as the Exporter reconciler computes it from `lastSeen`, true.
+pub fn exporter_is_online(e: &Exporter, now: Timestamp) -> bool {
+    let status = e.status.as_ref();
+    exporter_registered(status) && exporter_online_state(status, now).online
+}
+
+/// Whether an exporter is ready for a new lease: status Available, Unspecified or unset.
+pub fn exporter_is_ready(e: &Exporter) -> bool {
+    matches!(
+        e.status.as_ref().and_then(|s| s.exporter_status),
+        None | Some(ExporterStatusValue::Available | ExporterStatusValue::Unspecified)
+    )
+}
+
+/// The live lease holding each exporter, per namespace: `(namespace, exporter) -> lease`, as the
+/// Exporter reconciler's `status.leaseRef` (apply the decisions' statuses first).
+pub fn exporter_lease_refs<'a>(
+    leases: impl IntoIterator<Item = (&'a str, &'a str, &'a LeaseStatus)>,
+) -> BTreeMap<(String, String), String> {
+    let mut out = BTreeMap::new();
+    for (namespace, name, status) in leases {
+        if let (false, Some(r)) = (status.ended, status.exporter_ref.as_ref()) {
+            out.entry((namespace.to_string(), r.name.clone()))
+                .or_insert_with(|| name.to_string());
+        }
+    }
+    out
+}
+
+/// Schedule every live lease of the snapshot. Returns one decision per lease that has not
+/// ended, ordered by namespace and name.
+pub fn schedule(snapshot: &Snapshot<'_>) -> Vec<LeaseDecision> {
+    let namespaces: BTreeSet<&str> = snapshot
+        .leases
+        .iter()
+        .filter(|l| !l.is_ended())
+        .map(|l| namespace_of(&l.metadata))
+        .collect();
+    let mut out = Vec::new();
+    for ns in namespaces {
+        out.extend(schedule_namespace(snapshot, ns));
+    }
+    out.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    out
+}
+
+fn namespace_of(m: &metav1::ObjectMeta) -> &str {
+    m.namespace.as_deref().unwrap_or_default()
+}
+
+fn name_of(m: &metav1::ObjectMeta) -> &str {
+    m.name.as_deref().unwrap_or_default()
+}
+
+/// Per-lease working state.
+struct Work<'a> {
+    lease: &'a Lease,
+    status: LeaseStatus,
+    action: Action,
+    requeue_at: Option<Timestamp>,
+}
+
+impl Work<'_> {
+    fn cond(&mut self, type_: &str, status: bool, reason: &str, message: &str, now: Timestamp) {
+        set_condition(
+            &mut self.status.conditions,
+            type_,
+            status,
+            reason,
+            message,
+            self.lease.metadata.generation,
+            now,
+        );
+    }
+
+    fn end(&mut self, reason: &'static str, now: Timestamp) {
+        self.status.ended = true;
+        self.status.end_time = Some(metav1::Time(now));
+        self.action = Action::Ended { reason };
+        self.requeue_at = None;
+    }
+
+    /// Upstream (3): a True `Unsatisfiable`/`Invalid` condition ends the lease.
+    fn end_with(&mut self, type_: &str, reason: &'static str, message: &str, now: Timestamp) {
+        self.cond(type_, true, reason, message, now);
+        self.end(reason, now);
+    }
+}
+
+/// One approved exporter for a lease: policy priority and spot access.
+#[derive(Debug, Clone, Copy)]
+struct Approved<'a> {
+    exporter: &'a Exporter,
+    priority: i64,
+    spot: bool,
+}
+
+/// A pending lease that wants an exporter.
+struct Candidate<'a> {
+    work: usize,
+    approved: Vec<Approved<'a>>,
+    /// Best (highest) priority among the non-spot grants, or among all if only spot.
+    priority: i64,
+}
+
+fn schedule_namespace(snap: &Snapshot<'_>, ns: &str) -> Vec<LeaseDecision> {
+    let now = snap.now;
+    let mut exporters: Vec<&Exporter> = snap
+        .exporters
+        .iter()
+        .filter(|e| namespace_of(&e.metadata) == ns)
+        .collect();
+    exporters.sort_by_key(|e| name_of(&e.metadata));
+    let policies: Vec<&ExporterAccessPolicy> = snap
+        .policies
+        .iter()
+        .filter(|p| namespace_of(&p.metadata) == ns)
+        .collect();
+    let client_labels: BTreeMap<&str, BTreeMap<String, String>> = snap
+        .clients
+        .iter()
+        .filter(|c| namespace_of(&c.metadata) == ns)
+        .map(|c| {
+            (
+                name_of(&c.metadata),
+                c.metadata.labels.clone().unwrap_or_default(),
+            )
+        })
+        .collect();
+
+    let mut leases: Vec<&Lease> = snap
+        .leases
+        .iter()
+        .filter(|l| namespace_of(&l.metadata) == ns && !l.is_ended())
+        .collect();
+    leases.sort_by_key(|l| name_of(&l.metadata));
+    let mut works: Vec<Work<'_>> = leases
+        .iter()
+        .map(|l| Work {
+            lease: l,
+            status: l.status.clone().unwrap_or_default(),
+            action: Action::Running,
+            requeue_at: None,
+        })
+        .collect();
+
+    // Exporter name -> lease holding it. Running leases first; the first holder (by name) wins
+    // if the stored state is already inconsistent, and the others are treated as pending.
+    let mut busy: BTreeMap<String, String> = BTreeMap::new();
+
+    // Phase A: running leases — (2) times, (3) ending. Ending first frees exporters for phase B.
+    for w in works.iter_mut() {
+        if let Some(reason) = terminal_condition(&w.status.conditions) {
+            w.end(reason, now);
+            continue;
+        }
+        let Some(exporter) = w.status.exporter_ref.as_ref().map(|r| r.name.clone()) else {
+            continue;
+        };
+        if busy.contains_key(&exporter) {
+            // Two live leases on one exporter (corrupt input): the later one starts over.
+            w.status.exporter_ref = None;
+            w.status.begin_time = None;
+            continue;
+        }
+        begin_and_check_end(w, now);
+        if !w.status.ended {
+            busy.insert(exporter, name_of(&w.lease.metadata).to_string());
+        }
+    }
+
+    // Phase B: pending leases — early exits, then candidate evaluation (steps 2–4).
+    let mut queue: Vec<Candidate<'_>> = Vec::new();
+    for (i, w) in works.iter_mut().enumerate() {
+        if w.status.ended || w.status.exporter_ref.is_some() {
+            continue;
+        }
+        let spec = &w.lease.spec;
+        if spec.release {
+            w.cond(
+                c::READY,
+                false,
+                c::REASON_RELEASED,
+                "The lease was marked for release",
+                now,
+            );
+            w.end(c::REASON_RELEASED, now);
+            continue;
+        }
+        if let Some(deadline) = pending_deadline(w.lease)
+            && deadline <= now
+        {
+            w.cond(
+                c::READY,
+                false,
+                c::REASON_EXPIRED,
+                "The lease has expired (its end time passed before an exporter was acquired)",
+                now,
+            );
+            w.end(c::REASON_EXPIRED, now);
+            continue;
+        }
+        if let Some(begin) = &spec.begin_time
+            && begin.0 > now
+        {
+            w.action = Action::Deferred;
+            w.requeue_at = Some(begin.0);
+            continue;
+        }
+        let client = client_labels
+            .get(spec.client_ref.name.as_str())
+            .cloned()
+            .unwrap_or_default();
+        match evaluate(w.lease, &exporters, &policies, &client) {
+            Err((type_, reason, message)) => w.end_with(type_, reason, &message, now),
+            Ok(approved) => {
+                let best_non_spot = approved
+                    .iter()
+                    .filter(|a| !a.spot)
+                    .map(|a| a.priority)
+                    .max();
+                let priority = best_non_spot
+                    .or_else(|| approved.iter().map(|a| a.priority).max())
+                    .unwrap_or(0);
+                queue.push(Candidate {
+                    work: i,
+                    approved,
+                    priority,
+                });
+            }
+        }
+    }
+
+    // Serve the queue in order: priority desc, creation asc, name asc.
+    queue.sort_by_key(|q| {
+        let m = &works[q.work].lease.metadata;
+        (
+            Reverse(q.priority),
+            m.creation_timestamp
+                .as_ref()
+                .map(|t| t.0)
+                .unwrap_or(Timestamp::MAX),
+            name_of(m).to_string(),
+        )
+    });
+    let mut waiting: Vec<(usize, &'static str, String)> = Vec::new();
+    for q in &queue {
+        let w = &mut works[q.work];
+        match pick(q, &busy, now) {
+            Pick::Grant(a) => {
+                let name = name_of(&a.exporter.metadata).to_string();
+                w.status.exporter_ref = Some(LocalObjectReference { name: name.clone() });
+                w.status.priority = a.priority;
+                w.status.spot_access = a.spot;
+                begin_and_check_end(w, now);
+                if !w.status.ended {
+                    busy.insert(name.clone(), name_of(&w.lease.metadata).to_string());
+                    w.action = Action::Assigned {
+                        exporter: name,
+                        priority: a.priority,
+                    };
+                }
+            }
+            Pick::Unsatisfiable(reason, message) => {
+                w.end_with(c::UNSATISFIABLE, reason, &message, now);
+            }
+            Pick::Wait(reason, message) => waiting.push((q.work, reason, message)),
+        }
+    }
+
+    // Waiting leases: Pending=True with the place in the queue among competitors.
+    let approved_sets: BTreeMap<usize, BTreeSet<&str>> = queue
+        .iter()
+        .map(|q| {
+            (
+                q.work,
+                q.approved
+                    .iter()
+                    .map(|a| name_of(&a.exporter.metadata))
+                    .collect(),
+            )
+        })
+        .collect();
+    for (idx, (work, reason, message)) in waiting.iter().enumerate() {
+        let mine = approved_sets.get(work);
+        let ahead = waiting[..idx]
+            .iter()
+            .filter(|(other, _, _)| match (mine, approved_sets.get(other)) {
+                (Some(a), Some(b)) => !a.is_disjoint(b),
+                _ => false,
+            })
+            .count();
+        let position = ahead + 1;
+        let w = &mut works[*work];
+        w.cond(
+            c::PENDING,
+            true,
+            reason,
+            &format!("{message} (position {position} in queue)"),
+            now,
+        );
+        w.action = Action::Waiting { reason, position };
+        w.requeue_at = Some(
+            now.saturating_add(PENDING_REQUEUE)
+                .unwrap_or(Timestamp::MAX),
+        );
+    }
+
+    works.into_iter().map(|w| decision(w, ns)).collect()
+}
+
+fn decision(w: Work<'_>, ns: &str) -> LeaseDecision {
+    let stored = w.lease.status.clone().unwrap_or_default();
+    let status_changed = w.status != stored;
+    let mut updated = w.lease.clone();
+    updated.status = Some(w.status.clone());
+    let labels = lease_labels(&updated);
+    let labels_changed = labels != w.lease.metadata.labels.clone().unwrap_or_default();
+    LeaseDecision {
+        namespace: ns.to_string(),
+        name: name_of(&w.lease.metadata).to_string(),
+        owner_exporter: w.status.exporter_ref.as_ref().map(|r| r.name.clone()),
+        action: w.action,
+        status: w.status,
+        status_changed,
+        labels,
+        labels_changed,
+        requeue_at: w.requeue_at,
+    }
+}
+
+/// The reason of a True `Invalid` or `Unsatisfiable` condition, if any.
+fn terminal_condition(conds: &[metav1::Condition]) -> Option<&'static str> {
+    for type_ in [c::INVALID, c::UNSATISFIABLE] {
+        if condition_is_true(conds, type_) {
+            let reason = find_condition(conds, type_).map(|x| x.reason.as_str());
+            return Some(match reason {
+                Some(c::REASON_INVALID_SELECTOR) => c::REASON_INVALID_SELECTOR,
+                Some(c::REASON_EXPORTER_NOT_FOUND) => c::REASON_EXPORTER_NOT_FOUND,
+                Some(c::REASON_SELECTOR_MISMATCH) => c::REASON_SELECTOR_MISMATCH,
+                Some(c::REASON_EXPORTER_DISABLED) => c::REASON_EXPORTER_DISABLED,
+                Some(c::REASON_ALL_DISABLED) => c::REASON_ALL_DISABLED,
+                Some(c::REASON_NO_ACCESS) => c::REASON_NO_ACCESS,
+                Some(c::REASON_SPOT_ACCESS) => c::REASON_SPOT_ACCESS,
+                _ if type_ == c::INVALID => c::INVALID,
+                _ => c::UNSATISFIABLE,
+            });
+        }
+    }
+    None
+}
+
+/// (2) set the begin time and `Ready` once assigned, then (3) release / expiry.
+fn begin_and_check_end(w: &mut Work<'_>, now: Timestamp) {
+    if w.status.begin_time.is_none() {
+        w.status.begin_time = Some(metav1::Time(now));
+        w.cond(
+            c::READY,
+            true,
+            c::REASON_READY,
+            "An exporter has been acquired for the client",
+            now,
+        );
+    }
+    if w.lease.spec.release {
+        w.cond(
+            c::READY,
+            false,
+            c::REASON_RELEASED,
+            "The lease was marked for release",
+            now,
+        );
+        w.end(c::REASON_RELEASED, now);
+        return;
+    }
+    let mut begun = w.lease.clone();
+    begun.status = Some(w.status.clone());
+    match begun.expiration() {
+        Some(exp) if exp <= now => {
+            w.cond(
+                c::READY,
+                false,
+                c::REASON_EXPIRED,
+                "The lease has expired",
+                now,
+            );
+            w.end(c::REASON_EXPIRED, now);
+        }
+        Some(exp) => w.requeue_at = Some(exp),
+        // No duration and no end: upstream never expires such a lease.
+        None => w.requeue_at = None,
+    }
+}
+
+/// The latest end a pending lease can have: `spec.endTime`, else `spec.beginTime + duration`.
+fn pending_deadline(l: &Lease) -> Option<Timestamp> {
+    if let Some(end) = &l.spec.end_time {
+        return Some(end.0);
+    }
+    let begin = l.spec.begin_time.as_ref()?.0;
+    let d = l.spec.duration?.0;
+    Some(begin.saturating_add(d).unwrap_or(Timestamp::MAX))
+}
+
+type Terminal = (&'static str, &'static str, String);
+
+/// Steps 2–4: the exporters this lease may use, with the granting rule's priority and spot flag,
+/// or a terminal `Invalid`/`Unsatisfiable` condition.
+fn evaluate<'a>(
+    lease: &Lease,
+    exporters: &[&'a Exporter],
+    policies: &[&ExporterAccessPolicy],
+    client_labels: &BTreeMap<String, String>,
+) -> Result<Vec<Approved<'a>>, Terminal> {
+    let spec = &lease.spec;
+    let selector = LabelSelector::from_k8s(&spec.selector).map_err(|e| {
+        (
+            c::INVALID,
+            c::REASON_INVALID_SELECTOR,
+            format!("The lease selector is invalid: {e}"),
+        )
+    })?;
+    let pinned = spec
+        .exporter_ref
+        .as_ref()
+        .map(|r| r.name.as_str())
+        .filter(|n| !n.is_empty());
+    let candidates: Vec<&'a Exporter> = match pinned {
+        None if selector.is_empty() => {
+            return Err((
+                c::INVALID,
+                c::REASON_INVALID_SELECTOR,
+                "The lease has an empty selector and no exporterRef: one of selector or exporterRef.name is required"
+                    .to_string(),
+            ));
+        }
+        Some(name) => {
+            let Some(e) = exporters.iter().find(|e| name_of(&e.metadata) == name) else {
+                return Err((
+                    c::UNSATISFIABLE,
+                    c::REASON_EXPORTER_NOT_FOUND,
+                    format!("The requested exporter {name:?} does not exist"),
+                ));
+            };
+            if !selector.is_empty() && !selector.matches(&e.labels()) {
+                return Err((
+                    c::UNSATISFIABLE,
+                    c::REASON_SELECTOR_MISMATCH,
+                    format!(
+                        "The requested exporter {name:?} does not match the lease selector {selector}"
+                    ),
+                ));
+            }
+            if !e.is_enabled() && !spec.allow_disabled {
+                return Err((
+                    c::UNSATISFIABLE,
+                    c::REASON_EXPORTER_DISABLED,
+                    format!(
+                        "The requested exporter {name:?} is disabled (set allowDisabled to lease it anyway)"
+                    ),
+                ));
+            }
+            vec![*e]
+        }
+        None => {
+            let matching: Vec<&'a Exporter> = exporters
+                .iter()
+                .copied()
+                .filter(|e| selector.matches(&e.labels()))
+                .collect();
+            let enabled: Vec<&'a Exporter> = matching
+                .iter()
+                .copied()
+                .filter(|e| e.is_enabled())
+                .collect();
+            if !matching.is_empty() && enabled.is_empty() {
+                return Err((
+                    c::UNSATISFIABLE,
+                    c::REASON_ALL_DISABLED,
+                    format!(
+                        "All {} exporters matching the selector {selector} are disabled (i.e. {})",
+                        matching.len(),
+                        names(&matching)
+                    ),
+                ));
+            }
+            enabled
+        }
+    };
+
+    // Step 4: access policies.
+    if policies.is_empty() {
+        if candidates.is_empty() {
+            return Err((
+                c::UNSATISFIABLE,
+                c::REASON_NO_ACCESS,
+                format!("There are no exporters matching the selector {selector}"),
+            ));
+        }
+        return Ok(candidates
+            .into_iter()
+            .map(|exporter| Approved {
+                exporter,
+                priority: 0,
+                spot: false,
+            })
+            .collect());
+    }
+    let requested = lease.requested_duration();
+    let mut approved = Vec::new();
+    let mut descriptions: BTreeSet<String> = BTreeSet::new();
+    for &e in &candidates {
+        let labels = e.labels();
+        let mut best: Option<Approved<'a>> = None;
+        for p in policies {
+            let Ok(exporter_selector) = LabelSelector::from_k8s(&p.spec.exporter_selector) else {
+                continue;
+            };
+            if !exporter_selector.matches(&labels) {
+                continue;
+            }
+            for rule in &p.spec.policies {
+                let client_match = rule.from.iter().any(|f| {
+                    LabelSelector::from_k8s(&f.client_selector)
+                        .is_ok_and(|s| s.matches(client_labels))
+                });
+                if !client_match {
+                    if !rule.description.is_empty() {
+                        descriptions.insert(rule.description.clone());
+                    }
+                    continue;
+                }
+                if let (Some(max), Some(req)) = (rule.maximum_duration, requested)
+                    && req > max.0
+                {
+                    continue;
+                }
+                let a = Approved {
+                    exporter: e,
+                    priority: rule.priority,
+                    spot: rule.spot_access,
+                };
+                // Prefer non-spot, then higher priority.
+                if best.is_none_or(|b| (!a.spot, a.priority) > (!b.spot, b.priority)) {
+                    best = Some(a);
+                }
+            }
+        }
+        approved.extend(best);
+    }
+    if approved.is_empty() {
+        let mut message = if candidates.is_empty() {
+            format!("There are no exporters matching the selector {selector}")
+        } else {
+            format!(
+                "While there are {} exporters matching the selector, none of them are approved by any policy for your client",
+                candidates.len()
+            )
+        };
+        if !descriptions.is_empty() {
+            let list: Vec<String> = descriptions.into_iter().collect();
+            message.push_str(&format!(". Matching policies: {}", list.join(", ")));
+        }
+        return Err((c::UNSATISFIABLE, c::REASON_NO_ACCESS, message));
+    }
+    Ok(approved)
+}
+
+enum Pick<'a> {
+    Grant(Approved<'a>),
+    Wait(&'static str, String),
+    Unsatisfiable(&'static str, String),
+}
+
+/// Steps 5–9 for one queued lease, given the exporters already held.
+fn pick<'a>(q: &Candidate<'a>, busy: &BTreeMap<String, String>, now: Timestamp) -> Pick<'a> {
+    let approved_names = names_of(q.approved.iter().map(|a| a.exporter));
+    let mut online: Vec<Approved<'a>> = q
+        .approved
+        .iter()
+        .copied()
+        .filter(|a| exporter_is_online(a.exporter, now))
+        .collect();
+    if online.is_empty() {
+        return Pick::Wait(
+            c::REASON_OFFLINE,
+            format!(
+                "While there are {} available exporters (i.e. {approved_names}), none of them are online",
+                q.approved.len()
+            ),
+        );
+    }
+    let is_busy = |a: &Approved<'_>| busy.contains_key(name_of(&a.exporter.metadata));
+    online.sort_by_key(|a| {
+        (
+            is_busy(a),
+            a.spot,
+            Reverse(a.priority),
+            name_of(&a.exporter.metadata).to_string(),
+        )
+    });
+    if online.first().is_some_and(|a| a.spot) {
+        return Pick::Unsatisfiable(
+            c::REASON_SPOT_ACCESS,
+            format!(
+                "The best approved exporter ({}) is only granted with spot access, which is not implemented",
+                online
+                    .first()
+                    .map(|a| name_of(&a.exporter.metadata))
+                    .unwrap_or_default()
+            ),
+        );
+    }
+    let online_names = names_of(online.iter().map(|a| a.exporter));
+    let free: Vec<Approved<'a>> = online.iter().copied().filter(|a| !is_busy(a)).collect();
+    if free.is_empty() {
+        return Pick::Wait(
+            c::REASON_NOT_AVAILABLE,
+            format!(
+                "There are {} approved exporters, (i.e. {online_names}) but all of them are already leased",
+                online.len()
+            ),
+        );
+    }
+    match free.iter().find(|a| exporter_is_ready(a.exporter)) {
+        Some(a) => Pick::Grant(*a),
+        None => Pick::Wait(
+            c::REASON_NOT_READY,
+            format!(
+                "There are {} approved and free exporters, (i.e. {}) but none are ready (still cleaning up previous lease)",
+                free.len(),
+                names_of(free.iter().map(|a| a.exporter))
+            ),
+        ),
+    }
+}
+
+/// At most this many names are listed in a message.
+const NAMES_IN_MESSAGE: usize = 5;
+
+fn names(exporters: &[&Exporter]) -> String {
+    names_of(exporters.iter().copied())
+}
+
+fn names_of<'a>(exporters: impl Iterator<Item = &'a Exporter>) -> String {
+    let all: Vec<&str> = exporters.map(|e| name_of(&e.metadata)).collect();
+    let mut s = all
+        .iter()
+        .take(NAMES_IN_MESSAGE)
+        .copied()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if all.len() > NAMES_IN_MESSAGE {
+        s.push_str(&format!(", and {} more", all.len() - NAMES_IN_MESSAGE));
+    }
+    s
+}
+
+#[cfg(test)]
+#[path = "scheduler/tests.rs"]
+mod tests;

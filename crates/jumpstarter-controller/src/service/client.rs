@@ -1,0 +1,361 @@
+//! `jumpstarter.client.v1.ClientService`: exporters and leases as a client sees them.
+//!
+//! Unlike upstream 0.9.0, a client reads and lists only its own leases.
+
+use std::sync::Arc;
+
+use jiff::Timestamp;
+use jumpstarter_core::auth::ObjectKind;
+use jumpstarter_proto::client_v1::{
+    CreateLeaseRequest, DeleteLeaseRequest, Exporter as PbExporter, GetExporterRequest,
+    GetLeaseRequest, Lease as PbLease, ListExportersRequest, ListExportersResponse,
+    ListLeasesRequest, ListLeasesResponse, RotateTokenRequest, RotateTokenResponse,
+    UpdateLeaseRequest, client_service_server::ClientService,
+};
+use tonic::{Request, Response, Status};
+
+use crate::{
+    duration::GoDuration,
+    objects::{
+        Client, Exporter, LEASE_ENDED_LABEL, Lease, TAG_LABEL_PREFIX, exporter_to_proto,
+        lease_from_proto, lease_labels, lease_times_from_proto, lease_to_proto,
+    },
+    selector::LabelSelector,
+    service::controller::update_lease,
+    state::{Caller, ControllerState, store_status},
+    store::{ListParams, Store},
+};
+
+/// The ClientService implementation.
+pub struct ClientApi<S: Store>(pub Arc<ControllerState<S>>);
+
+/// Splits `namespaces/<ns>` (parent) or `namespaces/<ns>/<kind>/<name>` with upstream's
+/// error text.
+fn parse_name(name: &str, segments: usize) -> Result<Vec<&str>, Status> {
+    let parts: Vec<&str> = name.split('/').collect();
+    if parts.len() != segments * 2 {
+        return Err(Status::invalid_argument(format!(
+            "invalid number of segments in identifier \"{name}\", expecting {}, got {}",
+            segments * 2,
+            parts.len()
+        )));
+    }
+    Ok(parts)
+}
+
+fn check_namespace(caller: &Caller, ns: &str) -> Result<(), Status> {
+    if caller.namespace != ns {
+        return Err(Status::permission_denied("namespace mismatch"));
+    }
+    Ok(())
+}
+
+fn object_name<'a>(name: &'a str, kind: &str) -> Result<(&'a str, &'a str), Status> {
+    let parts = parse_name(name, 2)?;
+    if parts[0] != "namespaces" || parts[2] != kind || parts[1].is_empty() || parts[3].is_empty() {
+        return Err(Status::invalid_argument(format!(
+            "invalid identifier \"{name}\", expecting namespaces/<namespace>/{kind}/<name>"
+        )));
+    }
+    Ok((parts[1], parts[3]))
+}
+
+fn parent_namespace(parent: &str) -> Result<&str, Status> {
+    let parts = parse_name(parent, 1)?;
+    if parts[0] != "namespaces" || parts[1].is_empty() {
+        return Err(Status::invalid_argument(format!(
+            "invalid parent \"{parent}\", expecting namespaces/<namespace>"
+        )));
+    }
+    Ok(parts[1])
+}
+
+fn selector(s: &str) -> Result<LabelSelector, Status> {
+    LabelSelector::parse(s).map_err(|e| Status::invalid_argument(format!("invalid selector: {e}")))
+}
+
+fn page(size: i32, token: &str) -> ListParams {
+    ListParams {
+        limit: usize::try_from(size).ok().filter(|s| *s > 0),
+        continue_token: (!token.is_empty()).then(|| token.to_string()),
+    }
+}
+
+impl<S: Store> ClientApi<S> {
+    async fn client(&self, md: &tonic::metadata::MetadataMap) -> Result<Caller, Status> {
+        self.0.authenticate(md, ObjectKind::Client).await
+    }
+
+    async fn own_lease(&self, caller: &Caller, name: &str) -> Result<Lease, Status> {
+        let (ns, lease_name) = object_name(name, "leases")?;
+        check_namespace(caller, ns)?;
+        let lease: Lease = self
+            .0
+            .store
+            .get(ns, lease_name)
+            .await
+            .map_err(store_status)?
+            .ok_or_else(|| Status::not_found(format!("lease {lease_name} not found")))?;
+        if lease.spec.client_ref.name != caller.name {
+            // Not revealing whether another client's lease exists.
+            return Err(Status::not_found(format!("lease {lease_name} not found")));
+        }
+        Ok(lease)
+    }
+}
+
+#[tonic::async_trait]
+impl<S: Store> ClientService for ClientApi<S> {
+    async fn get_exporter(
+        &self,
+        request: Request<GetExporterRequest>,
+    ) -> Result<Response<PbExporter>, Status> {
+        let caller = self.client(request.metadata()).await?;
+        let req = request.into_inner();
+        let (ns, name) = object_name(&req.name, "exporters")?;
+        check_namespace(&caller, ns)?;
+        let e: Exporter = self
+            .0
+            .store
+            .get(ns, name)
+            .await
+            .map_err(store_status)?
+            .ok_or_else(|| Status::not_found(format!("exporter {name} not found")))?;
+        Ok(Response::new(exporter_to_proto(&e)))
+    }
+
+    async fn list_exporters(
+        &self,
+        request: Request<ListExportersRequest>,
+    ) -> Result<Response<ListExportersResponse>, Status> {
+        let caller = self.client(request.metadata()).await?;
+        let req = request.into_inner();
+        let ns = parent_namespace(&req.parent)?;
+        check_namespace(&caller, ns)?;
+        let list = self
+            .0
+            .store
+            .list::<Exporter>(
+                Some(ns),
+                &selector(&req.filter)?,
+                &page(req.page_size, &req.page_token),
+            )
+            .await
+            .map_err(store_status)?;
+        Ok(Response::new(ListExportersResponse {
+            exporters: list.items.iter().map(exporter_to_proto).collect(),
+            next_page_token: list.continue_token.unwrap_or_default(),
+        }))
+    }
+
+    async fn get_lease(
+        &self,
+        request: Request<GetLeaseRequest>,
+    ) -> Result<Response<PbLease>, Status> {
+        let caller = self.client(request.metadata()).await?;
+        let lease = self.own_lease(&caller, &request.into_inner().name).await?;
+        Ok(Response::new(lease_to_proto(&lease, Timestamp::now())))
+    }
+
+    async fn list_leases(
+        &self,
+        request: Request<ListLeasesRequest>,
+    ) -> Result<Response<ListLeasesResponse>, Status> {
+        let caller = self.client(request.metadata()).await?;
+        let req = request.into_inner();
+        let ns = parent_namespace(&req.parent)?;
+        check_namespace(&caller, ns)?;
+        let mut parts: Vec<String> = Vec::new();
+        if !req.filter.trim().is_empty() {
+            selector(&req.filter)?;
+            parts.push(req.filter.clone());
+        }
+        if !req.tag_filter.trim().is_empty() {
+            let tags = selector(&req.tag_filter)?;
+            for r in tags.requirements() {
+                let mut text = selector(&r.to_string())?.to_string();
+                text = text.replacen(&r.key, &format!("{TAG_LABEL_PREFIX}{}", r.key), 1);
+                parts.push(text);
+            }
+        }
+        if req.only_active.unwrap_or(true) {
+            parts.push(format!("!{LEASE_ENDED_LABEL}"));
+        }
+        let sel = selector(&parts.join(","))?;
+        let list = self
+            .0
+            .store
+            .list::<Lease>(Some(ns), &sel, &page(req.page_size, &req.page_token))
+            .await
+            .map_err(store_status)?;
+        let now = Timestamp::now();
+        Ok(Response::new(ListLeasesResponse {
+            leases: list
+                .items
+                .iter()
+                .filter(|l| l.spec.client_ref.name == caller.name)
+                .map(|l| lease_to_proto(l, now))
+                .collect(),
+            next_page_token: list.continue_token.unwrap_or_default(),
+        }))
+    }
+
+    async fn create_lease(
+        &self,
+        request: Request<CreateLeaseRequest>,
+    ) -> Result<Response<PbLease>, Status> {
+        let caller = self.client(request.metadata()).await?;
+        let req = request.into_inner();
+        let ns = parent_namespace(&req.parent)?;
+        check_namespace(&caller, ns)?;
+        let pb = req
+            .lease
+            .ok_or_else(|| Status::invalid_argument("lease is required"))?;
+        let name = if req.lease_id.is_empty() {
+            uuid::Uuid::now_v7().to_string()
+        } else {
+            req.lease_id.clone()
+        };
+        let lease =
+            lease_from_proto(&pb, ns, &name, &caller.name, self.0.max_tags).map_err(|e| {
+                use crate::objects::ObjectError;
+                match e {
+                    ObjectError::SelectorOrExporterRequired | ObjectError::InvalidTags(_) => {
+                        Status::invalid_argument(e.to_string())
+                    }
+                    other => Status::invalid_argument(other.to_string()),
+                }
+            })?;
+        let created = self.0.store.create(&lease).await.map_err(store_status)?;
+        self.0.wake.notify_one();
+        Ok(Response::new(lease_to_proto(&created, Timestamp::now())))
+    }
+
+    async fn update_lease(
+        &self,
+        request: Request<UpdateLeaseRequest>,
+    ) -> Result<Response<PbLease>, Status> {
+        let caller = self.client(request.metadata()).await?;
+        let req = request.into_inner();
+        let pb = req
+            .lease
+            .ok_or_else(|| Status::invalid_argument("lease is required"))?;
+        let current = self.own_lease(&caller, &pb.name).await?;
+        let (ns, name) = object_name(&pb.name, "leases")?;
+        let times_given = pb.begin_time.is_some() || pb.duration.is_some() || pb.end_time.is_some();
+        let times = if times_given {
+            Some(lease_times_from_proto(&pb).map_err(|e| Status::invalid_argument(e.to_string()))?)
+        } else {
+            None
+        };
+        let new_client = match &pb.client {
+            Some(c) if !c.is_empty() => {
+                let (cns, cname) = object_name(c, "clients")?;
+                if cns != ns {
+                    return Err(Status::invalid_argument(
+                        "a lease can only be transferred within its namespace",
+                    ));
+                }
+                if self
+                    .0
+                    .store
+                    .get::<Client>(cns, cname)
+                    .await
+                    .map_err(store_status)?
+                    .is_none()
+                {
+                    return Err(Status::not_found(format!("client {cname} not found")));
+                }
+                Some(cname.to_string())
+            }
+            _ => None,
+        };
+        let _ = current;
+        let updated = update_lease(&self.0.store, ns, name, |l| {
+            if let Some(t) = &times {
+                let started = l.assigned_exporter().is_some();
+                if let Some(b) = t.begin
+                    && started
+                    && l.spec.begin_time.as_ref().map(|x| x.0) != Some(b)
+                {
+                    return Err(Status::invalid_argument(
+                        "cannot update BeginTime: lease has already started",
+                    ));
+                }
+                if !started {
+                    l.spec.begin_time = t
+                        .begin
+                        .map(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time);
+                }
+                l.spec.duration = t.duration.map(GoDuration);
+                l.spec.end_time = t
+                    .end
+                    .map(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time);
+            }
+            if let Some(c) = &new_client {
+                if l.assigned_exporter().is_none() || l.is_ended() {
+                    return Err(Status::failed_precondition(
+                        "only an active lease can be transferred",
+                    ));
+                }
+                l.spec.client_ref.name = c.clone();
+            }
+            let labels = lease_labels(l);
+            l.metadata.labels = (!labels.is_empty()).then_some(labels);
+            Ok(true)
+        })
+        .await?;
+        self.0.wake.notify_one();
+        Ok(Response::new(lease_to_proto(&updated, Timestamp::now())))
+    }
+
+    async fn delete_lease(
+        &self,
+        request: Request<DeleteLeaseRequest>,
+    ) -> Result<Response<()>, Status> {
+        let caller = self.client(request.metadata()).await?;
+        let name = request.into_inner().name;
+        let lease = self.own_lease(&caller, &name).await?;
+        let (ns, lease_name) = object_name(&name, "leases")?;
+        if lease.spec.release {
+            return Err(Status::failed_precondition(format!(
+                "lease \"{lease_name}\" has already been released"
+            )));
+        }
+        update_lease(&self.0.store, ns, lease_name, |l| {
+            if l.spec.release {
+                return Ok(false);
+            }
+            l.spec.release = true;
+            Ok(true)
+        })
+        .await?;
+        self.0.wake.notify_one();
+        Ok(Response::new(()))
+    }
+
+    async fn rotate_token(
+        &self,
+        request: Request<RotateTokenRequest>,
+    ) -> Result<Response<RotateTokenResponse>, Status> {
+        let caller = self.client(request.metadata()).await?;
+        let req = request.into_inner();
+        let ns = parent_namespace(&req.parent)?;
+        check_namespace(&caller, ns)?;
+        let subject = jumpstarter_core::auth::Subject::new(
+            ObjectKind::Client,
+            caller.namespace.clone(),
+            caller.name.clone(),
+            caller.uid.clone(),
+        );
+        let issued = self
+            .0
+            .issuer
+            .issue(&subject)
+            .map_err(|e| Status::internal(e.to_string()))?;
+        Ok(Response::new(RotateTokenResponse {
+            token: issued.token,
+            expiry: Some(prost_types::Timestamp::from(issued.expires_at)),
+        }))
+    }
+}

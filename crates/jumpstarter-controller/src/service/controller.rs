@@ -1,0 +1,690 @@
+//! `jumpstarter.v1.ControllerService`: exporter registration, status, Listen and Dial.
+
+use std::{collections::BTreeMap, pin::Pin, sync::Arc, time::Duration};
+
+use futures::{Stream, StreamExt};
+use jiff::Timestamp;
+use jumpstarter_core::auth::ObjectKind;
+use jumpstarter_proto::v1::{
+    AuditStreamRequest, DialRequest, DialResponse, ExporterStatus as PbStatus, GetLeaseRequest,
+    GetLeaseResponse, ListLeasesRequest, ListLeasesResponse, ListenRequest, ListenResponse,
+    RegisterRequest, RegisterResponse, ReleaseLeaseRequest, ReleaseLeaseResponse,
+    ReportStatusRequest, ReportStatusResponse, RequestLeaseRequest, RequestLeaseResponse,
+    StatusRequest, StatusResponse, UnregisterRequest, UnregisterResponse,
+    controller_service_server::ControllerService,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1 as metav1;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::{
+    objects::{
+        Device, Exporter, ExporterStatus, ExporterStatusValue, LEASE_ENDED_LABEL, Lease,
+        RESERVED_LABEL_PREFIX, condition_to_proto, conditions, set_condition, timestamp_to_proto,
+    },
+    selector::LabelSelector,
+    state::{Caller, ControllerState, store_status},
+    store::{ListParams, Store, StoreError},
+};
+
+/// How often the Status stream refreshes `lastSeen`.
+const HEARTBEAT: Duration = Duration::from_secs(10);
+
+/// The ControllerService implementation.
+pub struct ControllerApi<S: Store>(pub Arc<ControllerState<S>>);
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+/// Re-reads and modifies an exporter until the write does not conflict.
+pub async fn update_exporter<S: Store>(
+    store: &S,
+    namespace: &str,
+    name: &str,
+    status_only: bool,
+    mut f: impl FnMut(&mut Exporter) -> bool,
+) -> Result<Exporter, Status> {
+    for _ in 0..16 {
+        let mut e: Exporter = store
+            .get(namespace, name)
+            .await
+            .map_err(store_status)?
+            .ok_or_else(|| Status::not_found(format!("exporter {namespace}/{name} not found")))?;
+        if !f(&mut e) {
+            return Ok(e);
+        }
+        let r = if status_only {
+            store.update_status(&e).await
+        } else {
+            store.update(&e).await
+        };
+        match r {
+            Ok(e) => return Ok(e),
+            Err(err) if err.is_conflict() => continue,
+            Err(err) => return Err(store_status(err)),
+        }
+    }
+    Err(Status::aborted(format!(
+        "exporter {namespace}/{name} kept changing; try again"
+    )))
+}
+
+/// Re-reads and modifies a lease until the write does not conflict.
+pub async fn update_lease<S: Store>(
+    store: &S,
+    namespace: &str,
+    name: &str,
+    mut f: impl FnMut(&mut Lease) -> Result<bool, Status>,
+) -> Result<Lease, Status> {
+    for _ in 0..16 {
+        let mut l: Lease = store
+            .get(namespace, name)
+            .await
+            .map_err(store_status)?
+            .ok_or_else(|| Status::not_found(format!("lease {namespace}/{name} not found")))?;
+        if !f(&mut l)? {
+            return Ok(l);
+        }
+        match store.update(&l).await {
+            Ok(l) => return Ok(l),
+            Err(err) if err.is_conflict() => continue,
+            Err(err) => return Err(store_status(err)),
+        }
+    }
+    Err(Status::aborted(format!(
+        "lease {namespace}/{name} kept changing; try again"
+    )))
+}
+
+fn now() -> Timestamp {
+    Timestamp::now()
+}
+
+fn status_mut(e: &mut Exporter) -> &mut ExporterStatus {
+    e.status.get_or_insert_with(ExporterStatus::default)
+}
+
+impl<S: Store> ControllerApi<S> {
+    async fn exporter(&self, req_md: &tonic::metadata::MetadataMap) -> Result<Caller, Status> {
+        self.0.authenticate(req_md, ObjectKind::Exporter).await
+    }
+
+    async fn status_response(&self, e: &Exporter) -> StatusResponse {
+        let lease = e
+            .status
+            .as_ref()
+            .and_then(|s| s.lease_ref.as_ref())
+            .map(|r| r.name.clone());
+        let mut client_name = None;
+        if let Some(l) = &lease
+            && let Ok(Some(lease)) = self
+                .0
+                .store
+                .get::<Lease>(e.metadata.namespace.as_deref().unwrap_or_default(), l)
+                .await
+        {
+            client_name = Some(lease.spec.client_ref.name.clone());
+        }
+        StatusResponse {
+            leased: lease.is_some(),
+            lease_name: lease,
+            client_name,
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl<S: Store> ControllerService for ControllerApi<S> {
+    async fn register(
+        &self,
+        request: Request<RegisterRequest>,
+    ) -> Result<Response<RegisterResponse>, Status> {
+        let caller = self.exporter(request.metadata()).await?;
+        let req = request.into_inner();
+        // Only `jumpstarter.dev/` labels come from the exporter; admins own the rest.
+        let reported: BTreeMap<String, String> = req
+            .labels
+            .into_iter()
+            .filter(|(k, _)| k.starts_with(RESERVED_LABEL_PREFIX))
+            .collect();
+        update_exporter(&self.0.store, &caller.namespace, &caller.name, false, |e| {
+            let labels = e.metadata.labels.get_or_insert_with(BTreeMap::new);
+            let before = labels.clone();
+            labels.retain(|k, _| !k.starts_with(RESERVED_LABEL_PREFIX));
+            labels.extend(reported.clone());
+            *labels != before
+        })
+        .await?;
+        let devices: Vec<Device> = req
+            .reports
+            .iter()
+            .map(|r| Device {
+                uuid: r.uuid.clone(),
+                parent_uuid: r.parent_uuid.clone(),
+                labels: r.labels.clone().into_iter().collect(),
+            })
+            .collect();
+        let e = update_exporter(&self.0.store, &caller.namespace, &caller.name, true, |e| {
+            let t = now();
+            let s = status_mut(e);
+            s.devices = Some(devices.clone());
+            s.last_seen = Some(metav1::Time(t));
+            s.endpoint = self.0.endpoint.clone();
+            set_condition(
+                &mut s.conditions,
+                conditions::REGISTERED,
+                true,
+                "Register",
+                "Exporter registered",
+                None,
+                t,
+            );
+            true
+        })
+        .await?;
+        self.0.wake.notify_one();
+        Ok(Response::new(RegisterResponse {
+            uuid: e.metadata.uid.unwrap_or_default(),
+        }))
+    }
+
+    async fn unregister(
+        &self,
+        request: Request<UnregisterRequest>,
+    ) -> Result<Response<UnregisterResponse>, Status> {
+        let caller = self.exporter(request.metadata()).await?;
+        update_exporter(&self.0.store, &caller.namespace, &caller.name, true, |e| {
+            let t = now();
+            let s = status_mut(e);
+            s.devices = None;
+            set_condition(
+                &mut s.conditions,
+                conditions::REGISTERED,
+                false,
+                "Unregister",
+                "Exporter unregistered",
+                None,
+                t,
+            );
+            true
+        })
+        .await?;
+        self.0.wake.notify_one();
+        Ok(Response::new(UnregisterResponse {}))
+    }
+
+    async fn report_status(
+        &self,
+        request: Request<ReportStatusRequest>,
+    ) -> Result<Response<ReportStatusResponse>, Status> {
+        let caller = self.exporter(request.metadata()).await?;
+        let req = request.into_inner();
+        let status = PbStatus::try_from(req.status).map_err(|_| {
+            Status::invalid_argument(format!("unknown exporter status {}", req.status))
+        })?;
+        let value = ExporterStatusValue::from(status);
+        let message = req.message.clone().unwrap_or_default();
+        let e = update_exporter(&self.0.store, &caller.namespace, &caller.name, true, |e| {
+            let t = now();
+            let s = status_mut(e);
+            s.exporter_status = Some(value);
+            s.status_message = message.clone();
+            s.last_seen = Some(metav1::Time(t));
+            let online = !matches!(
+                value,
+                ExporterStatusValue::Offline | ExporterStatusValue::Unspecified
+            );
+            if online {
+                set_condition(
+                    &mut s.conditions,
+                    conditions::ONLINE,
+                    true,
+                    "StatusReported",
+                    &format!("Exporter reported status: {}", value.as_str()),
+                    None,
+                    t,
+                );
+            } else {
+                set_condition(
+                    &mut s.conditions,
+                    conditions::ONLINE,
+                    false,
+                    "Offline",
+                    &message,
+                    None,
+                    t,
+                );
+            }
+            true
+        })
+        .await?;
+        if req.release_lease == Some(true)
+            && let Some(lease) = e.status.as_ref().and_then(|s| s.lease_ref.as_ref())
+        {
+            let r = update_lease(&self.0.store, &caller.namespace, &lease.name, |l| {
+                let ours = l.assigned_exporter() == Some(caller.name.as_str());
+                if !ours || l.is_ended() || l.spec.release {
+                    return Ok(false);
+                }
+                l.spec.release = true;
+                Ok(true)
+            })
+            .await;
+            if let Err(e) = r {
+                tracing::warn!(
+                    "release of lease {} requested by exporter failed: {e}",
+                    lease.name
+                );
+            }
+        }
+        self.0.wake.notify_one();
+        Ok(Response::new(ReportStatusResponse {}))
+    }
+
+    type ListenStream = BoxStream<ListenResponse>;
+
+    async fn listen(
+        &self,
+        request: Request<ListenRequest>,
+    ) -> Result<Response<Self::ListenStream>, Status> {
+        let caller = self.exporter(request.metadata()).await?;
+        let lease_name = request.into_inner().lease_name;
+        if lease_name.is_empty() {
+            return Err(Status::unknown("empty lease name"));
+        }
+        let lease: Lease = self
+            .0
+            .store
+            .get(&caller.namespace, &lease_name)
+            .await
+            .map_err(store_status)?
+            .ok_or_else(|| Status::not_found(format!("lease {lease_name} not found")))?;
+        if lease.assigned_exporter() != Some(caller.name.as_str()) {
+            return Err(Status::unknown("permission denied"));
+        }
+        let (id, rx) = self.0.listen(&caller.namespace, &lease_name);
+        let state = self.0.clone();
+        let guard = ListenGuard {
+            state,
+            namespace: caller.namespace,
+            lease: lease_name,
+            id,
+        };
+        let out = tokio_stream::wrappers::ReceiverStream::new(rx).map(move |m| {
+            let _ = &guard;
+            Ok(m)
+        });
+        Ok(Response::new(Box::pin(out)))
+    }
+
+    type StatusStream = BoxStream<StatusResponse>;
+
+    async fn status(
+        &self,
+        request: Request<StatusRequest>,
+    ) -> Result<Response<Self::StatusStream>, Status> {
+        let caller = self.exporter(request.metadata()).await?;
+        let store = self.0.store.clone();
+        // Seen now; a stale "Offline" from an earlier shutdown is cleared.
+        update_exporter(&store, &caller.namespace, &caller.name, true, |e| {
+            let s = status_mut(e);
+            s.last_seen = Some(metav1::Time(now()));
+            if s.exporter_status == Some(ExporterStatusValue::Offline) {
+                s.exporter_status = None;
+                s.status_message.clear();
+            }
+            true
+        })
+        .await?;
+        self.0.wake.notify_one();
+        let mut watch = self
+            .0
+            .store
+            .watch::<Exporter>(Some(&caller.namespace), None)
+            .await
+            .map_err(store_status)?;
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<StatusResponse, Status>>(4);
+        let api = ControllerApi(self.0.clone());
+        tokio::spawn(async move {
+            let mut last: Option<StatusResponse> = None;
+            let mut heartbeat = tokio::time::interval(HEARTBEAT);
+            let mut current: Option<Exporter> = store
+                .get(&caller.namespace, &caller.name)
+                .await
+                .ok()
+                .flatten();
+            loop {
+                if let Some(e) = &current {
+                    let msg = api.status_response(e).await;
+                    if last.as_ref() != Some(&msg) {
+                        if tx.send(Ok(msg.clone())).await.is_err() {
+                            return;
+                        }
+                        last = Some(msg);
+                    }
+                } else {
+                    let _ = tx
+                        .send(Err(Status::not_found(format!(
+                            "exporter {}/{} was deleted",
+                            caller.namespace, caller.name
+                        ))))
+                        .await;
+                    return;
+                }
+                tokio::select! {
+                    _ = tx.closed() => return,
+                    _ = heartbeat.tick() => {
+                        let r = update_exporter(&store, &caller.namespace, &caller.name, true, |e| {
+                            status_mut(e).last_seen = Some(metav1::Time(now()));
+                            true
+                        }).await;
+                        if let Err(e) = r {
+                            let _ = tx.send(Err(e)).await;
+                            return;
+                        }
+                    }
+                    ev = watch.next() => match ev {
+                        Some(Ok(ev)) => {
+                            let obj = ev.object();
+                            if obj.metadata.name.as_deref() != Some(caller.name.as_str()) {
+                                continue;
+                            }
+                            current = match ev {
+                                crate::store::WatchEvent::Deleted(_) => None,
+                                crate::store::WatchEvent::Added(e) | crate::store::WatchEvent::Modified(e) => Some(e),
+                            };
+                        }
+                        Some(Err(StoreError::WatchLagged { .. })) | None => {
+                            // Fell behind: re-read and watch again from now.
+                            current = store.get(&caller.namespace, &caller.name).await.ok().flatten();
+                            match store.watch::<Exporter>(Some(&caller.namespace), None).await {
+                                Ok(w) => watch = w,
+                                Err(e) => { let _ = tx.send(Err(store_status(e))).await; return; }
+                            }
+                        }
+                        Some(Err(e)) => { let _ = tx.send(Err(store_status(e))).await; return; }
+                    },
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+
+    async fn dial(&self, request: Request<DialRequest>) -> Result<Response<DialResponse>, Status> {
+        let caller = self
+            .0
+            .authenticate(request.metadata(), ObjectKind::Client)
+            .await?;
+        let lease_name = request.into_inner().lease_name;
+        let lease: Lease = self
+            .0
+            .store
+            .get(&caller.namespace, &lease_name)
+            .await
+            .map_err(store_status)?
+            .ok_or_else(|| Status::not_found(format!("lease {lease_name} not found")))?;
+        if lease.spec.client_ref.name != caller.name {
+            return Err(Status::unknown("permission denied"));
+        }
+        let Some(exporter_name) = lease.assigned_exporter().map(str::to_string) else {
+            return Err(Status::unknown("lease not active"));
+        };
+        if lease.is_ended() {
+            return Err(Status::unknown("lease not active"));
+        }
+        // Wait briefly for an exporter that has not yet reported it is ready (as upstream).
+        let mut delay = Duration::from_millis(500);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        let exporter = loop {
+            let e: Exporter = self
+                .0
+                .store
+                .get(&caller.namespace, &exporter_name)
+                .await
+                .map_err(store_status)?
+                .ok_or_else(|| Status::not_found(format!("exporter {exporter_name} not found")))?;
+            let st = e.status.as_ref().and_then(|s| s.exporter_status);
+            match st {
+                None
+                | Some(ExporterStatusValue::Unspecified)
+                | Some(ExporterStatusValue::LeaseReady)
+                | Some(ExporterStatusValue::BeforeLeaseHook)
+                | Some(ExporterStatusValue::AfterLeaseHook) => break e,
+                Some(ExporterStatusValue::Offline) => {
+                    return Err(Status::failed_precondition("exporter is offline"));
+                }
+                Some(ExporterStatusValue::BeforeLeaseHookFailed) => {
+                    return Err(Status::failed_precondition(
+                        "exporter beforeLease hook failed",
+                    ));
+                }
+                Some(ExporterStatusValue::AfterLeaseHookFailed) => {
+                    return Err(Status::failed_precondition(
+                        "exporter afterLease hook failed",
+                    ));
+                }
+                Some(ExporterStatusValue::Available) => {
+                    if tokio::time::Instant::now() + delay > deadline {
+                        return Err(Status::failed_precondition(
+                            "exporter is not ready (status: Available)",
+                        ));
+                    }
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(3));
+                }
+            }
+        };
+        let router = self
+            .0
+            .choose_router(&exporter.labels())
+            .ok_or_else(|| Status::unknown("no router available"))?
+            .endpoint
+            .clone();
+        let token = self
+            .0
+            .router_key
+            .issue()
+            .map_err(|e| Status::internal(e.to_string()))?
+            .token;
+        self.0.notify_listener(
+            &caller.namespace,
+            &lease_name,
+            ListenResponse {
+                router_endpoint: router.clone(),
+                router_token: token.clone(),
+            },
+        )?;
+        Ok(Response::new(DialResponse {
+            router_endpoint: router,
+            router_token: token,
+        }))
+    }
+
+    async fn audit_stream(
+        &self,
+        _: Request<Streaming<AuditStreamRequest>>,
+    ) -> Result<Response<()>, Status> {
+        Err(Status::unimplemented("AuditStream is not implemented"))
+    }
+
+    async fn get_lease(
+        &self,
+        request: Request<GetLeaseRequest>,
+    ) -> Result<Response<GetLeaseResponse>, Status> {
+        let caller = self
+            .0
+            .authenticate(request.metadata(), ObjectKind::Client)
+            .await?;
+        let name = request.into_inner().name;
+        let lease: Lease = self
+            .0
+            .store
+            .get(&caller.namespace, &name)
+            .await
+            .map_err(store_status)?
+            .ok_or_else(|| Status::not_found(format!("lease {name} not found")))?;
+        if lease.spec.client_ref.name != caller.name {
+            return Err(Status::unknown("GetLease permission denied"));
+        }
+        let selector = &lease.spec.selector;
+        let exporter_uuid = match lease.assigned_exporter() {
+            Some(e) => self
+                .0
+                .store
+                .get::<Exporter>(&caller.namespace, e)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|e| e.metadata.uid),
+            None => None,
+        };
+        let st = lease.status.clone().unwrap_or_default();
+        Ok(Response::new(GetLeaseResponse {
+            duration: lease.spec.duration.map(Into::into),
+            selector: Some(jumpstarter_proto::v1::LabelSelector {
+                match_expressions: selector
+                    .match_expressions
+                    .iter()
+                    .flatten()
+                    .map(|r| jumpstarter_proto::v1::LabelSelectorRequirement {
+                        key: r.key.clone(),
+                        operator: r.operator.clone(),
+                        values: r.values.clone().unwrap_or_default(),
+                    })
+                    .collect(),
+                match_labels: selector
+                    .match_labels
+                    .clone()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .collect(),
+            }),
+            begin_time: st.begin_time.map(|t| timestamp_to_proto(t.0)),
+            end_time: st.end_time.map(|t| timestamp_to_proto(t.0)),
+            exporter_uuid,
+            conditions: st.conditions.iter().map(condition_to_proto).collect(),
+        }))
+    }
+
+    async fn request_lease(
+        &self,
+        request: Request<RequestLeaseRequest>,
+    ) -> Result<Response<RequestLeaseResponse>, Status> {
+        let caller = self
+            .0
+            .authenticate(request.metadata(), ObjectKind::Client)
+            .await?;
+        let req = request.into_inner();
+        let sel = req.selector.unwrap_or_default();
+        let mut parts: Vec<String> = sel
+            .match_labels
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        for r in &sel.match_expressions {
+            let vals = r.values.join(",");
+            parts.push(match r.operator.as_str() {
+                "In" => format!("{} in ({vals})", r.key),
+                "NotIn" => format!("{} notin ({vals})", r.key),
+                "Exists" => r.key.clone(),
+                "DoesNotExist" => format!("!{}", r.key),
+                other => {
+                    return Err(Status::invalid_argument(format!(
+                        "unknown operator {other:?}"
+                    )));
+                }
+            });
+        }
+        let lease = jumpstarter_proto::client_v1::Lease {
+            selector: parts.join(","),
+            duration: req.duration,
+            ..Default::default()
+        };
+        let name = uuid::Uuid::now_v7().to_string();
+        let obj = crate::objects::lease_from_proto(
+            &lease,
+            &caller.namespace,
+            &name,
+            &caller.name,
+            self.0.max_tags,
+        )
+        .map_err(|e| Status::unknown(e.to_string()))?;
+        self.0.store.create(&obj).await.map_err(store_status)?;
+        self.0.wake.notify_one();
+        Ok(Response::new(RequestLeaseResponse { name }))
+    }
+
+    async fn release_lease(
+        &self,
+        request: Request<ReleaseLeaseRequest>,
+    ) -> Result<Response<ReleaseLeaseResponse>, Status> {
+        let md = request.metadata().clone();
+        let name = request.into_inner().name;
+        let kind = md
+            .get("jumpstarter-kind")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default();
+        let (caller, exporter_path) = if kind == "Exporter" {
+            (self.0.authenticate(&md, ObjectKind::Exporter).await?, true)
+        } else {
+            (self.0.authenticate(&md, ObjectKind::Client).await?, false)
+        };
+        update_lease(&self.0.store, &caller.namespace, &name, |l| {
+            let allowed = if exporter_path {
+                l.assigned_exporter() == Some(caller.name.as_str())
+            } else {
+                l.spec.client_ref.name == caller.name
+            };
+            if !allowed {
+                return Err(Status::permission_denied("permission denied"));
+            }
+            if l.is_ended() || l.spec.release {
+                return Ok(false);
+            }
+            l.spec.release = true;
+            Ok(true)
+        })
+        .await?;
+        self.0.wake.notify_one();
+        Ok(Response::new(ReleaseLeaseResponse {}))
+    }
+
+    async fn list_leases(
+        &self,
+        request: Request<ListLeasesRequest>,
+    ) -> Result<Response<ListLeasesResponse>, Status> {
+        let caller = self
+            .0
+            .authenticate(request.metadata(), ObjectKind::Client)
+            .await?;
+        let selector = LabelSelector::parse(&format!("!{LEASE_ENDED_LABEL}"))
+            .map_err(|e| Status::internal(e.to_string()))?;
+        let list = self
+            .0
+            .store
+            .list::<Lease>(Some(&caller.namespace), &selector, &ListParams::default())
+            .await
+            .map_err(store_status)?;
+        let names = list
+            .items
+            .into_iter()
+            .filter(|l| l.spec.client_ref.name == caller.name)
+            .filter_map(|l| l.metadata.name)
+            .collect();
+        Ok(Response::new(ListLeasesResponse { names }))
+    }
+}
+
+/// Unregisters a Listen queue when its stream ends.
+struct ListenGuard<S: Store> {
+    state: Arc<ControllerState<S>>,
+    namespace: String,
+    lease: String,
+    id: u64,
+}
+
+impl<S: Store> Drop for ListenGuard<S> {
+    fn drop(&mut self) {
+        self.state.unlisten(&self.namespace, &self.lease, self.id);
+    }
+}

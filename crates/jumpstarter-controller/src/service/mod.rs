@@ -1,0 +1,4 @@
+//! The controller's gRPC services.
+
+pub mod client;
+pub mod controller;

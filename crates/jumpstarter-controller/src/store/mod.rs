@@ -1,0 +1,273 @@
+//! Where the controller keeps its objects (Client, Exporter, Lease, ExporterAccessPolicy).
+//!
+//! [`Store`] is the interface the services and the scheduler use; it follows Kubernetes API
+//! semantics so that a Kubernetes backend can implement it too:
+//!
+//! - objects are keyed by (kind, namespace, name); every object is namespaced;
+//! - `create` sets `uid`, `resourceVersion`, `creationTimestamp` and `generation = 1`, and
+//!   drops `status` (all kinds have a status subresource, whose content only
+//!   [`Store::update_status`] writes);
+//! - `update` needs the `resourceVersion` the caller read (optimistic concurrency): a stale
+//!   one fails with [`StoreError::Conflict`] and the caller re-reads and retries. It keeps the
+//!   stored `status`, `uid`, `creationTimestamp`, and bumps `generation` when anything outside
+//!   `metadata` and `status` changed. An update that changes nothing is not written;
+//! - `update_status` replaces only `status`, with the same `resourceVersion` check;
+//! - `resourceVersion` is a store-wide revision counter (like etcd's): it increases with every
+//!   write of any object, so a list's `resource_version` can be handed to [`Store::watch`] to
+//!   receive exactly the changes after that list;
+//! - a `watch` delivers Added/Modified/Deleted events of one kind (optionally one namespace)
+//!   in commit order through a bounded buffer. Writers never wait for watchers: a watcher that
+//!   falls more than [`WATCH_BUFFER`] events behind gets one [`StoreError::WatchLagged`] and
+//!   its stream ends; it must list again and watch from the new list's `resource_version`
+//!   (the Kubernetes "410 Gone, relist" rule).
+//!
+//! The trait has generic methods, so it is not object-safe: write services generic over
+//! `S: Store` (backends are cheap to clone handles).
+
+pub mod sqlite;
+
+use std::{future::Future, pin::Pin};
+
+use futures::Stream;
+use k8s_openapi::NamespaceResourceScope;
+use serde::{Serialize, de::DeserializeOwned};
+
+pub use sqlite::SqliteStore;
+
+use crate::selector::LabelSelector;
+
+/// How many events a watcher may fall behind before it is cut off with
+/// [`StoreError::WatchLagged`]; also how many recent events per kind are kept so a watch can
+/// start from a slightly old `resource_version`.
+pub const WATCH_BUFFER: usize = 1024;
+
+/// A type the store can hold: a namespaced Kubernetes-style object (the `kube::CustomResource`
+/// types of [`crate::objects`]).
+pub trait StoreObject:
+    kube::Resource<DynamicType = (), Scope = NamespaceResourceScope>
+    + Clone
+    + std::fmt::Debug
+    + Serialize
+    + DeserializeOwned
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<K> StoreObject for K where
+    K: kube::Resource<DynamicType = (), Scope = NamespaceResourceScope>
+        + Clone
+        + std::fmt::Debug
+        + Serialize
+        + DeserializeOwned
+        + Send
+        + Sync
+        + 'static
+{
+}
+
+/// A store operation failed; every variant names the object (kind, namespace, name) at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// No such object.
+    #[error("{kind} {namespace}/{name} not found")]
+    NotFound {
+        /// Object kind.
+        kind: String,
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+    },
+    /// `create` of a name that exists.
+    #[error("{kind} {namespace}/{name} already exists")]
+    AlreadyExists {
+        /// Object kind.
+        kind: String,
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+    },
+    /// The caller's `resourceVersion` is stale: somebody else wrote the object since it was
+    /// read. Re-read and retry. (The message is Kubernetes' own.)
+    #[error(
+        "Operation cannot be fulfilled on {kind} {namespace}/{name}: the object has been modified; please apply your changes to the latest version and try again (have resourceVersion {given}, current is {current})"
+    )]
+    Conflict {
+        /// Object kind.
+        kind: String,
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// The resourceVersion the caller sent.
+        given: String,
+        /// The stored resourceVersion.
+        current: String,
+    },
+    /// The request is unusable (missing or malformed name, namespace, resourceVersion,
+    /// continue token, or an object that does not serialize).
+    #[error("invalid {kind} {namespace}/{name}: {reason}")]
+    Invalid {
+        /// Object kind.
+        kind: String,
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A stored row cannot be decoded into the object type.
+    #[error("stored {kind} {namespace}/{name} is corrupt: {reason}")]
+    Corrupt {
+        /// Object kind.
+        kind: String,
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// The decoder's message.
+        reason: String,
+    },
+    /// A watch fell too far behind (or asked to start before the retained history); list
+    /// again and watch from the new `resource_version`.
+    #[error("watch of {kind} cannot continue: {reason}; list again and re-watch")]
+    WatchLagged {
+        /// Object kind.
+        kind: String,
+        /// Why (how many events were missed, or how old the requested version is).
+        reason: String,
+    },
+    /// The database failed (I/O, locking, full disk, schema).
+    #[error("store database {path}: {reason}")]
+    Database {
+        /// The database file.
+        path: String,
+        /// What failed.
+        reason: String,
+    },
+}
+
+impl StoreError {
+    /// Whether this is [`StoreError::NotFound`].
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, StoreError::NotFound { .. })
+    }
+
+    /// Whether this is [`StoreError::Conflict`] (retry after re-reading).
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, StoreError::Conflict { .. })
+    }
+}
+
+/// Paging of [`Store::list`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ListParams {
+    /// At most this many items (`None` or 0: all).
+    pub limit: Option<usize>,
+    /// The `continue_token` of the previous page.
+    pub continue_token: Option<String>,
+}
+
+/// One page of [`Store::list`]: items ordered by (namespace, name).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ObjectList<K> {
+    /// The matching objects.
+    pub items: Vec<K>,
+    /// The store revision this page was read at; pass it to [`Store::watch`] to receive the
+    /// changes after it.
+    pub resource_version: String,
+    /// Set when more items may follow: pass it in [`ListParams::continue_token`]. Pages are
+    /// each consistent, but not one snapshot together (objects written between pages may be
+    /// seen in their newer state or missed if they move before the cursor).
+    pub continue_token: Option<String>,
+}
+
+/// A change seen by [`Store::watch`]. Each object carries the `resourceVersion` of the change
+/// (for `Deleted`, the revision of the deletion and the last stored state).
+#[derive(Debug, Clone, PartialEq)]
+pub enum WatchEvent<K> {
+    /// The object was created.
+    Added(K),
+    /// The object was updated (spec, metadata or status).
+    Modified(K),
+    /// The object was deleted.
+    Deleted(K),
+}
+
+impl<K> WatchEvent<K> {
+    /// The object of the event.
+    pub fn object(&self) -> &K {
+        match self {
+            WatchEvent::Added(k) | WatchEvent::Modified(k) | WatchEvent::Deleted(k) => k,
+        }
+    }
+}
+
+/// The events of a watch; an `Err` item is the last one.
+pub type WatchStream<K> = Pin<Box<dyn Stream<Item = Result<WatchEvent<K>, StoreError>> + Send>>;
+
+/// The controller's object store (see the [module docs](self) for the semantics).
+pub trait Store: Clone + Send + Sync + 'static {
+    /// The object `namespace/name`, or `None`.
+    fn get<K: StoreObject>(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<K>, StoreError>> + Send;
+
+    /// The objects of kind `K` in `namespace` (all namespaces when `None`) whose labels match
+    /// `selector` (an empty selector matches all), paged by `params`.
+    fn list<K: StoreObject>(
+        &self,
+        namespace: Option<&str>,
+        selector: &LabelSelector,
+        params: &ListParams,
+    ) -> impl Future<Output = Result<ObjectList<K>, StoreError>> + Send;
+
+    /// Creates `object` (its `metadata.namespace` and `metadata.name` or `generateName` are
+    /// required) and returns it as stored. [`StoreError::AlreadyExists`] if the name is taken.
+    fn create<K: StoreObject>(
+        &self,
+        object: &K,
+    ) -> impl Future<Output = Result<K, StoreError>> + Send;
+
+    /// Replaces `object` (everything but `status`) if its `metadata.resourceVersion` is the
+    /// stored one, else [`StoreError::Conflict`]. Returns the object as stored.
+    fn update<K: StoreObject>(
+        &self,
+        object: &K,
+    ) -> impl Future<Output = Result<K, StoreError>> + Send;
+
+    /// Replaces the `status` of `object` if its `metadata.resourceVersion` is the stored one,
+    /// else [`StoreError::Conflict`]. Returns the object as stored.
+    fn update_status<K: StoreObject>(
+        &self,
+        object: &K,
+    ) -> impl Future<Output = Result<K, StoreError>> + Send;
+
+    /// Deletes `namespace/name` and returns its last state. With `resource_version`, deletes
+    /// only if it is the stored one, else [`StoreError::Conflict`].
+    fn delete<K: StoreObject>(
+        &self,
+        namespace: &str,
+        name: &str,
+        resource_version: Option<&str>,
+    ) -> impl Future<Output = Result<K, StoreError>> + Send;
+
+    /// Watches kind `K` in `namespace` (all when `None`). With `since` (a `resource_version`
+    /// from a list or an object), the stream starts with the retained changes after it, or
+    /// fails with [`StoreError::WatchLagged`] if they are no longer retained; without, it
+    /// starts with the next change.
+    fn watch<K: StoreObject>(
+        &self,
+        namespace: Option<&str>,
+        since: Option<&str>,
+    ) -> impl Future<Output = Result<WatchStream<K>, StoreError>> + Send;
+}
+
+#[cfg(test)]
+mod tests;

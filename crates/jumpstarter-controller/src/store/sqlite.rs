@@ -1,0 +1,855 @@
+//! The embedded backend: one SQLite file (`store.db`) in the controller's data directory.
+//!
+//! - Objects are JSON rows keyed by (kind, namespace, name), with their `resource_version`
+//!   in a column; a one-row `meta` table holds the store-wide revision counter.
+//! - Durability: WAL journal with `synchronous=FULL`, so a write is fsynced to the WAL before
+//!   `commit` returns: once a call returned `Ok`, the object survives `kill -9` and power loss.
+//! - Concurrency: one writer connection and one reader connection (WAL lets reads proceed
+//!   during a write), each used from `spawn_blocking`; writes are serialized, and each write
+//!   publishes its watch event while still holding the writer, so events come in revision order.
+//! - Schema: `PRAGMA user_version` ([`SCHEMA_VERSION`]); a newer file is refused, not guessed at.
+
+use std::{
+    collections::{HashMap, VecDeque},
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex, MutexGuard},
+};
+
+use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+use serde_json::Value;
+use tokio::sync::broadcast;
+
+use super::{
+    ListParams, ObjectList, Store, StoreError, StoreObject, WATCH_BUFFER, WatchEvent, WatchStream,
+};
+use crate::selector::LabelSelector;
+
+/// File name of the database inside the data directory.
+pub const DB_FILE: &str = "store.db";
+/// The schema version this code reads and writes.
+pub const SCHEMA_VERSION: i64 = 1;
+
+/// The SQLite-backed [`Store`]; cloning gives another handle to the same database.
+#[derive(Clone)]
+pub struct SqliteStore {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("path", &self.inner.path)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    path: PathBuf,
+    writer: Mutex<Connection>,
+    reader: Mutex<Connection>,
+    hub: Mutex<EventHub>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EventType {
+    Added,
+    Modified,
+    Deleted,
+}
+
+/// A committed change, shared by all watchers of its kind; decoded per watcher.
+#[derive(Debug)]
+struct RawEvent {
+    event_type: EventType,
+    namespace: String,
+    name: String,
+    revision: u64,
+    body: String,
+}
+
+struct KindChannel {
+    sender: broadcast::Sender<Arc<RawEvent>>,
+    /// The latest events of this kind, oldest first.
+    recent: VecDeque<Arc<RawEvent>>,
+    /// Every event of this kind with a revision above this one is in `recent`.
+    floor: u64,
+}
+
+struct EventHub {
+    kinds: HashMap<String, KindChannel>,
+    /// The store revision when it was opened: no history before it is kept.
+    opened_at: u64,
+}
+
+impl EventHub {
+    fn channel(&mut self, kind: &str) -> &mut KindChannel {
+        let opened_at = self.opened_at;
+        self.kinds
+            .entry(kind.to_owned())
+            .or_insert_with(|| KindChannel {
+                sender: broadcast::channel(WATCH_BUFFER).0,
+                recent: VecDeque::with_capacity(WATCH_BUFFER),
+                floor: opened_at,
+            })
+    }
+
+    fn publish(&mut self, kind: &str, event: RawEvent) {
+        let channel = self.channel(kind);
+        let event = Arc::new(event);
+        if channel.recent.len() == WATCH_BUFFER
+            && let Some(old) = channel.recent.pop_front()
+        {
+            channel.floor = old.revision;
+        }
+        channel.recent.push_back(event.clone());
+        // No receivers is fine: nobody watches this kind right now.
+        let _ = channel.sender.send(event);
+    }
+}
+
+/// A poisoned lock only means another call panicked mid-way; SQLite rolled its transaction
+/// back, so the connection is still consistent.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Identifies the object an operation is about, for error messages.
+#[derive(Debug, Clone)]
+struct Target {
+    kind: String,
+    namespace: String,
+    name: String,
+}
+
+impl Target {
+    fn invalid(&self, reason: impl Into<String>) -> StoreError {
+        StoreError::Invalid {
+            kind: self.kind.clone(),
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+            reason: reason.into(),
+        }
+    }
+
+    fn corrupt(&self, reason: impl Into<String>) -> StoreError {
+        StoreError::Corrupt {
+            kind: self.kind.clone(),
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+            reason: reason.into(),
+        }
+    }
+
+    fn not_found(&self) -> StoreError {
+        StoreError::NotFound {
+            kind: self.kind.clone(),
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+        }
+    }
+
+    fn conflict(&self, given: &str, current: u64) -> StoreError {
+        StoreError::Conflict {
+            kind: self.kind.clone(),
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+            given: given.to_owned(),
+            current: current.to_string(),
+        }
+    }
+
+    fn decode<K: StoreObject>(&self, body: &str) -> Result<K, StoreError> {
+        serde_json::from_str(body).map_err(|e| self.corrupt(e.to_string()))
+    }
+}
+
+fn kind_of<K: StoreObject>() -> String {
+    K::kind(&()).into_owned()
+}
+
+/// DNS-1123 label (namespaces): 1–63 of `[a-z0-9-]`, alphanumeric at both ends.
+fn valid_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// DNS-1123 subdomain (object names): 1–253, dot-separated labels.
+fn valid_subdomain(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 253 && s.split('.').all(valid_label)
+}
+
+fn check_key(t: &Target) -> Result<(), StoreError> {
+    if !valid_label(&t.namespace) {
+        return Err(t.invalid(
+            "metadata.namespace must be a DNS-1123 label (lowercase letters, digits, '-', at most 63)",
+        ));
+    }
+    if !valid_subdomain(&t.name) {
+        return Err(t.invalid(
+            "metadata.name must be a DNS-1123 subdomain (lowercase letters, digits, '-', '.', at most 253)",
+        ));
+    }
+    Ok(())
+}
+
+/// The target of an object passed in by a caller.
+fn target_of<K: StoreObject>(object: &K) -> Target {
+    let meta = object.meta();
+    Target {
+        kind: kind_of::<K>(),
+        namespace: meta.namespace.clone().unwrap_or_default(),
+        name: meta.name.clone().unwrap_or_default(),
+    }
+}
+
+/// `generateName` + 5 characters from Kubernetes' alphabet (no vowels, no look-alikes).
+fn generated_name(prefix: &str) -> String {
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    let random = uuid::Uuid::new_v4();
+    let suffix: String = random.as_bytes()[..5]
+        .iter()
+        .map(|b| char::from(ALPHABET[usize::from(*b) % ALPHABET.len()]))
+        .collect();
+    format!("{prefix}{suffix}")
+}
+
+fn metadata_mut<'a>(
+    t: &Target,
+    v: &'a mut Value,
+) -> Result<&'a mut serde_json::Map<String, Value>, StoreError> {
+    v.get_mut("metadata")
+        .and_then(Value::as_object_mut)
+        .ok_or_else(|| t.invalid("object has no metadata"))
+}
+
+/// `v` without `metadata` and `status`: what a change of bumps `generation`.
+fn spec_part(v: &Value) -> Value {
+    match v {
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .filter(|(k, _)| k.as_str() != "metadata" && k.as_str() != "status")
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+fn set_or_remove(map: &mut serde_json::Map<String, Value>, key: &str, value: Option<Value>) {
+    match value {
+        Some(v) => {
+            map.insert(key.to_owned(), v);
+        }
+        None => {
+            map.remove(key);
+        }
+    }
+}
+
+impl Inner {
+    fn db_err(&self, e: impl std::fmt::Display) -> StoreError {
+        StoreError::Database {
+            path: self.path.display().to_string(),
+            reason: e.to_string(),
+        }
+    }
+
+    /// Runs `f` in an IMMEDIATE transaction on the writer; on success commits, then publishes
+    /// the event (still holding the writer, so events leave in revision order).
+    fn write<R>(
+        &self,
+        kind: &str,
+        f: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<(R, Option<RawEvent>), StoreError>,
+    ) -> Result<R, StoreError> {
+        let mut conn = lock(&self.writer);
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|e| self.db_err(e))?;
+        let (result, event) = f(&tx)?;
+        tx.commit().map_err(|e| self.db_err(e))?;
+        if let Some(event) = event {
+            lock(&self.hub).publish(kind, event);
+        }
+        Ok(result)
+    }
+
+    fn next_revision(&self, tx: &rusqlite::Transaction<'_>) -> Result<u64, StoreError> {
+        let rev: i64 = tx
+            .query_row(
+                "UPDATE meta SET value = value + 1 WHERE key = 'revision' RETURNING value",
+                [],
+                |row| row.get(0),
+            )
+            .map_err(|e| self.db_err(e))?;
+        u64::try_from(rev).map_err(|_| self.db_err(format!("negative revision {rev}")))
+    }
+
+    fn read_row(&self, conn: &Connection, t: &Target) -> Result<Option<(u64, String)>, StoreError> {
+        conn.query_row(
+            "SELECT resource_version, body FROM objects WHERE kind = ?1 AND namespace = ?2 AND name = ?3",
+            params![t.kind, t.namespace, t.name],
+            |row| Ok((row.get::<_, i64>(0)?, row.get::<_, String>(1)?)),
+        )
+        .optional()
+        .map_err(|e| self.db_err(e))?
+        .map(|(rv, body)| {
+            u64::try_from(rv)
+                .map(|rv| (rv, body))
+                .map_err(|_| t.corrupt(format!("negative resource_version {rv}")))
+        })
+        .transpose()
+    }
+
+    fn write_row(
+        &self,
+        tx: &rusqlite::Transaction<'_>,
+        t: &Target,
+        revision: u64,
+        body: &str,
+    ) -> Result<(), StoreError> {
+        let rv = i64::try_from(revision).map_err(|_| self.db_err("revision overflow"))?;
+        tx.execute(
+            "INSERT INTO objects (kind, namespace, name, resource_version, body) VALUES (?1, ?2, ?3, ?4, ?5)
+             ON CONFLICT (kind, namespace, name) DO UPDATE SET resource_version = excluded.resource_version, body = excluded.body",
+            params![t.kind, t.namespace, t.name, rv, body],
+        )
+        .map_err(|e| self.db_err(e))?;
+        Ok(())
+    }
+
+    fn get<K: StoreObject>(&self, t: &Target) -> Result<Option<K>, StoreError> {
+        let conn = lock(&self.reader);
+        match self.read_row(&conn, t)? {
+            Some((_, body)) => t.decode(&body).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn create<K: StoreObject>(&self, mut object: K) -> Result<K, StoreError> {
+        let kind = kind_of::<K>();
+        let meta = object.meta_mut();
+        if meta.name.as_deref().unwrap_or_default().is_empty()
+            && let Some(prefix) = meta.generate_name.as_deref().filter(|p| !p.is_empty())
+        {
+            meta.name = Some(generated_name(prefix));
+        }
+        let t = target_of(&object);
+        check_key(&t)?;
+        self.write(&kind, |tx| {
+            if self.read_row(tx, &t)?.is_some() {
+                return Err(StoreError::AlreadyExists {
+                    kind: t.kind.clone(),
+                    namespace: t.namespace.clone(),
+                    name: t.name.clone(),
+                });
+            }
+            let revision = self.next_revision(tx)?;
+            let meta = object.meta_mut();
+            meta.uid = Some(uuid::Uuid::new_v4().to_string());
+            meta.resource_version = Some(revision.to_string());
+            meta.creation_timestamp = Some(Time(Timestamp::now()));
+            meta.generation = Some(1);
+            let mut value = serde_json::to_value(&object)
+                .map_err(|e| t.invalid(format!("cannot serialize: {e}")))?;
+            if let Value::Object(map) = &mut value {
+                // Status is written through update_status only (status subresource).
+                map.remove("status");
+            }
+            let body = value.to_string();
+            let stored: K = t.decode(&body)?;
+            self.write_row(tx, &t, revision, &body)?;
+            Ok((
+                stored,
+                Some(RawEvent {
+                    event_type: EventType::Added,
+                    namespace: t.namespace.clone(),
+                    name: t.name.clone(),
+                    revision,
+                    body,
+                }),
+            ))
+        })
+    }
+
+    /// Shared body of update and update_status: `merge(stored, given)` builds the new value.
+    fn replace<K: StoreObject>(
+        &self,
+        object: &K,
+        merge: impl FnOnce(&Target, Value, Value) -> Result<Value, StoreError>,
+    ) -> Result<K, StoreError> {
+        let t = target_of(object);
+        check_key(&t)?;
+        let given_rv = object
+            .meta()
+            .resource_version
+            .clone()
+            .filter(|rv| !rv.is_empty())
+            .ok_or_else(|| t.invalid("metadata.resourceVersion must be set for an update"))?;
+        let given = serde_json::to_value(object)
+            .map_err(|e| t.invalid(format!("cannot serialize: {e}")))?;
+        self.write(&t.kind, |tx| {
+            let (current_rv, body) = self.read_row(tx, &t)?.ok_or_else(|| t.not_found())?;
+            if given_rv != current_rv.to_string() {
+                return Err(t.conflict(&given_rv, current_rv));
+            }
+            let stored: Value =
+                serde_json::from_str(&body).map_err(|e| t.corrupt(e.to_string()))?;
+            let mut next = merge(&t, stored.clone(), given)?;
+            if next == stored {
+                // Nothing changed: no write, no event, same resourceVersion (as Kubernetes).
+                return Ok((t.decode(&body)?, None));
+            }
+            let revision = self.next_revision(tx)?;
+            metadata_mut(&t, &mut next)?.insert(
+                "resourceVersion".into(),
+                Value::String(revision.to_string()),
+            );
+            let body = next.to_string();
+            let result: K = t.decode(&body)?;
+            self.write_row(tx, &t, revision, &body)?;
+            Ok((
+                result,
+                Some(RawEvent {
+                    event_type: EventType::Modified,
+                    namespace: t.namespace.clone(),
+                    name: t.name.clone(),
+                    revision,
+                    body,
+                }),
+            ))
+        })
+    }
+
+    fn update<K: StoreObject>(&self, object: &K) -> Result<K, StoreError> {
+        self.replace(object, |t, stored, mut given| {
+            let stored_meta = stored.get("metadata").cloned().unwrap_or(Value::Null);
+            let spec_changed = spec_part(&stored) != spec_part(&given);
+            let meta = metadata_mut(t, &mut given)?;
+            // Server-owned fields come from the stored object, whatever the caller sent.
+            for key in ["uid", "creationTimestamp", "resourceVersion", "generation"] {
+                set_or_remove(meta, key, stored_meta.get(key).cloned());
+            }
+            if spec_changed {
+                let generation = stored_meta
+                    .get("generation")
+                    .and_then(Value::as_i64)
+                    .unwrap_or(0);
+                meta.insert("generation".into(), Value::from(generation + 1));
+            }
+            if let Value::Object(map) = &mut given {
+                set_or_remove(map, "status", stored.get("status").cloned());
+            }
+            Ok(given)
+        })
+    }
+
+    fn update_status<K: StoreObject>(&self, object: &K) -> Result<K, StoreError> {
+        self.replace(object, |t, mut stored, given| {
+            let status = given.get("status").cloned().filter(|s| !s.is_null());
+            match &mut stored {
+                Value::Object(map) => set_or_remove(map, "status", status),
+                _ => return Err(t.corrupt("stored object is not a JSON object")),
+            }
+            Ok(stored)
+        })
+    }
+
+    fn delete<K: StoreObject>(
+        &self,
+        t: &Target,
+        precondition: Option<&str>,
+    ) -> Result<K, StoreError> {
+        self.write(&t.kind, |tx| {
+            let (current_rv, body) = self.read_row(tx, t)?.ok_or_else(|| t.not_found())?;
+            if let Some(given) = precondition
+                && given != current_rv.to_string()
+            {
+                return Err(t.conflict(given, current_rv));
+            }
+            let mut value: Value =
+                serde_json::from_str(&body).map_err(|e| t.corrupt(e.to_string()))?;
+            tx.execute(
+                "DELETE FROM objects WHERE kind = ?1 AND namespace = ?2 AND name = ?3",
+                params![t.kind, t.namespace, t.name],
+            )
+            .map_err(|e| self.db_err(e))?;
+            let revision = self.next_revision(tx)?;
+            metadata_mut(t, &mut value)?.insert(
+                "resourceVersion".into(),
+                Value::String(revision.to_string()),
+            );
+            let body = value.to_string();
+            let last: K = t.decode(&body)?;
+            Ok((
+                last,
+                Some(RawEvent {
+                    event_type: EventType::Deleted,
+                    namespace: t.namespace.clone(),
+                    name: t.name.clone(),
+                    revision,
+                    body,
+                }),
+            ))
+        })
+    }
+
+    fn list<K: StoreObject>(
+        &self,
+        namespace: Option<&str>,
+        selector: &LabelSelector,
+        params: &ListParams,
+    ) -> Result<ObjectList<K>, StoreError> {
+        let kind = kind_of::<K>();
+        let list_target = Target {
+            kind: kind.clone(),
+            namespace: namespace.unwrap_or("*").to_owned(),
+            name: "*".into(),
+        };
+        let (after_ns, after_name) = match params.continue_token.as_deref() {
+            None | Some("") => (String::new(), String::new()),
+            Some(token) => match token.split_once('/') {
+                Some((ns, name)) if !name.is_empty() => (ns.to_owned(), name.to_owned()),
+                _ => {
+                    return Err(list_target.invalid(format!("invalid continue token {token:?}")));
+                }
+            },
+        };
+        let limit = params.limit.filter(|l| *l > 0).unwrap_or(usize::MAX);
+        let mut conn = lock(&self.reader);
+        // One read transaction: the revision and the rows come from the same snapshot.
+        let tx = conn.transaction().map_err(|e| self.db_err(e))?;
+        let revision: i64 = tx
+            .query_row("SELECT value FROM meta WHERE key = 'revision'", [], |row| {
+                row.get(0)
+            })
+            .map_err(|e| self.db_err(e))?;
+        let mut stmt = tx
+            .prepare(
+                "SELECT namespace, name, body FROM objects
+                 WHERE kind = ?1 AND (?2 IS NULL OR namespace = ?2) AND (namespace, name) > (?3, ?4)
+                 ORDER BY namespace, name",
+            )
+            .map_err(|e| self.db_err(e))?;
+        let mut rows = stmt
+            .query(params![kind, namespace, after_ns, after_name])
+            .map_err(|e| self.db_err(e))?;
+        let mut items = Vec::new();
+        let mut last_key = None;
+        let mut continue_token = None;
+        let empty = std::collections::BTreeMap::new();
+        while let Some(row) = rows.next().map_err(|e| self.db_err(e))? {
+            let ns: String = row.get(0).map_err(|e| self.db_err(e))?;
+            let name: String = row.get(1).map_err(|e| self.db_err(e))?;
+            let body: String = row.get(2).map_err(|e| self.db_err(e))?;
+            let t = Target {
+                kind: kind.clone(),
+                namespace: ns.clone(),
+                name: name.clone(),
+            };
+            let object: K = t.decode(&body)?;
+            if !selector.matches(object.meta().labels.as_ref().unwrap_or(&empty)) {
+                continue;
+            }
+            if items.len() == limit {
+                // A further match exists: hand out a cursor after the last returned item.
+                continue_token = last_key.take();
+                break;
+            }
+            items.push(object);
+            last_key = Some(format!("{ns}/{name}"));
+        }
+        Ok(ObjectList {
+            items,
+            resource_version: revision.to_string(),
+            continue_token,
+        })
+    }
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the store in `data_dir` (the file [`DB_FILE`]).
+    pub async fn open(data_dir: impl Into<PathBuf>) -> Result<Self, StoreError> {
+        let dir = data_dir.into();
+        let shown = dir.display().to_string();
+        tokio::task::spawn_blocking(move || Self::open_blocking(&dir))
+            .await
+            .map_err(|e| StoreError::Database {
+                path: shown,
+                reason: format!("open task failed: {e}"),
+            })?
+    }
+
+    /// [`SqliteStore::open`] for synchronous callers (not on an async runtime thread).
+    pub fn open_blocking(data_dir: &Path) -> Result<Self, StoreError> {
+        let path = data_dir.join(DB_FILE);
+        let err = |reason: String| StoreError::Database {
+            path: path.display().to_string(),
+            reason,
+        };
+        std::fs::create_dir_all(data_dir)
+            .map_err(|e| err(format!("cannot create {}: {e}", data_dir.display())))?;
+        let mut writer = Connection::open(&path).map_err(|e| err(e.to_string()))?;
+        writer
+            .busy_timeout(std::time::Duration::from_secs(10))
+            .map_err(|e| err(e.to_string()))?;
+        let mode: String = writer
+            .query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0))
+            .map_err(|e| err(e.to_string()))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(err(format!("cannot switch to WAL journal (got {mode})")));
+        }
+        writer
+            .execute_batch("PRAGMA synchronous = FULL;")
+            .map_err(|e| err(e.to_string()))?;
+        migrate(&mut writer).map_err(err)?;
+        let revision: i64 = writer
+            .query_row("SELECT value FROM meta WHERE key = 'revision'", [], |row| {
+                row.get(0)
+            })
+            .map_err(|e| err(e.to_string()))?;
+        let reader = Connection::open(&path).map_err(|e| err(e.to_string()))?;
+        reader
+            .busy_timeout(std::time::Duration::from_secs(10))
+            .map_err(|e| err(e.to_string()))?;
+        reader
+            .execute_batch("PRAGMA query_only = ON;")
+            .map_err(|e| err(e.to_string()))?;
+        Ok(SqliteStore {
+            inner: Arc::new(Inner {
+                path,
+                writer: Mutex::new(writer),
+                reader: Mutex::new(reader),
+                hub: Mutex::new(EventHub {
+                    kinds: HashMap::new(),
+                    opened_at: u64::try_from(revision).unwrap_or(0),
+                }),
+            }),
+        })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    async fn run<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Inner) -> Result<R, StoreError> + Send + 'static,
+    ) -> Result<R, StoreError> {
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || f(&inner))
+            .await
+            .map_err(|e| self.inner.db_err(format!("store task failed: {e}")))?
+    }
+}
+
+/// Creates or checks the schema.
+fn migrate(conn: &mut Connection) -> Result<(), String> {
+    let version: i64 = conn
+        .query_row("PRAGMA user_version", [], |row| row.get(0))
+        .map_err(|e| e.to_string())?;
+    match version {
+        0 => {
+            let tx = conn.transaction().map_err(|e| e.to_string())?;
+            tx.execute_batch(
+                "CREATE TABLE objects (
+                    kind TEXT NOT NULL,
+                    namespace TEXT NOT NULL,
+                    name TEXT NOT NULL,
+                    resource_version INTEGER NOT NULL,
+                    body TEXT NOT NULL,
+                    PRIMARY KEY (kind, namespace, name)
+                 ) WITHOUT ROWID;
+                 CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
+                 INSERT INTO meta (key, value) VALUES ('revision', 0);
+                 PRAGMA user_version = 1;",
+            )
+            .map_err(|e| e.to_string())?;
+            tx.commit().map_err(|e| e.to_string())
+        }
+        SCHEMA_VERSION => Ok(()),
+        other => Err(format!(
+            "schema version {other} is not supported (this controller knows up to {SCHEMA_VERSION}); use a newer controller"
+        )),
+    }
+}
+
+fn watch_stream<K: StoreObject>(
+    kind: String,
+    namespace: Option<String>,
+    replay: VecDeque<Arc<RawEvent>>,
+    receiver: broadcast::Receiver<Arc<RawEvent>>,
+) -> WatchStream<K> {
+    struct State {
+        kind: String,
+        namespace: Option<String>,
+        replay: VecDeque<Arc<RawEvent>>,
+        receiver: Option<broadcast::Receiver<Arc<RawEvent>>>,
+    }
+    fn convert<K: StoreObject>(kind: &str, ev: &RawEvent) -> Result<WatchEvent<K>, StoreError> {
+        let t = Target {
+            kind: kind.to_owned(),
+            namespace: ev.namespace.clone(),
+            name: ev.name.clone(),
+        };
+        let object: K = t.decode(&ev.body)?;
+        Ok(match ev.event_type {
+            EventType::Added => WatchEvent::Added(object),
+            EventType::Modified => WatchEvent::Modified(object),
+            EventType::Deleted => WatchEvent::Deleted(object),
+        })
+    }
+    let state = State {
+        kind,
+        namespace,
+        replay,
+        receiver: Some(receiver),
+    };
+    Box::pin(futures::stream::unfold(state, |mut st| async move {
+        loop {
+            let event = match st.replay.pop_front() {
+                Some(ev) => ev,
+                None => {
+                    let receiver = st.receiver.as_mut()?;
+                    match receiver.recv().await {
+                        Ok(ev) => ev,
+                        Err(broadcast::error::RecvError::Lagged(missed)) => {
+                            st.receiver = None;
+                            let err = StoreError::WatchLagged {
+                                kind: st.kind.clone(),
+                                reason: format!("the watcher fell {missed} events behind"),
+                            };
+                            return Some((Err(err), st));
+                        }
+                        Err(broadcast::error::RecvError::Closed) => return None,
+                    }
+                }
+            };
+            if st
+                .namespace
+                .as_deref()
+                .is_some_and(|ns| ns != event.namespace)
+            {
+                continue;
+            }
+            let item = convert::<K>(&st.kind, &event);
+            if item.is_err() {
+                // An error is the last item of a watch.
+                st.replay.clear();
+                st.receiver = None;
+            }
+            return Some((item, st));
+        }
+    }))
+}
+
+impl Store for SqliteStore {
+    async fn get<K: StoreObject>(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<K>, StoreError> {
+        let t = Target {
+            kind: kind_of::<K>(),
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        };
+        self.run(move |inner| inner.get::<K>(&t)).await
+    }
+
+    async fn list<K: StoreObject>(
+        &self,
+        namespace: Option<&str>,
+        selector: &LabelSelector,
+        params: &ListParams,
+    ) -> Result<ObjectList<K>, StoreError> {
+        let namespace = namespace.map(str::to_owned);
+        let selector = selector.clone();
+        let params = params.clone();
+        self.run(move |inner| inner.list::<K>(namespace.as_deref(), &selector, &params))
+            .await
+    }
+
+    async fn create<K: StoreObject>(&self, object: &K) -> Result<K, StoreError> {
+        let object = object.clone();
+        self.run(move |inner| inner.create(object)).await
+    }
+
+    async fn update<K: StoreObject>(&self, object: &K) -> Result<K, StoreError> {
+        let object = object.clone();
+        self.run(move |inner| inner.update(&object)).await
+    }
+
+    async fn update_status<K: StoreObject>(&self, object: &K) -> Result<K, StoreError> {
+        let object = object.clone();
+        self.run(move |inner| inner.update_status(&object)).await
+    }
+
+    async fn delete<K: StoreObject>(
+        &self,
+        namespace: &str,
+        name: &str,
+        resource_version: Option<&str>,
+    ) -> Result<K, StoreError> {
+        let t = Target {
+            kind: kind_of::<K>(),
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        };
+        let precondition = resource_version.map(str::to_owned);
+        self.run(move |inner| inner.delete::<K>(&t, precondition.as_deref()))
+            .await
+    }
+
+    async fn watch<K: StoreObject>(
+        &self,
+        namespace: Option<&str>,
+        since: Option<&str>,
+    ) -> Result<WatchStream<K>, StoreError> {
+        let kind = kind_of::<K>();
+        let since = match since.filter(|s| !s.is_empty()) {
+            None => None,
+            Some(s) => Some(s.parse::<u64>().map_err(|_| StoreError::Invalid {
+                kind: kind.clone(),
+                namespace: namespace.unwrap_or("*").to_owned(),
+                name: "*".into(),
+                reason: format!("resourceVersion {s:?} is not a store revision"),
+            })?),
+        };
+        // Subscribing and copying the retained events under the hub lock, which writers also
+        // take to publish, leaves neither a gap nor a duplicate between replay and live events.
+        let mut hub = lock(&self.inner.hub);
+        let channel = hub.channel(&kind);
+        let replay: VecDeque<Arc<RawEvent>> = match since {
+            None => VecDeque::new(),
+            Some(since) if since < channel.floor => {
+                return Err(StoreError::WatchLagged {
+                    kind,
+                    reason: format!(
+                        "resourceVersion {since} is older than the retained history (from {})",
+                        channel.floor
+                    ),
+                });
+            }
+            Some(since) => channel
+                .recent
+                .iter()
+                .filter(|ev| ev.revision > since)
+                .cloned()
+                .collect(),
+        };
+        let receiver = channel.sender.subscribe();
+        drop(hub);
+        Ok(watch_stream(
+            kind,
+            namespace.map(str::to_owned),
+            replay,
+            receiver,
+        ))
+    }
+}

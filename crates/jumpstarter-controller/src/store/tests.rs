@@ -1,0 +1,670 @@
+//! Tests of the store semantics against the SQLite backend.
+
+use std::collections::BTreeMap;
+
+use futures::StreamExt;
+use kube::{CustomResource, Resource};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::*;
+use crate::selector::LabelSelector;
+
+/// A small namespaced kind with a status subresource, standing in for the controller kinds.
+#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "test.jumpstarter.dev",
+    version = "v1",
+    kind = "Widget",
+    namespaced,
+    status = "WidgetStatus",
+    derive = "PartialEq"
+)]
+pub struct WidgetSpec {
+    size: u32,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct WidgetStatus {
+    phase: String,
+}
+
+fn widget(ns: &str, name: &str, size: u32, labels: &[(&str, &str)]) -> Widget {
+    let mut w = Widget::new(name, WidgetSpec { size });
+    w.metadata.namespace = Some(ns.into());
+    if !labels.is_empty() {
+        w.metadata.labels = Some(
+            labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<BTreeMap<_, _>>(),
+        );
+    }
+    w
+}
+
+fn rv(w: &Widget) -> u64 {
+    w.meta()
+        .resource_version
+        .as_deref()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+fn all() -> LabelSelector {
+    LabelSelector::everything()
+}
+
+async fn open() -> (tempfile::TempDir, SqliteStore) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path()).await.unwrap();
+    (dir, store)
+}
+
+#[tokio::test]
+async fn create_get_update_delete() {
+    let (_dir, store) = open().await;
+    let mut w = widget("lab", "w1", 1, &[("env", "dev")]);
+    w.status = Some(WidgetStatus {
+        phase: "ignored on create".into(),
+    });
+    let created = store.create(&w).await.unwrap();
+    let meta = created.meta();
+    assert!(meta.uid.as_deref().is_some_and(|u| u.len() == 36));
+    assert!(meta.creation_timestamp.is_some());
+    assert_eq!(meta.generation, Some(1));
+    assert_eq!(rv(&created), 1);
+    assert_eq!(created.status, None, "create must drop status");
+    assert_eq!(
+        store.get::<Widget>("lab", "w1").await.unwrap().as_ref(),
+        Some(&created)
+    );
+    assert_eq!(store.get::<Widget>("lab", "nope").await.unwrap(), None);
+    assert_eq!(store.get::<Widget>("other", "w1").await.unwrap(), None);
+
+    let err = store.create(&w).await.unwrap_err();
+    assert!(matches!(err, StoreError::AlreadyExists { .. }), "{err}");
+    assert!(err.to_string().contains("Widget lab/w1"), "{err}");
+
+    // Spec change: generation and resourceVersion move; status stays what update_status wrote.
+    let mut s = created.clone();
+    s.status = Some(WidgetStatus {
+        phase: "Ready".into(),
+    });
+    let with_status = store.update_status(&s).await.unwrap();
+    assert_eq!(with_status.status.as_ref().unwrap().phase, "Ready");
+    assert_eq!(with_status.meta().generation, Some(1));
+    assert!(rv(&with_status) > rv(&created));
+
+    let mut u = with_status.clone();
+    u.spec.size = 2;
+    u.status = None; // update ignores status
+    u.metadata.uid = Some("forged".into());
+    let updated = store.update(&u).await.unwrap();
+    assert_eq!(updated.spec.size, 2);
+    assert_eq!(updated.meta().generation, Some(2));
+    assert_eq!(updated.meta().uid, created.meta().uid);
+    assert_eq!(updated.status.as_ref().unwrap().phase, "Ready");
+    assert!(rv(&updated) > rv(&with_status));
+
+    // Label-only change: new resourceVersion, same generation.
+    let mut l = updated.clone();
+    l.metadata.labels = Some([("env".to_string(), "prod".to_string())].into());
+    let relabeled = store.update(&l).await.unwrap();
+    assert_eq!(relabeled.meta().generation, Some(2));
+    assert!(rv(&relabeled) > rv(&updated));
+
+    // An update that changes nothing keeps the resourceVersion.
+    let same = store.update(&relabeled).await.unwrap();
+    assert_eq!(rv(&same), rv(&relabeled));
+
+    let deleted: Widget = store.delete("lab", "w1", None).await.unwrap();
+    assert_eq!(deleted.spec.size, 2);
+    assert!(rv(&deleted) > rv(&relabeled));
+    assert_eq!(store.get::<Widget>("lab", "w1").await.unwrap(), None);
+    let err = store.delete::<Widget>("lab", "w1", None).await.unwrap_err();
+    assert!(err.is_not_found(), "{err}");
+    let err = store.update(&relabeled).await.unwrap_err();
+    assert!(err.is_not_found(), "{err}");
+}
+
+#[tokio::test]
+async fn stale_resource_versions_conflict() {
+    let (_dir, store) = open().await;
+    let v1 = store.create(&widget("lab", "w", 1, &[])).await.unwrap();
+    let mut a = v1.clone();
+    a.spec.size = 10;
+    let v2 = store.update(&a).await.unwrap();
+
+    let mut stale = v1.clone();
+    stale.spec.size = 20;
+    let err = store.update(&stale).await.unwrap_err();
+    assert!(err.is_conflict(), "{err}");
+    assert!(
+        err.to_string().contains("the object has been modified"),
+        "{err}"
+    );
+    stale.status = Some(WidgetStatus::default());
+    assert!(store.update_status(&stale).await.unwrap_err().is_conflict());
+    let err = store
+        .delete::<Widget>("lab", "w", v1.meta().resource_version.as_deref())
+        .await
+        .unwrap_err();
+    assert!(err.is_conflict());
+    // The failed writes changed nothing.
+    assert_eq!(store.get::<Widget>("lab", "w").await.unwrap().unwrap(), v2);
+
+    let mut no_rv = v2.clone();
+    no_rv.metadata.resource_version = None;
+    let err = store.update(&no_rv).await.unwrap_err();
+    assert!(matches!(err, StoreError::Invalid { .. }), "{err}");
+
+    store
+        .delete::<Widget>("lab", "w", v2.meta().resource_version.as_deref())
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn concurrent_read_modify_write_loses_nothing() {
+    let (_dir, store) = open().await;
+    store
+        .create(&widget("lab", "counter", 0, &[]))
+        .await
+        .unwrap();
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..5 {
+                loop {
+                    let mut w: Widget = store.get("lab", "counter").await.unwrap().unwrap();
+                    w.spec.size += 1;
+                    match store.update(&w).await {
+                        Ok(_) => break,
+                        Err(e) if e.is_conflict() => continue,
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let w: Widget = store.get("lab", "counter").await.unwrap().unwrap();
+    assert_eq!(w.spec.size, 40);
+    assert_eq!(w.meta().generation, Some(41));
+}
+
+#[tokio::test]
+async fn list_by_namespace_selector_and_pages() {
+    let (_dir, store) = open().await;
+    for (ns, name, env) in [
+        ("a", "w1", "prod"),
+        ("a", "w2", "dev"),
+        ("a", "w3", "prod"),
+        ("b", "w1", "prod"),
+        ("b", "w4", "dev"),
+    ] {
+        store
+            .create(&widget(ns, name, 1, &[("env", env)]))
+            .await
+            .unwrap();
+    }
+    let names = |l: &ObjectList<Widget>| -> Vec<String> {
+        l.items
+            .iter()
+            .map(|w| {
+                format!(
+                    "{}/{}",
+                    w.meta().namespace.as_deref().unwrap(),
+                    w.meta().name.as_deref().unwrap()
+                )
+            })
+            .collect()
+    };
+    let everything: ObjectList<Widget> = store
+        .list(None, &all(), &ListParams::default())
+        .await
+        .unwrap();
+    assert_eq!(names(&everything), ["a/w1", "a/w2", "a/w3", "b/w1", "b/w4"]);
+    assert_eq!(everything.resource_version, "5");
+    assert_eq!(everything.continue_token, None);
+
+    let prod = LabelSelector::parse("env=prod").unwrap();
+    let in_a: ObjectList<Widget> = store
+        .list(Some("a"), &prod, &ListParams::default())
+        .await
+        .unwrap();
+    assert_eq!(names(&in_a), ["a/w1", "a/w3"]);
+
+    // Pages of 2 over all prod widgets: [a/w1, a/w3], [b/w1].
+    let page1: ObjectList<Widget> = store
+        .list(
+            None,
+            &prod,
+            &ListParams {
+                limit: Some(2),
+                continue_token: None,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(names(&page1), ["a/w1", "a/w3"]);
+    let token = page1.continue_token.clone().unwrap();
+    let page2: ObjectList<Widget> = store
+        .list(
+            None,
+            &prod,
+            &ListParams {
+                limit: Some(2),
+                continue_token: Some(token),
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(names(&page2), ["b/w1"]);
+    assert_eq!(page2.continue_token, None);
+
+    // An exact fit leaves no dangling token.
+    let fit: ObjectList<Widget> = store
+        .list(
+            Some("a"),
+            &prod,
+            &ListParams {
+                limit: Some(2),
+                continue_token: None,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(fit.continue_token, None);
+
+    let err = store
+        .list::<Widget>(
+            None,
+            &all(),
+            &ListParams {
+                limit: None,
+                continue_token: Some("garbage".into()),
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Invalid { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn watch_delivers_events_in_order_and_filters_namespace() {
+    let (_dir, store) = open().await;
+    let mut all_ns = store.watch::<Widget>(None, None).await.unwrap();
+    let mut only_a = store.watch::<Widget>(Some("a"), None).await.unwrap();
+
+    let w = store.create(&widget("a", "w", 1, &[])).await.unwrap();
+    store.create(&widget("b", "x", 1, &[])).await.unwrap();
+    let mut u = w.clone();
+    u.spec.size = 2;
+    let u = store.update(&u).await.unwrap();
+    let mut s = u.clone();
+    s.status = Some(WidgetStatus { phase: "Up".into() });
+    store.update_status(&s).await.unwrap();
+    store.delete::<Widget>("a", "w", None).await.unwrap();
+
+    let mut seen = Vec::new();
+    for _ in 0..5 {
+        let ev = all_ns.next().await.unwrap().unwrap();
+        let tag = match &ev {
+            WatchEvent::Added(_) => "added",
+            WatchEvent::Modified(_) => "modified",
+            WatchEvent::Deleted(_) => "deleted",
+        };
+        let o = ev.object();
+        seen.push((tag, o.meta().name.clone().unwrap(), rv(o)));
+    }
+    assert_eq!(
+        seen,
+        [
+            ("added", "w".to_string(), 1),
+            ("added", "x".to_string(), 2),
+            ("modified", "w".to_string(), 3),
+            ("modified", "w".to_string(), 4),
+            ("deleted", "w".to_string(), 5),
+        ]
+    );
+    let mut names_a = Vec::new();
+    for _ in 0..4 {
+        let ev = only_a.next().await.unwrap().unwrap();
+        names_a.push(ev.object().meta().name.clone().unwrap());
+    }
+    assert_eq!(names_a, ["w", "w", "w", "w"]);
+    if let WatchEvent::Modified(m) = store
+        .watch::<Widget>(Some("a"), Some("3"))
+        .await
+        .unwrap()
+        .next()
+        .await
+        .unwrap()
+        .unwrap()
+    {
+        assert_eq!(m.status.unwrap().phase, "Up");
+    } else {
+        panic!("expected the status change replayed after revision 3");
+    }
+}
+
+#[tokio::test]
+async fn list_then_watch_since_misses_nothing() {
+    let (_dir, store) = open().await;
+    store.create(&widget("a", "before", 1, &[])).await.unwrap();
+    let listed: ObjectList<Widget> = store
+        .list(None, &all(), &ListParams::default())
+        .await
+        .unwrap();
+    // Written between the list and the watch: must be replayed.
+    store.create(&widget("a", "between", 1, &[])).await.unwrap();
+    let mut watch = store
+        .watch::<Widget>(None, Some(&listed.resource_version))
+        .await
+        .unwrap();
+    store.create(&widget("a", "after", 1, &[])).await.unwrap();
+    let first = watch.next().await.unwrap().unwrap();
+    let second = watch.next().await.unwrap().unwrap();
+    assert_eq!(first.object().meta().name.as_deref(), Some("between"));
+    assert_eq!(second.object().meta().name.as_deref(), Some("after"));
+}
+
+#[tokio::test]
+async fn slow_watcher_is_cut_off_and_writers_never_wait() {
+    let (_dir, store) = open().await;
+    let mut slow = store.watch::<Widget>(None, None).await.unwrap();
+    let mut w = store.create(&widget("a", "busy", 0, &[])).await.unwrap();
+    let started = std::time::Instant::now();
+    for i in 0..(WATCH_BUFFER + 10) {
+        w.status = Some(WidgetStatus {
+            phase: i.to_string(),
+        });
+        w = store.update_status(&w).await.unwrap();
+    }
+    assert!(started.elapsed() < std::time::Duration::from_secs(120));
+    let err = slow.next().await.unwrap().unwrap_err();
+    assert!(matches!(err, StoreError::WatchLagged { .. }), "{err}");
+    assert!(err.to_string().contains("list again"), "{err}");
+    assert!(slow.next().await.is_none(), "a lagged watch ends");
+    // Starting from a revision that has left the retained history fails the same way.
+    let err = match store.watch::<Widget>(None, Some("1")).await {
+        Err(e) => e,
+        Ok(_) => panic!("watch from an evicted revision must fail"),
+    };
+    assert!(matches!(err, StoreError::WatchLagged { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn everything_survives_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let (uid, last_rv) = {
+        let store = SqliteStore::open(dir.path()).await.unwrap();
+        let w = store
+            .create(&widget("lab", "keep", 7, &[("k", "v")]))
+            .await
+            .unwrap();
+        let mut s = w.clone();
+        s.status = Some(WidgetStatus {
+            phase: "Kept".into(),
+        });
+        let s = store.update_status(&s).await.unwrap();
+        store.create(&widget("lab", "gone", 1, &[])).await.unwrap();
+        store.delete::<Widget>("lab", "gone", None).await.unwrap();
+        (s.meta().uid.clone(), rv(&s))
+    };
+    let store = SqliteStore::open(dir.path()).await.unwrap();
+    let w: Widget = store.get("lab", "keep").await.unwrap().unwrap();
+    assert_eq!(w.spec.size, 7);
+    assert_eq!(w.status.as_ref().unwrap().phase, "Kept");
+    assert_eq!(w.meta().uid, uid);
+    assert_eq!(store.get::<Widget>("lab", "gone").await.unwrap(), None);
+    let list: ObjectList<Widget> = store
+        .list(
+            Some("lab"),
+            &LabelSelector::parse("k=v").unwrap(),
+            &ListParams::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(list.items.len(), 1);
+    // Revisions keep increasing across restarts (no resourceVersion is ever reused).
+    let n = store.create(&widget("lab", "new", 1, &[])).await.unwrap();
+    assert!(rv(&n) > last_rv + 1);
+    // History from before the restart is not retained: watching from it says relist.
+    assert!(matches!(
+        store.watch::<Widget>(None, Some("1")).await.err(),
+        Some(StoreError::WatchLagged { .. })
+    ));
+}
+
+#[tokio::test]
+async fn corrupt_rows_give_errors_naming_the_object() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path()).await.unwrap();
+    store.create(&widget("lab", "bad", 1, &[])).await.unwrap();
+    store
+        .create(&widget("lab", "wrong-shape", 1, &[]))
+        .await
+        .unwrap();
+    {
+        let conn = rusqlite::Connection::open(store.path()).unwrap();
+        conn.execute(
+            "UPDATE objects SET body = '{not json' WHERE name = 'bad'",
+            [],
+        )
+        .unwrap();
+        conn.execute(
+            "UPDATE objects SET body = '{\"metadata\":{},\"spec\":{\"size\":\"big\"}}' WHERE name = 'wrong-shape'",
+            [],
+        )
+        .unwrap();
+    }
+    for name in ["bad", "wrong-shape"] {
+        let err = store.get::<Widget>("lab", name).await.unwrap_err();
+        assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
+        assert!(
+            err.to_string().contains(&format!("Widget lab/{name}")),
+            "{err}"
+        );
+    }
+    let err = store
+        .list::<Widget>(None, &all(), &ListParams::default())
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("Widget lab/bad"), "{err}");
+    let mut w = widget("lab", "bad", 2, &[]);
+    w.metadata.resource_version = Some("1".into());
+    let err = store.update(&w).await.unwrap_err();
+    assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
+    // Delete needs the last state for its result and event: it refuses and changes nothing.
+    let err = store
+        .delete::<Widget>("lab", "bad", None)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
+    let err = store.get::<Widget>("lab", "bad").await.unwrap_err();
+    assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn bad_keys_are_rejected_without_writing() {
+    let (_dir, store) = open().await;
+    let long = "x".repeat(254);
+    for (ns, name) in [
+        ("", "w"),
+        ("lab", ""),
+        ("Lab", "w"),
+        ("lab", "has space"),
+        ("lab", "-dash"),
+        ("lab/x", "w"),
+        ("lab", long.as_str()),
+    ] {
+        let err = store.create(&widget(ns, name, 1, &[])).await.unwrap_err();
+        assert!(
+            matches!(err, StoreError::Invalid { .. }),
+            "{ns:?}/{name:?}: {err}"
+        );
+    }
+    let mut no_ns = widget("x", "w", 1, &[]);
+    no_ns.metadata.namespace = None;
+    assert!(matches!(
+        store.create(&no_ns).await.unwrap_err(),
+        StoreError::Invalid { .. }
+    ));
+    let listed: ObjectList<Widget> = store
+        .list(None, &all(), &ListParams::default())
+        .await
+        .unwrap();
+    assert!(listed.items.is_empty());
+    assert_eq!(listed.resource_version, "0");
+    assert!(matches!(
+        store.watch::<Widget>(None, Some("abc")).await.err(),
+        Some(StoreError::Invalid { .. })
+    ));
+
+    // generateName gives a fresh valid name.
+    let mut g = widget("lab", "", 1, &[]);
+    g.metadata.name = None;
+    g.metadata.generate_name = Some("lease-".into());
+    let made = store.create(&g).await.unwrap();
+    let name = made.meta().name.clone().unwrap();
+    assert!(
+        name.starts_with("lease-") && name.len() == "lease-".len() + 5,
+        "{name}"
+    );
+}
+
+#[tokio::test]
+async fn unusable_database_files_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join(super::sqlite::DB_FILE),
+        b"this is not a database, just text",
+    )
+    .unwrap();
+    let err = SqliteStore::open(dir.path()).await.unwrap_err();
+    assert!(err.to_string().contains(super::sqlite::DB_FILE), "{err}");
+
+    let dir = tempfile::tempdir().unwrap();
+    drop(SqliteStore::open(dir.path()).await.unwrap());
+    {
+        let conn = rusqlite::Connection::open(dir.path().join(super::sqlite::DB_FILE)).unwrap();
+        conn.execute_batch("PRAGMA user_version = 99;").unwrap();
+    }
+    let err = SqliteStore::open(dir.path()).await.unwrap_err();
+    assert!(err.to_string().contains("schema version 99"), "{err}");
+}
+
+/// Child side of `committed_writes_survive_kill_9`: writes objects forever, printing each
+/// name after its create returned.
+#[tokio::test]
+async fn kill9_child_writer() {
+    let Some(dir) = std::env::var_os("JMP_STORE_KILL9_DIR") else {
+        return; // Only meaningful when spawned by the parent test.
+    };
+    let store = SqliteStore::open(std::path::PathBuf::from(dir))
+        .await
+        .unwrap();
+    for i in 0.. {
+        let name = format!("w{i}");
+        store.create(&widget("lab", &name, i, &[])).await.unwrap();
+        println!("COMMITTED {name}");
+    }
+}
+
+#[tokio::test]
+async fn committed_writes_survive_kill_9() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "store::tests::kill9_child_writer",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("JMP_STORE_KILL9_DIR", dir.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    /// Kills the child even when an assertion fails first.
+    struct KillOnDrop(std::process::Child);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let stdout = child.stdout.take().unwrap();
+    let mut child = KillOnDrop(child);
+    let mut committed = Vec::new();
+    let mut lines = std::io::BufReader::new(stdout).lines();
+    while committed.len() < 30 {
+        let line = lines.next().expect("child ended early").unwrap();
+        if let Some(name) = line.strip_prefix("COMMITTED ") {
+            committed.push(name.to_owned());
+        }
+    }
+    child.0.kill().unwrap(); // SIGKILL: no destructors, no checkpoint.
+    child.0.wait().unwrap();
+    let store = SqliteStore::open(dir.path()).await.unwrap();
+    for name in &committed {
+        assert!(
+            store.get::<Widget>("lab", name).await.unwrap().is_some(),
+            "{name} was reported committed but is missing after kill -9"
+        );
+    }
+}
+
+#[tokio::test]
+async fn controller_kinds_round_trip_with_status() {
+    use crate::objects::{
+        Client, Exporter, ExporterAccessPolicy, ExporterSpec, ExporterStatus, Lease,
+    };
+    fn storable<K: StoreObject>() {}
+    storable::<Client>();
+    storable::<Lease>();
+    storable::<ExporterAccessPolicy>();
+
+    let (_dir, store) = open().await;
+    let mut e = Exporter::new("board-1", ExporterSpec::default());
+    e.metadata.namespace = Some("lab".into());
+    e.metadata.labels = Some([("board".to_string(), "rpi4".to_string())].into());
+    let created = store.create(&e).await.unwrap();
+    let mut s = created.clone();
+    s.status = Some(ExporterStatus {
+        status_message: "Exporter registered and available".into(),
+        ..Default::default()
+    });
+    let with_status = store.update_status(&s).await.unwrap();
+    let got: Exporter = store.get("lab", "board-1").await.unwrap().unwrap();
+    assert_eq!(got, with_status);
+    assert_eq!(
+        got.status.unwrap().status_message,
+        "Exporter registered and available"
+    );
+    let listed: ObjectList<Exporter> = store
+        .list(
+            Some("lab"),
+            &LabelSelector::parse("board in (rpi4, rpi5)").unwrap(),
+            &ListParams::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(listed.items.len(), 1);
+    // Kinds are separate: a Client of the same name is a different object.
+    assert!(
+        store
+            .get::<Client>("lab", "board-1")
+            .await
+            .unwrap()
+            .is_none()
+    );
+}

@@ -1,0 +1,251 @@
+//! Router tokens: HS256 JWTs, minted by the controller on `Dial`, presented by both the client
+//! and the exporter to the router, whose `sub` (the stream id) pairs the two streams.
+
+use std::time::{Duration, SystemTime};
+
+use super::{
+    TokenError,
+    controller_token::unix_seconds,
+    jwt::{self, Alg, Claims, Key},
+};
+
+/// `iss` of router tokens.
+pub const ROUTER_ISSUER: &str = "https://jumpstarter.dev/stream";
+/// `aud` of router tokens.
+pub const ROUTER_AUDIENCE: &str = "https://jumpstarter.dev/router";
+/// How long a router token is valid after minting (30 minutes, as upstream).
+pub const ROUTER_TOKEN_LIFETIME: Duration = Duration::from_secs(30 * 60);
+
+/// A minted router token and the stream id it names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouterToken {
+    /// The compact JWT (sent as `authorization: Bearer <token>` to the router).
+    pub token: String,
+    /// The `sub` claim: the id that pairs the two streams.
+    pub stream_id: String,
+}
+
+/// The secret shared by the controller and all routers (upstream's `ROUTER_KEY`).
+#[derive(Clone)]
+pub struct RouterTokenKey {
+    secret: Vec<u8>,
+}
+
+impl std::fmt::Debug for RouterTokenKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RouterTokenKey(<secret>)")
+    }
+}
+
+impl RouterTokenKey {
+    /// A key from the shared secret (upstream uses the bytes of the `ROUTER_KEY` string).
+    /// An empty secret is refused: anybody could mint tokens for it.
+    pub fn new(secret: impl Into<Vec<u8>>) -> Result<Self, TokenError> {
+        let secret = secret.into();
+        if secret.is_empty() {
+            return Err(TokenError::Key {
+                path: "<router key>".into(),
+                reason: "the router key is empty".into(),
+            });
+        }
+        Ok(RouterTokenKey { secret })
+    }
+
+    /// A random 32-byte key, hex-encoded so it can be passed around as `ROUTER_KEY`.
+    pub fn generate() -> Result<(Self, String), TokenError> {
+        let mut bytes = [0u8; 32];
+        ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes).map_err(
+            |_| TokenError::Key {
+                path: "<generated>".into(),
+                reason: "random number generator failed".into(),
+            },
+        )?;
+        let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        Ok((Self::new(hex.clone())?, hex))
+    }
+
+    /// Mints a token for a new random stream id, valid for [`ROUTER_TOKEN_LIFETIME`].
+    pub fn issue(&self) -> Result<RouterToken, TokenError> {
+        self.issue_at(&uuid::Uuid::new_v4().to_string(), SystemTime::now())
+    }
+
+    /// Mints a token for `stream_id` as if the clock read `now`.
+    pub fn issue_at(&self, stream_id: &str, now: SystemTime) -> Result<RouterToken, TokenError> {
+        let now = unix_seconds(now);
+        let life = i64::try_from(ROUTER_TOKEN_LIFETIME.as_secs()).unwrap_or(i64::MAX);
+        let claims = serde_json::json!({
+            "iss": ROUTER_ISSUER,
+            "sub": stream_id,
+            "aud": [ROUTER_AUDIENCE],
+            "exp": now.saturating_add(life),
+            "nbf": now,
+            "iat": now,
+            "jti": uuid::Uuid::new_v4().to_string(),
+        });
+        let token = jwt::encode(Alg::Hs256, Key::Hmac(&self.secret), None, &claims)?;
+        Ok(RouterToken {
+            token,
+            stream_id: stream_id.to_owned(),
+        })
+    }
+
+    /// Verifies a router token as upstream's router does (HS256/384/512, issuer, audience,
+    /// `iat` not in the future, `exp` present and unexpired, `nbf` reached) and returns the
+    /// stream id. Map any error with [`TokenError::to_router_status`].
+    pub fn verify(&self, token: &str) -> Result<String, TokenError> {
+        self.verify_at(token, SystemTime::now())
+    }
+
+    /// [`RouterTokenKey::verify`] as if the clock read `now`.
+    pub fn verify_at(&self, token: &str, now: SystemTime) -> Result<String, TokenError> {
+        let claims = Claims(jwt::verify(
+            token,
+            Key::Hmac(&self.secret),
+            &[Alg::Hs256, Alg::Hs384, Alg::Hs512],
+        )?);
+        let now = unix_seconds(now);
+        claims.check_issuer(ROUTER_ISSUER)?;
+        claims.check_audience(ROUTER_AUDIENCE)?;
+        claims.check_times(now)?;
+        if let Some(iat) = claims.time("iat")?
+            && iat > now
+        {
+            return Err(TokenError::IssuedInFuture { iat, now });
+        }
+        let sub = claims.string("sub")?;
+        if sub.is_empty() {
+            return Err(TokenError::MissingClaim("sub"));
+        }
+        Ok(sub.to_owned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use base64::{Engine, engine::general_purpose::URL_SAFE_NO_PAD};
+
+    use super::*;
+
+    fn key() -> RouterTokenKey {
+        RouterTokenKey::new("shared-secret").unwrap()
+    }
+
+    fn sign(alg: Alg, claims: serde_json::Value) -> String {
+        jwt::encode(alg, Key::Hmac(b"shared-secret"), None, &claims).unwrap()
+    }
+
+    #[test]
+    fn round_trip_with_upstream_claims() {
+        let now = SystemTime::now();
+        let t = key().issue_at("stream-1", now).unwrap();
+        let claims: serde_json::Value = serde_json::from_slice(
+            &URL_SAFE_NO_PAD
+                .decode(t.token.split('.').nth(1).unwrap())
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(claims["iss"], ROUTER_ISSUER);
+        assert_eq!(claims["aud"], serde_json::json!([ROUTER_AUDIENCE]));
+        assert_eq!(claims["sub"], "stream-1");
+        let iat = claims["iat"].as_i64().unwrap();
+        assert_eq!(claims["nbf"].as_i64(), Some(iat));
+        assert_eq!(claims["exp"].as_i64(), Some(iat + 1800));
+        assert!(claims["jti"].as_str().is_some_and(|j| !j.is_empty()));
+        assert_eq!(key().verify_at(&t.token, now).unwrap(), "stream-1");
+        let fresh = key().issue().unwrap();
+        assert_eq!(key().verify(&fresh.token).unwrap(), fresh.stream_id);
+    }
+
+    #[test]
+    fn hs384_and_hs512_are_accepted_es256_is_not() {
+        let now = unix_seconds(SystemTime::now());
+        let claims = serde_json::json!({"iss": ROUTER_ISSUER, "aud": ROUTER_AUDIENCE,
+            "sub": "s", "exp": now + 60, "iat": now});
+        assert_eq!(
+            key().verify(&sign(Alg::Hs384, claims.clone())).unwrap(),
+            "s"
+        );
+        assert_eq!(
+            key().verify(&sign(Alg::Hs512, claims.clone())).unwrap(),
+            "s"
+        );
+        let issuer = crate::auth::TokenIssuer::generate().unwrap();
+        let es = jwt::encode(
+            Alg::Es256,
+            Key::EcdsaSigner(issuer_pair(&issuer)),
+            None,
+            &claims,
+        );
+        assert!(matches!(
+            key().verify(&es.unwrap()),
+            Err(TokenError::Algorithm(_))
+        ));
+    }
+
+    fn issuer_pair(issuer: &crate::auth::TokenIssuer) -> &ring::signature::EcdsaKeyPair {
+        issuer.signing_pair()
+    }
+
+    #[test]
+    fn expired_future_and_wrong_claims_are_rejected() {
+        let now_t = SystemTime::now();
+        let now = unix_seconds(now_t);
+        let t = key().issue_at("s", now_t).unwrap().token;
+        assert!(matches!(
+            key().verify_at(&t, now_t + ROUTER_TOKEN_LIFETIME + Duration::from_secs(1)),
+            Err(TokenError::Expired { .. })
+        ));
+        let base = serde_json::json!({"iss": ROUTER_ISSUER, "aud": ROUTER_AUDIENCE, "sub": "s",
+            "exp": now + 60, "iat": now});
+        let with = |k: &str, v: serde_json::Value| {
+            let mut c = base.clone();
+            c[k] = v;
+            sign(Alg::Hs256, c)
+        };
+        assert!(matches!(
+            key().verify(&with("iat", (now + 600).into())),
+            Err(TokenError::IssuedInFuture { .. })
+        ));
+        assert!(matches!(
+            key().verify(&with("aud", "https://jumpstarter.dev/other".into())),
+            Err(TokenError::Audience { .. })
+        ));
+        assert!(matches!(
+            key().verify(&with("iss", "https://localhost:8085".into())),
+            Err(TokenError::Issuer { .. })
+        ));
+        assert!(matches!(
+            key().verify(&with("nbf", (now + 600).into())),
+            Err(TokenError::NotYetValid { .. })
+        ));
+        assert!(matches!(
+            key().verify(&with("sub", "".into())),
+            Err(TokenError::MissingClaim("sub"))
+        ));
+        let mut no_exp = base.clone();
+        no_exp.as_object_mut().unwrap().remove("exp");
+        assert!(matches!(
+            key().verify(&sign(Alg::Hs256, no_exp)),
+            Err(TokenError::MissingClaim("exp"))
+        ));
+    }
+
+    #[test]
+    fn forged_and_garbage_tokens_map_to_invalid_jwt_token() {
+        let other = RouterTokenKey::new("another-secret").unwrap();
+        let forged = other.issue().unwrap().token;
+        let err = key().verify(&forged).unwrap_err();
+        assert!(matches!(err, TokenError::Signature));
+        let st = err.to_router_status();
+        assert_eq!(st.code(), tonic::Code::Unauthenticated);
+        assert_eq!(st.message(), "invalid jwt token");
+        for g in ["", "x", "a.b.c", "Bearer abc.def.ghi"] {
+            assert!(key().verify(g).is_err(), "{g:?}");
+        }
+        assert!(RouterTokenKey::new("").is_err());
+        let (k, hex) = RouterTokenKey::generate().unwrap();
+        assert_eq!(hex.len(), 64);
+        let t = k.issue().unwrap();
+        assert!(RouterTokenKey::new(hex).unwrap().verify(&t.token).is_ok());
+    }
+}

@@ -1,0 +1,717 @@
+//! The client halves of storage drivers and the `j storage ...` commands.
+
+use std::path::{Path, PathBuf};
+
+use clap::{Arg, ArgAction, ArgMatches, Command, value_parser};
+use futures::{StreamExt, stream::BoxStream};
+use jumpstarter_core::{
+    ClientError,
+    client::DriverClient,
+    resource::{ContentEncoding, ResourceHandle, decoder},
+};
+use tokio::io::AsyncReadExt;
+use uuid::Uuid;
+
+use super::{
+    HashAlgo, Metadata, hash_reader,
+    opendal::Capability,
+    partial_path,
+    progress::{Progress, ProgressReader, ProgressWriter},
+};
+use crate::cli::{CliFuture, DriverCommand};
+
+fn io_err(what: &str, path: &Path, e: std::io::Error) -> ClientError {
+    ClientError::Io(std::io::Error::new(
+        e.kind(),
+        format!("{what} {}: {e}", path.display()),
+    ))
+}
+
+async fn open_local(path: &Path) -> Result<(tokio::fs::File, u64), ClientError> {
+    let f = tokio::fs::File::open(path)
+        .await
+        .map_err(|e| io_err("opening", path, e))?;
+    let len = f
+        .metadata()
+        .await
+        .map_err(|e| io_err("reading metadata of", path, e))?
+        .len();
+    Ok((f, len))
+}
+
+/// Reads the first bytes of a file to recognise its compression.
+pub async fn detect_encoding(path: &Path) -> Result<Option<ContentEncoding>, ClientError> {
+    let mut f = tokio::fs::File::open(path)
+        .await
+        .map_err(|e| io_err("opening", path, e))?;
+    let mut head = [0u8; 8];
+    let mut n = 0;
+    while n < head.len() {
+        let m = f
+            .read(&mut head[n..])
+            .await
+            .map_err(|e| io_err("reading", path, e))?;
+        if m == 0 {
+            break;
+        }
+        n += m;
+    }
+    Ok(ContentEncoding::detect(&head[..n]))
+}
+
+/// Writes into a hidden sibling of `path`, renamed over `path` only if `body` succeeds.
+async fn write_local_atomically<T, F, Fut>(path: &Path, body: F) -> Result<T, ClientError>
+where
+    F: FnOnce(tokio::fs::File) -> Fut,
+    Fut: std::future::Future<Output = Result<T, ClientError>>,
+{
+    let partial = partial_path(path);
+    let file = tokio::fs::File::create(&partial)
+        .await
+        .map_err(|e| io_err("creating", &partial, e))?;
+    match body(file).await {
+        Ok(v) => {
+            tokio::fs::rename(&partial, path)
+                .await
+                .map_err(|e| io_err("renaming into place", path, e))?;
+            Ok(v)
+        }
+        Err(e) => {
+            let _ = tokio::fs::remove_file(&partial).await;
+            Err(e)
+        }
+    }
+}
+
+/// Options of a file transfer.
+#[derive(Clone)]
+pub struct TransferOptions {
+    /// The encoding of the local file (sent compressed, expanded on the exporter when it
+    /// accepts the encoding, locally otherwise).
+    pub encoding: Option<ContentEncoding>,
+    /// Where progress goes.
+    pub progress: Progress,
+}
+
+impl Default for TransferOptions {
+    fn default() -> Self {
+        Self {
+            encoding: None,
+            progress: Progress::hidden(),
+        }
+    }
+}
+
+/// Typed client for storage muxes (`jumpstarter_driver_opendal.client.StorageMuxClient`
+/// and `...StorageMuxFlasherClient`).
+#[derive(Clone)]
+pub struct StorageMuxClient(pub DriverClient);
+
+impl StorageMuxClient {
+    /// Connects the medium to the host.
+    pub async fn host(&self) -> Result<(), ClientError> {
+        self.0.call("host", ()).await
+    }
+
+    /// Connects the medium to the device under test.
+    pub async fn dut(&self) -> Result<(), ClientError> {
+        self.0.call("dut", ()).await
+    }
+
+    /// Disconnects the medium.
+    pub async fn off(&self) -> Result<(), ClientError> {
+        self.0.call("off", ()).await
+    }
+
+    /// Writes the resource `handle` to the medium (the raw driver call).
+    pub async fn write(&self, handle: ResourceHandle) -> Result<(), ClientError> {
+        self.0.call::<serde_json::Value>("write", (handle,)).await?;
+        Ok(())
+    }
+
+    /// Sends the medium into the resource `handle` (the raw driver call).
+    pub async fn read(&self, handle: ResourceHandle) -> Result<(), ClientError> {
+        self.0.call::<serde_json::Value>("read", (handle,)).await?;
+        Ok(())
+    }
+
+    /// The digest of the first `length` bytes of the medium, computed on the exporter (our
+    /// extension; upstream exporters answer NOT_FOUND).
+    pub async fn hash(&self, algo: HashAlgo, length: Option<u64>) -> Result<String, ClientError> {
+        self.0.call("hash", (algo, length)).await
+    }
+
+    /// Writes a local file to the medium; returns the number of bytes read from the file.
+    pub async fn write_local_file(
+        &self,
+        path: &Path,
+        opts: &TransferOptions,
+    ) -> Result<u64, ClientError> {
+        let (file, len) = open_local(path).await?;
+        let reader = ProgressReader::new(file, opts.progress.clone());
+        let this = self.clone();
+        let r = self
+            .0
+            .upload(
+                reader,
+                opts.encoding,
+                |h| async move { this.write(h).await },
+            )
+            .await;
+        match &r {
+            Ok(()) => opts.progress.finish(),
+            Err(_) => opts.progress.abandon(),
+        }
+        r.map(|_| len)
+    }
+
+    /// Reads the medium into a local file (which appears only once complete).
+    pub async fn read_local_file(
+        &self,
+        path: &Path,
+        opts: &TransferOptions,
+    ) -> Result<(), ClientError> {
+        let this = self.clone();
+        let encoding = opts.encoding;
+        let progress = opts.progress.clone();
+        let r = write_local_atomically(path, |file| async move {
+            let sink = ProgressWriter::new(file, progress);
+            let caller = this.clone();
+            this.0
+                .download(sink, encoding, |h| async move { caller.read(h).await })
+                .await
+        })
+        .await;
+        match &r {
+            Ok(()) => opts.progress.finish(),
+            Err(_) => opts.progress.abandon(),
+        }
+        r
+    }
+
+    /// Flashes a local image: host, write, (verify), then dut even if writing failed.
+    ///
+    /// With `verify`, the exporter hashes what the medium holds (sha256 of the image's
+    /// length) and it is compared with the local image's digest: nothing is read back.
+    pub async fn flash(
+        &self,
+        path: &Path,
+        opts: &TransferOptions,
+        verify: bool,
+    ) -> Result<(), ClientError> {
+        self.host().await?;
+        let written = async {
+            self.write_local_file(path, opts).await?;
+            if verify {
+                self.verify(path, opts.encoding).await?;
+            }
+            Ok::<(), ClientError>(())
+        }
+        .await;
+        let dut = self.dut().await;
+        written?;
+        dut
+    }
+
+    /// Compares the medium with a local image by sha256, computed on both sides.
+    pub async fn verify(
+        &self,
+        path: &Path,
+        encoding: Option<ContentEncoding>,
+    ) -> Result<(), ClientError> {
+        let (file, _) = open_local(path).await?;
+        let plain = decoder(tokio::io::BufReader::with_capacity(1 << 20, file), encoding);
+        let (local, len) = hash_reader(plain, HashAlgo::Sha256, None)
+            .await
+            .map_err(|e| io_err("hashing", path, e))?;
+        let remote = self.hash(HashAlgo::Sha256, Some(len)).await.map_err(|e| {
+            ClientError::Value(format!(
+                "cannot verify: the exporter could not hash the medium ({e})"
+            ))
+        })?;
+        if remote != local {
+            return Err(ClientError::Value(format!(
+                "verification failed: the medium holds sha256 {remote}, {} has {local} ({len} bytes)",
+                path.display()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Dumps the medium into a local file: host, read, then dut.
+    pub async fn dump(&self, path: &Path, opts: &TransferOptions) -> Result<(), ClientError> {
+        self.host().await?;
+        let r = self.read_local_file(path, opts).await;
+        let dut = self.dut().await;
+        r?;
+        dut
+    }
+}
+
+/// A file opened on an Opendal driver.
+pub struct OpendalFile {
+    client: OpendalClient,
+    fd: Uuid,
+}
+
+impl OpendalFile {
+    /// The descriptor.
+    pub fn fd(&self) -> Uuid {
+        self.fd
+    }
+
+    /// Closes (and for writes, commits) the file.
+    pub async fn close(self) -> Result<(), ClientError> {
+        self.client.0.call("file_close", (self.fd,)).await
+    }
+}
+
+/// Typed client for `jumpstarter_driver_opendal.client.OpendalClient`.
+#[derive(Clone)]
+pub struct OpendalClient(pub DriverClient);
+
+impl OpendalClient {
+    /// Opens a file (`rb` or `wb`).
+    pub async fn open(&self, path: &str, mode: &str) -> Result<OpendalFile, ClientError> {
+        let fd: Uuid = self.0.call("open", (path, mode)).await?;
+        Ok(OpendalFile {
+            client: self.clone(),
+            fd,
+        })
+    }
+
+    /// Streams a local file into `dst` on the storage (stored only if complete).
+    pub async fn write_from_path(
+        &self,
+        dst: &str,
+        src: &Path,
+        opts: &TransferOptions,
+    ) -> Result<(), ClientError> {
+        let (file, _) = open_local(src).await?;
+        let f = self.open(dst, "wb").await?;
+        let fd = f.fd;
+        let this = self.clone();
+        let r = self
+            .0
+            .upload(
+                ProgressReader::new(file, opts.progress.clone()),
+                opts.encoding,
+                |h| async move { this.0.call::<()>("file_write", (fd, h)).await },
+            )
+            .await;
+        let closed = f.close().await;
+        match (&r, &closed) {
+            (Ok(()), Ok(())) => opts.progress.finish(),
+            _ => opts.progress.abandon(),
+        }
+        r?;
+        closed
+    }
+
+    /// Streams `src` on the storage into a local file (which appears only once complete).
+    pub async fn read_into_path(
+        &self,
+        src: &str,
+        dst: &Path,
+        opts: &TransferOptions,
+    ) -> Result<(), ClientError> {
+        let f = self.open(src, "rb").await?;
+        let fd = f.fd;
+        let this = self.clone();
+        let encoding = opts.encoding;
+        let progress = opts.progress.clone();
+        let r = write_local_atomically(dst, |file| async move {
+            this.0
+                .download(ProgressWriter::new(file, progress), encoding, |h| {
+                    let this = this.clone();
+                    async move { this.0.call::<()>("file_read", (fd, h)).await }
+                })
+                .await
+        })
+        .await;
+        let closed = f.close().await;
+        match (&r, &closed) {
+            (Ok(()), Ok(())) => opts.progress.finish(),
+            _ => opts.progress.abandon(),
+        }
+        r?;
+        closed
+    }
+
+    /// Writes `data` to `path`.
+    pub async fn write_bytes(&self, path: &str, data: Vec<u8>) -> Result<(), ClientError> {
+        let f = self.open(path, "wb").await?;
+        let fd = f.fd;
+        let this = self.clone();
+        let r = self
+            .0
+            .upload(std::io::Cursor::new(data), None, |h| async move {
+                this.0.call::<()>("file_write", (fd, h)).await
+            })
+            .await;
+        let closed = f.close().await;
+        r?;
+        closed
+    }
+
+    /// Reads all of `path` (for small files).
+    pub async fn read_bytes(&self, path: &str) -> Result<Vec<u8>, ClientError> {
+        let f = self.open(path, "rb").await?;
+        let fd = f.fd;
+        let this = self.clone();
+        let (tx, mut rx) = tokio::io::duplex(64 * 1024);
+        let collect = tokio::spawn(async move {
+            let mut v = Vec::new();
+            rx.read_to_end(&mut v).await.map(|_| v)
+        });
+        let r = self
+            .0
+            .download(tx, None, |h| async move {
+                this.0.call::<()>("file_read", (fd, h)).await
+            })
+            .await;
+        let closed = f.close().await;
+        r?;
+        closed?;
+        collect
+            .await
+            .map_err(|e| ClientError::Io(std::io::Error::other(e)))?
+            .map_err(ClientError::Io)
+    }
+
+    /// Metadata of `path`.
+    pub async fn stat(&self, path: &str) -> Result<Metadata, ClientError> {
+        self.0.call("stat", (path,)).await
+    }
+
+    /// Digest of `path`, computed on the exporter.
+    pub async fn hash(&self, path: &str, algo: HashAlgo) -> Result<String, ClientError> {
+        self.0.call("hash", (path, algo)).await
+    }
+
+    /// Whether `path` exists.
+    pub async fn exists(&self, path: &str) -> Result<bool, ClientError> {
+        self.0.call("exists", (path,)).await
+    }
+
+    /// Copies a file.
+    pub async fn copy(&self, source: &str, target: &str) -> Result<(), ClientError> {
+        self.0.call("copy", (source, target)).await
+    }
+
+    /// Renames a file.
+    pub async fn rename(&self, source: &str, target: &str) -> Result<(), ClientError> {
+        self.0.call("rename", (source, target)).await
+    }
+
+    /// Deletes a file.
+    pub async fn delete(&self, path: &str) -> Result<(), ClientError> {
+        self.0.call("delete", (path,)).await
+    }
+
+    /// Removes a directory tree.
+    pub async fn remove_all(&self, path: &str) -> Result<(), ClientError> {
+        self.0.call("remove_all", (path,)).await
+    }
+
+    /// Creates a directory (`path` ends with `/`).
+    pub async fn create_dir(&self, path: &str) -> Result<(), ClientError> {
+        self.0.call("create_dir", (path,)).await
+    }
+
+    /// Entries under `path` (`scan`: recursively).
+    pub async fn list(
+        &self,
+        path: &str,
+        recursive: bool,
+    ) -> Result<BoxStream<'static, Result<String, ClientError>>, ClientError> {
+        let method = if recursive { "scan" } else { "list" };
+        self.0.streaming_call(method, (path,)).await
+    }
+
+    /// What the service supports.
+    pub async fn capability(&self) -> Result<Capability, ClientError> {
+        self.0.call("capability", ()).await
+    }
+}
+
+// ------------------------------------------------------------------------------- CLI
+
+fn compression_arg() -> Arg {
+    Arg::new("compression")
+        .long("compression")
+        .value_parser(["gzip", "xz", "bz2", "zstd", "auto"])
+        .help(
+            "Compression of the local file: sent compressed and expanded on the exporter \
+             (or locally if the exporter does not accept it); `auto` recognises it from the \
+             file's first bytes",
+        )
+}
+
+async fn encoding_for(m: &ArgMatches, path: &Path) -> Result<Option<ContentEncoding>, ClientError> {
+    match m.get_one::<String>("compression").map(String::as_str) {
+        None => Ok(None),
+        Some("auto") => detect_encoding(path).await,
+        Some(name) => Ok(ContentEncoding::parse(name)),
+    }
+}
+
+fn file_arg(help: &'static str) -> Arg {
+    Arg::new("file")
+        .required(true)
+        .value_parser(value_parser!(PathBuf))
+        .help(help)
+}
+
+/// The `j storage` commands of storage muxes.
+pub fn mux_cli() -> DriverCommand {
+    DriverCommand {
+        about: "Storage operations",
+        build: build_mux,
+        run: run_mux,
+    }
+}
+
+fn build_mux(cmd: Command) -> Command {
+    cmd.subcommand_required(true)
+        .subcommand(Command::new("host").about("Connect storage to host"))
+        .subcommand(Command::new("dut").about("Connect storage to dut"))
+        .subcommand(Command::new("off").about("Disconnect storage"))
+        .subcommand(
+            Command::new("write-local-file")
+                .about("Write a local file to the storage device (as is)")
+                .arg(file_arg("The file to write")),
+        )
+        .subcommand(
+            Command::new("read-local-file")
+                .about("Read the storage device into a local file (created once complete)")
+                .arg(file_arg("The file to create")),
+        )
+        .subcommand(
+            Command::new("flash")
+                .about("Flash an image: connect storage to host, write it, connect to dut")
+                .arg(file_arg("The image to flash"))
+                .arg(compression_arg())
+                .arg(
+                    Arg::new("verify")
+                        .long("verify")
+                        .action(ArgAction::SetTrue)
+                        .help(
+                            "After writing, compare the sha256 of the medium (computed on the \
+                             exporter) with the image's, without reading the image back",
+                        ),
+                ),
+        )
+        .subcommand(
+            Command::new("dump")
+                .about("Dump the storage: connect to host, read it into a file, connect to dut")
+                .arg(file_arg("The file to create"))
+                .arg(compression_arg().value_parser(["gzip", "xz", "bz2", "zstd"]).help(
+                    "Compress the dump (on the exporter if it accepts the encoding, else locally)",
+                )),
+        )
+}
+
+fn run_mux(client: DriverClient, matches: ArgMatches) -> CliFuture {
+    Box::pin(async move {
+        let mux = StorageMuxClient(client);
+        let Some((name, m)) = matches.subcommand() else {
+            return Err(ClientError::Value("missing storage command".into()));
+        };
+        let file = m.get_one::<PathBuf>("file").cloned().unwrap_or_default();
+        match name {
+            "host" => mux.host().await,
+            "dut" => mux.dut().await,
+            "off" => mux.off().await,
+            "write-local-file" => {
+                let total = open_local(&file).await?.1;
+                let opts = TransferOptions {
+                    encoding: None,
+                    progress: Progress::stderr("write", Some(total)),
+                };
+                mux.write_local_file(&file, &opts).await.map(|_| ())
+            }
+            "read-local-file" => {
+                let opts = TransferOptions {
+                    encoding: None,
+                    progress: Progress::stderr("read", None),
+                };
+                mux.read_local_file(&file, &opts).await
+            }
+            "flash" => {
+                let total = open_local(&file).await?.1;
+                let opts = TransferOptions {
+                    encoding: encoding_for(m, &file).await?,
+                    progress: Progress::stderr("flash", Some(total)),
+                };
+                mux.flash(&file, &opts, m.get_flag("verify")).await?;
+                if m.get_flag("verify") {
+                    eprintln!("verified: the medium matches {}", file.display());
+                }
+                Ok(())
+            }
+            "dump" => {
+                let opts = TransferOptions {
+                    encoding: m
+                        .get_one::<String>("compression")
+                        .and_then(|c| ContentEncoding::parse(c)),
+                    progress: Progress::stderr("dump", None),
+                };
+                mux.dump(&file, &opts).await
+            }
+            other => Err(ClientError::Value(format!(
+                "unknown storage command {other}"
+            ))),
+        }
+    })
+}
+
+/// The `j` commands of Opendal drivers.
+pub fn opendal_cli() -> DriverCommand {
+    DriverCommand {
+        about: "Opendal storage",
+        build: build_opendal,
+        run: run_opendal,
+    }
+}
+
+fn path_arg(name: &'static str, help: &'static str) -> Arg {
+    Arg::new(name).required(true).help(help)
+}
+
+fn build_opendal(cmd: Command) -> Command {
+    let p = || path_arg("path", "Path on the storage");
+    cmd.subcommand_required(true)
+        .subcommand(
+            Command::new("write-from-path")
+                .about("Copy a local file to the storage (stored only once complete)")
+                .arg(path_arg("dst", "Destination path on the storage"))
+                .arg(file_arg("Local file to send"))
+                .arg(compression_arg()),
+        )
+        .subcommand(
+            Command::new("read-into-path")
+                .about("Copy a file from the storage into a local file (created once complete)")
+                .arg(path_arg("src", "Source path on the storage"))
+                .arg(file_arg("Local file to create")),
+        )
+        .subcommand(
+            Command::new("stat")
+                .about("Show a path's metadata")
+                .arg(p()),
+        )
+        .subcommand(
+            Command::new("hash")
+                .about("Digest of a file, computed on the exporter")
+                .arg(p())
+                .arg(
+                    Arg::new("algo")
+                        .long("algo")
+                        .value_parser(["md5", "sha256"])
+                        .default_value("sha256"),
+                ),
+        )
+        .subcommand(
+            Command::new("exists")
+                .about("Fail unless the path exists")
+                .arg(p()),
+        )
+        .subcommand(Command::new("list").about("List a directory").arg(p()))
+        .subcommand(
+            Command::new("scan")
+                .about("List a directory recursively")
+                .arg(p()),
+        )
+        .subcommand(
+            Command::new("copy")
+                .about("Copy a file")
+                .arg(path_arg("source", "Source"))
+                .arg(path_arg("target", "Target")),
+        )
+        .subcommand(
+            Command::new("rename")
+                .about("Rename a file")
+                .arg(path_arg("source", "Source"))
+                .arg(path_arg("target", "Target")),
+        )
+        .subcommand(Command::new("delete").about("Delete a file").arg(p()))
+        .subcommand(
+            Command::new("remove-all")
+                .about("Remove a directory tree")
+                .arg(p()),
+        )
+        .subcommand(
+            Command::new("create-dir")
+                .about("Create a directory (path ends with /)")
+                .arg(p()),
+        )
+        .subcommand(Command::new("capability").about("Show what the storage service supports"))
+}
+
+fn json<T: serde::Serialize>(v: &T) -> Result<(), ClientError> {
+    let s = serde_json::to_string_pretty(v).map_err(|e| ClientError::Value(e.to_string()))?;
+    println!("{s}");
+    Ok(())
+}
+
+fn run_opendal(client: DriverClient, matches: ArgMatches) -> CliFuture {
+    Box::pin(async move {
+        let c = OpendalClient(client);
+        let Some((name, m)) = matches.subcommand() else {
+            return Err(ClientError::Value("missing command".into()));
+        };
+        let s = |k: &str| m.get_one::<String>(k).cloned().unwrap_or_default();
+        let file = m.get_one::<PathBuf>("file").cloned().unwrap_or_default();
+        match name {
+            "write-from-path" => {
+                let total = open_local(&file).await?.1;
+                let opts = TransferOptions {
+                    encoding: encoding_for(m, &file).await?,
+                    progress: Progress::stderr("write", Some(total)),
+                };
+                c.write_from_path(&s("dst"), &file, &opts).await
+            }
+            "read-into-path" => {
+                let opts = TransferOptions {
+                    encoding: None,
+                    progress: Progress::stderr("read", None),
+                };
+                c.read_into_path(&s("src"), &file, &opts).await
+            }
+            "stat" => json(&c.stat(&s("path")).await?),
+            "hash" => {
+                let algo = if s("algo") == "md5" {
+                    HashAlgo::Md5
+                } else {
+                    HashAlgo::Sha256
+                };
+                println!("{}", c.hash(&s("path"), algo).await?);
+                Ok(())
+            }
+            "exists" => {
+                if c.exists(&s("path")).await? {
+                    Ok(())
+                } else {
+                    Err(ClientError::Value(format!(
+                        "path {} does not exist",
+                        s("path")
+                    )))
+                }
+            }
+            "list" | "scan" => {
+                let mut entries = c.list(&s("path"), name == "scan").await?;
+                while let Some(e) = entries.next().await {
+                    println!("{}", e?);
+                }
+                Ok(())
+            }
+            "copy" => c.copy(&s("source"), &s("target")).await,
+            "rename" => c.rename(&s("source"), &s("target")).await,
+            "delete" => c.delete(&s("path")).await,
+            "remove-all" => c.remove_all(&s("path")).await,
+            "create-dir" => c.create_dir(&s("path")).await,
+            "capability" => json(&c.capability().await?),
+            other => Err(ClientError::Value(format!("unknown command {other}"))),
+        }
+    })
+}

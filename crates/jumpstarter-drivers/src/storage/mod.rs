@@ -1,0 +1,235 @@
+//! Storage: storage multiplexers (a medium switched between the exporter and the device
+//! under test) and the Opendal driver (files on any storage service opendal supports).
+//!
+//! Upstream package `jumpstarter_driver_opendal`:
+//! - [`MockStorageMux`] / [`MockStorageMuxFlasher`]: a storage mux backed by a file
+//!   (`host`, `dut`, `off`, `write(handle)`, `read(handle)`, plus our `hash`);
+//! - [`Opendal`]: file operations on a configured opendal service (`scheme` + `kwargs`);
+//! - [`StorageMuxClient`] and [`OpendalClient`]: the client halves, and [`mux_cli`] /
+//!   [`opendal_cli`] the `j storage ...` commands.
+//!
+//! Bytes travel as resource streams (see `jumpstarter_core::resource`): written to a
+//! temporary file and renamed into place only when the whole transfer arrived, so a broken
+//! transfer never leaves a half-written file that looks complete.
+
+mod client;
+mod mux;
+mod opendal;
+mod progress;
+
+use std::path::{Path, PathBuf};
+
+use jumpstarter_core::DriverError;
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncRead, AsyncReadExt};
+
+pub use client::{
+    OpendalClient, OpendalFile, StorageMuxClient, TransferOptions, detect_encoding, mux_cli,
+    opendal_cli,
+};
+pub use mux::{MockStorageMux, MockStorageMuxFlasher};
+pub use opendal::{Capability, EntryMode, Metadata, Opendal, PresignedRequest};
+pub use progress::{Progress, ProgressReader, ProgressWriter};
+
+/// Upstream client class of storage muxes.
+pub const STORAGE_MUX_CLIENT: &str = "jumpstarter_driver_opendal.client.StorageMuxClient";
+/// Upstream client class of storage muxes that flash (`flash`, `dump`).
+pub const STORAGE_MUX_FLASHER_CLIENT: &str =
+    "jumpstarter_driver_opendal.client.StorageMuxFlasherClient";
+/// Upstream client class of the Opendal driver.
+pub const OPENDAL_CLIENT: &str = "jumpstarter_driver_opendal.client.OpendalClient";
+
+/// Why a storage operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    /// A path leaves the configured root.
+    #[error("path {0:?} is outside the storage root")]
+    OutsideRoot(String),
+    /// The configured service is unknown or not built in.
+    #[error(
+        "unknown or unsupported opendal scheme {scheme:?} (built in: {available}; network services need the `storage-s3` feature)"
+    )]
+    UnknownScheme {
+        /// The scheme asked for.
+        scheme: String,
+        /// The schemes available.
+        available: String,
+    },
+    /// An opendal operation failed.
+    #[error("{op} {path:?}: {source}")]
+    Opendal {
+        /// The operation.
+        op: &'static str,
+        /// The path.
+        path: String,
+        /// The opendal error (boxed: it is large).
+        source: Box<::opendal::Error>,
+    },
+    /// A local file operation failed.
+    #[error("{what} {path}: {source}")]
+    File {
+        /// What we were doing.
+        what: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A transfer broke midway.
+    #[error("transfer into {target} failed, nothing was stored: {source}")]
+    Transfer {
+        /// Where the bytes were going.
+        target: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// No open file with that descriptor.
+    #[error("unknown file descriptor {0}: not opened by this driver, or already closed")]
+    UnknownFd(uuid::Uuid),
+    /// The file is not open for that operation.
+    #[error("file {fd}: {message}")]
+    BadFileMode {
+        /// The descriptor.
+        fd: uuid::Uuid,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+impl From<StorageError> for DriverError {
+    fn from(e: StorageError) -> Self {
+        match &e {
+            StorageError::OutsideRoot(_) | StorageError::BadFileMode { .. } => {
+                DriverError::InvalidArgument(e.to_string())
+            }
+            StorageError::UnknownScheme { .. } => DriverError::InvalidArgument(e.to_string()),
+            StorageError::Opendal { source, .. }
+                if source.kind() == ::opendal::ErrorKind::Unsupported =>
+            {
+                DriverError::Unimplemented(e.to_string())
+            }
+            _ => DriverError::Failed(e.to_string()),
+        }
+    }
+}
+
+/// A digest algorithm `hash` accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum HashAlgo {
+    /// MD5 (for compatibility; not for integrity against an adversary).
+    Md5,
+    /// SHA-256.
+    #[default]
+    Sha256,
+}
+
+/// An incremental digest of either algorithm.
+pub enum Hasher {
+    /// MD5 state.
+    Md5(md5::Md5),
+    /// SHA-256 state.
+    Sha256(sha2::Sha256),
+}
+
+impl Hasher {
+    /// A fresh digest.
+    pub fn new(algo: HashAlgo) -> Self {
+        use sha2::Digest;
+        match algo {
+            HashAlgo::Md5 => Hasher::Md5(md5::Md5::new()),
+            HashAlgo::Sha256 => Hasher::Sha256(sha2::Sha256::new()),
+        }
+    }
+
+    /// Adds bytes.
+    pub fn update(&mut self, data: &[u8]) {
+        use sha2::Digest;
+        match self {
+            Hasher::Md5(h) => h.update(data),
+            Hasher::Sha256(h) => h.update(data),
+        }
+    }
+
+    /// The lowercase hex digest.
+    pub fn finish_hex(self) -> String {
+        use sha2::Digest;
+        let bytes: Vec<u8> = match self {
+            Hasher::Md5(h) => h.finalize().to_vec(),
+            Hasher::Sha256(h) => h.finalize().to_vec(),
+        };
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+/// Digests at most `limit` bytes of `reader` (all of it when `None`); returns the hex
+/// digest and the number of bytes read.
+pub async fn hash_reader<R: AsyncRead + Unpin>(
+    mut reader: R,
+    algo: HashAlgo,
+    limit: Option<u64>,
+) -> std::io::Result<(String, u64)> {
+    let mut h = Hasher::new(algo);
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut total = 0u64;
+    loop {
+        let want = match limit {
+            Some(l) => usize::try_from((l - total).min(buf.len() as u64)).unwrap_or(buf.len()),
+            None => buf.len(),
+        };
+        if want == 0 {
+            break;
+        }
+        let n = reader.read(&mut buf[..want]).await?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+        total += n as u64;
+    }
+    Ok((h.finish_hex(), total))
+}
+
+/// A sibling path for a partial write (`.<name>.partial-<uuid>`), renamed over `target`
+/// once complete.
+pub(crate) fn partial_path(target: &Path) -> PathBuf {
+    let name = target
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "file".into());
+    target.with_file_name(format!(".{name}.partial-{}", uuid::Uuid::new_v4().simple()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn hashes_match_known_values() {
+        let (h, n) = hash_reader(&b"hello\n"[..], HashAlgo::Sha256, None)
+            .await
+            .unwrap();
+        assert_eq!(
+            h,
+            "5891b5b522d5df086d0ff0b110fbd9d21bb4fc7163af34d08286a2e846f6be03"
+        );
+        assert_eq!(n, 6);
+        let (h, _) = hash_reader(&b"hello\n"[..], HashAlgo::Md5, None)
+            .await
+            .unwrap();
+        assert_eq!(h, "b1946ac92492d2347c6235b4d2611184");
+        let (h, n) = hash_reader(&b"hello\nworld"[..], HashAlgo::Sha256, Some(6))
+            .await
+            .unwrap();
+        assert_eq!(n, 6);
+        assert!(h.starts_with("5891b5b5"));
+    }
+
+    #[test]
+    fn partial_paths_are_hidden_siblings() {
+        let p = partial_path(Path::new("/a/b/disk.img"));
+        assert_eq!(p.parent(), Some(Path::new("/a/b")));
+        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(name.starts_with(".disk.img.partial-"), "{name}");
+    }
+}

@@ -1,0 +1,299 @@
+//! `MockStorageMux`: a storage multiplexer without hardware, its medium a file.
+
+use std::{
+    path::{Path, PathBuf},
+    sync::Arc,
+};
+
+use jumpstarter_core::{
+    CallContext, Driver, DriverError, driver, registry::DriverArgs, resource::ResourceHandle,
+};
+use serde::Deserialize;
+use tokio::io::{AsyncWriteExt, BufWriter};
+
+use super::{HashAlgo, StorageError, hash_reader, partial_path};
+
+/// Config of [`MockStorageMux`] (all optional).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MuxConfig {
+    /// The file backing the medium (ours; upstream always uses a temporary file).
+    #[serde(default)]
+    file: Option<PathBuf>,
+}
+
+/// The medium of a mock storage mux: a file that reads back what was written.
+#[derive(Debug)]
+pub struct Medium {
+    path: PathBuf,
+    // Removes the temporary medium with the driver (absent for a configured file).
+    _temp: Option<tempfile::TempPath>,
+}
+
+impl Medium {
+    fn new(file: Option<PathBuf>) -> Result<Self, DriverError> {
+        match file {
+            Some(path) => Ok(Self { path, _temp: None }),
+            None => {
+                let temp = tempfile::Builder::new()
+                    .prefix("jmp-storage-mux-")
+                    .tempfile()
+                    .map_err(|e| {
+                        DriverError::Failed(format!("cannot create the mock medium file: {e}"))
+                    })?
+                    .into_temp_path();
+                Ok(Self {
+                    path: temp.to_path_buf(),
+                    _temp: Some(temp),
+                })
+            }
+        }
+    }
+
+    /// The backing file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Replaces the medium's content with the resource's bytes; the medium changes only if
+    /// the whole transfer arrived. Returns the number of bytes stored.
+    async fn write(&self, ctx: &CallContext, src: &ResourceHandle) -> Result<u64, DriverError> {
+        let mut stream = ctx.resource(src)?;
+        let partial = partial_path(&self.path);
+        let result = async {
+            let file = tokio::fs::File::create(&partial)
+                .await
+                .map_err(|e| StorageError::File {
+                    what: "creating",
+                    path: partial.clone(),
+                    source: e,
+                })?;
+            let mut out = BufWriter::with_capacity(1024 * 1024, file);
+            let n = tokio::io::copy_buf(&mut stream, &mut out)
+                .await
+                .map_err(|e| StorageError::Transfer {
+                    target: self.path.display().to_string(),
+                    source: e,
+                })?;
+            out.flush().await.map_err(|e| StorageError::File {
+                what: "writing",
+                path: partial.clone(),
+                source: e,
+            })?;
+            drop(out);
+            tokio::fs::rename(&partial, &self.path)
+                .await
+                .map_err(|e| StorageError::File {
+                    what: "renaming into place",
+                    path: self.path.clone(),
+                    source: e,
+                })?;
+            Ok::<u64, StorageError>(n)
+        }
+        .await;
+        if result.is_err() {
+            let _ = tokio::fs::remove_file(&partial).await;
+        }
+        let n = result?;
+        ctx.log_info(format!("wrote {n} bytes to the medium"));
+        Ok(n)
+    }
+
+    /// Sends the medium's content into the resource.
+    async fn read(&self, ctx: &CallContext, dst: &ResourceHandle) -> Result<u64, DriverError> {
+        let mut stream = ctx.resource(dst)?;
+        let file = tokio::fs::File::open(&self.path)
+            .await
+            .map_err(|e| StorageError::File {
+                what: "opening",
+                path: self.path.clone(),
+                source: e,
+            })?;
+        let mut reader = tokio::io::BufReader::with_capacity(1024 * 1024, file);
+        let n = tokio::io::copy_buf(&mut reader, &mut stream).await?;
+        stream.shutdown().await?;
+        Ok(n)
+    }
+
+    /// The digest of the first `length` bytes of the medium (all of it when `None`).
+    async fn hash(&self, algo: HashAlgo, length: Option<u64>) -> Result<String, DriverError> {
+        let file = tokio::fs::File::open(&self.path)
+            .await
+            .map_err(|e| StorageError::File {
+                what: "opening",
+                path: self.path.clone(),
+                source: e,
+            })?;
+        let reader = tokio::io::BufReader::with_capacity(1024 * 1024, file);
+        let (digest, n) = hash_reader(reader, algo, length).await?;
+        if let Some(l) = length
+            && n < l
+        {
+            return Err(DriverError::InvalidArgument(format!(
+                "the medium holds {n} bytes, fewer than the {l} asked to hash"
+            )));
+        }
+        Ok(digest)
+    }
+}
+
+/// A storage mux without hardware: `host`/`dut`/`off` only log, and the medium is a file
+/// (a temporary one unless `file:` is configured) that reads back what was written.
+#[derive(Debug)]
+pub struct MockStorageMux {
+    medium: Medium,
+}
+
+#[driver(client = "jumpstarter_driver_opendal.client.StorageMuxClient")]
+impl MockStorageMux {
+    /// Connects the medium to the host (exporter).
+    #[export]
+    async fn host(&self, ctx: &CallContext) -> Result<(), DriverError> {
+        ctx.log_info("storage connected to host");
+        Ok(())
+    }
+
+    /// Connects the medium to the device under test.
+    #[export]
+    async fn dut(&self, ctx: &CallContext) -> Result<(), DriverError> {
+        ctx.log_info("storage connected to dut");
+        Ok(())
+    }
+
+    /// Disconnects the medium.
+    #[export]
+    async fn off(&self, ctx: &CallContext) -> Result<(), DriverError> {
+        ctx.log_info("storage disconnected");
+        Ok(())
+    }
+
+    /// Writes the bytes of resource `src` to the medium.
+    #[export]
+    async fn write(&self, ctx: &CallContext, src: ResourceHandle) -> Result<(), DriverError> {
+        self.medium.write(ctx, &src).await.map(|_| ())
+    }
+
+    /// Sends the medium's content into resource `dst`.
+    #[export]
+    async fn read(&self, ctx: &CallContext, dst: ResourceHandle) -> Result<(), DriverError> {
+        self.medium.read(ctx, &dst).await.map(|_| ())
+    }
+
+    /// Ours (upstream has no such method): the hex digest of the first `length` bytes of the
+    /// medium (all of it when absent), `algo` `sha256` (default) or `md5`. Lets a client
+    /// verify a flash without reading the image back.
+    #[export]
+    async fn hash(
+        &self,
+        algo: Option<HashAlgo>,
+        length: Option<u64>,
+    ) -> Result<String, DriverError> {
+        self.medium.hash(algo.unwrap_or_default(), length).await
+    }
+}
+
+impl MockStorageMux {
+    /// A mux whose medium is `file`, or a fresh temporary file.
+    pub fn new(file: Option<PathBuf>) -> Result<Self, DriverError> {
+        Ok(Self {
+            medium: Medium::new(file)?,
+        })
+    }
+
+    /// Constructor for the registry (optional `file:`).
+    pub fn from_args(args: &DriverArgs) -> Result<Arc<dyn Driver>, DriverError> {
+        let cfg: MuxConfig = args.parse()?;
+        Ok(Arc::new(Self::new(cfg.file)?))
+    }
+
+    /// The file backing the medium.
+    pub fn medium_path(&self) -> &Path {
+        self.medium.path()
+    }
+}
+
+/// [`MockStorageMux`] reported as a flasher (`StorageMuxFlasherClient`: `flash`, `dump`
+/// on the client side, built from `host`, `write`/`read` and `dut`).
+#[derive(Debug)]
+pub struct MockStorageMuxFlasher {
+    medium: Medium,
+}
+
+#[driver(client = "jumpstarter_driver_opendal.client.StorageMuxFlasherClient")]
+impl MockStorageMuxFlasher {
+    /// Connects the medium to the host (exporter).
+    #[export]
+    async fn host(&self, ctx: &CallContext) -> Result<(), DriverError> {
+        ctx.log_info("storage connected to host");
+        Ok(())
+    }
+
+    /// Connects the medium to the device under test.
+    #[export]
+    async fn dut(&self, ctx: &CallContext) -> Result<(), DriverError> {
+        ctx.log_info("storage connected to dut");
+        Ok(())
+    }
+
+    /// Disconnects the medium.
+    #[export]
+    async fn off(&self, ctx: &CallContext) -> Result<(), DriverError> {
+        ctx.log_info("storage disconnected");
+        Ok(())
+    }
+
+    /// Writes the bytes of resource `src` to the medium.
+    #[export]
+    async fn write(&self, ctx: &CallContext, src: ResourceHandle) -> Result<(), DriverError> {
+        self.medium.write(ctx, &src).await.map(|_| ())
+    }
+
+    /// Sends the medium's content into resource `dst`.
+    #[export]
+    async fn read(&self, ctx: &CallContext, dst: ResourceHandle) -> Result<(), DriverError> {
+        self.medium.read(ctx, &dst).await.map(|_| ())
+    }
+
+    /// As [`MockStorageMux`]'s `hash` (ours).
+    #[export]
+    async fn hash(
+        &self,
+        algo: Option<HashAlgo>,
+        length: Option<u64>,
+    ) -> Result<String, DriverError> {
+        self.medium.hash(algo.unwrap_or_default(), length).await
+    }
+}
+
+impl MockStorageMuxFlasher {
+    /// Constructor for the registry (optional `file:`).
+    pub fn from_args(args: &DriverArgs) -> Result<Arc<dyn Driver>, DriverError> {
+        let cfg: MuxConfig = args.parse()?;
+        Ok(Arc::new(Self {
+            medium: Medium::new(cfg.file)?,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_rejects_unknown_fields() {
+        let args = DriverArgs {
+            config: serde_json::json!({"flie": "/tmp/x"}),
+        };
+        let e = MockStorageMux::from_args(&args).err().unwrap();
+        assert!(e.to_string().contains("flie"), "{e}");
+    }
+
+    #[test]
+    fn temporary_medium_is_removed_with_the_driver() {
+        let mux = MockStorageMux::new(None).unwrap();
+        let path = mux.medium_path().to_path_buf();
+        assert!(path.exists());
+        drop(mux);
+        assert!(!path.exists());
+    }
+}

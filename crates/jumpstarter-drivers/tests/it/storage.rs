@@ -1,0 +1,604 @@
+//! Storage drivers end to end: MockStorageMux and Opendal(fs) through a real session.
+
+use std::{collections::BTreeMap, path::Path, sync::Arc};
+
+use futures::StreamExt;
+use jumpstarter_core::{
+    CallContext, ClientError, DriverError, driver,
+    resource::{ContentEncoding, ResourceHandle, encoder},
+};
+use jumpstarter_drivers::storage::{
+    HashAlgo, MockStorageMux, MockStorageMuxFlasher, Opendal, OpendalClient, StorageMuxClient,
+    TransferOptions, hash_reader,
+};
+use tokio::io::{AsyncWriteExt, BufReader};
+
+use crate::Served;
+
+const MIB: usize = 1024 * 1024;
+
+/// Writes `len` pseudo-random bytes (xorshift) to `path`.
+fn random_file(path: &Path, len: usize, seed: u64) {
+    use std::io::Write;
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    let mut x = seed | 1;
+    let mut chunk = vec![0u8; MIB];
+    let mut left = len;
+    while left > 0 {
+        for b in chunk.chunks_mut(8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            b.copy_from_slice(&x.to_le_bytes()[..b.len()]);
+        }
+        let n = left.min(MIB);
+        f.write_all(&chunk[..n]).unwrap();
+        left -= n;
+    }
+    f.flush().unwrap();
+}
+
+async fn sha256_of(path: &Path) -> (String, u64) {
+    let f = tokio::fs::File::open(path).await.unwrap();
+    hash_reader(BufReader::new(f), HashAlgo::Sha256, None)
+        .await
+        .unwrap()
+}
+
+fn files_in(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+fn mux_with_file(dir: &Path) -> (Arc<MockStorageMux>, std::path::PathBuf) {
+    let medium = dir.join("medium.img");
+    (
+        Arc::new(MockStorageMux::new(Some(medium.clone())).unwrap()),
+        medium,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mux_round_trip_64mib_is_identical() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mux, medium) = mux_with_file(dir.path());
+    let served = Served::start(vec![("storage", mux)]);
+    let session = served.client().await;
+    let storage = StorageMuxClient(session.driver("storage").unwrap());
+
+    let src = dir.path().join("src.img");
+    random_file(&src, 64 * MIB, 7);
+    let n = storage
+        .write_local_file(&src, &TransferOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(n, 64 * MIB as u64);
+    let want = sha256_of(&src).await;
+    assert_eq!(sha256_of(&medium).await, want);
+
+    let back = dir.path().join("back.img");
+    storage
+        .read_local_file(&back, &TransferOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(sha256_of(&back).await, want);
+
+    // The exporter-side digest agrees without reading anything back.
+    let remote = storage.hash(HashAlgo::Sha256, Some(n)).await.unwrap();
+    assert_eq!(remote, want.0);
+    assert_eq!(
+        files_in(dir.path()),
+        ["back.img", "medium.img", "src.img"],
+        "no partial files left"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opendal_fs_round_trip_64mib_is_identical() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let kwargs = BTreeMap::from([("root".to_string(), root.to_string_lossy().into_owned())]);
+    let od = Arc::new(Opendal::new("fs", kwargs, false).unwrap());
+    let served = Served::start(vec![("storage", od)]);
+    let session = served.client().await;
+    let c = OpendalClient(session.driver("storage").unwrap());
+
+    let src = dir.path().join("src.img");
+    random_file(&src, 64 * MIB, 11);
+    c.write_from_path("images/disk.img", &src, &TransferOptions::default())
+        .await
+        .unwrap();
+    let want = sha256_of(&src).await;
+    assert_eq!(sha256_of(&root.join("images/disk.img")).await, want);
+    assert_eq!(
+        c.hash("images/disk.img", HashAlgo::Sha256).await.unwrap(),
+        want.0
+    );
+    let st = c.stat("images/disk.img").await.unwrap();
+    assert_eq!(st.content_length, 64 * MIB as u64);
+    assert!(st.mode.entry_is_file);
+
+    let back = dir.path().join("back.img");
+    c.read_into_path("images/disk.img", &back, &TransferOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(sha256_of(&back).await, want);
+
+    // Small helpers and directory operations.
+    c.write_bytes("hello.txt", b"hello\n".to_vec())
+        .await
+        .unwrap();
+    assert_eq!(c.read_bytes("hello.txt").await.unwrap(), b"hello\n");
+    assert_eq!(
+        c.hash("hello.txt", HashAlgo::Md5).await.unwrap(),
+        "b1946ac92492d2347c6235b4d2611184"
+    );
+    assert!(c.exists("hello.txt").await.unwrap());
+    c.copy("hello.txt", "copy.txt").await.unwrap();
+    c.rename("copy.txt", "moved.txt").await.unwrap();
+    assert!(!c.exists("copy.txt").await.unwrap());
+    c.create_dir("newdir/").await.unwrap();
+    let mut entries: Vec<String> = c
+        .list("/", false)
+        .await
+        .unwrap()
+        .map(|e| e.unwrap())
+        .collect()
+        .await;
+    entries.sort();
+    assert!(entries.contains(&"moved.txt".to_string()), "{entries:?}");
+    assert!(entries.contains(&"images/".to_string()), "{entries:?}");
+    let scanned: Vec<String> = c
+        .list("/", true)
+        .await
+        .unwrap()
+        .map(|e| e.unwrap())
+        .collect()
+        .await;
+    assert!(
+        scanned.contains(&"images/disk.img".to_string()),
+        "{scanned:?}"
+    );
+    c.delete("moved.txt").await.unwrap();
+    c.remove_all("images/").await.unwrap();
+    assert!(!root.join("images").exists());
+    let cap = c.capability().await.unwrap();
+    assert!(cap.read && cap.write && cap.rename && !cap.presign);
+    let e =
+        c.0.call::<serde_json::Value>("presign_read", ("hello.txt", 60))
+            .await
+            .unwrap_err();
+    assert!(
+        matches!(&e, ClientError::Call { error: DriverError::Unimplemented(m), .. } if m.contains("not supported")),
+        "{e}"
+    );
+}
+
+fn compress(data: &[u8], enc: ContentEncoding) -> Vec<u8> {
+    let rt = tokio::runtime::Handle::current();
+    let data = data.to_vec();
+    std::thread::spawn(move || {
+        rt.block_on(async move {
+            let (tx, mut rx) = tokio::io::duplex(1 << 16);
+            let w = tokio::spawn(async move {
+                let mut e = encoder(tx, Some(enc));
+                e.write_all(&data).await.unwrap();
+                e.shutdown().await.unwrap();
+            });
+            let mut out = Vec::new();
+            tokio::io::AsyncReadExt::read_to_end(&mut rx, &mut out)
+                .await
+                .unwrap();
+            w.await.unwrap();
+            out
+        })
+    })
+    .join()
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_encoding_arrives_decompressed_and_dumps_compressed() {
+    let dir = tempfile::tempdir().unwrap();
+    let medium = dir.path().join("medium.img");
+    let flasher: Arc<dyn jumpstarter_core::Driver> =
+        MockStorageMuxFlasher::from_args(&jumpstarter_core::registry::DriverArgs {
+            config: serde_json::json!({"file": medium}),
+        })
+        .unwrap();
+    let served = Served::start(vec![("storage", flasher)]);
+    let session = served.client().await;
+    let storage = StorageMuxClient(session.driver("storage").unwrap());
+    let plain: Vec<u8> = (0..3 * MIB as u32).map(|i| (i % 251) as u8).collect();
+    for enc in ContentEncoding::ALL {
+        let packed = compress(&plain, enc);
+        assert!(packed.len() < plain.len() / 10, "{enc} compresses");
+        let img = dir.path().join(format!("image.{enc}"));
+        std::fs::write(&img, &packed).unwrap();
+        let opts = TransferOptions {
+            encoding: Some(enc),
+            ..Default::default()
+        };
+        // Verify: sha256 computed on the exporter against the expanded local image.
+        storage.flash(&img, &opts, true).await.unwrap();
+        assert_eq!(std::fs::read(&medium).unwrap(), plain, "{enc}");
+
+        let dumped = dir.path().join(format!("dump.{enc}"));
+        storage.dump(&dumped, &opts).await.unwrap();
+        let got = std::fs::read(&dumped).unwrap();
+        assert_eq!(ContentEncoding::detect(&got), Some(enc), "dump is {enc}");
+        let again = dir.path().join(format!("again.{enc}"));
+        std::fs::write(&again, &got).unwrap();
+        storage.flash(&again, &opts, true).await.unwrap();
+        assert_eq!(
+            std::fs::read(&medium).unwrap(),
+            plain,
+            "{enc} dump round trip"
+        );
+    }
+}
+
+#[tokio::test]
+async fn verify_detects_a_different_medium() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mux, medium) = mux_with_file(dir.path());
+    let served = Served::start(vec![("storage", mux)]);
+    let storage = StorageMuxClient(served.client().await.driver("storage").unwrap());
+    let img = dir.path().join("img");
+    std::fs::write(&img, b"the image").unwrap();
+    storage
+        .flash(&img, &TransferOptions::default(), true)
+        .await
+        .unwrap();
+    std::fs::write(&medium, b"the imagX").unwrap();
+    let e = storage.verify(&img, None).await.unwrap_err();
+    assert!(e.to_string().contains("verification failed"), "{e}");
+}
+
+#[tokio::test]
+async fn unknown_and_reused_handles_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mux, medium) = mux_with_file(dir.path());
+    let served = Served::start(vec![("storage", mux)]);
+    let storage = StorageMuxClient(served.client().await.driver("storage").unwrap());
+
+    let bogus = ResourceHandle::ClientStream {
+        uuid: uuid::Uuid::new_v4(),
+        x_jmp_content_encoding: None,
+    };
+    let e = storage.write(bogus).await.unwrap_err();
+    assert!(
+        matches!(&e, ClientError::Call { error: DriverError::InvalidArgument(m), .. } if m.contains("unknown resource")),
+        "{e}"
+    );
+
+    // Use a handle once, then again.
+    let mut captured = None;
+    storage
+        .0
+        .upload(std::io::Cursor::new(b"first".to_vec()), None, |h| {
+            captured = Some(h.clone());
+            let s = storage.clone();
+            async move { s.write(h).await }
+        })
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read(&medium).unwrap(), b"first");
+    let e = storage.write(captured.unwrap()).await.unwrap_err();
+    assert!(e.to_string().contains("unknown resource"), "{e}");
+
+    // Malformed handles and an unknown algorithm are argument errors, not crashes.
+    let e = storage
+        .0
+        .call::<()>(
+            "write",
+            (serde_json::json!({"kind": "client_stream", "uuid": "zz"}),),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            ClientError::Call {
+                error: DriverError::InvalidArgument(_),
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = storage
+        .0
+        .call::<String>("hash", ("sha1",))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("sha1"), "{e}");
+    // The session still serves.
+    storage.host().await.unwrap();
+}
+
+/// Sends part of an upload, then breaks the stream in the given way while `write` runs.
+async fn cut_upload(storage: &StorageMuxClient, how: &str) -> ClientError {
+    let res = storage.0.open_resource(None).await.unwrap();
+    let handle = res.handle.clone();
+    let mut ends = res.ends;
+    let s = storage.clone();
+    let call = tokio::spawn(async move { s.write(handle).await });
+    for _ in 0..16 {
+        ends.upload
+            .send(bytes::Bytes::from(vec![0xAB; 64 * 1024]))
+            .await
+            .unwrap();
+    }
+    match how {
+        "rst" => {
+            let jumpstarter_core::client::RouterStreamEnds { upload, .. } = ends;
+            upload.fail(std::io::Error::other("local disk failed"));
+            // Keep the RPC open briefly so the RST frame is what ends it.
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+        _ => drop(ends),
+    }
+    call.await.unwrap().unwrap_err()
+}
+
+#[tokio::test]
+async fn cut_uploads_fail_loudly_and_leave_the_medium_unchanged() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mux, medium) = mux_with_file(dir.path());
+    std::fs::write(&medium, b"previous content").unwrap();
+    let served = Served::start(vec![("storage", mux)]);
+    let storage = StorageMuxClient(served.client().await.driver("storage").unwrap());
+    for how in ["rst", "cancel"] {
+        let e = cut_upload(&storage, how).await;
+        let msg = e.to_string();
+        assert!(
+            msg.contains("nothing was stored") && msg.contains("transfer"),
+            "{how}: {msg}"
+        );
+        assert_eq!(
+            std::fs::read(&medium).unwrap(),
+            b"previous content",
+            "{how}"
+        );
+        assert_eq!(
+            files_in(dir.path()),
+            ["medium.img"],
+            "{how}: no partial file"
+        );
+    }
+    storage.host().await.unwrap();
+}
+
+#[tokio::test]
+async fn local_read_error_aborts_the_upload() {
+    struct Failing(usize);
+    impl tokio::io::AsyncRead for Failing {
+        fn poll_read(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            if self.0 == 0 {
+                return std::task::Poll::Ready(Err(std::io::Error::other("bad sector")));
+            }
+            self.0 -= 1;
+            buf.put_slice(&[1u8; 4096]);
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (mux, medium) = mux_with_file(dir.path());
+    std::fs::write(&medium, b"old").unwrap();
+    let served = Served::start(vec![("storage", mux)]);
+    let storage = StorageMuxClient(served.client().await.driver("storage").unwrap());
+    let s = storage.clone();
+    let e = storage
+        .0
+        .upload(Failing(100), None, |h| async move { s.write(h).await })
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("bad sector"), "{e}");
+    assert_eq!(std::fs::read(&medium).unwrap(), b"old");
+}
+
+/// A driver whose `read` sends some bytes, then fails without ending the stream.
+struct BrokenSource;
+
+#[driver(client = "jumpstarter_driver_opendal.client.StorageMuxClient")]
+impl BrokenSource {
+    #[export]
+    async fn read(&self, ctx: &CallContext, dst: ResourceHandle) -> Result<(), DriverError> {
+        let mut s = ctx.resource(&dst)?;
+        s.write_all(&vec![7u8; 512 * 1024]).await?;
+        Err(DriverError::failed("medium unreadable at sector 1024"))
+    }
+}
+
+#[tokio::test]
+async fn broken_download_fails_and_creates_no_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let served = Served::start(vec![("storage", Arc::new(BrokenSource))]);
+    let storage = StorageMuxClient(served.client().await.driver("storage").unwrap());
+    let dst = dir.path().join("dump.img");
+    let e = storage
+        .read_local_file(&dst, &TransferOptions::default())
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("sector 1024"), "{e}");
+    assert!(
+        files_in(dir.path()).is_empty(),
+        "{:?}",
+        files_in(dir.path())
+    );
+}
+
+#[tokio::test]
+async fn opendal_bad_input_gives_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("secret"), b"outside").unwrap();
+    let root = dir.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let kwargs = BTreeMap::from([("root".to_string(), root.to_string_lossy().into_owned())]);
+    let served = Served::start(vec![(
+        "storage",
+        Arc::new(Opendal::new("fs", kwargs, false).unwrap()),
+    )]);
+    let c = OpendalClient(served.client().await.driver("storage").unwrap());
+
+    for path in ["../secret", "a/../../secret", ".."] {
+        let e = c.stat(path).await.unwrap_err();
+        assert!(
+            matches!(&e, ClientError::Call { error: DriverError::InvalidArgument(m), .. } if m.contains("outside the storage root")),
+            "{path}: {e}"
+        );
+        let e = c.open(path, "rb").await.err().unwrap();
+        assert!(e.to_string().contains("outside the storage root"), "{e}");
+    }
+    let e = c.write_bytes("../escape", b"x".to_vec()).await.unwrap_err();
+    assert!(e.to_string().contains("outside the storage root"), "{e}");
+    assert!(!dir.path().join("escape").exists());
+
+    let e = c.stat("missing").await.unwrap_err();
+    assert!(e.to_string().contains("missing"), "{e}");
+    let e = c.open("x", "r").await.err().unwrap();
+    assert!(
+        matches!(
+            &e,
+            ClientError::Call {
+                error: DriverError::InvalidArgument(_),
+                ..
+            }
+        ),
+        "{e}"
+    );
+
+    // Unknown and closed descriptors.
+    let bogus = uuid::Uuid::new_v4();
+    let e = c.0.call::<u64>("file_tell", (bogus,)).await.unwrap_err();
+    assert!(e.to_string().contains("unknown file descriptor"), "{e}");
+    let e = c.0.call::<u64>("file_tell", ("zz",)).await.unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            ClientError::Call {
+                error: DriverError::InvalidArgument(_),
+                ..
+            }
+        ),
+        "{e}"
+    );
+    c.write_bytes("a.txt", b"hello".to_vec()).await.unwrap();
+    let f = c.open("a.txt", "rb").await.unwrap();
+    let fd = f.fd();
+    assert_eq!(c.0.call::<u64>("file_seek", (fd, -1, 2)).await.unwrap(), 4);
+    assert!(c.0.call::<bool>("file_readable", (fd,)).await.unwrap());
+    assert!(!c.0.call::<bool>("file_writable", (fd,)).await.unwrap());
+    f.close().await.unwrap();
+    assert!(c.0.call::<bool>("file_closed", (fd,)).await.unwrap());
+    let e = c.0.call::<u64>("file_tell", (fd,)).await.unwrap_err();
+    assert!(e.to_string().contains("closed"), "{e}");
+    let e =
+        c.0.call::<u64>("file_seek", (fd, -10, 0))
+            .await
+            .unwrap_err();
+    assert!(e.to_string().contains("closed"), "{e}");
+}
+
+#[tokio::test]
+async fn opendal_cut_upload_stores_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let kwargs = BTreeMap::from([(
+        "root".to_string(),
+        dir.path().to_string_lossy().into_owned(),
+    )]);
+    let served = Served::start(vec![(
+        "storage",
+        Arc::new(Opendal::new("fs", kwargs, false).unwrap()),
+    )]);
+    let c = OpendalClient(served.client().await.driver("storage").unwrap());
+    let f = c.open("disk.img", "wb").await.unwrap();
+    let fd = f.fd();
+    let res = c.0.open_resource(None).await.unwrap();
+    let handle = res.handle.clone();
+    let mut ends = res.ends;
+    let cc = c.clone();
+    let call = tokio::spawn(async move { cc.0.call::<()>("file_write", (fd, handle)).await });
+    ends.upload
+        .send(bytes::Bytes::from(vec![1u8; 256 * 1024]))
+        .await
+        .unwrap();
+    drop(ends);
+    let e = call.await.unwrap().unwrap_err();
+    assert!(e.to_string().contains("nothing was stored"), "{e}");
+    let e = f.close().await.unwrap_err();
+    assert!(e.to_string().contains("not stored"), "{e}");
+    assert!(
+        files_in(dir.path()).is_empty(),
+        "{:?}",
+        files_in(dir.path())
+    );
+}
+
+#[test]
+fn unknown_scheme_and_bad_config_are_clear_errors() {
+    let reg = jumpstarter_drivers::stock_registry();
+    let cfg_text = "apiVersion: jumpstarter.dev/v1alpha1
+kind: ExporterConfig
+metadata:
+  namespace: default
+  name: t
+endpoint: \"\"
+token: \"\"
+export:
+  storage:
+    type: jumpstarter_driver_opendal.driver.Opendal
+    config:
+      scheme: nosuch
+      kwargs: {}
+";
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("e.yaml");
+    std::fs::write(&p, cfg_text).unwrap();
+    let cfg = jumpstarter_core::config::ExporterConfig::load(&p).unwrap();
+    let e = match reg.build(&cfg) {
+        Ok(_) => panic!("an unknown scheme was accepted"),
+        Err(e) => e.to_string(),
+    };
+    assert!(e.contains("nosuch") && e.contains("export.storage"), "{e}");
+}
+
+#[tokio::test]
+async fn j_storage_commands_are_offered_with_help() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mux, _) = mux_with_file(dir.path());
+    let served = Served::start(vec![("storage", mux)]);
+    let session = served.client().await;
+    let mut cmd = jumpstarter_drivers::cli::j_command(&session);
+    let storage = cmd.find_subcommand_mut("storage").unwrap();
+    for sub in [
+        "host",
+        "dut",
+        "off",
+        "write-local-file",
+        "read-local-file",
+        "flash",
+        "dump",
+    ] {
+        let c = storage.find_subcommand(sub).unwrap();
+        assert!(c.get_about().is_some(), "{sub} has help");
+    }
+    let help = storage
+        .find_subcommand_mut("flash")
+        .unwrap()
+        .render_long_help()
+        .to_string();
+    assert!(
+        help.contains("--verify") && help.contains("--compression"),
+        "{help}"
+    );
+}

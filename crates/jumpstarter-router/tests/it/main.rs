@@ -1,0 +1,194 @@
+//! Router tests: a real TLS router on loopback, raw streams as the client and exporter.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::time::{Duration, SystemTime};
+
+use futures::StreamExt;
+use jumpstarter_core::{
+    auth::{CertificateAuthority, RouterTokenKey},
+    client::{ConnectOptions, connect_channel},
+};
+use jumpstarter_proto::v1::{
+    FrameType, StreamRequest, StreamResponse, router_service_client::RouterServiceClient,
+};
+use jumpstarter_router::{Router, RouterConfig, serve};
+use tokio::sync::mpsc;
+use tonic::{Code, Request, Status, Streaming};
+
+struct TestRouter {
+    addr: String,
+    ca: String,
+    key: RouterTokenKey,
+    router: Router,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+async fn start(pair_timeout: Duration) -> TestRouter {
+    let ca = CertificateAuthority::generate("test ca").unwrap();
+    let cert = ca.issue_server_cert(&["localhost"]).unwrap();
+    let (key, _) = RouterTokenKey::generate().unwrap();
+    let router = Router::new(key.clone(), RouterConfig { pair_timeout });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(serve(
+        router.clone(),
+        listener,
+        Some(cert.identity()),
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    TestRouter {
+        addr: format!("localhost:{port}"),
+        ca: ca.cert_pem().to_string(),
+        key,
+        router,
+        _stop: stop,
+    }
+}
+
+/// One end of a tunnel: a sender of frames and the responses.
+struct End {
+    tx: mpsc::Sender<StreamRequest>,
+    rx: Streaming<StreamResponse>,
+}
+
+async fn open(r: &TestRouter, token: &str) -> Result<End, Status> {
+    let channel = connect_channel(
+        &r.addr,
+        &ConnectOptions {
+            insecure: false,
+            passphrase: None,
+            ca_pem: Some(r.ca.clone().into_bytes()),
+        },
+    )
+    .await
+    .unwrap();
+    let (tx, rx) = mpsc::channel(4);
+    let mut req = Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+    req.metadata_mut()
+        .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    let resp = RouterServiceClient::new(channel).stream(req).await?;
+    Ok(End {
+        tx,
+        rx: resp.into_inner(),
+    })
+}
+
+fn data(b: &[u8]) -> StreamRequest {
+    StreamRequest {
+        payload: b.to_vec(),
+        frame_type: FrameType::Data as i32,
+    }
+}
+
+async fn next(end: &mut End) -> Option<Result<StreamResponse, Status>> {
+    tokio::time::timeout(Duration::from_secs(10), end.rx.next())
+        .await
+        .expect("no frame within 10s")
+}
+
+#[tokio::test]
+async fn pairs_two_streams_and_forwards_frames_unchanged() {
+    let r = start(Duration::from_secs(30)).await;
+    let token = r.key.issue().unwrap().token;
+    let mut a = open(&r, &token).await.unwrap();
+    let mut b = open(&r, &token).await.unwrap();
+    a.tx.send(data(b"from a")).await.unwrap();
+    let f = next(&mut b).await.unwrap().unwrap();
+    assert_eq!(f.payload, b"from a");
+    b.tx.send(data(b"from b")).await.unwrap();
+    b.tx.send(StreamRequest {
+        payload: vec![],
+        frame_type: FrameType::Ping as i32,
+    })
+    .await
+    .unwrap();
+    assert_eq!(next(&mut a).await.unwrap().unwrap().payload, b"from b");
+    assert_eq!(
+        next(&mut a).await.unwrap().unwrap().frame_type,
+        FrameType::Ping as i32
+    );
+    // Many frames keep their order.
+    for i in 0..200u32 {
+        a.tx.send(data(&i.to_be_bytes())).await.unwrap();
+    }
+    for i in 0..200u32 {
+        assert_eq!(
+            next(&mut b).await.unwrap().unwrap().payload,
+            i.to_be_bytes()
+        );
+    }
+    let stats = r.router.stats();
+    assert_eq!(
+        stats
+            .active_tunnels
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    // One side ending ends the other.
+    drop(a.tx);
+    assert!(next(&mut b).await.is_none_or(|r| r.is_err()));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        stats
+            .active_tunnels
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
+}
+
+#[tokio::test]
+async fn bad_tokens_are_refused() {
+    let r = start(Duration::from_secs(30)).await;
+    let (other_key, _) = RouterTokenKey::generate().unwrap();
+    let forged = other_key.issue().unwrap().token;
+    let hour_ago = SystemTime::now() - Duration::from_secs(3600);
+    let expired = r.key.issue_at("stream-x", hour_ago).unwrap().token;
+    for token in [forged.as_str(), expired.as_str(), "garbage", ""] {
+        let e = match open(&r, token).await {
+            Err(e) => e,
+            Ok(mut end) => match next(&mut end).await {
+                Some(Err(e)) => e,
+                other => panic!("token {token:?} accepted: {other:?}"),
+            },
+        };
+        assert!(
+            matches!(e.code(), Code::Unauthenticated | Code::InvalidArgument),
+            "{token:?}: {e:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_third_stream_on_a_paired_token_is_refused() {
+    let r = start(Duration::from_secs(30)).await;
+    let token = r.key.issue().unwrap().token;
+    let mut a = open(&r, &token).await.unwrap();
+    let mut b = open(&r, &token).await.unwrap();
+    let third = open(&r, &token).await;
+    let e = match third {
+        Err(e) => e,
+        Ok(mut end) => next(&mut end).await.unwrap().unwrap_err(),
+    };
+    assert_eq!(e.code(), Code::AlreadyExists);
+    // The pair is unaffected.
+    a.tx.send(data(b"still here")).await.unwrap();
+    assert_eq!(next(&mut b).await.unwrap().unwrap().payload, b"still here");
+    let _ = &mut a;
+}
+
+#[tokio::test]
+async fn streams_of_different_tokens_do_not_pair_and_time_out() {
+    let r = start(Duration::from_millis(300)).await;
+    let t1 = r.key.issue().unwrap().token;
+    let t2 = r.key.issue().unwrap().token;
+    let mut a = open(&r, &t1).await.unwrap();
+    let mut b = open(&r, &t2).await.unwrap();
+    a.tx.send(data(b"lost")).await.unwrap();
+    let e = next(&mut b).await.unwrap().unwrap_err();
+    assert_eq!(e.code(), Code::DeadlineExceeded);
+    let e = next(&mut a).await.unwrap().unwrap_err();
+    assert_eq!(e.code(), Code::DeadlineExceeded);
+}

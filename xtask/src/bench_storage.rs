@@ -1,0 +1,405 @@
+//! Storage throughput: upload and download of one image through MockStorageMux, ours vs
+//! the upstream Python client + exporter, over direct TCP and over a Unix socket, measured
+//! in the same run; plus our exporter's peak RSS (VmHWM).
+//!
+//! `run(&["--size-mib", "1024"])` (the default size is 1 GiB). Release builds are used.
+//! Our figures include the `j` process start; the Python figures are timed inside the
+//! Python script (its start-up excluded), which favours Python.
+
+use std::{
+    io::{BufRead, BufReader},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail, ensure};
+
+use crate::{
+    interop::{ensure_venv, tempfile_dir::Dir},
+    procs,
+};
+
+const CONFIG: &str = "apiVersion: jumpstarter.dev/v1alpha1
+kind: ExporterConfig
+metadata:
+  namespace: default
+  name: bench
+endpoint: \"\"
+token: \"\"
+export:
+  storage:
+    type: jumpstarter_driver_opendal.driver.MockStorageMux
+";
+
+const PY_CLIENT: &str = r#"
+import sys, time
+from jumpstarter.utils.env import env
+src, dst = sys.argv[1], sys.argv[2]
+with env() as client:
+    t = time.monotonic(); client.storage.write_local_file(src); up = time.monotonic() - t
+    t = time.monotonic(); client.storage.read_local_file(dst); down = time.monotonic() - t
+print(f"upload_seconds {up}")
+print(f"download_seconds {down}")
+"#;
+
+/// A child killed (SIGTERM, then SIGKILL) when dropped.
+struct Proc(Child);
+
+impl Proc {
+    fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let pid = self.0.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// One measured configuration.
+struct Figures {
+    name: String,
+    upload: f64,
+    download: f64,
+}
+
+fn mb_per_s(bytes: u64, secs: f64) -> f64 {
+    bytes as f64 / 1e6 / secs.max(1e-9)
+}
+
+fn random_file(path: &Path, len: u64) -> Result<()> {
+    use std::io::Write;
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut chunk = vec![0u8; 1 << 20];
+    let mut left = len;
+    while left > 0 {
+        for b in chunk.chunks_mut(8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            b.copy_from_slice(&x.to_le_bytes()[..b.len()]);
+        }
+        let n = left.min(chunk.len() as u64) as usize;
+        f.write_all(&chunk[..n])?;
+        left -= n as u64;
+    }
+    f.flush()?;
+    Ok(())
+}
+
+fn peak_rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+fn timed(mut cmd: Command, what: &str) -> Result<f64> {
+    let start = Instant::now();
+    let out = procs::run(
+        {
+            cmd.env("NO_COLOR", "1");
+            cmd
+        },
+        Duration::from_secs(900),
+    )?;
+    ensure!(
+        out.code == 0,
+        "{what} exited {}\n{}\n{}",
+        out.code,
+        out.stdout,
+        out.stderr
+    );
+    Ok(start.elapsed().as_secs_f64())
+}
+
+fn same_size(a: &Path, b: &Path) -> Result<()> {
+    let (la, lb) = (std::fs::metadata(a)?.len(), std::fs::metadata(b)?.len());
+    ensure!(
+        la == lb,
+        "{} has {la} bytes, {} has {lb}",
+        a.display(),
+        b.display()
+    );
+    Ok(())
+}
+
+/// Our exporter (`jmp run`) on TCP; returns it and its port.
+fn our_tcp_exporter(jmp: &Path, config: &Path) -> Result<(Proc, u16)> {
+    let mut child = Command::new(jmp)
+        .args(["run", "--exporter-config"])
+        .arg(config)
+        .args(["--tls-grpc-listener", "127.0.0.1:0", "--tls-grpc-insecure"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting jmp run")?;
+    let stderr = child.stderr.take();
+    let proc = Proc(child);
+    let (tx, rx) = std::sync::mpsc::channel();
+    if let Some(err) = stderr {
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = rx
+            .recv_timeout(left)
+            .context("jmp run did not report its port")?;
+        if let Some(rest) = line.split("listening on ").nth(1)
+            && let Some(port) = rest
+                .split_whitespace()
+                .next()
+                .and_then(|a| a.rsplit(':').next())
+                .and_then(|p| p.parse::<u16>().ok())
+        {
+            return Ok((proc, port));
+        }
+    }
+}
+
+fn parse_py(out: &str) -> Result<(f64, f64)> {
+    let get = |key: &str| -> Result<f64> {
+        out.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.trim().parse().ok())
+            .with_context(|| format!("no {key} in python output:\n{out}"))
+    };
+    Ok((get("upload_seconds ")?, get("download_seconds ")?))
+}
+
+/// Runs the storage benchmark and prints the figures.
+pub fn run(args: &[String]) -> Result<()> {
+    let mut size_mib: u64 = 1024;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--size-mib" => {
+                size_mib = it
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .context("--size-mib takes a number")?;
+            }
+            other => bail!("unknown bench-storage argument {other:?} (known: --size-mib N)"),
+        }
+    }
+    let size = size_mib * 1024 * 1024;
+    let venv = ensure_venv()?;
+    crate::cargo(&[
+        "build",
+        "--release",
+        "--quiet",
+        "-p",
+        "jumpstarter-cli",
+        "--bins",
+    ])?;
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| crate::workspace_root().join("target"));
+    let (jmp, j) = (target.join("release/jmp"), target.join("release/j"));
+    let work = Dir::new("jmp-bench-storage")?;
+    let config = work.path().join("exporter.yaml");
+    std::fs::write(&config, CONFIG)?;
+    let script = work.path().join("py_client.py");
+    std::fs::write(&script, PY_CLIENT)?;
+    let src = work.path().join("src.img");
+    let dst = work.path().join("dst.img");
+    println!("== storage bench: {size_mib} MiB through MockStorageMux");
+    random_file(&src, size)?;
+    let mut rows = Vec::new();
+    let mut peak = Vec::new();
+
+    // Ours, direct TCP.
+    {
+        let (exporter, port) = our_tcp_exporter(&jmp, &config)?;
+        let host = format!("127.0.0.1:{port}");
+        let ours = |sub: &str, file: &Path| {
+            let mut c = Command::new(&j);
+            c.env("JUMPSTARTER_HOST", &host)
+                .env("JMP_GRPC_INSECURE", "1")
+                .args(["storage", sub])
+                .arg(file);
+            c
+        };
+        let up = timed(ours("write-local-file", &src), "our j write-local-file")?;
+        let down = timed(ours("read-local-file", &dst), "our j read-local-file")?;
+        same_size(&src, &dst)?;
+        if let Some(kib) = peak_rss_kib(exporter.pid()) {
+            peak.push(("ours, TCP", kib));
+        }
+        rows.push(Figures {
+            name: "ours   TCP ".into(),
+            upload: up,
+            download: down,
+        });
+        let _ = std::fs::remove_file(&dst);
+    }
+
+    // Ours, Unix socket (the exporter inside `jmp shell`, timestamps from the shell).
+    {
+        let inner = format!(
+            "t0=$(date +%s.%N); \"{j}\" storage write-local-file \"{src}\" || exit 1; \
+             t1=$(date +%s.%N); \"{j}\" storage read-local-file \"{dst}\" || exit 1; \
+             t2=$(date +%s.%N); echo \"times $t0 $t1 $t2\"; grep VmHWM /proc/$PPID/status",
+            j = j.display(),
+            src = src.display(),
+            dst = dst.display()
+        );
+        let mut c = Command::new(&jmp);
+        c.args(["shell", "--exporter-config"])
+            .arg(&config)
+            .args(["--", "sh", "-c", &inner]);
+        let out = procs::run(c, Duration::from_secs(900))?;
+        ensure!(
+            out.code == 0,
+            "jmp shell storage bench exited {}\n{}\n{}",
+            out.code,
+            out.stdout,
+            out.stderr
+        );
+        let times: Vec<f64> = out
+            .stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("times "))
+            .map(|t| {
+                t.split_whitespace()
+                    .filter_map(|v| v.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        ensure!(times.len() == 3, "no timings in:\n{}", out.stdout);
+        same_size(&src, &dst)?;
+        if let Some(kib) = out
+            .stdout
+            .lines()
+            .find(|l| l.starts_with("VmHWM:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+        {
+            peak.push(("ours, Unix socket (jmp shell)", kib));
+        }
+        rows.push(Figures {
+            name: "ours   Unix".into(),
+            upload: times[1] - times[0],
+            download: times[2] - times[1],
+        });
+        let _ = std::fs::remove_file(&dst);
+    }
+
+    let python = venv.join("bin/python");
+    let py_env = |c: &mut Command, host: &str| {
+        c.env("JUMPSTARTER_HOST", host)
+            .env("JMP_GRPC_INSECURE", "1")
+            .env("JMP_DRIVERS_ALLOW", "UNSAFE")
+            .env("JMP_CLIENT_CONFIG_HOME", work.path().join("py-config"));
+    };
+
+    // Python, direct TCP.
+    {
+        let port = procs::free_port()?;
+        let mut c = Command::new(venv.join("bin/jmp"));
+        c.args(["run", "--exporter-config"])
+            .arg(&config)
+            .args([
+                "--tls-grpc-listener",
+                &format!("127.0.0.1:{port}"),
+                "--tls-grpc-insecure",
+            ])
+            .env("JMP_CLIENT_CONFIG_HOME", work.path().join("py-config"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let _exporter = Proc(c.spawn().context("starting python jmp run")?);
+        procs::wait_port(port, Duration::from_secs(60))?;
+        let mut c = Command::new(&python);
+        c.arg(&script).arg(&src).arg(&dst);
+        py_env(&mut c, &format!("127.0.0.1:{port}"));
+        let out = procs::run(c, Duration::from_secs(1800))?;
+        ensure!(out.code == 0, "python client failed:\n{}", out.stderr);
+        let (up, down) = parse_py(&out.stdout)?;
+        same_size(&src, &dst)?;
+        rows.push(Figures {
+            name: "python TCP ".into(),
+            upload: up,
+            download: down,
+        });
+        let _ = std::fs::remove_file(&dst);
+    }
+
+    // Python, Unix socket.
+    {
+        let sock = work.path().join("py.sock");
+        let mut c = Command::new(&python);
+        c.arg(crate::workspace_root().join("xtask/interop/serve_unix.py"))
+            .arg(&config)
+            .arg(&sock)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let _exporter = Proc(c.spawn().context("starting python serve_unix.py")?);
+        procs::wait_path(&sock, Duration::from_secs(60))?;
+        let mut c = Command::new(&python);
+        c.arg(&script).arg(&src).arg(&dst);
+        py_env(&mut c, &sock.to_string_lossy());
+        let out = procs::run(c, Duration::from_secs(1800))?;
+        ensure!(out.code == 0, "python client failed:\n{}", out.stderr);
+        let (up, down) = parse_py(&out.stdout)?;
+        same_size(&src, &dst)?;
+        rows.push(Figures {
+            name: "python Unix".into(),
+            upload: up,
+            download: down,
+        });
+    }
+
+    println!("{:<12} {:>14} {:>16}", "", "upload MB/s", "download MB/s");
+    for r in &rows {
+        println!(
+            "{:<12} {:>14.0} {:>16.0}",
+            r.name,
+            mb_per_s(size, r.upload),
+            mb_per_s(size, r.download)
+        );
+    }
+    for transport in ["TCP ", "Unix"] {
+        let find = |who: &str| {
+            rows.iter()
+                .find(|r| r.name == format!("{who} {transport}"))
+                .map(|r| (mb_per_s(size, r.upload), mb_per_s(size, r.download)))
+        };
+        if let (Some(o), Some(p)) = (find("ours  "), find("python")) {
+            println!(
+                "speed-up {}: upload {:.1}x, download {:.1}x",
+                transport.trim(),
+                o.0 / p.0.max(1e-9),
+                o.1 / p.1.max(1e-9)
+            );
+        }
+    }
+    for (what, kib) in peak {
+        println!("exporter peak RSS ({what}): {:.1} MB", kib as f64 / 1024.0);
+    }
+    Ok(())
+}
