@@ -66,29 +66,19 @@ fn start_exporter(
     ours: bool,
     work: &std::path::Path,
 ) -> Result<(Background, u16)> {
-    let port = if ours { 0 } else { procs::free_port()? };
     let mut c = Command::new(jmp);
-    c.args(["run", "--exporter-config"])
-        .arg(config)
-        .args([
-            "--tls-grpc-listener",
-            &format!("127.0.0.1:{port}"),
-            "--tls-grpc-insecure",
-        ])
-        .env("JMP_CLIENT_CONFIG_HOME", work.join("config"))
+    c.env("JMP_CLIENT_CONFIG_HOME", work.join("config"))
         .env("JMP_LOG", "warn");
-    let mut bg = Background::start("exporter", c)?;
     if ours {
-        let line = bg.wait_for_line("listening on", Duration::from_secs(30))?;
-        let port = line
-            .split("listening on ")
-            .nth(1)
-            .and_then(|r| r.split_whitespace().next())
-            .and_then(|a| a.rsplit(':').next())
-            .and_then(|p| p.parse().ok())
-            .with_context(|| format!("no port in {line:?}"))?;
-        return Ok((bg, port));
+        return procs::start_our_exporter(c, config, &[]);
     }
+    let port = procs::free_port()?;
+    c.args(["run", "--exporter-config"]).arg(config).args([
+        "--tls-grpc-listener",
+        &format!("127.0.0.1:{port}"),
+        "--tls-grpc-insecure",
+    ]);
+    let bg = Background::start("exporter", c)?;
     procs::wait_port(port, Duration::from_secs(60))?;
     Ok((bg, port))
 }

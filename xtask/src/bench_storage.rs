@@ -7,9 +7,8 @@
 //! Python script (its start-up excluded), which favours Python.
 
 use std::{
-    io::{BufRead, BufReader},
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
@@ -17,7 +16,7 @@ use anyhow::{Context, Result, bail, ensure};
 
 use crate::{
     interop::{ensure_venv, tempfile_dir::Dir},
-    procs,
+    procs::{self, Background},
 };
 
 const CONFIG: &str = "apiVersion: jumpstarter.dev/v1alpha1
@@ -42,31 +41,6 @@ with env() as client:
 print(f"upload_seconds {up}")
 print(f"download_seconds {down}")
 "#;
-
-/// A child killed (SIGTERM, then SIGKILL) when dropped.
-struct Proc(Child);
-
-impl Proc {
-    fn pid(&self) -> u32 {
-        self.0.id()
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let pid = self.0.id().to_string();
-        let _ = Command::new("kill").args(["-TERM", &pid]).status();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.0.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// One measured configuration.
 struct Figures {
@@ -142,42 +116,8 @@ fn same_size(a: &Path, b: &Path) -> Result<()> {
 }
 
 /// Our exporter (`jmp run`) on TCP; returns it and its port.
-fn our_tcp_exporter(jmp: &Path, config: &Path) -> Result<(Proc, u16)> {
-    let mut child = Command::new(jmp)
-        .args(["run", "--exporter-config"])
-        .arg(config)
-        .args(["--tls-grpc-listener", "127.0.0.1:0", "--tls-grpc-insecure"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("starting jmp run")?;
-    let stderr = child.stderr.take();
-    let proc = Proc(child);
-    let (tx, rx) = std::sync::mpsc::channel();
-    if let Some(err) = stderr {
-        std::thread::spawn(move || {
-            for line in BufReader::new(err).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
-    }
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let line = rx
-            .recv_timeout(left)
-            .context("jmp run did not report its port")?;
-        if let Some(rest) = line.split("listening on ").nth(1)
-            && let Some(port) = rest
-                .split_whitespace()
-                .next()
-                .and_then(|a| a.rsplit(':').next())
-                .and_then(|p| p.parse::<u16>().ok())
-        {
-            return Ok((proc, port));
-        }
-    }
+fn our_tcp_exporter(jmp: &Path, config: &Path) -> Result<(Background, u16)> {
+    crate::procs::start_our_exporter(Command::new(jmp), config, &[])
 }
 
 fn parse_py(out: &str) -> Result<(f64, f64)> {
@@ -331,7 +271,7 @@ pub fn run(args: &[String]) -> Result<()> {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        let _exporter = Proc(c.spawn().context("starting python jmp run")?);
+        let _exporter = Background::start("python jmp run", c)?;
         procs::wait_port(port, Duration::from_secs(60))?;
         let mut c = Command::new(&python);
         c.arg(&script).arg(&src).arg(&dst);
@@ -358,7 +298,7 @@ pub fn run(args: &[String]) -> Result<()> {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        let _exporter = Proc(c.spawn().context("starting python serve_unix.py")?);
+        let _exporter = Background::start("python serve_unix.py", c)?;
         procs::wait_path(&sock, Duration::from_secs(60))?;
         let mut c = Command::new(&python);
         c.arg(&script).arg(&src).arg(&dst);

@@ -305,22 +305,7 @@ fn py_script_unix(env: &Env) -> Result<()> {
 
 /// Starts our exporter on a TCP port (port 0) and returns it with its port.
 fn our_direct_exporter(env: &Env, extra: &[&str]) -> Result<(Background, u16)> {
-    let mut c = env.ours(&env.jmp);
-    c.arg("run")
-        .arg("--exporter-config")
-        .arg(env.config())
-        .args(["--tls-grpc-listener", "127.0.0.1:0", "--tls-grpc-insecure"])
-        .args(extra);
-    let mut bg = Background::start("jmp run", c)?;
-    let line = bg.wait_for_line("listening on", Duration::from_secs(30))?;
-    let port = line
-        .split("listening on ")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|addr| addr.rsplit(':').next())
-        .and_then(|p| p.parse::<u16>().ok())
-        .with_context(|| format!("no port in {line:?}"))?;
-    Ok((bg, port))
+    procs::start_our_exporter(env.ours(&env.jmp), &env.config(), extra)
 }
 
 fn py_direct(env: &Env, port: u16, passphrase: Option<&str>) -> Command {

@@ -42,6 +42,11 @@ impl Background {
         })
     }
 
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Waits for a stderr line containing `needle`; returns it.
     pub fn wait_for_line(&mut self, needle: &str, timeout: Duration) -> Result<String> {
         let deadline = Instant::now() + timeout;
@@ -80,6 +85,29 @@ impl Drop for Background {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// Starts our `jmp run --exporter-config CONFIG --tls-grpc-listener 127.0.0.1:0
+/// --tls-grpc-insecure EXTRA...` and returns it with the port it reports.
+pub fn start_our_exporter(
+    mut cmd: Command,
+    config: &Path,
+    extra: &[&str],
+) -> Result<(Background, u16)> {
+    cmd.args(["run", "--exporter-config"])
+        .arg(config)
+        .args(["--tls-grpc-listener", "127.0.0.1:0", "--tls-grpc-insecure"])
+        .args(extra);
+    let mut bg = Background::start("jmp run", cmd)?;
+    let line = bg.wait_for_line("listening on", Duration::from_secs(30))?;
+    let port = line
+        .split("listening on ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|addr| addr.rsplit(':').next())
+        .and_then(|p| p.parse::<u16>().ok())
+        .with_context(|| format!("no port in {line:?}"))?;
+    Ok((bg, port))
 }
 
 /// A TCP port that was free a moment ago (for tools that cannot listen on port 0).
