@@ -94,6 +94,15 @@ pub async fn update_lease<S: Store>(
     )))
 }
 
+/// The lease `namespace/name`, or NOT_FOUND.
+async fn get_lease<S: Store>(store: &S, namespace: &str, name: &str) -> Result<Lease, Status> {
+    store
+        .get(namespace, name)
+        .await
+        .map_err(store_status)?
+        .ok_or_else(|| Status::not_found(format!("lease {name} not found")))
+}
+
 fn now() -> Timestamp {
     Timestamp::now()
 }
@@ -290,13 +299,7 @@ impl<S: Store> ControllerService for ControllerApi<S> {
         if lease_name.is_empty() {
             return Err(Status::unknown("empty lease name"));
         }
-        let lease: Lease = self
-            .0
-            .store
-            .get(&caller.namespace, &lease_name)
-            .await
-            .map_err(store_status)?
-            .ok_or_else(|| Status::not_found(format!("lease {lease_name} not found")))?;
+        let lease = get_lease(&self.0.store, &caller.namespace, &lease_name).await?;
         if lease.assigned_exporter() != Some(caller.name.as_str()) {
             return Err(Status::unknown("permission denied"));
         }
@@ -416,13 +419,7 @@ impl<S: Store> ControllerService for ControllerApi<S> {
             .authenticate(request.metadata(), ObjectKind::Client)
             .await?;
         let lease_name = request.into_inner().lease_name;
-        let lease: Lease = self
-            .0
-            .store
-            .get(&caller.namespace, &lease_name)
-            .await
-            .map_err(store_status)?
-            .ok_or_else(|| Status::not_found(format!("lease {lease_name} not found")))?;
+        let lease = get_lease(&self.0.store, &caller.namespace, &lease_name).await?;
         if lease.spec.client_ref.name != caller.name {
             return Err(Status::unknown("permission denied"));
         }
@@ -516,13 +513,7 @@ impl<S: Store> ControllerService for ControllerApi<S> {
             .authenticate(request.metadata(), ObjectKind::Client)
             .await?;
         let name = request.into_inner().name;
-        let lease: Lease = self
-            .0
-            .store
-            .get(&caller.namespace, &name)
-            .await
-            .map_err(store_status)?
-            .ok_or_else(|| Status::not_found(format!("lease {name} not found")))?;
+        let lease = get_lease(&self.0.store, &caller.namespace, &name).await?;
         if lease.spec.client_ref.name != caller.name {
             return Err(Status::unknown("GetLease permission denied"));
         }
