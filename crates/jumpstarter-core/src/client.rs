@@ -164,6 +164,24 @@ pub struct CallMetadata {
     entries: Arc<Vec<(&'static str, MetadataValue<tonic::metadata::Ascii>)>>,
 }
 
+/// Shows the keys only: the values include bearer tokens and passphrases.
+impl std::fmt::Debug for CallMetadata {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.entries.iter().map(|(k, _)| k))
+            .finish()
+    }
+}
+
+impl CallMetadata {
+    /// Metadata to add to every call.
+    pub fn new(entries: Vec<(&'static str, MetadataValue<tonic::metadata::Ascii>)>) -> Self {
+        Self {
+            entries: Arc::new(entries),
+        }
+    }
+}
+
 impl tonic::service::Interceptor for CallMetadata {
     fn call(&mut self, mut req: Request<()>) -> Result<Request<()>, Status> {
         for (k, v) in self.entries.iter() {

@@ -24,6 +24,11 @@ use indexmap::IndexMap;
 use serde::{Deserialize, Serialize};
 use serde_saphyr::Spanned;
 
+pub use crate::client_config::{
+    AdminConfig, ClientConfig, DriversConfig, LeasesConfig, ShellConfig, UserConfig,
+    UserConfigBody, decode_ca, encode_ca, write_private,
+};
+
 /// The API version of every config file.
 pub const API_VERSION: &str = "jumpstarter.dev/v1alpha1";
 
@@ -33,6 +38,14 @@ pub enum ConfigError {
     /// The file could not be read.
     #[error("cannot read {path}: {source}")]
     Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file could not be written.
+    #[error("cannot write {path}: {source}")]
+    Write {
         /// The file.
         path: PathBuf,
         /// Why.
@@ -203,6 +216,22 @@ pub struct ExporterConfig {
     /// `jmp run` restart policy.
     #[serde(rename = "failureDetection", default)]
     pub failure_detection: FailureDetection,
+    /// Direct path (ours, not upstream): serve leased clients on this `[HOST:]PORT` too, over
+    /// per-lease mutual TLS (see [`crate::direct`]). Absent: router only.
+    #[serde(
+        rename = "directListener",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub direct_listener: Option<String>,
+    /// The host name clients use for the direct listener (default: the listener's host,
+    /// or this machine's name when it listens on all addresses).
+    #[serde(
+        rename = "directAdvertise",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub direct_advertise: Option<String>,
     /// Where it was loaded from (not part of the file).
     #[serde(skip)]
     pub path: Option<PathBuf>,
@@ -444,5 +473,18 @@ export:
             cfg.export.keys().collect::<Vec<_>>()
         );
         assert_eq!(again.export["power"].config, cfg.export["power"].config);
+    }
+    #[test]
+    fn direct_listener_is_optional_and_round_trips() {
+        let cfg = ExporterConfig::parse(DEMO, Path::new("demo.yaml")).unwrap();
+        assert_eq!(cfg.direct_listener, None);
+        assert!(!cfg.to_yaml().unwrap().contains("direct"));
+        let text = format!("{DEMO}directListener: \"0.0.0.0:7000\"\ndirectAdvertise: lab1\n");
+        let cfg = ExporterConfig::parse(&text, Path::new("d.yaml")).unwrap();
+        assert_eq!(cfg.direct_listener.as_deref(), Some("0.0.0.0:7000"));
+        assert_eq!(cfg.direct_advertise.as_deref(), Some("lab1"));
+        let again = ExporterConfig::parse(&cfg.to_yaml().unwrap(), Path::new("a.yaml")).unwrap();
+        assert_eq!(again.direct_listener, cfg.direct_listener);
+        assert_eq!(again.direct_advertise, cfg.direct_advertise);
     }
 }

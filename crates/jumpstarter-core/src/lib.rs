@@ -9,15 +9,22 @@
 extern crate self as jumpstarter_core;
 
 pub mod auth;
+pub mod channel;
 pub mod client;
+pub mod client_config;
 pub mod config;
+pub mod direct;
 pub mod driver;
+pub mod exporter;
 pub mod frames;
+pub mod h2_authority;
+pub mod lease;
 pub mod registry;
 pub mod resource;
 pub mod serve;
 pub mod session;
 pub mod tree;
+pub mod tunnel;
 pub mod value;
 
 pub use client::ClientError;

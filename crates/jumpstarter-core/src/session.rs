@@ -10,11 +10,11 @@ use std::{
 
 use futures::{Stream, StreamExt};
 use jumpstarter_proto::v1::{
-    DriverCallRequest, DriverCallResponse, EndSessionRequest, EndSessionResponse, ExporterStatus,
-    GetReportResponse, GetStatusRequest, GetStatusResponse, LogSource, LogStreamResponse,
-    ResetRequest, ResetResponse, StreamRequest, StreamResponse, StreamingDriverCallRequest,
-    StreamingDriverCallResponse, exporter_service_server::ExporterService,
-    router_service_server::RouterService,
+    DriverCallRequest, DriverCallResponse, EndSessionRequest, EndSessionResponse, Endpoint,
+    ExporterStatus, GetReportResponse, GetStatusRequest, GetStatusResponse, LogSource,
+    LogStreamResponse, ResetRequest, ResetResponse, StreamRequest, StreamResponse,
+    StreamingDriverCallRequest, StreamingDriverCallResponse,
+    exporter_service_server::ExporterService, router_service_server::RouterService,
 };
 use tokio::sync::{broadcast, watch};
 use tonic::{Request, Response, Status, metadata::MetadataValue};
@@ -90,6 +90,7 @@ pub struct Session {
     logs: LogSink,
     status: watch::Sender<StatusState>,
     end_requested: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
+    alternative_endpoints: Mutex<Vec<Endpoint>>,
 }
 
 impl Session {
@@ -111,6 +112,7 @@ impl Session {
             logs: LogSink::default(),
             status,
             end_requested: Mutex::new(None),
+            alternative_endpoints: Mutex::new(Vec::new()),
         })
     }
 
@@ -157,13 +159,26 @@ impl Session {
         rx
     }
 
+    /// Sets the endpoints `GetReport` advertises besides the current connection (the
+    /// direct path, see [`crate::direct`]).
+    pub fn set_alternative_endpoints(&self, endpoints: Vec<Endpoint>) {
+        *self
+            .alternative_endpoints
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = endpoints;
+    }
+
     /// The `GetReport` answer.
     pub fn report(&self) -> GetReportResponse {
         GetReportResponse {
             uuid: self.uuid.to_string(),
             labels: self.labels.clone().into_iter().collect(),
             reports: self.root.reports(),
-            alternative_endpoints: Vec::new(),
+            alternative_endpoints: self
+                .alternative_endpoints
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
         }
     }
 

@@ -308,7 +308,7 @@ pub async fn serve(
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .add_service(router.service())
         .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            jumpstarter_core::serve::nodelay_incoming(listener),
             shutdown,
         )
         .await

@@ -7,6 +7,7 @@ mod thermostat;
 
 mod session;
 mod transport;
+mod tunnel;
 
 use std::{collections::BTreeMap, path::PathBuf, sync::Arc};
 

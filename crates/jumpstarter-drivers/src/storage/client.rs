@@ -518,7 +518,13 @@ fn run_mux(client: DriverClient, matches: ArgMatches) -> CliFuture {
         let Some((name, m)) = matches.subcommand() else {
             return Err(ClientError::Value("missing storage command".into()));
         };
-        let file = m.get_one::<PathBuf>("file").cloned().unwrap_or_default();
+        // `host`, `dut` and `off` take no file (`get_one` would panic on them).
+        let file = m
+            .try_get_one::<PathBuf>("file")
+            .ok()
+            .flatten()
+            .cloned()
+            .unwrap_or_default();
         match name {
             "host" => mux.host().await,
             "dut" => mux.dut().await,

@@ -602,3 +602,21 @@ async fn j_storage_commands_are_offered_with_help() {
         "{help}"
     );
 }
+
+#[tokio::test]
+async fn j_storage_switch_commands_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mux, _) = mux_with_file(dir.path());
+    let served = Served::start(vec![("storage", mux)]);
+    let session = served.client().await;
+    for sub in ["host", "dut", "off"] {
+        let matches = jumpstarter_drivers::cli::j_command(&session)
+            .try_get_matches_from(["j", "storage", sub])
+            .unwrap();
+        let (name, m) = matches.subcommand().unwrap();
+        let client = session.driver(name).unwrap();
+        jumpstarter_drivers::cli::run(client, m.clone())
+            .await
+            .unwrap_or_else(|e| panic!("j storage {sub}: {e}"));
+    }
+}

@@ -1,0 +1,711 @@
+//! The direct path: clients on the exporter's network bypass the router.
+//!
+//! An exporter started with a direct listener ([`DirectServer`]) serves each lease's
+//! session on a TLS port too. For every lease it makes a fresh in-memory CA, a server
+//! certificate for the advertised host and one client certificate
+//! ([`LeaseCredentials`]), and advertises them in `GetReportResponse.alternative_endpoints`
+//! — which only the lease holder can read, through its authenticated router tunnel. The
+//! listener accepts only TLS clients presenting that lease's client certificate; when the
+//! lease ends, the CA is dropped and every direct connection of the lease is cut, so the
+//! credentials stop working at once.
+//!
+//! A client reads the report through the router, tries the advertised endpoints with a
+//! short timeout ([`probe`]) and, when one answers with the same session, uses it
+//! ([`DirectTarget`]); otherwise it stays on the router. Upstream clients ignore the field.
+
+use std::{
+    future::Future,
+    net::SocketAddr,
+    pin::Pin,
+    sync::{Arc, Mutex},
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use futures::StreamExt as _;
+use hyper_util::rt::TokioIo;
+use jumpstarter_proto::v1::{
+    Endpoint, exporter_service_client::ExporterServiceClient,
+    exporter_service_server::ExporterServiceServer, router_service_server::RouterServiceServer,
+};
+use tokio::{
+    io::{AsyncRead, AsyncWrite, ReadBuf},
+    net::{TcpListener, TcpStream},
+    sync::mpsc,
+    task::JoinHandle,
+};
+use tokio_rustls::{
+    TlsConnector,
+    client::TlsStream,
+    rustls::{
+        self, RootCertStore,
+        pki_types::{CertificateDer, PrivateKeyDer, ServerName, pem::PemObject},
+    },
+};
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+use tonic::transport::{Certificate, Server, ServerTlsConfig, Uri, server::Connected};
+
+use crate::{
+    Session,
+    auth::{CertificateAuthority, IssuedCert, TlsError},
+    client::{CallMetadata, ClientError, SessionChannel, error_chain},
+    serve::{CONNECTION_WINDOW, STREAM_WINDOW},
+};
+
+/// How long a client waits for an advertised endpoint before staying on the router.
+pub const DIRECT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long a direct client may take to finish its TLS handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Accepted connections waiting for the lease's server (more are refused).
+const ACCEPT_QUEUE: usize = 16;
+
+/// Why the direct path could not be set up or used.
+#[derive(Debug, thiserror::Error)]
+pub enum DirectError {
+    /// `--direct-listener` / `directListener` is not `[HOST:]PORT`.
+    #[error("invalid direct listener {spec:?}: {reason}")]
+    Spec {
+        /// What was given.
+        spec: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The listener could not be bound.
+    #[error("cannot listen on {addr} for direct connections: {source}")]
+    Listen {
+        /// The address.
+        addr: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The lease's certificates could not be made.
+    #[error("cannot issue direct-path certificates for {host}: {source}")]
+    Certificates {
+        /// The advertised host.
+        host: String,
+        /// Why.
+        source: TlsError,
+    },
+    /// An advertised endpoint is unusable (bad address, certificate or key).
+    #[error("direct endpoint {endpoint:?}: {reason}")]
+    Endpoint {
+        /// The advertised `host:port`.
+        endpoint: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// Where the exporter listens for direct clients and the host it tells them to use.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DirectListenerSpec {
+    /// Address to bind (`host:port`, IPv6 in brackets).
+    pub bind: String,
+    /// Host clients connect to; goes into the server certificate.
+    pub advertise_host: String,
+}
+
+impl DirectListenerSpec {
+    /// Parses `[HOST:]PORT` (default host `0.0.0.0`). The advertised host is `advertise`,
+    /// else the listener host, else (a wildcard address) this machine's host name.
+    pub fn parse(spec: &str, advertise: Option<&str>) -> Result<Self, DirectError> {
+        let bad = |reason: &str| DirectError::Spec {
+            spec: spec.to_string(),
+            reason: reason.to_string(),
+        };
+        let s = spec.trim();
+        let (host, port) = if let Some(rest) = s.strip_prefix('[') {
+            rest.split_once("]:")
+                .ok_or_else(|| bad("expected [IPv6]:PORT"))?
+        } else {
+            match s.rsplit_once(':') {
+                Some((h, _)) if h.contains(':') => {
+                    return Err(bad("put an IPv6 address in brackets, e.g. [::1]:7000"));
+                }
+                Some((h, p)) => (h, p),
+                None => ("", s),
+            }
+        };
+        let port: u16 = port
+            .parse()
+            .map_err(|_| bad("expected [HOST:]PORT with a port number 0-65535"))?;
+        let host = if host.is_empty() { "0.0.0.0" } else { host };
+        if host.chars().any(|c| c.is_whitespace() || c == '/') {
+            return Err(bad("the host contains spaces or '/'"));
+        }
+        let bind = if host.contains(':') {
+            format!("[{host}]:{port}")
+        } else {
+            format!("{host}:{port}")
+        };
+        let wildcard = host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_unspecified());
+        let advertise_host = match advertise.map(str::trim).filter(|a| !a.is_empty()) {
+            Some(a) => a.trim_start_matches('[').trim_end_matches(']').to_string(),
+            None if wildcard => machine_host_name(),
+            None => host.to_string(),
+        };
+        if advertise_host
+            .chars()
+            .any(|c| c.is_whitespace() || c == '/')
+        {
+            return Err(bad("the advertised host contains spaces or '/'"));
+        }
+        Ok(Self {
+            bind,
+            advertise_host,
+        })
+    }
+}
+
+/// This machine's host name, or `127.0.0.1` when it cannot be found.
+fn machine_host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "127.0.0.1".into())
+}
+
+/// `host:port` for an endpoint string (IPv6 hosts in brackets).
+fn host_port(host: &str, port: u16) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+/// One lease's direct-path credentials: a fresh CA, the server certificate for the
+/// advertised host and the client certificate handed to the lease holder.
+pub struct LeaseCredentials {
+    ca_pem: String,
+    server: IssuedCert,
+    client: IssuedCert,
+}
+
+impl std::fmt::Debug for LeaseCredentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseCredentials")
+            .field("ca_pem", &self.ca_pem)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LeaseCredentials {
+    /// Issues new credentials for `lease`, with a server certificate for `host`. The CA's
+    /// key is dropped here: nothing else can ever be signed by it.
+    pub fn issue(lease: &str, host: &str) -> Result<Self, DirectError> {
+        let err = |source| DirectError::Certificates {
+            host: host.to_string(),
+            source,
+        };
+        let ca = CertificateAuthority::generate(&format!("jumpstarter lease {lease} direct CA"))
+            .map_err(err)?;
+        let server = ca.issue_server_cert(&[host]).map_err(err)?;
+        let client = ca
+            .issue_client_cert(&format!("jumpstarter lease {lease} client"))
+            .map_err(err)?;
+        Ok(Self {
+            ca_pem: ca.cert_pem().to_string(),
+            server,
+            client,
+        })
+    }
+
+    /// The CA certificate (PEM) both sides trust.
+    pub fn ca_pem(&self) -> &str {
+        &self.ca_pem
+    }
+
+    /// The advertisement for `endpoint` (`host:port`): CA to trust, client identity.
+    pub fn endpoint(&self, endpoint: &str) -> Endpoint {
+        Endpoint {
+            endpoint: endpoint.to_string(),
+            certificate: self.ca_pem.clone(),
+            client_certificate: self.client.cert_pem.clone(),
+            client_private_key: self.client.key_pem.clone(),
+        }
+    }
+
+    /// Server TLS that requires a client certificate issued by this lease's CA.
+    fn server_tls(&self) -> ServerTlsConfig {
+        ServerTlsConfig::new()
+            .identity(self.server.identity())
+            .client_ca_root(Certificate::from_pem(&self.ca_pem))
+            .client_auth_optional(false)
+            .timeout(HANDSHAKE_TIMEOUT)
+    }
+}
+
+/// A TCP connection that fails as soon as its lease ends, so no direct connection outlives
+/// the lease (a graceful HTTP/2 shutdown would wait for long streams).
+struct LeaseBound {
+    io: TcpStream,
+    ended: Pin<Box<WaitForCancellationFutureOwned>>,
+}
+
+impl LeaseBound {
+    fn check(&mut self, cx: &mut Context<'_>) -> Result<(), std::io::Error> {
+        if self.ended.as_mut().poll(cx).is_ready() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::ConnectionAborted,
+                "the lease of this direct connection ended",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl AsyncRead for LeaseBound {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        self.check(cx)?;
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for LeaseBound {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        self.check(cx)?;
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.check(cx)?;
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+impl Connected for LeaseBound {
+    type ConnectInfo = <TcpStream as Connected>::ConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.io.connect_info()
+    }
+}
+
+/// The lease currently served: where accepted connections go, and its end.
+struct ActiveLease {
+    queue: mpsc::Sender<LeaseBound>,
+    ended: CancellationToken,
+}
+
+/// The exporter's direct listener: bound once, it hands each accepted connection to the
+/// current lease's TLS server, and drops it when no lease is being served.
+pub struct DirectServer {
+    addr: SocketAddr,
+    advertise_host: String,
+    current: Arc<Mutex<Option<ActiveLease>>>,
+    accept: JoinHandle<()>,
+}
+
+impl std::fmt::Debug for DirectServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DirectServer")
+            .field("addr", &self.addr)
+            .field("advertise_host", &self.advertise_host)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for DirectServer {
+    fn drop(&mut self) {
+        self.accept.abort();
+        if let Some(lease) = self.slot().take() {
+            lease.ended.cancel();
+        }
+    }
+}
+
+impl DirectServer {
+    /// Binds the listener of `spec` (must run inside a tokio runtime).
+    pub async fn bind(spec: &DirectListenerSpec) -> Result<Self, DirectError> {
+        let listener =
+            TcpListener::bind(&spec.bind)
+                .await
+                .map_err(|source| DirectError::Listen {
+                    addr: spec.bind.clone(),
+                    source,
+                })?;
+        let addr = listener
+            .local_addr()
+            .map_err(|source| DirectError::Listen {
+                addr: spec.bind.clone(),
+                source,
+            })?;
+        let current: Arc<Mutex<Option<ActiveLease>>> = Arc::default();
+        let accept = tokio::spawn(accept_loop(listener, current.clone()));
+        Ok(Self {
+            addr,
+            advertise_host: spec.advertise_host.clone(),
+            current,
+            accept,
+        })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// What clients are told to connect to (`host:port`).
+    pub fn advertised_endpoint(&self) -> String {
+        host_port(&self.advertise_host, self.addr.port())
+    }
+
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<ActiveLease>> {
+        self.current.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Serves `session` of `lease` on the direct listener until `ended` fires: issues the
+    /// lease's credentials, sets them as the session's alternative endpoint, and starts a
+    /// TLS server accepting only that lease's client certificate. A lease served before
+    /// is cut off first.
+    pub fn serve_lease(
+        &self,
+        lease: &str,
+        session: &Arc<Session>,
+        ended: CancellationToken,
+    ) -> Result<JoinHandle<()>, DirectError> {
+        let creds = LeaseCredentials::issue(lease, &self.advertise_host)?;
+        let (queue, incoming) = mpsc::channel::<LeaseBound>(ACCEPT_QUEUE);
+        let svc = session.services();
+        let server = Server::builder()
+            .tcp_nodelay(true)
+            .initial_stream_window_size(Some(STREAM_WINDOW))
+            .initial_connection_window_size(Some(CONNECTION_WINDOW))
+            .tls_config(creds.server_tls())
+            .map_err(|e| DirectError::Certificates {
+                host: self.advertise_host.clone(),
+                source: TlsError::Generate(error_chain(&e)),
+            })?
+            .add_service(ExporterServiceServer::new(svc.clone()))
+            .add_service(RouterServiceServer::new(svc));
+        session.set_alternative_endpoints(vec![creds.endpoint(&self.advertised_endpoint())]);
+        if let Some(old) = self.slot().replace(ActiveLease {
+            queue,
+            ended: ended.clone(),
+        }) {
+            old.ended.cancel();
+        }
+        let name = lease.to_string();
+        let incoming =
+            tokio_stream::wrappers::ReceiverStream::new(incoming).map(Ok::<_, std::io::Error>);
+        let stop = ended.clone().cancelled_owned();
+        let current = self.current.clone();
+        Ok(tokio::spawn(async move {
+            if let Err(e) = server.serve_with_incoming_shutdown(incoming, stop).await {
+                tracing::warn!("lease {name}: direct listener: {}", error_chain(&e));
+            }
+            // Forget this lease (unless a newer one took its place already).
+            let mut slot = current.lock().unwrap_or_else(|p| p.into_inner());
+            if slot.as_ref().is_some_and(|l| l.ended.is_cancelled()) {
+                *slot = None;
+            }
+            tracing::debug!("lease {name}: direct listener closed");
+        }))
+    }
+}
+
+async fn accept_loop(listener: TcpListener, current: Arc<Mutex<Option<ActiveLease>>>) {
+    loop {
+        let (conn, peer) = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!("direct listener: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let _ = conn.set_nodelay(true);
+        let target = {
+            let slot = current.lock().unwrap_or_else(|p| p.into_inner());
+            slot.as_ref()
+                .filter(|l| !l.ended.is_cancelled())
+                .map(|l| (l.queue.clone(), l.ended.clone()))
+        };
+        let Some((queue, ended)) = target else {
+            tracing::debug!("direct listener: refused {peer}: no lease is being served");
+            continue;
+        };
+        let conn = LeaseBound {
+            io: conn,
+            ended: Box::pin(ended.cancelled_owned()),
+        };
+        if queue.try_send(conn).is_err() {
+            tracing::debug!("direct listener: refused {peer}: too many pending connections");
+        }
+    }
+}
+
+/// An advertised direct endpoint, ready to connect to with the lease's client identity.
+#[derive(Clone)]
+pub struct DirectTarget {
+    endpoint: String,
+    server_name: ServerName<'static>,
+    connector: TlsConnector,
+}
+
+impl std::fmt::Debug for DirectTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DirectTarget")
+            .field("endpoint", &self.endpoint)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DirectTarget {
+    /// Checks an advertisement: `host:port`, a CA certificate, a client certificate and its
+    /// key, all PEM.
+    pub fn from_endpoint(ep: &Endpoint) -> Result<Self, DirectError> {
+        let bad = |reason: String| DirectError::Endpoint {
+            endpoint: ep.endpoint.clone(),
+            reason,
+        };
+        let (host, _port) = crate::channel::split_host_port(&ep.endpoint)
+            .ok_or_else(|| bad("expected host:port".into()))?;
+        let server_name = ServerName::try_from(host.to_string())
+            .map_err(|e| bad(format!("bad host name {host:?}: {e}")))?;
+        let mut roots = RootCertStore::empty();
+        for cert in CertificateDer::pem_slice_iter(ep.certificate.as_bytes()) {
+            let cert = cert.map_err(|e| bad(format!("CA certificate: {e}")))?;
+            roots
+                .add(cert)
+                .map_err(|e| bad(format!("CA certificate: {e}")))?;
+        }
+        if roots.is_empty() {
+            return Err(bad("no CA certificate".into()));
+        }
+        let chain = CertificateDer::pem_slice_iter(ep.client_certificate.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| bad(format!("client certificate: {e}")))?;
+        if chain.is_empty() {
+            return Err(bad("no client certificate".into()));
+        }
+        let key = PrivateKeyDer::from_pem_slice(ep.client_private_key.as_bytes())
+            .map_err(|e| bad(format!("client private key: {e}")))?;
+        let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| bad(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, key)
+        .map_err(|e| bad(format!("client identity: {e}")))?;
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        Ok(Self {
+            endpoint: ep.endpoint.clone(),
+            server_name,
+            connector: TlsConnector::from(Arc::new(config)),
+        })
+    }
+
+    /// The `host:port` it connects to.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// A TLS connection to the endpoint, carrying whatever the caller speaks (the local
+    /// socket of `jmp shell` forwards raw HTTP/2 over it).
+    pub async fn connect_stream(&self) -> std::io::Result<TlsStream<TcpStream>> {
+        let tcp = TcpStream::connect(&self.endpoint).await?;
+        tcp.set_nodelay(true)?;
+        self.connector.connect(self.server_name.clone(), tcp).await
+    }
+
+    /// A gRPC channel to the exporter's session over the direct path.
+    pub async fn channel(&self) -> Result<SessionChannel, ClientError> {
+        let target = self.clone();
+        let channel = tonic::transport::Endpoint::from_static("http://jumpstarter-direct")
+            .tcp_nodelay(true)
+            .connect_timeout(DIRECT_CONNECT_TIMEOUT)
+            .initial_stream_window_size(STREAM_WINDOW)
+            .initial_connection_window_size(CONNECTION_WINDOW)
+            .connect_with_connector(tower::service_fn(move |_: Uri| {
+                let target = target.clone();
+                async move { target.connect_stream().await.map(TokioIo::new) }
+            }))
+            .await
+            .map_err(|e| ClientError::Connect {
+                target: format!("exporter (direct, {})", self.endpoint),
+                message: error_chain(&e),
+            })?;
+        Ok(tonic::service::interceptor::InterceptedService::new(
+            channel,
+            CallMetadata::default(),
+        ))
+    }
+
+    /// Whether the endpoint answers `GetReport` for the session with `uuid` within
+    /// `timeout`; the error says why not.
+    pub async fn check(&self, uuid: &str, timeout: Duration) -> Result<(), String> {
+        let attempt = async {
+            let channel = self.channel().await.map_err(|e| e.to_string())?;
+            let report = ExporterServiceClient::new(channel)
+                .get_report(())
+                .await
+                .map_err(|s| format!("GetReport: {} ({:?})", s.message(), s.code()))?
+                .into_inner();
+            if report.uuid != uuid {
+                return Err(format!(
+                    "serves another session ({}, expected {uuid})",
+                    report.uuid
+                ));
+            }
+            Ok(())
+        };
+        tokio::time::timeout(timeout, attempt)
+            .await
+            .map_err(|_| format!("no answer within {:.1}s", timeout.as_secs_f64()))?
+    }
+}
+
+/// The first of `endpoints` that answers for the session `uuid` within `timeout` each;
+/// `None` when none does (the reasons are logged at debug level).
+pub async fn probe(endpoints: &[Endpoint], uuid: &str, timeout: Duration) -> Option<DirectTarget> {
+    for ep in endpoints {
+        let target = match DirectTarget::from_endpoint(ep) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::debug!("{e}");
+                continue;
+            }
+        };
+        match target.check(uuid, timeout).await {
+            Ok(()) => return Some(target),
+            Err(e) => tracing::debug!("direct endpoint {}: {e}", ep.endpoint),
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listener_specs() {
+        let s = DirectListenerSpec::parse("127.0.0.1:0", None).unwrap();
+        assert_eq!(s.bind, "127.0.0.1:0");
+        assert_eq!(s.advertise_host, "127.0.0.1");
+        let s = DirectListenerSpec::parse("7000", Some("lab.example")).unwrap();
+        assert_eq!(s.bind, "0.0.0.0:7000");
+        assert_eq!(s.advertise_host, "lab.example");
+        let s = DirectListenerSpec::parse("0.0.0.0:7000", None).unwrap();
+        assert!(!s.advertise_host.is_empty() && s.advertise_host != "0.0.0.0");
+        let s = DirectListenerSpec::parse("[::1]:7000", None).unwrap();
+        assert_eq!(s.bind, "[::1]:7000");
+        assert_eq!(s.advertise_host, "::1");
+    }
+
+    #[test]
+    fn bad_listener_specs_name_the_input() {
+        for bad in ["", "x", "host:", "host:99999", "::1:7000", "a b:1"] {
+            let e = DirectListenerSpec::parse(bad, None)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(&format!("{bad:?}")), "{bad}: {e}");
+        }
+        let e = DirectListenerSpec::parse("1", Some("a/b"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("advertised"), "{e}");
+    }
+
+    #[test]
+    fn advertisement_carries_a_usable_client_identity() {
+        let creds = LeaseCredentials::issue("l1", "127.0.0.1").unwrap();
+        let ep = creds.endpoint("127.0.0.1:7000");
+        assert_eq!(ep.endpoint, "127.0.0.1:7000");
+        assert_eq!(ep.certificate, creds.ca_pem());
+        assert!(ep.certificate.contains("BEGIN CERTIFICATE"));
+        assert!(ep.client_certificate.contains("BEGIN CERTIFICATE"));
+        assert!(ep.client_private_key.contains("PRIVATE KEY"));
+        assert_ne!(ep.client_certificate, creds.server.cert_pem);
+        let target = DirectTarget::from_endpoint(&ep).unwrap();
+        assert_eq!(target.endpoint(), "127.0.0.1:7000");
+        // Every lease gets its own CA.
+        let other = LeaseCredentials::issue("l2", "127.0.0.1").unwrap();
+        assert_ne!(other.ca_pem(), creds.ca_pem());
+    }
+
+    #[test]
+    fn bad_advertisements_are_refused_with_the_field_named() {
+        let good = LeaseCredentials::issue("l", "localhost")
+            .unwrap()
+            .endpoint("localhost:1");
+        let cases: [(Endpoint, &str); 5] = [
+            (
+                Endpoint {
+                    endpoint: "nope".into(),
+                    ..good.clone()
+                },
+                "host:port",
+            ),
+            (
+                Endpoint {
+                    certificate: String::new(),
+                    ..good.clone()
+                },
+                "CA certificate",
+            ),
+            (
+                Endpoint {
+                    client_certificate: "garbage".into(),
+                    ..good.clone()
+                },
+                "client certificate",
+            ),
+            (
+                Endpoint {
+                    client_private_key: String::new(),
+                    ..good.clone()
+                },
+                "client private key",
+            ),
+            (
+                Endpoint {
+                    client_private_key: LeaseCredentials::issue("x", "localhost")
+                        .unwrap()
+                        .endpoint("localhost:1")
+                        .client_private_key,
+                    ..good.clone()
+                },
+                "client identity",
+            ),
+        ];
+        for (ep, want) in cases {
+            let e = DirectTarget::from_endpoint(&ep).unwrap_err().to_string();
+            assert!(e.contains(want), "want {want:?} in {e}");
+        }
+    }
+
+    #[tokio::test]
+    async fn probe_skips_dead_and_bad_endpoints() {
+        let dead = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = dead.local_addr().unwrap().port();
+        drop(dead);
+        let creds = LeaseCredentials::issue("l", "127.0.0.1").unwrap();
+        let eps = [
+            Endpoint::default(),
+            creds.endpoint(&format!("127.0.0.1:{port}")),
+        ];
+        let t = std::time::Instant::now();
+        assert!(probe(&eps, "u", DIRECT_CONNECT_TIMEOUT).await.is_none());
+        assert!(t.elapsed() < Duration::from_secs(5));
+    }
+}

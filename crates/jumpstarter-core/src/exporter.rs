@@ -1,0 +1,697 @@
+//! The exporter in controller mode: register with a controller, wait for leases and serve
+//! each lease's client through the router.
+//!
+//! [`run`] is what `jmp run --exporter-config FILE` does without `--tls-grpc-listener`:
+//!
+//! 1. `Register{labels: {}, reports}` (the driver tree's reports), `ReportStatus(AVAILABLE)`;
+//! 2. hold the `Status` stream; when it says `leased` with a lease name, start a fresh
+//!    [`Session`] on a private Unix socket, open `Listen{lease_name}`, report `LEASE_READY`,
+//!    and splice every `ListenResponse`'s router stream to a new connection to that socket;
+//! 3. when the lease ends, end its tunnels and session and report `AVAILABLE` again;
+//! 4. after any drop of the controller connection, reconnect with a capped, jittered backoff
+//!    (a lease in progress keeps being served meanwhile);
+//! 5. on shutdown, report `OFFLINE` and `Unregister` (within 10 s).
+//!
+//! With a direct listener ([`ExporterOptions::direct`]), each lease's session is also served
+//! there, over mutual TLS with credentials only that lease's client gets ([`crate::direct`]).
+
+use std::{
+    collections::BTreeMap,
+    future::Future,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
+
+use futures::StreamExt;
+use jumpstarter_proto::v1::{
+    DriverInstanceReport, ExporterStatus, ListenRequest, RegisterRequest, ReportStatusRequest,
+    StatusRequest, StatusResponse, UnregisterRequest,
+    controller_service_client::ControllerServiceClient,
+};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tonic::{Code, Status};
+
+use crate::{
+    Session,
+    channel::{AuthChannel, ControllerAuth, TlsSettings, connect_authenticated},
+    client::ClientError,
+    config::ExporterConfig,
+    direct::{DirectError, DirectListenerSpec, DirectServer},
+    h2_authority,
+    serve::serve_unix,
+    tree::DriverNode,
+    tunnel,
+};
+
+/// Why the exporter runtime stopped (it retries everything else).
+#[derive(Debug, thiserror::Error)]
+pub enum ExporterError {
+    /// The config lacks what controller mode needs.
+    #[error(
+        "{path}: `{field}` is not set (controller mode needs the controller endpoint and the exporter token)"
+    )]
+    MissingField {
+        /// The config file.
+        path: String,
+        /// The missing field.
+        field: &'static str,
+    },
+    /// The config's TLS block is unusable.
+    #[error("{path}: {message}")]
+    Config {
+        /// The config file.
+        path: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// The controller refused this exporter's credentials or request for good.
+    #[error("controller {endpoint} refused exporter {namespace}/{name}: {message} ({code:?})")]
+    Refused {
+        /// The controller endpoint.
+        endpoint: String,
+        /// The exporter namespace.
+        namespace: String,
+        /// The exporter name.
+        name: String,
+        /// The gRPC code.
+        code: Code,
+        /// The controller's message.
+        message: String,
+    },
+    /// The direct listener could not be set up.
+    #[error("{0}")]
+    Direct(#[from] DirectError),
+    /// The private directory for session sockets could not be made.
+    #[error("cannot create the session directory {path}: {source}")]
+    SessionDir {
+        /// The directory.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// Where and as whom the exporter reaches its controller.
+#[derive(Debug, Clone)]
+pub struct ControllerTarget {
+    /// Controller `host:port`.
+    pub endpoint: String,
+    /// TLS settings towards the controller and the routers.
+    pub tls: TlsSettings,
+    /// The exporter's credentials.
+    pub auth: ControllerAuth,
+}
+
+impl ControllerTarget {
+    /// From an exporter config (`endpoint`, `token`, `tls`, `metadata`); errors name the file
+    /// and the missing field.
+    pub fn from_config(cfg: &ExporterConfig) -> Result<Self, ExporterError> {
+        let path = cfg
+            .path
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|| "exporter config".into());
+        let missing = |field| ExporterError::MissingField {
+            path: path.clone(),
+            field,
+        };
+        let endpoint = cfg
+            .endpoint
+            .clone()
+            .filter(|e| !e.is_empty())
+            .ok_or_else(|| missing("endpoint"))?;
+        let token = cfg
+            .token
+            .clone()
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| missing("token"))?;
+        let tls = TlsSettings::from_config(&cfg.tls, cfg.path.as_deref()).map_err(|e| {
+            ExporterError::Config {
+                path: path.clone(),
+                message: e.to_string(),
+            }
+        })?;
+        let namespace = cfg.metadata.namespace.as_deref().unwrap_or("default");
+        Ok(Self {
+            endpoint,
+            tls,
+            auth: ControllerAuth::exporter(namespace, &cfg.metadata.name, &token),
+        })
+    }
+}
+
+/// Optional features of the exporter runtime.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ExporterOptions {
+    /// Also serve each lease on this direct listener (clients on the exporter's network
+    /// then bypass the router).
+    pub direct: Option<DirectListenerSpec>,
+}
+
+impl ExporterOptions {
+    /// From a config's `directListener` / `directAdvertise`.
+    pub fn from_config(cfg: &ExporterConfig) -> Result<Self, ExporterError> {
+        let direct = match cfg.direct_listener.as_deref() {
+            Some(spec) => Some(
+                DirectListenerSpec::parse(spec, cfg.direct_advertise.as_deref()).map_err(|e| {
+                    ExporterError::Config {
+                        path: cfg
+                            .path
+                            .as_ref()
+                            .map(|p| p.display().to_string())
+                            .unwrap_or_else(|| "exporter config".into()),
+                        message: format!("directListener: {e}"),
+                    }
+                })?,
+            ),
+            None => None,
+        };
+        Ok(Self { direct })
+    }
+}
+
+/// Exponential backoff with a cap and jitter (each delay is 50–100% of the nominal one).
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    base: Duration,
+    cap: Duration,
+    next: Duration,
+}
+
+impl Backoff {
+    /// Starts at `base`, doubles up to `cap`.
+    pub fn new(base: Duration, cap: Duration) -> Self {
+        Self {
+            base,
+            cap,
+            next: base,
+        }
+    }
+
+    /// The next delay (jittered); the nominal delay doubles.
+    pub fn next_delay(&mut self) -> Duration {
+        let nominal = self.next;
+        self.next = (self.next * 2).min(self.cap);
+        // Jitter from fresh random bits (uuid v4 is backed by the OS RNG).
+        let r = (uuid::Uuid::new_v4().as_u128() % 1000) as f64 / 1000.0;
+        nominal.mul_f64(0.5 + r / 2.0)
+    }
+
+    /// Back to the base delay (after a success).
+    pub fn reset(&mut self) {
+        self.next = self.base;
+    }
+}
+
+/// How long a departing exporter may spend saying goodbye.
+const GOODBYE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a lease's session may take to stop once its tunnels are cut.
+const SESSION_STOP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Runs the exporter of `cfg` (its driver tree already built as `tree`) in controller mode
+/// until `shutdown` resolves; then ends any lease session, reports `OFFLINE` and
+/// unregisters. Returns an error only for what retrying cannot fix (bad config, refused
+/// credentials).
+pub async fn run(
+    cfg: &ExporterConfig,
+    tree: DriverNode,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ExporterError> {
+    let target = ControllerTarget::from_config(cfg)?;
+    let options = ExporterOptions::from_config(cfg)?;
+    run_with_options(target, tree, options, shutdown).await
+}
+
+/// [`run`] with the controller target given directly.
+pub async fn run_with(
+    target: ControllerTarget,
+    tree: DriverNode,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ExporterError> {
+    run_with_options(target, tree, ExporterOptions::default(), shutdown).await
+}
+
+/// [`run_with`] plus optional features (the direct listener).
+pub async fn run_with_options(
+    target: ControllerTarget,
+    tree: DriverNode,
+    options: ExporterOptions,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ExporterError> {
+    let dir = SessionDir::create()?;
+    let direct = match &options.direct {
+        Some(spec) => {
+            let server = DirectServer::bind(spec).await?;
+            tracing::info!(
+                "direct listener on {} (advertised as {})",
+                server.local_addr(),
+                server.advertised_endpoint()
+            );
+            Some(server)
+        }
+        None => None,
+    };
+    let mut rt = Runtime {
+        direct,
+        reports: Session::new(tree.clone(), BTreeMap::new()).report().reports,
+        target,
+        tree,
+        dir,
+        lease: None,
+        leases_served: 0,
+        backoff: Backoff::new(Duration::from_millis(500), Duration::from_secs(30)),
+        channel: None,
+    };
+    tokio::pin!(shutdown);
+    let outcome = loop {
+        let r = tokio::select! {
+            _ = &mut shutdown => break Ok(()),
+            r = rt.connected_once() => r,
+        };
+        let e = match r {
+            Ok(()) => "the controller ended the status stream".to_string(),
+            Err(Failure::Fatal(e)) => break Err(e),
+            Err(Failure::Retry(e)) => e,
+        };
+        let delay = rt.backoff.next_delay();
+        tracing::warn!(
+            "controller {}: {e}; reconnecting in {:.1}s",
+            rt.target.endpoint,
+            delay.as_secs_f64()
+        );
+        tokio::select! {
+            _ = &mut shutdown => break Ok(()),
+            _ = tokio::time::sleep(delay) => {}
+        }
+    };
+    rt.end_lease(false).await;
+    if let Some(channel) = rt.channel.clone() {
+        let bye = async {
+            report_status(&channel, ExporterStatus::Offline, "Exporter shutting down").await;
+            let r = ControllerServiceClient::new(channel)
+                .unregister(UnregisterRequest {
+                    reason: "Exporter shutdown".into(),
+                })
+                .await;
+            if let Err(s) = r {
+                tracing::warn!("unregister failed: {}", s.message());
+            }
+        };
+        if tokio::time::timeout(GOODBYE_TIMEOUT, bye).await.is_err() {
+            tracing::warn!("the controller did not answer the unregistration in time");
+        }
+    }
+    tracing::info!("exporter stopped");
+    outcome
+}
+
+enum Failure {
+    Retry(String),
+    Fatal(ExporterError),
+}
+
+struct ActiveLease {
+    name: String,
+    cancel: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+struct Runtime {
+    direct: Option<DirectServer>,
+    target: ControllerTarget,
+    tree: DriverNode,
+    reports: Vec<DriverInstanceReport>,
+    dir: SessionDir,
+    lease: Option<ActiveLease>,
+    leases_served: u64,
+    backoff: Backoff,
+    channel: Option<AuthChannel>,
+}
+
+impl Runtime {
+    fn refused(&self, status: &Status) -> Failure {
+        let fatal = matches!(
+            status.code(),
+            Code::Unauthenticated | Code::PermissionDenied | Code::InvalidArgument | Code::NotFound
+        ) || status.message().contains("token is expired");
+        if fatal {
+            Failure::Fatal(ExporterError::Refused {
+                endpoint: self.target.endpoint.clone(),
+                namespace: self.target.auth.namespace.clone(),
+                name: self.target.auth.name.clone(),
+                code: status.code(),
+                message: status.message().to_string(),
+            })
+        } else {
+            Failure::Retry(format!("{} ({:?})", status.message(), status.code()))
+        }
+    }
+
+    /// One controller connection: register, report, follow the status stream until it drops.
+    async fn connected_once(&mut self) -> Result<(), Failure> {
+        let channel = match &self.channel {
+            Some(c) => c.clone(),
+            None => {
+                let c = connect_authenticated(
+                    &self.target.endpoint,
+                    &self.target.tls,
+                    &self.target.auth,
+                )
+                .await
+                .map_err(|e: ClientError| Failure::Retry(e.to_string()))?;
+                // tonic channels reconnect by themselves: keep this one for good.
+                self.channel = Some(c.clone());
+                c
+            }
+        };
+        let mut ctl = ControllerServiceClient::new(channel.clone());
+        ctl.register(RegisterRequest {
+            labels: Default::default(),
+            reports: self.reports.clone(),
+        })
+        .await
+        .map_err(|s| self.refused(&s))?;
+        let mut status = ctl
+            .status(StatusRequest {})
+            .await
+            .map_err(|s| self.refused(&s))?
+            .into_inner();
+        tracing::info!(
+            "registered with controller {} as {}/{}",
+            self.target.endpoint,
+            self.target.auth.namespace,
+            self.target.auth.name
+        );
+        self.backoff.reset();
+        match &self.lease {
+            None => {
+                report_status(
+                    &channel,
+                    ExporterStatus::Available,
+                    "Exporter registered and available",
+                )
+                .await
+            }
+            Some(_) => {
+                report_status(&channel, ExporterStatus::LeaseReady, "Ready for commands").await
+            }
+        }
+        loop {
+            match status.next().await {
+                Some(Ok(msg)) => self.on_status(msg, &channel).await,
+                Some(Err(s)) => return Err(self.refused(&s)),
+                None => return Ok(()),
+            }
+        }
+    }
+
+    async fn on_status(&mut self, msg: StatusResponse, channel: &AuthChannel) {
+        let wanted = msg.lease_name.filter(|n| msg.leased && !n.is_empty());
+        let current = self.lease.as_ref().map(|l| l.name.clone());
+        if wanted == current {
+            return;
+        }
+        if current.is_some() {
+            self.end_lease(true).await;
+        }
+        if let Some(name) = wanted {
+            self.start_lease(name, msg.client_name.unwrap_or_default(), channel);
+        }
+    }
+
+    fn start_lease(&mut self, name: String, client: String, channel: &AuthChannel) {
+        self.leases_served += 1;
+        let socket = self
+            .dir
+            .path
+            .join(format!("lease{}@socket", self.leases_served));
+        tracing::info!("lease {name} started (client {client})");
+        let cancel = CancellationToken::new();
+        let session = Session::new(self.tree.clone(), BTreeMap::new());
+        if let Some(direct) = &self.direct {
+            // The direct server stops by itself when `cancel` fires.
+            if let Err(e) = direct.serve_lease(&name, &session, cancel.clone()) {
+                tracing::warn!("lease {name}: no direct path: {e}");
+            }
+        }
+        let task = tokio::spawn(serve_lease(LeaseContext {
+            name: name.clone(),
+            session,
+            socket,
+            channel: channel.clone(),
+            tls: self.target.tls.clone(),
+            cancel: cancel.clone(),
+        }));
+        self.lease = Some(ActiveLease { name, cancel, task });
+    }
+
+    /// Ends the current lease's tunnels and session; reports `AVAILABLE` when `report`.
+    async fn end_lease(&mut self, report: bool) {
+        let Some(lease) = self.lease.take() else {
+            return;
+        };
+        lease.cancel.cancel();
+        let mut task = lease.task;
+        if tokio::time::timeout(SESSION_STOP_TIMEOUT, &mut task)
+            .await
+            .is_err()
+        {
+            task.abort();
+        }
+        tracing::info!("lease {} ended", lease.name);
+        if report && let Some(channel) = &self.channel {
+            report_status(
+                channel,
+                ExporterStatus::Available,
+                "Available for new lease",
+            )
+            .await;
+        }
+    }
+}
+
+struct LeaseContext {
+    name: String,
+    session: Arc<Session>,
+    socket: PathBuf,
+    channel: AuthChannel,
+    tls: TlsSettings,
+    cancel: CancellationToken,
+}
+
+/// Serves one lease: its session socket, the `Listen` stream (reopened when it drops) and a
+/// tunnel per `ListenResponse`; everything ends when `cancel` fires.
+async fn serve_lease(cx: LeaseContext) {
+    let LeaseContext {
+        name,
+        session,
+        socket,
+        channel,
+        tls,
+        cancel,
+    } = cx;
+    let _ = std::fs::remove_file(&socket);
+    let server = match serve_unix(session.clone(), &socket, cancel.clone().cancelled_owned()) {
+        Ok(server) => tokio::spawn(server),
+        Err(e) => {
+            tracing::error!("lease {name}: cannot serve the session: {e}");
+            return;
+        }
+    };
+    let mut ctl = ControllerServiceClient::new(channel.clone());
+    let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(10));
+    let mut ready = false;
+    let mut end_session = session.on_end_session();
+    'listen: while !cancel.is_cancelled() {
+        let answer = tokio::select! {
+            _ = cancel.cancelled() => break,
+            r = ctl.listen(ListenRequest { lease_name: name.clone() }) => r,
+        };
+        match answer {
+            Ok(stream) => {
+                backoff.reset();
+                let mut stream = stream.into_inner();
+                if !ready {
+                    ready = true;
+                    session.set_status(
+                        ExporterStatus::LeaseReady,
+                        Some("Ready for commands".into()),
+                    );
+                    report_status(&channel, ExporterStatus::LeaseReady, "Ready for commands").await;
+                }
+                loop {
+                    tokio::select! {
+                        _ = cancel.cancelled() => break 'listen,
+                        _ = &mut end_session => {
+                            // No hooks: the session ends at once and the exporter is free again.
+                            tracing::info!("lease {name}: the client ended the session");
+                            session.set_status(
+                                ExporterStatus::Available,
+                                Some("Available for new lease".into()),
+                            );
+                            report_status(&channel, ExporterStatus::Available, "Available for new lease").await;
+                            end_session = session.on_end_session();
+                        }
+                        msg = stream.next() => match msg {
+                            Some(Ok(resp)) => {
+                                let socket = socket.clone();
+                                let tls = tls.clone();
+                                let cancel = cancel.clone();
+                                let name = name.clone();
+                                tokio::spawn(async move {
+                                    if let Err(e) = connect_tunnel(&socket, &resp.router_endpoint, &resp.router_token, &tls, cancel).await {
+                                        tracing::warn!("lease {name}: tunnel failed: {e}");
+                                    }
+                                });
+                            }
+                            Some(Err(s)) => {
+                                tracing::warn!("lease {name}: listen stream broke: {}", s.message());
+                                break;
+                            }
+                            None => {
+                                tracing::debug!("lease {name}: listen stream ended");
+                                break;
+                            }
+                        }
+                    }
+                }
+            }
+            Err(s) => tracing::warn!("lease {name}: listen failed: {}", s.message()),
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => break,
+            _ = tokio::time::sleep(backoff.next_delay()) => {}
+        }
+    }
+    session.set_status(ExporterStatus::Available, None);
+    match tokio::time::timeout(SESSION_STOP_TIMEOUT, server).await {
+        Ok(Ok(Ok(()))) => {}
+        Ok(Ok(Err(e))) => tracing::warn!("lease {name}: session server: {e}"),
+        Ok(Err(e)) => tracing::warn!("lease {name}: session server task: {e}"),
+        Err(_) => tracing::warn!("lease {name}: session server did not stop in time"),
+    }
+    let _ = std::fs::remove_file(&socket);
+}
+
+async fn connect_tunnel(
+    socket: &Path,
+    endpoint: &str,
+    token: &str,
+    tls: &TlsSettings,
+    cancel: CancellationToken,
+) -> Result<(), tunnel::TunnelError> {
+    let conn = tokio::net::UnixStream::connect(socket).await?;
+    // Python clients send an `:authority` hyper rejects; fix it on the way in.
+    let (tunnel_end, session_end) = tokio::io::duplex(64 * 1024);
+    tokio::spawn(async move {
+        if let Err(e) = h2_authority::splice(session_end, conn).await {
+            tracing::debug!("tunnel to session socket ended: {e}");
+        }
+    });
+    tunnel::attach(endpoint, tls, token, tunnel_end, cancel.cancelled_owned()).await
+}
+
+/// Reports a status, retrying a few times while the controller is unreachable; tolerates
+/// controllers without `ReportStatus` (UNIMPLEMENTED).
+async fn report_status(channel: &AuthChannel, status: ExporterStatus, message: &str) {
+    let mut ctl = ControllerServiceClient::new(channel.clone());
+    let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(5));
+    for _ in 0..5 {
+        let r = ctl
+            .report_status(ReportStatusRequest {
+                status: status as i32,
+                message: Some(message.into()),
+                release_lease: None,
+            })
+            .await;
+        match r {
+            Ok(_) => return,
+            Err(s) if s.code() == Code::Unimplemented => return,
+            Err(s) if matches!(s.code(), Code::Unavailable | Code::DeadlineExceeded) => {
+                tokio::time::sleep(backoff.next_delay()).await;
+            }
+            Err(s) => {
+                tracing::warn!(
+                    "reporting status {} failed: {}",
+                    status.as_str_name(),
+                    s.message()
+                );
+                return;
+            }
+        }
+    }
+    tracing::warn!(
+        "reporting status {}: controller unreachable",
+        status.as_str_name()
+    );
+}
+
+/// A private (0700) directory for session sockets, removed on drop.
+struct SessionDir {
+    path: PathBuf,
+}
+
+impl SessionDir {
+    fn create() -> Result<Self, ExporterError> {
+        use std::os::unix::fs::DirBuilderExt;
+        let base = std::env::var_os("XDG_RUNTIME_DIR")
+            .filter(|d| !d.is_empty() && Path::new(d).is_dir())
+            .map(PathBuf::from)
+            .unwrap_or_else(std::env::temp_dir);
+        let path = base.join(format!(
+            "jumpstarter-exporter-{}",
+            uuid::Uuid::new_v4().simple()
+        ));
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&path)
+            .map_err(|source| ExporterError::SessionDir {
+                path: path.clone(),
+                source,
+            })?;
+        Ok(Self { path })
+    }
+}
+
+impl Drop for SessionDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_is_capped_and_jittered() {
+        let mut b = Backoff::new(Duration::from_millis(100), Duration::from_millis(400));
+        let d: Vec<Duration> = (0..6).map(|_| b.next_delay()).collect();
+        assert!(d[0] >= Duration::from_millis(50) && d[0] <= Duration::from_millis(100));
+        assert!(d[5] >= Duration::from_millis(200) && d[5] <= Duration::from_millis(400));
+        b.reset();
+        assert!(b.next_delay() <= Duration::from_millis(100));
+    }
+
+    #[test]
+    fn missing_endpoint_or_token_names_the_field() {
+        let mut cfg = ExporterConfig::parse(
+            "apiVersion: jumpstarter.dev/v1alpha1\nkind: ExporterConfig\nmetadata:\n  namespace: default\n  name: e\ntoken: t\n",
+            Path::new("/x/e.yaml"),
+        )
+        .unwrap();
+        cfg.path = Some(PathBuf::from("/x/e.yaml"));
+        let e = ControllerTarget::from_config(&cfg).unwrap_err().to_string();
+        assert!(e.contains("/x/e.yaml") && e.contains("endpoint"), "{e}");
+        cfg.endpoint = Some("localhost:1".into());
+        cfg.token = None;
+        let e = ControllerTarget::from_config(&cfg).unwrap_err().to_string();
+        assert!(e.contains("token"), "{e}");
+        cfg.token = Some("t".into());
+        let t = ControllerTarget::from_config(&cfg).unwrap();
+        assert_eq!(t.auth.kind, Some("Exporter"));
+        assert_eq!(t.auth.name, "e");
+    }
+}

@@ -1,0 +1,801 @@
+//! The client in distributed mode: lease an exporter through the controller and reach it
+//! through the router.
+//!
+//! ```no_run
+//! # async fn demo(cfg: jumpstarter_core::config::ClientConfig) -> Result<(), jumpstarter_core::lease::LeaseError> {
+//! use std::time::Duration;
+//! use jumpstarter_core::{client::ExporterSession, lease::*};
+//! let controller = ControllerClient::connect(&cfg).await?;
+//! let request = LeaseRequest::new("board=rpi4", Duration::from_secs(1800));
+//! let lease = acquire(&controller, LeaseSource::Create(request), Duration::from_secs(600), |name, why| {
+//!     eprintln!("Waiting for lease {name}: {why}");
+//! }).await?;
+//! let session = ExporterSession::from_channel(lease.session_channel().await?).await
+//!     .map_err(LeaseError::Connect)?;
+//! session.driver("power").map_err(LeaseError::Connect)?.call::<()>("on", ()).await
+//!     .map_err(LeaseError::Connect)?;
+//! lease.release().await?;
+//! # Ok(()) }
+//! ```
+
+use std::{collections::BTreeMap, future::Future, path::Path, sync::Arc, time::Duration};
+
+use jumpstarter_proto::{
+    client_v1::{
+        CreateLeaseRequest, DeleteLeaseRequest, GetExporterRequest, GetLeaseRequest, Lease,
+        client_service_client::ClientServiceClient,
+    },
+    v1::{
+        Condition, DialRequest, controller_service_client::ControllerServiceClient,
+        exporter_service_client::ExporterServiceClient,
+    },
+};
+use tokio::net::UnixListener;
+use tokio_util::sync::CancellationToken;
+use tonic::Code;
+
+use crate::{
+    channel::{AuthChannel, TlsSettings, client_credentials, connect_authenticated},
+    client::{ClientError, SessionChannel},
+    config::ClientConfig,
+    direct::{self, DIRECT_CONNECT_TIMEOUT, DirectTarget},
+    tunnel::{self, TicketSource, TunnelTicket},
+};
+
+/// Why leasing or reaching an exporter failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseError {
+    /// The controller (or the exporter through it) could not be reached.
+    #[error("{0}")]
+    Connect(ClientError),
+    /// A controller RPC failed.
+    #[error("{rpc}: {message}")]
+    Rpc {
+        /// The RPC.
+        rpc: &'static str,
+        /// Its gRPC code.
+        code: Code,
+        /// The controller's message.
+        message: String,
+    },
+    /// The lease can never become ready (Unsatisfiable, Invalid) or has ended.
+    #[error("lease {lease} {state}: {message}")]
+    Failed {
+        /// The lease name.
+        lease: String,
+        /// What happened (`is unsatisfiable`, `is invalid`, `has ended`).
+        state: &'static str,
+        /// The controller's condition message.
+        message: String,
+    },
+    /// The lease was not ready within the acquisition timeout.
+    #[error("lease {lease} was not ready within {secs}s (last status: {last})")]
+    Timeout {
+        /// The lease name.
+        lease: String,
+        /// The timeout.
+        secs: u64,
+        /// Why it was still waiting.
+        last: String,
+    },
+    /// A bad argument (duration, selector, lease name).
+    #[error("{0}")]
+    Invalid(String),
+    /// A local socket could not be opened.
+    #[error("cannot listen on {path}: {source}")]
+    Listen {
+        /// The socket path.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+impl LeaseError {
+    fn rpc(rpc: &'static str, s: tonic::Status) -> Self {
+        LeaseError::Rpc {
+            rpc,
+            code: s.code(),
+            message: s.message().to_string(),
+        }
+    }
+}
+
+/// What to lease.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct LeaseRequest {
+    /// Label selector (`k=v,k2!=v2`), may be empty when `exporter_name` is set.
+    pub selector: String,
+    /// A specific exporter.
+    pub exporter_name: Option<String>,
+    /// How long.
+    pub duration: Duration,
+    /// When the lease should begin (default: as soon as possible).
+    pub begin_time: Option<prost_types::Timestamp>,
+    /// Tags to set on the lease.
+    pub tags: BTreeMap<String, String>,
+    /// A lease name to ask for (default: the controller picks one).
+    pub lease_id: Option<String>,
+}
+
+impl LeaseRequest {
+    /// A request by selector.
+    pub fn new(selector: impl Into<String>, duration: Duration) -> Self {
+        Self {
+            selector: selector.into(),
+            duration,
+            ..Self::default()
+        }
+    }
+
+    /// Refuses a request without a selector or exporter name, or with a zero duration.
+    pub fn check(&self) -> Result<(), LeaseError> {
+        if self.selector.trim().is_empty()
+            && self.exporter_name.as_deref().is_none_or(str::is_empty)
+        {
+            return Err(LeaseError::Invalid(
+                "one of --selector/-l or --name/-n is required".into(),
+            ));
+        }
+        if self.duration.is_zero() {
+            return Err(LeaseError::Invalid(
+                "the lease duration must be positive".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Create a lease, or use one that exists (`--lease` / `JMP_LEASE`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum LeaseSource {
+    /// Create a new lease (released again by [`AcquiredLease::release`]).
+    Create(LeaseRequest),
+    /// Use this lease (short or `namespaces/NS/leases/NAME`); never released by us.
+    Existing(String),
+}
+
+/// A client's authenticated connection to its controller.
+#[derive(Clone)]
+pub struct ControllerClient {
+    channel: AuthChannel,
+    namespace: String,
+    tls: TlsSettings,
+}
+
+impl ControllerClient {
+    /// Connects as the client of `cfg`.
+    pub async fn connect(cfg: &ClientConfig) -> Result<Self, LeaseError> {
+        let (endpoint, tls, auth) = client_credentials(cfg).map_err(LeaseError::Connect)?;
+        let channel = connect_authenticated(&endpoint, &tls, &auth)
+            .await
+            .map_err(LeaseError::Connect)?;
+        Ok(Self {
+            channel,
+            namespace: auth.namespace,
+            tls,
+        })
+    }
+
+    fn lease_resource(&self, name: &str) -> String {
+        if name.starts_with("namespaces/") {
+            name.to_string()
+        } else {
+            format!("namespaces/{}/leases/{name}", self.namespace)
+        }
+    }
+
+    async fn get_lease(&self, resource: &str) -> Result<Lease, LeaseError> {
+        ClientServiceClient::new(self.channel.clone())
+            .get_lease(GetLeaseRequest {
+                name: resource.to_string(),
+            })
+            .await
+            .map(|r| r.into_inner())
+            .map_err(|s| LeaseError::rpc("GetLease", s))
+    }
+
+    async fn create_lease(&self, req: &LeaseRequest) -> Result<Lease, LeaseError> {
+        let secs = i64::try_from(req.duration.as_secs())
+            .map_err(|_| LeaseError::Invalid("the lease duration is too long".into()))?;
+        let lease = Lease {
+            selector: req.selector.clone(),
+            duration: Some(prost_types::Duration {
+                seconds: secs,
+                nanos: i32::try_from(req.duration.subsec_nanos()).unwrap_or(0),
+            }),
+            begin_time: req.begin_time,
+            exporter_name: req.exporter_name.clone().filter(|n| !n.is_empty()),
+            tags: req.tags.clone().into_iter().collect(),
+            ..Default::default()
+        };
+        ClientServiceClient::new(self.channel.clone())
+            .create_lease(CreateLeaseRequest {
+                parent: format!("namespaces/{}", self.namespace),
+                lease_id: req.lease_id.clone().unwrap_or_default(),
+                lease: Some(lease),
+            })
+            .await
+            .map(|r| r.into_inner())
+            .map_err(|s| LeaseError::rpc("CreateLease", s))
+    }
+
+    async fn delete_lease(&self, resource: &str) -> Result<(), LeaseError> {
+        ClientServiceClient::new(self.channel.clone())
+            .delete_lease(DeleteLeaseRequest {
+                name: resource.to_string(),
+            })
+            .await
+            .map(|_| ())
+            .map_err(|s| LeaseError::rpc("DeleteLease", s))
+    }
+}
+
+/// The last path segment of a resource name (`namespaces/ns/leases/x` → `x`).
+fn short_name(resource: &str) -> &str {
+    resource.rsplit('/').next().unwrap_or(resource)
+}
+
+fn condition<'a>(lease: &'a Lease, kind: &str) -> Option<&'a Condition> {
+    lease
+        .conditions
+        .iter()
+        .find(|c| c.r#type.as_deref() == Some(kind))
+}
+
+fn is_true(c: Option<&Condition>) -> bool {
+    c.is_some_and(|c| c.status.as_deref() == Some("True"))
+}
+
+fn condition_text(c: &Condition) -> String {
+    c.message
+        .clone()
+        .filter(|m| !m.is_empty())
+        .or_else(|| c.reason.clone())
+        .unwrap_or_default()
+}
+
+/// Where a lease stands.
+enum LeaseState {
+    Ready,
+    Waiting(String),
+    Failed(&'static str, String),
+}
+
+fn lease_state(lease: &Lease) -> LeaseState {
+    if is_true(condition(lease, "Ready")) {
+        return LeaseState::Ready;
+    }
+    for (kind, state) in [
+        ("Unsatisfiable", "is unsatisfiable"),
+        ("Invalid", "is invalid"),
+    ] {
+        if let Some(c) = condition(lease, kind).filter(|c| is_true(Some(c))) {
+            return LeaseState::Failed(state, condition_text(c));
+        }
+    }
+    if let Some(c) = condition(lease, "Ready").filter(|c| c.status.as_deref() == Some("False"))
+        && matches!(c.reason.as_deref(), Some("Released") | Some("Expired"))
+    {
+        return LeaseState::Failed("has ended", condition_text(c));
+    }
+    match condition(lease, "Pending") {
+        Some(c) if is_true(Some(c)) => LeaseState::Waiting(condition_text(c)),
+        _ => LeaseState::Waiting("waiting for the controller to schedule it".into()),
+    }
+}
+
+/// How often a waiting lease is polled.
+const POLL_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Creates (or looks up) a lease and waits until it is ready, calling `on_wait(lease, why)`
+/// whenever the reason for waiting changes (the `Pending` condition's message, which says
+/// the place in the queue). A lease we created is released again if acquiring fails.
+pub async fn acquire(
+    controller: &ControllerClient,
+    source: LeaseSource,
+    acquisition_timeout: Duration,
+    mut on_wait: impl FnMut(&str, &str),
+) -> Result<AcquiredLease, LeaseError> {
+    let (resource, owned) = match &source {
+        LeaseSource::Create(req) => {
+            req.check()?;
+            let lease = controller.create_lease(req).await?;
+            (lease.name, true)
+        }
+        LeaseSource::Existing(name) => {
+            if name.trim().is_empty() {
+                return Err(LeaseError::Invalid("the lease name is empty".into()));
+            }
+            (controller.lease_resource(name.trim()), false)
+        }
+    };
+    let name = short_name(&resource).to_string();
+    let waited = wait_ready(
+        controller,
+        &resource,
+        &name,
+        acquisition_timeout,
+        &mut on_wait,
+    )
+    .await;
+    let lease = match waited {
+        Ok(l) => l,
+        Err(e) => {
+            if owned && let Err(d) = controller.delete_lease(&resource).await {
+                tracing::debug!("releasing lease {name} after a failure: {d}");
+            }
+            return Err(e);
+        }
+    };
+    let exporter_resource = lease.exporter.clone().unwrap_or_default();
+    let exporter_labels = ClientServiceClient::new(controller.channel.clone())
+        .get_exporter(GetExporterRequest {
+            name: exporter_resource.clone(),
+            show_hidden_labels: false,
+        })
+        .await
+        .map(|r| r.into_inner().labels.into_iter().collect())
+        .unwrap_or_else(|s| {
+            tracing::debug!("GetExporter {exporter_resource}: {}", s.message());
+            BTreeMap::new()
+        });
+    Ok(AcquiredLease {
+        dialer: Arc::new(LeaseDialer {
+            channel: controller.channel.clone(),
+            lease: name.clone(),
+        }),
+        controller: controller.clone(),
+        exporter: short_name(&exporter_resource).to_string(),
+        exporter_labels,
+        name,
+        resource,
+        owned,
+    })
+}
+
+async fn wait_ready(
+    controller: &ControllerClient,
+    resource: &str,
+    name: &str,
+    timeout: Duration,
+    on_wait: &mut impl FnMut(&str, &str),
+) -> Result<Lease, LeaseError> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut last = String::new();
+    loop {
+        let lease = controller.get_lease(resource).await?;
+        match lease_state(&lease) {
+            LeaseState::Ready => return Ok(lease),
+            LeaseState::Failed(state, message) => {
+                return Err(LeaseError::Failed {
+                    lease: name.to_string(),
+                    state,
+                    message,
+                });
+            }
+            LeaseState::Waiting(why) => {
+                if why != last {
+                    on_wait(name, &why);
+                    last = why;
+                }
+            }
+        }
+        if tokio::time::Instant::now() + POLL_INTERVAL > deadline {
+            return Err(LeaseError::Timeout {
+                lease: name.to_string(),
+                secs: timeout.as_secs(),
+                last,
+            });
+        }
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+}
+
+/// Dials the exporter of one lease through the controller (`Dial`).
+pub struct LeaseDialer {
+    channel: AuthChannel,
+    lease: String,
+}
+
+/// How long `Dial` is retried while the exporter is not ready or not listening.
+pub const DIAL_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl TicketSource for LeaseDialer {
+    /// `Dial{lease}`, retrying FAILED_PRECONDITION "not ready" and UNAVAILABLE (backoff
+    /// 0.3 s doubling up to 2 s) for up to [`DIAL_TIMEOUT`], as upstream.
+    async fn ticket(&self) -> Result<TunnelTicket, ClientError> {
+        let mut ctl = ControllerServiceClient::new(self.channel.clone());
+        let deadline = tokio::time::Instant::now() + DIAL_TIMEOUT;
+        let mut delay = Duration::from_millis(300);
+        loop {
+            let r = ctl
+                .dial(DialRequest {
+                    lease_name: self.lease.clone(),
+                })
+                .await;
+            match r {
+                Ok(r) => {
+                    let r = r.into_inner();
+                    return Ok(TunnelTicket {
+                        router_endpoint: r.router_endpoint,
+                        router_token: r.router_token,
+                    });
+                }
+                Err(s) => {
+                    let retry = s.code() == Code::Unavailable
+                        || (s.code() == Code::FailedPrecondition
+                            && s.message().contains("not ready"));
+                    if !retry || tokio::time::Instant::now() + delay > deadline {
+                        return Err(ClientError::Connect {
+                            target: format!("the exporter of lease {}", self.lease),
+                            message: format!("Dial: {}", s.message()),
+                        });
+                    }
+                    tracing::debug!("dial {}: {}; retrying", self.lease, s.message());
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(2));
+                }
+            }
+        }
+    }
+}
+
+/// A ready lease.
+pub struct AcquiredLease {
+    controller: ControllerClient,
+    dialer: Arc<LeaseDialer>,
+    /// The lease name (short form, what `JMP_LEASE` holds).
+    pub name: String,
+    /// `namespaces/NS/leases/NAME`.
+    pub resource: String,
+    /// The exporter's name.
+    pub exporter: String,
+    /// The exporter's labels.
+    pub exporter_labels: BTreeMap<String, String>,
+    /// Whether we created it (and so release it).
+    pub owned: bool,
+}
+
+impl AcquiredLease {
+    /// A gRPC channel to the exporter's session; each connection is a new `Dial` and tunnel.
+    pub async fn session_channel(&self) -> Result<SessionChannel, LeaseError> {
+        tunnel::session_channel(self.dialer.clone(), self.controller.tls.clone())
+            .await
+            .map_err(LeaseError::Connect)
+    }
+
+    /// `JMP_EXPORTER_LABELS`: `k=v` pairs sorted by key, comma-separated.
+    pub fn labels_env(&self) -> String {
+        self.exporter_labels
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Binds a Unix socket at `path` and returns the future that serves it until `cancel`:
+    /// every connection is `Dial`ed and tunnelled to the exporter's session, so a client
+    /// that reconnects after a dropped tunnel gets a fresh one. This is what
+    /// `JUMPSTARTER_HOST` points at inside `jmp shell`.
+    pub fn serve_local(
+        &self,
+        path: &Path,
+        cancel: CancellationToken,
+    ) -> Result<impl Future<Output = ()> + Send + 'static, LeaseError> {
+        self.serve_local_via(path, None, cancel)
+    }
+
+    /// Finds a direct path to the exporter: reads the session's report through the router
+    /// and returns the first advertised endpoint that answers for the same session within
+    /// `timeout` ([`crate::direct`]); `None` when there is none (stay on the router).
+    pub async fn find_direct(&self, timeout: Duration) -> Result<Option<DirectTarget>, LeaseError> {
+        let channel = self.session_channel().await?;
+        let report = ExporterServiceClient::new(channel)
+            .get_report(())
+            .await
+            .map_err(|s| LeaseError::rpc("GetReport", s))?
+            .into_inner();
+        Ok(direct::probe(&report.alternative_endpoints, &report.uuid, timeout).await)
+    }
+
+    /// [`AcquiredLease::serve_local`], forwarding each local connection over `direct` (raw
+    /// bytes over the lease's mutual-TLS connection) when given; a connection the direct
+    /// endpoint does not take goes through the router instead.
+    pub fn serve_local_via(
+        &self,
+        path: &Path,
+        direct: Option<DirectTarget>,
+        cancel: CancellationToken,
+    ) -> Result<impl Future<Output = ()> + Send + 'static, LeaseError> {
+        let listener = UnixListener::bind(path).map_err(|source| LeaseError::Listen {
+            path: path.display().to_string(),
+            source,
+        })?;
+        let dialer = self.dialer.clone();
+        let tls = self.controller.tls.clone();
+        Ok(async move {
+            loop {
+                let conn = tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    c = listener.accept() => c,
+                };
+                let conn = match conn {
+                    Ok((conn, _)) => conn,
+                    Err(e) => {
+                        tracing::warn!("local socket: {e}");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                };
+                let dialer = dialer.clone();
+                let tls = tls.clone();
+                let cancel = cancel.clone();
+                let direct = direct.clone();
+                tokio::spawn(async move {
+                    let mut conn = conn;
+                    if let Some(direct) = direct {
+                        let connected =
+                            tokio::time::timeout(DIRECT_CONNECT_TIMEOUT, direct.connect_stream())
+                                .await;
+                        match connected {
+                            Ok(Ok(mut remote)) => {
+                                tokio::select! {
+                                    _ = cancel.cancelled() => {}
+                                    r = tokio::io::copy_bidirectional(&mut conn, &mut remote) => {
+                                        if let Err(e) = r {
+                                            tracing::debug!("direct connection {}: {e}", direct.endpoint());
+                                        }
+                                    }
+                                }
+                                return;
+                            }
+                            Ok(Err(e)) => tracing::warn!(
+                                "direct endpoint {}: {e}; using the router",
+                                direct.endpoint()
+                            ),
+                            Err(_) => tracing::warn!(
+                                "direct endpoint {} did not answer; using the router",
+                                direct.endpoint()
+                            ),
+                        }
+                    }
+                    let ticket = match dialer.ticket().await {
+                        Ok(t) => t,
+                        Err(e) => {
+                            tracing::warn!("{e}");
+                            return;
+                        }
+                    };
+                    let r = tunnel::attach(
+                        &ticket.router_endpoint,
+                        &tls,
+                        &ticket.router_token,
+                        conn,
+                        cancel.cancelled_owned(),
+                    )
+                    .await;
+                    if let Err(e) = r {
+                        tracing::warn!("lease {}: {e}", dialer.lease);
+                    }
+                });
+            }
+        })
+    }
+
+    /// Releases the lease (`DeleteLease`) if we created it.
+    pub async fn release(&self) -> Result<(), LeaseError> {
+        if !self.owned {
+            return Ok(());
+        }
+        self.controller.delete_lease(&self.resource).await
+    }
+}
+
+/// Parses a duration in the formats upstream's `jmp` accepts: seconds (`90`), human
+/// (`30m`, `3h30m`, `1d3h40m`, `2 days`), ISO 8601 (`PT1H30M`, `P1DT2H`) and clock time
+/// (`01:30:00`, `2 days, 01:30:00`, `4:13` = minutes:seconds).
+pub fn parse_duration(text: &str) -> Result<Duration, LeaseError> {
+    let bad = |why: &str| LeaseError::Invalid(format!("invalid duration {text:?}: {why}"));
+    let s = text.trim();
+    if s.is_empty() {
+        return Err(bad("empty"));
+    }
+    if let Ok(secs) = s.parse::<f64>() {
+        return seconds(secs).ok_or_else(|| bad("must be a non-negative number of seconds"));
+    }
+    if let Some(iso) = s.strip_prefix(['P', 'p']) {
+        return parse_iso(iso)
+            .and_then(seconds)
+            .ok_or_else(|| bad("not an ISO 8601 duration (e.g. PT1H30M)"));
+    }
+    if s.contains(':') {
+        let (days, clock) = match s.rsplit_once(',') {
+            Some((d, c)) => (
+                parse_human(d.trim()).ok_or_else(|| bad("bad day count"))?,
+                c,
+            ),
+            None => (0.0, s),
+        };
+        let parts: Vec<&str> = clock.trim().split(':').collect();
+        let nums: Option<Vec<f64>> = parts.iter().map(|p| p.trim().parse::<f64>().ok()).collect();
+        let nums = nums.ok_or_else(|| bad("expected HH:MM:SS"))?;
+        let secs = match nums.as_slice() {
+            [m, s] => m * 60.0 + s,
+            [h, m, s] => h * 3600.0 + m * 60.0 + s,
+            _ => return Err(bad("expected HH:MM:SS")),
+        };
+        return seconds(days + secs).ok_or_else(|| bad("out of range"));
+    }
+    parse_human(s)
+        .and_then(seconds)
+        .ok_or_else(|| bad("expected e.g. 30m, 3h30m, 1d, PT1H30M or 01:30:00"))
+}
+
+fn seconds(secs: f64) -> Option<Duration> {
+    (secs.is_finite() && (0.0..1e12).contains(&secs)).then(|| Duration::from_secs_f64(secs))
+}
+
+/// `1d3h40m`, `2 days 3 hours`, `90s`: a sum of number+unit terms, in seconds.
+fn parse_human(s: &str) -> Option<f64> {
+    let mut total = 0.0;
+    let mut rest = s.trim();
+    if rest.is_empty() {
+        return None;
+    }
+    while !rest.is_empty() {
+        let num_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        if num_len == 0 {
+            return None;
+        }
+        let n: f64 = rest[..num_len].parse().ok()?;
+        rest = rest[num_len..].trim_start();
+        let unit_len = rest
+            .find(|c: char| !c.is_ascii_alphabetic())
+            .unwrap_or(rest.len());
+        let unit = rest[..unit_len].to_ascii_lowercase();
+        rest = rest[unit_len..].trim_start_matches([' ', ',']);
+        let factor = match unit.as_str() {
+            "w" | "wk" | "wks" | "week" | "weeks" => 604_800.0,
+            "d" | "day" | "days" => 86_400.0,
+            "h" | "hr" | "hrs" | "hour" | "hours" => 3600.0,
+            "m" | "min" | "mins" | "minute" | "minutes" => 60.0,
+            "s" | "sec" | "secs" | "second" | "seconds" | "" => 1.0,
+            "ms" => 0.001,
+            _ => return None,
+        };
+        total += n * factor;
+    }
+    Some(total)
+}
+
+/// The part of an ISO 8601 duration after `P`: `[nW][nD][T[nH][nM][nS]]`.
+fn parse_iso(s: &str) -> Option<f64> {
+    let (date, time) = match s.split_once(['T', 't']) {
+        Some((d, t)) => (d, Some(t)),
+        None => (s, None),
+    };
+    let mut total = 0.0;
+    let mut any = false;
+    let mut take = |part: &str, units: &[(char, f64)]| -> Option<()> {
+        let mut rest = part;
+        while !rest.is_empty() {
+            let end = rest.find(|c: char| c.is_ascii_alphabetic())?;
+            let n: f64 = rest[..end].parse().ok()?;
+            let unit = rest[end..].chars().next()?.to_ascii_uppercase();
+            let factor = units.iter().find(|(u, _)| *u == unit)?.1;
+            total += n * factor;
+            any = true;
+            rest = &rest[end + 1..];
+        }
+        Some(())
+    };
+    take(
+        date,
+        &[('Y', 365.0 * 86_400.0), ('W', 604_800.0), ('D', 86_400.0)],
+    )?;
+    if let Some(t) = time {
+        if t.is_empty() {
+            return None;
+        }
+        take(t, &[('H', 3600.0), ('M', 60.0), ('S', 1.0)])?;
+    }
+    any.then_some(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secs(s: &str) -> u64 {
+        parse_duration(s).unwrap().as_secs()
+    }
+
+    #[test]
+    fn durations_in_upstream_formats() {
+        assert_eq!(secs("90"), 90);
+        assert_eq!(secs("30m"), 1800);
+        assert_eq!(secs("3h30m"), 12_600);
+        assert_eq!(secs("1d3h40m"), 99_600);
+        assert_eq!(secs("2 days"), 172_800);
+        assert_eq!(secs("PT1H30M"), 5400);
+        assert_eq!(secs("P1DT2H30M"), 95_400);
+        assert_eq!(secs("P1W"), 604_800);
+        assert_eq!(secs("00:30:00"), 1800);
+        assert_eq!(secs("01:30:00"), 5400);
+        assert_eq!(secs("4:13"), 253);
+        assert_eq!(secs("2 days, 01:30:00"), 178_200);
+        assert_eq!(secs("0"), 0);
+    }
+
+    #[test]
+    fn bad_durations_are_refused_with_the_input_named() {
+        for bad in [
+            "",
+            "abc",
+            "5 parsecs",
+            "P",
+            "PT",
+            "1:2:3:4",
+            "-5",
+            "1h-",
+            "Px1D",
+        ] {
+            let e = parse_duration(bad).unwrap_err().to_string();
+            assert!(e.contains("invalid duration"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn requests_need_a_target_and_a_positive_duration() {
+        let r = LeaseRequest::new("", Duration::from_secs(60));
+        assert!(r.check().unwrap_err().to_string().contains("--selector"));
+        let r = LeaseRequest::new("a=b", Duration::ZERO);
+        assert!(r.check().unwrap_err().to_string().contains("positive"));
+        let mut r = LeaseRequest::new("", Duration::from_secs(1));
+        r.exporter_name = Some("ex".into());
+        assert!(r.check().is_ok());
+    }
+
+    fn cond(kind: &str, status: &str, reason: &str, message: &str) -> Condition {
+        Condition {
+            r#type: Some(kind.into()),
+            status: Some(status.into()),
+            reason: Some(reason.into()),
+            message: Some(message.into()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn lease_states_from_conditions() {
+        let mut l = Lease::default();
+        assert!(matches!(lease_state(&l), LeaseState::Waiting(_)));
+        l.conditions = vec![cond(
+            "Pending",
+            "True",
+            "NotAvailable",
+            "all busy (position 2 in queue)",
+        )];
+        match lease_state(&l) {
+            LeaseState::Waiting(w) => assert!(w.contains("position 2"), "{w}"),
+            _ => panic!("expected waiting"),
+        }
+        l.conditions
+            .push(cond("Ready", "True", "Ready", "acquired"));
+        assert!(matches!(lease_state(&l), LeaseState::Ready));
+        l.conditions = vec![cond("Unsatisfiable", "True", "NoAccess", "no policy")];
+        assert!(matches!(
+            lease_state(&l),
+            LeaseState::Failed("is unsatisfiable", m) if m == "no policy"
+        ));
+        l.conditions = vec![cond("Ready", "False", "Released", "released by client")];
+        assert!(matches!(
+            lease_state(&l),
+            LeaseState::Failed("has ended", _)
+        ));
+        assert_eq!(short_name("namespaces/a/leases/x"), "x");
+    }
+}
