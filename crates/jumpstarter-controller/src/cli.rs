@@ -1,10 +1,33 @@
 //! Command line of the `jumpstarter-controller` binary.
 
-use std::path::PathBuf;
+use std::{path::PathBuf, time::Duration};
 
-use clap::Parser;
+use clap::{Parser, ValueEnum};
 
-use crate::server::{ControllerConfig, start};
+use crate::{
+    server::{ControllerConfig, RunningController, start},
+    store::Store,
+};
+
+/// Where the controller keeps its objects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StoreKind {
+    /// SQLite in the data directory (one machine).
+    Sqlite,
+    /// The `jumpstarter.dev` CRDs of a Kubernetes cluster (in-cluster service account or
+    /// KUBECONFIG); adds leader election, the `jumpstarter-controller` ConfigMap and
+    /// credential Secrets.
+    Kubernetes,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let d = crate::duration::GoDuration::parse(s).map_err(|e| e.to_string())?;
+    u64::try_from(d.as_nanos())
+        .ok()
+        .filter(|n| *n > 0)
+        .map(Duration::from_nanos)
+        .ok_or_else(|| format!("{s:?} must be a positive duration"))
+}
 
 /// Jumpstarter controller: inventory, authentication and leases, with an embedded store and
 /// an in-process router. With no flags it keeps its data in the user's data directory.
@@ -28,7 +51,136 @@ pub struct Args {
     /// advertised endpoints).
     #[arg(long, default_value = "localhost", env = "JUMPSTARTER_ADVERTISE_HOST")]
     pub advertise_host: String,
+    /// Where to write the admin config `jmp admin` uses (endpoint, CA, admin token); rewritten
+    /// on every start [default: $JMP_ADMIN_CONFIG, else ~/.config/jumpstarter/admin.yaml].
+    #[arg(
+        long,
+        value_name = "PATH",
+        env = "JUMPSTARTER_ADMIN_CONFIG",
+        conflicts_with = "no_admin_config"
+    )]
+    pub admin_config: Option<PathBuf>,
+    /// Do not write an admin config.
+    #[arg(long)]
+    pub no_admin_config: bool,
+    /// Own server certificate (PEM) instead of one issued by the controller's CA.
+    #[arg(
+        long,
+        value_name = "PATH",
+        env = "JUMPSTARTER_TLS_CERT",
+        requires = "tls_key"
+    )]
+    pub tls_cert: Option<PathBuf>,
+    /// Key of --tls-cert (PEM).
+    #[arg(
+        long,
+        value_name = "PATH",
+        env = "JUMPSTARTER_TLS_KEY",
+        requires = "tls_cert"
+    )]
+    pub tls_key: Option<PathBuf>,
+    /// With --tls-cert: the CA bundle (PEM) to put in the configs handed out (default: none,
+    /// clients use their system roots).
+    #[arg(
+        long,
+        value_name = "PATH",
+        env = "JUMPSTARTER_TLS_CA",
+        requires = "tls_cert"
+    )]
+    pub tls_ca: Option<PathBuf>,
+    /// Prometheus metrics listen address (`GET /metrics`); "off" or "" disables.
+    #[arg(
+        long,
+        default_value = "127.0.0.1:8084",
+        env = "JUMPSTARTER_METRICS_LISTEN"
+    )]
+    pub metrics_listen: String,
+    /// More names for the server certificate (repeat, or comma-separate), e.g. the
+    /// in-cluster Service name `jumpstarter-controller.<ns>.svc`.
+    #[arg(
+        long = "tls-san",
+        value_name = "NAME",
+        env = "JUMPSTARTER_TLS_SANS",
+        value_delimiter = ','
+    )]
+    pub tls_sans: Vec<String>,
+    /// Object store.
+    #[arg(long, value_enum, default_value = "sqlite", env = "JUMPSTARTER_STORE")]
+    pub store: StoreKind,
+    /// With --store kubernetes: the controller's namespace (ConfigMap, leader Lease).
+    #[arg(long, default_value = "default", env = "NAMESPACE")]
+    pub namespace: String,
+    /// Routers to hand out instead of the in-process one: YAML map `<name>: {endpoint:
+    /// host:port, labels: {...}}` as in the `router` key of upstream's ConfigMap (a whole
+    /// ConfigMap manifest is accepted too). Overrides the ConfigMap's list.
+    #[arg(long, value_name = "FILE", env = "JUMPSTARTER_ROUTERS")]
+    pub routers: Option<PathBuf>,
+    /// With --store kubernetes: run without leader election (only ever one replica!).
+    #[arg(long)]
+    pub no_leader_election: bool,
+    /// Leader election: how long the Lease stays valid without renewal.
+    #[arg(long, default_value = "15s", value_parser = parse_duration, value_name = "DURATION")]
+    pub leader_lease_duration: Duration,
+    /// Leader election: how often the holder renews (and standbys retry).
+    #[arg(long, default_value = "2s", value_parser = parse_duration, value_name = "DURATION")]
+    pub leader_renew_period: Duration,
 }
+
+impl Args {
+    /// The controller configuration these arguments describe.
+    pub fn config(&self) -> ControllerConfig {
+        let data_dir = self.data_dir.clone().unwrap_or_else(|| {
+            dirs::data_dir()
+                .unwrap_or_else(|| PathBuf::from("."))
+                .join("jumpstarter")
+        });
+        let admin_config = if self.no_admin_config {
+            None
+        } else {
+            Some(
+                self.admin_config
+                    .clone()
+                    .unwrap_or_else(jumpstarter_core::config::AdminConfig::default_path),
+            )
+        };
+        let metrics = self.metrics_listen.trim();
+        ControllerConfig {
+            data_dir,
+            listen: self.listen.clone(),
+            router_listen: self.router_listen.clone(),
+            advertise_host: self.advertise_host.clone(),
+            admin_config,
+            tls_cert: self.tls_cert.clone(),
+            tls_key: self.tls_key.clone(),
+            tls_ca: self.tls_ca.clone(),
+            metrics_listen: (!metrics.is_empty() && !metrics.eq_ignore_ascii_case("off"))
+                .then(|| metrics.to_string()),
+            routers: None,
+            credential_secrets: self.store == StoreKind::Kubernetes,
+            max_tags: None,
+            extra_sans: self
+                .tls_sans
+                .iter()
+                .map(|s| s.trim().to_owned())
+                .filter(|s| !s.is_empty())
+                .collect(),
+        }
+    }
+
+    /// The leader election settings these arguments describe (used with the Kubernetes
+    /// store only).
+    pub fn leader_config(&self) -> crate::leader::LeaderConfig {
+        crate::leader::LeaderConfig {
+            lease_duration: self.leader_lease_duration,
+            renew_period: self.leader_renew_period,
+            ..crate::leader::LeaderConfig::new(&self.namespace)
+        }
+    }
+}
+
+/// Prefix of the one stderr line that gives the bound addresses, for scripts and tests:
+/// `jumpstarter-controller ready: grpc=<addr> router=<addr> metrics=<addr|off> endpoint=<host:port>`.
+pub const READY_LINE_PREFIX: &str = "jumpstarter-controller ready:";
 
 /// Entry point of the binary.
 pub fn main() -> std::process::ExitCode {
@@ -38,6 +190,7 @@ pub fn main() -> std::process::ExitCode {
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
+        .with_writer(std::io::stderr)
         .try_init();
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
@@ -46,45 +199,245 @@ pub fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    let data_dir = args.data_dir.clone().unwrap_or_else(|| {
-        dirs::data_dir()
-            .unwrap_or_else(|| PathBuf::from("."))
-            .join("jumpstarter")
-    });
-    let config = ControllerConfig {
-        data_dir,
-        listen: args.listen,
-        router_listen: args.router_listen,
-        advertise_host: args.advertise_host,
-    };
     rt.block_on(async move {
-        let running = match start(config.clone()).await {
-            Ok(r) => r,
+        match run(args).await {
+            Ok(code) => code,
             Err(e) => {
                 eprintln!("Error: {e}");
-                return std::process::ExitCode::FAILURE;
+                std::process::ExitCode::FAILURE
             }
-        };
-        eprintln!(
-            "Controller listening on {} (endpoint {}), router on {}, data in {}",
-            running.addr,
-            running.endpoint,
-            running.router_addr,
-            config.data_dir.display()
-        );
-        let term = async {
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(mut s) => {
-                    s.recv().await;
-                }
-                Err(_) => std::future::pending::<()>().await,
-            }
-        };
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term => {}
         }
-        running.shutdown().await;
-        std::process::ExitCode::SUCCESS
     })
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn stop_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
+    }
+}
+
+async fn run(args: Args) -> Result<std::process::ExitCode, String> {
+    let mut config = args.config();
+    if let Some(path) = &args.routers {
+        config.routers =
+            Some(crate::cluster_config::routers_from_file(path).map_err(|e| e.to_string())?);
+    }
+    match args.store {
+        StoreKind::Sqlite => {
+            let running = start(config.clone()).await.map_err(|e| e.to_string())?;
+            Ok(serve(running, &config, std::future::pending()).await)
+        }
+        #[cfg(feature = "kubernetes")]
+        StoreKind::Kubernetes => run_kubernetes(&args, config).await,
+        #[cfg(not(feature = "kubernetes"))]
+        StoreKind::Kubernetes => {
+            Err("--store kubernetes: this binary was built without the `kubernetes` feature".into())
+        }
+    }
+}
+
+#[cfg(feature = "kubernetes")]
+async fn run_kubernetes(
+    args: &Args,
+    mut config: ControllerConfig,
+) -> Result<std::process::ExitCode, String> {
+    use crate::{cluster_config, leader::LeaderElector, store::KubeStore};
+    let store = KubeStore::from_env().await.map_err(|e| e.to_string())?;
+    let cluster = cluster_config::load(&store, &args.namespace)
+        .await
+        .map_err(|e| e.to_string())?;
+    if cluster.legacy_authentication {
+        tracing::warn!(
+            "ConfigMap {}/{}: the legacy `authentication` key is not interpreted",
+            args.namespace,
+            cluster_config::CONFIG_MAP_NAME
+        );
+    }
+    if config.routers.is_none() && !cluster.routers.is_empty() {
+        config.routers = Some(cluster.routers.clone());
+    }
+    config.max_tags = cluster.settings.lease_policy.max_tags;
+    let mut elector = if args.no_leader_election {
+        None
+    } else {
+        let mut e =
+            LeaderElector::new(store.clone(), args.leader_config()).map_err(|e| e.to_string())?;
+        tokio::select! {
+            _ = e.acquire() => {}
+            _ = stop_signal() => return Ok(std::process::ExitCode::SUCCESS),
+        }
+        Some(e)
+    };
+    // The leader alone moves key material, so replicas cannot race on the first start.
+    crate::key_secret::restore(&store, &args.namespace, &config.data_dir)
+        .await
+        .map_err(|e| e.to_string())?;
+    let running = crate::server::start_with_store(config.clone(), store.clone())
+        .await
+        .map_err(|e| e.to_string())?;
+    crate::key_secret::save(&store, &args.namespace, &config.data_dir)
+        .await
+        .map_err(|e| e.to_string())?;
+    // The standalone routers (deploy/kubernetes) serve with a certificate from our CA.
+    let ca = jumpstarter_core::auth::CertificateAuthority::load(&config.data_dir.join("ca"))
+        .map_err(|e| e.to_string())?;
+    let sans = crate::key_secret::router_sans(&running.state.routers, &args.namespace);
+    crate::key_secret::ensure_router_tls(&store, &args.namespace, &ca, &sans)
+        .await
+        .map_err(|e| e.to_string())?;
+    let lost = async {
+        match elector.as_mut() {
+            Some(e) => e.hold().await,
+            None => std::future::pending().await,
+        }
+    };
+    let code = serve(running, &config, lost).await;
+    if let Some(e) = elector.as_mut()
+        && code == std::process::ExitCode::SUCCESS
+        && let Err(err) = e.release().await
+    {
+        tracing::warn!("{err}");
+    }
+    Ok(code)
+}
+
+/// Announces `running`, serves until a signal (success) or until `lost` resolves (failure:
+/// leadership lost), then shuts down.
+async fn serve<S: Store>(
+    running: RunningController<S>,
+    config: &ControllerConfig,
+    lost: impl std::future::Future<Output = crate::leader::LeaderError>,
+) -> std::process::ExitCode {
+    if let Some(p) = &running.admin_config {
+        eprintln!(
+            "Admin config (controller endpoint, CA and admin token) written to {}",
+            p.display()
+        );
+    }
+    eprintln!(
+        "{READY_LINE_PREFIX} grpc={} router={} metrics={} endpoint={} data={}",
+        running.addr,
+        running.router_addr,
+        running
+            .metrics_addr
+            .map_or_else(|| "off".to_string(), |a| a.to_string()),
+        running.endpoint,
+        config.data_dir.display()
+    );
+    let code = tokio::select! {
+        _ = stop_signal() => std::process::ExitCode::SUCCESS,
+        e = lost => {
+            tracing::error!("{e}; stopping so that the new leader serves alone");
+            std::process::ExitCode::FAILURE
+        }
+    };
+    tracing::info!("shutting down: ending streams, then stopping");
+    running.shutdown().await;
+    code
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Args, clap::Error> {
+        Args::try_parse_from(std::iter::once("jumpstarter-controller").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn flags_become_the_config() {
+        let c = parse(&[
+            "--data-dir",
+            "/d",
+            "--admin-config",
+            "/a.yaml",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--tls-cert",
+            "/c.pem",
+            "--tls-key",
+            "/k.pem",
+            "--tls-ca",
+            "/ca.pem",
+        ])
+        .unwrap()
+        .config();
+        assert_eq!(c.data_dir, PathBuf::from("/d"));
+        assert_eq!(c.admin_config, Some(PathBuf::from("/a.yaml")));
+        assert_eq!(c.metrics_listen.as_deref(), Some("127.0.0.1:0"));
+        assert_eq!(c.tls_cert, Some(PathBuf::from("/c.pem")));
+        assert_eq!(c.tls_key, Some(PathBuf::from("/k.pem")));
+        assert_eq!(c.tls_ca, Some(PathBuf::from("/ca.pem")));
+
+        let c = parse(&["--no-admin-config", "--metrics-listen", "off"])
+            .unwrap()
+            .config();
+        assert_eq!(c.admin_config, None);
+        assert_eq!(c.metrics_listen, None);
+        let c = parse(&["--metrics-listen", ""]).unwrap().config();
+        assert_eq!(c.metrics_listen, None);
+        assert!(!c.credential_secrets);
+    }
+
+    #[test]
+    fn store_and_leader_flags() {
+        let a = parse(&[]).unwrap();
+        assert_eq!(a.store, StoreKind::Sqlite);
+        assert_eq!(a.leader_config().lease_duration, Duration::from_secs(15));
+        let a = parse(&[
+            "--store",
+            "kubernetes",
+            "--namespace",
+            "lab",
+            "--leader-lease-duration",
+            "30s",
+            "--leader-renew-period",
+            "500ms",
+            "--routers",
+            "/r.yaml",
+            "--tls-san",
+            "a.svc,b.svc",
+            "--tls-san",
+            "c",
+        ])
+        .unwrap();
+        assert_eq!(a.store, StoreKind::Kubernetes);
+        assert!(a.config().credential_secrets);
+        assert_eq!(a.config().extra_sans, ["a.svc", "b.svc", "c"]);
+        let l = a.leader_config();
+        assert_eq!(l.namespace, "lab");
+        assert_eq!(l.lease_duration, Duration::from_secs(30));
+        assert_eq!(l.renew_period, Duration::from_millis(500));
+        assert_eq!(a.routers, Some(PathBuf::from("/r.yaml")));
+        for bad in [
+            &["--store", "etcd"][..],
+            &["--leader-lease-duration", "0s"][..],
+            &["--leader-renew-period", "-1s"][..],
+            &["--leader-renew-period", "soon"][..],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?} was accepted");
+        }
+    }
+
+    #[test]
+    fn inconsistent_flags_are_refused() {
+        for args in [
+            &["--tls-cert", "/c.pem"][..],
+            &["--tls-key", "/k.pem"][..],
+            &["--tls-ca", "/ca.pem"][..],
+            &["--admin-config", "/a.yaml", "--no-admin-config"][..],
+        ] {
+            assert!(parse(args).is_err(), "{args:?} was accepted");
+        }
+    }
 }

@@ -1,7 +1,13 @@
 //! The Jumpstarter controller: inventory, authentication and lease scheduling .
 
+pub mod admin_token;
 pub mod cli;
+pub mod cluster_config;
+pub mod crd;
 pub mod duration;
+pub mod key_secret;
+pub mod leader;
+pub mod metrics;
 pub mod objects;
 pub mod reconcile;
 pub mod scheduler;

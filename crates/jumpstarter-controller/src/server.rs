@@ -1,20 +1,27 @@
 //! A whole controller on one machine: SQLite store and CA in a data directory, the
-//! ControllerService and ClientService over TLS, the reconcile loop, and an in-process router.
+//! ControllerService, ClientService and AdminService over TLS (with gRPC health and reflection),
+//! the reconcile loop, an in-process router, and Prometheus metrics.
 
 use std::{net::SocketAddr, path::PathBuf, sync::Arc};
 
-use jumpstarter_core::auth::{CertificateAuthority, RouterTokenKey, TokenIssuer};
+use jumpstarter_core::{
+    auth::{CertificateAuthority, RouterTokenKey, TokenIssuer, load_identity, read_cert_pem},
+    config::AdminConfig,
+};
 use jumpstarter_proto::{
+    admin_v1::admin_service_server::AdminServiceServer,
     client_v1::client_service_server::ClientServiceServer,
     v1::controller_service_server::ControllerServiceServer,
 };
 use tokio::{net::TcpListener, sync::watch, task::JoinHandle};
-use tonic::transport::{Server, ServerTlsConfig};
+use tonic::transport::{Identity, Server, ServerTlsConfig};
 
 use crate::{
-    service::{client::ClientApi, controller::ControllerApi},
+    admin_token::{ADMIN_TOKEN_FILE, AdminToken},
+    metrics::{RpcMetrics, RpcMetricsLayer},
+    service::{admin::AdminApi, client::ClientApi, controller::ControllerApi},
     state::{ControllerState, RouterEntry},
-    store::SqliteStore,
+    store::{SqliteStore, Store},
 };
 
 /// Errors starting or running a controller.
@@ -36,6 +43,20 @@ pub enum ServerError {
         /// Why.
         source: std::io::Error,
     },
+    /// The TLS settings are unusable (files, or a certificate without its key).
+    #[error("TLS: {0}")]
+    Tls(String),
+    /// The admin config could not be written.
+    #[error(
+        "cannot write the admin config {path}: {reason} (choose another place with \
+         --admin-config, or --no-admin-config)"
+    )]
+    AdminConfig {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
     /// Anything else, with its cause.
     #[error("{0}")]
     Other(String),
@@ -53,28 +74,96 @@ pub struct ControllerConfig {
     /// Host name (or IP) clients and exporters use to reach this machine; goes into the
     /// server certificate and the advertised endpoints.
     pub advertise_host: String,
+    /// Where to write the admin config (endpoint, CA, admin token) for `jmp admin`,
+    /// rewritten on every start; `None` writes none.
+    pub admin_config: Option<PathBuf>,
+    /// Own server certificate (PEM, may be a chain) instead of one issued by our CA; needs
+    /// [`ControllerConfig::tls_key`].
+    pub tls_cert: Option<PathBuf>,
+    /// Key of [`ControllerConfig::tls_cert`].
+    pub tls_key: Option<PathBuf>,
+    /// CA bundle to hand out in configs when [`ControllerConfig::tls_cert`] is used (without
+    /// it, configs carry no CA and rely on system roots).
+    pub tls_ca: Option<PathBuf>,
+    /// Address of the Prometheus metrics HTTP listener; `None` serves no metrics.
+    pub metrics_listen: Option<String>,
+    /// The routers handed out in `Dial`/`Listen` responses (from `--routers` or the
+    /// `router` key of the Kubernetes ConfigMap); `None` hands out the in-process router
+    /// only. The in-process router runs either way.
+    pub routers: Option<Vec<RouterEntry>>,
+    /// Also keep issued client/exporter tokens in the credential Secrets `<name>-client` /
+    /// `<name>-exporter` (key `token`), as upstream does on Kubernetes.
+    pub credential_secrets: bool,
+    /// Maximum number of lease tags (`leasePolicy.maxTags` of the ConfigMap); `None` keeps
+    /// the default.
+    pub max_tags: Option<usize>,
+    /// More names for the CA-issued server certificate, beyond the advertised host,
+    /// `localhost` and `127.0.0.1` (e.g. the in-cluster Service name).
+    pub extra_sans: Vec<String>,
 }
 
-/// A running controller.
-pub struct RunningController {
+impl ControllerConfig {
+    /// The binary's defaults with data in `data_dir`: gRPC on `0.0.0.0:8082`, router on
+    /// `0.0.0.0:8083`, endpoint `localhost`, no admin config, no metrics, own CA.
+    pub fn new(data_dir: PathBuf) -> Self {
+        Self {
+            data_dir,
+            listen: "0.0.0.0:8082".into(),
+            router_listen: "0.0.0.0:8083".into(),
+            advertise_host: "localhost".into(),
+            admin_config: None,
+            tls_cert: None,
+            tls_key: None,
+            tls_ca: None,
+            metrics_listen: None,
+            routers: None,
+            credential_secrets: false,
+            max_tags: None,
+            extra_sans: Vec::new(),
+        }
+    }
+
+    /// Everything on loopback with OS-chosen ports (tests, examples).
+    pub fn loopback(data_dir: PathBuf) -> Self {
+        Self {
+            listen: "127.0.0.1:0".into(),
+            router_listen: "127.0.0.1:0".into(),
+            ..Self::new(data_dir)
+        }
+    }
+}
+
+/// A running controller (over [`SqliteStore`] unless started with [`start_with_store`]).
+pub struct RunningController<S: Store = SqliteStore> {
     /// The controller's address.
     pub addr: SocketAddr,
     /// The in-process router's address.
     pub router_addr: SocketAddr,
     /// The endpoint advertised to clients (`host:port`).
     pub endpoint: String,
-    /// PEM of the CA clients must trust.
+    /// PEM of the CA clients must trust, as configs carry it (empty: system roots, when an
+    /// own certificate is used without `tls_ca`).
     pub ca_pem: String,
+    /// The Prometheus metrics listener's address, when serving metrics.
+    pub metrics_addr: Option<SocketAddr>,
+    /// The admin bearer token AdminService accepts.
+    pub admin_token: String,
+    /// Where the admin config was written, if anywhere.
+    pub admin_config: Option<PathBuf>,
     /// The shared state (store, issuer...).
-    pub state: Arc<ControllerState<SqliteStore>>,
+    pub state: Arc<ControllerState<S>>,
+    health: tonic_health::server::HealthReporter,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
 }
 
-impl RunningController {
+impl<S: Store> RunningController<S> {
     /// Stops serving: open streams (exporters' Status, Listen) get a few seconds to end
     /// gracefully, then everything is cut.
     pub async fn shutdown(mut self) {
+        self.health
+            .set_service_status("", tonic_health::ServingStatus::NotServing)
+            .await;
         let _ = self.stop.send(true);
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(3);
         for mut t in self.tasks.drain(..) {
@@ -101,26 +190,132 @@ async fn bind(addr: &str) -> Result<TcpListener, ServerError> {
         })
 }
 
-/// Starts a controller (and its router) as configured.
+/// Where the CA-issued server certificate is kept (in the data directory).
+pub const SERVER_CERT_DIR: &str = "server";
+/// A kept server certificate is re-issued once it is this old (it is valid for a year).
+const SERVER_CERT_RENEW_AFTER: std::time::Duration =
+    std::time::Duration::from_secs(300 * 24 * 3600);
+
+/// What a kept server certificate was issued for; it is reused only when all of it still
+/// holds (same SANs, same CA, young enough).
+fn server_cert_stamp(ca: &CertificateAuthority, sans: &[String], issued: u64) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, ca.cert_pem().as_bytes());
+    let ca_hash: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    format!("issued={issued}\nsans={}\nca={ca_hash}\n", sans.join(","))
+}
+
+/// The server certificate in `dir`, or a new one issued by `ca` and kept there, so that
+/// clients see the same certificate across restarts.
+fn server_cert(
+    dir: &std::path::Path,
+    ca: &CertificateAuthority,
+    sans: &[String],
+) -> Result<jumpstarter_core::auth::IssuedCert, ServerError> {
+    let (cert_path, key_path, stamp_path) =
+        (dir.join("tls.crt"), dir.join("tls.key"), dir.join("issued"));
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    if let (Ok(stamp), Ok(cert_pem), Ok(key_pem)) = (
+        std::fs::read_to_string(&stamp_path),
+        read_cert_pem(&cert_path),
+        jumpstarter_core::auth::read_key_pem(&key_path),
+    ) {
+        let issued = stamp
+            .lines()
+            .find_map(|l| l.strip_prefix("issued="))
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
+        let young = now.saturating_sub(issued) < SERVER_CERT_RENEW_AFTER.as_secs();
+        if young && stamp == server_cert_stamp(ca, sans, issued) {
+            return Ok(jumpstarter_core::auth::IssuedCert { cert_pem, key_pem });
+        }
+    }
+    let cert = ca
+        .issue_server_cert(sans)
+        .map_err(|e| ServerError::Tls(format!("server certificate: {e}")))?;
+    std::fs::create_dir_all(dir).map_err(|e| data_err(dir, e))?;
+    // The stamp goes last: a crash in between leaves a certificate that is not reused.
+    let _ = std::fs::remove_file(&stamp_path);
+    cert.save(&cert_path, &key_path)
+        .map_err(|e| data_err(&cert_path, e))?;
+    std::fs::write(&stamp_path, server_cert_stamp(ca, sans, now))
+        .map_err(|e| data_err(&stamp_path, e))?;
+    Ok(cert)
+}
+
+/// The identity the listeners present and the CA PEM that configs carry.
+fn server_identity(
+    config: &ControllerConfig,
+    ca: &CertificateAuthority,
+) -> Result<(Identity, String), ServerError> {
+    let tls = |e: jumpstarter_core::auth::TlsError| ServerError::Tls(e.to_string());
+    match (&config.tls_cert, &config.tls_key) {
+        (Some(cert), Some(key)) => {
+            let identity = load_identity(cert, key).map_err(tls)?;
+            let ca_pem = match &config.tls_ca {
+                Some(p) => read_cert_pem(p).map_err(tls)?,
+                None => String::new(),
+            };
+            Ok((identity, ca_pem))
+        }
+        (None, None) => {
+            if config.tls_ca.is_some() {
+                return Err(ServerError::Tls(
+                    "--tls-ca is only meaningful with --tls-cert and --tls-key (our own CA is \
+                     handed out otherwise)"
+                        .into(),
+                ));
+            }
+            let mut sans = vec![
+                config.advertise_host.clone(),
+                "localhost".to_string(),
+                "127.0.0.1".to_string(),
+            ];
+            sans.extend(config.extra_sans.iter().cloned());
+            let mut seen = std::collections::HashSet::new();
+            sans.retain(|s| seen.insert(s.clone()));
+            let cert = server_cert(&config.data_dir.join(SERVER_CERT_DIR), ca, &sans)?;
+            Ok((cert.identity(), ca.cert_pem().to_string()))
+        }
+        (Some(_), None) => Err(ServerError::Tls(
+            "a TLS certificate was given without its key (--tls-key)".into(),
+        )),
+        (None, Some(_)) => Err(ServerError::Tls(
+            "a TLS key was given without its certificate (--tls-cert)".into(),
+        )),
+    }
+}
+
+/// Starts a controller (and its router) as configured, with the SQLite store of the data
+/// directory.
 pub async fn start(config: ControllerConfig) -> Result<RunningController, ServerError> {
     let dir = &config.data_dir;
     std::fs::create_dir_all(dir).map_err(|e| data_err(dir, e))?;
     let store = SqliteStore::open(dir.clone())
         .await
         .map_err(|e| data_err(dir, e))?;
+    start_with_store(config, store).await
+}
+
+/// Starts a controller (and its router) as configured, over `store` (e.g. a `KubeStore`);
+/// the CA and keys still come from the data directory.
+pub async fn start_with_store<S: Store>(
+    config: ControllerConfig,
+    store: S,
+) -> Result<RunningController<S>, ServerError> {
+    let dir = &config.data_dir;
+    std::fs::create_dir_all(dir).map_err(|e| data_err(dir, e))?;
+    // The CA is kept even when an own certificate is used, so that switching back keeps the
+    // configs already handed out working.
     let ca = CertificateAuthority::load_or_create(&dir.join("ca"), "jumpstarter controller CA")
         .map_err(|e| data_err(dir.join("ca"), e))?;
-    let mut sans = vec![
-        config.advertise_host.clone(),
-        "localhost".to_string(),
-        "127.0.0.1".to_string(),
-    ];
-    sans.dedup();
-    let cert = ca
-        .issue_server_cert(&sans)
-        .map_err(|e| ServerError::Other(format!("server certificate: {e}")))?;
+    let (identity, ca_pem) = server_identity(&config, &ca)?;
     let issuer = TokenIssuer::load_or_generate(&dir.join("signing-key.pem"))
         .map_err(|e| data_err(dir.join("signing-key.pem"), e))?;
+    let admin_token = AdminToken::load_or_create(&dir.join(ADMIN_TOKEN_FILE))
+        .map_err(|e| data_err(dir.join(ADMIN_TOKEN_FILE), e))?;
     let router_key_path = dir.join("router-key");
     let router_key = match std::fs::read_to_string(&router_key_path) {
         Ok(k) => RouterTokenKey::new(k.trim().as_bytes().to_vec())
@@ -135,26 +330,54 @@ pub async fn start(config: ControllerConfig) -> Result<RunningController, Server
 
     let listener = bind(&config.listen).await?;
     let router_listener = bind(&config.router_listen).await?;
+    let metrics_listener = match &config.metrics_listen {
+        Some(a) => Some(bind(a).await?),
+        None => None,
+    };
     let addr = listener
         .local_addr()
         .map_err(|e| ServerError::Other(e.to_string()))?;
     let router_addr = router_listener
         .local_addr()
         .map_err(|e| ServerError::Other(e.to_string()))?;
+    let metrics_addr = match &metrics_listener {
+        Some(l) => Some(
+            l.local_addr()
+                .map_err(|e| ServerError::Other(e.to_string()))?,
+        ),
+        None => None,
+    };
     let endpoint = format!("{}:{}", config.advertise_host, addr.port());
     let router_endpoint = format!("{}:{}", config.advertise_host, router_addr.port());
 
-    let state = ControllerState::new(
-        store,
-        Arc::new(issuer),
-        router_key.clone(),
-        vec![RouterEntry {
+    // Written before serving, so that whoever waits for the listener finds it complete.
+    if let Some(path) = &config.admin_config {
+        AdminConfig::new(endpoint.clone(), &ca_pem, admin_token.as_str())
+            .save(path)
+            .map_err(|e| ServerError::AdminConfig {
+                path: path.clone(),
+                reason: e.to_string(),
+            })?;
+    }
+
+    let routers = match &config.routers {
+        Some(list) if !list.is_empty() => list.clone(),
+        _ => vec![RouterEntry {
             name: "default".into(),
             endpoint: router_endpoint,
             labels: Default::default(),
         }],
+    };
+    let mut state = ControllerState::new(
+        store,
+        Arc::new(issuer),
+        router_key.clone(),
+        routers,
         endpoint.clone(),
     );
+    if let (Some(max), Some(s)) = (config.max_tags, Arc::get_mut(&mut state)) {
+        s.max_tags = max;
+    }
     let (stop, stopped) = watch::channel(false);
     let until_stopped = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
@@ -162,7 +385,8 @@ pub async fn start(config: ControllerConfig) -> Result<RunningController, Server
     let mut tasks = Vec::new();
 
     let router = jumpstarter_router::Router::new(router_key, Default::default());
-    let router_identity = cert.identity();
+    let router_stats = router.stats();
+    let router_identity = identity.clone();
     let rx = stopped.clone();
     tasks.push(tokio::spawn(async move {
         if let Err(e) = jumpstarter_router::serve(
@@ -184,13 +408,57 @@ pub async fn start(config: ControllerConfig) -> Result<RunningController, Server
         until_stopped(rx),
     )));
 
+    let rpc_metrics = Arc::new(RpcMetrics::default());
+    if let Some(l) = metrics_listener {
+        let (state, rpc, router) = (state.clone(), rpc_metrics.clone(), router_stats);
+        let render: crate::metrics::Render = Arc::new(move || {
+            let (state, rpc, router) = (state.clone(), rpc.clone(), router.clone());
+            Box::pin(async move {
+                let mut text = crate::metrics::object_metrics(&state).await;
+                text.push_str(&rpc.prometheus());
+                text.push_str(&router.prometheus());
+                text
+            })
+        });
+        let rx = stopped.clone();
+        tasks.push(tokio::spawn(crate::metrics::serve(
+            l,
+            render,
+            until_stopped(rx),
+        )));
+    }
+
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<ControllerServiceServer<ControllerApi<S>>>()
+        .await;
+    health
+        .set_serving::<ClientServiceServer<ClientApi<S>>>()
+        .await;
+    health
+        .set_serving::<AdminServiceServer<AdminApi<S>>>()
+        .await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(jumpstarter_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(jumpstarter_proto::ADMIN_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| ServerError::Other(format!("reflection: {e}")))?;
+
     let server = Server::builder()
-        .tls_config(ServerTlsConfig::new().identity(cert.identity()))
-        .map_err(|e| ServerError::Other(format!("TLS: {e}")))?
+        .tls_config(ServerTlsConfig::new().identity(identity))
+        .map_err(|e| ServerError::Tls(e.to_string()))?
         // Clients ping every 20 s without calls (upstream channel defaults).
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(60)))
+        .layer(RpcMetricsLayer(rpc_metrics))
         .add_service(ControllerServiceServer::new(ControllerApi(state.clone())))
-        .add_service(ClientServiceServer::new(ClientApi(state.clone())));
+        .add_service(ClientServiceServer::new(ClientApi(state.clone())))
+        .add_service(AdminServiceServer::new(
+            AdminApi::new(state.clone(), admin_token.clone(), ca_pem.clone())
+                .with_credential_secrets(config.credential_secrets),
+        ))
+        .add_service(health_service)
+        .add_service(reflection);
     let rx = stopped.clone();
     tasks.push(tokio::spawn(async move {
         if let Err(e) = server
@@ -203,13 +471,21 @@ pub async fn start(config: ControllerConfig) -> Result<RunningController, Server
             tracing::error!("controller server stopped: {e}");
         }
     }));
+    tracing::info!(
+        "controller serving on {addr} (endpoint {endpoint}), router on {router_addr}, data in {}",
+        dir.display()
+    );
 
     Ok(RunningController {
         addr,
         router_addr,
         endpoint,
-        ca_pem: ca.cert_pem().to_string(),
+        ca_pem,
+        metrics_addr,
+        admin_token: admin_token.as_str().to_string(),
+        admin_config: config.admin_config.clone(),
         state,
+        health,
         stop,
         tasks,
     })

@@ -2,18 +2,25 @@
 //! exporters' Listen queues, and the authentication of callers.
 
 use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex},
+    collections::{HashMap, HashSet},
+    sync::{
+        Arc, Mutex, MutexGuard, Weak,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
 };
 
+use futures::StreamExt;
+use jiff::Timestamp;
 use jumpstarter_core::auth::{AuthMetadata, ObjectKind, RouterTokenKey, TokenIssuer};
 use jumpstarter_proto::v1::ListenResponse;
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::{Notify, mpsc, watch};
 use tonic::{Status, metadata::MetadataMap};
 
 use crate::{
     objects::{Client, Exporter},
-    store::{Store, StoreError},
+    selector::LabelSelector,
+    store::{ListParams, Store, StoreError, WatchEvent},
 };
 
 /// Capacity of an exporter's Listen queue (as upstream).
@@ -45,6 +52,54 @@ pub struct Caller {
 
 type ListenKey = (String, String);
 
+/// (namespace, name) of an object.
+pub type ObjectKey = (String, String);
+
+/// The latest state of one exporter, as the store's watch delivered it (`None`: deleted).
+pub type ExporterUpdates = watch::Receiver<Option<Arc<Exporter>>>;
+
+/// Every exporter as the store's watch last delivered it, kept by one feed task so that a
+/// change is decoded once, not once per Status stream, and so that a reconcile pass does
+/// not list and decode every exporter.
+#[derive(Default)]
+struct ExporterCache {
+    /// Whether `objects` holds a full list plus every change after it.
+    synced: bool,
+    objects: HashMap<ObjectKey, Arc<Exporter>>,
+    /// Changed since the reconcile loop last took them.
+    dirty: HashSet<ObjectKey>,
+    /// Set when the cache was rebuilt from a new list: the reconcile view must start over.
+    relisted: bool,
+    /// Status streams waiting for changes of one exporter.
+    watchers: HashMap<ObjectKey, watch::Sender<Option<Arc<Exporter>>>>,
+}
+
+/// What the reconcile loop takes from the exporter cache at the start of a pass.
+pub enum ExporterChanges {
+    /// Everything (first pass, or the feed had to list again).
+    All(Vec<Exporter>),
+    /// Only these changed (`None`: deleted).
+    Some(Vec<(ObjectKey, Option<Exporter>)>),
+}
+
+/// Whether `a`'s resourceVersion is older than `b`'s (both numeric; otherwise unknown, false).
+pub fn older_version(a: &Exporter, b: &Exporter) -> bool {
+    let rv = |e: &Exporter| {
+        e.metadata
+            .resource_version
+            .as_deref()
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    matches!((rv(a), rv(b)), (Some(x), Some(y)) if x < y)
+}
+
+fn key_of(e: &Exporter) -> ObjectKey {
+    (
+        e.metadata.namespace.clone().unwrap_or_default(),
+        e.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
 /// The state shared by the controller's services.
 pub struct ControllerState<S: Store> {
     /// Where objects live.
@@ -63,6 +118,17 @@ pub struct ControllerState<S: Store> {
     pub wake: Notify,
     listeners: Mutex<HashMap<ListenKey, (u64, mpsc::Sender<ListenResponse>)>>,
     next_listener: std::sync::atomic::AtomicU64,
+    exporters: Mutex<ExporterCache>,
+    /// Poked when the exporter cache becomes synced.
+    exporters_synced: Notify,
+    feed_started: AtomicBool,
+    /// Dropped with the state, which ends the feed task.
+    feed_stop: watch::Sender<()>,
+    /// When a Status stream last saw each exporter (its heartbeat, kept in memory; the
+    /// stored `lastSeen` is refreshed less often).
+    seen: Mutex<HashMap<ObjectKey, Timestamp>>,
+    /// The reconcile loop's own copy of the exporters, updated from the cache's changes.
+    pub(crate) exporter_view: tokio::sync::Mutex<Option<crate::reconcile::ExporterView>>,
 }
 
 /// Maps a store error to the status upstream's Kubernetes errors become.
@@ -94,7 +160,162 @@ impl<S: Store> ControllerState<S> {
             wake: Notify::new(),
             listeners: Mutex::new(HashMap::new()),
             next_listener: std::sync::atomic::AtomicU64::new(1),
+            exporters: Mutex::new(ExporterCache::default()),
+            exporters_synced: Notify::new(),
+            feed_started: AtomicBool::new(false),
+            feed_stop: watch::channel(()).0,
+            seen: Mutex::new(HashMap::new()),
+            exporter_view: tokio::sync::Mutex::new(None),
         })
+    }
+
+    fn cache(&self) -> MutexGuard<'_, ExporterCache> {
+        self.exporters.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records that a Status stream saw the exporter now (kept in memory).
+    pub fn touch(&self, namespace: &str, name: &str) {
+        self.seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert((namespace.to_string(), name.to_string()), Timestamp::now());
+    }
+
+    /// When a Status stream last saw the exporter, if one did since this controller started.
+    pub fn seen_at(&self, namespace: &str, name: &str) -> Option<Timestamp> {
+        self.seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&(namespace.to_string(), name.to_string()))
+            .copied()
+    }
+
+    /// Starts (once) the task that keeps the exporter cache from the store's watch.
+    pub fn start_exporter_feed(self: &Arc<Self>) {
+        if self.feed_started.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        let store = self.store.clone();
+        let mut stop = self.feed_stop.subscribe();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = stop.changed() => {}
+                _ = exporter_feed(weak, store) => {}
+            }
+        });
+    }
+
+    /// Whether the exporter cache is synced (waits up to `wait` for it).
+    pub async fn exporters_synced(&self, wait: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let notified = self.exporters_synced.notified();
+            if self.cache().synced {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return self.cache().synced;
+            }
+        }
+    }
+
+    /// The changes of one exporter, starting with its cached state (the cache must be synced,
+    /// see [`Self::exporters_synced`]).
+    pub fn exporter_updates(&self, namespace: &str, name: &str) -> ExporterUpdates {
+        let key = (namespace.to_string(), name.to_string());
+        let mut cache = self.cache();
+        let current = cache.objects.get(&key).cloned();
+        cache
+            .watchers
+            .entry(key)
+            .or_insert_with(|| watch::channel(current).0)
+            .subscribe()
+    }
+
+    /// The exporter changes since the last call, or `None` when the cache is not synced.
+    pub fn take_exporter_changes(&self, restart: bool) -> Option<ExporterChanges> {
+        let mut cache = self.cache();
+        if !cache.synced {
+            return None;
+        }
+        if restart || cache.relisted {
+            cache.relisted = false;
+            cache.dirty.clear();
+            return Some(ExporterChanges::All(
+                cache.objects.values().map(|e| (**e).clone()).collect(),
+            ));
+        }
+        let dirty = std::mem::take(&mut cache.dirty);
+        Some(ExporterChanges::Some(
+            dirty
+                .into_iter()
+                .map(|k| {
+                    let e = cache.objects.get(&k).map(|e| (**e).clone());
+                    (k, e)
+                })
+                .collect(),
+        ))
+    }
+
+    fn apply_exporter_event(&self, ev: WatchEvent<Exporter>) {
+        let mut cache = self.cache();
+        let (key, value) = match ev {
+            WatchEvent::Added(e) | WatchEvent::Modified(e) => (key_of(&e), Some(Arc::new(e))),
+            WatchEvent::Deleted(e) => (key_of(&e), None),
+        };
+        match &value {
+            Some(e) => cache.objects.insert(key.clone(), e.clone()),
+            None => {
+                self.seen
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&key);
+                cache.objects.remove(&key)
+            }
+        };
+        cache.dirty.insert(key.clone());
+        if let Some(tx) = cache.watchers.get(&key) {
+            if tx.receiver_count() == 0 {
+                cache.watchers.remove(&key);
+            } else {
+                tx.send_replace(value);
+            }
+        }
+    }
+
+    fn replace_exporters(&self, items: Vec<Exporter>) {
+        let mut guard = self.cache();
+        let cache = &mut *guard;
+        cache.objects = items
+            .into_iter()
+            .map(|e| (key_of(&e), Arc::new(e)))
+            .collect();
+        cache.relisted = true;
+        cache.synced = true;
+        cache.dirty.clear();
+        cache.watchers.retain(|k, tx| {
+            if tx.receiver_count() == 0 {
+                return false;
+            }
+            let now = cache.objects.get(k).cloned();
+            tx.send_if_modified(|old| {
+                let same = match (&*old, &now) {
+                    (Some(a), Some(b)) => {
+                        a.metadata.resource_version == b.metadata.resource_version
+                    }
+                    (None, None) => true,
+                    _ => false,
+                };
+                if !same {
+                    *old = now.clone();
+                }
+                !same
+            });
+            true
+        });
+        drop(guard);
+        self.exporters_synced.notify_waiters();
     }
 
     /// Authenticates a caller of the expected kind (§2.1 of the protocol notes): bearer
@@ -223,5 +444,51 @@ impl<S: Store> ControllerState<S> {
             })
             .max_by_key(|(s, _)| *s)
             .map(|(_, r)| r)
+    }
+}
+
+/// Lists the exporters, then follows the store's watch from that list, forever: the cache
+/// and the per-exporter watchers see every change once. Ends when the state is dropped.
+async fn exporter_feed<S: Store>(state: Weak<ControllerState<S>>, store: S) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let listed = store
+            .list::<Exporter>(None, &LabelSelector::everything(), &ListParams::default())
+            .await;
+        let watch = match &listed {
+            Ok(l) => {
+                store
+                    .watch::<Exporter>(None, Some(&l.resource_version))
+                    .await
+            }
+            Err(_) => Err(StoreError::WatchLagged {
+                kind: "Exporter".into(),
+                reason: "list failed".into(),
+            }),
+        };
+        let (listed, mut watch) = match (listed, watch) {
+            (Ok(l), Ok(w)) => (l, w),
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::warn!("exporter cache: {e}; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+                continue;
+            }
+        };
+        backoff = Duration::from_millis(100);
+        match state.upgrade() {
+            Some(s) => s.replace_exporters(listed.items),
+            None => return,
+        }
+        while let Some(ev) = watch.next().await {
+            let Some(s) = state.upgrade() else { return };
+            match ev {
+                Ok(ev) => s.apply_exporter_event(ev),
+                Err(e) => {
+                    tracing::debug!("exporter cache: {e}; listing again");
+                    break;
+                }
+            }
+        }
     }
 }

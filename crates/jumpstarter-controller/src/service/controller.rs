@@ -23,11 +23,20 @@ use crate::{
     },
     selector::LabelSelector,
     state::{Caller, ControllerState, store_status},
-    store::{ListParams, Store, StoreError},
+    store::{ListParams, Store},
 };
 
-/// How often the Status stream refreshes `lastSeen`.
+/// How often the Status stream marks its exporter seen (in memory; the reconcile loop
+/// computes the `Online` condition from it).
 const HEARTBEAT: Duration = Duration::from_secs(10);
+
+/// Every this many heartbeats the stored `lastSeen` is refreshed too (30 s: well within the
+/// 1 minute after which an exporter counts as offline, so that a restarted controller or
+/// another reader of the store agrees, at a third of the writes).
+const PERSIST_EVERY: u32 = 3;
+
+/// How long a Status call waits for the exporter cache to load.
+const FEED_SYNC_WAIT: Duration = Duration::from_secs(30);
 
 /// The ControllerService implementation.
 pub struct ControllerApi<S: Store>(pub Arc<ControllerState<S>>);
@@ -338,22 +347,33 @@ impl<S: Store> ControllerService for ControllerApi<S> {
         })
         .await?;
         self.0.wake.notify_one();
-        let mut watch = self
-            .0
-            .store
-            .watch::<Exporter>(Some(&caller.namespace), None)
-            .await
-            .map_err(store_status)?;
+        self.0.touch(&caller.namespace, &caller.name);
+        // One feed decodes each exporter change once and hands it to this exporter's streams.
+        self.0.start_exporter_feed();
+        if !self.0.exporters_synced(FEED_SYNC_WAIT).await {
+            return Err(Status::unavailable(
+                "the controller is still loading exporters; try again",
+            ));
+        }
+        let mut updates = self.0.exporter_updates(&caller.namespace, &caller.name);
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<StatusResponse, Status>>(4);
         let api = ControllerApi(self.0.clone());
         tokio::spawn(async move {
             let mut last: Option<StatusResponse> = None;
             let mut heartbeat = tokio::time::interval(HEARTBEAT);
-            let mut current: Option<Exporter> = store
-                .get(&caller.namespace, &caller.name)
-                .await
-                .ok()
-                .flatten();
+            heartbeat.tick().await;
+            let mut beats: u32 = 0;
+            // The cache may not have seen the connect write yet; the stored state has.
+            let cached = updates.borrow_and_update().clone();
+            let mut current: Option<Arc<Exporter>> = match cached {
+                Some(e) => Some(e),
+                None => store
+                    .get(&caller.namespace, &caller.name)
+                    .await
+                    .ok()
+                    .flatten()
+                    .map(Arc::new),
+            };
             loop {
                 if let Some(e) = &current {
                     let msg = api.status_response(e).await;
@@ -375,36 +395,26 @@ impl<S: Store> ControllerService for ControllerApi<S> {
                 tokio::select! {
                     _ = tx.closed() => return,
                     _ = heartbeat.tick() => {
-                        let r = update_exporter(&store, &caller.namespace, &caller.name, true, |e| {
-                            status_mut(e).last_seen = Some(metav1::Time(now()));
-                            true
-                        }).await;
-                        if let Err(e) = r {
-                            let _ = tx.send(Err(e)).await;
-                            return;
+                        api.0.touch(&caller.namespace, &caller.name);
+                        beats += 1;
+                        if beats.is_multiple_of(PERSIST_EVERY) {
+                            let r = update_exporter(&store, &caller.namespace, &caller.name, true, |e| {
+                                status_mut(e).last_seen = Some(metav1::Time(now()));
+                                true
+                            }).await;
+                            if let Err(e) = r {
+                                let _ = tx.send(Err(e)).await;
+                                return;
+                            }
                         }
                     }
-                    ev = watch.next() => match ev {
-                        Some(Ok(ev)) => {
-                            let obj = ev.object();
-                            if obj.metadata.name.as_deref() != Some(caller.name.as_str()) {
-                                continue;
-                            }
-                            current = match ev {
-                                crate::store::WatchEvent::Deleted(_) => None,
-                                crate::store::WatchEvent::Added(e) | crate::store::WatchEvent::Modified(e) => Some(e),
-                            };
+                    changed = updates.changed() => {
+                        if changed.is_err() {
+                            // The feed dropped this exporter's channel: follow a fresh one.
+                            updates = api.0.exporter_updates(&caller.namespace, &caller.name);
                         }
-                        Some(Err(StoreError::WatchLagged { .. })) | None => {
-                            // Fell behind: re-read and watch again from now.
-                            current = store.get(&caller.namespace, &caller.name).await.ok().flatten();
-                            match store.watch::<Exporter>(Some(&caller.namespace), None).await {
-                                Ok(w) => watch = w,
-                                Err(e) => { let _ = tx.send(Err(store_status(e))).await; return; }
-                            }
-                        }
-                        Some(Err(e)) => { let _ = tx.send(Err(store_status(e))).await; return; }
-                    },
+                        current = updates.borrow_and_update().clone();
+                    }
                 }
             }
         });

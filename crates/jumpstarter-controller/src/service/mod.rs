@@ -1,4 +1,5 @@
 //! The controller's gRPC services.
 
+pub mod admin;
 pub mod client;
 pub mod controller;

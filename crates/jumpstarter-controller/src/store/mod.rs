@@ -23,7 +23,16 @@
 //!
 //! The trait has generic methods, so it is not object-safe: write services generic over
 //! `S: Store` (backends are cheap to clone handles).
+//!
+//! Backends: [`SqliteStore`] (embedded, the default) and, with the `kubernetes` feature,
+//! `KubeStore` (the CRDs of a cluster; `KubeStore::from_env()`), plus `fake_api`, an
+//! in-memory API server for tests. [`credentials`] keeps tokens in Secrets as upstream does.
 
+pub mod credentials;
+#[cfg(feature = "kubernetes")]
+pub mod fake_api;
+#[cfg(feature = "kubernetes")]
+pub mod kubernetes;
 pub mod sqlite;
 
 use std::{future::Future, pin::Pin};
@@ -32,6 +41,8 @@ use futures::Stream;
 use k8s_openapi::NamespaceResourceScope;
 use serde::{Serialize, de::DeserializeOwned};
 
+#[cfg(feature = "kubernetes")]
+pub use kubernetes::KubeStore;
 pub use sqlite::SqliteStore;
 
 use crate::selector::LabelSelector;
@@ -139,6 +150,21 @@ pub enum StoreError {
         /// Object kind.
         kind: String,
         /// Why (how many events were missed, or how old the requested version is).
+        reason: String,
+    },
+    /// The Kubernetes API server could not be reached or refused the request for a reason
+    /// other than the ones above (authorization, server error, unexpected answer).
+    #[error("Kubernetes API, {operation} {kind} {namespace}/{name}: {reason}")]
+    Kubernetes {
+        /// What was attempted (get, list, create, update, update_status, delete, watch).
+        operation: String,
+        /// Object kind.
+        kind: String,
+        /// Namespace (`*` for all).
+        namespace: String,
+        /// Name (`*` for collections).
+        name: String,
+        /// The API server's or client's message.
         reason: String,
     },
     /// The database failed (I/O, locking, full disk, schema).

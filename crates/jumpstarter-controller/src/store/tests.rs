@@ -1,4 +1,6 @@
-//! Tests of the store semantics against the SQLite backend.
+//! Tests of the store semantics. The generic ones run against every backend (see
+//! `store_suite!` at the end): SQLite, and the Kubernetes store over the in-memory fake API
+//! server. The rest are about SQLite's files.
 
 use std::collections::BTreeMap;
 
@@ -62,9 +64,7 @@ async fn open() -> (tempfile::TempDir, SqliteStore) {
     (dir, store)
 }
 
-#[tokio::test]
-async fn create_get_update_delete() {
-    let (_dir, store) = open().await;
+async fn create_get_update_delete<S: Store>(store: S) {
     let mut w = widget("lab", "w1", 1, &[("env", "dev")]);
     w.status = Some(WidgetStatus {
         phase: "ignored on create".into(),
@@ -129,9 +129,7 @@ async fn create_get_update_delete() {
     assert!(err.is_not_found(), "{err}");
 }
 
-#[tokio::test]
-async fn stale_resource_versions_conflict() {
-    let (_dir, store) = open().await;
+async fn stale_resource_versions_conflict<S: Store>(store: S) {
     let v1 = store.create(&widget("lab", "w", 1, &[])).await.unwrap();
     let mut a = v1.clone();
     a.spec.size = 10;
@@ -166,9 +164,7 @@ async fn stale_resource_versions_conflict() {
         .unwrap();
 }
 
-#[tokio::test]
-async fn concurrent_read_modify_write_loses_nothing() {
-    let (_dir, store) = open().await;
+async fn concurrent_read_modify_write_loses_nothing<S: Store>(store: S) {
     store
         .create(&widget("lab", "counter", 0, &[]))
         .await
@@ -198,9 +194,7 @@ async fn concurrent_read_modify_write_loses_nothing() {
     assert_eq!(w.meta().generation, Some(41));
 }
 
-#[tokio::test]
-async fn list_by_namespace_selector_and_pages() {
-    let (_dir, store) = open().await;
+async fn list_by_namespace_selector_and_pages<S: Store>(store: S) {
     for (ns, name, env) in [
         ("a", "w1", "prod"),
         ("a", "w2", "dev"),
@@ -296,9 +290,7 @@ async fn list_by_namespace_selector_and_pages() {
     assert!(matches!(err, StoreError::Invalid { .. }), "{err}");
 }
 
-#[tokio::test]
-async fn watch_delivers_events_in_order_and_filters_namespace() {
-    let (_dir, store) = open().await;
+async fn watch_delivers_events_in_order_and_filters_namespace<S: Store>(store: S) {
     let mut all_ns = store.watch::<Widget>(None, None).await.unwrap();
     let mut only_a = store.watch::<Widget>(Some("a"), None).await.unwrap();
 
@@ -354,9 +346,7 @@ async fn watch_delivers_events_in_order_and_filters_namespace() {
     }
 }
 
-#[tokio::test]
-async fn list_then_watch_since_misses_nothing() {
-    let (_dir, store) = open().await;
+async fn list_then_watch_since_misses_nothing<S: Store>(store: S) {
     store.create(&widget("a", "before", 1, &[])).await.unwrap();
     let listed: ObjectList<Widget> = store
         .list(None, &all(), &ListParams::default())
@@ -375,9 +365,7 @@ async fn list_then_watch_since_misses_nothing() {
     assert_eq!(second.object().meta().name.as_deref(), Some("after"));
 }
 
-#[tokio::test]
-async fn slow_watcher_is_cut_off_and_writers_never_wait() {
-    let (_dir, store) = open().await;
+async fn slow_watcher_is_cut_off_and_writers_never_wait<S: Store>(store: S) {
     let mut slow = store.watch::<Widget>(None, None).await.unwrap();
     let mut w = store.create(&widget("a", "busy", 0, &[])).await.unwrap();
     let started = std::time::Instant::now();
@@ -492,9 +480,7 @@ async fn corrupt_rows_give_errors_naming_the_object() {
     assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
 }
 
-#[tokio::test]
-async fn bad_keys_are_rejected_without_writing() {
-    let (_dir, store) = open().await;
+async fn bad_keys_are_rejected_without_writing<S: Store>(store: S) {
     let long = "x".repeat(254);
     for (ns, name) in [
         ("", "w"),
@@ -623,8 +609,7 @@ async fn committed_writes_survive_kill_9() {
     }
 }
 
-#[tokio::test]
-async fn controller_kinds_round_trip_with_status() {
+async fn controller_kinds_round_trip_with_status<S: Store>(store: S) {
     use crate::objects::{
         Client, Exporter, ExporterAccessPolicy, ExporterSpec, ExporterStatus, Lease,
     };
@@ -633,7 +618,6 @@ async fn controller_kinds_round_trip_with_status() {
     storable::<Lease>();
     storable::<ExporterAccessPolicy>();
 
-    let (_dir, store) = open().await;
     let mut e = Exporter::new("board-1", ExporterSpec::default());
     e.metadata.namespace = Some("lab".into());
     e.metadata.labels = Some([("board".to_string(), "rpi4".to_string())].into());
@@ -668,3 +652,44 @@ async fn controller_kinds_round_trip_with_status() {
             .is_none()
     );
 }
+
+#[cfg(feature = "kubernetes")]
+fn fake_kube() -> KubeStore {
+    KubeStore::new(super::fake_api::FakeApiServer::new().client())
+}
+
+/// Instantiates each generic test once per backend.
+macro_rules! store_suite {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite_backend {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    let (_dir, store) = super::open().await;
+                    super::$name(store).await;
+                }
+            )*
+        }
+        #[cfg(feature = "kubernetes")]
+        mod kube_backend {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    super::$name(super::fake_kube()).await;
+                }
+            )*
+        }
+    };
+}
+
+store_suite!(
+    create_get_update_delete,
+    stale_resource_versions_conflict,
+    concurrent_read_modify_write_loses_nothing,
+    list_by_namespace_selector_and_pages,
+    watch_delivers_events_in_order_and_filters_namespace,
+    list_then_watch_since_misses_nothing,
+    slow_watcher_is_cut_off_and_writers_never_wait,
+    bad_keys_are_rejected_without_writing,
+    controller_kinds_round_trip_with_status,
+);

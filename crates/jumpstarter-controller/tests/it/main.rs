@@ -2,7 +2,15 @@
 //! upstream exporter and client would.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+mod admin;
+mod crds;
+mod deploy;
 mod flow;
+#[cfg(feature = "kubernetes")]
+mod kube_server;
+#[cfg(feature = "kubernetes")]
+mod kube_store;
+mod restart;
 
 use jumpstarter_controller::{
     objects::{Client, ClientSpec, Exporter, ExporterSpec},
@@ -16,20 +24,19 @@ use jumpstarter_core::{
 
 pub struct Lab {
     pub ctl: RunningController,
-    _dir: tempfile::TempDir,
+    pub dir: tempfile::TempDir,
 }
 
 pub async fn lab() -> Lab {
     let dir = tempfile::tempdir().unwrap();
     let ctl = start(ControllerConfig {
-        data_dir: dir.path().join("data"),
-        listen: "127.0.0.1:0".into(),
-        router_listen: "127.0.0.1:0".into(),
-        advertise_host: "localhost".into(),
+        admin_config: Some(dir.path().join("config/admin.yaml")),
+        metrics_listen: Some("127.0.0.1:0".into()),
+        ..ControllerConfig::loopback(dir.path().join("data"))
     })
     .await
     .unwrap();
-    Lab { ctl, _dir: dir }
+    Lab { ctl, dir }
 }
 
 /// Who a test acts as.

@@ -1,0 +1,406 @@
+//! Leader election with a `coordination.k8s.io/v1` Lease, as client-go does it: one
+//! controller holds the Lease and renews it; standbys watch it and take over once it has not
+//! changed for its `leaseDurationSeconds`.
+//!
+//! Expiry is judged by when *this* process last saw the Lease change (its resourceVersion),
+//! not by the `renewTime` written in it, so clock skew between nodes does not matter. The
+//! holder gives up (and the process stops serving) when it could not renew for
+//! [`LeaderConfig::renew_deadline`], which is shorter than the lease duration, so two
+//! controllers never serve at once. The whole controller (services, Listen queues, reconcile
+//! loop) runs only in the leader: Listen queues live in its memory.
+//!
+//! Works over any [`Store`] (the Lease is an ordinary namespaced object); on SQLite there is
+//! nobody to elect against, so the binary skips it there.
+
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use tokio::time::Instant;
+
+use crate::store::{Store, StoreError};
+
+/// Name of the Lease object the controllers compete for.
+pub const LEASE_NAME: &str = "jumpstarter-controller-leader";
+
+/// Leader election failed in a way that retrying cannot fix, or leadership was lost.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaderError {
+    /// The settings are inconsistent.
+    #[error("leader election: {0}")]
+    Config(String),
+    /// The Lease could not be read or written.
+    #[error("leader election Lease {namespace}/{name}: {source}")]
+    Store {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// The store's error.
+        source: Box<StoreError>,
+    },
+    /// Another controller holds the Lease now, or it could not be renewed in time.
+    #[error("lost leadership of Lease {namespace}/{name}: {reason}")]
+    Lost {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// How to elect.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LeaderConfig {
+    /// Namespace of the Lease.
+    pub namespace: String,
+    /// Name of the Lease.
+    pub name: String,
+    /// Who we are (unique per process).
+    pub identity: String,
+    /// How long a Lease stays valid without renewal (`leaseDurationSeconds`).
+    pub lease_duration: Duration,
+    /// How often the holder renews, and standbys retry.
+    pub renew_period: Duration,
+}
+
+impl LeaderConfig {
+    /// Settings with the client-go defaults (15 s lease, 2 s renew) and an identity made of
+    /// the host name (the pod name in a cluster) and a random suffix.
+    pub fn new(namespace: &str) -> Self {
+        let host = std::env::var("POD_NAME")
+            .or_else(|_| std::env::var("HOSTNAME"))
+            .unwrap_or_else(|_| "jumpstarter-controller".into());
+        Self {
+            namespace: namespace.to_owned(),
+            name: LEASE_NAME.to_owned(),
+            identity: format!("{host}_{}", uuid::Uuid::new_v4().simple()),
+            lease_duration: Duration::from_secs(15),
+            renew_period: Duration::from_secs(2),
+        }
+    }
+
+    /// How long the holder keeps serving without a successful renewal: two thirds of the
+    /// lease duration, so it stops before any standby may take over.
+    pub fn renew_deadline(&self) -> Duration {
+        self.lease_duration * 2 / 3
+    }
+
+    fn check(&self) -> Result<(), LeaderError> {
+        if self.lease_duration < Duration::from_secs(1) {
+            return Err(LeaderError::Config(
+                "the lease duration must be at least 1s".into(),
+            ));
+        }
+        if self.renew_period.is_zero() || self.renew_period >= self.renew_deadline() {
+            return Err(LeaderError::Config(format!(
+                "the renew period ({:?}) must be above zero and below two thirds of the lease \
+                 duration ({:?})",
+                self.renew_period, self.lease_duration
+            )));
+        }
+        if self.identity.is_empty() {
+            return Err(LeaderError::Config("the identity is empty".into()));
+        }
+        Ok(())
+    }
+}
+
+/// One participant in the election.
+pub struct LeaderElector<S: Store> {
+    store: S,
+    config: LeaderConfig,
+    /// The Lease's resourceVersion when we last saw it change, and when that was.
+    observed: Option<(String, Instant)>,
+}
+
+fn micro_now() -> MicroTime {
+    MicroTime(jiff::Timestamp::now())
+}
+
+fn duration_secs(d: Duration) -> i32 {
+    i32::try_from(d.as_secs().max(1)).unwrap_or(i32::MAX)
+}
+
+impl<S: Store> LeaderElector<S> {
+    /// A participant; fails when `config` is inconsistent.
+    pub fn new(store: S, config: LeaderConfig) -> Result<Self, LeaderError> {
+        config.check()?;
+        Ok(Self {
+            store,
+            config,
+            observed: None,
+        })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &LeaderConfig {
+        &self.config
+    }
+
+    fn store_err(&self, source: StoreError) -> LeaderError {
+        LeaderError::Store {
+            namespace: self.config.namespace.clone(),
+            name: self.config.name.clone(),
+            source: Box::new(source),
+        }
+    }
+
+    /// One attempt to take or renew the Lease; `Ok(true)` when we hold it afterwards.
+    pub async fn try_acquire_or_renew(&mut self) -> Result<bool, LeaderError> {
+        let (ns, name) = (self.config.namespace.clone(), self.config.name.clone());
+        let now = Instant::now();
+        let current = self
+            .store
+            .get::<Lease>(&ns, &name)
+            .await
+            .map_err(|e| self.store_err(e))?;
+        let Some(mut lease) = current else {
+            let lease = Lease {
+                metadata: ObjectMeta {
+                    name: Some(name),
+                    namespace: Some(ns),
+                    ..ObjectMeta::default()
+                },
+                spec: Some(LeaseSpec {
+                    holder_identity: Some(self.config.identity.clone()),
+                    lease_duration_seconds: Some(duration_secs(self.config.lease_duration)),
+                    acquire_time: Some(micro_now()),
+                    renew_time: Some(micro_now()),
+                    lease_transitions: Some(0),
+                    ..LeaseSpec::default()
+                }),
+            };
+            return match self.store.create(&lease).await {
+                Ok(stored) => {
+                    self.observe(&stored, Instant::now());
+                    Ok(true)
+                }
+                // Somebody else created it first.
+                Err(StoreError::AlreadyExists { .. }) => Ok(false),
+                Err(e) => Err(self.store_err(e)),
+            };
+        };
+        self.observe(&lease, now);
+        let spec = lease.spec.clone().unwrap_or_default();
+        let holder = spec.holder_identity.clone().unwrap_or_default();
+        let ours = holder == self.config.identity;
+        if !ours && !holder.is_empty() {
+            let valid_for = spec
+                .lease_duration_seconds
+                .and_then(|s| u64::try_from(s).ok())
+                .map_or(self.config.lease_duration, Duration::from_secs);
+            let seen_at = self.observed.as_ref().map_or(now, |(_, at)| *at);
+            if now < seen_at + valid_for {
+                return Ok(false);
+            }
+        }
+        let mut next = spec;
+        if !ours {
+            next.acquire_time = Some(micro_now());
+            next.lease_transitions = Some(next.lease_transitions.unwrap_or(0).saturating_add(1));
+        }
+        next.holder_identity = Some(self.config.identity.clone());
+        next.lease_duration_seconds = Some(duration_secs(self.config.lease_duration));
+        next.renew_time = Some(micro_now());
+        lease.spec = Some(next);
+        match self.store.update(&lease).await {
+            Ok(stored) => {
+                self.observe(&stored, Instant::now());
+                Ok(true)
+            }
+            // Written by someone else meanwhile: look again next time.
+            Err(e) if e.is_conflict() => Ok(false),
+            Err(e) => Err(self.store_err(e)),
+        }
+    }
+
+    fn observe(&mut self, lease: &Lease, at: Instant) {
+        let rv = lease.metadata.resource_version.clone().unwrap_or_default();
+        if self.observed.as_ref().is_none_or(|(seen, _)| *seen != rv) {
+            self.observed = Some((rv, at));
+        }
+    }
+
+    /// Waits until we hold the Lease (retrying every renew period; store errors are logged
+    /// and retried).
+    pub async fn acquire(&mut self) {
+        let mut logged = false;
+        loop {
+            match self.try_acquire_or_renew().await {
+                Ok(true) => {
+                    tracing::info!(
+                        "leader election: {} now holds Lease {}/{}",
+                        self.config.identity,
+                        self.config.namespace,
+                        self.config.name
+                    );
+                    return;
+                }
+                Ok(false) if !logged => {
+                    tracing::info!(
+                        "leader election: Lease {}/{} is held by another controller; standing by",
+                        self.config.namespace,
+                        self.config.name
+                    );
+                    logged = true;
+                }
+                Ok(false) => {}
+                Err(e) => tracing::warn!("{e}; retrying"),
+            }
+            tokio::time::sleep(self.config.renew_period).await;
+        }
+    }
+
+    /// Renews the Lease every renew period while we hold it; returns (with
+    /// [`LeaderError::Lost`]) once another controller took it or it could not be renewed
+    /// for [`LeaderConfig::renew_deadline`]. Call after [`Self::acquire`].
+    pub async fn hold(&mut self) -> LeaderError {
+        let mut renewed = Instant::now();
+        loop {
+            tokio::time::sleep(self.config.renew_period).await;
+            let outcome = self.try_acquire_or_renew().await;
+            match outcome {
+                Ok(true) => renewed = Instant::now(),
+                Ok(false) => {
+                    return self.lost("another controller holds it now".into());
+                }
+                Err(e) => {
+                    tracing::warn!("leader election: renewal failed: {e}");
+                }
+            }
+            if renewed.elapsed() >= self.config.renew_deadline() {
+                return self.lost(format!(
+                    "not renewed for {:?}",
+                    self.config.renew_deadline()
+                ));
+            }
+        }
+    }
+
+    fn lost(&self, reason: String) -> LeaderError {
+        LeaderError::Lost {
+            namespace: self.config.namespace.clone(),
+            name: self.config.name.clone(),
+            reason,
+        }
+    }
+
+    /// Gives the Lease up (empty holder) if we still hold it, so a standby takes over at
+    /// its next attempt instead of after the lease duration.
+    pub async fn release(&mut self) -> Result<(), LeaderError> {
+        let (ns, name) = (self.config.namespace.clone(), self.config.name.clone());
+        let Some(mut lease) = self
+            .store
+            .get::<Lease>(&ns, &name)
+            .await
+            .map_err(|e| self.store_err(e))?
+        else {
+            return Ok(());
+        };
+        let mut spec = lease.spec.clone().unwrap_or_default();
+        if spec.holder_identity.as_deref() != Some(self.config.identity.as_str()) {
+            return Ok(());
+        }
+        spec.holder_identity = None;
+        spec.lease_duration_seconds = Some(1);
+        spec.renew_time = Some(micro_now());
+        lease.spec = Some(spec);
+        match self.store.update(&lease).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.is_conflict() => Ok(()),
+            Err(e) => Err(self.store_err(e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(identity: &str) -> LeaderConfig {
+        LeaderConfig {
+            namespace: "lab".into(),
+            name: LEASE_NAME.into(),
+            identity: identity.into(),
+            lease_duration: Duration::from_secs(1),
+            renew_period: Duration::from_millis(100),
+        }
+    }
+
+    #[test]
+    fn inconsistent_settings_are_refused() {
+        let bad = [
+            LeaderConfig {
+                lease_duration: Duration::from_millis(500),
+                ..config("a")
+            },
+            LeaderConfig {
+                renew_period: Duration::from_secs(1),
+                ..config("a")
+            },
+            LeaderConfig {
+                renew_period: Duration::ZERO,
+                ..config("a")
+            },
+            config(""),
+        ];
+        for c in bad {
+            assert!(c.check().is_err(), "{c:?} accepted");
+        }
+        assert!(config("a").check().is_ok());
+        assert!(LeaderConfig::new("ns").check().is_ok());
+    }
+
+    async fn elect_and_take_over<S: Store>(store: S) {
+        let mut a = LeaderElector::new(store.clone(), config("a")).unwrap();
+        let mut b = LeaderElector::new(store.clone(), config("b")).unwrap();
+        assert!(a.try_acquire_or_renew().await.unwrap());
+        assert!(!b.try_acquire_or_renew().await.unwrap());
+        // Renewals keep b out, even past the lease duration.
+        for _ in 0..6 {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            assert!(a.try_acquire_or_renew().await.unwrap());
+            assert!(!b.try_acquire_or_renew().await.unwrap());
+        }
+        // a stops renewing: b takes over once the lease has not changed for its duration.
+        let started = Instant::now();
+        tokio::time::timeout(Duration::from_secs(5), b.acquire())
+            .await
+            .unwrap();
+        assert!(started.elapsed() >= Duration::from_millis(700));
+        let lease = store
+            .get::<Lease>("lab", LEASE_NAME)
+            .await
+            .unwrap()
+            .unwrap();
+        let spec = lease.spec.unwrap();
+        assert_eq!(spec.holder_identity.as_deref(), Some("b"));
+        assert_eq!(spec.lease_transitions, Some(1));
+        // a notices at its next renewal.
+        let lost = tokio::time::timeout(Duration::from_secs(5), a.hold())
+            .await
+            .unwrap();
+        assert!(matches!(lost, LeaderError::Lost { .. }), "{lost}");
+        // A released lease is taken at once.
+        b.release().await.unwrap();
+        assert!(a.try_acquire_or_renew().await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn standby_takes_over_when_the_lease_expires_sqlite() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::SqliteStore::open(dir.path()).await.unwrap();
+        elect_and_take_over(store).await;
+    }
+
+    #[cfg(feature = "kubernetes")]
+    #[tokio::test]
+    async fn standby_takes_over_when_the_lease_expires_fake_api() {
+        let api = crate::store::fake_api::FakeApiServer::new();
+        let store = crate::store::KubeStore::new(api.client());
+        elect_and_take_over(store).await;
+    }
+}

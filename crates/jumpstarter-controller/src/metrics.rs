@@ -1,0 +1,370 @@
+//! Prometheus metrics: RPC latencies (a tower layer on the gRPC server), leases by state and
+//! exporters online/registered (read from the store at scrape time), and the in-process
+//! router's counters, served as text on a small HTTP/1.1 listener (`GET /metrics`).
+
+use std::{
+    collections::HashMap,
+    fmt::Write as _,
+    future::Future,
+    pin::Pin,
+    sync::{Arc, Mutex},
+    task::{Context, Poll},
+    time::{Duration, Instant},
+};
+
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::TcpListener,
+};
+
+use crate::{
+    objects::{Exporter, Lease, conditions},
+    selector::LabelSelector,
+    state::ControllerState,
+    store::{ListParams, Store},
+};
+
+/// Upper bounds (seconds) of the RPC latency histogram buckets.
+const BUCKETS: [f64; 12] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
+];
+/// Distinct method labels kept; calls to further (unknown) paths are counted as `other`, so a
+/// caller inventing paths cannot grow the table without bound.
+const MAX_METHODS: usize = 128;
+/// Scrapes served at once.
+const MAX_CONNECTIONS: usize = 8;
+/// Largest request head read.
+const MAX_REQUEST: usize = 8 * 1024;
+/// A scrape that takes longer is cut.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Default, Clone)]
+struct Histogram {
+    counts: [u64; BUCKETS.len()],
+    count: u64,
+    sum: f64,
+}
+
+/// Latency histograms of the controller's RPCs, by gRPC method path.
+#[derive(Debug, Default)]
+pub struct RpcMetrics {
+    methods: Mutex<HashMap<String, Histogram>>,
+}
+
+impl RpcMetrics {
+    /// Records one call of `method` that took `elapsed`.
+    pub fn observe(&self, method: &str, elapsed: Duration) {
+        let secs = elapsed.as_secs_f64();
+        let mut m = self.methods.lock().unwrap_or_else(|p| p.into_inner());
+        let key = if m.contains_key(method) || m.len() < MAX_METHODS {
+            method
+        } else {
+            "other"
+        };
+        let h = m.entry(key.to_string()).or_default();
+        for (i, le) in BUCKETS.iter().enumerate() {
+            if secs <= *le {
+                h.counts[i] += 1;
+            }
+        }
+        h.count += 1;
+        h.sum += secs;
+    }
+
+    /// Prometheus text of the histograms.
+    pub fn prometheus(&self) -> String {
+        let m = self
+            .methods
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let mut methods: Vec<_> = m.into_iter().collect();
+        methods.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut out = String::from(
+            "# HELP jumpstarter_controller_rpc_duration_seconds Time from request to response \
+             headers (for streams: until the stream is open), by gRPC method.\n\
+             # TYPE jumpstarter_controller_rpc_duration_seconds histogram\n",
+        );
+        for (method, h) in methods {
+            let method = escape_label(&method);
+            for (i, le) in BUCKETS.iter().enumerate() {
+                let _ = writeln!(
+                    out,
+                    "jumpstarter_controller_rpc_duration_seconds_bucket{{method=\"{method}\",le=\"{le}\"}} {}",
+                    h.counts[i]
+                );
+            }
+            let _ = writeln!(
+                out,
+                "jumpstarter_controller_rpc_duration_seconds_bucket{{method=\"{method}\",le=\"+Inf\"}} {}",
+                h.count
+            );
+            let _ = writeln!(
+                out,
+                "jumpstarter_controller_rpc_duration_seconds_sum{{method=\"{method}\"}} {}",
+                h.sum
+            );
+            let _ = writeln!(
+                out,
+                "jumpstarter_controller_rpc_duration_seconds_count{{method=\"{method}\"}} {}",
+                h.count
+            );
+        }
+        out
+    }
+}
+
+fn escape_label(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// Tower layer timing every request into [`RpcMetrics`].
+#[derive(Debug, Clone)]
+pub struct RpcMetricsLayer(pub Arc<RpcMetrics>);
+
+impl<S> tower::Layer<S> for RpcMetricsLayer {
+    type Service = RpcTimer<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        RpcTimer {
+            inner,
+            metrics: self.0.clone(),
+        }
+    }
+}
+
+/// The service [`RpcMetricsLayer`] wraps around the gRPC routes.
+#[derive(Debug, Clone)]
+pub struct RpcTimer<S> {
+    inner: S,
+    metrics: Arc<RpcMetrics>,
+}
+
+impl<S, B> tower::Service<tonic::codegen::http::Request<B>> for RpcTimer<S>
+where
+    S: tower::Service<tonic::codegen::http::Request<B>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: tonic::codegen::http::Request<B>) -> Self::Future {
+        let method = req.uri().path().to_string();
+        let metrics = self.metrics.clone();
+        let start = Instant::now();
+        let fut = self.inner.call(req);
+        Box::pin(async move {
+            let r = fut.await;
+            metrics.observe(&method, start.elapsed());
+            r
+        })
+    }
+}
+
+/// Leases and exporters by state, read from the store now.
+pub async fn object_metrics<S: Store>(state: &ControllerState<S>) -> String {
+    let mut out = String::new();
+    let all = LabelSelector::everything();
+    let params = ListParams::default();
+    match state.store.list::<Lease>(None, &all, &params).await {
+        Ok(list) => {
+            let (mut pending, mut ready, mut ended) = (0u64, 0u64, 0u64);
+            for l in &list.items {
+                if l.is_ended() {
+                    ended += 1;
+                } else if l.assigned_exporter().is_some() {
+                    ready += 1;
+                } else {
+                    pending += 1;
+                }
+            }
+            out.push_str(
+                "# HELP jumpstarter_controller_leases Leases by state.\n\
+                 # TYPE jumpstarter_controller_leases gauge\n",
+            );
+            for (s, n) in [("pending", pending), ("ready", ready), ("ended", ended)] {
+                let _ = writeln!(out, "jumpstarter_controller_leases{{state=\"{s}\"}} {n}");
+            }
+        }
+        Err(e) => tracing::warn!("metrics: cannot list leases: {e}"),
+    }
+    match state.store.list::<Exporter>(None, &all, &params).await {
+        Ok(list) => {
+            let online = list
+                .items
+                .iter()
+                .filter(|e| e.condition_is_true(conditions::ONLINE))
+                .count();
+            let registered = list
+                .items
+                .iter()
+                .filter(|e| e.condition_is_true(conditions::REGISTERED))
+                .count();
+            let _ = write!(
+                out,
+                "# HELP jumpstarter_controller_exporters Exporters known to the controller.\n\
+                 # TYPE jumpstarter_controller_exporters gauge\n\
+                 jumpstarter_controller_exporters {}\n\
+                 # HELP jumpstarter_controller_exporters_online Exporters whose Online condition is True.\n\
+                 # TYPE jumpstarter_controller_exporters_online gauge\n\
+                 jumpstarter_controller_exporters_online {online}\n\
+                 # HELP jumpstarter_controller_exporters_registered Exporters whose Registered condition is True.\n\
+                 # TYPE jumpstarter_controller_exporters_registered gauge\n\
+                 jumpstarter_controller_exporters_registered {registered}\n",
+                list.items.len()
+            );
+        }
+        Err(e) => tracing::warn!("metrics: cannot list exporters: {e}"),
+    }
+    out
+}
+
+/// Produces the text of one scrape.
+pub type Render = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = String> + Send>> + Send + Sync>;
+
+/// Serves `GET /metrics` on `listener` until `shutdown` resolves. Anything else gets 404.
+pub async fn serve(
+    listener: TcpListener,
+    render: Render,
+    shutdown: impl Future<Output = ()> + Send,
+) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    tokio::pin!(shutdown);
+    loop {
+        let (conn, peer) = tokio::select! {
+            _ = &mut shutdown => return,
+            r = listener.accept() => match r {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!("metrics listener: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            // Busy: close rather than queue.
+            drop(conn);
+            continue;
+        };
+        let render = render.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            if tokio::time::timeout(REQUEST_TIMEOUT, respond(conn, render))
+                .await
+                .is_err()
+            {
+                tracing::debug!("metrics request from {peer} timed out");
+            }
+        });
+    }
+}
+
+async fn respond(mut conn: tokio::net::TcpStream, render: Render) {
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 1024];
+    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+        if buf.len() >= MAX_REQUEST {
+            let _ = conn
+                .write_all(&reply("431 Request Header Fields Too Large", ""))
+                .await;
+            return;
+        }
+        match conn.read(&mut chunk).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+    let head = String::from_utf8_lossy(&buf);
+    let mut parts = head.lines().next().unwrap_or_default().split(' ');
+    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let path = path.split('?').next().unwrap_or("");
+    let response = match (method, path) {
+        ("GET", "/metrics") => reply("200 OK", &render().await),
+        ("GET", _) => reply("404 Not Found", "not found; metrics are at /metrics\n"),
+        _ => reply("405 Method Not Allowed", ""),
+    };
+    let _ = conn.write_all(&response).await;
+    let _ = conn.shutdown().await;
+}
+
+fn reply(status: &str, body: &str) -> Vec<u8> {
+    format!(
+        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_counts_cumulatively() {
+        let m = RpcMetrics::default();
+        m.observe("/a.B/C", Duration::from_millis(3));
+        m.observe("/a.B/C", Duration::from_secs(20));
+        let text = m.prometheus();
+        assert!(text.contains(
+            "jumpstarter_controller_rpc_duration_seconds_bucket{method=\"/a.B/C\",le=\"0.005\"} 1"
+        ));
+        assert!(text.contains(
+            "jumpstarter_controller_rpc_duration_seconds_bucket{method=\"/a.B/C\",le=\"10\"} 1"
+        ));
+        assert!(text.contains(
+            "jumpstarter_controller_rpc_duration_seconds_bucket{method=\"/a.B/C\",le=\"+Inf\"} 2"
+        ));
+        assert!(
+            text.contains("jumpstarter_controller_rpc_duration_seconds_count{method=\"/a.B/C\"} 2")
+        );
+    }
+
+    #[test]
+    fn method_labels_are_bounded_and_escaped() {
+        let m = RpcMetrics::default();
+        for i in 0..(MAX_METHODS + 50) {
+            m.observe(&format!("/x/{i}"), Duration::from_millis(1));
+        }
+        m.observe("/x/\"q", Duration::from_millis(1));
+        let text = m.prometheus();
+        assert!(text.contains("method=\"other\""));
+        let methods = m.methods.lock().unwrap().len();
+        assert_eq!(methods, MAX_METHODS + 1);
+        assert!(!text.contains("/x/\"q"));
+    }
+
+    #[tokio::test]
+    async fn http_responder_serves_metrics_and_404() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let render: Render = Arc::new(|| Box::pin(async { "x_total 1\n".to_string() }));
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(serve(listener, render, async {
+            let _ = rx.await;
+        }));
+        let get = |path: &'static str| async move {
+            let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+            c.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+                .await
+                .unwrap();
+            let mut s = String::new();
+            c.read_to_string(&mut s).await.unwrap();
+            s
+        };
+        let ok = get("/metrics").await;
+        assert!(ok.starts_with("HTTP/1.1 200 OK"), "{ok}");
+        assert!(ok.ends_with("x_total 1\n"), "{ok}");
+        let nf = get("/nope").await;
+        assert!(nf.starts_with("HTTP/1.1 404"), "{nf}");
+        let _ = tx.send(());
+        task.await.unwrap();
+    }
+}

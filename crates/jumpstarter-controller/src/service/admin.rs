@@ -1,0 +1,777 @@
+//! `jumpstarter.admin.v1.AdminService` (ours, not upstream): clients, exporters and access
+//! policies managed over gRPC, for controllers that do not run on Kubernetes.
+//!
+//! Every RPC needs `authorization: Bearer <admin token>` (the secret in the data directory,
+//! see [`crate::admin_token`]). A client or exporter token is refused with
+//! PERMISSION_DENIED; anything else with UNAUTHENTICATED.
+//!
+//! Names follow Kubernetes: object names are DNS-1123 subdomains, namespaces DNS-1123 labels,
+//! label keys qualified names and label values label values. An empty namespace means
+//! `default` (in a [`ListRequest`], all namespaces). Bad input is INVALID_ARGUMENT and changes
+//! nothing.
+
+use std::{collections::BTreeMap, sync::Arc};
+
+use jumpstarter_core::auth::{ObjectKind, Subject, bearer_token};
+use jumpstarter_proto::admin_v1::{
+    AccessPolicy, AccessRule, Client as PbClient, CreateClientRequest, CreateClientResponse,
+    CreateExporterRequest, CreateExporterResponse, Credentials, Exporter as PbExporter,
+    ListAccessPoliciesResponse, ListClientsResponse, ListExportersResponse, ListRequest, ObjectRef,
+    admin_service_server::AdminService,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1 as metav1;
+use tonic::{Request, Response, Status, metadata::MetadataMap};
+
+use crate::{
+    admin_token::AdminToken,
+    duration::GoDuration,
+    objects::{
+        Client, ClientSpec, Exporter, ExporterAccessPolicy, ExporterAccessPolicySpec, ExporterSpec,
+        Lease, Policy, PolicyFrom, RESERVED_LABEL_PREFIX, conditions, exporter_status_to_proto,
+        timestamp_to_proto,
+    },
+    selector::{
+        LabelSelector, validate_dns1123_subdomain, validate_label_value, validate_qualified_name,
+    },
+    service::controller::update_lease,
+    state::{ControllerState, store_status},
+    store::{ListParams, Store, StoreObject},
+};
+
+/// The namespace used when a request leaves it empty.
+pub const DEFAULT_NAMESPACE: &str = "default";
+/// Longest namespace (a DNS-1123 label).
+const NAMESPACE_MAX: usize = 63;
+
+/// The AdminService implementation.
+pub struct AdminApi<S: Store> {
+    state: Arc<ControllerState<S>>,
+    token: AdminToken,
+    ca_pem: String,
+    credential_secrets: bool,
+}
+
+impl<S: Store> AdminApi<S> {
+    /// The service over `state`, accepting `token`; `ca_pem` (may be empty) goes into the
+    /// credentials it hands out.
+    pub fn new(state: Arc<ControllerState<S>>, token: AdminToken, ca_pem: String) -> Self {
+        Self {
+            state,
+            token,
+            ca_pem,
+            credential_secrets: false,
+        }
+    }
+
+    /// With `on`, every token handed out is also kept in the owner's credential Secret
+    /// (`<name>-client` / `<name>-exporter`, key `token`), where upstream's `jmp admin
+    /// create` and in-cluster jobs read it.
+    pub fn with_credential_secrets(mut self, on: bool) -> Self {
+        self.credential_secrets = on;
+        self
+    }
+
+    /// Keeps `token` in `owner`'s credential Secret when [`Self::with_credential_secrets`]
+    /// is on.
+    async fn keep_credential<K: StoreObject>(&self, owner: &K, token: &str) -> Result<(), Status> {
+        if !self.credential_secrets {
+            return Ok(());
+        }
+        crate::store::credentials::put_credential(&self.state.store, owner, token)
+            .await
+            .map(|_| ())
+            .map_err(store_status)
+    }
+
+    fn authorize(&self, md: &MetadataMap) -> Result<(), Status> {
+        let presented = bearer_token(md).map_err(|e| {
+            if e.code() == tonic::Code::Unauthenticated {
+                Status::unauthenticated(
+                    "the admin API needs \"authorization: Bearer <admin token>\" (the token is in \
+                     the controller's data directory and admin config)",
+                )
+            } else {
+                e
+            }
+        })?;
+        if self.token.matches(&presented) {
+            return Ok(());
+        }
+        if let Ok(subject) = self.state.issuer.verify(&presented) {
+            return Err(Status::permission_denied(format!(
+                "permission denied: {} tokens cannot use the admin API",
+                subject.kind.as_str().to_lowercase()
+            )));
+        }
+        Err(Status::unauthenticated("invalid admin token"))
+    }
+
+    async fn credentials(
+        &self,
+        kind: ObjectKind,
+        namespace: &str,
+        name: &str,
+        uid: Option<String>,
+    ) -> Result<Credentials, Status> {
+        let uid = uid.ok_or_else(|| {
+            Status::internal(format!("{kind} {namespace}/{name} has no uid in the store"))
+        })?;
+        let issued = self
+            .state
+            .issuer
+            .issue(&Subject::new(kind, namespace, name, uid))
+            .map_err(|e| Status::internal(format!("cannot issue a token: {e}")))?;
+        Ok(Credentials {
+            endpoint: self.state.endpoint.clone(),
+            ca_pem: self.ca_pem.clone(),
+            token: issued.token,
+            expiry: Some(prost_types::Timestamp::from(issued.expires_at)),
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+        })
+    }
+
+    async fn get_object<K: StoreObject>(
+        &self,
+        what: &str,
+        r: &ObjectRef,
+    ) -> Result<(String, String, K), Status> {
+        let (ns, name) = object_ref(what, r)?;
+        let obj = self
+            .state
+            .store
+            .get::<K>(&ns, &name)
+            .await
+            .map_err(store_status)?
+            .ok_or_else(|| Status::not_found(format!("{what} {ns}/{name} not found")))?;
+        Ok((ns, name, obj))
+    }
+
+    async fn list_objects<K: StoreObject>(&self, req: &ListRequest) -> Result<Vec<K>, Status> {
+        let ns = if req.namespace.is_empty() {
+            None
+        } else {
+            validate_namespace(&req.namespace)
+                .map_err(|e| Status::invalid_argument(format!("namespace: {e}")))?;
+            Some(req.namespace.as_str())
+        };
+        let sel = LabelSelector::parse(&req.selector)
+            .map_err(|e| Status::invalid_argument(format!("selector {:?}: {e}", req.selector)))?;
+        Ok(self
+            .state
+            .store
+            .list::<K>(ns, &sel, &ListParams::default())
+            .await
+            .map_err(store_status)?
+            .items)
+    }
+
+    /// Marks for release every lease in `namespace` that `pick` selects and that has not ended.
+    async fn release_leases(
+        &self,
+        namespace: &str,
+        pick: impl Fn(&Lease) -> bool,
+    ) -> Result<usize, Status> {
+        let leases = self
+            .state
+            .store
+            .list::<Lease>(
+                Some(namespace),
+                &LabelSelector::everything(),
+                &ListParams::default(),
+            )
+            .await
+            .map_err(store_status)?
+            .items;
+        let mut n = 0;
+        for l in leases
+            .iter()
+            .filter(|l| !l.is_ended() && !l.spec.release && pick(l))
+        {
+            let Some(name) = l.metadata.name.as_deref() else {
+                continue;
+            };
+            let r = update_lease(&self.state.store, namespace, name, |l| {
+                if l.is_ended() || l.spec.release {
+                    return Ok(false);
+                }
+                l.spec.release = true;
+                Ok(true)
+            })
+            .await;
+            match r {
+                Ok(_) => n += 1,
+                // Deleted meanwhile: nothing to release.
+                Err(e) if e.code() == tonic::Code::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if n > 0 {
+            self.state.wake.notify_one();
+        }
+        Ok(n)
+    }
+}
+
+/// Kubernetes namespace rules (a DNS-1123 label).
+fn validate_namespace(ns: &str) -> Result<(), String> {
+    if ns.len() > NAMESPACE_MAX {
+        return Err(format!(
+            "{ns:?} must be no more than {NAMESPACE_MAX} characters"
+        ));
+    }
+    if ns.contains('.') {
+        return Err(format!(
+            "{ns:?} must be a DNS-1123 label: lowercase alphanumeric characters or '-', \
+             starting and ending with an alphanumeric character (no '.')"
+        ));
+    }
+    validate_dns1123_subdomain(ns)
+}
+
+/// The namespace (default when empty) and name of a request, validated.
+fn names(what: &str, namespace: &str, name: &str) -> Result<(String, String), Status> {
+    let ns = if namespace.is_empty() {
+        DEFAULT_NAMESPACE
+    } else {
+        namespace
+    };
+    validate_namespace(ns)
+        .map_err(|e| Status::invalid_argument(format!("{what} {ns}/{name}: namespace {e}")))?;
+    if name.is_empty() {
+        return Err(Status::invalid_argument(format!(
+            "{what} in namespace {ns}: name is required"
+        )));
+    }
+    validate_dns1123_subdomain(name)
+        .map_err(|e| Status::invalid_argument(format!("{what} {ns}/{name}: name {e}")))?;
+    Ok((ns.to_string(), name.to_string()))
+}
+
+fn object_ref(what: &str, r: &ObjectRef) -> Result<(String, String), Status> {
+    names(what, &r.namespace, &r.name)
+}
+
+/// Checks labels as the API server does; `reserved` rejects the `jumpstarter.dev/` keys an
+/// exporter manages itself.
+fn labels(
+    what: &str,
+    ns: &str,
+    name: &str,
+    labels: &std::collections::HashMap<String, String>,
+    reserved: bool,
+) -> Result<BTreeMap<String, String>, Status> {
+    let mut out = BTreeMap::new();
+    for (k, v) in labels {
+        validate_qualified_name(k).map_err(|e| {
+            Status::invalid_argument(format!("{what} {ns}/{name}: label key {k:?}: {e}"))
+        })?;
+        validate_label_value(v).map_err(|e| {
+            Status::invalid_argument(format!(
+                "{what} {ns}/{name}: value {v:?} of label {k:?}: {e}"
+            ))
+        })?;
+        if reserved && k.starts_with(RESERVED_LABEL_PREFIX) {
+            return Err(Status::invalid_argument(format!(
+                "{what} {ns}/{name}: label key {k:?}: the {RESERVED_LABEL_PREFIX} prefix is \
+                 reserved for labels the exporter reports itself"
+            )));
+        }
+        out.insert(k.clone(), v.clone());
+    }
+    Ok(out)
+}
+
+fn meta(ns: &str, name: &str, labels: BTreeMap<String, String>) -> metav1::ObjectMeta {
+    metav1::ObjectMeta {
+        namespace: Some(ns.to_string()),
+        name: Some(name.to_string()),
+        labels: (!labels.is_empty()).then_some(labels),
+        ..Default::default()
+    }
+}
+
+fn created(m: &metav1::ObjectMeta) -> Option<prost_types::Timestamp> {
+    m.creation_timestamp
+        .as_ref()
+        .map(|t| timestamp_to_proto(t.0))
+}
+
+/// A Client as the admin API shows it.
+pub fn client_to_admin(c: &Client) -> PbClient {
+    PbClient {
+        namespace: c.metadata.namespace.clone().unwrap_or_default(),
+        name: c.metadata.name.clone().unwrap_or_default(),
+        labels: c
+            .metadata
+            .labels
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .collect(),
+        username: c.spec.username.clone().unwrap_or_default(),
+        created: created(&c.metadata),
+    }
+}
+
+/// An Exporter as the admin API shows it.
+pub fn exporter_to_admin(e: &Exporter) -> PbExporter {
+    let status = e.status.as_ref();
+    PbExporter {
+        namespace: e.metadata.namespace.clone().unwrap_or_default(),
+        name: e.metadata.name.clone().unwrap_or_default(),
+        labels: e.labels().into_iter().collect(),
+        username: e.spec.username.clone().unwrap_or_default(),
+        enabled: e.is_enabled(),
+        online: e.condition_is_true(conditions::ONLINE),
+        status: exporter_status_to_proto(status.and_then(|s| s.exporter_status)) as i32,
+        status_message: status.map(|s| s.status_message.clone()).unwrap_or_default(),
+        lease: status
+            .and_then(|s| s.lease_ref.as_ref())
+            .map(|r| r.name.clone())
+            .unwrap_or_default(),
+        created: created(&e.metadata),
+    }
+}
+
+fn selector_string(sel: &metav1::LabelSelector) -> String {
+    // Stored selectors were validated on the way in; an unreadable one is shown as empty
+    // rather than failing the whole listing.
+    LabelSelector::from_k8s(sel)
+        .map(|s| s.to_selector_string())
+        .unwrap_or_default()
+}
+
+/// An ExporterAccessPolicy as the admin API shows it.
+pub fn policy_to_admin(p: &ExporterAccessPolicy) -> AccessPolicy {
+    AccessPolicy {
+        namespace: p.metadata.namespace.clone().unwrap_or_default(),
+        name: p.metadata.name.clone().unwrap_or_default(),
+        exporter_selector: selector_string(&p.spec.exporter_selector),
+        rules: p
+            .spec
+            .policies
+            .iter()
+            .map(|r| AccessRule {
+                description: r.description.clone(),
+                priority: i32::try_from(r.priority).unwrap_or(if r.priority < 0 {
+                    i32::MIN
+                } else {
+                    i32::MAX
+                }),
+                from_client_selectors: r
+                    .from
+                    .iter()
+                    .map(|f| selector_string(&f.client_selector))
+                    .collect(),
+                maximum_duration: r.maximum_duration.map(Into::into),
+                spot_access: r.spot_access,
+            })
+            .collect(),
+    }
+}
+
+/// Builds the stored policy from the admin message, naming the field at fault.
+pub fn policy_from_admin(p: &AccessPolicy) -> Result<ExporterAccessPolicy, Status> {
+    let (ns, name) = names("access policy", &p.namespace, &p.name)?;
+    let bad = |field: String, e: String| {
+        Status::invalid_argument(format!("access policy {ns}/{name}: {field}: {e}"))
+    };
+    let exporter_selector = LabelSelector::parse(&p.exporter_selector)
+        .map_err(|e| bad("exporter_selector".into(), e.to_string()))?;
+    let mut policies = Vec::new();
+    for (i, r) in p.rules.iter().enumerate() {
+        let mut from = Vec::new();
+        for (j, s) in r.from_client_selectors.iter().enumerate() {
+            let sel = LabelSelector::parse(s).map_err(|e| {
+                bad(
+                    format!("rules[{i}].from_client_selectors[{j}]"),
+                    e.to_string(),
+                )
+            })?;
+            from.push(PolicyFrom {
+                client_selector: sel.to_k8s(),
+            });
+        }
+        let maximum_duration = match &r.maximum_duration {
+            None => None,
+            Some(d) => {
+                let d = GoDuration::try_from(d)
+                    .map_err(|e| bad(format!("rules[{i}].maximum_duration"), e.to_string()))?;
+                if !d.0.is_positive() {
+                    return Err(bad(
+                        format!("rules[{i}].maximum_duration"),
+                        format!("must be positive, got {d}"),
+                    ));
+                }
+                Some(d)
+            }
+        };
+        policies.push(Policy {
+            description: r.description.clone(),
+            priority: i64::from(r.priority),
+            from,
+            maximum_duration,
+            spot_access: r.spot_access,
+        });
+    }
+    let mut obj = ExporterAccessPolicy::new(
+        &name,
+        ExporterAccessPolicySpec {
+            exporter_selector: exporter_selector.to_k8s(),
+            policies,
+        },
+    );
+    obj.metadata = meta(&ns, &name, BTreeMap::new());
+    Ok(obj)
+}
+
+fn username(u: &str) -> Option<String> {
+    (!u.trim().is_empty()).then(|| u.trim().to_string())
+}
+
+#[tonic::async_trait]
+impl<S: Store> AdminService for AdminApi<S> {
+    async fn create_client(
+        &self,
+        request: Request<CreateClientRequest>,
+    ) -> Result<Response<CreateClientResponse>, Status> {
+        self.authorize(request.metadata())?;
+        let c = request
+            .into_inner()
+            .client
+            .ok_or_else(|| Status::invalid_argument("client is required"))?;
+        let (ns, name) = names("client", &c.namespace, &c.name)?;
+        let labels = labels("client", &ns, &name, &c.labels, false)?;
+        let mut obj = Client::new(
+            &name,
+            ClientSpec {
+                username: username(&c.username),
+            },
+        );
+        obj.metadata = meta(&ns, &name, labels);
+        let stored = self.state.store.create(&obj).await.map_err(store_status)?;
+        let credentials = self
+            .credentials(ObjectKind::Client, &ns, &name, stored.metadata.uid.clone())
+            .await?;
+        self.keep_credential(&stored, &credentials.token).await?;
+        tracing::info!("admin: created client {ns}/{name}");
+        self.state.wake.notify_one();
+        Ok(Response::new(CreateClientResponse {
+            client: Some(client_to_admin(&stored)),
+            credentials: Some(credentials),
+        }))
+    }
+
+    async fn get_client(&self, request: Request<ObjectRef>) -> Result<Response<PbClient>, Status> {
+        self.authorize(request.metadata())?;
+        let (_, _, c) = self
+            .get_object::<Client>("client", request.get_ref())
+            .await?;
+        Ok(Response::new(client_to_admin(&c)))
+    }
+
+    async fn list_clients(
+        &self,
+        request: Request<ListRequest>,
+    ) -> Result<Response<ListClientsResponse>, Status> {
+        self.authorize(request.metadata())?;
+        let items = self.list_objects::<Client>(request.get_ref()).await?;
+        Ok(Response::new(ListClientsResponse {
+            clients: items.iter().map(client_to_admin).collect(),
+        }))
+    }
+
+    async fn delete_client(&self, request: Request<ObjectRef>) -> Result<Response<()>, Status> {
+        self.authorize(request.metadata())?;
+        let (ns, name, _) = self
+            .get_object::<Client>("client", request.get_ref())
+            .await?;
+        // Its leases end first, so no exporter stays held by a client that no longer exists.
+        let released = self
+            .release_leases(&ns, |l| l.spec.client_ref.name == name)
+            .await?;
+        self.state
+            .store
+            .delete::<Client>(&ns, &name, None)
+            .await
+            .map_err(store_status)?;
+        tracing::info!("admin: deleted client {ns}/{name} (released {released} lease(s))");
+        self.state.wake.notify_one();
+        Ok(Response::new(()))
+    }
+
+    async fn rotate_client(
+        &self,
+        request: Request<ObjectRef>,
+    ) -> Result<Response<Credentials>, Status> {
+        self.authorize(request.metadata())?;
+        let (ns, name, c) = self
+            .get_object::<Client>("client", request.get_ref())
+            .await?;
+        let creds = self
+            .credentials(ObjectKind::Client, &ns, &name, c.metadata.uid.clone())
+            .await?;
+        self.keep_credential(&c, &creds.token).await?;
+        tracing::info!("admin: issued a new token for client {ns}/{name}");
+        Ok(Response::new(creds))
+    }
+
+    async fn create_exporter(
+        &self,
+        request: Request<CreateExporterRequest>,
+    ) -> Result<Response<CreateExporterResponse>, Status> {
+        self.authorize(request.metadata())?;
+        let e = request
+            .into_inner()
+            .exporter
+            .ok_or_else(|| Status::invalid_argument("exporter is required"))?;
+        let (ns, name) = names("exporter", &e.namespace, &e.name)?;
+        let labels = labels("exporter", &ns, &name, &e.labels, true)?;
+        // `enabled` is not read: proto3 cannot tell "false" from "not set", and a new
+        // exporter that nobody can lease would surprise more than it helps.
+        let mut obj = Exporter::new(
+            &name,
+            ExporterSpec {
+                username: username(&e.username),
+                enabled: None,
+            },
+        );
+        obj.metadata = meta(&ns, &name, labels);
+        let stored = self.state.store.create(&obj).await.map_err(store_status)?;
+        let credentials = self
+            .credentials(
+                ObjectKind::Exporter,
+                &ns,
+                &name,
+                stored.metadata.uid.clone(),
+            )
+            .await?;
+        self.keep_credential(&stored, &credentials.token).await?;
+        tracing::info!("admin: created exporter {ns}/{name}");
+        self.state.wake.notify_one();
+        Ok(Response::new(CreateExporterResponse {
+            exporter: Some(exporter_to_admin(&stored)),
+            credentials: Some(credentials),
+        }))
+    }
+
+    async fn get_exporter(
+        &self,
+        request: Request<ObjectRef>,
+    ) -> Result<Response<PbExporter>, Status> {
+        self.authorize(request.metadata())?;
+        let (_, _, e) = self
+            .get_object::<Exporter>("exporter", request.get_ref())
+            .await?;
+        Ok(Response::new(exporter_to_admin(&e)))
+    }
+
+    async fn list_exporters(
+        &self,
+        request: Request<ListRequest>,
+    ) -> Result<Response<ListExportersResponse>, Status> {
+        self.authorize(request.metadata())?;
+        let items = self.list_objects::<Exporter>(request.get_ref()).await?;
+        Ok(Response::new(ListExportersResponse {
+            exporters: items.iter().map(exporter_to_admin).collect(),
+        }))
+    }
+
+    async fn delete_exporter(&self, request: Request<ObjectRef>) -> Result<Response<()>, Status> {
+        self.authorize(request.metadata())?;
+        let (ns, name, _) = self
+            .get_object::<Exporter>("exporter", request.get_ref())
+            .await?;
+        let holds = |l: &Lease| l.assigned_exporter() == Some(name.as_str());
+        let mut released = self.release_leases(&ns, holds).await?;
+        self.state
+            .store
+            .delete::<Exporter>(&ns, &name, None)
+            .await
+            .map_err(store_status)?;
+        // A reconcile pass that read the exporter before the delete may have granted it
+        // meanwhile: end such a lease too. (Leases pinned to it become ExporterNotFound.)
+        released += self.release_leases(&ns, holds).await?;
+        tracing::info!("admin: deleted exporter {ns}/{name} (released {released} lease(s))");
+        self.state.wake.notify_one();
+        Ok(Response::new(()))
+    }
+
+    async fn rotate_exporter(
+        &self,
+        request: Request<ObjectRef>,
+    ) -> Result<Response<Credentials>, Status> {
+        self.authorize(request.metadata())?;
+        let (ns, name, e) = self
+            .get_object::<Exporter>("exporter", request.get_ref())
+            .await?;
+        let creds = self
+            .credentials(ObjectKind::Exporter, &ns, &name, e.metadata.uid.clone())
+            .await?;
+        self.keep_credential(&e, &creds.token).await?;
+        tracing::info!("admin: issued a new token for exporter {ns}/{name}");
+        Ok(Response::new(creds))
+    }
+
+    async fn create_access_policy(
+        &self,
+        request: Request<AccessPolicy>,
+    ) -> Result<Response<AccessPolicy>, Status> {
+        self.authorize(request.metadata())?;
+        let obj = policy_from_admin(request.get_ref())?;
+        let stored = self.state.store.create(&obj).await.map_err(store_status)?;
+        tracing::info!(
+            "admin: created access policy {}/{}",
+            stored.metadata.namespace.as_deref().unwrap_or_default(),
+            stored.metadata.name.as_deref().unwrap_or_default()
+        );
+        self.state.wake.notify_one();
+        Ok(Response::new(policy_to_admin(&stored)))
+    }
+
+    async fn get_access_policy(
+        &self,
+        request: Request<ObjectRef>,
+    ) -> Result<Response<AccessPolicy>, Status> {
+        self.authorize(request.metadata())?;
+        let (_, _, p) = self
+            .get_object::<ExporterAccessPolicy>("access policy", request.get_ref())
+            .await?;
+        Ok(Response::new(policy_to_admin(&p)))
+    }
+
+    async fn list_access_policies(
+        &self,
+        request: Request<ListRequest>,
+    ) -> Result<Response<ListAccessPoliciesResponse>, Status> {
+        self.authorize(request.metadata())?;
+        let items = self
+            .list_objects::<ExporterAccessPolicy>(request.get_ref())
+            .await?;
+        Ok(Response::new(ListAccessPoliciesResponse {
+            policies: items.iter().map(policy_to_admin).collect(),
+        }))
+    }
+
+    async fn delete_access_policy(
+        &self,
+        request: Request<ObjectRef>,
+    ) -> Result<Response<()>, Status> {
+        self.authorize(request.metadata())?;
+        let (ns, name) = object_ref("access policy", request.get_ref())?;
+        self.state
+            .store
+            .delete::<ExporterAccessPolicy>(&ns, &name, None)
+            .await
+            .map_err(|e| {
+                if e.is_not_found() {
+                    Status::not_found(format!("access policy {ns}/{name} not found"))
+                } else {
+                    store_status(e)
+                }
+            })?;
+        tracing::info!("admin: deleted access policy {ns}/{name}");
+        self.state.wake.notify_one();
+        Ok(Response::new(()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_kubernetes_rules() {
+        assert_eq!(
+            names("client", "", "alice").unwrap(),
+            ("default".to_string(), "alice".to_string())
+        );
+        names("client", "lab-1", "a.b-c").unwrap();
+        for (ns, name) in [
+            ("default", ""),
+            ("default", "Alice"),
+            ("default", "a_b"),
+            ("default", "-a"),
+            ("default", "a:b"),
+            ("Default", "a"),
+            ("a.b", "a"),
+        ] {
+            let e = names("client", ns, name).unwrap_err();
+            assert_eq!(e.code(), tonic::Code::InvalidArgument, "{ns}/{name}");
+            assert!(e.message().contains("client"), "{}", e.message());
+        }
+        let long = "a".repeat(254);
+        assert!(names("client", "default", &long).is_err());
+        assert!(names("client", &"a".repeat(64), "a").is_err());
+    }
+
+    #[test]
+    fn labels_are_validated_and_reserved_prefix_refused_for_exporters() {
+        let ok: std::collections::HashMap<String, String> = [
+            ("board".into(), "rpi4".into()),
+            ("example.com/x".into(), "".into()),
+        ]
+        .into();
+        assert_eq!(labels("exporter", "d", "e", &ok, true).unwrap().len(), 2);
+        for (k, v) in [
+            ("bad key", "v"),
+            ("k", "bad value"),
+            ("k", &*"v".repeat(64)),
+        ] {
+            let m = [(k.to_string(), v.to_string())].into();
+            let e = labels("exporter", "d", "e", &m, true).unwrap_err();
+            assert_eq!(e.code(), tonic::Code::InvalidArgument);
+            assert!(e.message().contains("exporter d/e"), "{}", e.message());
+        }
+        let reserved = [("jumpstarter.dev/name".to_string(), "x".to_string())].into();
+        assert!(labels("exporter", "d", "e", &reserved, true).is_err());
+        assert!(labels("client", "d", "e", &reserved, false).is_ok());
+    }
+
+    #[test]
+    fn policy_round_trips_and_bad_fields_are_named() {
+        let p = AccessPolicy {
+            namespace: "default".into(),
+            name: "lab".into(),
+            exporter_selector: "board in (rpi4,rpi5)".into(),
+            rules: vec![AccessRule {
+                description: "ci".into(),
+                priority: 10,
+                from_client_selectors: vec!["team=ci".into(), "env!=prod".into()],
+                maximum_duration: Some(prost_types::Duration {
+                    seconds: 3600,
+                    nanos: 0,
+                }),
+                spot_access: false,
+            }],
+        };
+        let obj = policy_from_admin(&p).unwrap();
+        let back = policy_to_admin(&obj);
+        assert_eq!(back.exporter_selector, "board in (rpi4,rpi5)");
+        assert_eq!(back.rules[0].from_client_selectors[0], "team=ci");
+        assert_eq!(back.rules[0].from_client_selectors[1], "env notin (prod)");
+        assert_eq!(back.rules[0].priority, 10);
+        assert_eq!(back.rules[0].maximum_duration.unwrap().seconds, 3600);
+
+        let mut bad = p.clone();
+        bad.rules[0].from_client_selectors[1] = "a in (".into();
+        let e = policy_from_admin(&bad).unwrap_err();
+        assert!(
+            e.message().contains("rules[0].from_client_selectors[1]"),
+            "{}",
+            e.message()
+        );
+        let mut bad = p.clone();
+        bad.exporter_selector = "==x".into();
+        let e = policy_from_admin(&bad).unwrap_err();
+        assert!(e.message().contains("exporter_selector"), "{}", e.message());
+        let mut bad = p;
+        bad.rules[0].maximum_duration = Some(prost_types::Duration {
+            seconds: -1,
+            nanos: 0,
+        });
+        let e = policy_from_admin(&bad).unwrap_err();
+        assert!(e.message().contains("maximum_duration"), "{}", e.message());
+    }
+}

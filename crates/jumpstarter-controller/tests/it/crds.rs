@@ -1,0 +1,143 @@
+//! Our CRDs (`cargo xtask crds`) against upstream 0.9.0's, structurally.
+
+use std::path::{Path, PathBuf};
+
+use jumpstarter_controller::crd;
+use serde_json::Value;
+
+fn upstream_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/crds")
+}
+
+fn load_yaml(path: &Path) -> Value {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+#[test]
+fn generated_crds_match_upstream_except_allowed_differences() {
+    let crds = crd::crds().unwrap();
+    let mut files: Vec<String> = std::fs::read_dir(upstream_dir())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".yaml"))
+        .collect();
+    files.sort();
+    let mut ours_files: Vec<String> = crds.iter().map(crd::file_name).collect();
+    ours_files.sort();
+    assert_eq!(
+        ours_files, files,
+        "one CRD per upstream CRD, same file names"
+    );
+    let mut report = Vec::new();
+    for c in &crds {
+        let ours = serde_json::to_value(c).unwrap();
+        let theirs = load_yaml(&upstream_dir().join(crd::file_name(c)));
+        for d in crd::structural_differences(&ours, &theirs) {
+            report.push(format!("{}: {d}", crd::file_name(c)));
+        }
+    }
+    assert!(
+        report.is_empty(),
+        "{} differences from upstream:\n{}",
+        report.len(),
+        report.join("\n")
+    );
+}
+
+/// A change that makes our CRD wrong.
+type Breakage = Box<dyn Fn(&mut Value)>;
+
+#[test]
+fn the_comparison_catches_real_differences() {
+    // A test that cannot fail is a defect: break our Lease CRD in the ways that matter and
+    // check each is reported.
+    let lease = crd::crds()
+        .unwrap()
+        .into_iter()
+        .find(|c| c.spec.names.kind == "Lease")
+        .unwrap();
+    let theirs = load_yaml(&upstream_dir().join("jumpstarter.dev_leases.yaml"));
+    let base = serde_json::to_value(&lease).unwrap();
+    let schema = "/spec/versions/0/schema/openAPIV3Schema/properties";
+    let breakages: Vec<(&str, Breakage)> = vec![
+        ("scope", Box::new(|v| v["spec"]["scope"] = "Cluster".into())),
+        (
+            "served",
+            Box::new(|v| v["spec"]["versions"][0]["served"] = false.into()),
+        ),
+        (
+            "subresources.status",
+            Box::new(|v| {
+                v["spec"]["versions"][0]
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("subresources");
+            }),
+        ),
+        (
+            "additionalPrinterColumns[1].jsonPath",
+            Box::new(|v| {
+                v["spec"]["versions"][0]["additionalPrinterColumns"][1]["jsonPath"] =
+                    ".spec.clientRef".into()
+            }),
+        ),
+        (
+            "properties.spec.properties.tags.type",
+            Box::new(move |v| {
+                v.pointer_mut(&format!("{schema}/spec/properties/tags/type"))
+                    .map(|t| *t = "string".into())
+                    .unwrap()
+            }),
+        ),
+        (
+            "properties.status.required",
+            Box::new(move |v| {
+                v.pointer_mut(&format!("{schema}/status"))
+                    .unwrap()
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("required");
+            }),
+        ),
+        (
+            "properties.spec.properties.release",
+            Box::new(move |v| {
+                v.pointer_mut(&format!("{schema}/spec/properties"))
+                    .unwrap()
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("release");
+            }),
+        ),
+    ];
+    for (what, breakage) in breakages {
+        let mut broken = base.clone();
+        breakage(&mut broken);
+        let diffs = crd::structural_differences(&broken, &theirs);
+        assert!(
+            diffs.iter().any(|d| d.contains(what)),
+            "breaking {what} went unnoticed: {diffs:?}"
+        );
+    }
+}
+
+#[test]
+fn upstream_copies_equal_the_shared_reference() {
+    let shared = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/reference/crds");
+    if !shared.is_dir() {
+        eprintln!("skipping: {} not present", shared.display());
+        return;
+    }
+    for entry in std::fs::read_dir(&shared).unwrap() {
+        let path = entry.unwrap().path();
+        let copy = upstream_dir().join(path.file_name().unwrap());
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            std::fs::read_to_string(&copy).unwrap_or_default(),
+            "{} differs from {}",
+            copy.display(),
+            path.display()
+        );
+    }
+}

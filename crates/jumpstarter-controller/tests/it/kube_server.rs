@@ -1,0 +1,162 @@
+//! A whole controller (`server::start_with_store`) over the Kubernetes store, backed by the
+//! in-memory fake API server: AdminService writes the credential Secrets, the routers come
+//! from the `router` ConfigMap layout, and a lease goes from creation to Dial, where the
+//! router is chosen by the exporter's labels.
+
+use futures::StreamExt;
+use jumpstarter_controller::{
+    cluster_config,
+    server::{ControllerConfig, RunningController, start_with_store},
+    store::{KubeStore, credentials, fake_api::FakeApiServer},
+};
+use jumpstarter_core::{auth::ObjectKind, client::SessionChannel};
+use jumpstarter_proto::{
+    admin_v1::admin_service_client::AdminServiceClient,
+    v1::{
+        DialRequest, ExporterStatus, ListenRequest, ReportStatusRequest,
+        controller_service_client::ControllerServiceClient,
+    },
+};
+use k8s_openapi::api::core::v1::ConfigMap;
+
+use crate::admin::{
+    admin_req, bring_online, create_client, create_exporter, create_lease, identity, is_ready, obj,
+    wait_lease,
+};
+use crate::req;
+
+const CONFIG_MAP: &str = r#"
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: jumpstarter-controller
+  namespace: default
+data:
+  router: |
+    router-0:
+      endpoint: router-0.lab.example.com:443
+      labels:
+        site: lab1
+    router-1:
+      endpoint: router-1.lab.example.com:443
+      labels:
+        site: lab2
+"#;
+
+async fn kube_controller(
+    dir: &tempfile::TempDir,
+) -> (RunningController<KubeStore>, KubeStore, SessionChannel) {
+    let api = FakeApiServer::new();
+    let store = KubeStore::new(api.client()).with_watch_timeout(5);
+    let cm: ConfigMap = serde_saphyr::from_str(CONFIG_MAP).unwrap();
+    jumpstarter_controller::store::Store::create(&store, &cm)
+        .await
+        .unwrap();
+    let cluster = cluster_config::load(&store, "default").await.unwrap();
+    assert_eq!(cluster.routers.len(), 2);
+    let ctl = start_with_store(
+        ControllerConfig {
+            routers: Some(cluster.routers),
+            credential_secrets: true,
+            ..ControllerConfig::loopback(dir.path().join("data"))
+        },
+        store.clone(),
+    )
+    .await
+    .unwrap();
+    let ch = jumpstarter_core::client::connect_channel(
+        &format!("localhost:{}", ctl.addr.port()),
+        &jumpstarter_core::client::ConnectOptions {
+            insecure: false,
+            passphrase: None,
+            ca_pem: Some(ctl.ca_pem.clone().into_bytes()),
+        },
+    )
+    .await
+    .unwrap();
+    (ctl, store, ch)
+}
+
+#[tokio::test]
+async fn kube_controller_keeps_secrets_and_chooses_routers_by_label() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ctl, store, ch) = kube_controller(&dir).await;
+    let token = ctl.admin_token.clone();
+    let mut admin = AdminServiceClient::new(ch.clone());
+
+    // Credentials land in the Secrets upstream's tools read.
+    let alice = create_client(&mut admin, &token, "alice", &[])
+        .await
+        .unwrap();
+    let board = create_exporter(&mut admin, &token, "board", &[("site", "lab2")])
+        .await
+        .unwrap();
+    let secret = |name: &'static str| {
+        let store = store.clone();
+        async move {
+            credentials::read_credential(&store, "default", name)
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(secret("alice-client").await, Some(alice.token.clone()));
+    assert_eq!(secret("board-exporter").await, Some(board.token.clone()));
+    let rotated = admin
+        .rotate_client(admin_req(&token, obj("alice")))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_ne!(rotated.token, alice.token);
+    assert_eq!(secret("alice-client").await, Some(rotated.token.clone()));
+
+    // The lease flow over the Kubernetes store, then Dial picks router-1 (site=lab2).
+    let client = identity(ObjectKind::Client, &rotated);
+    let ex = identity(ObjectKind::Exporter, &board);
+    let _status = bring_online(&ch, &ex).await;
+    let lease = create_lease(&ch, &client, "site=lab2").await;
+    let lease = wait_lease(&ch, &client, &lease.name, is_ready).await;
+    let lease_name = lease.name.rsplit('/').next().unwrap().to_string();
+    let mut ctl_api = ControllerServiceClient::new(ch.clone());
+    let mut listen = ctl_api
+        .listen(req(
+            &ex,
+            ListenRequest {
+                lease_name: lease_name.clone(),
+            },
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    ctl_api
+        .report_status(req(
+            &ex,
+            ReportStatusRequest {
+                status: ExporterStatus::LeaseReady as i32,
+                message: Some("Ready for commands".into()),
+                release_lease: None,
+            },
+        ))
+        .await
+        .unwrap();
+    let dial = ctl_api
+        .dial(req(
+            &client,
+            DialRequest {
+                lease_name: lease_name.clone(),
+            },
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(dial.router_endpoint, "router-1.lab.example.com:443");
+    let heard = listen.next().await.unwrap().unwrap();
+    assert_eq!(heard.router_endpoint, dial.router_endpoint);
+
+    // A token of the wrong kind is still refused by the admin API.
+    let e = admin
+        .rotate_client(admin_req(&alice.token, obj("alice")))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied);
+    ctl.shutdown().await;
+}

@@ -1,0 +1,17 @@
+# syntax=docker/dockerfile:1
+# jumpstarter-controller: docker build -f deploy/docker/jumpstarter-controller.Dockerfile -t jumpstarter-controller:dev .
+# (build context: the repository root)
+FROM docker.io/library/rust:1.95-bookworm AS build
+WORKDIR /src
+COPY . .
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    cargo build --release --locked -p jumpstarter-controller --bin jumpstarter-controller \
+    && install -D target/release/jumpstarter-controller /out/jumpstarter-controller
+
+# Minimal runtime: glibc + libgcc only, no shell, runs as uid 65532.
+FROM gcr.io/distroless/cc-debian12:nonroot
+COPY --from=build /out/jumpstarter-controller /usr/local/bin/jumpstarter-controller
+EXPOSE 8082 8083 8080
+USER 65532:65532
+ENTRYPOINT ["/usr/local/bin/jumpstarter-controller"]
