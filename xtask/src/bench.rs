@@ -32,23 +32,25 @@ pub struct CallFigures {
     pub calls_per_sec: f64,
 }
 
+/// The number after `"key":` in a one-line JSON object (xtask has no JSON dependency).
+pub fn json_number(line: &str, key: &str) -> Result<f64> {
+    let pat = format!("\"{key}\":");
+    let rest = line
+        .split(&pat)
+        .nth(1)
+        .with_context(|| format!("no {key} in {line:?}"))?;
+    let end = rest.find([',', '}']).unwrap_or(rest.len());
+    rest[..end]
+        .trim()
+        .parse()
+        .with_context(|| format!("bad {key} in {line:?}"))
+}
+
 fn parse_figures(line: &str) -> Result<CallFigures> {
-    let num = |key: &str| -> Result<f64> {
-        let pat = format!("\"{key}\":");
-        let rest = line
-            .split(&pat)
-            .nth(1)
-            .with_context(|| format!("no {key} in {line:?}"))?;
-        let end = rest.find([',', '}']).unwrap_or(rest.len());
-        rest[..end]
-            .trim()
-            .parse()
-            .with_context(|| format!("bad {key} in {line:?}"))
-    };
     Ok(CallFigures {
-        p50_us: num("p50_us")?,
-        p99_us: num("p99_us")?,
-        calls_per_sec: num("calls_per_sec")?,
+        p50_us: json_number(line, "p50_us")?,
+        p99_us: json_number(line, "p99_us")?,
+        calls_per_sec: json_number(line, "calls_per_sec")?,
     })
 }
 

@@ -14,6 +14,11 @@ use anyhow::{Context, Result, bail, ensure};
 
 use crate::procs::{self, Background};
 
+#[path = "interop_controller.rs"]
+mod controller;
+#[path = "interop_distributed.rs"]
+mod distributed;
+
 /// The upstream packages, pinned.
 pub const REQUIREMENTS: &[&str] = &[
     "jumpstarter-cli==0.9.0",
@@ -207,6 +212,18 @@ pub fn run(filter: Option<&str>) -> Result<()> {
         (
             "storage: our j gzip flash, python exporter refusing encodings (local fallback)",
             storage_rs_client_fallback,
+        ),
+        (
+            "controller: python jmp run + jmp get/create/delete leases, shell -> our controller",
+            controller::py_tools_against_our_controller,
+        ),
+        (
+            "distributed: our jmp shell + j (power, 64 MiB storage) -> python exporter, our controller+router",
+            distributed::our_client_to_py_exporter,
+        ),
+        (
+            "distributed: python jmp shell + j (power, 64 MiB storage) -> our exporter, our controller+router",
+            distributed::py_client_to_our_exporter,
         ),
     ];
     let (mut passed, mut failed) = (0, 0);

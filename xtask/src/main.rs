@@ -1,10 +1,14 @@
 //! Developer tasks: `cargo xtask ci | interop | bench`.
 
 mod bench;
+mod bench_controller;
+mod bench_direct;
 mod bench_storage;
 mod conformance;
+mod crds;
 mod interop;
 mod procs;
+mod quickstart;
 
 use anyhow::{Result, bail};
 
@@ -14,6 +18,12 @@ fn main() -> std::process::ExitCode {
         Some("ci") => ci(),
         Some("interop") => interop::run(args.get(1).map(String::as_str)),
         Some("bench") => bench(&args[1..]),
+        // Hidden: the controller scale part of `bench` alone (`--quick`: 100 and 1,000).
+        Some("bench-controller") => bench_controller::run(&args[1..]),
+        // Hidden: the direct-path-vs-router part of `bench` alone (`--quick`: 64 MiB).
+        Some("bench-direct") => bench_direct::run(&args[1..]),
+        Some("crds") => crds::run(&args[1..]),
+        Some("quickstart") => quickstart::run(&args[1..]),
         Some("venv") => interop::ensure_venv().map(|p| println!("{}", p.display())),
         _ => {
             eprintln!(
@@ -22,6 +32,8 @@ fn main() -> std::process::ExitCode {
                  ci        fmt check, clippy -D warnings, all tests, interop checks (what CI runs)\n  \
                  interop   [FILTER] upstream Python 0.9.0 tools against ours (builds a venv)\n  \
                  bench     latency/throughput, ours vs upstream Python, in one run\n  \
+                 crds      [--out DIR | --check DIR] our CRD YAML (stdout), written, or compared\n  \
+                 quickstart  the whole lab on one machine: controller, mock exporter, client, jmp shell\n  \
                  venv      create the pinned upstream venv and print its path"
             );
             return std::process::ExitCode::from(2);
@@ -57,6 +69,13 @@ pub fn workspace_root() -> std::path::PathBuf {
         .unwrap_or_else(|| ".".into())
 }
 
+/// Cargo's target directory (`CARGO_TARGET_DIR` or `<workspace>/target`).
+pub fn target_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"))
+}
+
 /// Call benchmarks, then storage benchmarks (`--quick`: small counts and 64 MiB).
 fn bench(args: &[String]) -> Result<()> {
     let quick = args.iter().any(|a| a == "--quick");
@@ -66,7 +85,9 @@ fn bench(args: &[String]) -> Result<()> {
     } else {
         args.iter().filter(|a| *a != "--quick").cloned().collect()
     };
-    bench_storage::run(&storage_args)
+    bench_storage::run(&storage_args)?;
+    bench_direct::run(args)?;
+    bench_controller::run(args)
 }
 
 fn ci() -> Result<()> {

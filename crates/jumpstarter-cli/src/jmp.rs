@@ -31,9 +31,36 @@ enum Command {
     Shell(ShellArgs),
     /// Run an exporter locally.
     Run(RunArgs),
+    /// Manage clients and exporters on the controller (admin)
+    #[command(subcommand, alias = "a")]
+    Admin(crate::admin::AdminCommand),
+    /// Manage local configurations
+    #[command(subcommand, alias = "conf")]
+    Config(crate::config_cmd::ConfigCommand),
+    /// Display one or many resources
+    #[command(subcommand, alias = "g")]
+    Get(crate::resources::GetCommand),
+    /// Show one resource in full
+    #[command(subcommand, alias = "desc")]
+    Describe(crate::resources::DescribeCommand),
+    /// Create a resource
+    #[command(subcommand, alias = "c")]
+    Create(crate::resources::CreateCommand),
+    /// Update a resource
+    #[command(subcommand)]
+    Update(crate::resources::UpdateCommand),
+    /// Delete resources
+    #[command(subcommand, alias = "del", alias = "d")]
+    Delete(crate::resources::DeleteCommand),
+    /// Authentication and token management commands.
+    #[command(subcommand)]
+    Auth(crate::auth::AuthCommand),
+    /// Jumpstarter driver CLI tool
+    #[command(subcommand)]
+    Driver(crate::auth::DriverCommand),
     /// Get the current Jumpstarter version
     #[command(alias = "ver", alias = "v")]
-    Version,
+    Version(crate::config_cmd::VersionArgs),
 }
 
 /// Which exporter config to use.
@@ -78,6 +105,32 @@ struct ShellArgs {
     /// Passphrase for authenticating with a standalone exporter (--tls-grpc).
     #[arg(long, value_name = "TEXT", requires = "tls_grpc")]
     passphrase: Option<String>,
+    /// Path to client config
+    #[arg(long, value_name = "PATH")]
+    client_config: Option<PathBuf>,
+    /// Alias of client config
+    #[arg(long, value_name = "TEXT", conflicts_with = "client_config")]
+    client: Option<String>,
+    /// Use this existing lease (also JMP_LEASE); it is not released on exit.
+    #[arg(long, value_name = "TEXT")]
+    lease: Option<String>,
+    /// Selector (label query) to filter on, supports '=', '==', and '!=' (e.g. -l
+    /// key1=value1,key2=value2). Can be specified multiple times.
+    #[arg(short = 'l', long = "selector", value_name = "TEXT")]
+    selector: Vec<String>,
+    /// Target a specific exporter/device name directly.
+    #[arg(short = 'n', long = "name", value_name = "TEXT")]
+    name: Option<String>,
+    /// Lease duration: 30m, 3h30m, 1d, 1d3h40m, PT1H30M, 01:30:00, 2 days, 01:30:00.
+    #[arg(long, value_name = "DURATION", default_value = "00:30:00")]
+    duration: String,
+    /// Override acquisition timeout (e.g. '30m', '3h30m', '1d', or seconds). Must be >= 5
+    /// seconds.
+    #[arg(long, value_name = "DURATION")]
+    acquisition_timeout: Option<String>,
+    /// Always go through the router, even when the exporter offers a direct connection.
+    #[arg(long)]
+    no_direct: bool,
     /// The command to run instead of a shell.
     #[arg(
         trailing_var_arg = true,
@@ -108,6 +161,15 @@ struct RunArgs {
     /// Require this passphrase from clients connecting via --tls-grpc-listener.
     #[arg(long, value_name = "TEXT", requires = "tls_grpc_listener")]
     passphrase: Option<String>,
+    /// Controller mode: also serve leased clients directly on this TCP address (per-lease
+    /// mutual TLS), so clients on this network bypass the router. E.g. 7000 or
+    /// 0.0.0.0:7000. Overrides the config's `directListener`.
+    #[arg(long, value_name = "[HOST:]PORT", conflicts_with = "tls_grpc_listener")]
+    direct_listener: Option<String>,
+    /// Host name or address clients use for --direct-listener (default: its host, or this
+    /// machine's name when it listens on all addresses).
+    #[arg(long, value_name = "HOST", conflicts_with = "tls_grpc_listener")]
+    direct_advertise: Option<String>,
 }
 
 /// Entry point of the `jmp` binary.
@@ -150,10 +212,16 @@ pub async fn run(cli: Cli) -> Result<i32> {
     match cli.command {
         Command::Shell(args) => shell(args).await,
         Command::Run(args) => run_exporter(args).await,
-        Command::Version => {
-            println!("Jumpstarter v{} (Rust)", env!("CARGO_PKG_VERSION"));
-            Ok(0)
-        }
+        Command::Admin(cmd) => crate::admin::run(cmd).await,
+        Command::Config(cmd) => crate::config_cmd::run(cmd).await,
+        Command::Get(cmd) => crate::resources::get(cmd).await,
+        Command::Describe(cmd) => crate::resources::describe(cmd).await,
+        Command::Create(cmd) => crate::resources::create(cmd).await,
+        Command::Update(cmd) => crate::resources::update(cmd).await,
+        Command::Delete(cmd) => crate::resources::delete(cmd).await,
+        Command::Auth(cmd) => crate::auth::run(cmd).await,
+        Command::Driver(cmd) => crate::auth::driver(cmd),
+        Command::Version(args) => crate::config_cmd::version(args),
     }
 }
 
@@ -188,10 +256,20 @@ async fn shell(args: ShellArgs) -> Result<i32> {
     }
     match args.exporter.load()? {
         Some(cfg) => shell::local(&cfg, &args.command).await,
-        None => bail!(
-            "no exporter given: use --exporter-config PATH or --exporter ALIAS for a local \
-             exporter, or --tls-grpc HOST:PORT for a standalone one"
-        ),
+        // No exporter: lease one through the controller of a client config.
+        None => {
+            let lease = crate::distributed::ShellLease {
+                client_config: args.client_config,
+                client: args.client,
+                lease: args.lease,
+                selectors: args.selector,
+                name: args.name,
+                duration: args.duration,
+                acquisition_timeout: args.acquisition_timeout,
+                no_direct: args.no_direct,
+            };
+            crate::distributed::shell(lease, &args.command).await
+        }
     }
 }
 
@@ -218,10 +296,14 @@ async fn run_exporter(args: RunArgs) -> Result<i32> {
         .load()?
         .context("no exporter given: use --exporter-config PATH or --exporter ALIAS")?;
     let Some(spec) = &args.tls_grpc_listener else {
-        bail!(
-            "controller mode (jmp run without --tls-grpc-listener) is not available in this \
-             build yet; use --tls-grpc-listener [HOST:]PORT to serve clients directly"
-        );
+        let mut cfg = cfg;
+        if args.direct_listener.is_some() {
+            cfg.direct_listener = args.direct_listener.clone();
+        }
+        if args.direct_advertise.is_some() {
+            cfg.direct_advertise = args.direct_advertise.clone();
+        }
+        return crate::distributed::run_exporter(&cfg).await;
     };
     let tls = match (&args.tls_cert, &args.tls_key, args.tls_grpc_insecure) {
         (Some(_), Some(_), true) => {

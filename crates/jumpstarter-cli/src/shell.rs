@@ -47,6 +47,8 @@ pub async fn run_child(command: &[String], env: &ShellEnv, context: &str) -> Res
         c
     };
     cmd.envs(env);
+    // If jmp is told to stop while the child runs, the child must not outlive it.
+    cmd.kill_on_drop(true);
     let program = command.first().cloned().unwrap_or_else(|| "shell".into());
     let mut child = cmd
         .spawn()

@@ -1,8 +1,12 @@
 //! End-to-end tests of `jmp` and `j`: the real binaries on loopback.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+mod admin;
 mod direct;
+mod direct_path;
+mod distributed;
 mod local;
+mod router_faults;
 
 use std::{
     io::{BufRead, BufReader},

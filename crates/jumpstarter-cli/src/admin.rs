@@ -1,0 +1,1227 @@
+//! `jmp admin`: create, list, delete and re-credential clients and exporters on a controller
+//! through its `AdminService`, and write the config files they need.
+//!
+//! Upstream manages these objects through Kubernetes; ours talks to the controller with the
+//! admin config the controller writes on start (`$JMP_ADMIN_CONFIG`, else
+//! `CONFIG_DIR/admin.yaml`). Saved configs carry the controller's CA, so they work without
+//! `--insecure-tls`.
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+};
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Subcommand};
+use jiff::Timestamp;
+use jumpstarter_core::{
+    channel::{AuthChannel, ControllerAuth, TlsSettings, connect_authenticated},
+    config::{
+        AdminConfig, ClientConfig, DriversConfig, ExporterConfig, ObjectMeta, SYSTEM_EXPORTER_DIR,
+        TlsConfig, UserConfig, config_dir, encode_ca, write_private,
+    },
+};
+use jumpstarter_proto::admin_v1::{
+    Client, CreateClientRequest, CreateExporterRequest, Credentials, Exporter, ListRequest,
+    ObjectRef, admin_service_client::AdminServiceClient,
+};
+use serde::Serialize;
+
+use crate::{
+    output::{OutputMode, Table, format_age, labels_text, print_structured, yes_no},
+    resources::{rpc_error, status_name},
+    values::parse_key_values,
+};
+
+const OUTPUT_HELP: &str = "Output mode. Use \"-o name\" for shorter output (resource/name).";
+const NOT_OFFERED: &str = "not offered: manage Kubernetes clusters with your own tools \
+    (kind, minikube, k3s...); this controller runs without Kubernetes (`jumpstarter-controller`)";
+
+/// Options every admin command shares.
+#[derive(Args, Debug, Clone, Default)]
+pub struct AdminConnect {
+    /// Admin config to use (default: $JMP_ADMIN_CONFIG, else CONFIG_DIR/admin.yaml, written
+    /// by the controller on start)
+    #[arg(long, value_name = "PATH", global = true)]
+    pub admin_config: Option<PathBuf>,
+}
+
+/// `jmp admin`.
+#[derive(Subcommand, Debug)]
+pub enum AdminCommand {
+    /// Create Jumpstarter objects
+    #[command(subcommand, alias = "c")]
+    Create(AdminCreate),
+    /// Delete Jumpstarter objects
+    #[command(subcommand, alias = "del", alias = "d")]
+    Delete(AdminDelete),
+    /// Get Jumpstarter objects
+    #[command(subcommand, alias = "g")]
+    Get(AdminGet),
+    /// Write a config for an existing client or exporter (with a freshly issued token)
+    #[command(subcommand, alias = "i")]
+    Import(AdminImport),
+    /// Rotate credentials for Jumpstarter objects
+    #[command(subcommand)]
+    Rotate(AdminRotate),
+    /// Get the current Jumpstarter version
+    #[command(alias = "ver", alias = "v")]
+    Version(crate::config_cmd::VersionArgs),
+}
+
+/// Kubernetes flags upstream has; accepted so scripts keep working, and ignored (there is no
+/// Kubernetes here).
+#[derive(Args, Debug, Clone, Default)]
+pub struct KubeFlags {
+    /// Namespace to use (default: default)
+    #[arg(short = 'n', long, value_name = "TEXT")]
+    namespace: Option<String>,
+    /// Ignored: this controller does not use Kubernetes
+    #[arg(long, value_name = "PATH", hide = true)]
+    kubeconfig: Option<PathBuf>,
+    /// Ignored: this controller does not use Kubernetes
+    #[arg(long, value_name = "TEXT", hide = true)]
+    context: Option<String>,
+}
+
+impl KubeFlags {
+    fn namespace(&self) -> String {
+        self.namespace.clone().unwrap_or_default()
+    }
+}
+
+/// `jmp admin create`.
+#[derive(Subcommand, Debug)]
+pub enum AdminCreate {
+    /// Create a client object on the controller
+    #[command(alias = "clients", alias = "c")]
+    Client(CreateClientArgs),
+    /// Create an exporter object on the controller
+    #[command(alias = "exporters", alias = "e")]
+    Exporter(CreateExporterArgs),
+    /// Not offered: create Kubernetes clusters with your own tools
+    #[command(alias = "clusters")]
+    Cluster(ClusterArgs),
+}
+
+/// Arguments of the cluster commands, accepted only to explain they are not offered.
+#[derive(Args, Debug)]
+pub struct ClusterArgs {
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
+    rest: Vec<String>,
+}
+
+/// `jmp admin create client`.
+#[derive(Args, Debug)]
+pub struct CreateClientArgs {
+    #[command(flatten)]
+    connect: AdminConnect,
+    /// Name of the client
+    name: String,
+    /// Save the config file for the created client.
+    #[arg(short, long)]
+    save: bool,
+    /// A comma-separated list of driver client packages to load.
+    #[arg(short, long, value_name = "TEXT")]
+    allow: Option<String>,
+    /// Should all driver client packages be allowed to load (UNSAFE!).
+    #[arg(long = "unsafe")]
+    allow_unsafe: bool,
+    /// Specify an output file for the client config.
+    #[arg(long, value_name = "FILE")]
+    out: Option<PathBuf>,
+    #[command(flatten)]
+    kube: KubeFlags,
+    /// Labels to set on resource, can be set multiple times
+    #[arg(short, long, value_name = "TEXT")]
+    label: Vec<String>,
+    /// Disable TLS certificate verification for connections
+    #[arg(short = 'k', long)]
+    insecure_tls: bool,
+    /// OIDC username
+    #[arg(long, value_name = "TEXT")]
+    oidc_username: Option<String>,
+    /// Disable interactive prompts (for use in scripts); nothing here prompts.
+    #[arg(long)]
+    nointeractive: bool,
+    #[arg(short, long, value_parser = ["json", "yaml", "name", "path"], help = OUTPUT_HELP)]
+    output: Option<String>,
+}
+
+/// `jmp admin create exporter`.
+#[derive(Args, Debug)]
+pub struct CreateExporterArgs {
+    #[command(flatten)]
+    connect: AdminConnect,
+    /// Name of the exporter
+    name: String,
+    /// Save the config file for the created exporter.
+    #[arg(short, long)]
+    save: bool,
+    /// Specify an output file for the exporter config.
+    #[arg(long, value_name = "FILE")]
+    out: Option<PathBuf>,
+    #[command(flatten)]
+    kube: KubeFlags,
+    /// Labels to set on resource, can be set multiple times
+    #[arg(short, long, value_name = "TEXT", required = true)]
+    label: Vec<String>,
+    /// Disable TLS certificate verification for connections
+    #[arg(short = 'k', long)]
+    insecure_tls: bool,
+    /// OIDC username
+    #[arg(long, value_name = "TEXT")]
+    oidc_username: Option<String>,
+    /// Disable interactive prompts (for use in scripts); nothing here prompts.
+    #[arg(long)]
+    nointeractive: bool,
+    #[arg(short, long, value_parser = ["json", "yaml", "name", "path"], help = OUTPUT_HELP)]
+    output: Option<String>,
+}
+
+/// `jmp admin delete`.
+#[derive(Subcommand, Debug)]
+pub enum AdminDelete {
+    /// Delete a client object on the controller
+    #[command(alias = "clients", alias = "c")]
+    Client(DeleteArgs),
+    /// Delete an exporter object on the controller
+    #[command(alias = "exporters", alias = "e")]
+    Exporter(DeleteArgs),
+    /// Not offered: delete Kubernetes clusters with your own tools
+    #[command(alias = "clusters")]
+    Cluster(ClusterArgs),
+}
+
+/// `jmp admin delete client|exporter`.
+#[derive(Args, Debug)]
+pub struct DeleteArgs {
+    #[command(flatten)]
+    connect: AdminConnect,
+    /// Name of the object
+    name: String,
+    /// Delete the local config file too.
+    #[arg(short, long)]
+    delete: bool,
+    #[command(flatten)]
+    kube: KubeFlags,
+    #[arg(short, long, value_parser = ["name"], help = OUTPUT_HELP)]
+    output: Option<String>,
+    /// Disable interactive prompts (for use in scripts); nothing here prompts.
+    #[arg(long)]
+    nointeractive: bool,
+}
+
+/// `jmp admin get`.
+#[derive(Subcommand, Debug)]
+pub enum AdminGet {
+    /// Get the client objects
+    #[command(alias = "clients", alias = "c")]
+    Client(GetArgs),
+    /// Get the exporter objects
+    #[command(alias = "exporters", alias = "e")]
+    Exporter(GetArgs),
+    /// Get the lease objects (the leases holding exporters)
+    #[command(alias = "leases", alias = "l")]
+    Lease(GetArgs),
+    /// Not offered: list Kubernetes clusters with your own tools
+    #[command(alias = "clusters")]
+    Cluster(ClusterArgs),
+}
+
+/// `jmp admin get client|exporter|lease [NAME]`.
+#[derive(Args, Debug)]
+pub struct GetArgs {
+    #[command(flatten)]
+    connect: AdminConnect,
+    /// Name of one object (default: all)
+    name: Option<String>,
+    #[command(flatten)]
+    kube: KubeFlags,
+    /// Label selector to filter on
+    #[arg(short = 'l', long = "selector", value_name = "TEXT")]
+    selector: Option<String>,
+    #[arg(short, long, value_parser = ["json", "yaml", "name"], help = OUTPUT_HELP)]
+    output: Option<String>,
+    /// Accepted for compatibility; devices are listed by `jmp shell` + `j`.
+    #[arg(short = 'd', long, hide = true)]
+    devices: bool,
+}
+
+/// `jmp admin import`.
+#[derive(Subcommand, Debug)]
+pub enum AdminImport {
+    /// Write a client config for an existing client, with a new token
+    #[command(alias = "clients", alias = "c")]
+    Client(ImportClientArgs),
+    /// Write an exporter config for an existing exporter, with a new token
+    #[command(alias = "exporters", alias = "e")]
+    Exporter(ImportExporterArgs),
+}
+
+/// `jmp admin import client NAME`.
+#[derive(Args, Debug)]
+pub struct ImportClientArgs {
+    #[command(flatten)]
+    connect: AdminConnect,
+    /// Name of the client
+    name: String,
+    /// Specify an output file for the client config.
+    #[arg(long, value_name = "FILE")]
+    out: Option<PathBuf>,
+    /// A comma-separated list of driver client packages to load.
+    #[arg(short, long, value_name = "TEXT")]
+    allow: Option<String>,
+    /// Should all driver client packages be allowed to load (UNSAFE!).
+    #[arg(long = "unsafe")]
+    allow_unsafe: bool,
+    #[command(flatten)]
+    kube: KubeFlags,
+    /// Disable TLS certificate verification for connections
+    #[arg(short = 'k', long)]
+    insecure_tls: bool,
+    #[arg(short, long, value_parser = ["path"], help = "Output mode. Use \"-o path\" for shorter output (file/path).")]
+    output: Option<String>,
+    /// Disable interactive prompts (for use in scripts); nothing here prompts.
+    #[arg(long)]
+    nointeractive: bool,
+}
+
+/// `jmp admin import exporter NAME`.
+#[derive(Args, Debug)]
+pub struct ImportExporterArgs {
+    #[command(flatten)]
+    connect: AdminConnect,
+    /// Name of the exporter
+    name: String,
+    /// Specify an output file for the exporter config.
+    #[arg(long, value_name = "FILE")]
+    out: Option<PathBuf>,
+    #[command(flatten)]
+    kube: KubeFlags,
+    /// Disable TLS certificate verification for connections
+    #[arg(short = 'k', long)]
+    insecure_tls: bool,
+    #[arg(short, long, value_parser = ["path"], help = "Output mode. Use \"-o path\" for shorter output (file/path).")]
+    output: Option<String>,
+    /// Disable interactive prompts (for use in scripts); nothing here prompts.
+    #[arg(long)]
+    nointeractive: bool,
+}
+
+/// `jmp admin rotate`.
+#[derive(Subcommand, Debug)]
+pub enum AdminRotate {
+    /// Rotate the token of a client (the old one stays valid until it expires)
+    #[command(alias = "clients", alias = "c")]
+    Client(RotateClientArgs),
+}
+
+/// `jmp admin rotate client NAME`.
+#[derive(Args, Debug)]
+pub struct RotateClientArgs {
+    #[command(flatten)]
+    connect: AdminConnect,
+    /// Name of the client
+    name: String,
+    /// Save the updated config file for the client.
+    #[arg(short, long)]
+    save: bool,
+    /// Specify an output file for the client config.
+    #[arg(long, value_name = "FILE")]
+    out: Option<PathBuf>,
+    #[command(flatten)]
+    kube: KubeFlags,
+    #[arg(short, long, value_parser = ["name"], help = OUTPUT_HELP)]
+    output: Option<String>,
+}
+
+/// A connection to the AdminService.
+struct AdminApi {
+    rpc: AdminServiceClient<AuthChannel>,
+}
+
+impl AdminApi {
+    async fn connect(opts: &AdminConnect, insecure: bool) -> Result<Self> {
+        let path = opts
+            .admin_config
+            .clone()
+            .unwrap_or_else(AdminConfig::default_path);
+        if !path.exists() {
+            bail!(
+                "no admin config at {}: start the controller (it writes one), or pass \
+                 --admin-config PATH / set JMP_ADMIN_CONFIG",
+                path.display()
+            );
+        }
+        let cfg = AdminConfig::load(&path)?;
+        let mut tls = TlsSettings::from_config(&cfg.tls, Some(&path))?;
+        tls.insecure |= insecure;
+        let channel =
+            connect_authenticated(&cfg.endpoint, &tls, &ControllerAuth::bearer(&cfg.token)).await?;
+        Ok(Self {
+            rpc: AdminServiceClient::new(channel),
+        })
+    }
+}
+
+/// Runs `jmp admin ...`.
+pub async fn run(cmd: AdminCommand) -> Result<i32> {
+    match cmd {
+        AdminCommand::Create(AdminCreate::Client(a)) => create_client(a).await,
+        AdminCommand::Create(AdminCreate::Exporter(a)) => create_exporter(a).await,
+        AdminCommand::Create(AdminCreate::Cluster(_))
+        | AdminCommand::Delete(AdminDelete::Cluster(_))
+        | AdminCommand::Get(AdminGet::Cluster(_)) => bail!("{NOT_OFFERED}"),
+        AdminCommand::Delete(AdminDelete::Client(a)) => delete(a, Kind::Client).await,
+        AdminCommand::Delete(AdminDelete::Exporter(a)) => delete(a, Kind::Exporter).await,
+        AdminCommand::Get(AdminGet::Client(a)) => get_clients(a).await,
+        AdminCommand::Get(AdminGet::Exporter(a)) => get_exporters(a).await,
+        AdminCommand::Get(AdminGet::Lease(a)) => get_leases(a).await,
+        AdminCommand::Import(AdminImport::Client(a)) => import_client(a).await,
+        AdminCommand::Import(AdminImport::Exporter(a)) => import_exporter(a).await,
+        AdminCommand::Rotate(AdminRotate::Client(a)) => rotate_client(a).await,
+        AdminCommand::Version(a) => crate::config_cmd::version(a),
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Client,
+    Exporter,
+}
+
+impl Kind {
+    fn word(self) -> &'static str {
+        match self {
+            Kind::Client => "client",
+            Kind::Exporter => "exporter",
+        }
+    }
+}
+
+fn check_name(name: &str, what: &str) -> Result<()> {
+    if name.is_empty()
+        || name.len() > 253
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+        || !name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        || !name.ends_with(|c: char| c.is_ascii_alphanumeric())
+    {
+        bail!(
+            "invalid {what} name {name:?}: use lowercase letters, digits, '-' and '.', \
+             starting and ending with a letter or digit"
+        );
+    }
+    Ok(())
+}
+
+/// Where `--save` puts an exporter config: the user directory if a config of that name is
+/// already there (it would shadow `/etc`), else `/etc/jumpstarter/exporters` when writable
+/// (created if `/etc/jumpstarter` is writable), else the user directory.
+pub fn exporter_save_path(name: &str) -> PathBuf {
+    exporter_save_path_in(name, Path::new(SYSTEM_EXPORTER_DIR), &config_dir())
+}
+
+fn exporter_save_path_in(name: &str, system_dir: &Path, user_base: &Path) -> PathBuf {
+    let file = format!("{name}.yaml");
+    let user = user_base.join("exporters").join(&file);
+    if user.exists() {
+        return user;
+    }
+    if dir_writable(system_dir)
+        || (!system_dir.exists()
+            && system_dir.parent().is_some_and(dir_writable)
+            && std::fs::create_dir(system_dir).is_ok())
+    {
+        return system_dir.join(&file);
+    }
+    user
+}
+
+/// Whether we can create files in `dir` (tried, since permissions alone do not tell for
+/// root or read-only mounts).
+fn dir_writable(dir: &Path) -> bool {
+    dir.is_dir() && tempfile::NamedTempFile::new_in(dir).is_ok()
+}
+
+/// Creates the parent directory of `path` and checks it is writable, before anything is
+/// created on the controller, so a bad `--out` changes nothing.
+fn prepare_output(path: &Path) -> Result<()> {
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("cannot create directory {}", dir.display()))?;
+    if !dir_writable(dir) {
+        bail!("cannot write to {}", dir.display());
+    }
+    if path.is_dir() {
+        bail!("{} is a directory; give a file name", path.display());
+    }
+    Ok(())
+}
+
+fn exporter_config(cred: &Credentials, insecure: bool) -> ExporterConfig {
+    let mut cfg = blank_exporter_config();
+    cfg.metadata = ObjectMeta {
+        namespace: Some(cred.namespace.clone()),
+        name: cred.name.clone(),
+    };
+    cfg.endpoint = Some(cred.endpoint.clone());
+    cfg.token = Some(cred.token.clone());
+    cfg.tls = TlsConfig {
+        ca: encode_ca(&cred.ca_pem),
+        insecure,
+    };
+    cfg
+}
+
+/// An exporter config with no drivers yet (what upstream's `--save` writes).
+fn blank_exporter_config() -> ExporterConfig {
+    ExporterConfig {
+        api_version: jumpstarter_core::config::API_VERSION.into(),
+        kind: "ExporterConfig".into(),
+        metadata: ObjectMeta::default(),
+        endpoint: None,
+        tls: TlsConfig::default(),
+        token: None,
+        grpc_options: BTreeMap::new(),
+        description: None,
+        export: Default::default(),
+        hooks: Default::default(),
+        failure_detection: Default::default(),
+        direct_listener: None,
+        direct_advertise: None,
+        path: None,
+    }
+}
+
+fn client_config(
+    cred: &Credentials,
+    insecure: bool,
+    allow: Option<&str>,
+    allow_unsafe: bool,
+) -> ClientConfig {
+    ClientConfig {
+        metadata: ObjectMeta {
+            namespace: Some(cred.namespace.clone()),
+            name: cred.name.clone(),
+        },
+        endpoint: Some(cred.endpoint.clone()),
+        tls: TlsConfig {
+            ca: encode_ca(&cred.ca_pem),
+            insecure,
+        },
+        token: Some(cred.token.clone()),
+        drivers: DriversConfig {
+            allow: allow
+                .map(|a| {
+                    a.split(',')
+                        .map(|s| s.trim().to_string())
+                        .filter(|s| !s.is_empty())
+                        .collect()
+                })
+                .unwrap_or_default(),
+            allow_unsafe,
+        },
+        ..ClientConfig::default()
+    }
+}
+
+/// Saves a client config; when it goes into the clients directory and no usable client is
+/// current yet, it becomes the current one (as upstream).
+fn save_client(cfg: &ClientConfig, path: &Path) -> Result<bool> {
+    cfg.save(path)?;
+    let in_clients_dir = path.parent() == Some(ClientConfig::dir().as_path());
+    if !in_clients_dir {
+        return Ok(false);
+    }
+    let user_path = UserConfig::default_path();
+    let mut user = UserConfig::load_or_default(&user_path)?;
+    let current_ok = user
+        .config
+        .current_client
+        .as_deref()
+        .and_then(|a| ClientConfig::path_for(a).ok())
+        .is_some_and(|p| p.exists());
+    if current_ok {
+        return Ok(false);
+    }
+    user.config.current_client = path.file_stem().map(|s| s.to_string_lossy().into_owned());
+    user.save(&user_path)?;
+    Ok(true)
+}
+
+/// An admin object as `-o json|yaml` shows it.
+#[derive(Debug, Serialize)]
+struct ObjectView {
+    kind: &'static str,
+    namespace: String,
+    name: String,
+    labels: BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    username: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    enabled: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    online: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    status: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lease: Option<String>,
+    created: Option<Timestamp>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    endpoint: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    config_path: Option<String>,
+}
+
+fn created(t: &Option<prost_types::Timestamp>) -> Option<Timestamp> {
+    t.as_ref().and_then(crate::output::timestamp)
+}
+
+fn client_view(c: &Client) -> ObjectView {
+    ObjectView {
+        kind: "Client",
+        namespace: c.namespace.clone(),
+        name: c.name.clone(),
+        labels: c.labels.clone().into_iter().collect(),
+        username: Some(c.username.clone()).filter(|u| !u.is_empty()),
+        enabled: None,
+        online: None,
+        status: None,
+        lease: None,
+        created: created(&c.created),
+        endpoint: None,
+        config_path: None,
+    }
+}
+
+fn exporter_view(e: &Exporter) -> ObjectView {
+    ObjectView {
+        kind: "Exporter",
+        namespace: e.namespace.clone(),
+        name: e.name.clone(),
+        labels: e.labels.clone().into_iter().collect(),
+        username: Some(e.username.clone()).filter(|u| !u.is_empty()),
+        enabled: Some(e.enabled),
+        online: Some(e.online),
+        status: Some(status_name(e.status)),
+        lease: Some(e.lease.clone()).filter(|l| !l.is_empty()),
+        created: created(&e.created),
+        endpoint: None,
+        config_path: None,
+    }
+}
+
+/// Prints the result of a create/import/rotate in the chosen mode; `config_yaml` is shown
+/// in plain mode when the config was not saved (it is the only copy of the token).
+fn report_object(
+    mode: OutputMode,
+    mut view: ObjectView,
+    saved: Option<&Path>,
+    config_yaml: &str,
+) -> Result<()> {
+    let kind = view.kind.to_lowercase();
+    match mode {
+        OutputMode::Json | OutputMode::Yaml => {
+            view.config_path = saved.map(|p| p.display().to_string());
+            print_structured(mode, &view)?;
+        }
+        OutputMode::Name => println!("{kind}.jumpstarter.dev/{}", view.name),
+        OutputMode::Path => match saved {
+            Some(p) => println!("{}", p.display()),
+            None => bail!("-o path needs --save or --out"),
+        },
+        OutputMode::Plain => {
+            if saved.is_none() {
+                print!("{config_yaml}");
+            }
+        }
+    }
+    Ok(())
+}
+
+fn note(mode: OutputMode, text: &str) {
+    // Progress notes go to stderr whenever stdout carries machine-readable output.
+    if mode == OutputMode::Plain {
+        println!("{text}");
+    } else {
+        eprintln!("{text}");
+    }
+}
+
+async fn create_exporter(a: CreateExporterArgs) -> Result<i32> {
+    let mode = OutputMode::from_flag(a.output.as_deref())?;
+    check_name(&a.name, "exporter")?;
+    let labels = parse_key_values(&a.label, "label")?;
+    if labels.is_empty() {
+        bail!("an exporter needs at least one label: --label key=value");
+    }
+    let target = match (&a.out, a.save) {
+        (Some(p), _) => Some(p.clone()),
+        (None, true) => Some(exporter_save_path(&a.name)),
+        (None, false) => None,
+    };
+    if let Some(p) = &target {
+        prepare_output(p)?;
+    }
+    let mut api = AdminApi::connect(&a.connect, a.insecure_tls).await?;
+    let resp = api
+        .rpc
+        .create_exporter(CreateExporterRequest {
+            exporter: Some(Exporter {
+                namespace: a.kube.namespace(),
+                name: a.name.clone(),
+                labels: labels.into_iter().collect(),
+                username: a.oidc_username.clone().unwrap_or_default(),
+                enabled: true,
+                ..Default::default()
+            }),
+        })
+        .await
+        .map_err(|s| rpc_error(&format!("cannot create exporter {:?}", a.name), s))?
+        .into_inner();
+    let cred = resp
+        .credentials
+        .context("the controller returned no credentials for the new exporter")?;
+    let exporter = resp.exporter.unwrap_or_else(|| Exporter {
+        namespace: cred.namespace.clone(),
+        name: cred.name.clone(),
+        ..Default::default()
+    });
+    note(
+        mode,
+        &format!(
+            "Created exporter \"{}\" in namespace \"{}\"",
+            exporter.name, exporter.namespace
+        ),
+    );
+    let cfg = exporter_config(&cred, a.insecure_tls);
+    let yaml = cfg.to_yaml()?;
+    if let Some(p) = &target
+        && let Err(e) = write_private(p, yaml.as_bytes())
+    {
+        // Undo, so a failed save leaves nothing behind.
+        let _ = api
+            .rpc
+            .delete_exporter(ObjectRef {
+                namespace: exporter.namespace.clone(),
+                name: exporter.name.clone(),
+            })
+            .await;
+        return Err(e).context("the exporter was not kept");
+    }
+    if let Some(p) = &target {
+        note(
+            mode,
+            &format!("Exporter configuration saved to {}", p.display()),
+        );
+    }
+    report_object(mode, exporter_view(&exporter), target.as_deref(), &yaml)?;
+    Ok(0)
+}
+
+async fn create_client(a: CreateClientArgs) -> Result<i32> {
+    let mode = OutputMode::from_flag(a.output.as_deref())?;
+    check_name(&a.name, "client")?;
+    let labels = parse_key_values(&a.label, "label")?;
+    let target = match (&a.out, a.save) {
+        (Some(p), _) => Some(p.clone()),
+        (None, true) => Some(ClientConfig::path_for(&a.name)?),
+        (None, false) => None,
+    };
+    if let Some(p) = &target {
+        prepare_output(p)?;
+    }
+    let mut api = AdminApi::connect(&a.connect, a.insecure_tls).await?;
+    let resp = api
+        .rpc
+        .create_client(CreateClientRequest {
+            client: Some(Client {
+                namespace: a.kube.namespace(),
+                name: a.name.clone(),
+                labels: labels.into_iter().collect(),
+                username: a.oidc_username.clone().unwrap_or_default(),
+                ..Default::default()
+            }),
+        })
+        .await
+        .map_err(|s| rpc_error(&format!("cannot create client {:?}", a.name), s))?
+        .into_inner();
+    let cred = resp
+        .credentials
+        .context("the controller returned no credentials for the new client")?;
+    let client = resp.client.unwrap_or_else(|| Client {
+        namespace: cred.namespace.clone(),
+        name: cred.name.clone(),
+        ..Default::default()
+    });
+    note(
+        mode,
+        &format!(
+            "Created client \"{}\" in namespace \"{}\"",
+            client.name, client.namespace
+        ),
+    );
+    let cfg = client_config(&cred, a.insecure_tls, a.allow.as_deref(), a.allow_unsafe);
+    let yaml = serde_saphyr::to_string(&cfg).context("cannot encode the client config")?;
+    if let Some(p) = &target {
+        match save_client(&cfg, p) {
+            Ok(current) => {
+                note(
+                    mode,
+                    &format!("Client configuration saved to {}", p.display()),
+                );
+                if current {
+                    note(mode, &format!("Current client set to \"{}\"", a.name));
+                }
+            }
+            Err(e) => {
+                let _ = api
+                    .rpc
+                    .delete_client(ObjectRef {
+                        namespace: client.namespace.clone(),
+                        name: client.name.clone(),
+                    })
+                    .await;
+                return Err(e).context("the client was not kept");
+            }
+        }
+    }
+    report_object(mode, client_view(&client), target.as_deref(), &yaml)?;
+    Ok(0)
+}
+
+async fn delete(a: DeleteArgs, kind: Kind) -> Result<i32> {
+    let mode = OutputMode::from_flag(a.output.as_deref())?;
+    check_name(&a.name, kind.word())?;
+    let mut api = AdminApi::connect(&a.connect, false).await?;
+    let r = ObjectRef {
+        namespace: a.kube.namespace(),
+        name: a.name.clone(),
+    };
+    let what = format!("cannot delete {} {:?}", kind.word(), a.name);
+    match kind {
+        Kind::Client => api.rpc.delete_client(r).await,
+        Kind::Exporter => api.rpc.delete_exporter(r).await,
+    }
+    .map_err(|s| rpc_error(&what, s))?;
+    match mode {
+        OutputMode::Name => println!("{}.jumpstarter.dev/{}", kind.word(), a.name),
+        _ => println!("Deleted {} \"{}\"", kind.word(), a.name),
+    }
+    if a.delete {
+        for path in local_config_paths(kind, &a.name) {
+            std::fs::remove_file(&path)
+                .with_context(|| format!("cannot delete {}", path.display()))?;
+            note(mode, &format!("Deleted config file {}", path.display()));
+            if kind == Kind::Client {
+                let user_path = UserConfig::default_path();
+                let mut user = UserConfig::load_or_default(&user_path)?;
+                if user.config.current_client.as_deref() == Some(a.name.as_str()) {
+                    user.config.current_client = None;
+                    user.save(&user_path)?;
+                }
+            }
+        }
+    }
+    Ok(0)
+}
+
+fn local_config_paths(kind: Kind, name: &str) -> Vec<PathBuf> {
+    let file = format!("{name}.yaml");
+    let candidates = match kind {
+        Kind::Client => vec![ClientConfig::dir().join(&file)],
+        Kind::Exporter => vec![
+            config_dir().join("exporters").join(&file),
+            Path::new(SYSTEM_EXPORTER_DIR).join(&file),
+        ],
+    };
+    candidates.into_iter().filter(|p| p.exists()).collect()
+}
+
+fn list_request(a: &GetArgs) -> ListRequest {
+    ListRequest {
+        namespace: a.kube.namespace(),
+        selector: a.selector.clone().unwrap_or_default(),
+    }
+}
+
+fn print_objects(mode: OutputMode, views: Vec<ObjectView>, table: Table) -> Result<()> {
+    match mode {
+        OutputMode::Json | OutputMode::Yaml => {
+            #[derive(Serialize)]
+            struct Items {
+                items: Vec<ObjectView>,
+            }
+            print_structured(mode, &Items { items: views })
+        }
+        OutputMode::Name => {
+            for v in &views {
+                println!("{}.jumpstarter.dev/{}", v.kind.to_lowercase(), v.name);
+            }
+            Ok(())
+        }
+        _ => {
+            print!("{}", table.render(0));
+            Ok(())
+        }
+    }
+}
+
+fn age(t: Option<Timestamp>, now: Timestamp) -> String {
+    t.map(|t| format_age(now.as_second() - t.as_second()))
+        .unwrap_or_default()
+}
+
+async fn get_clients(a: GetArgs) -> Result<i32> {
+    let mode = OutputMode::from_flag(a.output.as_deref())?;
+    let mut api = AdminApi::connect(&a.connect, false).await?;
+    let clients = match &a.name {
+        Some(name) => vec![
+            api.rpc
+                .get_client(ObjectRef {
+                    namespace: a.kube.namespace(),
+                    name: name.clone(),
+                })
+                .await
+                .map_err(|s| rpc_error(&format!("cannot get client {name:?}"), s))?
+                .into_inner(),
+        ],
+        None => {
+            api.rpc
+                .list_clients(list_request(&a))
+                .await
+                .map_err(|s| rpc_error("cannot list clients", s))?
+                .into_inner()
+                .clients
+        }
+    };
+    let now = Timestamp::now();
+    let mut t = Table::new(["NAMESPACE", "NAME", "LABELS", "AGE"]);
+    let views: Vec<ObjectView> = clients.iter().map(client_view).collect();
+    for v in &views {
+        t.row([
+            v.namespace.clone(),
+            v.name.clone(),
+            labels_text(&v.labels),
+            age(v.created, now),
+        ]);
+    }
+    print_objects(mode, views, t)?;
+    Ok(0)
+}
+
+async fn list_exporters(api: &mut AdminApi, a: &GetArgs) -> Result<Vec<Exporter>> {
+    Ok(match &a.name {
+        Some(name) if !name.is_empty() => vec![
+            api.rpc
+                .get_exporter(ObjectRef {
+                    namespace: a.kube.namespace(),
+                    name: name.clone(),
+                })
+                .await
+                .map_err(|s| rpc_error(&format!("cannot get exporter {name:?}"), s))?
+                .into_inner(),
+        ],
+        _ => {
+            api.rpc
+                .list_exporters(list_request(a))
+                .await
+                .map_err(|s| rpc_error("cannot list exporters", s))?
+                .into_inner()
+                .exporters
+        }
+    })
+}
+
+async fn get_exporters(a: GetArgs) -> Result<i32> {
+    let mode = OutputMode::from_flag(a.output.as_deref())?;
+    let mut api = AdminApi::connect(&a.connect, false).await?;
+    let exporters = list_exporters(&mut api, &a).await?;
+    let now = Timestamp::now();
+    let mut t = Table::new([
+        "NAMESPACE",
+        "NAME",
+        "ENABLED",
+        "ONLINE",
+        "STATUS",
+        "LEASE",
+        "LABELS",
+        "AGE",
+    ]);
+    let views: Vec<ObjectView> = exporters.iter().map(exporter_view).collect();
+    for v in &views {
+        t.row([
+            v.namespace.clone(),
+            v.name.clone(),
+            yes_no(v.enabled.unwrap_or(true)),
+            yes_no(v.online.unwrap_or(false)),
+            v.status.clone().unwrap_or_default(),
+            v.lease.clone().unwrap_or_default(),
+            labels_text(&v.labels),
+            age(v.created, now),
+        ]);
+    }
+    print_objects(mode, views, t)?;
+    Ok(0)
+}
+
+/// Leases as the admin API shows them: the lease holding each exporter.
+async fn get_leases(a: GetArgs) -> Result<i32> {
+    let mode = OutputMode::from_flag(a.output.as_deref())?;
+    let mut api = AdminApi::connect(&a.connect, false).await?;
+    let lease_name = a.name.clone();
+    let listing = GetArgs {
+        name: None,
+        connect: a.connect.clone(),
+        kube: a.kube.clone(),
+        selector: a.selector.clone(),
+        output: None,
+        devices: false,
+    };
+    let exporters = list_exporters(&mut api, &listing).await?;
+    #[derive(Serialize)]
+    struct LeaseItem {
+        namespace: String,
+        name: String,
+        exporter: String,
+    }
+    let items: Vec<LeaseItem> = exporters
+        .iter()
+        .filter(|e| !e.lease.is_empty())
+        .filter(|e| lease_name.as_ref().is_none_or(|n| *n == e.lease))
+        .map(|e| LeaseItem {
+            namespace: e.namespace.clone(),
+            name: e.lease.clone(),
+            exporter: e.name.clone(),
+        })
+        .collect();
+    if let Some(n) = &lease_name
+        && items.is_empty()
+    {
+        bail!("lease {n:?} not found among the leases holding exporters");
+    }
+    match mode {
+        OutputMode::Json | OutputMode::Yaml => {
+            #[derive(Serialize)]
+            struct Items {
+                items: Vec<LeaseItem>,
+            }
+            print_structured(mode, &Items { items })?;
+        }
+        OutputMode::Name => {
+            for i in &items {
+                println!("lease.jumpstarter.dev/{}", i.name);
+            }
+        }
+        _ => {
+            let mut t = Table::new(["NAMESPACE", "NAME", "EXPORTER"]);
+            for i in &items {
+                t.row([i.namespace.clone(), i.name.clone(), i.exporter.clone()]);
+            }
+            print!("{}", t.render(0));
+        }
+    }
+    Ok(0)
+}
+
+async fn import_client(a: ImportClientArgs) -> Result<i32> {
+    let mode = OutputMode::from_flag(a.output.as_deref())?;
+    check_name(&a.name, "client")?;
+    let path = match &a.out {
+        Some(p) => p.clone(),
+        None => ClientConfig::path_for(&a.name)?,
+    };
+    prepare_output(&path)?;
+    let mut api = AdminApi::connect(&a.connect, a.insecure_tls).await?;
+    let cred = api
+        .rpc
+        .rotate_client(ObjectRef {
+            namespace: a.kube.namespace(),
+            name: a.name.clone(),
+        })
+        .await
+        .map_err(|s| rpc_error(&format!("cannot import client {:?}", a.name), s))?
+        .into_inner();
+    let cfg = client_config(&cred, a.insecure_tls, a.allow.as_deref(), a.allow_unsafe);
+    save_client(&cfg, &path)?;
+    match mode {
+        OutputMode::Path => println!("{}", path.display()),
+        _ => println!(
+            "Client configuration saved to {} (with a newly issued token)",
+            path.display()
+        ),
+    }
+    Ok(0)
+}
+
+async fn import_exporter(a: ImportExporterArgs) -> Result<i32> {
+    let mode = OutputMode::from_flag(a.output.as_deref())?;
+    check_name(&a.name, "exporter")?;
+    let path = match &a.out {
+        Some(p) => p.clone(),
+        None => exporter_save_path(&a.name),
+    };
+    prepare_output(&path)?;
+    let mut api = AdminApi::connect(&a.connect, a.insecure_tls).await?;
+    let cred = api
+        .rpc
+        .rotate_exporter(ObjectRef {
+            namespace: a.kube.namespace(),
+            name: a.name.clone(),
+        })
+        .await
+        .map_err(|s| rpc_error(&format!("cannot import exporter {:?}", a.name), s))?
+        .into_inner();
+    // Keep the drivers of an existing config; only the credentials change.
+    let cfg = match ExporterConfig::load(&path) {
+        Ok(mut old) => {
+            let fresh = exporter_config(&cred, a.insecure_tls);
+            old.metadata = fresh.metadata;
+            old.endpoint = fresh.endpoint;
+            old.token = fresh.token;
+            old.tls = fresh.tls;
+            old
+        }
+        Err(_) => exporter_config(&cred, a.insecure_tls),
+    };
+    write_private(&path, cfg.to_yaml()?.as_bytes())?;
+    match mode {
+        OutputMode::Path => println!("{}", path.display()),
+        _ => println!(
+            "Exporter configuration saved to {} (with a newly issued token)",
+            path.display()
+        ),
+    }
+    Ok(0)
+}
+
+async fn rotate_client(a: RotateClientArgs) -> Result<i32> {
+    let mode = OutputMode::from_flag(a.output.as_deref())?;
+    check_name(&a.name, "client")?;
+    let target = match (&a.out, a.save) {
+        (Some(p), _) => Some(p.clone()),
+        (None, true) => Some(ClientConfig::path_for(&a.name)?),
+        (None, false) => None,
+    };
+    if let Some(p) = &target {
+        prepare_output(p)?;
+    }
+    let mut api = AdminApi::connect(&a.connect, false).await?;
+    let cred = api
+        .rpc
+        .rotate_client(ObjectRef {
+            namespace: a.kube.namespace(),
+            name: a.name.clone(),
+        })
+        .await
+        .map_err(|s| rpc_error(&format!("cannot rotate client {:?}", a.name), s))?
+        .into_inner();
+    // Keep the settings of an existing config; only the credentials change.
+    let existing = target
+        .as_deref()
+        .filter(|p| p.exists())
+        .map(ClientConfig::load)
+        .transpose()?;
+    let cfg = match existing {
+        Some(mut old) => {
+            old.token = Some(cred.token.clone());
+            old.endpoint = Some(cred.endpoint.clone());
+            if !cred.ca_pem.is_empty() {
+                old.tls.ca = encode_ca(&cred.ca_pem);
+            }
+            old.path = None;
+            old
+        }
+        None => client_config(&cred, false, None, false),
+    };
+    let yaml = serde_saphyr::to_string(&cfg).context("cannot encode the client config")?;
+    match &target {
+        Some(p) => {
+            save_client(&cfg, p)?;
+            match mode {
+                OutputMode::Name => println!("client.jumpstarter.dev/{}", a.name),
+                _ => println!(
+                    "Rotated the token of client \"{}\"; saved to {}",
+                    a.name,
+                    p.display()
+                ),
+            }
+        }
+        None => match mode {
+            OutputMode::Name => println!("client.jumpstarter.dev/{}", a.name),
+            _ => {
+                eprintln!(
+                    "Rotated the token of client \"{}\" (the old one stays valid until it \
+                     expires); its new config:",
+                    a.name
+                );
+                print!("{yaml}");
+            }
+        },
+    }
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exporter_save_path_prefers_a_writable_system_dir() {
+        let root = tempfile::tempdir().unwrap();
+        let user = root.path().join("user");
+        let etc = root.path().join("etc/jumpstarter");
+        // /etc/jumpstarter missing: the user directory.
+        let sys = etc.join("exporters");
+        assert_eq!(
+            exporter_save_path_in("x", &sys, &user),
+            user.join("exporters/x.yaml")
+        );
+        assert!(!sys.exists());
+        // /etc/jumpstarter present and writable: exporters/ is created there.
+        std::fs::create_dir_all(&etc).unwrap();
+        assert_eq!(exporter_save_path_in("x", &sys, &user), sys.join("x.yaml"));
+        assert!(sys.is_dir());
+        // A user config of that name wins (it would shadow the system one).
+        std::fs::create_dir_all(user.join("exporters")).unwrap();
+        std::fs::write(user.join("exporters/x.yaml"), "").unwrap();
+        assert_eq!(
+            exporter_save_path_in("x", &sys, &user),
+            user.join("exporters/x.yaml")
+        );
+    }
+
+    #[test]
+    fn names_are_checked_before_calling_the_controller() {
+        assert!(check_name("example-distributed", "exporter").is_ok());
+        for bad in ["", "Foo", "a/b", "-a", "a_b", "a..", "../x"] {
+            assert!(check_name(bad, "exporter").is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn configs_carry_the_ca() {
+        let cred = Credentials {
+            endpoint: "127.0.0.1:1".into(),
+            ca_pem: "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n".into(),
+            token: "t".into(),
+            expiry: None,
+            namespace: "default".into(),
+            name: "x".into(),
+        };
+        let e = exporter_config(&cred, true);
+        assert!(e.tls.insecure && !e.tls.ca.is_empty());
+        let yaml = e.to_yaml().unwrap();
+        let back = ExporterConfig::parse(&yaml, Path::new("x.yaml")).unwrap();
+        assert_eq!(back.token.as_deref(), Some("t"));
+        let c = client_config(&cred, false, Some("a.b, c"), true);
+        assert_eq!(c.drivers.allow, vec!["a.b", "c"]);
+        assert!(c.ca_pem().unwrap().is_some());
+    }
+}

@@ -1,0 +1,1586 @@
+//! `jmp get`, `jmp describe`, `jmp create lease`, `jmp update lease` and `jmp delete leases`:
+//! exporters and leases as a client sees them, over the controller's `ClientService`.
+
+use std::{collections::BTreeMap, path::PathBuf};
+
+use anyhow::{Result, bail};
+use clap::{Args, Subcommand};
+use jiff::{Timestamp, tz::TimeZone};
+use jumpstarter_core::{
+    channel::{AuthChannel, connect_client},
+    config::{ClientConfig, UserConfig},
+};
+use jumpstarter_proto::{
+    client_v1::{
+        CreateLeaseRequest, DeleteLeaseRequest, Exporter, GetExporterRequest, GetLeaseRequest,
+        Lease, ListExportersRequest, ListLeasesRequest, UpdateLeaseRequest,
+        client_service_client::ClientServiceClient,
+    },
+    v1::{Condition, ExporterStatus},
+};
+use serde::Serialize;
+
+use crate::{
+    output::{
+        Describe, OutputMode, Table, duration_secs, format_hours_minutes, format_time,
+        format_timedelta, format_utc, jwt_expiry, labels_text, name_namespace, print_structured,
+        short_name, timestamp, token_status, yes_no,
+    },
+    values::{
+        join_selectors, parse_begin_time, parse_key_values, parse_positive_duration,
+        proto_duration, proto_timestamp,
+    },
+};
+
+/// Which client config to use (upstream's `--client-config` / `--client`).
+#[derive(Args, Debug, Clone, Default)]
+pub struct ClientSelect {
+    /// Path to client config
+    #[arg(long, value_name = "PATH")]
+    pub client_config: Option<PathBuf>,
+    /// Alias of client config
+    #[arg(long, value_name = "TEXT", conflicts_with = "client_config")]
+    pub client: Option<String>,
+}
+
+/// A gRPC error as one line naming what failed (no status debug dump).
+pub fn rpc_error(what: &str, status: tonic::Status) -> anyhow::Error {
+    use tonic::Code;
+    let msg = status.message();
+    match status.code() {
+        Code::Unavailable => anyhow::anyhow!("{what}: the controller is unreachable: {msg}"),
+        Code::Unauthenticated | Code::PermissionDenied => anyhow::anyhow!(
+            "{what}: {msg} (check the credentials in your config, e.g. with `jmp describe client`)"
+        ),
+        Code::DeadlineExceeded => anyhow::anyhow!("{what}: the controller did not answer: {msg}"),
+        _ => anyhow::anyhow!("{what}: {msg}"),
+    }
+}
+
+/// A connection to the controller as a client.
+pub struct ClientApi {
+    /// The stub.
+    pub rpc: ClientServiceClient<AuthChannel>,
+    /// The client's namespace.
+    pub namespace: String,
+    /// The client's name.
+    pub name: String,
+}
+
+impl ClientApi {
+    /// Resolves the client config as upstream does and connects.
+    pub async fn connect(select: &ClientSelect) -> Result<Self> {
+        let cfg = ClientConfig::resolve(select.client_config.as_deref(), select.client.as_deref())?;
+        let channel = connect_client(&cfg).await?;
+        Ok(Self {
+            rpc: ClientServiceClient::new(channel),
+            namespace: cfg
+                .metadata
+                .namespace
+                .clone()
+                .unwrap_or_else(|| "default".into()),
+            name: cfg.metadata.name.clone(),
+        })
+    }
+
+    fn parent(&self) -> String {
+        format!("namespaces/{}", self.namespace)
+    }
+
+    fn exporter_name(&self, name: &str) -> String {
+        format!("namespaces/{}/exporters/{name}", self.namespace)
+    }
+
+    fn lease_name(&self, name: &str) -> String {
+        format!("namespaces/{}/leases/{name}", self.namespace)
+    }
+
+    fn client_ref(&self, name: &str) -> String {
+        format!("namespaces/{}/clients/{name}", self.namespace)
+    }
+
+    /// Every exporter matching `filter`, all pages.
+    pub async fn list_exporters(&mut self, filter: &str, hidden: bool) -> Result<Vec<Exporter>> {
+        let mut out = Vec::new();
+        let mut token = String::new();
+        loop {
+            let resp = self
+                .rpc
+                .list_exporters(ListExportersRequest {
+                    parent: self.parent(),
+                    page_size: 0,
+                    page_token: token.clone(),
+                    filter: filter.to_string(),
+                    show_hidden_labels: hidden,
+                })
+                .await
+                .map_err(|s| rpc_error("cannot list exporters", s))?
+                .into_inner();
+            out.extend(resp.exporters);
+            if resp.next_page_token.is_empty() {
+                return Ok(out);
+            }
+            token = resp.next_page_token;
+        }
+    }
+
+    /// Every lease matching the filters, all pages.
+    pub async fn list_leases(
+        &mut self,
+        filter: &str,
+        only_active: bool,
+        tag_filter: &str,
+    ) -> Result<Vec<Lease>> {
+        let mut out = Vec::new();
+        let mut token = String::new();
+        loop {
+            let resp = self
+                .rpc
+                .list_leases(ListLeasesRequest {
+                    parent: self.parent(),
+                    page_size: 0,
+                    page_token: token.clone(),
+                    filter: filter.to_string(),
+                    only_active: Some(only_active),
+                    tag_filter: tag_filter.to_string(),
+                })
+                .await
+                .map_err(|s| rpc_error("cannot list leases", s))?
+                .into_inner();
+            out.extend(resp.leases);
+            if resp.next_page_token.is_empty() {
+                return Ok(out);
+            }
+            token = resp.next_page_token;
+        }
+    }
+
+    /// Whether a lease belongs to this client.
+    fn owns(&self, lease: &Lease) -> bool {
+        lease
+            .client
+            .as_deref()
+            .is_some_and(|c| short_name(c) == self.name)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Views (JSON/YAML shapes follow upstream's pydantic models)
+
+/// An exporter as `-o json` shows it.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ExporterView {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// Labels.
+    pub labels: BTreeMap<String, String>,
+    /// Deprecated label keys and their messages.
+    pub deprecated_labels: BTreeMap<String, String>,
+    /// Connected (with `--with online`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub online: Option<bool>,
+    /// Status name (with `--with status`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
+    /// Enabled (with `--allow-disabled`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    /// The lease holding it (with `--with leases`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lease: Option<LeaseView>,
+    #[serde(skip)]
+    status_message: String,
+    /// The wire status, for telling a lease we cannot see (another client's).
+    #[serde(skip)]
+    raw_status: i32,
+}
+
+impl ExporterView {
+    /// Whether the exporter serves a lease that is not among the caller's own (the
+    /// controller shows clients only their own leases).
+    fn leased_by_someone_else(&self) -> bool {
+        self.lease.is_none()
+            && [ExporterStatus::LeaseReady, ExporterStatus::BeforeLeaseHook]
+                .iter()
+                .any(|s| *s as i32 == self.raw_status)
+    }
+}
+
+/// The status name upstream shows (`AVAILABLE`, `LEASE_READY`...).
+pub fn status_name(status: i32) -> String {
+    ExporterStatus::try_from(status)
+        .map(|s| {
+            s.as_str_name()
+                .trim_start_matches("EXPORTER_STATUS_")
+                .to_string()
+        })
+        .unwrap_or_else(|_| format!("UNKNOWN({status})"))
+}
+
+impl ExporterView {
+    /// From the wire, with every optional field filled.
+    // `online` is deprecated on the wire but is what upstream's CLI shows.
+    #[allow(deprecated)]
+    pub fn from_proto(e: &Exporter) -> Self {
+        Self {
+            namespace: name_namespace(&e.name).unwrap_or_default().to_string(),
+            name: short_name(&e.name).to_string(),
+            labels: e.labels.clone().into_iter().collect(),
+            deprecated_labels: e.deprecated_labels.clone().into_iter().collect(),
+            online: Some(e.online),
+            // A never-connected exporter has no status yet; it is offline.
+            status: Some(
+                if e.status == ExporterStatus::Unspecified as i32 && !e.online {
+                    status_name(ExporterStatus::Offline as i32)
+                } else {
+                    status_name(e.status)
+                },
+            ),
+            enabled: Some(e.enabled.unwrap_or(true)),
+            lease: None,
+            status_message: e.status_message.clone(),
+            raw_status: e.status,
+        }
+    }
+}
+
+/// A lease condition as `-o json` shows it.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ConditionView {
+    /// Condition type.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `True`, `False` or `Unknown`.
+    pub status: String,
+    /// Generation it was computed for.
+    #[serde(rename = "observedGeneration", skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// When the status last changed.
+    #[serde(rename = "lastTransitionTime")]
+    pub last_transition_time: Option<Timestamp>,
+    /// Machine-readable reason.
+    pub reason: String,
+    /// Human-readable message.
+    pub message: String,
+}
+
+impl ConditionView {
+    fn from_proto(c: &Condition) -> Self {
+        Self {
+            type_: c.r#type.clone().unwrap_or_default(),
+            status: c.status.clone().unwrap_or_default(),
+            observed_generation: c.observed_generation,
+            last_transition_time: c
+                .last_transition_time
+                .as_ref()
+                .and_then(|t| Timestamp::new(t.seconds.unwrap_or(0), t.nanos.unwrap_or(0)).ok()),
+            reason: c.reason.clone().unwrap_or_default(),
+            message: c.message.clone().unwrap_or_default(),
+        }
+    }
+}
+
+/// A lease as `-o json` shows it (upstream's field names; durations in seconds).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct LeaseView {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// Label selector.
+    pub selector: String,
+    /// Requested exporter, if pinned.
+    pub exporter_name: Option<String>,
+    /// Tags.
+    pub tags: BTreeMap<String, String>,
+    /// Requested duration, seconds.
+    pub duration: Option<f64>,
+    /// Duration so far, seconds.
+    pub effective_duration: Option<f64>,
+    /// Requested begin time.
+    pub begin_time: Option<Timestamp>,
+    /// Holder (client name).
+    pub client: String,
+    /// Assigned exporter name.
+    pub exporter: String,
+    /// Conditions.
+    pub conditions: Vec<ConditionView>,
+    /// When it started.
+    pub effective_begin_time: Option<Timestamp>,
+    /// When it ended.
+    pub effective_end_time: Option<Timestamp>,
+    /// Requested end time.
+    pub end_time: Option<Timestamp>,
+    /// Deprecated label keys in the selector.
+    pub deprecated_labels: BTreeMap<String, String>,
+    /// Derived status word (`In-Use`, `Waiting`...).
+    pub status: String,
+}
+
+impl LeaseView {
+    /// From the wire; `now` decides `Scheduled`.
+    pub fn from_proto(l: &Lease, now: Timestamp) -> Self {
+        let ts = |t: &Option<prost_types::Timestamp>| t.as_ref().and_then(timestamp);
+        Self {
+            namespace: name_namespace(&l.name).unwrap_or_default().to_string(),
+            name: short_name(&l.name).to_string(),
+            selector: l.selector.clone(),
+            exporter_name: l.exporter_name.clone().filter(|s| !s.is_empty()),
+            tags: l.tags.clone().into_iter().collect(),
+            duration: l.duration.as_ref().map(duration_secs),
+            effective_duration: l.effective_duration.as_ref().map(duration_secs),
+            begin_time: ts(&l.begin_time),
+            client: l
+                .client
+                .as_deref()
+                .map(short_name)
+                .unwrap_or_default()
+                .to_string(),
+            exporter: l
+                .exporter
+                .as_deref()
+                .map(short_name)
+                .unwrap_or_default()
+                .to_string(),
+            conditions: l.conditions.iter().map(ConditionView::from_proto).collect(),
+            effective_begin_time: ts(&l.effective_begin_time),
+            effective_end_time: ts(&l.effective_end_time),
+            end_time: ts(&l.end_time),
+            deprecated_labels: l.deprecated_labels.clone().into_iter().collect(),
+            status: lease_status(l, now).to_string(),
+        }
+    }
+
+    /// When it ends or is expected to end.
+    pub fn expected_end(&self) -> Option<Timestamp> {
+        if let Some(end) = self.effective_end_time {
+            return Some(end);
+        }
+        if let Some(end) = self.end_time {
+            return Some(end);
+        }
+        let begin = self.effective_begin_time.or(self.begin_time)?;
+        let secs = self.duration?;
+        begin
+            .checked_add(jiff::SignedDuration::from_secs_f64(secs))
+            .ok()
+    }
+
+    /// The selector as shown (`<none>` for a lease pinned by name only).
+    fn selector_text(&self) -> String {
+        if self.selector.is_empty() {
+            "<none>".into()
+        } else {
+            self.selector.clone()
+        }
+    }
+}
+
+/// The status word of a lease: `In-Use`, `Waiting`, `Scheduled`, `Released`, `Expired`,
+/// `Ended`, `Unsatisfiable` or `Invalid`.
+pub fn lease_status(l: &Lease, now: Timestamp) -> &'static str {
+    let find = |t: &str| l.conditions.iter().find(|c| c.r#type.as_deref() == Some(t));
+    let is_true = |t: &str| find(t).is_some_and(|c| c.status.as_deref() == Some("True"));
+    if is_true("Invalid") {
+        return "Invalid";
+    }
+    if is_true("Unsatisfiable") {
+        return "Unsatisfiable";
+    }
+    if let Some(ready) = find("Ready") {
+        if ready.status.as_deref() == Some("True") && l.effective_end_time.is_none() {
+            return "In-Use";
+        }
+        match ready.reason.as_deref() {
+            Some("Released") => return "Released",
+            Some("Expired") => return "Expired",
+            _ => {}
+        }
+    }
+    if l.effective_end_time.is_some() {
+        return "Ended";
+    }
+    if l.begin_time
+        .as_ref()
+        .and_then(timestamp)
+        .is_some_and(|b| b > now)
+    {
+        return "Scheduled";
+    }
+    "Waiting"
+}
+
+fn opt_time(t: Option<Timestamp>, tz: &TimeZone) -> String {
+    t.map(|t| format_time(t, tz))
+        .unwrap_or_else(|| "<none>".into())
+}
+
+/// The `describe lease` view, times in `tz`.
+pub fn describe_lease(v: &LeaseView, tz: &TimeZone) -> String {
+    let mut d = Describe::new();
+    let or_none = |s: &str| {
+        if s.is_empty() {
+            "<none>".to_string()
+        } else {
+            s.to_string()
+        }
+    };
+    let mut fields = vec![
+        ("Name", v.name.clone()),
+        ("Namespace", or_none(&v.namespace)),
+        ("Selector", v.selector_text()),
+    ];
+    if let Some(pinned) = &v.exporter_name {
+        fields.push(("Exporter Name", pinned.clone()));
+    }
+    fields.extend([
+        ("Exporter", or_none(&v.exporter)),
+        ("Client", or_none(&v.client)),
+        ("Status", v.status.clone()),
+        (
+            "Duration",
+            v.duration
+                .map(format_timedelta)
+                .unwrap_or_else(|| "<none>".into()),
+        ),
+    ]);
+    if let Some(begin) = v.begin_time {
+        fields.push(("Begin Time", format_time(begin, tz)));
+    }
+    fields.push(("Effective Begin Time", opt_time(v.effective_begin_time, tz)));
+    fields.push(("Effective End Time", opt_time(v.effective_end_time, tz)));
+    d.fields(0, &fields);
+    d.map_section("Tags", &v.tags);
+    d.fields(0, &[("Context", "<none>".into())]);
+    if v.conditions.is_empty() {
+        d.fields(0, &[("Conditions", "<none>".into())]);
+    } else {
+        d.line(0, "Conditions:");
+        let mut t = Table::new([
+            "Type",
+            "Status",
+            "Reason",
+            "Message",
+            "Last Transition Time",
+        ]);
+        for c in &v.conditions {
+            t.row([
+                c.type_.clone(),
+                c.status.clone(),
+                c.reason.clone(),
+                c.message.clone(),
+                c.last_transition_time
+                    .map(format_utc)
+                    .unwrap_or_else(|| "<none>".into()),
+            ]);
+        }
+        d.raw(&t.render_underlined(2));
+    }
+    d.finish()
+}
+
+/// The `describe exporter` view, times in `tz`.
+pub fn describe_exporter(v: &ExporterView, tz: &TimeZone) -> String {
+    let mut d = Describe::new();
+    d.fields(
+        0,
+        &[("Name", v.name.clone()), ("Namespace", v.namespace.clone())],
+    );
+    d.map_section("Labels", &v.labels);
+    let mut status = vec![
+        ("Online", yes_no(v.online.unwrap_or(false))),
+        (
+            "Status",
+            v.status.clone().unwrap_or_else(|| "UNKNOWN".into()),
+        ),
+    ];
+    status.push(("Enabled", yes_no(v.enabled.unwrap_or(true))));
+    d.fields(0, &status);
+    // The message matters when a hook failed; otherwise it repeats the status.
+    let failed = [
+        ExporterStatus::BeforeLeaseHookFailed,
+        ExporterStatus::AfterLeaseHookFailed,
+    ]
+    .iter()
+    .any(|s| *s as i32 == v.raw_status);
+    if failed && !v.status_message.is_empty() {
+        d.fields(0, &[("Status Message", v.status_message.clone())]);
+    }
+    match &v.lease {
+        None if v.leased_by_someone_else() => {
+            d.fields(0, &[("Lease", "held by another client".into())])
+        }
+        None => d.fields(0, &[("Lease", "<none>".into())]),
+        Some(l) => {
+            d.line(0, "Lease:");
+            d.fields(
+                2,
+                &[
+                    ("Name", l.name.clone()),
+                    ("Client", l.client.clone()),
+                    ("Status", l.status.clone()),
+                    ("Begin Time", opt_time(l.effective_begin_time, tz)),
+                    ("Expected Release", opt_time(l.expected_end(), tz)),
+                ],
+            );
+        }
+    }
+    d.finish()
+}
+
+/// What `describe client` reports about a local client config.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ClientView {
+    /// Alias (file base name).
+    pub alias: String,
+    /// The file.
+    pub path: String,
+    /// Whether it is the current client.
+    pub current: bool,
+    /// Client name.
+    pub name: String,
+    /// Namespace.
+    pub namespace: Option<String>,
+    /// Controller endpoint.
+    pub endpoint: Option<String>,
+    /// TLS settings.
+    pub tls: ClientTlsView,
+    /// Driver allow-list.
+    pub drivers: ClientDriversView,
+    /// Token expiry and status.
+    pub token: ClientTokenView,
+    /// Whether a refresh token is stored.
+    pub refresh_token_stored: bool,
+}
+
+/// `tls` of [`ClientView`].
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ClientTlsView {
+    /// Whether a CA is configured.
+    pub ca_configured: bool,
+    /// Whether verification is off.
+    pub insecure: bool,
+}
+
+/// `drivers` of [`ClientView`].
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ClientDriversView {
+    /// Allowed driver client patterns.
+    pub allow: Vec<String>,
+    /// All allowed.
+    #[serde(rename = "unsafe")]
+    pub allow_unsafe: bool,
+}
+
+/// `token` of [`ClientView`].
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ClientTokenView {
+    /// The `exp` claim, if the token is a JWT with one.
+    pub expiry: Option<Timestamp>,
+    /// `valid (... remaining)`, `expired (... ago)`, `not set` or `unknown expiry`.
+    pub status: String,
+    /// Seconds until expiry (negative when expired).
+    pub remaining_seconds: Option<i64>,
+}
+
+impl ClientView {
+    /// Builds the view of a loaded config.
+    pub fn new(cfg: &ClientConfig, current: Option<&str>, now: Timestamp) -> Self {
+        let alias = cfg.alias().unwrap_or_default();
+        let token = cfg.token.as_deref().filter(|t| !t.is_empty());
+        let expiry = token.and_then(jwt_expiry);
+        let status = match (token, expiry) {
+            (None, _) => "not set".to_string(),
+            (Some(_), None) => "unknown expiry (not a JWT)".to_string(),
+            (Some(_), Some(exp)) => token_status(exp, now),
+        };
+        Self {
+            current: current == Some(alias.as_str()),
+            alias,
+            path: cfg
+                .path
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default(),
+            name: cfg.metadata.name.clone(),
+            namespace: cfg.metadata.namespace.clone(),
+            endpoint: cfg.endpoint.clone(),
+            tls: ClientTlsView {
+                ca_configured: !cfg.tls.ca.trim().is_empty(),
+                insecure: cfg.tls.insecure,
+            },
+            drivers: ClientDriversView {
+                allow: cfg.drivers.allow.clone(),
+                allow_unsafe: cfg.allows_unsafe(),
+            },
+            token: ClientTokenView {
+                expiry,
+                status,
+                remaining_seconds: expiry.map(|e| e.as_second() - now.as_second()),
+            },
+            refresh_token_stored: cfg.refresh_token.as_deref().is_some_and(|t| !t.is_empty()),
+        }
+    }
+}
+
+/// The `describe client` view.
+pub fn describe_client(v: &ClientView) -> String {
+    let none = |s: &Option<String>| {
+        s.clone()
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| "<none>".into())
+    };
+    let mut d = Describe::new();
+    d.fields(
+        0,
+        &[
+            ("Alias", v.alias.clone()),
+            ("Path", v.path.clone()),
+            ("Current", yes_no(v.current)),
+            ("Name", v.name.clone()),
+            ("Namespace", none(&v.namespace)),
+            ("Endpoint", none(&v.endpoint)),
+        ],
+    );
+    d.line(0, "TLS:");
+    d.fields(
+        2,
+        &[
+            (
+                "CA",
+                if v.tls.ca_configured {
+                    "configured".into()
+                } else {
+                    "<none> (system roots)".into()
+                },
+            ),
+            ("Insecure", yes_no(v.tls.insecure)),
+        ],
+    );
+    d.line(0, "Drivers:");
+    let allow = if v.drivers.allow.is_empty() {
+        "<none>".to_string()
+    } else {
+        v.drivers.allow.join(",")
+    };
+    d.fields(
+        2,
+        &[("Allow", allow), ("Unsafe", yes_no(v.drivers.allow_unsafe))],
+    );
+    d.line(0, "Token:");
+    d.fields(
+        2,
+        &[
+            (
+                "Expiry",
+                v.token
+                    .expiry
+                    .map(format_utc)
+                    .unwrap_or_else(|| "<none>".into()),
+            ),
+            ("Status", v.token.status.clone()),
+        ],
+    );
+    d.fields(
+        0,
+        &[("Refresh Token Stored", yes_no(v.refresh_token_stored))],
+    );
+    d.finish()
+}
+
+// ---------------------------------------------------------------------------------------
+// Commands
+
+const OUTPUT_HELP: &str = "Output mode. Use \"-o name\" for shorter output (resource/name).";
+
+/// `jmp get`.
+#[derive(Subcommand, Debug)]
+pub enum GetCommand {
+    /// Display one or many exporters
+    #[command(alias = "exporter", alias = "e")]
+    Exporters(GetExportersArgs),
+    /// Display one or many leases
+    #[command(alias = "lease", alias = "l")]
+    Leases(GetLeasesArgs),
+}
+
+/// `jmp get exporters`.
+#[derive(Args, Debug)]
+pub struct GetExportersArgs {
+    #[command(flatten)]
+    client: ClientSelect,
+    /// Selector (label query) to filter on, supports '=', '==', and '!=' (e.g. -l
+    /// key1=value1,key2=value2). Can be specified multiple times.
+    #[arg(short = 'l', long = "selector", value_name = "TEXT")]
+    selector: Vec<String>,
+    #[arg(short, long, value_parser = ["json", "yaml", "name"], help = OUTPUT_HELP)]
+    output: Option<String>,
+    /// Include fields: leases, online, status (comma-separated or repeated)
+    #[arg(long = "with", value_name = "TEXT")]
+    with: Vec<String>,
+    /// Show labels hidden by controller config
+    #[arg(long)]
+    show_hidden_labels: bool,
+    /// Include disabled exporters in the listing
+    #[arg(long)]
+    allow_disabled: bool,
+}
+
+/// `jmp get leases`.
+#[derive(Args, Debug)]
+pub struct GetLeasesArgs {
+    #[command(flatten)]
+    client: ClientSelect,
+    /// Selector (label query) to filter on, supports '=', '==', and '!=' (e.g. -l
+    /// key1=value1,key2=value2). Can be specified multiple times.
+    #[arg(short = 'l', long = "selector", value_name = "TEXT")]
+    selector: Vec<String>,
+    #[arg(short, long, value_parser = ["json", "yaml", "name"], help = OUTPUT_HELP)]
+    output: Option<String>,
+    /// Include expired leases
+    #[arg(short = 'a', long)]
+    all: bool,
+    /// Include leases from all clients
+    #[arg(short = 'A', long)]
+    all_clients: bool,
+    /// Filter leases by tags (label selector syntax, e.g. build=1234)
+    #[arg(long, value_name = "TEXT")]
+    tag_filter: Option<String>,
+}
+
+/// `jmp describe`.
+#[derive(Subcommand, Debug)]
+pub enum DescribeCommand {
+    /// Show one exporter in full: labels, status and the lease holding it
+    #[command(alias = "exporters", alias = "e")]
+    Exporter(DescribeArgs),
+    /// Show one lease in full, with its conditions
+    #[command(alias = "leases", alias = "l")]
+    Lease(DescribeArgs),
+    /// Show a local client config: endpoint, TLS, drivers and token expiry
+    #[command(alias = "clients", alias = "c")]
+    Client(DescribeClientArgs),
+}
+
+/// `jmp describe exporter|lease NAME`.
+#[derive(Args, Debug)]
+pub struct DescribeArgs {
+    #[command(flatten)]
+    client: ClientSelect,
+    /// Name of the resource
+    name: String,
+    /// Output mode
+    #[arg(short, long, value_parser = ["json", "yaml"])]
+    output: Option<String>,
+}
+
+/// `jmp describe client [ALIAS]`.
+#[derive(Args, Debug)]
+pub struct DescribeClientArgs {
+    /// Alias of the client config (default: the current client)
+    name: Option<String>,
+    /// Path to client config
+    #[arg(long, value_name = "PATH", conflicts_with = "name")]
+    client_config: Option<PathBuf>,
+    /// Output mode
+    #[arg(short, long, value_parser = ["json", "yaml"])]
+    output: Option<String>,
+}
+
+/// `jmp create`.
+#[derive(Subcommand, Debug)]
+pub enum CreateCommand {
+    /// Create a lease
+    #[command(alias = "leases", alias = "l")]
+    Lease(CreateLeaseArgs),
+}
+
+/// `jmp create lease`.
+#[derive(Args, Debug)]
+#[command(group(clap::ArgGroup::new("target").required(true).multiple(true).args(["selector", "name"])))]
+pub struct CreateLeaseArgs {
+    #[command(flatten)]
+    client: ClientSelect,
+    /// Selector (label query) to filter on, supports '=', '==', and '!=' (e.g. -l
+    /// key1=value1,key2=value2). Can be specified multiple times.
+    #[arg(short = 'l', long = "selector", value_name = "TEXT")]
+    selector: Vec<String>,
+    /// Target a specific exporter/device name directly.
+    #[arg(short = 'n', long, value_name = "TEXT")]
+    name: Option<String>,
+    /// Lease duration: 30m, 3h30m, 1d, PT1H30M, 01:30:00, ...
+    #[arg(long, value_name = "DURATION", required = true)]
+    duration: String,
+    /// Begin time for the lease in ISO 8601 format (e.g., 2024-01-01T12:00:00 or
+    /// 2024-01-01T12:00:00Z). If not specified, the lease tries to be acquired immediately.
+    #[arg(long, value_name = "DATETIME")]
+    begin_time: Option<String>,
+    /// Optional lease ID to request (if not provided, server will generate one)
+    #[arg(long, value_name = "TEXT")]
+    lease_id: Option<String>,
+    /// Tag to set on the lease (key=value format, can be specified multiple times)
+    #[arg(long, value_name = "TEXT")]
+    tag: Vec<String>,
+    /// Allow leasing a disabled exporter (only effective with --name/-n)
+    #[arg(long)]
+    allow_disabled: bool,
+    #[arg(short, long, value_parser = ["json", "yaml", "name"], help = OUTPUT_HELP)]
+    output: Option<String>,
+}
+
+/// `jmp update`.
+#[derive(Subcommand, Debug)]
+pub enum UpdateCommand {
+    /// Update a lease
+    #[command(alias = "leases", alias = "l")]
+    Lease(UpdateLeaseArgs),
+}
+
+/// `jmp update lease NAME`.
+#[derive(Args, Debug)]
+#[command(group(clap::ArgGroup::new("change").required(true).multiple(true).args(["duration", "begin_time", "to_client"])))]
+pub struct UpdateLeaseArgs {
+    #[command(flatten)]
+    client: ClientSelect,
+    /// The lease
+    name: String,
+    /// New lease duration: 30m, 3h30m, 1d, PT1H30M, 01:30:00, ...
+    #[arg(long, value_name = "DURATION")]
+    duration: Option<String>,
+    /// New begin time (ISO 8601); not allowed once the lease has started.
+    #[arg(long, value_name = "DATETIME")]
+    begin_time: Option<String>,
+    /// Transfer lease to a different client in the same namespace
+    #[arg(long, value_name = "TEXT")]
+    to_client: Option<String>,
+    #[arg(short, long, value_parser = ["json", "yaml", "name"], help = OUTPUT_HELP)]
+    output: Option<String>,
+}
+
+/// `jmp delete`.
+#[derive(Subcommand, Debug)]
+pub enum DeleteCommand {
+    /// Delete leases
+    #[command(alias = "lease", alias = "l")]
+    Leases(DeleteLeasesArgs),
+}
+
+/// `jmp delete leases`.
+#[derive(Args, Debug)]
+pub struct DeleteLeasesArgs {
+    #[command(flatten)]
+    client: ClientSelect,
+    /// Names of the leases
+    names: Vec<String>,
+    /// Selector (label query) to filter on, supports '=', '==', and '!=' (e.g. -l
+    /// key1=value1,key2=value2). Can be specified multiple times.
+    #[arg(short = 'l', long = "selector", value_name = "TEXT")]
+    selector: Vec<String>,
+    /// Delete all your active leases
+    #[arg(short = 'a', long)]
+    all: bool,
+    /// Delete active leases from all clients
+    #[arg(short = 'A', long)]
+    all_clients: bool,
+    #[arg(short, long, value_parser = ["name"], help = OUTPUT_HELP)]
+    output: Option<String>,
+}
+
+fn parse_with(items: &[String]) -> Result<(bool, bool, bool)> {
+    let (mut leases, mut online, mut status) = (false, false, false);
+    for item in items {
+        for w in item.split(',').map(str::trim).filter(|w| !w.is_empty()) {
+            match w {
+                "leases" | "lease" => leases = true,
+                "online" => online = true,
+                "status" => status = true,
+                other => bail!("unknown --with field {other:?} (use leases, online, status)"),
+            }
+        }
+    }
+    Ok((leases, online, status))
+}
+
+/// The lease currently holding each exporter, by exporter name.
+fn leases_by_exporter(leases: &[Lease], now: Timestamp) -> BTreeMap<String, LeaseView> {
+    let mut out = BTreeMap::new();
+    for l in leases {
+        let v = LeaseView::from_proto(l, now);
+        if !v.exporter.is_empty() && v.effective_end_time.is_none() {
+            out.insert(v.exporter.clone(), v);
+        }
+    }
+    out
+}
+
+/// Runs `jmp get ...`.
+pub async fn get(cmd: GetCommand) -> Result<i32> {
+    match cmd {
+        GetCommand::Exporters(args) => get_exporters(args).await,
+        GetCommand::Leases(args) => get_leases(args).await,
+    }
+}
+
+#[derive(Serialize)]
+struct ExporterList {
+    exporters: Vec<ExporterView>,
+}
+
+#[derive(Serialize)]
+struct LeaseList {
+    leases: Vec<LeaseView>,
+}
+
+async fn get_exporters(args: GetExportersArgs) -> Result<i32> {
+    let mode = OutputMode::from_flag(args.output.as_deref())?;
+    let (with_leases, with_online, with_status) = parse_with(&args.with)?;
+    let mut api = ClientApi::connect(&args.client).await?;
+    let filter = join_selectors(&args.selector);
+    let exporters = api.list_exporters(&filter, args.show_hidden_labels).await?;
+    let now = Timestamp::now();
+    let leases = if with_leases {
+        leases_by_exporter(&api.list_leases("", true, "").await?, now)
+    } else {
+        BTreeMap::new()
+    };
+    let mut views: Vec<ExporterView> = exporters
+        .iter()
+        .map(ExporterView::from_proto)
+        .filter(|v| args.allow_disabled || v.enabled != Some(false))
+        .map(|mut v| {
+            v.lease = leases.get(&v.name).cloned();
+            if !with_online {
+                v.online = None;
+            }
+            if !with_status {
+                v.status = None;
+            }
+            if !args.allow_disabled {
+                v.enabled = None;
+            }
+            v
+        })
+        .collect();
+    views.sort_by(|a, b| a.name.cmp(&b.name));
+    match mode {
+        OutputMode::Json | OutputMode::Yaml => {
+            print_structured(mode, &ExporterList { exporters: views })?
+        }
+        OutputMode::Name => {
+            for v in &views {
+                println!("{}", v.name);
+            }
+        }
+        _ => print!(
+            "{}",
+            exporters_table(
+                &views,
+                with_online,
+                with_status,
+                with_leases,
+                args.allow_disabled,
+                &TimeZone::system(),
+            )
+            .render(0)
+        ),
+    }
+    Ok(0)
+}
+
+/// The `get exporters` table: `NAME [ENABLED] [ONLINE] [STATUS] LABELS [LEASED BY, LEASE
+/// STATUS, RELEASE TIME]`.
+pub fn exporters_table(
+    views: &[ExporterView],
+    online: bool,
+    status: bool,
+    leases: bool,
+    enabled: bool,
+    tz: &TimeZone,
+) -> Table {
+    let mut headers = vec!["NAME"];
+    if enabled {
+        headers.push("ENABLED");
+    }
+    if online {
+        headers.push("ONLINE");
+    }
+    if status {
+        headers.push("STATUS");
+    }
+    headers.push("LABELS");
+    if leases {
+        headers.extend(["LEASED BY", "LEASE STATUS", "RELEASE TIME"]);
+    }
+    let mut t = Table::new(headers);
+    for v in views {
+        let mut row = vec![v.name.clone()];
+        if enabled {
+            row.push(yes_no(v.enabled.unwrap_or(true)));
+        }
+        if online {
+            row.push(yes_no(v.online.unwrap_or(false)));
+        }
+        if status {
+            row.push(v.status.clone().unwrap_or_default());
+        }
+        row.push(labels_text(&v.labels));
+        if leases {
+            match &v.lease {
+                Some(l) => {
+                    row.push(l.client.clone());
+                    row.push(l.status.clone());
+                    row.push(
+                        l.expected_end()
+                            .map(|t| format_time(t, tz))
+                            .unwrap_or_default(),
+                    );
+                }
+                None if v.leased_by_someone_else() => {
+                    row.extend(["(another client)".into(), "In-Use".into(), String::new()])
+                }
+                None => row.extend([String::new(), "Available".into(), String::new()]),
+            }
+        }
+        t.row(row);
+    }
+    t
+}
+
+/// The `get leases` table: `NAME SELECTOR EXPIRES AT REMAINING CLIENT EXPORTER TAGS`.
+pub fn leases_table(views: &[LeaseView], now: Timestamp, tz: &TimeZone) -> Table {
+    let mut t = Table::new([
+        "NAME",
+        "SELECTOR",
+        "EXPIRES AT",
+        "REMAINING",
+        "CLIENT",
+        "EXPORTER",
+        "TAGS",
+    ]);
+    for v in views {
+        let end = v.expected_end();
+        let remaining = match end {
+            Some(e) if v.effective_end_time.is_none() && v.effective_begin_time.is_some() => {
+                format_hours_minutes(e.as_second() - now.as_second())
+            }
+            _ => String::new(),
+        };
+        t.row([
+            v.name.clone(),
+            v.selector_text(),
+            end.map(|t| format_time(t, tz)).unwrap_or_default(),
+            remaining,
+            v.client.clone(),
+            v.exporter.clone(),
+            labels_text(&v.tags),
+        ]);
+    }
+    t
+}
+
+fn print_leases(mode: OutputMode, views: Vec<LeaseView>, now: Timestamp) -> Result<()> {
+    match mode {
+        OutputMode::Json | OutputMode::Yaml => print_structured(mode, &LeaseList { leases: views }),
+        OutputMode::Name => {
+            for v in &views {
+                println!("{}", v.name);
+            }
+            Ok(())
+        }
+        _ => {
+            print!(
+                "{}",
+                leases_table(&views, now, &TimeZone::system()).render(0)
+            );
+            Ok(())
+        }
+    }
+}
+
+fn print_lease(mode: OutputMode, view: LeaseView, now: Timestamp) -> Result<()> {
+    match mode {
+        OutputMode::Json | OutputMode::Yaml => print_structured(mode, &view),
+        _ => print_leases(mode, vec![view], now),
+    }
+}
+
+async fn get_leases(args: GetLeasesArgs) -> Result<i32> {
+    let mode = OutputMode::from_flag(args.output.as_deref())?;
+    let mut api = ClientApi::connect(&args.client).await?;
+    let filter = join_selectors(&args.selector);
+    let leases = api
+        .list_leases(&filter, !args.all, args.tag_filter.as_deref().unwrap_or(""))
+        .await?;
+    let now = Timestamp::now();
+    let views: Vec<LeaseView> = leases
+        .iter()
+        .filter(|l| args.all_clients || api.owns(l))
+        .map(|l| LeaseView::from_proto(l, now))
+        .collect();
+    print_leases(mode, views, now)?;
+    Ok(0)
+}
+
+/// Runs `jmp describe ...`.
+pub async fn describe(cmd: DescribeCommand) -> Result<i32> {
+    match cmd {
+        DescribeCommand::Exporter(args) => {
+            let mode = OutputMode::from_flag(args.output.as_deref())?;
+            let mut api = ClientApi::connect(&args.client).await?;
+            let e = api
+                .rpc
+                .get_exporter(GetExporterRequest {
+                    name: api.exporter_name(&args.name),
+                    show_hidden_labels: false,
+                })
+                .await
+                .map_err(|s| rpc_error(&format!("cannot get exporter {:?}", args.name), s))?
+                .into_inner();
+            let now = Timestamp::now();
+            let mut view = ExporterView::from_proto(&e);
+            // Only the caller's own leases are visible; another client's lease shows in
+            // the status (LEASE_READY) but not here.
+            let leases = api.list_leases("", true, "").await.unwrap_or_default();
+            view.lease = leases_by_exporter(&leases, now).remove(&view.name);
+            match mode {
+                OutputMode::Plain => print!("{}", describe_exporter(&view, &TimeZone::system())),
+                m => print_structured(m, &view)?,
+            }
+            Ok(0)
+        }
+        DescribeCommand::Lease(args) => {
+            let mode = OutputMode::from_flag(args.output.as_deref())?;
+            let mut api = ClientApi::connect(&args.client).await?;
+            let l = api
+                .rpc
+                .get_lease(GetLeaseRequest {
+                    name: api.lease_name(&args.name),
+                })
+                .await
+                .map_err(|s| rpc_error(&format!("cannot get lease {:?}", args.name), s))?
+                .into_inner();
+            let view = LeaseView::from_proto(&l, Timestamp::now());
+            match mode {
+                OutputMode::Plain => print!("{}", describe_lease(&view, &TimeZone::system())),
+                m => print_structured(m, &view)?,
+            }
+            Ok(0)
+        }
+        DescribeCommand::Client(args) => {
+            let mode = OutputMode::from_flag(args.output.as_deref())?;
+            let cfg = match (&args.client_config, &args.name) {
+                (Some(p), _) => ClientConfig::load(p)?,
+                (None, Some(alias)) => ClientConfig::load_alias(alias)?,
+                (None, None) => ClientConfig::resolve(None, None)?,
+            };
+            let user = UserConfig::load_or_default(&UserConfig::default_path())?;
+            let view = ClientView::new(
+                &cfg,
+                user.config.current_client.as_deref(),
+                Timestamp::now(),
+            );
+            match mode {
+                OutputMode::Plain => print!("{}", describe_client(&view)),
+                m => print_structured(m, &view)?,
+            }
+            Ok(0)
+        }
+    }
+}
+
+/// Runs `jmp create lease`.
+pub async fn create(cmd: CreateCommand) -> Result<i32> {
+    let CreateCommand::Lease(args) = cmd;
+    let mode = OutputMode::from_flag(args.output.as_deref())?;
+    // Check everything before talking to the controller, so bad input changes nothing.
+    let secs = parse_positive_duration(&args.duration)?;
+    let begin = args
+        .begin_time
+        .as_deref()
+        .map(|b| parse_begin_time(b, &TimeZone::system()))
+        .transpose()?;
+    let tags = parse_key_values(&args.tag, "tag")?;
+    let selector = join_selectors(&args.selector);
+    if let Some(n) = &args.name
+        && n.trim().is_empty()
+    {
+        bail!("--name must not be empty");
+    }
+    let mut api = ClientApi::connect(&args.client).await?;
+    let lease = Lease {
+        selector,
+        duration: Some(proto_duration(secs)),
+        begin_time: begin.map(proto_timestamp),
+        exporter_name: args.name.clone(),
+        tags: tags.into_iter().collect(),
+        allow_disabled: args.allow_disabled,
+        ..Default::default()
+    };
+    let created = api
+        .rpc
+        .create_lease(CreateLeaseRequest {
+            parent: api.parent(),
+            lease_id: args.lease_id.clone().unwrap_or_default(),
+            lease: Some(lease),
+        })
+        .await
+        .map_err(|s| rpc_error("cannot create the lease", s))?
+        .into_inner();
+    let now = Timestamp::now();
+    print_lease(mode, LeaseView::from_proto(&created, now), now)?;
+    Ok(0)
+}
+
+/// Runs `jmp update lease`.
+pub async fn update(cmd: UpdateCommand) -> Result<i32> {
+    let UpdateCommand::Lease(args) = cmd;
+    let mode = OutputMode::from_flag(args.output.as_deref())?;
+    let secs = args
+        .duration
+        .as_deref()
+        .map(parse_positive_duration)
+        .transpose()?;
+    let begin = args
+        .begin_time
+        .as_deref()
+        .map(|b| parse_begin_time(b, &TimeZone::system()))
+        .transpose()?;
+    if let Some(c) = &args.to_client
+        && (c.is_empty() || c.contains('/'))
+    {
+        bail!("invalid --to-client {c:?}: give the name of a client in the same namespace");
+    }
+    let mut api = ClientApi::connect(&args.client).await?;
+    let mut paths = Vec::new();
+    if secs.is_some() {
+        paths.push("duration".to_string());
+    }
+    if begin.is_some() {
+        paths.push("begin_time".to_string());
+    }
+    if args.to_client.is_some() {
+        paths.push("client".to_string());
+    }
+    let lease = Lease {
+        name: api.lease_name(&args.name),
+        duration: secs.map(proto_duration),
+        begin_time: begin.map(proto_timestamp),
+        client: args.to_client.as_deref().map(|c| api.client_ref(c)),
+        ..Default::default()
+    };
+    let updated = api
+        .rpc
+        .update_lease(UpdateLeaseRequest {
+            lease: Some(lease),
+            update_mask: Some(prost_types::FieldMask { paths }),
+        })
+        .await
+        .map_err(|s| rpc_error(&format!("cannot update lease {:?}", args.name), s))?
+        .into_inner();
+    let now = Timestamp::now();
+    print_lease(mode, LeaseView::from_proto(&updated, now), now)?;
+    Ok(0)
+}
+
+/// Runs `jmp delete leases`.
+pub async fn delete(cmd: DeleteCommand) -> Result<i32> {
+    let DeleteCommand::Leases(args) = cmd;
+    let mode = OutputMode::from_flag(args.output.as_deref())?;
+    let by_query = !args.selector.is_empty() || args.all || args.all_clients;
+    if args.names.is_empty() && !by_query {
+        bail!("no leases given: name them, or use -l SELECTOR, --all or --all-clients");
+    }
+    if !args.names.is_empty() && by_query {
+        bail!("give lease names, or -l/--all/--all-clients, not both");
+    }
+    let mut api = ClientApi::connect(&args.client).await?;
+    let names: Vec<String> = if by_query {
+        let filter = join_selectors(&args.selector);
+        api.list_leases(&filter, true, "")
+            .await?
+            .iter()
+            .filter(|l| args.all_clients || api.owns(l))
+            .map(|l| short_name(&l.name).to_string())
+            .collect()
+    } else {
+        args.names.clone()
+    };
+    for name in &names {
+        api.rpc
+            .delete_lease(DeleteLeaseRequest {
+                name: api.lease_name(name),
+            })
+            .await
+            .map_err(|s| rpc_error(&format!("cannot delete lease {name:?}"), s))?;
+        match mode {
+            OutputMode::Name => println!("{name}"),
+            _ => println!("lease \"{name}\" deleted"),
+        }
+    }
+    if names.is_empty() && mode != OutputMode::Name {
+        eprintln!("No leases to delete.");
+    }
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use jumpstarter_proto::v1::Time;
+
+    use super::*;
+
+    fn seed_lease() -> Lease {
+        let ts = |s: &str| {
+            let t: Timestamp = s.parse().unwrap();
+            prost_types::Timestamp {
+                seconds: t.as_second(),
+                nanos: 0,
+            }
+        };
+        Lease {
+            name: "namespaces/jumpstarter-lab/leases/01a05822-e378-71cc-a98c-a216ad4a9432".into(),
+            selector: "foo=bar".into(),
+            duration: Some(prost_types::Duration {
+                seconds: 300,
+                nanos: 0,
+            }),
+            effective_begin_time: Some(ts("2026-08-31T14:04:36Z")),
+            client: Some("namespaces/jumpstarter-lab/clients/hello".into()),
+            exporter: Some("namespaces/jumpstarter-lab/exporters/example-distributed".into()),
+            conditions: vec![Condition {
+                r#type: Some("Ready".into()),
+                status: Some("True".into()),
+                observed_generation: Some(1),
+                last_transition_time: Some(Time {
+                    seconds: Some(ts("2026-08-31T14:04:36Z").seconds),
+                    nanos: Some(0),
+                }),
+                reason: Some("Ready".into()),
+                message: Some("An exporter has been acquired for the client".into()),
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn describe_lease_matches_the_seed() {
+        let now: Timestamp = "2026-08-31T14:05:00Z".parse().unwrap();
+        let view = LeaseView::from_proto(&seed_lease(), now);
+        assert_eq!(view.status, "In-Use");
+        // The seed was made in New York.
+        let ny = TimeZone::get("America/New_York").unwrap();
+        let text = describe_lease(&view, &ny);
+        assert_eq!(
+            text,
+            "Name:                  01a05822-e378-71cc-a98c-a216ad4a9432
+Namespace:             jumpstarter-lab
+Selector:              foo=bar
+Exporter:              example-distributed
+Client:                hello
+Status:                In-Use
+Duration:              0:05:00
+Effective Begin Time:  2026-08-31 10:04:36 EDT
+Effective End Time:    <none>
+Tags:  <none>
+Context:  <none>
+Conditions:
+  Type   Status  Reason  Message                                       Last Transition Time
+  ----   ------  ------  -------                                       --------------------
+  Ready  True    Ready   An exporter has been acquired for the client  2026-08-31 14:04:36 UTC
+"
+        );
+    }
+
+    #[allow(deprecated)]
+    fn seed_exporter() -> Exporter {
+        Exporter {
+            name: "namespaces/jumpstarter-lab/exporters/example-distributed".into(),
+            labels: HashMap::from([("foo".to_string(), "bar".to_string())]),
+            online: true,
+            status: ExporterStatus::Available as i32,
+            enabled: Some(true),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn describe_exporter_matches_the_seed() {
+        let view = ExporterView::from_proto(&seed_exporter());
+        assert_eq!(
+            describe_exporter(&view, &TimeZone::UTC),
+            "Name:       example-distributed
+Namespace:  jumpstarter-lab
+Labels:
+  foo=bar
+Online:   yes
+Status:   AVAILABLE
+Enabled:  yes
+Lease:  <none>
+"
+        );
+        let json = crate::output::to_json(&view).unwrap();
+        assert!(json.starts_with("{\n    \"namespace\": \"jumpstarter-lab\",\n    \"name\": \"example-distributed\",\n    \"labels\": {\n        \"foo\": \"bar\"\n    },"), "{json}");
+    }
+
+    #[test]
+    fn get_exporters_table_matches_the_seed() {
+        let mut view = ExporterView::from_proto(&seed_exporter());
+        assert_eq!(
+            exporters_table(
+                std::slice::from_ref(&view),
+                false,
+                false,
+                false,
+                false,
+                &TimeZone::UTC
+            )
+            .render(0),
+            "NAME                 LABELS\nexample-distributed  foo=bar\n"
+        );
+        let t = exporters_table(
+            std::slice::from_ref(&view),
+            true,
+            true,
+            true,
+            false,
+            &TimeZone::UTC,
+        )
+        .render(0);
+        assert!(
+            t.starts_with(
+                "NAME                 ONLINE  STATUS     LABELS   LEASED BY  LEASE STATUS  RELEASE TIME\n"
+            ),
+            "{t}"
+        );
+        assert!(
+            t.contains("yes     AVAILABLE  foo=bar             Available"),
+            "{t}"
+        );
+        let mut leased = seed_exporter();
+        leased.status = ExporterStatus::LeaseReady as i32;
+        let other = ExporterView::from_proto(&leased);
+        let t = exporters_table(
+            std::slice::from_ref(&other),
+            false,
+            false,
+            true,
+            false,
+            &TimeZone::UTC,
+        )
+        .render(0);
+        assert!(t.contains("(another client)  In-Use"), "{t}");
+        assert!(
+            describe_exporter(&other, &TimeZone::UTC).ends_with("Lease:  held by another client\n")
+        );
+        view.lease = Some(LeaseView::from_proto(&seed_lease(), Timestamp::now()));
+        let t = exporters_table(&[view], false, false, true, false, &TimeZone::UTC).render(0);
+        assert!(t.contains("hello      In-Use"), "{t}");
+    }
+
+    #[test]
+    fn get_leases_table_has_upstreams_columns() {
+        let now: Timestamp = "2026-08-31T14:05:36Z".parse().unwrap();
+        let mut lease = seed_lease();
+        lease.tags.insert("build".into(), "7".into());
+        let view = LeaseView::from_proto(&lease, now);
+        assert_eq!(
+            leases_table(&[view], now, &TimeZone::UTC).render(0),
+            "NAME                                  SELECTOR  EXPIRES AT               REMAINING  CLIENT  EXPORTER             TAGS
+01a05822-e378-71cc-a98c-a216ad4a9432  foo=bar   2026-08-31 14:09:36 UTC  0h 4m      hello   example-distributed  build=7
+"
+        );
+    }
+
+    #[test]
+    fn lease_status_words() {
+        let now = Timestamp::now();
+        let mut l = seed_lease();
+        assert_eq!(lease_status(&l, now), "In-Use");
+        l.conditions[0].status = Some("False".into());
+        l.conditions[0].reason = Some("Released".into());
+        assert_eq!(lease_status(&l, now), "Released");
+        l.conditions[0].reason = Some("Expired".into());
+        assert_eq!(lease_status(&l, now), "Expired");
+        l.conditions = vec![Condition {
+            r#type: Some("Pending".into()),
+            status: Some("True".into()),
+            ..Default::default()
+        }];
+        assert_eq!(lease_status(&l, now), "Waiting");
+        l.begin_time = Some(proto_timestamp(
+            now.checked_add(jiff::SignedDuration::from_hours(1))
+                .unwrap(),
+        ));
+        assert_eq!(lease_status(&l, now), "Scheduled");
+        l.conditions.push(Condition {
+            r#type: Some("Unsatisfiable".into()),
+            status: Some("True".into()),
+            ..Default::default()
+        });
+        assert_eq!(lease_status(&l, now), "Unsatisfiable");
+    }
+
+    #[test]
+    fn describe_client_matches_the_seed() {
+        use base64::Engine;
+        let b64 = |s: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
+        let token = format!(
+            "{}.{}.sig",
+            b64(r#"{"alg":"ES256"}"#),
+            b64(r#"{"exp":1819591256}"#)
+        );
+        let cfg = ClientConfig {
+            metadata: jumpstarter_core::config::ObjectMeta {
+                namespace: Some("jumpstarter-lab".into()),
+                name: "hello".into(),
+            },
+            endpoint: Some("grpc.jumpstarter.example.com:443".into()),
+            tls: jumpstarter_core::config::TlsConfig {
+                ca: "LS0tLS1CRUdJTg==".into(),
+                insecure: true,
+            },
+            token: Some(token),
+            drivers: jumpstarter_core::config::DriversConfig {
+                allow: vec![],
+                allow_unsafe: true,
+            },
+            path: Some("/home/user/.config/jumpstarter/clients/hello.yaml".into()),
+            ..ClientConfig::default()
+        };
+        let now = Timestamp::from_second(1819591256 - (8723 * 3600 + 53 * 60 + 30)).unwrap();
+        let view = ClientView::new(&cfg, Some("hello"), now);
+        assert_eq!(
+            describe_client(&view),
+            "Alias:      hello
+Path:       /home/user/.config/jumpstarter/clients/hello.yaml
+Current:    yes
+Name:       hello
+Namespace:  jumpstarter-lab
+Endpoint:   grpc.jumpstarter.example.com:443
+TLS:
+  CA:        configured
+  Insecure:  yes
+Drivers:
+  Allow:   <none>
+  Unsafe:  yes
+Token:
+  Expiry:  2027-08-30 02:00:56 UTC
+  Status:  valid (8723h 53m remaining)
+Refresh Token Stored:  no
+"
+        );
+    }
+
+    #[test]
+    fn with_fields_are_checked() {
+        assert_eq!(
+            parse_with(&["leases,online".into(), "status".into()]).unwrap(),
+            (true, true, true)
+        );
+        assert!(parse_with(&["bogus".into()]).is_err());
+    }
+}

@@ -1,0 +1,202 @@
+//! Distributed mode across implementations, through our controller and its in-process
+//! router: the upstream exporter (`jmp run` in controller mode) driven by our client, and our
+//! exporter driven by the upstream client. Each drives MockPower and round-trips 64 MiB
+//! through MockStorageMux, so the whole session (gRPC over the router tunnel, resource
+//! streams included) crosses the router.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    time::Duration,
+};
+
+use anyhow::{Context, Result, ensure};
+
+use super::{
+    CALL_TIMEOUT, Env, STORAGE_BYTES, STORAGE_TIMEOUT, check, path_with_venv, storage_random_file,
+    storage_same_files,
+};
+use crate::procs::{self, Background};
+
+/// What the controller prints once it serves (see `jumpstarter_controller::cli`).
+const READY_LINE: &str = "jumpstarter-controller ready:";
+
+/// The drivers both exporters serve (upstream class paths; ours maps them to its drivers).
+const EXPORT: &str = "export:
+  power:
+    type: jumpstarter_driver_power.driver.MockPower
+  storage:
+    type: jumpstarter_driver_opendal.driver.MockStorageMux
+";
+
+/// Our controller (fresh data in `data`), its admin config where our `jmp admin` looks.
+fn start_controller(env: &Env, data: &str) -> Result<Background> {
+    crate::cargo(&["build", "--quiet", "-p", "jumpstarter-controller", "--bins"])?;
+    let bin = env
+        .jmp
+        .parent()
+        .context("no binary directory")?
+        .join("jumpstarter-controller");
+    let mut c = Command::new(bin);
+    c.arg("--data-dir")
+        .arg(env.work.path().join(data))
+        .args(["--listen", "127.0.0.1:0", "--router-listen", "127.0.0.1:0"])
+        .args(["--metrics-listen", "off"])
+        .arg("--admin-config")
+        .arg(env.work.path().join("rs-config").join("admin.yaml"))
+        .env("RUST_LOG", "info");
+    let mut ctl = Background::start("jumpstarter-controller", c)?;
+    ctl.wait_for_line(READY_LINE, Duration::from_secs(60))?;
+    Ok(ctl)
+}
+
+/// `jmp admin create client|exporter NAME ARGS... --out FILE` with our `jmp`.
+fn admin_create(env: &Env, kind: &str, name: &str, args: &[&str]) -> Result<PathBuf> {
+    let out = env.work.path().join(format!("{name}.{kind}.yaml"));
+    let mut c = env.ours(&env.jmp);
+    c.env_remove("JMP_ADMIN_CONFIG")
+        .args(["admin", "create", kind, name, "--nointeractive", "--out"])
+        .arg(&out)
+        .args(args);
+    check(
+        &procs::run(c, CALL_TIMEOUT)?,
+        &format!("jmp admin create {kind} {name}"),
+    )?;
+    Ok(out)
+}
+
+/// An exporter object labelled `board=<board>` and its config, serving [`EXPORT`].
+fn exporter_config(env: &Env, name: &str, board: &str) -> Result<PathBuf> {
+    let path = admin_create(env, "exporter", name, &["-l", &format!("board={board}")])?;
+    let text = std::fs::read_to_string(&path)?;
+    ensure!(
+        text.contains("\nexport: {}\n"),
+        "{} has no empty `export: {{}}` to fill:\n{text}",
+        path.display()
+    );
+    std::fs::write(
+        &path,
+        text.replace("\nexport: {}\n", &format!("\n{EXPORT}")),
+    )?;
+    Ok(path)
+}
+
+/// A client object allowed every driver, and its config.
+fn client_config(env: &Env, name: &str) -> Result<PathBuf> {
+    admin_create(env, "client", name, &["--unsafe"])
+}
+
+/// `PATH` with our binaries first (so `j` in our shell is ours).
+fn path_with_ours(env: &Env) -> Result<String> {
+    Ok(format!(
+        "{}:{}",
+        env.jmp.parent().context("no binary directory")?.display(),
+        std::env::var("PATH").unwrap_or_default()
+    ))
+}
+
+/// Our `jmp shell --client-config CLIENT -l board=BOARD -- sh -c SCRIPT`.
+fn our_shell(env: &Env, client: &Path, board: &str, script: &str) -> Result<procs::Output> {
+    let mut c = env.ours(&env.jmp);
+    c.env("PATH", path_with_ours(env)?)
+        .arg("shell")
+        .arg("--client-config")
+        .arg(client)
+        .args(["-l", &format!("board={board}"), "--", "sh", "-c", script]);
+    procs::run(c, STORAGE_TIMEOUT)
+}
+
+/// Upstream `jmp shell --client-config CLIENT -l board=BOARD -- COMMAND...`.
+fn py_shell(env: &Env, client: &Path, board: &str, command: &[&Path]) -> Result<procs::Output> {
+    let mut c = env.upstream("jmp");
+    c.env("PATH", path_with_venv(env))
+        .arg("shell")
+        .arg("--client-config")
+        .arg(client)
+        .args(["-l", &format!("board={board}"), "--"])
+        .args(command);
+    procs::run(c, STORAGE_TIMEOUT)
+}
+
+fn quoted(p: &Path) -> String {
+    format!("'{}'", p.display().to_string().replace('\'', "'\\''"))
+}
+
+/// The upstream exporter in controller mode, driven by our `jmp shell` and `j`.
+pub(super) fn our_client_to_py_exporter(env: &Env) -> Result<()> {
+    let _controller = start_controller(env, "dist-py-exporter-data")?;
+    let exporter = exporter_config(env, "py-exporter", "py")?;
+    let client = client_config(env, "rs-client")?;
+
+    let mut c = env.upstream("jmp");
+    c.arg("run").arg("--exporter-config").arg(&exporter);
+    let mut py_exporter = Background::start("(python) jmp run", c)?;
+    py_exporter.wait_for_line("Currently not leased", Duration::from_secs(60))?;
+
+    let out = our_shell(env, &client, "py", "j power on && j power read")?;
+    check(&out, "jmp shell -l board=py -- j power on && j power read")?;
+    super::expect_readings(&out)?;
+    py_exporter.wait_for_line("power on", Duration::from_secs(30))?;
+
+    let src = env.work.path().join("dist-rs-src.img");
+    let dst = env.work.path().join("dist-rs-dst.img");
+    storage_random_file(&src, STORAGE_BYTES, 0xd157)?;
+    let script = format!(
+        "j storage write-local-file {} && j storage read-local-file {}",
+        quoted(&src),
+        quoted(&dst)
+    );
+    let out = our_shell(env, &client, "py", &script)?;
+    check(
+        &out,
+        "jmp shell -l board=py -- j storage write/read-local-file",
+    )?;
+    storage_same_files(&src, &dst)
+}
+
+/// Our exporter in controller mode, driven by the upstream `jmp shell` and `j` (and the
+/// upstream storage client: `j storage` has no read command upstream, so a script).
+pub(super) fn py_client_to_our_exporter(env: &Env) -> Result<()> {
+    let _controller = start_controller(env, "dist-rs-exporter-data")?;
+    let exporter = exporter_config(env, "rs-exporter", "rs")?;
+    let client = client_config(env, "py-client")?;
+
+    let mut c = env.ours(&env.jmp);
+    c.arg("run").arg("--exporter-config").arg(&exporter);
+    let mut our_exporter = Background::start("jmp run", c)?;
+    our_exporter.wait_for_line("registered with controller", Duration::from_secs(60))?;
+
+    let j = env.venv.join("bin").join("j");
+    let out = py_shell(
+        env,
+        &client,
+        "rs",
+        &[&j, Path::new("power"), Path::new("on")],
+    )?;
+    check(&out, "(python) jmp shell -l board=rs -- j power on")?;
+    let out = py_shell(
+        env,
+        &client,
+        "rs",
+        &[&j, Path::new("power"), Path::new("read")],
+    )?;
+    check(&out, "(python) jmp shell -l board=rs -- j power read")?;
+    super::expect_readings(&out)?;
+
+    let src = env.work.path().join("dist-py-src.img");
+    let dst = env.work.path().join("dist-py-dst.img");
+    storage_random_file(&src, STORAGE_BYTES, 0xd158)?;
+    let python = env.venv.join("bin").join("python");
+    let script = env.scripts.join("storage_roundtrip.py");
+    let out = py_shell(env, &client, "rs", &[&python, &script, &src, &dst])?;
+    check(
+        &out,
+        "(python) jmp shell -l board=rs -- python storage_roundtrip.py",
+    )?;
+    ensure!(
+        out.stdout.contains("python storage round trip ok"),
+        "{}",
+        out.stdout
+    );
+    storage_same_files(&src, &dst)
+}
