@@ -55,10 +55,7 @@ fn parse_figures(line: &str) -> Result<CallFigures> {
 }
 
 fn release_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| crate::workspace_root().join("target"))
-        .join("release")
+    crate::target_dir().join("release")
 }
 
 /// Starts a `jmp run` (ours or upstream) on loopback; returns it with its port.

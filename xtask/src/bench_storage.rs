@@ -7,7 +7,7 @@
 //! Python script (its start-up excluded), which favours Python.
 
 use std::{
-    path::{Path, PathBuf},
+    path::Path,
     process::{Command, Stdio},
     time::{Duration, Instant},
 };
@@ -155,9 +155,7 @@ pub fn run(args: &[String]) -> Result<()> {
         "jumpstarter-cli",
         "--bins",
     ])?;
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| crate::workspace_root().join("target"));
+    let target = crate::target_dir();
     let (jmp, j) = (target.join("release/jmp"), target.join("release/j"));
     let work = Dir::new("jmp-bench-storage")?;
     let config = work.path().join("exporter.yaml");

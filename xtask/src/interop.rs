@@ -30,11 +30,7 @@ pub const REQUIREMENTS: &[&str] = &[
 
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 
-fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| crate::workspace_root().join("target"))
-}
+use crate::target_dir;
 
 /// Creates (once) the venv with the pinned upstream packages; returns its directory.
 pub fn ensure_venv() -> Result<PathBuf> {

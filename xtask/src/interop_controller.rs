@@ -16,7 +16,9 @@ const READY_LINE: &str = "jumpstarter-controller ready:";
 
 /// Our controller on loopback ports chosen by the OS; its admin config goes where our `jmp`
 /// (with this run's config home) looks by default.
-fn start_controller(env: &Env) -> Result<(Background, String)> {
+/// Starts our controller (data in `work/DATA`, admin config in `work/rs-config`); returns it
+/// with its advertised endpoint.
+pub(super) fn start_controller(env: &Env, data: &str) -> Result<(Background, String)> {
     crate::cargo(&["build", "--quiet", "-p", "jumpstarter-controller", "--bins"])?;
     let bin = env
         .jmp
@@ -25,7 +27,7 @@ fn start_controller(env: &Env) -> Result<(Background, String)> {
         .join("jumpstarter-controller");
     let mut c = Command::new(bin);
     c.arg("--data-dir")
-        .arg(env.work.path().join("controller-data"))
+        .arg(env.work.path().join(data))
         .args(["--listen", "127.0.0.1:0", "--router-listen", "127.0.0.1:0"])
         .args(["--metrics-listen", "off"])
         .arg("--admin-config")
@@ -61,7 +63,7 @@ fn py_jmp(env: &Env, client: &Path, command: &[&str], args: &[&str]) -> Result<p
 
 /// The scenario.
 pub(super) fn py_tools_against_our_controller(env: &Env) -> Result<()> {
-    let (_controller, endpoint) = start_controller(env)?;
+    let (_controller, endpoint) = start_controller(env, "controller-data")?;
     let dir = env.work.path();
     let client = dir.join("py-client.yaml");
     let exporter = dir.join("py-exporter.yaml");

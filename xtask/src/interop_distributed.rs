@@ -6,7 +6,6 @@
 
 use std::{
     path::{Path, PathBuf},
-    process::Command,
     time::Duration,
 };
 
@@ -18,9 +17,6 @@ use super::{
 };
 use crate::procs::{self, Background};
 
-/// What the controller prints once it serves (see `jumpstarter_controller::cli`).
-const READY_LINE: &str = "jumpstarter-controller ready:";
-
 /// The drivers both exporters serve (upstream class paths; ours maps them to its drivers).
 const EXPORT: &str = "export:
   power:
@@ -30,26 +26,6 @@ const EXPORT: &str = "export:
 ";
 
 /// Our controller (fresh data in `data`), its admin config where our `jmp admin` looks.
-fn start_controller(env: &Env, data: &str) -> Result<Background> {
-    crate::cargo(&["build", "--quiet", "-p", "jumpstarter-controller", "--bins"])?;
-    let bin = env
-        .jmp
-        .parent()
-        .context("no binary directory")?
-        .join("jumpstarter-controller");
-    let mut c = Command::new(bin);
-    c.arg("--data-dir")
-        .arg(env.work.path().join(data))
-        .args(["--listen", "127.0.0.1:0", "--router-listen", "127.0.0.1:0"])
-        .args(["--metrics-listen", "off"])
-        .arg("--admin-config")
-        .arg(env.work.path().join("rs-config").join("admin.yaml"))
-        .env("RUST_LOG", "info");
-    let mut ctl = Background::start("jumpstarter-controller", c)?;
-    ctl.wait_for_line(READY_LINE, Duration::from_secs(60))?;
-    Ok(ctl)
-}
-
 /// `jmp admin create client|exporter NAME ARGS... --out FILE` with our `jmp`.
 fn admin_create(env: &Env, kind: &str, name: &str, args: &[&str]) -> Result<PathBuf> {
     let out = env.work.path().join(format!("{name}.{kind}.yaml"));
@@ -124,7 +100,7 @@ fn quoted(p: &Path) -> String {
 
 /// The upstream exporter in controller mode, driven by our `jmp shell` and `j`.
 pub(super) fn our_client_to_py_exporter(env: &Env) -> Result<()> {
-    let _controller = start_controller(env, "dist-py-exporter-data")?;
+    let _controller = super::controller::start_controller(env, "dist-py-exporter-data")?.0;
     let exporter = exporter_config(env, "py-exporter", "py")?;
     let client = client_config(env, "rs-client")?;
 
@@ -157,7 +133,7 @@ pub(super) fn our_client_to_py_exporter(env: &Env) -> Result<()> {
 /// Our exporter in controller mode, driven by the upstream `jmp shell` and `j` (and the
 /// upstream storage client: `j storage` has no read command upstream, so a script).
 pub(super) fn py_client_to_our_exporter(env: &Env) -> Result<()> {
-    let _controller = start_controller(env, "dist-rs-exporter-data")?;
+    let _controller = super::controller::start_controller(env, "dist-rs-exporter-data")?.0;
     let exporter = exporter_config(env, "rs-exporter", "rs")?;
     let client = client_config(env, "py-client")?;
 
