@@ -1,7 +1,14 @@
 //! Distributed mode: `jmp shell` with a client config (lease through the controller, reach
 //! the exporter through the router) and `jmp run` registering with a controller.
 
-use std::{path::PathBuf, time::Duration};
+use std::{
+    path::PathBuf,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
 
 use anyhow::{Context, Result};
 use jumpstarter_core::{
@@ -9,6 +16,7 @@ use jumpstarter_core::{
     direct, exporter,
     lease::{self, ControllerClient, LeaseRequest, LeaseSource},
     serve::local_socket_path,
+    tunnel::{self, RetryPolicy},
 };
 use tokio_util::sync::CancellationToken;
 
@@ -33,6 +41,54 @@ pub struct ShellLease {
     pub acquisition_timeout: Option<String>,
     /// `--no-direct`: stay on the router even when the exporter offers a direct path.
     pub no_direct: bool,
+    /// `--retry-timeout` (or `JMP_RETRY_TIMEOUT`): how long a new connection waits for an
+    /// unreachable router or exporter; `0` disables waiting. Default: 5m.
+    pub retry_timeout: Option<String>,
+}
+
+/// Parses `--retry-timeout` (default [`tunnel::DEFAULT_RETRY_TIMEOUT`]).
+fn retry_timeout(text: Option<&str>) -> Result<Duration> {
+    match text.map(str::trim).filter(|t| !t.is_empty()) {
+        None => Ok(tunnel::DEFAULT_RETRY_TIMEOUT),
+        Some(t) => lease::parse_duration(t).with_context(|| format!("--retry-timeout {t:?}")),
+    }
+}
+
+/// The exporter could not be reached through the router: one line, saying when retrying
+/// was disabled.
+fn unreachable(e: lease::LeaseError, retry: Duration) -> anyhow::Error {
+    if retry.is_zero() {
+        anyhow::anyhow!("{e} (not retried: --retry-timeout 0)")
+    } else {
+        anyhow::Error::new(e)
+    }
+}
+
+/// Tells the user on stderr, once per outage, that connections wait for the router, and
+/// when a tunnel is lost.
+fn retry_events(timeout: Duration) -> tunnel::TunnelEvents {
+    let waiting = Arc::new(AtomicBool::new(false));
+    Arc::new(move |event| match event {
+        tunnel::TunnelEvent::Retrying { error, remaining } => {
+            if !waiting.swap(true, Ordering::SeqCst) {
+                let secs = (remaining + Duration::from_millis(999))
+                    .min(timeout)
+                    .as_secs();
+                eprintln!("Waiting for the router (retrying for up to {secs}s): {error}");
+            }
+        }
+        tunnel::TunnelEvent::Reconnected { endpoint } => {
+            if waiting.swap(false, Ordering::SeqCst) {
+                eprintln!("Reconnected through router {endpoint}");
+            }
+        }
+        tunnel::TunnelEvent::Lost { endpoint, reason } => {
+            eprintln!(
+                "Lost the connection to router {endpoint} ({reason}): calls in flight fail, \
+                 new ones reconnect"
+            );
+        }
+    })
 }
 
 /// Leases an exporter (or uses the given lease), serves a local socket tunnelled to it,
@@ -75,15 +131,17 @@ pub async fn shell(opts: ShellLease, command: &[String]) -> Result<i32> {
         }
         None => Duration::from_secs(cfg.leases.acquisition_timeout),
     };
+    let retry = retry_timeout(opts.retry_timeout.as_deref())?;
     // Check the request before connecting, so bad input fails fast and clearly.
     if let LeaseSource::Create(req) = &source {
         req.check()?;
     }
     let controller = ControllerClient::connect(&cfg).await?;
-    let lease = lease::acquire(&controller, source, timeout, |name, why| {
+    let mut lease = lease::acquire(&controller, source, timeout, |name, why| {
         eprintln!("Waiting for lease {name}: {why}");
     })
     .await?;
+    lease.set_retry(RetryPolicy::new(retry).with_events(retry_events(retry)));
     tracing::info!(
         "lease {} acquired (exporter {})",
         lease.name,
@@ -94,18 +152,24 @@ pub async fn shell(opts: ShellLease, command: &[String]) -> Result<i32> {
         let dir = shell::private_dir()?;
         let socket = local_socket_path(dir.path());
         let cancel = CancellationToken::new();
+        // The exporter is reached once before the command starts: a router that stays
+        // unreachable (past --retry-timeout) is one clear error here, not one per command.
         let direct = if opts.no_direct {
+            if let Err(e) = lease.session_channel().await {
+                return Err(unreachable(e, retry));
+            }
             None
         } else {
-            // Without an answer through the router there is nothing to learn; the commands
-            // in the shell will report the problem.
-            lease
-                .find_direct(direct::DIRECT_CONNECT_TIMEOUT)
-                .await
-                .unwrap_or_else(|e| {
+            match lease.find_direct(direct::DIRECT_CONNECT_TIMEOUT).await {
+                Ok(d) => d,
+                Err(e @ lease::LeaseError::Connect(_)) => return Err(unreachable(e, retry)),
+                // The tunnel works but the report is unreadable: the commands in the shell
+                // will report the problem.
+                Err(e) => {
                     tracing::warn!("cannot read the exporter's report: {e}");
                     None
-                })
+                }
+            }
         };
         match &direct {
             Some(d) => eprintln!(
@@ -172,4 +236,24 @@ pub async fn run_exporter(cfg: &ExporterConfig) -> Result<i32> {
     let options = exporter::ExporterOptions::from_config(cfg)?;
     exporter::run_with_options(target, tree, options, crate::jmp::shutdown_signal()).await?;
     Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_timeouts_in_upstream_formats() {
+        assert_eq!(retry_timeout(None).unwrap(), Duration::from_secs(300));
+        assert_eq!(retry_timeout(Some("")).unwrap(), Duration::from_secs(300));
+        assert_eq!(retry_timeout(Some("0")).unwrap(), Duration::ZERO);
+        assert_eq!(retry_timeout(Some("30s")).unwrap(), Duration::from_secs(30));
+        assert_eq!(retry_timeout(Some("5m")).unwrap(), Duration::from_secs(300));
+    }
+
+    #[test]
+    fn bad_retry_timeout_names_the_flag_and_the_value() {
+        let e = format!("{:#}", retry_timeout(Some("soon")).unwrap_err());
+        assert!(e.contains("--retry-timeout") && e.contains("soon"), "{e}");
+    }
 }

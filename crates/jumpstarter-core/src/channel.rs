@@ -125,8 +125,32 @@ impl ControllerAuth {
 /// A channel whose every call carries [`ControllerAuth`] metadata.
 pub type AuthChannel = InterceptedService<Channel, CallMetadata>;
 
+/// HTTP/2 keepalive of a channel: how often to ping, how long to wait for the answer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Keepalive {
+    /// Time between pings.
+    pub interval: Duration,
+    /// How long an unanswered ping may wait before the connection is closed.
+    pub timeout: Duration,
+}
+
+/// What upstream clients use towards controllers (20 s pings, 180 s patience).
+pub const CONTROLLER_KEEPALIVE: Keepalive = Keepalive {
+    interval: Duration::from_secs(20),
+    timeout: Duration::from_secs(180),
+};
+
 /// Opens a TLS channel to `endpoint` (`host:port`, or a URL with `https://`).
 pub async fn connect_tls(endpoint: &str, tls: &TlsSettings) -> Result<Channel, ClientError> {
+    connect_tls_with(endpoint, tls, CONTROLLER_KEEPALIVE).await
+}
+
+/// [`connect_tls`] with the given keepalive.
+pub async fn connect_tls_with(
+    endpoint: &str,
+    tls: &TlsSettings,
+    keepalive: Keepalive,
+) -> Result<Channel, ClientError> {
     let hostport = endpoint
         .strip_prefix("https://")
         .or_else(|| endpoint.strip_prefix("grpcs://"))
@@ -145,8 +169,8 @@ pub async fn connect_tls(endpoint: &str, tls: &TlsSettings) -> Result<Channel, C
             .map(|e| {
                 e.tcp_nodelay(true)
                     .connect_timeout(Duration::from_secs(10))
-                    .http2_keep_alive_interval(Duration::from_secs(20))
-                    .keep_alive_timeout(Duration::from_secs(180))
+                    .http2_keep_alive_interval(keepalive.interval)
+                    .keep_alive_timeout(keepalive.timeout)
                     .keep_alive_while_idle(true)
                     .initial_stream_window_size(crate::serve::STREAM_WINDOW)
                     .initial_connection_window_size(crate::serve::CONNECTION_WINDOW)
@@ -203,8 +227,18 @@ pub async fn connect_authenticated(
     tls: &TlsSettings,
     auth: &ControllerAuth,
 ) -> Result<AuthChannel, ClientError> {
+    connect_authenticated_with(endpoint, tls, auth, CONTROLLER_KEEPALIVE).await
+}
+
+/// [`connect_authenticated`] with the given keepalive.
+pub async fn connect_authenticated_with(
+    endpoint: &str,
+    tls: &TlsSettings,
+    auth: &ControllerAuth,
+    keepalive: Keepalive,
+) -> Result<AuthChannel, ClientError> {
     let metadata = auth.call_metadata(endpoint)?;
-    let channel = connect_tls(endpoint, tls).await?;
+    let channel = connect_tls_with(endpoint, tls, keepalive).await?;
     Ok(InterceptedService::new(channel, metadata))
 }
 
@@ -265,7 +299,7 @@ pub(crate) fn split_host_port(s: &str) -> Option<(&str, u16)> {
 
 /// Accepts any server certificate, still checking the handshake signatures.
 #[derive(Debug)]
-struct AnyServer;
+pub(crate) struct AnyServer;
 
 impl ServerCertVerifier for AnyServer {
     fn verify_server_cert(

@@ -191,6 +191,19 @@ impl tonic::service::Interceptor for CallMetadata {
     }
 }
 
+/// The innermost cause under a status made locally from a transport failure (e.g. which
+/// router connection a tunnel lost), when it says more than the status message; statuses
+/// received from the peer have no such cause.
+fn transport_cause(status: &Status) -> Option<String> {
+    let mut cause = None;
+    let mut src = std::error::Error::source(status);
+    while let Some(e) = src {
+        cause = Some(e.to_string());
+        src = e.source();
+    }
+    cause.filter(|c| !c.is_empty() && !status.message().contains(c.as_str()))
+}
+
 /// A channel with call metadata attached.
 pub type SessionChannel = InterceptedService<Channel, CallMetadata>;
 
@@ -541,10 +554,15 @@ impl DriverClient {
         if status.code() == tonic::Code::Unauthenticated {
             return ClientError::Authentication(status.message().to_string());
         }
+        let mut error = DriverError::from_status(status);
+        if let (DriverError::Failed(msg), Some(cause)) = (&mut error, transport_cause(status)) {
+            msg.push_str(": ");
+            msg.push_str(&cause);
+        }
         ClientError::Call {
             driver: self.node.path.clone(),
             method: method.to_string(),
-            error: DriverError::from_status(status),
+            error,
         }
     }
 

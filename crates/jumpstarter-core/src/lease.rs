@@ -39,7 +39,7 @@ use crate::{
     client::{ClientError, SessionChannel},
     config::ClientConfig,
     direct::{self, DIRECT_CONNECT_TIMEOUT, DirectTarget},
-    tunnel::{self, TicketSource, TunnelTicket},
+    tunnel::{self, RetryPolicy, TicketError, TicketSource, TunnelTicket},
 };
 
 /// Why leasing or reaching an exporter failed.
@@ -346,6 +346,7 @@ pub async fn acquire(
             lease: name.clone(),
         }),
         controller: controller.clone(),
+        retry: RetryPolicy::new(tunnel::DEFAULT_RETRY_TIMEOUT),
         exporter: short_name(&exporter_resource).to_string(),
         exporter_labels,
         name,
@@ -401,10 +402,26 @@ pub struct LeaseDialer {
 /// How long `Dial` is retried while the exporter is not ready or not listening.
 pub const DIAL_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Whether a `Dial` failure may pass by itself: the exporter not listening (yet) or not ready,
+/// offline for a moment (restarting), the controller unreachable or busy. A lease that ended
+/// or was transferred, permission denied, not found and the like are final.
+fn dial_is_transient(s: &tonic::Status) -> bool {
+    match s.code() {
+        Code::Unavailable | Code::ResourceExhausted | Code::DeadlineExceeded | Code::Aborted => {
+            true
+        }
+        Code::FailedPrecondition => {
+            s.message().contains("not ready") || s.message().contains("offline")
+        }
+        _ => false,
+    }
+}
+
 impl TicketSource for LeaseDialer {
     /// `Dial{lease}`, retrying FAILED_PRECONDITION "not ready" and UNAVAILABLE (backoff
-    /// 0.3 s doubling up to 2 s) for up to [`DIAL_TIMEOUT`], as upstream.
-    async fn ticket(&self) -> Result<TunnelTicket, ClientError> {
+    /// 0.3 s doubling up to 2 s) for up to [`DIAL_TIMEOUT`], as upstream. The error says
+    /// whether retrying later may help ([`dial_is_transient`]).
+    async fn ticket(&self) -> Result<TunnelTicket, TicketError> {
         let mut ctl = ControllerServiceClient::new(self.channel.clone());
         let deadline = tokio::time::Instant::now() + DIAL_TIMEOUT;
         let mut delay = Duration::from_millis(300);
@@ -427,9 +444,14 @@ impl TicketSource for LeaseDialer {
                         || (s.code() == Code::FailedPrecondition
                             && s.message().contains("not ready"));
                     if !retry || tokio::time::Instant::now() + delay > deadline {
-                        return Err(ClientError::Connect {
+                        let error = ClientError::Connect {
                             target: format!("the exporter of lease {}", self.lease),
                             message: format!("Dial: {}", s.message()),
+                        };
+                        return Err(if dial_is_transient(&s) {
+                            TicketError::transient(error)
+                        } else {
+                            TicketError::permanent(error)
                         });
                     }
                     tracing::debug!("dial {}: {}; retrying", self.lease, s.message());
@@ -445,6 +467,7 @@ impl TicketSource for LeaseDialer {
 pub struct AcquiredLease {
     controller: ControllerClient,
     dialer: Arc<LeaseDialer>,
+    retry: RetryPolicy,
     /// The lease name (short form, what `JMP_LEASE` holds).
     pub name: String,
     /// `namespaces/NS/leases/NAME`.
@@ -458,11 +481,22 @@ pub struct AcquiredLease {
 }
 
 impl AcquiredLease {
-    /// A gRPC channel to the exporter's session; each connection is a new `Dial` and tunnel.
+    /// How tunnels are retried while the router (or the exporter) is unreachable; by default
+    /// for [`tunnel::DEFAULT_RETRY_TIMEOUT`], without events.
+    pub fn set_retry(&mut self, policy: RetryPolicy) {
+        self.retry = policy;
+    }
+
+    /// A gRPC channel to the exporter's session; each connection is a new `Dial` and tunnel,
+    /// retried as [`AcquiredLease::set_retry`] says.
     pub async fn session_channel(&self) -> Result<SessionChannel, LeaseError> {
-        tunnel::session_channel(self.dialer.clone(), self.controller.tls.clone())
-            .await
-            .map_err(LeaseError::Connect)
+        tunnel::session_channel_with(
+            self.dialer.clone(),
+            self.controller.tls.clone(),
+            self.retry.clone(),
+        )
+        .await
+        .map_err(LeaseError::Connect)
     }
 
     /// `JMP_EXPORTER_LABELS`: `k=v` pairs sorted by key, comma-separated.
@@ -478,6 +512,11 @@ impl AcquiredLease {
     /// every connection is `Dial`ed and tunnelled to the exporter's session, so a client
     /// that reconnects after a dropped tunnel gets a fresh one. This is what
     /// `JUMPSTARTER_HOST` points at inside `jmp shell`.
+    ///
+    /// While the router is unreachable, a new connection waits (retrying as
+    /// [`AcquiredLease::set_retry`] says) and goes through once a router answers; a
+    /// connection whose tunnel breaks is closed at once, so the call in flight fails
+    /// instead of hanging.
     pub fn serve_local(
         &self,
         path: &Path,
@@ -514,6 +553,7 @@ impl AcquiredLease {
         })?;
         let dialer = self.dialer.clone();
         let tls = self.controller.tls.clone();
+        let retry = self.retry.clone();
         Ok(async move {
             loop {
                 let conn = tokio::select! {
@@ -532,6 +572,7 @@ impl AcquiredLease {
                 let tls = tls.clone();
                 let cancel = cancel.clone();
                 let direct = direct.clone();
+                let retry = retry.clone();
                 tokio::spawn(async move {
                     let mut conn = conn;
                     if let Some(direct) = direct {
@@ -560,23 +601,14 @@ impl AcquiredLease {
                             ),
                         }
                     }
-                    let ticket = match dialer.ticket().await {
-                        Ok(t) => t,
-                        Err(e) => {
-                            tracing::warn!("{e}");
-                            return;
-                        }
+                    let link = tokio::select! {
+                        _ = cancel.cancelled() => return,
+                        l = tunnel::connect_retrying(&*dialer, &tls, &retry) => l,
                     };
-                    let r = tunnel::attach(
-                        &ticket.router_endpoint,
-                        &tls,
-                        &ticket.router_token,
-                        conn,
-                        cancel.cancelled_owned(),
-                    )
-                    .await;
-                    if let Err(e) = r {
-                        tracing::warn!("lease {}: {e}", dialer.lease);
+                    match link {
+                        // Dropping `conn` tells the client at once.
+                        Err(e) => tracing::warn!("lease {}: {e}", dialer.lease),
+                        Ok(link) => link.splice(conn, cancel.cancelled_owned(), retry.events),
                     }
                 });
             }

@@ -14,7 +14,7 @@ use jumpstarter_core::{
     ClientError,
     channel::TlsSettings,
     client::ExporterSession,
-    tunnel::{self, TicketSource, TunnelTicket},
+    tunnel::{self, RetryPolicy, TicketError, TicketSource, TunnelTicket},
 };
 use jumpstarter_proto::v1::{
     StreamRequest, StreamResponse,
@@ -131,7 +131,7 @@ struct Dialer {
 }
 
 impl TicketSource for Dialer {
-    async fn ticket(&self) -> Result<TunnelTicket, ClientError> {
+    async fn ticket(&self) -> Result<TunnelTicket, TicketError> {
         let n = self.dialed.fetch_add(1, Ordering::SeqCst);
         let token = format!("stream-{n}");
         let conn = tokio::net::UnixStream::connect(&self.socket).await?;
@@ -206,4 +206,113 @@ async fn unreachable_router_is_named_in_the_error() {
     .unwrap_err()
     .to_string();
     assert!(e.contains(&endpoint), "{e}");
+}
+
+/// A TCP front for the router whose connections can all be cut at once, as when the router
+/// process dies.
+async fn killable_front(target: String) -> (String, CancellationToken) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let kill = CancellationToken::new();
+    let killed = kill.clone();
+    tokio::spawn(async move {
+        loop {
+            let (mut inbound, _) = tokio::select! {
+                _ = killed.cancelled() => return,
+                c = listener.accept() => c.unwrap(),
+            };
+            let target = target.clone();
+            let killed = killed.clone();
+            tokio::spawn(async move {
+                let mut outbound = tokio::net::TcpStream::connect(target).await.unwrap();
+                tokio::select! {
+                    _ = killed.cancelled() => {}
+                    _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                }
+            });
+        }
+    });
+    (format!("localhost:{port}"), kill)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_in_flight_when_the_router_dies_fails_at_once_naming_the_router() {
+    let served = serve_ready();
+    let (router, tls) = start_router().await;
+    let target = router.replace("localhost", "127.0.0.1");
+    let (front, kill) = killable_front(target).await;
+    let dialer = Arc::new(Dialer {
+        router: front.clone(),
+        tls: tls.clone(),
+        socket: served.socket.clone(),
+        dialed: AtomicUsize::new(0),
+        cuts: Mutex::new(Vec::new()),
+    });
+    let channel = tunnel::session_channel(dialer.clone(), tls).await.unwrap();
+    let session = ExporterSession::from_channel(channel).await.unwrap();
+    let thermostat = session.driver("thermostat").unwrap();
+    // A stream that would run for hours: in flight when the router dies.
+    let mut readings = thermostat
+        .streaming_call::<f64>("readings", (u32::MAX,))
+        .await
+        .unwrap();
+    let (got_some, mut first) = tokio::sync::mpsc::channel::<()>(1);
+    let reader = tokio::spawn(async move {
+        let mut n = 0u64;
+        while let Some(item) = readings.next().await {
+            match item {
+                Ok(_) => n += 1,
+                Err(e) => return e.to_string(),
+            }
+            if n == 100 {
+                let _ = got_some.try_send(());
+            }
+        }
+        panic!("the stream ended without an error after {n} items");
+    });
+    first.recv().await.unwrap();
+    kill.cancel();
+    let killed = std::time::Instant::now();
+    let e = tokio::time::timeout(Duration::from_secs(20), reader)
+        .await
+        .expect("the call in flight hung")
+        .unwrap();
+    assert!(
+        killed.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        killed.elapsed()
+    );
+    assert!(e.contains(&front), "{e}");
+}
+
+#[tokio::test]
+async fn unreachable_router_with_retry_disabled_is_one_plain_error() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("localhost:{}", listener.local_addr().unwrap().port());
+    drop(listener);
+    let dialer = Arc::new(FixedTicket(TunnelTicket {
+        router_endpoint: endpoint.clone(),
+        router_token: "t".into(),
+    }));
+    let e = tunnel::session_channel_with(
+        dialer,
+        TlsSettings::default(),
+        RetryPolicy::new(Duration::ZERO),
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains(&format!("cannot reach router {endpoint}")),
+        "{e}"
+    );
+}
+
+/// Always the same ticket.
+struct FixedTicket(TunnelTicket);
+
+impl TicketSource for FixedTicket {
+    async fn ticket(&self) -> Result<TunnelTicket, TicketError> {
+        Ok(self.0.clone())
+    }
 }
