@@ -1,6 +1,6 @@
 //! `jmp auth status|rotate|refresh` (a client's token) and `jmp driver list|version`.
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use jiff::Timestamp;
 use jumpstarter_core::config::{ClientConfig, UserConfig};
@@ -110,21 +110,9 @@ pub async fn run(cmd: AuthCommand) -> Result<i32> {
         }
         AuthCommand::Refresh(a) => {
             let cfg = load(&a.client)?;
-            let where_ = cfg
-                .path
-                .as_ref()
-                .map(|p| p.display().to_string())
-                .unwrap_or_else(|| "the client config".into());
-            if cfg.refresh_token.as_deref().is_none_or(str::is_empty) {
-                bail!(
-                    "no refresh token stored in {where_}: get a new token with `jmp auth rotate` \
-                     (while the current one is valid) or `jmp admin rotate client NAME --save`"
-                );
-            }
-            bail!(
-                "not offered: OIDC token refresh is not available in this build; use \
-                 `jmp auth rotate` or `jmp admin rotate client NAME --save`"
-            )
+            let path = crate::login::refresh(cfg).await?;
+            println!("Token refreshed; saved to {path}");
+            Ok(0)
         }
     }
 }

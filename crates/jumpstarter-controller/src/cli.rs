@@ -115,6 +115,26 @@ pub struct Args {
     /// ConfigMap manifest is accepted too). Overrides the ConfigMap's list.
     #[arg(long, value_name = "FILE", env = "JUMPSTARTER_ROUTERS")]
     pub routers: Option<PathBuf>,
+    /// External OIDC issuers (for the SQLite store; with --store kubernetes they come from the
+    /// ConfigMap, and this file replaces them). YAML in the shape of upstream's
+    /// `authentication:` section, e.g. `jwt: [{issuer: {url: https://dex.example.com,
+    /// audiences: [jumpstarter-cli], certificateAuthority: /path/ca.pem}, claimMappings:
+    /// {username: {claim: email, prefix: "dex:"}}}]`. The issuer url must equal the tokens'
+    /// `iss`, their `aud` must contain one of the audiences, and certificateAuthority (PEM text
+    /// or file) is optional. A whole controller `config` document (`authentication:` plus
+    /// `provisioning: {enabled: true}`) is accepted too. A token from such an issuer acts as
+    /// the Client/Exporter whose `spec.username` equals prefix + claim (see
+    /// docs/authentication.md).
+    #[arg(long, value_name = "FILE", env = "JUMPSTARTER_AUTHENTICATION_CONFIG")]
+    pub authentication_config: Option<PathBuf>,
+    /// Create a Client on the first login of an unknown external OIDC user (upstream's
+    /// `provisioning.enabled`).
+    #[arg(long, env = "JUMPSTARTER_PROVISIONING")]
+    pub provisioning: bool,
+    /// Serve "easy login" (`GET https://ADDR/v1/auth/config`, for `jmp login
+    /// [client@]host:port`) on this address, with the controller's certificate; off by default.
+    #[arg(long, value_name = "ADDR", env = "JUMPSTARTER_LOGIN_LISTEN")]
+    pub login_listen: Option<String>,
     /// With --store kubernetes: run without leader election (only ever one replica!).
     #[arg(long)]
     pub no_leader_election: bool,
@@ -164,6 +184,10 @@ impl Args {
                 .map(|s| s.trim().to_owned())
                 .filter(|s| !s.is_empty())
                 .collect(),
+            jwt_authenticators: Vec::new(),
+            provisioning: self.provisioning,
+            login_listen: self.login_listen.clone(),
+            login_namespace: self.namespace.clone(),
         }
     }
 
@@ -232,6 +256,12 @@ async fn run(args: Args) -> Result<std::process::ExitCode, String> {
         config.routers =
             Some(crate::cluster_config::routers_from_file(path).map_err(|e| e.to_string())?);
     }
+    if let Some(path) = &args.authentication_config {
+        let (auth, provisioning) =
+            crate::external_auth::read_authentication_file(path).map_err(|e| e.to_string())?;
+        config.jwt_authenticators = auth.jwt;
+        config.provisioning |= provisioning;
+    }
     match args.store {
         StoreKind::Sqlite => {
             let running = start(config.clone()).await.map_err(|e| e.to_string())?;
@@ -267,6 +297,11 @@ async fn run_kubernetes(
         config.routers = Some(cluster.routers.clone());
     }
     config.max_tags = cluster.settings.lease_policy.max_tags;
+    // Upstream ignores `config.authentication` and `provisioning` under the legacy key.
+    if args.authentication_config.is_none() && !cluster.legacy_authentication {
+        config.jwt_authenticators = cluster.settings.authentication.jwt.clone();
+        config.provisioning |= cluster.settings.provisioning.enabled;
+    }
     let mut elector = if args.no_leader_election {
         None
     } else {
@@ -334,6 +369,9 @@ async fn serve<S: Store>(
         running.endpoint,
         config.data_dir.display()
     );
+    if let Some(a) = running.login_addr {
+        eprintln!("Easy login served at https://{a}/v1/auth/config");
+    }
     let code = tokio::select! {
         _ = stop_signal() => std::process::ExitCode::SUCCESS,
         e = lost => {

@@ -57,6 +57,9 @@ pub enum ServerError {
         /// Why.
         reason: String,
     },
+    /// The external OIDC settings are unusable.
+    #[error("authentication: {0}")]
+    Authentication(String),
     /// Anything else, with its cause.
     #[error("{0}")]
     Other(String),
@@ -100,6 +103,16 @@ pub struct ControllerConfig {
     /// More names for the CA-issued server certificate, beyond the advertised host,
     /// `localhost` and `127.0.0.1` (e.g. the in-cluster Service name).
     pub extra_sans: Vec<String>,
+    /// External OIDC issuers: the `jwt` entries of upstream's `authentication` section
+    /// (Kubernetes `JWTAuthenticator` documents). Empty: controller tokens only.
+    pub jwt_authenticators: Vec<serde_json::Value>,
+    /// Create a Client on the first login of an unknown external user (`provisioning.enabled`).
+    pub provisioning: bool,
+    /// Address of the "easy login" HTTPS listener (`GET /v1/auth/config`, for
+    /// `jmp login [client@]host:port`); `None` serves none.
+    pub login_listen: Option<String>,
+    /// The namespace `/v1/auth/config` tells clients to use.
+    pub login_namespace: String,
 }
 
 impl ControllerConfig {
@@ -120,6 +133,10 @@ impl ControllerConfig {
             credential_secrets: false,
             max_tags: None,
             extra_sans: Vec::new(),
+            jwt_authenticators: Vec::new(),
+            provisioning: false,
+            login_listen: None,
+            login_namespace: "default".into(),
         }
     }
 
@@ -146,6 +163,8 @@ pub struct RunningController<S: Store = SqliteStore> {
     pub ca_pem: String,
     /// The Prometheus metrics listener's address, when serving metrics.
     pub metrics_addr: Option<SocketAddr>,
+    /// The easy-login listener's address (`GET /v1/auth/config`), when serving it.
+    pub login_addr: Option<SocketAddr>,
     /// The admin bearer token AdminService accepts.
     pub admin_token: String,
     /// Where the admin config was written, if anywhere.
@@ -245,20 +264,25 @@ fn server_cert(
     Ok(cert)
 }
 
-/// The identity the listeners present and the CA PEM that configs carry.
+/// The identity the listeners present, the CA PEM that configs carry, and the identity's
+/// certificate and key PEMs (for the easy-login listener).
 fn server_identity(
     config: &ControllerConfig,
     ca: &CertificateAuthority,
-) -> Result<(Identity, String), ServerError> {
+) -> Result<(Identity, String, jumpstarter_core::auth::IssuedCert), ServerError> {
     let tls = |e: jumpstarter_core::auth::TlsError| ServerError::Tls(e.to_string());
     match (&config.tls_cert, &config.tls_key) {
         (Some(cert), Some(key)) => {
             let identity = load_identity(cert, key).map_err(tls)?;
+            let pems = jumpstarter_core::auth::IssuedCert {
+                cert_pem: read_cert_pem(cert).map_err(tls)?,
+                key_pem: jumpstarter_core::auth::read_key_pem(key).map_err(tls)?,
+            };
             let ca_pem = match &config.tls_ca {
                 Some(p) => read_cert_pem(p).map_err(tls)?,
                 None => String::new(),
             };
-            Ok((identity, ca_pem))
+            Ok((identity, ca_pem, pems))
         }
         (None, None) => {
             if config.tls_ca.is_some() {
@@ -277,7 +301,7 @@ fn server_identity(
             let mut seen = std::collections::HashSet::new();
             sans.retain(|s| seen.insert(s.clone()));
             let cert = server_cert(&config.data_dir.join(SERVER_CERT_DIR), ca, &sans)?;
-            Ok((cert.identity(), ca.cert_pem().to_string()))
+            Ok((cert.identity(), ca.cert_pem().to_string(), cert))
         }
         (Some(_), None) => Err(ServerError::Tls(
             "a TLS certificate was given without its key (--tls-key)".into(),
@@ -311,9 +335,14 @@ pub async fn start_with_store<S: Store>(
     // configs already handed out working.
     let ca = CertificateAuthority::load_or_create(&dir.join("ca"), "jumpstarter controller CA")
         .map_err(|e| data_err(dir.join("ca"), e))?;
-    let (identity, ca_pem) = server_identity(&config, &ca)?;
+    let (identity, ca_pem, identity_pem) = server_identity(&config, &ca)?;
     let issuer = TokenIssuer::load_or_generate(&dir.join("signing-key.pem"))
         .map_err(|e| data_err(dir.join("signing-key.pem"), e))?;
+    let external_auth = crate::external_auth::ExternalAuth::from_documents(
+        &config.jwt_authenticators,
+        config.provisioning,
+    )
+    .map_err(|e| ServerError::Authentication(e.to_string()))?;
     let admin_token = AdminToken::load_or_create(&dir.join(ADMIN_TOKEN_FILE))
         .map_err(|e| data_err(dir.join(ADMIN_TOKEN_FILE), e))?;
     let router_key_path = dir.join("router-key");
@@ -332,6 +361,17 @@ pub async fn start_with_store<S: Store>(
     let router_listener = bind(&config.router_listen).await?;
     let metrics_listener = match &config.metrics_listen {
         Some(a) => Some(bind(a).await?),
+        None => None,
+    };
+    let login_listener = match &config.login_listen {
+        Some(a) => Some(bind(a).await?),
+        None => None,
+    };
+    let login_addr = match &login_listener {
+        Some(l) => Some(
+            l.local_addr()
+                .map_err(|e| ServerError::Other(e.to_string()))?,
+        ),
         None => None,
     };
     let addr = listener
@@ -375,8 +415,21 @@ pub async fn start_with_store<S: Store>(
         routers,
         endpoint.clone(),
     );
-    if let (Some(max), Some(s)) = (config.max_tags, Arc::get_mut(&mut state)) {
-        s.max_tags = max;
+    let login_document = crate::login_service::LoginDocument {
+        grpc_endpoint: endpoint.clone(),
+        router_endpoint: state.routers.first().map(|r| r.endpoint.clone()),
+        namespace: config.login_namespace.clone(),
+        ca_bundle: ca_pem.clone(),
+        issuers: external_auth
+            .issuers()
+            .map(|v| (v.issuer().to_owned(), v.audiences().to_vec()))
+            .collect(),
+    };
+    if let Some(s) = Arc::get_mut(&mut state) {
+        if let Some(max) = config.max_tags {
+            s.max_tags = max;
+        }
+        s.external_auth = external_auth;
     }
     let (stop, stopped) = watch::channel(false);
     let until_stopped = |mut rx: watch::Receiver<bool>| async move {
@@ -424,6 +477,17 @@ pub async fn start_with_store<S: Store>(
         tasks.push(tokio::spawn(crate::metrics::serve(
             l,
             render,
+            until_stopped(rx),
+        )));
+    }
+
+    if let Some(l) = login_listener {
+        let acceptor = crate::login_service::acceptor(&identity_pem)?;
+        let rx = stopped.clone();
+        tasks.push(tokio::spawn(crate::login_service::serve(
+            l,
+            acceptor,
+            Arc::new(login_document),
             until_stopped(rx),
         )));
     }
@@ -482,6 +546,7 @@ pub async fn start_with_store<S: Store>(
         endpoint,
         ca_pem,
         metrics_addr,
+        login_addr,
         admin_token: admin_token.as_str().to_string(),
         admin_config: config.admin_config.clone(),
         state,

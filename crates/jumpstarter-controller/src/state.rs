@@ -114,6 +114,8 @@ pub struct ControllerState<S: Store> {
     pub endpoint: String,
     /// Maximum number of lease tags.
     pub max_tags: usize,
+    /// External OIDC issuers (tried before the internal issuer) and Client provisioning.
+    pub external_auth: crate::external_auth::ExternalAuth,
     /// Poked whenever something may need rescheduling.
     pub wake: Notify,
     listeners: Mutex<HashMap<ListenKey, (u64, mpsc::Sender<ListenResponse>)>>,
@@ -157,6 +159,7 @@ impl<S: Store> ControllerState<S> {
             routers,
             endpoint,
             max_tags: crate::objects::DEFAULT_MAX_TAGS,
+            external_auth: Default::default(),
             wake: Notify::new(),
             listeners: Mutex::new(HashMap::new()),
             next_listener: std::sync::atomic::AtomicU64::new(1),
@@ -318,15 +321,26 @@ impl<S: Store> ControllerState<S> {
         self.exporters_synced.notify_waiters();
     }
 
-    /// Authenticates a caller of the expected kind (§2.1 of the protocol notes): bearer
-    /// token signed by us, subject matching the `jumpstarter-*` metadata, object existing
-    /// with the token's uid.
+    /// Authenticates a caller of the expected kind (§2.1 of the protocol notes).
+    ///
+    /// - A token whose `iss` is a configured external issuer is verified by it; the object
+    ///   is the one named by `jumpstarter-name` or derived from the username, and its
+    ///   `spec.username` must equal the username (see [`Self::authorize_external`]).
+    /// - Any other token must be ours: subject matching the `jumpstarter-*` metadata, object
+    ///   existing with the token's uid.
     pub async fn authenticate(
         &self,
         md: &MetadataMap,
         expected: ObjectKind,
     ) -> Result<Caller, Status> {
         let meta = AuthMetadata::from_metadata(md)?;
+        if let Some(verifier) = self.external_auth.verifier_for(&meta.token) {
+            let username = verifier
+                .verify(&meta.token)
+                .await
+                .map_err(|e| e.to_controller_status())?;
+            return self.authorize_external(meta, expected, &username).await;
+        }
         let subject = self
             .issuer
             .verify(&meta.token)
@@ -373,6 +387,107 @@ impl<S: Store> ControllerState<S> {
                 uid,
             }),
             _ => Err(denied()),
+        }
+    }
+
+    /// Authorizes an externally authenticated `username` (upstream's BasicAuthorizer): the
+    /// object named by `jumpstarter-name` (or derived from the username) must have
+    /// `spec.username == username`. A missing Client is created with that username when
+    /// provisioning is on; otherwise a missing object is `NOT_FOUND`.
+    async fn authorize_external(
+        &self,
+        meta: AuthMetadata,
+        expected: ObjectKind,
+        username: &str,
+    ) -> Result<Caller, Status> {
+        let kind = ObjectKind::from_metadata(&meta.kind).ok_or_else(|| {
+            Status::invalid_argument(format!("unknown object kind {:?}", meta.kind))
+        })?;
+        if kind != expected {
+            return Err(Status::invalid_argument("object kind mismatch"));
+        }
+        let name = jumpstarter_core::auth::resolve_object_name(
+            username,
+            jumpstarter_core::auth::INTERNAL_USERNAME_PREFIX,
+            meta.name.as_deref(),
+        )?;
+        let namespace = meta.namespace;
+        let denied = || {
+            Status::permission_denied(format!(
+                "permission denied for {} {namespace}/{name}",
+                kind.as_str().to_lowercase(),
+            ))
+        };
+        let not_found = || {
+            Status::not_found(format!(
+                "{} {namespace}/{name} not found",
+                kind.as_str().to_lowercase()
+            ))
+        };
+        let (owner, uid) = match kind {
+            ObjectKind::Client => {
+                let found = self
+                    .store
+                    .get::<Client>(&namespace, &name)
+                    .await
+                    .map_err(store_status)?;
+                let client = match found {
+                    Some(c) => c,
+                    None if self.external_auth.provisioning => {
+                        self.provision_client(&namespace, &name, username).await?
+                    }
+                    None => return Err(not_found()),
+                };
+                (client.spec.username, client.metadata.uid)
+            }
+            ObjectKind::Exporter => {
+                let e = self
+                    .store
+                    .get::<Exporter>(&namespace, &name)
+                    .await
+                    .map_err(store_status)?
+                    .ok_or_else(not_found)?;
+                (e.spec.username, e.metadata.uid)
+            }
+        };
+        if owner.as_deref() != Some(username) {
+            return Err(denied());
+        }
+        Ok(Caller {
+            kind,
+            namespace: namespace.clone(),
+            name: name.clone(),
+            uid: uid.unwrap_or_default(),
+        })
+    }
+
+    /// Creates the Client `namespace/name` for `username` (provisioning); a concurrent
+    /// creation by another call is fine: the stored object is used.
+    async fn provision_client(
+        &self,
+        namespace: &str,
+        name: &str,
+        username: &str,
+    ) -> Result<Client, Status> {
+        let mut obj = Client::new(
+            name,
+            crate::objects::ClientSpec {
+                username: Some(username.to_owned()),
+            },
+        );
+        obj.metadata.namespace = Some(namespace.to_owned());
+        match self.store.create(&obj).await {
+            Ok(c) => {
+                tracing::info!("provisioned client {namespace}/{name} for {username}");
+                Ok(c)
+            }
+            Err(StoreError::AlreadyExists { .. }) => self
+                .store
+                .get::<Client>(namespace, name)
+                .await
+                .map_err(store_status)?
+                .ok_or_else(|| Status::aborted(format!("client {namespace}/{name} vanished"))),
+            Err(e) => Err(store_status(e)),
         }
     }
 

@@ -19,6 +19,7 @@ pub mod exporter;
 pub mod frames;
 pub mod h2_authority;
 pub mod lease;
+pub mod oidc;
 pub mod registry;
 pub mod resource;
 pub mod serve;

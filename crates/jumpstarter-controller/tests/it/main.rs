@@ -5,11 +5,13 @@
 mod admin;
 mod crds;
 mod deploy;
+mod fake_issuer;
 mod flow;
 #[cfg(feature = "kubernetes")]
 mod kube_server;
 #[cfg(feature = "kubernetes")]
 mod kube_store;
+mod oidc;
 mod restart;
 
 use jumpstarter_controller::{

@@ -62,7 +62,7 @@ impl std::fmt::Debug for TokenIssuer {
     }
 }
 
-pub(super) fn unix_seconds(t: SystemTime) -> i64 {
+pub(crate) fn unix_seconds(t: SystemTime) -> i64 {
     match t.duration_since(UNIX_EPOCH) {
         Ok(d) => i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
         Err(e) => -i64::try_from(e.duration().as_secs()).unwrap_or(i64::MAX),

@@ -15,6 +15,7 @@ const MAX_TOKEN_LEN: usize = 16 * 1024;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Alg {
     Es256,
+    Rs256,
     Hs256,
     Hs384,
     Hs512,
@@ -24,6 +25,7 @@ impl Alg {
     fn name(self) -> &'static str {
         match self {
             Alg::Es256 => "ES256",
+            Alg::Rs256 => "RS256",
             Alg::Hs256 => "HS256",
             Alg::Hs384 => "HS384",
             Alg::Hs512 => "HS512",
@@ -33,6 +35,7 @@ impl Alg {
     fn from_name(name: &str) -> Option<Self> {
         match name {
             "ES256" => Some(Alg::Es256),
+            "RS256" => Some(Alg::Rs256),
             "HS256" => Some(Alg::Hs256),
             "HS384" => Some(Alg::Hs384),
             "HS512" => Some(Alg::Hs512),
@@ -42,7 +45,7 @@ impl Alg {
 
     fn hmac(self) -> Option<hmac::Algorithm> {
         match self {
-            Alg::Es256 => None,
+            Alg::Es256 | Alg::Rs256 => None,
             Alg::Hs256 => Some(hmac::HMAC_SHA256),
             Alg::Hs384 => Some(hmac::HMAC_SHA384),
             Alg::Hs512 => Some(hmac::HMAC_SHA512),
@@ -56,6 +59,13 @@ pub(crate) enum Key<'a> {
     EcdsaSigner(&'a signature::EcdsaKeyPair),
     /// ES256 verification: an uncompressed P-256 point.
     EcdsaPublic(&'a [u8]),
+    /// RS256 verification: big-endian modulus and exponent.
+    RsaPublic {
+        /// Modulus.
+        n: &'a [u8],
+        /// Public exponent.
+        e: &'a [u8],
+    },
     /// HMAC secret.
     Hmac(&'a [u8]),
 }
@@ -164,6 +174,13 @@ pub(crate) fn verify(
                 .verify(input.as_bytes(), &sig)
                 .is_ok()
         }
+        (Alg::Rs256, Key::RsaPublic { n, e }) => signature::RsaPublicKeyComponents { n, e }
+            .verify(
+                &signature::RSA_PKCS1_2048_8192_SHA256,
+                input.as_bytes(),
+                &sig,
+            )
+            .is_ok(),
         (alg, Key::Hmac(secret)) => match alg.hmac() {
             Some(algorithm) => {
                 hmac::verify(&hmac::Key::new(algorithm, secret), input.as_bytes(), &sig).is_ok()
@@ -176,6 +193,29 @@ pub(crate) fn verify(
         return Err(TokenError::Signature);
     }
     decode_json(c, "claims")
+}
+
+/// A JSON object (a JWT header or claim set).
+pub(crate) type JsonObject = Map<String, Value>;
+
+/// The header and claims of `token` WITHOUT verifying anything: only for choosing the
+/// verifier (by `iss`) and the key (by `kid`).
+pub(crate) fn peek(token: &str) -> Result<(JsonObject, JsonObject), TokenError> {
+    if token.len() > MAX_TOKEN_LEN {
+        return Err(TokenError::Malformed(format!(
+            "token is {} bytes, more than {MAX_TOKEN_LEN}",
+            token.len()
+        )));
+    }
+    let mut parts = token.split('.');
+    let (Some(h), Some(c), Some(_), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(TokenError::Malformed(
+            "expected three dot-separated parts".into(),
+        ));
+    };
+    Ok((decode_json(h, "header")?, decode_json(c, "claims")?))
 }
 
 /// Claim accessors with RFC 7519 types.

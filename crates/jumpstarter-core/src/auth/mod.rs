@@ -17,7 +17,7 @@
 
 mod ca;
 mod controller_token;
-mod jwt;
+pub(crate) mod jwt;
 mod metadata;
 mod pem;
 mod router_token;
@@ -28,6 +28,7 @@ pub use ca::{
     CA_CERT_FILE, CA_KEY_FILE, CertificateAuthority, IssuedCert, TlsError, load_identity,
     read_cert_pem, read_key_pem,
 };
+pub(crate) use controller_token::unix_seconds as unix_seconds_of;
 pub use controller_token::{
     DEFAULT_AUDIENCE, DEFAULT_ISSUER, DEFAULT_TOKEN_LIFETIME, INTERNAL_USERNAME_PREFIX,
     IssuedToken, TokenIssuer,

@@ -1,0 +1,207 @@
+//! External OIDC issuers the controller accepts tokens from (upstream's `authentication.jwt`,
+//! a list of Kubernetes `JWTAuthenticator` documents), and Client provisioning.
+//!
+//! As in upstream's union of authenticators, a token goes to the external issuer whose URL
+//! equals its (unverified) `iss`; every other token goes to the internal issuer, which comes
+//! last. An external token's username is `claimMappings.username.prefix` + the claim; the
+//! object it acts as is the `spec.username` match described in
+//! [`crate::state::ControllerState::authenticate`].
+
+use std::path::Path;
+
+use jumpstarter_core::oidc::{ExternalVerifier, JwtAuthenticatorConfig, OidcError, token_issuer};
+
+use crate::cluster_config::{Authentication, ClusterConfigError};
+
+/// The external issuers and whether unknown Clients are created on first login.
+#[derive(Debug, Default)]
+pub struct ExternalAuth {
+    verifiers: Vec<ExternalVerifier>,
+    /// `provisioning.enabled`: a Client that does not exist yet is created (with
+    /// `spec.username` = the caller's username) when an external token authenticates.
+    pub provisioning: bool,
+}
+
+impl ExternalAuth {
+    /// From the `authentication.jwt` documents; refuses unusable ones, naming the issuer and
+    /// field, and duplicate issuers.
+    pub fn from_documents(
+        docs: &[serde_json::Value],
+        provisioning: bool,
+    ) -> Result<Self, OidcError> {
+        let mut verifiers: Vec<ExternalVerifier> = Vec::with_capacity(docs.len());
+        for doc in docs {
+            let v = ExternalVerifier::new(JwtAuthenticatorConfig::from_value(doc)?)?;
+            if verifiers.iter().any(|o| o.issuer() == v.issuer()) {
+                return Err(OidcError::Config {
+                    issuer: v.issuer().to_owned(),
+                    field: "issuer.url".into(),
+                    reason: "the same issuer is configured twice".into(),
+                });
+            }
+            if v.issuer() == jumpstarter_core::auth::DEFAULT_ISSUER {
+                return Err(OidcError::Config {
+                    issuer: v.issuer().to_owned(),
+                    field: "issuer.url".into(),
+                    reason: "is the internal issuer's URL".into(),
+                });
+            }
+            verifiers.push(v);
+        }
+        Ok(Self {
+            verifiers,
+            provisioning,
+        })
+    }
+
+    /// Whether any external issuer is configured.
+    pub fn is_empty(&self) -> bool {
+        self.verifiers.is_empty()
+    }
+
+    /// The issuers, in configuration order.
+    pub fn issuers(&self) -> impl Iterator<Item = &ExternalVerifier> {
+        self.verifiers.iter()
+    }
+
+    /// The external verifier responsible for `token` (by its unverified `iss`), if any.
+    pub fn verifier_for(&self, token: &str) -> Option<&ExternalVerifier> {
+        if self.verifiers.is_empty() {
+            return None;
+        }
+        let iss = token_issuer(token)?;
+        self.verifiers.iter().find(|v| v.issuer() == iss)
+    }
+}
+
+/// Reads `--authentication-config FILE`: upstream's `authentication:` section (`jwt: [...]`,
+/// optionally `internal`, `k8s`), or a whole controller `config` document (`authentication:`
+/// and `provisioning:`), or an `AuthenticationConfiguration` manifest (`apiVersion`/`kind`
+/// plus `jwt`). Returns the section and `provisioning.enabled` (false when absent).
+pub fn read_authentication_file(path: &Path) -> Result<(Authentication, bool), ClusterConfigError> {
+    let source_name = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| ClusterConfigError::Read {
+        path: source_name.clone(),
+        reason: e.to_string(),
+    })?;
+    let yaml_err = |e: String| ClusterConfigError::Yaml {
+        source_name: source_name.clone(),
+        key: "file".into(),
+        reason: e,
+    };
+    let mut value: serde_json::Value =
+        serde_saphyr::from_str(&text).map_err(|e| yaml_err(e.to_string()))?;
+    if value.is_null() {
+        return Ok((Authentication::default(), false));
+    }
+    let obj = value
+        .as_object_mut()
+        .ok_or_else(|| yaml_err("expected a YAML map".into()))?;
+    if obj.contains_key("authentication") || obj.contains_key("provisioning") {
+        let settings = crate::cluster_config::parse_settings(&text, &source_name)?;
+        return Ok((settings.authentication, settings.provisioning.enabled));
+    }
+    // An AuthenticationConfiguration manifest carries apiVersion/kind around the same fields.
+    obj.remove("apiVersion");
+    obj.remove("kind");
+    let auth: Authentication =
+        serde_json::from_value(value).map_err(|e| yaml_err(e.to_string()))?;
+    Ok((auth, false))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const JWT: &str = "jwt:
+  - issuer:
+      url: https://dex.example.com
+      audiences: [jumpstarter-cli]
+    claimMappings:
+      username:
+        claim: email
+        prefix: 'dex:'
+";
+
+    #[test]
+    fn all_three_file_shapes_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, text: &str| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, text).unwrap();
+            p
+        };
+        let (a, prov) = read_authentication_file(&write("a.yaml", JWT)).unwrap();
+        assert_eq!(a.jwt.len(), 1);
+        assert!(!prov);
+        let whole = format!(
+            "authentication:\n{}provisioning:\n  enabled: true\n",
+            JWT.lines().map(|l| format!("  {l}\n")).collect::<String>()
+        );
+        let (a, prov) = read_authentication_file(&write("b.yaml", &whole)).unwrap();
+        assert_eq!(a.jwt.len(), 1);
+        assert!(prov);
+        let manifest = format!(
+            "apiVersion: apiserver.config.k8s.io/v1beta1\nkind: AuthenticationConfiguration\n{JWT}"
+        );
+        let (a, _) = read_authentication_file(&write("c.yaml", &manifest)).unwrap();
+        let ext = ExternalAuth::from_documents(&a.jwt, false).unwrap();
+        assert_eq!(
+            ext.issuers().next().map(|v| v.issuer()),
+            Some("https://dex.example.com")
+        );
+        assert_eq!(
+            ext.issuers().next().map(|v| v.username_prefix()),
+            Some("dex:")
+        );
+    }
+
+    #[test]
+    fn bad_files_name_the_file_and_field() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("bad.yaml");
+        std::fs::write(&p, "jwt: 3\n").unwrap();
+        let e = read_authentication_file(&p).unwrap_err().to_string();
+        assert!(e.contains("bad.yaml"), "{e}");
+        std::fs::write(&p, "jwtt: []\n").unwrap();
+        assert!(read_authentication_file(&p).is_err());
+        let e = read_authentication_file(&dir.path().join("none.yaml"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("none.yaml"), "{e}");
+        let dup: serde_json::Value = serde_json::json!({
+            "issuer": {"url": "https://a.example", "audiences": ["x"]},
+            "claimMappings": {"username": {"claim": "sub", "prefix": ""}},
+        });
+        let e = ExternalAuth::from_documents(&[dup.clone(), dup], false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("twice"), "{e}");
+    }
+
+    #[test]
+    fn tokens_go_to_the_issuer_they_name() {
+        use base64::Engine;
+        let docs = [serde_json::json!({
+            "issuer": {"url": "https://a.example", "audiences": ["x"]},
+            "claimMappings": {"username": {"claim": "sub", "prefix": "a:"}},
+        })];
+        let ext = ExternalAuth::from_documents(&docs, false).unwrap();
+        let tok = |iss: &str| {
+            let b = |s: String| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
+            format!(
+                "{}.{}.x",
+                b("{}".into()),
+                b(format!("{{\"iss\":\"{iss}\"}}"))
+            )
+        };
+        assert!(ext.verifier_for(&tok("https://a.example")).is_some());
+        assert!(ext.verifier_for(&tok("https://localhost:8085")).is_none());
+        assert!(ext.verifier_for("garbage").is_none());
+        assert!(
+            ExternalAuth::default()
+                .verifier_for(&tok("https://a.example"))
+                .is_none()
+        );
+    }
+}
