@@ -25,7 +25,7 @@ use tokio::{
 use crate::{J, JMP};
 
 /// A controller on loopback and a scratch directory for configs, sockets and logs.
-struct Lab {
+pub(crate) struct Lab {
     ctl: Option<RunningController>,
     dir: tempfile::TempDir,
 }
@@ -41,7 +41,7 @@ async fn start_controller(dir: &Path, listen: String, router_listen: String) -> 
     .unwrap()
 }
 
-async fn lab() -> Lab {
+pub(crate) async fn lab() -> Lab {
     let dir = tempfile::tempdir().unwrap();
     let ctl = start_controller(dir.path(), "127.0.0.1:0".into(), "127.0.0.1:0".into()).await;
     Lab {
@@ -51,11 +51,11 @@ async fn lab() -> Lab {
 }
 
 impl Lab {
-    fn ctl(&self) -> &RunningController {
+    pub(crate) fn ctl(&self) -> &RunningController {
         self.ctl.as_ref().unwrap()
     }
 
-    fn path(&self, name: &str) -> PathBuf {
+    pub(crate) fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
 
@@ -79,7 +79,7 @@ impl Lab {
     }
 
     /// Creates the Exporter object and writes its config (MockPower + MockStorageMux).
-    async fn exporter(&self, name: &str, labels: &[(&str, &str)]) -> PathBuf {
+    pub(crate) async fn exporter(&self, name: &str, labels: &[(&str, &str)]) -> PathBuf {
         self.exporter_via(name, labels, self.ctl().addr.port())
             .await
     }
@@ -107,7 +107,7 @@ impl Lab {
     }
 
     /// Creates the Client object and writes its config.
-    async fn client(&self, name: &str) -> PathBuf {
+    pub(crate) async fn client(&self, name: &str) -> PathBuf {
         let mut c = Client::new(name, ClientSpec::default());
         c.metadata.namespace = Some("default".into());
         let c = self.ctl().state.store.create(&c).await.unwrap();
@@ -120,7 +120,7 @@ impl Lab {
     }
 
     /// A command with a clean environment; killed when its `Child` is dropped.
-    fn cmd(&self, bin: &str) -> Command {
+    pub(crate) fn cmd(&self, bin: &str) -> Command {
         let j_dir = Path::new(J).parent().unwrap();
         let path = format!(
             "{}:{}",
@@ -144,7 +144,7 @@ impl Lab {
     }
 
     /// Starts `jmp run --exporter-config` (controller mode), logging to `<log>`.
-    fn run_exporter(&self, config: &Path, log: &str) -> Child {
+    pub(crate) fn run_exporter(&self, config: &Path, log: &str) -> Child {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -164,7 +164,7 @@ impl Lab {
         e.and_then(|e| e.status).and_then(|s| s.exporter_status)
     }
 
-    async fn wait_status(&self, name: &str, want: ExporterStatusValue) {
+    pub(crate) async fn wait_status(&self, name: &str, want: ExporterStatusValue) {
         for _ in 0..300 {
             if self.exporter_status(name).await == Some(want) {
                 return;
@@ -177,7 +177,7 @@ impl Lab {
         );
     }
 
-    async fn lease(&self, name: &str) -> Lease {
+    pub(crate) async fn lease(&self, name: &str) -> Lease {
         self.ctl()
             .state
             .store
@@ -187,7 +187,7 @@ impl Lab {
             .unwrap()
     }
 
-    fn log(&self, name: &str) -> String {
+    pub(crate) fn log(&self, name: &str) -> String {
         std::fs::read_to_string(self.path(name)).unwrap_or_default()
     }
 
