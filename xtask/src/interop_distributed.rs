@@ -2,7 +2,8 @@
 //! router: the upstream exporter (`jmp run` in controller mode) driven by our client, and our
 //! exporter driven by the upstream client. Each drives MockPower and round-trips 64 MiB
 //! through MockStorageMux, so the whole session (gRPC over the router tunnel, resource
-//! streams included) crosses the router.
+//! streams included) crosses the router. Our exporter also offers the direct path, which the
+//! upstream client ignores.
 
 use std::{
     path::{Path, PathBuf},
@@ -137,9 +138,15 @@ pub(super) fn py_client_to_our_exporter(env: &Env) -> Result<()> {
     let exporter = exporter_config(env, "rs-exporter", "rs")?;
     let client = client_config(env, "py-client")?;
 
+    // With the direct path on: the upstream client ignores the endpoints our exporter
+    // advertises and keeps working through the router.
     let mut c = env.ours(&env.jmp);
-    c.arg("run").arg("--exporter-config").arg(&exporter);
+    c.arg("run")
+        .arg("--exporter-config")
+        .arg(&exporter)
+        .args(["--direct-listener", "127.0.0.1:0"]);
     let mut our_exporter = Background::start("jmp run", c)?;
+    our_exporter.wait_for_line("direct listener on 127.0.0.1:", Duration::from_secs(60))?;
     our_exporter.wait_for_line("registered with controller", Duration::from_secs(60))?;
 
     let j = env.venv.join("bin").join("j");

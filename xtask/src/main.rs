@@ -3,6 +3,7 @@
 mod bench;
 mod bench_controller;
 mod bench_direct;
+mod bench_startup;
 mod bench_storage;
 mod conformance;
 mod crds;
@@ -22,6 +23,8 @@ fn main() -> std::process::ExitCode {
         Some("bench-controller") => bench_controller::run(&args[1..]),
         // Hidden: the direct-path-vs-router part of `bench` alone (`--quick`: 64 MiB).
         Some("bench-direct") => bench_direct::run(&args[1..]),
+        // Hidden: the `jmp` start-up part of `bench` alone (`--quick`: 3 runs each).
+        Some("bench-startup") => bench_startup::run(&args[1..]),
         Some("crds") => crds::run(&args[1..]),
         Some("quickstart") => quickstart::run(&args[1..]),
         Some("venv") => interop::ensure_venv().map(|p| println!("{}", p.display())),
@@ -80,6 +83,7 @@ pub fn target_dir() -> std::path::PathBuf {
 fn bench(args: &[String]) -> Result<()> {
     let quick = args.iter().any(|a| a == "--quick");
     bench::run(args)?;
+    bench_startup::run(args)?;
     let storage_args: Vec<String> = if quick {
         vec!["--size-mib".into(), "64".into()]
     } else {

@@ -76,11 +76,11 @@ pub struct KubeFlags {
     /// Namespace to use (default: default)
     #[arg(short = 'n', long, value_name = "TEXT")]
     namespace: Option<String>,
-    /// Ignored: this controller does not use Kubernetes
-    #[arg(long, value_name = "PATH", hide = true)]
+    /// Ignored: jmp admin reaches the controller through --admin-config, not Kubernetes
+    #[arg(long, value_name = "PATH")]
     kubeconfig: Option<PathBuf>,
-    /// Ignored: this controller does not use Kubernetes
-    #[arg(long, value_name = "TEXT", hide = true)]
+    /// Ignored: jmp admin reaches the controller through --admin-config, not Kubernetes
+    #[arg(long, value_name = "TEXT")]
     context: Option<String>,
 }
 
@@ -101,14 +101,119 @@ pub enum AdminCreate {
     Exporter(CreateExporterArgs),
     /// Not offered: create Kubernetes clusters with your own tools
     #[command(alias = "clusters")]
-    Cluster(ClusterArgs),
+    Cluster(Box<CreateClusterArgs>),
 }
 
-/// Arguments of the cluster commands, accepted only to explain they are not offered.
+/// `jmp admin create cluster`: upstream's flags, accepted so that the command can explain
+/// that it is not offered here (instead of failing on the first flag).
 #[derive(Args, Debug)]
-pub struct ClusterArgs {
-    #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
-    rest: Vec<String>,
+#[allow(
+    dead_code,
+    reason = "accepted for upstream compatibility; the command is not offered"
+)]
+pub struct CreateClusterArgs {
+    /// Name of the cluster
+    name: Option<String>,
+    /// Create a local Kind cluster
+    #[arg(long, value_name = "TEXT")]
+    kind: Option<String>,
+    /// Create a local Minikube cluster
+    #[arg(long, value_name = "TEXT")]
+    minikube: Option<String>,
+    /// Create a k3s cluster on a remote host via SSH (e.g., --k3s user@host)
+    #[arg(long, value_name = "TEXT")]
+    k3s: Option<String>,
+    /// Force recreate the cluster if it already exists
+    #[arg(long)]
+    force_recreate: bool,
+    /// Extra arguments for the Kind cluster creation
+    #[arg(long, value_name = "TEXT")]
+    kind_extra_args: Option<String>,
+    /// Extra arguments for the Minikube cluster creation
+    #[arg(long, value_name = "TEXT")]
+    minikube_extra_args: Option<String>,
+    /// Path to custom CA certificate bundle file to inject into the cluster
+    #[arg(long, value_name = "FILE")]
+    extra_certs: Option<PathBuf>,
+    /// Skip installing Jumpstarter after creating the cluster
+    #[arg(long)]
+    skip_install: bool,
+    /// Path or URL to the operator installer YAML
+    #[arg(long, value_name = "TEXT")]
+    operator_installer: Option<String>,
+    /// Namespace to install Jumpstarter components in
+    #[arg(short = 'n', long, value_name = "TEXT")]
+    namespace: Option<String>,
+    /// IP address of your host machine
+    #[arg(short = 'i', long, value_name = "TEXT")]
+    ip: Option<String>,
+    /// Base domain of the Jumpstarter service
+    #[arg(short = 'b', long, value_name = "TEXT")]
+    basedomain: Option<String>,
+    /// The gRPC endpoint to use for the Jumpstarter API
+    #[arg(short = 'g', long, value_name = "TEXT")]
+    grpc_endpoint: Option<String>,
+    /// The gRPC endpoint to use for the router
+    #[arg(short = 'r', long, value_name = "TEXT")]
+    router_endpoint: Option<String>,
+    /// The version of the service to install
+    #[arg(short = 'v', long, value_name = "TEXT")]
+    version: Option<String>,
+    /// path to the kubeconfig file
+    #[arg(long, value_name = "PATH")]
+    kubeconfig: Option<PathBuf>,
+    /// Kubernetes context to use
+    #[arg(long, value_name = "TEXT")]
+    context: Option<String>,
+    /// Disable interactive prompts (for use in scripts).
+    #[arg(long)]
+    nointeractive: bool,
+    #[arg(short, long, value_parser = ["json", "yaml", "name"], help = OUTPUT_HELP)]
+    output: Option<String>,
+}
+
+/// `jmp admin delete cluster`: upstream's flags, accepted to explain it is not offered.
+#[derive(Args, Debug)]
+#[allow(
+    dead_code,
+    reason = "accepted for upstream compatibility; the command is not offered"
+)]
+pub struct DeleteClusterArgs {
+    /// Name of the cluster
+    name: Option<String>,
+    /// Delete a local Kind cluster
+    #[arg(long, value_name = "TEXT")]
+    kind: Option<String>,
+    /// Delete a local Minikube cluster
+    #[arg(long, value_name = "TEXT")]
+    minikube: Option<String>,
+    /// Skip confirmation prompt and force deletion
+    #[arg(long)]
+    force: bool,
+    #[arg(short, long, value_parser = ["name"], help = OUTPUT_HELP)]
+    output: Option<String>,
+}
+
+/// `jmp admin get cluster|clusters`: upstream's flags, accepted to explain it is not offered.
+#[derive(Args, Debug)]
+#[allow(
+    dead_code,
+    reason = "accepted for upstream compatibility; the command is not offered"
+)]
+pub struct GetClusterArgs {
+    /// Name of the cluster
+    name: Option<String>,
+    /// Filter clusters by type
+    #[arg(long = "type", value_parser = ["kind", "minikube", "remote", "all"])]
+    cluster_type: Option<String>,
+    /// Path or name of kubectl executable
+    #[arg(long, value_name = "TEXT")]
+    kubectl: Option<String>,
+    /// Path or name of minikube executable
+    #[arg(long, value_name = "TEXT")]
+    minikube: Option<String>,
+    #[arg(short, long, value_parser = ["json", "yaml", "name"], help = OUTPUT_HELP)]
+    output: Option<String>,
 }
 
 /// `jmp admin create client`.
@@ -190,7 +295,7 @@ pub enum AdminDelete {
     Exporter(DeleteArgs),
     /// Not offered: delete Kubernetes clusters with your own tools
     #[command(alias = "clusters")]
-    Cluster(ClusterArgs),
+    Cluster(DeleteClusterArgs),
 }
 
 /// `jmp admin delete client|exporter`.
@@ -226,7 +331,7 @@ pub enum AdminGet {
     Lease(GetArgs),
     /// Not offered: list Kubernetes clusters with your own tools
     #[command(alias = "clusters")]
-    Cluster(ClusterArgs),
+    Cluster(GetClusterArgs),
 }
 
 /// `jmp admin get client|exporter|lease [NAME]`.
@@ -243,8 +348,8 @@ pub struct GetArgs {
     selector: Option<String>,
     #[arg(short, long, value_parser = ["json", "yaml", "name"], help = OUTPUT_HELP)]
     output: Option<String>,
-    /// Accepted for compatibility; devices are listed by `jmp shell` + `j`.
-    #[arg(short = 'd', long, hide = true)]
+    /// Display the devices hosted by the exporter(s)
+    #[arg(short = 'd', long)]
     devices: bool,
 }
 
@@ -577,6 +682,26 @@ struct ObjectView {
     endpoint: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     config_path: Option<String>,
+    /// Only with `jmp admin get exporter --devices`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    devices: Option<Vec<DeviceView>>,
+}
+
+/// One device of an exporter, as `jmp admin get exporter --devices` shows it.
+#[derive(Serialize, Debug)]
+struct DeviceView {
+    uuid: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    parent_uuid: Option<String>,
+    labels: BTreeMap<String, String>,
+}
+
+fn device_view(d: &jumpstarter_proto::admin_v1::Device) -> DeviceView {
+    DeviceView {
+        uuid: d.uuid.clone(),
+        parent_uuid: Some(d.parent_uuid.clone()).filter(|p| !p.is_empty()),
+        labels: d.labels.clone().into_iter().collect(),
+    }
 }
 
 fn created(t: &Option<prost_types::Timestamp>) -> Option<Timestamp> {
@@ -597,6 +722,7 @@ fn client_view(c: &Client) -> ObjectView {
         created: created(&c.created),
         endpoint: None,
         config_path: None,
+        devices: None,
     }
 }
 
@@ -614,6 +740,7 @@ fn exporter_view(e: &Exporter) -> ObjectView {
         created: created(&e.created),
         endpoint: None,
         config_path: None,
+        devices: None,
     }
 }
 
@@ -954,7 +1081,14 @@ async fn get_exporters(a: GetArgs) -> Result<i32> {
         "LABELS",
         "AGE",
     ]);
-    let views: Vec<ObjectView> = exporters.iter().map(exporter_view).collect();
+    let mut views: Vec<ObjectView> = exporters.iter().map(exporter_view).collect();
+    if a.devices {
+        for (v, e) in views.iter_mut().zip(&exporters) {
+            v.devices = Some(e.devices.iter().map(device_view).collect());
+        }
+        print_objects(mode, views, devices_table(&exporters))?;
+        return Ok(0);
+    }
     for v in &views {
         t.row([
             v.namespace.clone(),
@@ -969,6 +1103,34 @@ async fn get_exporters(a: GetArgs) -> Result<i32> {
     }
     print_objects(mode, views, t)?;
     Ok(0)
+}
+
+/// One row per device: the exporter, the device's name and client class (its
+/// `jumpstarter.dev/name` and `jumpstarter.dev/client` labels) and its uuid.
+fn devices_table(exporters: &[Exporter]) -> Table {
+    let mut t = Table::new(["NAMESPACE", "EXPORTER", "DEVICE", "CLIENT", "UUID"]);
+    for e in exporters {
+        if e.devices.is_empty() {
+            t.row([
+                e.namespace.clone(),
+                e.name.clone(),
+                "<not registered>".into(),
+                String::new(),
+                String::new(),
+            ]);
+        }
+        for d in &e.devices {
+            let label = |k: &str| d.labels.get(k).cloned().unwrap_or_default();
+            t.row([
+                e.namespace.clone(),
+                e.name.clone(),
+                label("jumpstarter.dev/name"),
+                label("jumpstarter.dev/client"),
+                d.uuid.clone(),
+            ]);
+        }
+    }
+    t
 }
 
 /// Leases as the admin API shows them: the lease holding each exporter.

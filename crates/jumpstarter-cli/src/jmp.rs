@@ -55,12 +55,46 @@ enum Command {
     /// Authentication and token management commands.
     #[command(subcommand)]
     Auth(crate::auth::AuthCommand),
+    /// Login into a jumpstarter instance.
+    Login(Box<crate::login::LoginArgs>),
     /// Jumpstarter driver CLI tool
     #[command(subcommand)]
     Driver(crate::auth::DriverCommand),
+    /// MCP server for AI agent interaction with Jumpstarter hardware.
+    #[command(subcommand)]
+    Mcp(crate::mcp::McpCommand),
     /// Get the current Jumpstarter version
     #[command(alias = "ver", alias = "v")]
     Version(crate::config_cmd::VersionArgs),
+    /// Generate shell completion script.
+    ///
+    /// For bash: `source <(jmp completion bash)`; zsh: `source <(jmp completion zsh)`;
+    /// fish: `jmp completion fish | source`.
+    Completion {
+        /// The shell to generate the script for.
+        #[arg(value_enum)]
+        shell: CompletionShell,
+    },
+}
+
+/// Shells `jmp completion` writes scripts for.
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum CompletionShell {
+    Bash,
+    Zsh,
+    Fish,
+}
+
+/// Writes the completion script of `jmp` for `shell` to stdout.
+fn completion(shell: CompletionShell) -> i32 {
+    use clap::CommandFactory;
+    let shell = match shell {
+        CompletionShell::Bash => clap_complete::Shell::Bash,
+        CompletionShell::Zsh => clap_complete::Shell::Zsh,
+        CompletionShell::Fish => clap_complete::Shell::Fish,
+    };
+    clap_complete::generate(shell, &mut Cli::command(), "jmp", &mut std::io::stdout());
+    0
 }
 
 /// Which exporter config to use.
@@ -128,9 +162,17 @@ struct ShellArgs {
     /// seconds.
     #[arg(long, value_name = "DURATION")]
     acquisition_timeout: Option<String>,
+    /// Override retry timeout for unreachable exporters (e.g., '5m', '30s', '0' to disable).
+    /// Default: 5m.
+    #[arg(long, value_name = "DURATION", env = "JMP_RETRY_TIMEOUT")]
+    retry_timeout: Option<String>,
     /// Always go through the router, even when the exporter offers a direct connection.
     #[arg(long)]
     no_direct: bool,
+    /// Enable exporter log streaming (the exporter's log records are printed on stderr
+    /// while the command runs).
+    #[arg(long)]
+    exporter_logs: bool,
     /// The command to run instead of a shell.
     #[arg(
         trailing_var_arg = true,
@@ -220,12 +262,16 @@ pub async fn run(cli: Cli) -> Result<i32> {
         Command::Update(cmd) => crate::resources::update(cmd).await,
         Command::Delete(cmd) => crate::resources::delete(cmd).await,
         Command::Auth(cmd) => crate::auth::run(cmd).await,
+        Command::Login(args) => crate::login::run(*args).await,
         Command::Driver(cmd) => crate::auth::driver(cmd),
+        Command::Mcp(cmd) => crate::mcp::run(cmd).await,
         Command::Version(args) => crate::config_cmd::version(args),
+        Command::Completion { shell } => Ok(completion(shell)),
     }
 }
 
 async fn shell(args: ShellArgs) -> Result<i32> {
+    shell::follow_exporter_logs(args.exporter_logs);
     if let Some(addr) = &args.tls_grpc {
         let opts = ConnectOptions {
             insecure: args.tls_grpc_insecure,
@@ -266,6 +312,7 @@ async fn shell(args: ShellArgs) -> Result<i32> {
                 name: args.name,
                 duration: args.duration,
                 acquisition_timeout: args.acquisition_timeout,
+                retry_timeout: args.retry_timeout,
                 no_direct: args.no_direct,
             };
             crate::distributed::shell(lease, &args.command).await
@@ -369,5 +416,79 @@ mod tests {
     fn cli_parses() {
         use clap::CommandFactory;
         Cli::command().debug_assert();
+    }
+
+    /// Upstream's aliases (`AliasedGroup`), which apply in every group that has the command.
+    const UPSTREAM_ALIASES: &[(&str, &[&str])] = &[
+        ("create", &["c"]),
+        ("import", &["i"]),
+        ("get", &["g"]),
+        ("admin", &["a"]),
+        ("config", &["conf"]),
+        ("delete", &["del", "d"]),
+        ("shell", &["sh", "s"]),
+        ("list", &["ls"]),
+        ("exporter", &["exporters", "e"]),
+        ("exporters", &["exporter"]),
+        ("client", &["clients", "c"]),
+        ("clients", &["client"]),
+        ("lease", &["leases", "l"]),
+        ("leases", &["lease"]),
+        ("cluster", &["clusters"]),
+        ("clusters", &["cluster"]),
+        ("version", &["ver", "v"]),
+    ];
+
+    /// Walks every upstream 0.9.0 command path (tests/data, taken from its `--help`): each
+    /// must resolve here, under its name and each of its aliases, and take each flag.
+    #[test]
+    fn upstream_command_tree() {
+        use clap::CommandFactory;
+        let data = include_str!("../tests/data/upstream-jmp-0.9.0-commands.txt");
+        let mut root = Cli::command();
+        root.build();
+        let mut missing = Vec::new();
+        let mut paths = 0;
+        'paths: for line in data
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+        {
+            let (path, flags) = line.split_once(':').unwrap();
+            paths += 1;
+            let mut cmd = &root;
+            for word in path.split_whitespace().skip(1) {
+                let Some(sub) = cmd.find_subcommand(word) else {
+                    missing.push(format!("{path}: no command {word:?}"));
+                    continue 'paths;
+                };
+                let aliases = UPSTREAM_ALIASES
+                    .iter()
+                    .filter(|(name, _)| *name == word)
+                    .flat_map(|(_, a)| a.iter());
+                for alias in aliases {
+                    // An alias that names another command of the group is that command.
+                    let other = cmd.get_subcommands().any(|c| c.get_name() == *alias);
+                    match cmd.find_subcommand(alias) {
+                        Some(c) if c.get_name() == sub.get_name() || other => {}
+                        _ => missing.push(format!("{path}: alias {alias:?} of {word:?}")),
+                    }
+                }
+                cmd = sub;
+            }
+            for flag in flags.split_whitespace() {
+                let found = cmd.get_arguments().any(|a| match flag.strip_prefix("--") {
+                    Some(long) => {
+                        a.get_long() == Some(long)
+                            || a.get_all_aliases().is_some_and(|v| v.contains(&long))
+                    }
+                    None => a.get_short() == flag.chars().nth(1),
+                });
+                if !found {
+                    missing.push(format!("{path}: flag {flag}"));
+                }
+            }
+        }
+        assert!(paths > 50, "only {paths} command paths read");
+        assert!(missing.is_empty(), "missing:\n{}", missing.join("\n"));
     }
 }

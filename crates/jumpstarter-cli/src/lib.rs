@@ -8,6 +8,8 @@ pub mod distributed;
 pub mod j;
 pub mod jmp;
 mod logging;
+pub mod login;
+pub mod mcp;
 pub mod output;
 pub mod resources;
 pub mod shell;

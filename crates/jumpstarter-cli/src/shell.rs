@@ -1,14 +1,75 @@
 //! What `jmp shell` does once it has an exporter to talk to: run a command (or the user's
 //! shell) with `JUMPSTARTER_HOST` and friends set, and return its exit code.
 
-use std::{collections::BTreeMap, path::Path, sync::Arc};
+use std::{
+    collections::BTreeMap,
+    path::Path,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
 
 use anyhow::{Context, Result};
 use jumpstarter_core::{
     Session,
+    client::{ConnectOptions, connect_channel},
     config::ExporterConfig,
     serve::{local_socket_path, serve_unix},
 };
+use jumpstarter_proto::v1::{LogSource, exporter_service_client::ExporterServiceClient};
+
+/// Whether `run_child` also prints the exporter's log records (`jmp shell --exporter-logs`).
+static FOLLOW_EXPORTER_LOGS: AtomicBool = AtomicBool::new(false);
+
+/// `jmp shell --exporter-logs`: while the command runs, print the exporter's log records
+/// (its `LogStream`) on stderr.
+pub fn follow_exporter_logs(on: bool) {
+    FOLLOW_EXPORTER_LOGS.store(on, Ordering::Relaxed);
+}
+
+/// How often the log follower tries to (re)open the exporter's `LogStream`, as upstream.
+const LOG_STREAM_ATTEMPTS: u32 = 10;
+
+/// Prints the exporter's log records reached through `env` (`JUMPSTARTER_HOST` and the
+/// `JMP_GRPC_*` settings) on stderr until cancelled. Exporters without `LogStream` are left
+/// alone after the first answer that says so.
+async fn print_exporter_logs(env: ShellEnv) {
+    let Some(host) = env.get("JUMPSTARTER_HOST").cloned() else {
+        return;
+    };
+    let opts = ConnectOptions {
+        insecure: env.contains_key("JMP_GRPC_INSECURE"),
+        passphrase: env.get("JMP_GRPC_PASSPHRASE").cloned(),
+        ca_pem: env.get("JMP_GRPC_CA").and_then(|p| std::fs::read(p).ok()),
+    };
+    for _ in 0..LOG_STREAM_ATTEMPTS {
+        if let Ok(channel) = connect_channel(&host, &opts).await {
+            match ExporterServiceClient::new(channel).log_stream(()).await {
+                Ok(response) => {
+                    let mut records = response.into_inner();
+                    while let Ok(Some(r)) = records.message().await {
+                        let source = r
+                            .source
+                            .and_then(|s| LogSource::try_from(s).ok())
+                            .map(|s| match s {
+                                LogSource::Driver => "driver",
+                                LogSource::BeforeLeaseHook => "beforeLease",
+                                LogSource::AfterLeaseHook => "afterLease",
+                                LogSource::System | LogSource::Unspecified => "exporter",
+                            })
+                            .unwrap_or("exporter");
+                        eprintln!("[{source}] {} {}", r.severity, r.message);
+                    }
+                }
+                Err(status) if status.code() == tonic::Code::Unimplemented => return,
+                Err(status) => tracing::debug!("exporter LogStream: {}", status.message()),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
 
 /// Environment for the child of `jmp shell`.
 pub type ShellEnv = BTreeMap<String, String>;
@@ -53,6 +114,9 @@ pub async fn run_child(command: &[String], env: &ShellEnv, context: &str) -> Res
     let mut child = cmd
         .spawn()
         .with_context(|| format!("cannot run {program:?}"))?;
+    let logs = FOLLOW_EXPORTER_LOGS
+        .load(Ordering::Relaxed)
+        .then(|| tokio::spawn(print_exporter_logs(env.clone())));
     // Ctrl-C belongs to the child (it shares our terminal); we keep serving until it exits.
     let status = loop {
         tokio::select! {
@@ -60,6 +124,9 @@ pub async fn run_child(command: &[String], env: &ShellEnv, context: &str) -> Res
             _ = tokio::signal::ctrl_c() => continue,
         }
     };
+    if let Some(logs) = logs {
+        logs.abort();
+    }
     Ok(exit_code(status))
 }
 

@@ -311,6 +311,36 @@ Lease:  <none>
     }
     assert_eq!(last, seed);
 
+    // The devices it registered, one row each, and in JSON under the exporter.
+    let t = lab.ok(&["admin", "get", "exporter", "example-distributed", "-d"]);
+    assert!(t.starts_with("NAMESPACE  EXPORTER"), "{t}");
+    let power = t
+        .lines()
+        .find(|l| l.contains(" power "))
+        .unwrap_or_default();
+    assert!(
+        power.contains("jumpstarter_driver_power.client.PowerClient"),
+        "{t}"
+    );
+    assert!(t.lines().any(|l| l.contains(" storage ")), "{t}");
+    let j: serde_json::Value = serde_json::from_str(&lab.ok(&[
+        "admin",
+        "get",
+        "exporter",
+        "example-distributed",
+        "--devices",
+        "-o",
+        "json",
+    ]))
+    .unwrap();
+    let devices = j["items"][0]["devices"].as_array().unwrap();
+    assert_eq!(devices.len(), 3, "{j}");
+    assert!(
+        devices
+            .iter()
+            .all(|d| d["uuid"].as_str().is_some_and(|u| !u.is_empty()))
+    );
+
     let name = lab
         .ok(&[
             "create",

@@ -15,9 +15,9 @@ use std::{collections::BTreeMap, sync::Arc};
 use jumpstarter_core::auth::{ObjectKind, Subject, bearer_token};
 use jumpstarter_proto::admin_v1::{
     AccessPolicy, AccessRule, Client as PbClient, CreateClientRequest, CreateClientResponse,
-    CreateExporterRequest, CreateExporterResponse, Credentials, Exporter as PbExporter,
-    ListAccessPoliciesResponse, ListClientsResponse, ListExportersResponse, ListRequest, ObjectRef,
-    admin_service_server::AdminService,
+    CreateExporterRequest, CreateExporterResponse, Credentials, Device as PbDevice,
+    Exporter as PbExporter, ListAccessPoliciesResponse, ListClientsResponse, ListExportersResponse,
+    ListRequest, ObjectRef, admin_service_server::AdminService,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1 as metav1;
 use tonic::{Request, Response, Status, metadata::MetadataMap};
@@ -331,6 +331,19 @@ pub fn exporter_to_admin(e: &Exporter) -> PbExporter {
             .map(|r| r.name.clone())
             .unwrap_or_default(),
         created: created(&e.metadata),
+        devices: status
+            .and_then(|s| s.devices.as_ref())
+            .map(|devices| {
+                devices
+                    .iter()
+                    .map(|d| PbDevice {
+                        uuid: d.uuid.clone(),
+                        parent_uuid: d.parent_uuid.clone().unwrap_or_default(),
+                        labels: d.labels.clone().into_iter().collect(),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
     }
 }
 

@@ -1,0 +1,159 @@
+//! `jmp` start-up: wall time of `jmp version` and `jmp get exporters` (against our
+//! controller on loopback), ours next to the upstream Python `jmp` doing the same.
+//!
+//! Each command runs several times; the median is reported. Target: at least 20x faster.
+
+use std::{
+    path::Path,
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Result, bail};
+
+use crate::{
+    interop::{ensure_venv, tempfile_dir::Dir},
+    procs::{self, Background},
+};
+
+/// What the controller prints once it serves.
+const READY_LINE: &str = "jumpstarter-controller ready:";
+const TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Median wall time of `cmd` (rebuilt by `make` for each run), failing on a non-zero exit.
+fn median_wall(runs: usize, what: &str, make: &dyn Fn() -> Command) -> Result<Duration> {
+    let mut times = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let start = Instant::now();
+        let out = procs::run(make(), TIMEOUT)?;
+        let took = start.elapsed();
+        if out.code != 0 {
+            bail!("{what} failed (exit {}): {}", out.code, out.stderr.trim());
+        }
+        times.push(took);
+    }
+    times.sort();
+    Ok(times[times.len() / 2])
+}
+
+/// Runs the start-up benchmark. `--quick` runs each command 3 times instead of 11.
+pub fn run(args: &[String]) -> Result<()> {
+    let runs = if args.iter().any(|a| a == "--quick") {
+        3
+    } else {
+        11
+    };
+    crate::cargo(&[
+        "build",
+        "--release",
+        "--quiet",
+        "-p",
+        "jumpstarter-cli",
+        "-p",
+        "jumpstarter-controller",
+        "--bins",
+    ])?;
+    let venv = ensure_venv()?;
+    let rel = crate::target_dir().join("release");
+    let work = Dir::new("jmp-bench-startup")?;
+    let dir = work.path();
+    let admin = dir.join("admin.yaml");
+    let client = dir.join("client.yaml");
+
+    let mut c = Command::new(rel.join("jumpstarter-controller"));
+    c.arg("--data-dir")
+        .arg(dir.join("data"))
+        .args(["--listen", "127.0.0.1:0", "--router-listen", "127.0.0.1:0"])
+        .args(["--metrics-listen", "off", "--admin-config"])
+        .arg(&admin)
+        .env("RUST_LOG", "warn");
+    let mut controller = Background::start("jumpstarter-controller", c)?;
+    controller.wait_for_line(READY_LINE, Duration::from_secs(60))?;
+
+    let mut c = ours(&rel.join("jmp"), dir);
+    c.args([
+        "admin",
+        "create",
+        "client",
+        "bench",
+        "--unsafe",
+        "--nointeractive",
+    ])
+    .arg("--admin-config")
+    .arg(&admin)
+    .arg("--out")
+    .arg(&client);
+    let out = procs::run(c, TIMEOUT)?;
+    if out.code != 0 {
+        bail!("jmp admin create client failed: {}", out.stderr.trim());
+    }
+
+    println!("== jmp start-up: median wall time of {runs} runs");
+    println!(
+        "{:<34} {:>12} {:>14} {:>8}",
+        "", "ours (ms)", "upstream (ms)", "ratio"
+    );
+    let jmp = rel.join("jmp");
+    let py = venv.join("bin/jmp");
+    let commands: [(&str, Vec<String>); 2] = [
+        ("jmp version", vec!["version".into()]),
+        (
+            "jmp get exporters",
+            vec![
+                "get".into(),
+                "exporters".into(),
+                "--client-config".into(),
+                client.to_string_lossy().into_owned(),
+            ],
+        ),
+    ];
+    let mut worst = f64::INFINITY;
+    for (name, args) in &commands {
+        let ours_t = median_wall(runs, &format!("(ours) {name}"), &|| {
+            let mut c = ours(&jmp, dir);
+            c.args(args);
+            c
+        })?;
+        let py_t = median_wall(runs, &format!("(python) {name}"), &|| {
+            let mut c = Command::new(&py);
+            c.env("JMP_CLIENT_CONFIG_HOME", dir.join("py-config"))
+                .env_remove("JUMPSTARTER_HOST")
+                .current_dir(dir)
+                .args(args);
+            c
+        })?;
+        let ratio = py_t.as_secs_f64() / ours_t.as_secs_f64().max(1e-9);
+        worst = worst.min(ratio);
+        println!(
+            "{:<34} {:>12.1} {:>14.1} {:>7.1}x",
+            name,
+            ours_t.as_secs_f64() * 1e3,
+            py_t.as_secs_f64() * 1e3,
+            ratio
+        );
+    }
+    println!("target: at least 20x faster (lowest ratio here: {worst:.1}x)");
+    controller.stop();
+    Ok(())
+}
+
+/// Our `jmp` with this run's config home.
+fn ours(jmp: &Path, dir: &Path) -> Command {
+    let mut c = Command::new(jmp);
+    c.env("JMP_CLIENT_CONFIG_HOME", dir.join("rs-config"))
+        .env_remove("JUMPSTARTER_HOST")
+        .env_remove("JMP_ADMIN_CONFIG")
+        .current_dir(dir);
+    c
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn median_of_a_failing_command_is_an_error() {
+        let err = super::median_wall(1, "false", &|| std::process::Command::new("false"));
+        assert!(err.is_err());
+        let ok = super::median_wall(3, "true", &|| std::process::Command::new("true"));
+        assert!(ok.is_ok());
+    }
+}
