@@ -192,3 +192,50 @@ fn exporter_alias_is_found_in_the_config_dir() {
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr.contains("nope"), "{stderr}");
 }
+
+#[test]
+fn exporter_logs_are_printed_only_when_asked() {
+    let s = Scratch::new();
+    // The follower subscribes after the command starts: call a few times, spaced out.
+    let script = format!("for i in 1 2 3 4 5 6; do sleep 0.5; {J} power on >/dev/null; done");
+    let run = |extra: &[&str]| {
+        let out = s
+            .cmd(JMP)
+            .args(["shell", "--exporter-config", "exporter.yaml"])
+            .args(extra)
+            .args(["--", "sh", "-c", &script])
+            .output()
+            .unwrap();
+        let (stdout, stderr) = text(&out);
+        assert!(out.status.success(), "{stdout}{stderr}");
+        stderr
+    };
+    let with = run(&["--exporter-logs"]);
+    assert!(with.contains("[driver] INFO power on"), "{with}");
+    let without = run(&[]);
+    assert!(!without.contains("[driver] INFO"), "{without}");
+}
+
+#[test]
+fn completion_scripts_for_each_shell() {
+    let s = Scratch::new();
+    for (shell, marker) in [
+        ("bash", "complete -F"),
+        ("zsh", "#compdef jmp"),
+        ("fish", "complete -c jmp"),
+    ] {
+        let out = s.cmd(JMP).args(["completion", shell]).output().unwrap();
+        let (stdout, stderr) = text(&out);
+        assert!(out.status.success(), "{shell}: {stderr}");
+        assert!(stdout.contains(marker), "{shell}: {stdout}");
+        // Subcommands deep in the tree are offered.
+        assert!(stdout.contains("exporters"), "{shell}");
+    }
+    let out = s
+        .cmd(JMP)
+        .args(["completion", "powershell"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out).1.contains("bash, zsh, fish"), "{:?}", text(&out));
+}
