@@ -6,6 +6,7 @@ pub mod cluster_config;
 pub mod crd;
 pub mod duration;
 pub mod external_auth;
+pub mod http1;
 pub mod key_secret;
 pub mod leader;
 pub mod login_service;

@@ -5,18 +5,16 @@
 use std::{sync::Arc, time::Duration};
 
 use jumpstarter_core::auth::IssuedCert;
-use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
-    net::TcpListener,
-};
+use tokio::net::TcpListener;
 use tokio_rustls::{TlsAcceptor, rustls};
 
-use crate::server::ServerError;
+use crate::{
+    http1::{self, Request},
+    server::ServerError,
+};
 
 /// Requests in flight at once; more connections are closed.
 const MAX_CONNECTIONS: usize = 64;
-/// Longest request head accepted.
-const MAX_REQUEST: usize = 8 * 1024;
 /// A connection must be done within this.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// The OIDC client id `jmp login` uses by default.
@@ -96,57 +94,33 @@ pub async fn serve(
     doc: Arc<LoginDocument>,
     shutdown: impl Future<Output = ()> + Send,
 ) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
-    tokio::pin!(shutdown);
-    loop {
-        let (conn, _) = tokio::select! {
-            _ = &mut shutdown => return,
-            r = listener.accept() => match r {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::warn!("login listener: {e}");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-        };
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
-            drop(conn);
-            continue;
-        };
+    let handle = move |conn| {
         let (acceptor, doc) = (acceptor.clone(), doc.clone());
-        tokio::spawn(async move {
-            let _permit = permit;
-            let _ = tokio::time::timeout(REQUEST_TIMEOUT, async move {
-                if let Ok(tls) = acceptor.accept(conn).await {
-                    respond(tls, &doc).await;
-                }
-            })
-            .await;
-        });
-    }
+        async move {
+            if let Ok(tls) = acceptor.accept(conn).await {
+                respond(tls, &doc).await;
+            }
+        }
+    };
+    http1::serve(
+        "login",
+        listener,
+        MAX_CONNECTIONS,
+        REQUEST_TIMEOUT,
+        handle,
+        shutdown,
+    )
+    .await;
 }
 
 async fn respond<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
     mut conn: S,
     doc: &LoginDocument,
 ) {
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 1024];
-    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-        if buf.len() >= MAX_REQUEST {
-            return;
-        }
-        match conn.read(&mut chunk).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-        }
-    }
-    let head = String::from_utf8_lossy(&buf);
-    let mut parts = head.lines().next().unwrap_or_default().split(' ');
-    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let path = path.split('?').next().unwrap_or("");
-    let (status, body) = match (method, path) {
+    let Request::Line(method, path) = http1::read_request_line(&mut conn).await else {
+        return;
+    };
+    let (status, body) = match (method.as_str(), path.as_str()) {
         ("GET", "/v1/auth/config") => ("200 OK", doc.to_json().to_string()),
         ("GET", _) => ("404 Not Found", r#"{"error":"not found"}"#.to_string()),
         _ => (
@@ -154,12 +128,7 @@ async fn respond<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
             r#"{"error":"method not allowed"}"#.to_string(),
         ),
     };
-    let reply = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    let _ = conn.write_all(reply.as_bytes()).await;
-    let _ = conn.shutdown().await;
+    http1::reply(&mut conn, status, "application/json", &body).await;
 }
 
 #[cfg(test)]

@@ -12,12 +12,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
-    net::TcpListener,
-};
+use tokio::net::TcpListener;
 
 use crate::{
+    http1::{self, Request},
     objects::{Exporter, Lease, conditions},
     selector::LabelSelector,
     state::ControllerState,
@@ -33,8 +31,6 @@ const BUCKETS: [f64; 12] = [
 const MAX_METHODS: usize = 128;
 /// Scrapes served at once.
 const MAX_CONNECTIONS: usize = 8;
-/// Largest request head read.
-const MAX_REQUEST: usize = 8 * 1024;
 /// A scrape that takes longer is cut.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -234,78 +230,40 @@ pub async fn serve(
     render: Render,
     shutdown: impl Future<Output = ()> + Send,
 ) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
-    tokio::pin!(shutdown);
-    loop {
-        let (conn, peer) = tokio::select! {
-            _ = &mut shutdown => return,
-            r = listener.accept() => match r {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::warn!("metrics listener: {e}");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-        };
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
-            // Busy: close rather than queue.
-            drop(conn);
-            continue;
-        };
-        let render = render.clone();
-        tokio::spawn(async move {
-            let _permit = permit;
-            if tokio::time::timeout(REQUEST_TIMEOUT, respond(conn, render))
-                .await
-                .is_err()
-            {
-                tracing::debug!("metrics request from {peer} timed out");
-            }
-        });
-    }
+    let handle = move |conn| respond(conn, render.clone());
+    http1::serve(
+        "metrics",
+        listener,
+        MAX_CONNECTIONS,
+        REQUEST_TIMEOUT,
+        handle,
+        shutdown,
+    )
+    .await;
 }
+
+const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 async fn respond(mut conn: tokio::net::TcpStream, render: Render) {
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 1024];
-    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-        if buf.len() >= MAX_REQUEST {
-            let _ = conn
-                .write_all(&reply("431 Request Header Fields Too Large", ""))
-                .await;
-            return;
-        }
-        match conn.read(&mut chunk).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-        }
-    }
-    let head = String::from_utf8_lossy(&buf);
-    let mut parts = head.lines().next().unwrap_or_default().split(' ');
-    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let path = path.split('?').next().unwrap_or("");
-    let response = match (method, path) {
-        ("GET", "/metrics") => reply("200 OK", &render().await),
-        ("GET", _) => reply("404 Not Found", "not found; metrics are at /metrics\n"),
-        _ => reply("405 Method Not Allowed", ""),
+    let (status, body) = match http1::read_request_line(&mut conn).await {
+        Request::Closed => return,
+        Request::TooLarge => ("431 Request Header Fields Too Large", String::new()),
+        Request::Line(method, path) => match (method.as_str(), path.as_str()) {
+            ("GET", "/metrics") => ("200 OK", render().await),
+            ("GET", _) => (
+                "404 Not Found",
+                "not found; metrics are at /metrics\n".to_string(),
+            ),
+            _ => ("405 Method Not Allowed", String::new()),
+        },
     };
-    let _ = conn.write_all(&response).await;
-    let _ = conn.shutdown().await;
-}
-
-fn reply(status: &str, body: &str) -> Vec<u8> {
-    format!(
-        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .into_bytes()
+    http1::reply(&mut conn, status, CONTENT_TYPE, &body).await;
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     #[test]
     fn histogram_counts_cumulatively() {
