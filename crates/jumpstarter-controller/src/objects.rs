@@ -327,6 +327,12 @@ impl Exporter {
         self.metadata.labels.clone().unwrap_or_default()
     }
 
+    /// The labels, borrowed (empty when unset): for matching without copying.
+    pub fn label_map(&self) -> &BTreeMap<String, String> {
+        static NONE: BTreeMap<String, String> = BTreeMap::new();
+        self.metadata.labels.as_ref().unwrap_or(&NONE)
+    }
+
     /// Whether the stored condition `type_` is True.
     pub fn condition_is_true(&self, type_: &str) -> bool {
         self.status

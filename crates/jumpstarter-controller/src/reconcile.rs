@@ -3,7 +3,7 @@
 //! the next deadline or until a service pokes [`ControllerState::wake`].
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     sync::Arc,
     time::Duration,
 };
@@ -14,8 +14,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1 as metav1;
 
 use crate::{
     objects::{
-        Client, Exporter, ExporterAccessPolicy, ExporterStatus, ExporterStatusValue, Lease,
-        conditions, exporter_online_state, set_condition,
+        Client, EXPORTER_OFFLINE_AFTER, Exporter, ExporterAccessPolicy, ExporterStatus,
+        ExporterStatusValue, Lease, conditions, exporter_online_state, set_condition,
     },
     scheduler::{Snapshot, exporter_lease_refs, schedule},
     selector::LabelSelector,
@@ -23,8 +23,13 @@ use crate::{
     store::{ListParams, Store, StoreError},
 };
 
-/// The longest the loop sleeps (exporter liveness is re-evaluated at least this often).
+/// The longest the loop sleeps.
 const MAX_SLEEP: Duration = Duration::from_secs(5);
+
+/// How often a pass looks at every exporter, not only those that changed or are due: a
+/// safety net for changes no feed reports (the liveness deadlines and the lease holders
+/// already cover everything the loop knows of).
+const FULL_SWEEP_EVERY: jiff::SignedDuration = jiff::SignedDuration::from_secs(300);
 
 async fn list_all<S: Store, K: crate::store::StoreObject>(store: &S) -> Result<Vec<K>, StoreError> {
     Ok(store
@@ -35,9 +40,22 @@ async fn list_all<S: Store, K: crate::store::StoreObject>(store: &S) -> Result<V
 
 /// The reconcile loop's copy of the exporters: updated from the exporter cache's changes
 /// (and from its own writes) instead of listing and decoding every exporter on every pass.
+///
+/// It also knows which exporters a pass must look at, so a pass costs what changed, not the
+/// size of the lab: those that changed, those whose lease changed, and those whose `Online`
+/// condition may have lapsed by now (last seen + [`EXPORTER_OFFLINE_AFTER`]).
 pub struct ExporterView {
     items: Vec<Exporter>,
     index: HashMap<ObjectKey, usize>,
+    /// Changed since the last pass.
+    dirty: HashSet<ObjectKey>,
+    /// When each exporter's liveness must be looked at again, ordered by time.
+    due: BTreeSet<(Timestamp, ObjectKey)>,
+    due_of: HashMap<ObjectKey, Timestamp>,
+    /// The lease holding each exporter after the last pass.
+    holders: BTreeMap<ObjectKey, String>,
+    /// When every exporter was last looked at (a safety net, see [`FULL_SWEEP_EVERY`]).
+    swept_at: Option<Timestamp>,
 }
 
 impl ExporterView {
@@ -45,6 +63,11 @@ impl ExporterView {
         let mut view = ExporterView {
             items: Vec::with_capacity(items.len()),
             index: HashMap::with_capacity(items.len()),
+            dirty: HashSet::with_capacity(items.len()),
+            due: BTreeSet::new(),
+            due_of: HashMap::new(),
+            holders: BTreeMap::new(),
+            swept_at: None,
         };
         for e in items {
             view.set(e);
@@ -66,11 +89,13 @@ impl ExporterView {
             Some(&i) => {
                 if !older_version(&e, &self.items[i]) {
                     self.items[i] = e;
+                    self.dirty.insert(key);
                 }
             }
             None => {
-                self.index.insert(key, self.items.len());
+                self.index.insert(key.clone(), self.items.len());
                 self.items.push(e);
+                self.dirty.insert(key);
             }
         }
     }
@@ -82,6 +107,65 @@ impl ExporterView {
                 self.index.insert(Self::key(moved), i);
             }
         }
+        self.dirty.remove(key);
+        self.check_at(key, None);
+    }
+
+    fn get(&self, key: &ObjectKey) -> Option<&Exporter> {
+        self.index.get(key).and_then(|&i| self.items.get(i))
+    }
+
+    /// Looks at `key` again at `at` (`None`: only when it changes).
+    fn check_at(&mut self, key: &ObjectKey, at: Option<Timestamp>) {
+        if let Some(old) = self.due_of.remove(key) {
+            self.due.remove(&(old, key.clone()));
+        }
+        if let Some(at) = at {
+            self.due.insert((at, key.clone()));
+            self.due_of.insert(key.clone(), at);
+        }
+    }
+
+    /// The exporters this pass must look at, given the lease holders `holders` it computed;
+    /// `None` means all of them.
+    fn take_targets(
+        &mut self,
+        now: Timestamp,
+        holders: &BTreeMap<ObjectKey, String>,
+    ) -> Option<Vec<ObjectKey>> {
+        let full = self
+            .swept_at
+            .is_none_or(|t| now.duration_since(t) >= FULL_SWEEP_EVERY);
+        let mut keys = std::mem::take(&mut self.dirty);
+        for (k, v) in holders {
+            if self.holders.get(k) != Some(v) {
+                keys.insert(k.clone());
+            }
+        }
+        for (k, v) in &self.holders {
+            if holders.get(k) != Some(v) {
+                keys.insert(k.clone());
+            }
+        }
+        self.holders.clone_from(holders);
+        while let Some((at, _)) = self.due.first()
+            && *at <= now
+        {
+            if let Some((_, k)) = self.due.pop_first() {
+                self.due_of.remove(&k);
+                keys.insert(k);
+            }
+        }
+        if full {
+            self.swept_at = Some(now);
+            return None;
+        }
+        Some(keys.into_iter().collect())
+    }
+
+    /// The earliest time an exporter's liveness must be looked at again.
+    fn next_due(&self) -> Option<Timestamp> {
+        self.due.first().map(|(t, _)| *t)
     }
 }
 
@@ -117,9 +201,9 @@ pub async fn reconcile_once<S: Store>(
     let leases: Vec<Lease> = list_all(store).await?;
     // Exporters come from the cache the exporter feed keeps when it runs, else from a list.
     let mut view_guard = state.exporter_view.lock().await;
-    let listed: Vec<Exporter>;
-    let exporters: &[Exporter] = match state.take_exporter_changes(view_guard.is_none()) {
-        Some(ExporterChanges::All(items)) => &view_guard.insert(ExporterView::new(items)).items,
+    let mut listed: Option<Vec<Exporter>> = None;
+    match state.take_exporter_changes(view_guard.is_none()) {
+        Some(ExporterChanges::All(items)) => *view_guard = Some(ExporterView::new(items)),
         Some(ExporterChanges::Some(changes)) => match view_guard.as_mut() {
             Some(view) => {
                 for (key, e) in changes {
@@ -128,18 +212,18 @@ pub async fn reconcile_once<S: Store>(
                         None => view.remove(&key),
                     }
                 }
-                &view.items
             }
-            None => {
-                listed = list_all(store).await?;
-                &listed
-            }
+            None => listed = Some(list_all(store).await?),
         },
         None => {
             *view_guard = None;
-            listed = list_all(store).await?;
-            &listed
+            listed = Some(list_all(store).await?);
         }
+    }
+    let exporters: &[Exporter] = match (&listed, view_guard.as_ref()) {
+        (Some(items), _) => items,
+        (None, Some(view)) => &view.items,
+        (None, None) => &[],
     };
     let policies: Vec<ExporterAccessPolicy> = list_all(store).await?;
     let clients: Vec<Client> = list_all(store).await?;
@@ -173,6 +257,25 @@ pub async fn reconcile_once<S: Store>(
             ))
         })
         .collect();
+    // The exporters that leases are assigned to, to make them the leases' owners.
+    let assigned: HashSet<(&str, &str)> = decisions
+        .iter()
+        .filter_map(|d| {
+            let r = d.status.exporter_ref.as_ref()?;
+            Some((d.namespace.as_str(), r.name.as_str()))
+        })
+        .collect();
+    let owners: HashMap<(&str, &str), &Exporter> = exporters
+        .iter()
+        .filter_map(|e| {
+            let key = (
+                e.metadata.namespace.as_deref()?,
+                e.metadata.name.as_deref()?,
+            );
+            assigned.contains(&key).then_some((key, e))
+        })
+        .collect();
+    let mut rewritten: HashMap<(String, String), Lease> = HashMap::new();
     for d in &decisions {
         if let Some(t) = d.requeue_at {
             next = Some(next.map_or(t, |n| n.min(t)));
@@ -200,14 +303,43 @@ pub async fn reconcile_once<S: Store>(
                 Err(e) => return Err(e),
             }
         }
+        // Labels and the owner reference go in one write.
+        let mut meta_changed = d.labels_changed;
         if d.labels_changed {
             current.metadata.labels = (!d.labels.is_empty()).then(|| d.labels.clone());
+        }
+        match crate::owner_refs::set_lease_owner(&mut current, &d.status, &owners) {
+            Ok(changed) => meta_changed |= changed,
+            Err(e) => tracing::warn!("lease owner reference not set: {e}"),
+        }
+        if meta_changed {
             match store.update(&current).await {
-                Ok(_) => {}
+                Ok(stored) => current = stored,
                 Err(e) if e.is_conflict() => next = Some(now),
                 Err(e) => return Err(e),
             }
         }
+        rewritten.insert(key, current);
+    }
+
+    // Leases are owned by their exporter, as upstream's (collected with it on a cluster);
+    // this catches the leases assigned before (e.g. by an older controller).
+    let statuses: Vec<_> = final_status
+        .iter()
+        .map(|((ns, n), st)| (ns.as_str(), n.as_str(), st))
+        .collect();
+    let latest: Vec<Lease> = leases
+        .iter()
+        .map(|l| {
+            let key = (
+                l.metadata.namespace.clone().unwrap_or_default(),
+                l.metadata.name.clone().unwrap_or_default(),
+            );
+            rewritten.remove(&key).unwrap_or_else(|| l.clone())
+        })
+        .collect();
+    if crate::owner_refs::sync_lease_owners(store, &latest, &statuses, exporters).await {
+        next = Some(now);
     }
 
     // Exporters: who holds them, and whether they are online.
@@ -216,8 +348,21 @@ pub async fn reconcile_once<S: Store>(
             .iter()
             .map(|((ns, name), st)| (ns.as_str(), name.as_str(), st)),
     );
+    let targets: Vec<&Exporter> = match (&listed, view_guard.as_mut()) {
+        (Some(items), _) => items.iter().collect(),
+        (None, Some(view)) => match view.take_targets(now, &refs) {
+            None => view.items.iter().collect(),
+            Some(keys) => {
+                let view = &*view;
+                keys.iter().filter_map(|k| view.get(k)).collect()
+            }
+        },
+        (None, None) => Vec::new(),
+    };
     let mut written: Vec<Exporter> = Vec::new();
-    for e in exporters {
+    let mut updates: Vec<Exporter> = Vec::new();
+    let mut checks: Vec<(ObjectKey, Option<Timestamp>)> = Vec::with_capacity(targets.len());
+    for e in targets {
         let (Some(ns), Some(name)) = (e.metadata.namespace.as_deref(), e.metadata.name.as_deref())
         else {
             continue;
@@ -243,6 +388,13 @@ pub async fn reconcile_once<S: Store>(
             None => stored,
         };
         let online = exporter_online_state(live, now);
+        // While online, the condition lapses by itself a minute after the last sighting.
+        let lapses_at = live
+            .and_then(|s| s.last_seen.as_ref())
+            .filter(|_| online.online)
+            .and_then(|t| t.0.checked_add(EXPORTER_OFFLINE_AFTER).ok())
+            .and_then(|t| t.checked_add(jiff::SignedDuration::from_millis(1)).ok());
+        checks.push(((ns.to_string(), name.to_string()), lapses_at));
         let registered = stored.is_some_and(|s| s.devices.is_some());
         let empty = Vec::new();
         let conds = stored.map(|s| &s.conditions).unwrap_or(&empty);
@@ -303,16 +455,26 @@ pub async fn reconcile_once<S: Store>(
         );
         let mut updated = e.clone();
         updated.status = Some(status);
-        match store.update_status(&updated).await {
+        updates.push(updated);
+    }
+    // One write for all of them: after a mass registration this is thousands of exporters.
+    for result in store.update_status_many(updates).await? {
+        match result {
             Ok(stored) => written.push(stored),
-            Err(err) if err.is_conflict() => next = Some(now),
+            Err(err) if err.is_conflict() || err.is_not_found() => next = Some(now),
             Err(err) => return Err(err),
         }
     }
     // Our own writes are newer than what the view holds until the feed delivers them.
     if let Some(view) = view_guard.as_mut() {
+        for (key, at) in checks {
+            view.check_at(&key, at);
+        }
         for e in written {
             view.set(e);
+        }
+        if let Some(t) = view.next_due() {
+            next = Some(next.map_or(t, |n| n.min(t)));
         }
     }
     Ok(next)
@@ -344,5 +506,118 @@ pub async fn run<S: Store>(
             _ = state.wake.notified() => {}
             _ = tokio::time::sleep(sleep) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use jumpstarter_core::auth::{RouterTokenKey, TokenIssuer};
+
+    use super::*;
+    use crate::objects::{ExporterSpec, conditions as c, find_condition};
+    use crate::store::SqliteStore;
+
+    async fn state() -> (tempfile::TempDir, Arc<ControllerState<SqliteStore>>) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(dir.path()).await.unwrap();
+        let issuer = Arc::new(TokenIssuer::generate().unwrap());
+        let (router_key, _) = RouterTokenKey::generate().unwrap();
+        let state = ControllerState::new(store, issuer, router_key, vec![], "localhost:1".into());
+        (dir, state)
+    }
+
+    fn online(e: &Exporter) -> Option<String> {
+        let conds = &e.status.as_ref()?.conditions;
+        find_condition(conds, c::ONLINE).map(|c| c.status.clone())
+    }
+
+    /// A pass looks only at what changed, yet an exporter that falls silent still goes
+    /// offline on time: its liveness deadline brings it back into a pass by itself.
+    #[tokio::test]
+    async fn a_silent_exporter_lapses_offline_on_time_without_any_change() {
+        let (_dir, state) = state().await;
+        state.start_exporter_feed();
+        assert!(state.exporters_synced(Duration::from_secs(5)).await);
+        let mut e = Exporter::new("board", ExporterSpec::default());
+        e.metadata.namespace = Some("default".into());
+        let mut e = state.store.create(&e).await.unwrap();
+        // Last seen just under a minute ago (stored to the second): online for 0.5–1.5 s more.
+        let seen =
+            Timestamp::now() - EXPORTER_OFFLINE_AFTER + jiff::SignedDuration::from_millis(1500);
+        e.status = Some(ExporterStatus {
+            devices: Some(vec![]),
+            last_seen: Some(metav1::Time(seen)),
+            ..Default::default()
+        });
+        state.store.update_status(&e).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+
+        let next = reconcile_once(&state).await.unwrap();
+        let stored: Exporter = state.store.get("default", "board").await.unwrap().unwrap();
+        assert_eq!(online(&stored).as_deref(), Some("True"));
+        // The loop is told to come back when the minute is up, not later.
+        let stored_seen = stored.status.unwrap().last_seen.unwrap().0;
+        let lapse = stored_seen + EXPORTER_OFFLINE_AFTER;
+        let next = next.unwrap();
+        assert!(next >= lapse, "{next} vs {lapse}");
+        assert!(
+            next <= lapse + jiff::SignedDuration::from_millis(2),
+            "{next} vs {lapse}"
+        );
+
+        // The feed delivers that pass's own write; one more pass takes it in.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        reconcile_once(&state).await.unwrap();
+        // Nothing changes meanwhile; once the deadline passes, a pass marks it offline.
+        let wait = lapse.duration_since(Timestamp::now()) + jiff::SignedDuration::from_millis(100);
+        tokio::time::sleep(Duration::try_from(wait).unwrap()).await;
+        reconcile_once(&state).await.unwrap();
+        let stored: Exporter = state.store.get("default", "board").await.unwrap().unwrap();
+        assert_eq!(online(&stored).as_deref(), Some("False"));
+        let status = stored.status.unwrap();
+        assert_eq!(status.exporter_status, Some(ExporterStatusValue::Offline));
+    }
+
+    #[test]
+    fn targets_are_the_changed_the_due_and_those_whose_holder_changed() {
+        let named = |name: &str| {
+            let mut e = Exporter::new(name, ExporterSpec::default());
+            e.metadata.namespace = Some("ns".into());
+            e.metadata.resource_version = Some("1".into());
+            e
+        };
+        let key = |name: &str| ("ns".to_string(), name.to_string());
+        let now = Timestamp::now();
+        let mut view = ExporterView::new((0..5).map(|i| named(&format!("e{i}"))).collect());
+        // The first pass looks at everything.
+        assert_eq!(view.take_targets(now, &BTreeMap::new()), None);
+        assert_eq!(view.take_targets(now, &BTreeMap::new()), Some(vec![]));
+
+        let mut changed = named("e1");
+        changed.metadata.resource_version = Some("2".into());
+        view.set(changed);
+        view.check_at(&key("e2"), Some(now));
+        view.check_at(&key("e3"), Some(now + jiff::SignedDuration::from_secs(30)));
+        let holders = BTreeMap::from([(key("e4"), "lease-a".to_string())]);
+        let mut got = view.take_targets(now, &holders).unwrap();
+        got.sort();
+        assert_eq!(got, vec![key("e1"), key("e2"), key("e4")]);
+        assert_eq!(
+            view.next_due(),
+            Some(now + jiff::SignedDuration::from_secs(30))
+        );
+
+        // The lease lets go of e4: it is looked at again; an older version changes nothing.
+        let mut stale = named("e1");
+        stale.metadata.resource_version = Some("1".into());
+        view.set(stale);
+        assert_eq!(
+            view.take_targets(now, &BTreeMap::new()),
+            Some(vec![key("e4")])
+        );
+        view.remove(&key("e3"));
+        assert_eq!(view.next_due(), None);
     }
 }

@@ -206,12 +206,11 @@ struct Candidate<'a> {
 
 fn schedule_namespace(snap: &Snapshot<'_>, ns: &str) -> Vec<LeaseDecision> {
     let now = snap.now;
-    let mut exporters: Vec<&Exporter> = snap
+    let exporters: Vec<&Exporter> = snap
         .exporters
         .iter()
         .filter(|e| namespace_of(&e.metadata) == ns)
         .collect();
-    exporters.sort_by_key(|e| name_of(&e.metadata));
     let policies: Vec<&ExporterAccessPolicy> = snap
         .policies
         .iter()
@@ -543,7 +542,7 @@ fn evaluate<'a>(
                     format!("The requested exporter {name:?} does not exist"),
                 ));
             };
-            if !selector.is_empty() && !selector.matches(&e.labels()) {
+            if !selector.is_empty() && !selector.matches(e.label_map()) {
                 return Err((
                     c::UNSATISFIABLE,
                     c::REASON_SELECTOR_MISMATCH,
@@ -564,11 +563,13 @@ fn evaluate<'a>(
             vec![*e]
         }
         None => {
-            let matching: Vec<&'a Exporter> = exporters
+            let mut matching: Vec<&'a Exporter> = exporters
                 .iter()
                 .copied()
-                .filter(|e| selector.matches(&e.labels()))
+                .filter(|e| selector.matches(e.label_map()))
                 .collect();
+            // Sorted here, not before: only the matching few, not the whole lab.
+            matching.sort_by_key(|e| name_of(&e.metadata));
             let enabled: Vec<&'a Exporter> = matching
                 .iter()
                 .copied()
@@ -611,13 +612,13 @@ fn evaluate<'a>(
     let mut approved = Vec::new();
     let mut descriptions: BTreeSet<String> = BTreeSet::new();
     for &e in &candidates {
-        let labels = e.labels();
+        let labels = e.label_map();
         let mut best: Option<Approved<'a>> = None;
         for p in policies {
             let Ok(exporter_selector) = LabelSelector::from_k8s(&p.spec.exporter_selector) else {
                 continue;
             };
-            if !exporter_selector.matches(&labels) {
+            if !exporter_selector.matches(labels) {
                 continue;
             }
             for rule in &p.spec.policies {

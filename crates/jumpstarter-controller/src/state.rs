@@ -131,6 +131,8 @@ pub struct ControllerState<S: Store> {
     seen: Mutex<HashMap<ObjectKey, Timestamp>>,
     /// The reconcile loop's own copy of the exporters, updated from the cache's changes.
     pub(crate) exporter_view: tokio::sync::Mutex<Option<crate::reconcile::ExporterView>>,
+    /// Records exporter online/offline events (posts them only with the Kubernetes store).
+    pub events: crate::events::EventRecorder,
 }
 
 /// Maps a store error to the status upstream's Kubernetes errors become.
@@ -153,7 +155,6 @@ impl<S: Store> ControllerState<S> {
         endpoint: String,
     ) -> Arc<Self> {
         Arc::new(Self {
-            store,
             issuer,
             router_key,
             routers,
@@ -169,6 +170,8 @@ impl<S: Store> ControllerState<S> {
             feed_stop: watch::channel(()).0,
             seen: Mutex::new(HashMap::new()),
             exporter_view: tokio::sync::Mutex::new(None),
+            events: store.event_recorder(),
+            store,
         })
     }
 
@@ -267,7 +270,7 @@ impl<S: Store> ControllerState<S> {
             WatchEvent::Added(e) | WatchEvent::Modified(e) => (key_of(&e), Some(Arc::new(e))),
             WatchEvent::Deleted(e) => (key_of(&e), None),
         };
-        match &value {
+        let old = match &value {
             Some(e) => cache.objects.insert(key.clone(), e.clone()),
             None => {
                 self.seen
@@ -277,6 +280,10 @@ impl<S: Store> ControllerState<S> {
                 cache.objects.remove(&key)
             }
         };
+        // Every write of an exporter passes here once: the place to notice transitions.
+        if let (Some(old), Some(new)) = (&old, &value) {
+            self.events.exporter_changed(old, new);
+        }
         cache.dirty.insert(key.clone());
         if let Some(tx) = cache.watchers.get(&key) {
             if tx.receiver_count() == 0 {
@@ -290,10 +297,17 @@ impl<S: Store> ControllerState<S> {
     fn replace_exporters(&self, items: Vec<Exporter>) {
         let mut guard = self.cache();
         let cache = &mut *guard;
-        cache.objects = items
+        let items: HashMap<ObjectKey, Arc<Exporter>> = items
             .into_iter()
             .map(|e| (key_of(&e), Arc::new(e)))
             .collect();
+        // After a relist, transitions missed while the watch was down.
+        for (key, new) in &items {
+            if let Some(old) = cache.objects.get(key) {
+                self.events.exporter_changed(old, new);
+            }
+        }
+        cache.objects = items;
         cache.relisted = true;
         cache.synced = true;
         cache.dirty.clear();

@@ -8,9 +8,10 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::{Store, StoreError, StoreObject};
+use crate::owner_refs::controller_reference;
 
 /// The key of the token in the Secret's data.
 pub const TOKEN_KEY: &str = "token";
@@ -40,8 +41,8 @@ pub fn secret_name<K: StoreObject>(owner: &K) -> String {
 /// The Secret holding `token` for `owner` (which must be stored: it needs its uid for the
 /// owner reference).
 pub fn credential_secret<K: StoreObject>(owner: &K, token: &str) -> Result<Secret, StoreError> {
-    let meta = owner.meta();
-    let (Some(name), Some(namespace), Some(uid)) = (&meta.name, &meta.namespace, &meta.uid) else {
+    let (Some(namespace), Some(owner_ref)) = (&owner.meta().namespace, controller_reference(owner))
+    else {
         return Err(invalid(
             owner,
             "a credential Secret needs the owner's name, namespace and uid (store it first)",
@@ -51,14 +52,7 @@ pub fn credential_secret<K: StoreObject>(owner: &K, token: &str) -> Result<Secre
         metadata: ObjectMeta {
             name: Some(secret_name(owner)),
             namespace: Some(namespace.clone()),
-            owner_references: Some(vec![OwnerReference {
-                api_version: K::api_version(&()).into_owned(),
-                kind: K::kind(&()).into_owned(),
-                name: name.clone(),
-                uid: uid.clone(),
-                controller: Some(true),
-                block_owner_deletion: Some(true),
-            }]),
+            owner_references: Some(vec![owner_ref]),
             ..ObjectMeta::default()
         },
         type_: Some("Opaque".to_owned()),

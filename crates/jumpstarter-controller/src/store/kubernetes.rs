@@ -223,6 +223,10 @@ fn kube_list_params(selector: &LabelSelector, params: &ListParams) -> KubeListPa
 }
 
 impl Store for KubeStore {
+    fn event_recorder(&self) -> crate::events::EventRecorder {
+        crate::events::EventRecorder::kubernetes(self.client.clone())
+    }
+
     async fn get<K: StoreObject>(
         &self,
         namespace: &str,

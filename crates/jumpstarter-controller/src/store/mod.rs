@@ -275,6 +275,22 @@ pub trait Store: Clone + Send + Sync + 'static {
         object: &K,
     ) -> impl Future<Output = Result<K, StoreError>> + Send;
 
+    /// [`Store::update_status`] of each object, in one write where the backend can (one disk
+    /// sync for SQLite). Each object succeeds or fails on its own; the outer error means the
+    /// backend failed (for SQLite: then none was written).
+    fn update_status_many<K: StoreObject>(
+        &self,
+        objects: Vec<K>,
+    ) -> impl Future<Output = Result<Vec<Result<K, StoreError>>, StoreError>> + Send {
+        async move {
+            let mut out = Vec::with_capacity(objects.len());
+            for object in &objects {
+                out.push(self.update_status(object).await);
+            }
+            Ok(out)
+        }
+    }
+
     /// Deletes `namespace/name` and returns its last state. With `resource_version`, deletes
     /// only if it is the stored one, else [`StoreError::Conflict`].
     fn delete<K: StoreObject>(
@@ -293,6 +309,12 @@ pub trait Store: Clone + Send + Sync + 'static {
         namespace: Option<&str>,
         since: Option<&str>,
     ) -> impl Future<Output = Result<WatchStream<K>, StoreError>> + Send;
+
+    /// Where Kubernetes Events about exporters go: nowhere, unless the backend is a cluster
+    /// (see [`crate::events`]). Called once per controller.
+    fn event_recorder(&self) -> crate::events::EventRecorder {
+        crate::events::EventRecorder::disabled()
+    }
 }
 
 #[cfg(test)]

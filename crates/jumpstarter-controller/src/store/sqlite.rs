@@ -240,6 +240,32 @@ fn spec_part(v: &Value) -> Value {
     }
 }
 
+/// What an update needs before the transaction: the target, the given `resourceVersion` and
+/// the object as JSON.
+fn prepare_replace<K: StoreObject>(object: &K) -> Result<(Target, String, Value), StoreError> {
+    let t = target_of(object);
+    check_key(&t)?;
+    let given_rv = object
+        .meta()
+        .resource_version
+        .clone()
+        .filter(|rv| !rv.is_empty())
+        .ok_or_else(|| t.invalid("metadata.resourceVersion must be set for an update"))?;
+    let given =
+        serde_json::to_value(object).map_err(|e| t.invalid(format!("cannot serialize: {e}")))?;
+    Ok((t, given_rv, given))
+}
+
+/// `update_status`'s merge: the stored object with the given status.
+fn merge_status(t: &Target, mut stored: Value, given: Value) -> Result<Value, StoreError> {
+    let status = given.get("status").cloned().filter(|s| !s.is_null());
+    match &mut stored {
+        Value::Object(map) => set_or_remove(map, "status", status),
+        _ => return Err(t.corrupt("stored object is not a JSON object")),
+    }
+    Ok(stored)
+}
+
 fn set_or_remove(map: &mut serde_json::Map<String, Value>, key: &str, value: Option<Value>) {
     match value {
         Some(v) => {
@@ -278,7 +304,7 @@ impl Inner {
         Ok(result)
     }
 
-    fn next_revision(&self, tx: &rusqlite::Transaction<'_>) -> Result<u64, StoreError> {
+    fn next_revision(&self, tx: &Connection) -> Result<u64, StoreError> {
         let rev: i64 = tx
             .query_row(
                 "UPDATE meta SET value = value + 1 WHERE key = 'revision' RETURNING value",
@@ -307,7 +333,7 @@ impl Inner {
 
     fn write_row(
         &self,
-        tx: &rusqlite::Transaction<'_>,
+        tx: &Connection,
         t: &Target,
         revision: u64,
         body: &str,
@@ -382,47 +408,90 @@ impl Inner {
         object: &K,
         merge: impl FnOnce(&Target, Value, Value) -> Result<Value, StoreError>,
     ) -> Result<K, StoreError> {
-        let t = target_of(object);
-        check_key(&t)?;
-        let given_rv = object
-            .meta()
-            .resource_version
-            .clone()
-            .filter(|rv| !rv.is_empty())
-            .ok_or_else(|| t.invalid("metadata.resourceVersion must be set for an update"))?;
-        let given = serde_json::to_value(object)
-            .map_err(|e| t.invalid(format!("cannot serialize: {e}")))?;
+        let (t, given_rv, given) = prepare_replace(object)?;
         self.write(&t.kind, |tx| {
-            let (current_rv, body) = self.read_row(tx, &t)?.ok_or_else(|| t.not_found())?;
-            if given_rv != current_rv.to_string() {
-                return Err(t.conflict(&given_rv, current_rv));
-            }
-            let stored: Value =
-                serde_json::from_str(&body).map_err(|e| t.corrupt(e.to_string()))?;
-            let mut next = merge(&t, stored.clone(), given)?;
-            if next == stored {
-                // Nothing changed: no write, no event, same resourceVersion (as Kubernetes).
-                return Ok((t.decode(&body)?, None));
-            }
-            let revision = self.next_revision(tx)?;
-            metadata_mut(&t, &mut next)?.insert(
-                "resourceVersion".into(),
-                Value::String(revision.to_string()),
-            );
-            let body = next.to_string();
-            let result: K = t.decode(&body)?;
-            self.write_row(tx, &t, revision, &body)?;
-            Ok((
-                result,
-                Some(RawEvent {
-                    event_type: EventType::Modified,
-                    namespace: t.namespace.clone(),
-                    name: t.name.clone(),
-                    revision,
-                    body,
-                }),
-            ))
+            self.replace_in(tx, &t, &given_rv, given, merge)
         })
+    }
+
+    /// The write of [`Inner::replace`], inside the caller's transaction.
+    fn replace_in<K: StoreObject>(
+        &self,
+        tx: &Connection,
+        t: &Target,
+        given_rv: &str,
+        given: Value,
+        merge: impl FnOnce(&Target, Value, Value) -> Result<Value, StoreError>,
+    ) -> Result<(K, Option<RawEvent>), StoreError> {
+        let (current_rv, body) = self.read_row(tx, t)?.ok_or_else(|| t.not_found())?;
+        if given_rv != current_rv.to_string() {
+            return Err(t.conflict(given_rv, current_rv));
+        }
+        let stored: Value = serde_json::from_str(&body).map_err(|e| t.corrupt(e.to_string()))?;
+        let mut next = merge(t, stored.clone(), given)?;
+        if next == stored {
+            // Nothing changed: no write, no event, same resourceVersion (as Kubernetes).
+            return Ok((t.decode(&body)?, None));
+        }
+        let revision = self.next_revision(tx)?;
+        metadata_mut(t, &mut next)?.insert(
+            "resourceVersion".into(),
+            Value::String(revision.to_string()),
+        );
+        let body = next.to_string();
+        let result: K = t.decode(&body)?;
+        self.write_row(tx, t, revision, &body)?;
+        Ok((
+            result,
+            Some(RawEvent {
+                event_type: EventType::Modified,
+                namespace: t.namespace.clone(),
+                name: t.name.clone(),
+                revision,
+                body,
+            }),
+        ))
+    }
+
+    /// [`Inner::update_status`] of many objects in one transaction (one disk sync): each
+    /// object succeeds or fails on its own, as if written alone; a database failure fails all.
+    fn update_status_many<K: StoreObject>(
+        &self,
+        objects: &[K],
+    ) -> Result<Vec<Result<K, StoreError>>, StoreError> {
+        let kind = kind_of::<K>();
+        let mut conn = lock(&self.writer);
+        let mut tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|e| self.db_err(e))?;
+        let mut results = Vec::with_capacity(objects.len());
+        let mut events = Vec::new();
+        for object in objects {
+            let (t, given_rv, given) = match prepare_replace(object) {
+                Ok(p) => p,
+                Err(e) => {
+                    results.push(Err(e));
+                    continue;
+                }
+            };
+            let sp = tx.savepoint().map_err(|e| self.db_err(e))?;
+            match self.replace_in::<K>(&sp, &t, &given_rv, given, merge_status) {
+                Ok((stored, event)) => {
+                    sp.commit().map_err(|e| self.db_err(e))?;
+                    results.push(Ok(stored));
+                    events.extend(event);
+                }
+                // Dropping the savepoint rolls this object's write back.
+                Err(e @ StoreError::Database { .. }) => return Err(e),
+                Err(e) => results.push(Err(e)),
+            }
+        }
+        tx.commit().map_err(|e| self.db_err(e))?;
+        let mut hub = lock(&self.hub);
+        for event in events {
+            hub.publish(&kind, event);
+        }
+        Ok(results)
     }
 
     fn update<K: StoreObject>(&self, object: &K) -> Result<K, StoreError> {
@@ -449,14 +518,7 @@ impl Inner {
     }
 
     fn update_status<K: StoreObject>(&self, object: &K) -> Result<K, StoreError> {
-        self.replace(object, |t, mut stored, given| {
-            let status = given.get("status").cloned().filter(|s| !s.is_null());
-            match &mut stored {
-                Value::Object(map) => set_or_remove(map, "status", status),
-                _ => return Err(t.corrupt("stored object is not a JSON object")),
-            }
-            Ok(stored)
-        })
+        self.replace(object, merge_status)
     }
 
     fn delete<K: StoreObject>(
@@ -788,6 +850,14 @@ impl Store for SqliteStore {
     async fn update_status<K: StoreObject>(&self, object: &K) -> Result<K, StoreError> {
         let object = object.clone();
         self.run(move |inner| inner.update_status(&object)).await
+    }
+
+    async fn update_status_many<K: StoreObject>(
+        &self,
+        objects: Vec<K>,
+    ) -> Result<Vec<Result<K, StoreError>>, StoreError> {
+        self.run(move |inner| inner.update_status_many(&objects))
+            .await
     }
 
     async fn delete<K: StoreObject>(

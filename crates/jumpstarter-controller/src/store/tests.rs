@@ -658,6 +658,72 @@ fn fake_kube() -> KubeStore {
     KubeStore::new(super::fake_api::FakeApiServer::new().client())
 }
 
+async fn status_batch_writes_each_object_on_its_own<S: Store>(store: S) {
+    let a = store.create(&widget("lab", "a", 1, &[])).await.unwrap();
+    let b = store.create(&widget("lab", "b", 1, &[])).await.unwrap();
+    let c = store.create(&widget("lab", "c", 1, &[])).await.unwrap();
+    // b is changed behind the batch's back, so the batch's copy of it is stale.
+    let mut b2 = b.clone();
+    b2.spec.size = 2;
+    let b2 = store.update(&b2).await.unwrap();
+    let mut watch = store.watch::<Widget>(Some("lab"), None).await.unwrap();
+
+    let with_phase = |w: &Widget, phase: &str| {
+        let mut w = w.clone();
+        w.status = Some(WidgetStatus {
+            phase: phase.into(),
+        });
+        w
+    };
+    let mut gone = widget("lab", "gone", 1, &[]);
+    gone.metadata.resource_version = Some("1".into());
+    let mut no_rv = with_phase(&c, "no version");
+    no_rv.metadata.resource_version = None;
+    let results = store
+        .update_status_many(vec![
+            with_phase(&a, "ready"),
+            with_phase(&b, "stale"),
+            gone,
+            no_rv,
+            with_phase(&c, "ready"),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(results.len(), 5);
+    let a_stored = results[0].as_ref().unwrap();
+    assert_eq!(a_stored.status.as_ref().unwrap().phase, "ready");
+    assert!(rv(a_stored) > rv(&b2));
+    assert!(results[1].as_ref().unwrap_err().is_conflict());
+    assert!(results[2].as_ref().unwrap_err().is_not_found());
+    assert!(matches!(
+        results[3].as_ref().unwrap_err(),
+        StoreError::Invalid { .. }
+    ));
+    assert_eq!(
+        results[4].as_ref().unwrap().status.as_ref().unwrap().phase,
+        "ready"
+    );
+
+    // What failed changed nothing; what succeeded is stored and watched, in order.
+    assert_eq!(store.get::<Widget>("lab", "b").await.unwrap().unwrap(), b2);
+    assert_eq!(
+        &store.get::<Widget>("lab", "a").await.unwrap().unwrap(),
+        a_stored
+    );
+    for name in ["a", "c"] {
+        let ev = watch.next().await.unwrap().unwrap();
+        assert!(matches!(ev, WatchEvent::Modified(_)), "{ev:?}");
+        assert_eq!(ev.object().metadata.name.as_deref(), Some(name));
+    }
+    assert!(
+        store
+            .update_status_many(Vec::<Widget>::new())
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
 /// Instantiates each generic test once per backend.
 macro_rules! store_suite {
     ($($name:ident),* $(,)?) => {
@@ -692,4 +758,5 @@ store_suite!(
     slow_watcher_is_cut_off_and_writers_never_wait,
     bad_keys_are_rejected_without_writing,
     controller_kinds_round_trip_with_status,
+    status_batch_writes_each_object_on_its_own,
 );

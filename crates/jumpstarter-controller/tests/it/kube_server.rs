@@ -160,3 +160,140 @@ async fn kube_controller_keeps_secrets_and_chooses_routers_by_label() {
     assert_eq!(e.code(), tonic::Code::PermissionDenied);
     ctl.shutdown().await;
 }
+
+/// The events of `namespace` once one with `reason` is there (waits up to 10 s).
+async fn events_once(
+    store: &KubeStore,
+    namespace: &str,
+    reason: &str,
+) -> Vec<k8s_openapi::api::core::v1::Event> {
+    use jumpstarter_controller::{
+        selector::LabelSelector,
+        store::{ListParams, Store},
+    };
+    for _ in 0..200 {
+        let items = store
+            .list::<k8s_openapi::api::core::v1::Event>(
+                Some(namespace),
+                &LabelSelector::everything(),
+                &ListParams::default(),
+            )
+            .await
+            .unwrap()
+            .items;
+        if items.iter().any(|e| e.reason.as_deref() == Some(reason)) {
+            return items;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("no {reason} event in {namespace}");
+}
+
+#[tokio::test]
+async fn kube_controller_records_exporter_events_and_owns_leases_by_exporter() {
+    use jumpstarter_controller::{
+        objects::{Exporter, Lease},
+        store::Store,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (ctl, store, ch) = kube_controller(&dir).await;
+    let token = ctl.admin_token.clone();
+    let mut admin = AdminServiceClient::new(ch.clone());
+    let alice = create_client(&mut admin, &token, "alice", &[])
+        .await
+        .unwrap();
+    let board = create_exporter(&mut admin, &token, "board", &[("site", "lab1")])
+        .await
+        .unwrap();
+    let exporter: Exporter = store.get("default", "board").await.unwrap().unwrap();
+    let uid = exporter.metadata.uid.clone().unwrap();
+    let about_board = |e: &k8s_openapi::api::core::v1::Event| {
+        let o = &e.involved_object;
+        o.kind.as_deref() == Some("Exporter")
+            && o.name.as_deref() == Some("board")
+            && o.namespace.as_deref() == Some("default")
+            && o.uid.as_deref() == Some(uid.as_str())
+            && e.metadata.namespace.as_deref() == Some("default")
+    };
+
+    // Online: an ExporterOnline event about the Exporter in its namespace.
+    let ex = identity(ObjectKind::Exporter, &board);
+    let status = bring_online(&ch, &ex).await;
+    let events = events_once(&store, "default", "ExporterOnline").await;
+    let online: Vec<_> = events
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("ExporterOnline"))
+        .collect();
+    assert_eq!(online.len(), 1, "{events:?}");
+    assert!(about_board(online[0]), "{:?}", online[0]);
+    assert_eq!(online[0].type_.as_deref(), Some("Normal"));
+
+    // A lease gets the exporter as its controller owner once assigned.
+    let client = identity(ObjectKind::Client, &alice);
+    let lease = create_lease(&ch, &client, "site=lab1").await;
+    let lease = wait_lease(&ch, &client, &lease.name, is_ready).await;
+    let lease_name = lease.name.rsplit('/').next().unwrap().to_string();
+    let mut owners = None;
+    for _ in 0..200 {
+        let l: Lease = store.get("default", &lease_name).await.unwrap().unwrap();
+        owners = l.metadata.owner_references.clone();
+        if owners.is_some() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let owners = owners.expect("the lease never got an owner reference");
+    assert_eq!(owners.len(), 1, "{owners:?}");
+    let owner = &owners[0];
+    assert_eq!(
+        (
+            owner.api_version.as_str(),
+            owner.kind.as_str(),
+            owner.name.as_str(),
+            owner.uid.as_str(),
+            owner.controller,
+            owner.block_owner_deletion
+        ),
+        (
+            "jumpstarter.dev/v1alpha1",
+            "Exporter",
+            "board",
+            uid.as_str(),
+            Some(true),
+            Some(true)
+        )
+    );
+
+    // Offline (graceful shutdown): an ExporterOffline warning with the exporter's message.
+    ControllerServiceClient::new(ch.clone())
+        .report_status(req(
+            &ex,
+            ReportStatusRequest {
+                status: ExporterStatus::Offline as i32,
+                message: Some("shutting down".into()),
+                release_lease: None,
+            },
+        ))
+        .await
+        .unwrap();
+    let events = events_once(&store, "default", "ExporterOffline").await;
+    let offline: Vec<_> = events
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("ExporterOffline"))
+        .collect();
+    assert_eq!(offline.len(), 1, "{events:?}");
+    assert!(about_board(offline[0]), "{:?}", offline[0]);
+    assert_eq!(offline[0].type_.as_deref(), Some("Warning"));
+    assert_eq!(
+        offline[0].message.as_deref(),
+        Some("Exporter reported offline (graceful shutdown): exporter=board message=shutting down")
+    );
+    // The Client owns nothing but its Secret.
+    let client_events = events
+        .iter()
+        .filter(|e| e.involved_object.kind.as_deref() != Some("Exporter"))
+        .count();
+    assert_eq!(client_events, 0);
+    drop(status);
+    ctl.shutdown().await;
+}

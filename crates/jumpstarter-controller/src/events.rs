@@ -1,0 +1,661 @@
+//! Kubernetes Events about exporters, as upstream's Exporter reconciler records them: when
+//! an Exporter's `Registered` or `Online` condition flips, a core/v1 Event about the Exporter
+//! (`involvedObject`) goes to its namespace, so `kubectl get events` and `kubectl describe
+//! exporter` show when a board came and went:
+//!
+//! | reason | type | message |
+//! |---|---|---|
+//! | `ExporterRegistered` | Normal | `Exporter registered its capabilities: deviceCount=<n>` |
+//! | `ExporterUnregistered` | Warning | `Exporter lost its device registration: exporter=<name>` |
+//! | `ExporterOnline` | Normal | `Exporter is online: exporter=<name> lastSeen=<time>` |
+//! | `ExporterOffline` | Warning | `Exporter reported offline (graceful shutdown): exporter=<name> message=<statusMessage>` or `Exporter went offline (connection lost): exporter=<name> lastSeen=<time>` |
+//!
+//! (`<time>` is RFC 3339 to the second here; upstream prints Go's `time.Time` format.) Events are core/v1
+//! like those of client-go's recorder, so upstream's RBAC (`events` in the core group) is
+//! enough. Only the Kubernetes store has an [`EventRecorder`] that posts
+//! ([`crate::store::Store::event_recorder`]); with SQLite it is disabled.
+//!
+//! Recording never waits and never fails the caller: events go through a bounded queue
+//! ([`EVENT_QUEUE`]) to one task that posts them; when the queue is full the event is dropped
+//! and logged, and a failed post is logged.
+
+use std::sync::{
+    Arc,
+    atomic::{AtomicU64, Ordering},
+};
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
+use tokio::sync::mpsc;
+
+use crate::objects::{EXPORTER_OFFLINE_AFTER, Exporter, ExporterStatusValue, conditions};
+
+/// How many events may wait to be posted; more are dropped (and logged).
+pub const EVENT_QUEUE: usize = 256;
+
+/// The component named as the events' source and reporting controller.
+pub const COMPONENT: &str = "jumpstarter-controller";
+
+/// How long one post may take before it is given up.
+#[cfg(feature = "kubernetes")]
+const POST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The event reasons (upstream's).
+pub mod reasons {
+    /// The exporter registered its devices.
+    pub const REGISTERED: &str = "ExporterRegistered";
+    /// The exporter's devices are gone (it unregistered).
+    pub const UNREGISTERED: &str = "ExporterUnregistered";
+    /// The exporter came online.
+    pub const ONLINE: &str = "ExporterOnline";
+    /// The exporter went offline (shut down, or not seen for a minute).
+    pub const OFFLINE: &str = "ExporterOffline";
+}
+
+/// The `type` of an Event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventType {
+    /// Something expected happened.
+    Normal,
+    /// Something that may need attention happened.
+    Warning,
+}
+
+impl EventType {
+    /// `Normal` or `Warning`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventType::Normal => "Normal",
+            EventType::Warning => "Warning",
+        }
+    }
+}
+
+/// One event about an exporter, before it becomes a Kubernetes Event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExporterEvent {
+    /// Normal or Warning.
+    pub type_: EventType,
+    /// One of [`reasons`].
+    pub reason: &'static str,
+    /// What happened, for people.
+    pub message: String,
+}
+
+fn last_seen(e: &Exporter) -> String {
+    e.status
+        .as_ref()
+        .and_then(|s| s.last_seen.as_ref())
+        .map_or_else(|| "never".to_owned(), |t| format!("{:.0}", t.0))
+}
+
+/// The events that the change of an exporter from `old` to `new` calls for, judged (as
+/// upstream) by its `Registered` and `Online` conditions: registration first, then
+/// online/offline. `now` tells a graceful shutdown (reported Offline within the minute) from
+/// a lost connection.
+pub fn exporter_transitions(old: &Exporter, new: &Exporter, now: Timestamp) -> Vec<ExporterEvent> {
+    let name = new.metadata.name.as_deref().unwrap_or_default();
+    let mut out = Vec::new();
+    let (was, is) = (
+        old.condition_is_true(conditions::REGISTERED),
+        new.condition_is_true(conditions::REGISTERED),
+    );
+    if !was && is {
+        let devices = new
+            .status
+            .as_ref()
+            .and_then(|s| s.devices.as_ref())
+            .map_or(0, Vec::len);
+        out.push(ExporterEvent {
+            type_: EventType::Normal,
+            reason: reasons::REGISTERED,
+            message: format!("Exporter registered its capabilities: deviceCount={devices}"),
+        });
+    } else if was && !is {
+        out.push(ExporterEvent {
+            type_: EventType::Warning,
+            reason: reasons::UNREGISTERED,
+            message: format!("Exporter lost its device registration: exporter={name}"),
+        });
+    }
+    let (was, is) = (
+        old.condition_is_true(conditions::ONLINE),
+        new.condition_is_true(conditions::ONLINE),
+    );
+    if !was && is {
+        out.push(ExporterEvent {
+            type_: EventType::Normal,
+            reason: reasons::ONLINE,
+            message: format!(
+                "Exporter is online: exporter={name} lastSeen={}",
+                last_seen(new)
+            ),
+        });
+    } else if was && !is {
+        let status = new.status.as_ref();
+        let graceful = status.is_some_and(|s| {
+            s.exporter_status == Some(ExporterStatusValue::Offline)
+                && s.last_seen
+                    .as_ref()
+                    .is_some_and(|t| now.duration_since(t.0) <= EXPORTER_OFFLINE_AFTER)
+        });
+        let message = if graceful {
+            format!(
+                "Exporter reported offline (graceful shutdown): exporter={name} message={}",
+                status
+                    .map(|s| s.status_message.as_str())
+                    .unwrap_or_default()
+            )
+        } else {
+            format!(
+                "Exporter went offline (connection lost): exporter={name} lastSeen={}",
+                last_seen(new)
+            )
+        };
+        out.push(ExporterEvent {
+            type_: EventType::Warning,
+            reason: reasons::OFFLINE,
+            message,
+        });
+    }
+    out
+}
+
+/// The last event-name suffix handed out, so that names stay unique within the process even
+/// when two events are made in the same nanosecond.
+static LAST_SUFFIX: AtomicU64 = AtomicU64::new(0);
+
+fn unique_suffix(now: Timestamp) -> u64 {
+    let nanos = u64::try_from(now.as_nanosecond()).unwrap_or(0);
+    let mut next = nanos;
+    let _ = LAST_SUFFIX.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |last| {
+        next = nanos.max(last.wrapping_add(1));
+        Some(next)
+    });
+    next
+}
+
+/// The core/v1 Event recording `event` about `exporter` at `now` (named `<exporter>.<hex>`
+/// as client-go names them), or `None` when the exporter has no name or namespace.
+pub fn core_event(exporter: &Exporter, event: &ExporterEvent, now: Timestamp) -> Option<Event> {
+    let meta = &exporter.metadata;
+    let (name, namespace) = (meta.name.as_deref()?, meta.namespace.as_deref()?);
+    // Object names are at most 253 characters; keep room for `.` and 16 hex digits.
+    let mut prefix: String = name.chars().take(236).collect();
+    while prefix.ends_with(['-', '.']) {
+        prefix.pop();
+    }
+    let host = std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty());
+    Some(Event {
+        metadata: ObjectMeta {
+            name: Some(format!("{prefix}.{:x}", unique_suffix(now))),
+            namespace: Some(namespace.to_owned()),
+            ..ObjectMeta::default()
+        },
+        involved_object: ObjectReference {
+            api_version: Some(format!(
+                "{}/{}",
+                crate::objects::GROUP,
+                crate::objects::VERSION
+            )),
+            kind: Some("Exporter".to_owned()),
+            name: Some(name.to_owned()),
+            namespace: Some(namespace.to_owned()),
+            uid: meta.uid.clone(),
+            resource_version: meta.resource_version.clone(),
+            field_path: None,
+        },
+        reason: Some(event.reason.to_owned()),
+        message: Some(event.message.clone()),
+        type_: Some(event.type_.as_str().to_owned()),
+        source: Some(EventSource {
+            component: Some(COMPONENT.to_owned()),
+            host: host.clone(),
+        }),
+        first_timestamp: Some(Time(now)),
+        last_timestamp: Some(Time(now)),
+        event_time: Some(MicroTime(now)),
+        count: Some(1),
+        reporting_component: Some(COMPONENT.to_owned()),
+        reporting_instance: host,
+        action: None,
+        related: None,
+        series: None,
+    })
+}
+
+struct Queue {
+    tx: mpsc::Sender<Event>,
+    dropped: AtomicU64,
+}
+
+/// Where exporter events go: nowhere ([`EventRecorder::disabled`], the SQLite store) or, with
+/// the Kubernetes store, through a bounded queue to a task that posts them. Cloning gives
+/// another handle on the same queue; the task ends when the last handle is dropped.
+#[derive(Clone, Default)]
+pub struct EventRecorder {
+    queue: Option<Arc<Queue>>,
+}
+
+impl std::fmt::Debug for EventRecorder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EventRecorder")
+            .field("enabled", &self.is_enabled())
+            .field("dropped", &self.dropped())
+            .finish()
+    }
+}
+
+impl EventRecorder {
+    /// A recorder that records nothing.
+    pub fn disabled() -> Self {
+        Self::default()
+    }
+
+    /// A recorder posting through `client` (needs a tokio runtime for its task; without one
+    /// it is disabled, with a warning).
+    #[cfg(feature = "kubernetes")]
+    pub fn kubernetes(client: kube::Client) -> Self {
+        Self::kubernetes_with_queue(client, EVENT_QUEUE)
+    }
+
+    /// [`EventRecorder::kubernetes`] with a queue of `capacity` (at least 1) events.
+    #[cfg(feature = "kubernetes")]
+    pub fn kubernetes_with_queue(client: kube::Client, capacity: usize) -> Self {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!("no tokio runtime: Kubernetes events about exporters are disabled");
+            return Self::disabled();
+        };
+        let (tx, rx) = mpsc::channel(capacity.max(1));
+        runtime.spawn(post_events(client, rx));
+        Self {
+            queue: Some(Arc::new(Queue {
+                tx,
+                dropped: AtomicU64::new(0),
+            })),
+        }
+    }
+
+    /// Whether events are posted anywhere.
+    pub fn is_enabled(&self) -> bool {
+        self.queue.is_some()
+    }
+
+    /// How many events were dropped because the queue was full or the poster had stopped.
+    pub fn dropped(&self) -> u64 {
+        self.queue
+            .as_ref()
+            .map_or(0, |q| q.dropped.load(Ordering::Relaxed))
+    }
+
+    /// Queues `event` about `exporter` (never waits).
+    pub fn record(&self, exporter: &Exporter, event: &ExporterEvent) {
+        let Some(queue) = &self.queue else {
+            return;
+        };
+        let Some(ev) = core_event(exporter, event, Timestamp::now()) else {
+            return;
+        };
+        if let Err(e) = queue.tx.try_send(ev) {
+            queue.dropped.fetch_add(1, Ordering::Relaxed);
+            let why = match e {
+                mpsc::error::TrySendError::Full(_) => "the event queue is full",
+                mpsc::error::TrySendError::Closed(_) => "the event poster has stopped",
+            };
+            tracing::warn!(
+                "event {} about exporter {}/{} dropped: {why}",
+                event.reason,
+                exporter.metadata.namespace.as_deref().unwrap_or_default(),
+                exporter.metadata.name.as_deref().unwrap_or_default(),
+            );
+        }
+    }
+
+    /// Records the events the change of an exporter from `old` to `new` calls for (see
+    /// [`exporter_transitions`]).
+    pub fn exporter_changed(&self, old: &Exporter, new: &Exporter) {
+        if !self.is_enabled() {
+            return;
+        }
+        for event in exporter_transitions(old, new, Timestamp::now()) {
+            self.record(new, &event);
+        }
+    }
+}
+
+/// Posts the queued events one at a time until every sender is gone.
+#[cfg(feature = "kubernetes")]
+async fn post_events(client: kube::Client, mut rx: mpsc::Receiver<Event>) {
+    use kube::{Api, api::PostParams};
+    while let Some(ev) = rx.recv().await {
+        let namespace = ev.metadata.namespace.clone().unwrap_or_default();
+        let about = format!(
+            "event {} about exporter {namespace}/{}",
+            ev.reason.as_deref().unwrap_or_default(),
+            ev.involved_object.name.as_deref().unwrap_or_default()
+        );
+        let api: Api<Event> = Api::namespaced(client.clone(), &namespace);
+        match tokio::time::timeout(POST_TIMEOUT, api.create(&PostParams::default(), &ev)).await {
+            Ok(Ok(_)) => tracing::debug!("{about} posted"),
+            Ok(Err(e)) => tracing::warn!("{about} not posted: {e}"),
+            Err(_) => tracing::warn!("{about} not posted: no answer within {POST_TIMEOUT:?}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1 as metav1;
+
+    use super::*;
+    use crate::objects::{Device, ExporterSpec, ExporterStatus, set_condition};
+
+    fn exporter(online: bool, registered: bool) -> Exporter {
+        let now = Timestamp::now();
+        let mut e = Exporter::new("board-1", ExporterSpec::default());
+        e.metadata.namespace = Some("lab".into());
+        e.metadata.uid = Some("u-1".into());
+        e.metadata.resource_version = Some("7".into());
+        let mut s = ExporterStatus {
+            last_seen: Some(metav1::Time(now)),
+            devices: registered.then(|| vec![Device::default(), Device::default()]),
+            ..ExporterStatus::default()
+        };
+        set_condition(
+            &mut s.conditions,
+            conditions::ONLINE,
+            online,
+            "Seen",
+            "",
+            None,
+            now,
+        );
+        set_condition(
+            &mut s.conditions,
+            conditions::REGISTERED,
+            registered,
+            "Register",
+            "",
+            None,
+            now,
+        );
+        e.status = Some(s);
+        e
+    }
+
+    fn reasons_of(events: &[ExporterEvent]) -> Vec<&str> {
+        events.iter().map(|e| e.reason).collect()
+    }
+
+    #[test]
+    fn online_and_registration_flips_make_events() {
+        let now = Timestamp::now();
+        let off = exporter(false, false);
+        let on = exporter(true, true);
+        let up = exporter_transitions(&off, &on, now);
+        assert_eq!(reasons_of(&up), [reasons::REGISTERED, reasons::ONLINE]);
+        assert_eq!(up[0].type_, EventType::Normal);
+        assert_eq!(
+            up[0].message,
+            "Exporter registered its capabilities: deviceCount=2"
+        );
+        assert!(
+            up[1]
+                .message
+                .starts_with("Exporter is online: exporter=board-1 lastSeen=20")
+                && up[1].message.ends_with('Z')
+                && !up[1].message.contains('.'),
+            "{}",
+            up[1].message
+        );
+        let down = exporter_transitions(&on, &off, now);
+        assert_eq!(reasons_of(&down), [reasons::UNREGISTERED, reasons::OFFLINE]);
+        assert!(down.iter().all(|e| e.type_ == EventType::Warning));
+        assert_eq!(
+            down[0].message,
+            "Exporter lost its device registration: exporter=board-1"
+        );
+        // Nothing flips: nothing to say.
+        assert!(exporter_transitions(&on, &on, now).is_empty());
+        assert!(exporter_transitions(&off, &off, now).is_empty());
+        // No status at all reads as offline and unregistered.
+        let mut bare = off.clone();
+        bare.status = None;
+        assert!(exporter_transitions(&bare, &off, now).is_empty());
+        assert_eq!(
+            reasons_of(&exporter_transitions(&bare, &on, now)),
+            [reasons::REGISTERED, reasons::ONLINE]
+        );
+    }
+
+    #[test]
+    fn offline_tells_graceful_shutdown_from_lost_connection() {
+        let now = Timestamp::now();
+        let on = exporter(true, true);
+        let mut gone = exporter(false, true);
+        let s = gone.status.as_mut().unwrap();
+        s.exporter_status = Some(ExporterStatusValue::Offline);
+        s.status_message = "shutting down".into();
+        let ev = exporter_transitions(&on, &gone, now);
+        assert_eq!(
+            ev,
+            [ExporterEvent {
+                type_: EventType::Warning,
+                reason: reasons::OFFLINE,
+                message:
+                    "Exporter reported offline (graceful shutdown): exporter=board-1 message=shutting down"
+                        .into(),
+            }]
+        );
+        // Reported Offline, but two minutes ago: the connection was lost.
+        let old = now - jiff::SignedDuration::from_mins(2);
+        gone.status.as_mut().unwrap().last_seen = Some(metav1::Time(old));
+        let ev = exporter_transitions(&on, &gone, now);
+        assert_eq!(
+            ev[0].message,
+            format!("Exporter went offline (connection lost): exporter=board-1 lastSeen={old:.0}")
+        );
+        gone.status.as_mut().unwrap().last_seen = None;
+        let ev = exporter_transitions(&on, &gone, now);
+        assert!(
+            ev[0].message.ends_with("lastSeen=never"),
+            "{}",
+            ev[0].message
+        );
+    }
+
+    #[test]
+    fn core_events_name_the_exporter() {
+        let now = Timestamp::now();
+        let e = exporter(true, true);
+        let what = ExporterEvent {
+            type_: EventType::Normal,
+            reason: reasons::ONLINE,
+            message: "m".into(),
+        };
+        let ev = core_event(&e, &what, now).unwrap();
+        assert_eq!(ev.metadata.namespace.as_deref(), Some("lab"));
+        assert!(ev.metadata.name.as_deref().unwrap().starts_with("board-1."));
+        let o = &ev.involved_object;
+        assert_eq!(o.api_version.as_deref(), Some("jumpstarter.dev/v1alpha1"));
+        assert_eq!(o.kind.as_deref(), Some("Exporter"));
+        assert_eq!(o.name.as_deref(), Some("board-1"));
+        assert_eq!(o.namespace.as_deref(), Some("lab"));
+        assert_eq!(o.uid.as_deref(), Some("u-1"));
+        assert_eq!(
+            (ev.reason.as_deref(), ev.type_.as_deref(), ev.count),
+            (Some("ExporterOnline"), Some("Normal"), Some(1))
+        );
+        assert_eq!(
+            ev.source.and_then(|s| s.component).as_deref(),
+            Some(COMPONENT)
+        );
+        // Same instant, still distinct names.
+        let again = core_event(&e, &what, now).unwrap();
+        assert_ne!(again.metadata.name, ev.metadata.name);
+        // A maximal name is cut so that the event's name stays valid.
+        let mut long = e.clone();
+        long.metadata.name = Some(format!("{}-{}", "a".repeat(235), "b".repeat(17)));
+        let name = core_event(&long, &what, now)
+            .unwrap()
+            .metadata
+            .name
+            .unwrap();
+        assert!(name.len() <= 253, "{}", name.len());
+        crate::selector::validate_dns1123_subdomain(&name).unwrap();
+        // Not an object in a namespace: no event.
+        let mut nowhere = e;
+        nowhere.metadata.namespace = None;
+        assert!(core_event(&nowhere, &what, now).is_none());
+    }
+
+    #[test]
+    fn a_disabled_recorder_records_nothing() {
+        let r = EventRecorder::disabled();
+        assert!(!r.is_enabled());
+        r.exporter_changed(&exporter(false, false), &exporter(true, true));
+        assert_eq!(r.dropped(), 0);
+        assert!(format!("{r:?}").contains("enabled: false"));
+    }
+
+    #[cfg(feature = "kubernetes")]
+    mod kubernetes {
+        use std::{
+            convert::Infallible,
+            future::Future,
+            pin::Pin,
+            task::{Context, Poll},
+            time::Duration,
+        };
+
+        use super::*;
+        use crate::selector::LabelSelector;
+        use crate::store::{
+            KubeStore, ListParams, Store,
+            fake_api::{FakeApiServer, FakeBody},
+        };
+
+        async fn events_in(store: &KubeStore, namespace: &str, want: usize) -> Vec<Event> {
+            for _ in 0..200 {
+                let list = store
+                    .list::<Event>(
+                        Some(namespace),
+                        &LabelSelector::everything(),
+                        &ListParams::default(),
+                    )
+                    .await
+                    .unwrap();
+                if list.items.len() >= want {
+                    return list.items;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            panic!("fewer than {want} events in {namespace}");
+        }
+
+        #[tokio::test]
+        async fn online_then_offline_posts_two_events_about_the_exporter() {
+            let api = FakeApiServer::new();
+            let store = KubeStore::new(api.client());
+            let recorder = store.event_recorder();
+            assert!(recorder.is_enabled());
+            let mut on = exporter(true, true);
+            on.metadata.uid = None;
+            on.metadata.resource_version = None;
+            on.status = None;
+            let stored = store.create(&on).await.unwrap();
+            let with = |online: bool| {
+                let mut e = exporter(online, true);
+                e.metadata = stored.metadata.clone();
+                e
+            };
+            recorder.exporter_changed(&with(false), &with(true));
+            let mut offline = with(false);
+            offline.status.as_mut().unwrap().last_seen = None;
+            recorder.exporter_changed(&with(true), &offline);
+            // Registered did not flip: exactly the two online/offline events.
+            let mut events = events_in(&store, "lab", 2).await;
+            assert_eq!(events.len(), 2);
+            events.sort_by_key(|e| e.metadata.name.clone());
+            let reasons: Vec<_> = events.iter().map(|e| e.reason.as_deref()).collect();
+            assert_eq!(reasons, [Some("ExporterOnline"), Some("ExporterOffline")]);
+            for (ev, type_) in events.iter().zip(["Normal", "Warning"]) {
+                assert_eq!(ev.type_.as_deref(), Some(type_));
+                assert_eq!(ev.metadata.namespace.as_deref(), Some("lab"));
+                let o = &ev.involved_object;
+                assert_eq!(o.kind.as_deref(), Some("Exporter"));
+                assert_eq!(o.name.as_deref(), Some("board-1"));
+                assert_eq!(o.namespace.as_deref(), Some("lab"));
+                assert_eq!(o.uid, stored.metadata.uid);
+            }
+            assert!(
+                events[1]
+                    .message
+                    .as_deref()
+                    .unwrap()
+                    .contains("connection lost")
+            );
+            // Nothing went elsewhere.
+            assert!(
+                store
+                    .list::<Event>(
+                        Some("default"),
+                        &LabelSelector::everything(),
+                        &ListParams::default()
+                    )
+                    .await
+                    .unwrap()
+                    .items
+                    .is_empty()
+            );
+            assert_eq!(recorder.dropped(), 0);
+        }
+
+        /// An API server that never answers.
+        #[derive(Clone)]
+        struct Silent;
+
+        impl tower::Service<http::Request<kube::client::Body>> for Silent {
+            type Response = http::Response<FakeBody>;
+            type Error = Infallible;
+            type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+            fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+                Poll::Ready(Ok(()))
+            }
+
+            fn call(&mut self, _req: http::Request<kube::client::Body>) -> Self::Future {
+                Box::pin(std::future::pending())
+            }
+        }
+
+        #[tokio::test]
+        async fn a_stuck_api_server_drops_events_instead_of_blocking() {
+            let recorder =
+                EventRecorder::kubernetes_with_queue(kube::Client::new(Silent, "default"), 2);
+            let (off, on) = (exporter(false, true), exporter(true, true));
+            let started = std::time::Instant::now();
+            for _ in 0..10 {
+                recorder.exporter_changed(&off, &on);
+            }
+            assert!(started.elapsed() < Duration::from_secs(1));
+            // One in flight (or not yet taken) plus two queued; the rest dropped.
+            let dropped = recorder.dropped();
+            assert!((7..=8).contains(&dropped), "{dropped}");
+        }
+
+        #[test]
+        fn without_a_runtime_the_recorder_is_disabled() {
+            let client = {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .build()
+                    .unwrap();
+                let _guard = rt.enter();
+                FakeApiServer::new().client()
+            };
+            let r = EventRecorder::kubernetes(client);
+            assert!(!r.is_enabled());
+        }
+    }
+}
