@@ -42,6 +42,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_server(true)
         .build_client(true)
         .emit_rerun_if_changed(false)
+        // Stream payloads as `Bytes`: decoded without a copy out of the receive buffer.
+        .bytes(".jumpstarter.v1.StreamRequest.payload")
+        .bytes(".jumpstarter.v1.StreamResponse.payload")
         .compile_fds(fds)?;
 
     // Our own admin API, compiled into its own descriptor set so the upstream one above

@@ -12,7 +12,6 @@
 
 use std::{collections::BTreeMap, path::PathBuf, sync::Arc};
 
-use bytes::Bytes;
 use futures::{StreamExt, stream::BoxStream};
 use hyper_util::rt::TokioIo;
 use jumpstarter_proto::v1::FrameType;
@@ -763,14 +762,22 @@ impl DriverClient {
                 tokio::io::BufReader::with_capacity(LOCAL_IO_BUFFER, source),
                 local_decode,
             );
-            let mut buf = vec![0u8; CHUNK];
+            // Chunks are cut from large blocks without copying: a block is allocated once
+            // per LOCAL_IO_BUFFER bytes, and freed when the last chunk of it has been sent.
+            let mut buf = bytes::BytesMut::new();
             loop {
-                match reader.read(&mut buf).await {
+                if buf.capacity() < CHUNK {
+                    buf.reserve(LOCAL_IO_BUFFER);
+                }
+                match reader
+                    .read_buf(&mut bytes::BufMut::limit(&mut buf, CHUNK))
+                    .await
+                {
                     Ok(0) => {
                         upload.finish_now();
                         return Ok(());
                     }
-                    Ok(n) => upload.send(Bytes::copy_from_slice(&buf[..n])).await?,
+                    Ok(_) => upload.send(buf.split().freeze()).await?,
                     Err(e) => {
                         let msg = e.to_string();
                         upload.fail(e);

@@ -334,7 +334,7 @@ mod tests {
         drop(b);
         let frames: Vec<_> = out.collect().await;
         assert_eq!(frames.len(), 2);
-        assert_eq!(frames[0].payload, b"back");
+        assert_eq!(frames[0].payload, &b"back"[..]);
         assert_eq!(frames[1].frame_type, FrameType::Goaway as i32);
     }
 

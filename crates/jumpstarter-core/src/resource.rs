@@ -476,18 +476,77 @@ impl FrameSource for PipeReader {
 /// Reading fails if the client's transfer broke midway. Dropping it without shutdown after
 /// writing makes the client's read fail; never writing to it is fine.
 pub struct ResourceStream {
-    read: BoxBufRead,
+    read: StreamRead,
     write: BoxWrite,
+}
+
+/// The reading side: the client's chunks as they came, or decoded.
+enum StreamRead {
+    Plain(PipeReader),
+    Decoded(BoxBufRead),
 }
 
 impl ResourceStream {
     fn new(reader: PipeReader, writer: PipeWriter, encoding: Option<ContentEncoding>) -> Self {
         Self {
-            read: decoder(reader, encoding),
+            read: match encoding {
+                None => StreamRead::Plain(reader),
+                Some(_) => StreamRead::Decoded(decoder(reader, encoding)),
+            },
             write: encoder(writer.finish_if_unused(), encoding),
         }
     }
+
+    /// The next piece of the client's bytes, `None` at the end (an error if the transfer
+    /// broke). Without a copy when no encoding was negotiated: the bytes as received.
+    pub async fn chunk(&mut self) -> io::Result<Option<Bytes>> {
+        match &mut self.read {
+            StreamRead::Plain(r) => r.chunk().await,
+            StreamRead::Decoded(r) => {
+                let mut buf = bytes::BytesMut::with_capacity(crate::frames::CHUNK);
+                let n = tokio::io::AsyncReadExt::read_buf(r, &mut buf).await?;
+                Ok((n > 0).then(|| buf.freeze()))
+            }
+        }
+    }
+
+    /// Writes all of the client's bytes to `file` and returns how many; the file is written
+    /// from a blocking thread, chunk by chunk as they arrive (at most [`FILE_QUEUE`] chunks
+    /// wait), with no copy on the way. A transfer that breaks midway is the error returned,
+    /// even when the file took everything that arrived.
+    pub async fn copy_to_file(&mut self, mut file: std::fs::File) -> io::Result<u64> {
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(FILE_QUEUE);
+        let writer = tokio::task::spawn_blocking(move || -> io::Result<u64> {
+            use std::io::Write;
+            let mut n = 0u64;
+            while let Some(b) = rx.blocking_recv() {
+                file.write_all(&b)?;
+                n += b.len() as u64;
+            }
+            file.flush()?;
+            Ok(n)
+        });
+        let fed: io::Result<()> = async {
+            while let Some(b) = self.chunk().await? {
+                if tx.send(b).await.is_err() {
+                    // The writer failed: its error is the one to report.
+                    break;
+                }
+            }
+            Ok(())
+        }
+        .await;
+        drop(tx);
+        let written = writer
+            .await
+            .map_err(|e| io::Error::other(format!("file writer task failed: {e}")))?;
+        fed?;
+        written
+    }
 }
+
+/// How many received chunks may wait for [`ResourceStream::copy_to_file`]'s writer.
+pub const FILE_QUEUE: usize = 16;
 
 impl AsyncRead for ResourceStream {
     fn poll_read(
@@ -495,17 +554,26 @@ impl AsyncRead for ResourceStream {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        self.read.as_mut().poll_read(cx, buf)
+        match &mut self.read {
+            StreamRead::Plain(r) => Pin::new(r).poll_read(cx, buf),
+            StreamRead::Decoded(r) => r.as_mut().poll_read(cx, buf),
+        }
     }
 }
 
 impl AsyncBufRead for ResourceStream {
     fn poll_fill_buf(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<&[u8]>> {
-        self.get_mut().read.as_mut().poll_fill_buf(cx)
+        match &mut self.get_mut().read {
+            StreamRead::Plain(r) => Pin::new(r).poll_fill_buf(cx),
+            StreamRead::Decoded(r) => r.as_mut().poll_fill_buf(cx),
+        }
     }
 
     fn consume(mut self: Pin<&mut Self>, amt: usize) {
-        self.read.as_mut().consume(amt)
+        match &mut self.read {
+            StreamRead::Plain(r) => Pin::new(r).consume(amt),
+            StreamRead::Decoded(r) => r.as_mut().consume(amt),
+        }
     }
 }
 

@@ -139,7 +139,7 @@ mod tests {
         assert_eq!(req.encode_to_vec(), b"\x12\x03bye");
 
         let frame = StreamRequest {
-            payload: b"x".to_vec(),
+            payload: b"x".to_vec().into(),
             frame_type: FrameType::Goaway as i32,
         };
         let decoded = StreamRequest::decode(frame.encode_to_vec().as_slice()).unwrap();

@@ -9,7 +9,7 @@ use jumpstarter_core::{
     CallContext, Driver, DriverError, driver, registry::DriverArgs, resource::ResourceHandle,
 };
 use serde::Deserialize;
-use tokio::io::{AsyncWriteExt, BufWriter};
+use tokio::io::AsyncWriteExt;
 
 use super::{HashAlgo, StorageError, hash_reader, partial_path};
 
@@ -68,19 +68,13 @@ impl Medium {
                     path: partial.clone(),
                     source: e,
                 })?;
-            let mut out = BufWriter::with_capacity(1024 * 1024, file);
-            let n = tokio::io::copy_buf(&mut stream, &mut out)
+            let n = stream
+                .copy_to_file(file.into_std().await)
                 .await
                 .map_err(|e| StorageError::Transfer {
                     target: self.path.display().to_string(),
                     source: e,
                 })?;
-            out.flush().await.map_err(|e| StorageError::File {
-                what: "writing",
-                path: partial.clone(),
-                source: e,
-            })?;
-            drop(out);
             tokio::fs::rename(&partial, &self.path)
                 .await
                 .map_err(|e| StorageError::File {

@@ -80,7 +80,7 @@ async fn open(r: &TestRouter, token: &str) -> Result<End, Status> {
 
 fn data(b: &[u8]) -> StreamRequest {
     StreamRequest {
-        payload: b.to_vec(),
+        payload: b.to_vec().into(),
         frame_type: FrameType::Data as i32,
     }
 }
@@ -99,15 +99,15 @@ async fn pairs_two_streams_and_forwards_frames_unchanged() {
     let mut b = open(&r, &token).await.unwrap();
     a.tx.send(data(b"from a")).await.unwrap();
     let f = next(&mut b).await.unwrap().unwrap();
-    assert_eq!(f.payload, b"from a");
+    assert_eq!(f.payload, &b"from a"[..]);
     b.tx.send(data(b"from b")).await.unwrap();
     b.tx.send(StreamRequest {
-        payload: vec![],
+        payload: Default::default(),
         frame_type: FrameType::Ping as i32,
     })
     .await
     .unwrap();
-    assert_eq!(next(&mut a).await.unwrap().unwrap().payload, b"from b");
+    assert_eq!(next(&mut a).await.unwrap().unwrap().payload, &b"from b"[..]);
     assert_eq!(
         next(&mut a).await.unwrap().unwrap().frame_type,
         FrameType::Ping as i32
@@ -119,7 +119,7 @@ async fn pairs_two_streams_and_forwards_frames_unchanged() {
     for i in 0..200u32 {
         assert_eq!(
             next(&mut b).await.unwrap().unwrap().payload,
-            i.to_be_bytes()
+            &i.to_be_bytes()[..]
         );
     }
     let stats = r.router.stats();
@@ -177,7 +177,10 @@ async fn a_third_stream_on_a_paired_token_is_refused() {
     assert_eq!(e.code(), Code::AlreadyExists);
     // The pair is unaffected.
     a.tx.send(data(b"still here")).await.unwrap();
-    assert_eq!(next(&mut b).await.unwrap().unwrap().payload, b"still here");
+    assert_eq!(
+        next(&mut b).await.unwrap().unwrap().payload,
+        &b"still here"[..]
+    );
     let _ = &mut a;
 }
 
