@@ -2,7 +2,11 @@
 //!
 //! Performance claims live here, never in timed test assertions.
 
-use std::{path::PathBuf, process::Command, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    time::Duration,
+};
 
 use anyhow::{Context, Result, bail};
 
@@ -96,6 +100,8 @@ pub fn run(args: &[String]) -> Result<()> {
         "--bins",
         "--example",
         "bench_calls",
+        "--example",
+        "bench_floor",
     ])?;
     let venv = ensure_venv()?;
     let work = crate::interop::tempfile_dir::Dir::new("jmp-bench")?;
@@ -119,6 +125,7 @@ pub fn run(args: &[String]) -> Result<()> {
     let ours = run_rs(1)?;
     let ours_conc = run_rs(16)?;
     drop(ours_exporter);
+    let floor = floor(&rel, calls)?;
 
     let (py_exporter, py_port) =
         start_exporter(&venv.join("bin/jmp"), &config, false, work.path())?;
@@ -148,12 +155,39 @@ pub fn run(args: &[String]) -> Result<()> {
     row("ours (Rust client -> Rust exporter)", &ours);
     row("ours, 16 concurrent callers", &ours_conc);
     row("upstream (Python client -> Python exporter)", &py);
+    row("floor: tonic alone (grpc.health Check)", &floor);
     println!(
         "ratio: {:.1}x lower p50 latency, {:.1}x throughput (sequential), {:.1}x (concurrent vs Python)",
         py.p50_us / ours.p50_us.max(0.001),
         ours.calls_per_sec / py.calls_per_sec.max(0.001),
         ours_conc.calls_per_sec / py.calls_per_sec.max(0.001)
     );
+    println!(
+        "floor: the same round trip with no Jumpstarter code; ours adds {:.1} µs at p50",
+        ours.p50_us - floor.p50_us
+    );
     println!("targets: p50 < 100 µs, throughput >= 20x Python");
     Ok(())
+}
+
+/// The gRPC stack's own unary round trip on this machine: tonic's health service in one
+/// process, called from another, as `bench_calls` calls our exporter.
+fn floor(rel: &Path, calls: usize) -> Result<CallFigures> {
+    let mut serve = Command::new(rel.join("examples/bench_floor"));
+    serve.arg("serve");
+    let mut server = procs::Background::start("bench_floor serve", serve)?;
+    let line = server.wait_for_line("listening on", Duration::from_secs(30))?;
+    let port = line
+        .rsplit(' ')
+        .next()
+        .map(str::trim)
+        .unwrap_or_default()
+        .to_string();
+    let mut c = Command::new(rel.join("examples/bench_floor"));
+    c.args(["call", port.as_str(), &calls.to_string()]);
+    let out = procs::run(c, Duration::from_secs(300))?;
+    if out.code != 0 {
+        bail!("bench_floor failed: {}", out.stderr);
+    }
+    parse_figures(out.stdout.trim())
 }
