@@ -238,6 +238,7 @@ pub async fn connect_channel(
                 .tcp_nodelay(true)
                 .initial_stream_window_size(STREAM_WINDOW)
                 .initial_connection_window_size(CONNECTION_WINDOW)
+                .max_frame_size(crate::frames::MAX_FRAME)
                 .http2_keep_alive_interval(std::time::Duration::from_secs(20))
                 .keep_alive_while_idle(true);
             if !opts.insecure {

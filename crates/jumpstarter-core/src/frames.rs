@@ -24,8 +24,15 @@ use jumpstarter_proto::v1::{FrameType, StreamRequest, StreamResponse};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::task::JoinHandle;
 
-/// Largest payload we put in one DATA frame (the upstream tools use the same bound).
-pub const CHUNK: usize = 64 * 1024;
+/// Largest payload we put in one DATA frame. Upstream's tools send 64 KiB and accept any
+/// message up to gRPC's 4 MiB default; 256 KiB quarters the per-message work of a bulk
+/// transfer (about 1.3x the throughput of 64 KiB on loopback) while the queues it sizes
+/// (tunnel buffers, resource pipes) stay at a few MiB.
+pub const CHUNK: usize = 256 * 1024;
+
+/// The HTTP/2 frame size our direct-mode servers and clients accept (SETTINGS_MAX_FRAME_SIZE),
+/// so that a [`CHUNK`] crosses the connection in one frame rather than sixteen.
+pub const MAX_FRAME: u32 = CHUNK as u32;
 
 /// A router frame: implemented by both `StreamRequest` and `StreamResponse`.
 pub trait Frame: Send + 'static {

@@ -64,7 +64,8 @@ fn router(
     let mut builder = Server::builder()
         .tcp_nodelay(true)
         .initial_stream_window_size(Some(STREAM_WINDOW))
-        .initial_connection_window_size(Some(CONNECTION_WINDOW));
+        .initial_connection_window_size(Some(CONNECTION_WINDOW))
+        .max_frame_size(Some(crate::frames::MAX_FRAME));
     if let Some((cert, key)) = &opts.tls {
         builder = builder
             .tls_config(ServerTlsConfig::new().identity(Identity::from_pem(cert, key)))
