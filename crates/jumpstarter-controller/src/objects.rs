@@ -388,6 +388,11 @@ pub fn exporter_online_state(status: Option<&ExporterStatus>, now: Timestamp) ->
     }
 }
 
+/// An object's `(namespace, name)`, borrowed; `None` when either is unset.
+pub fn meta_key(m: &metav1::ObjectMeta) -> Option<(&str, &str)> {
+    Some((m.namespace.as_deref()?, m.name.as_deref()?))
+}
+
 /// Whether the exporter is registered (`status.devices` set; §4.2 `Registered`).
 pub fn exporter_registered(status: Option<&ExporterStatus>) -> bool {
     status.is_some_and(|s| s.devices.is_some())

@@ -144,24 +144,13 @@ pub async fn sync_lease_owners<S: Store>(
     let exporters: HashMap<(&str, &str), &Exporter> = exporters
         .iter()
         .filter_map(|e| {
-            let key = (
-                e.metadata.namespace.as_deref()?,
-                e.metadata.name.as_deref()?,
-            );
+            let key = crate::objects::meta_key(&e.metadata)?;
             wanted.contains(&key).then_some((key, e))
         })
         .collect();
     let leases: HashMap<(&str, &str), &Lease> = leases
         .iter()
-        .filter_map(|l| {
-            Some((
-                (
-                    l.metadata.namespace.as_deref()?,
-                    l.metadata.name.as_deref()?,
-                ),
-                l,
-            ))
-        })
+        .filter_map(|l| Some((crate::objects::meta_key(&l.metadata)?, l)))
         .collect();
     let mut retry = false;
     for &(namespace, name, status) in statuses {

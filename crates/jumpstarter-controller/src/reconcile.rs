@@ -15,7 +15,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1 as metav1;
 use crate::{
     objects::{
         Client, EXPORTER_OFFLINE_AFTER, Exporter, ExporterAccessPolicy, ExporterStatus,
-        ExporterStatusValue, Lease, conditions, exporter_online_state, set_condition,
+        ExporterStatusValue, Lease, conditions, exporter_online_state, meta_key, set_condition,
     },
     scheduler::{Snapshot, exporter_lease_refs, schedule},
     selector::LabelSelector,
@@ -247,15 +247,7 @@ pub async fn reconcile_once<S: Store>(
         .collect();
     let lease_index: HashMap<(&str, &str), &Lease> = leases
         .iter()
-        .filter_map(|l| {
-            Some((
-                (
-                    l.metadata.namespace.as_deref()?,
-                    l.metadata.name.as_deref()?,
-                ),
-                l,
-            ))
-        })
+        .filter_map(|l| Some((meta_key(&l.metadata)?, l)))
         .collect();
     // The exporters that leases are assigned to, to make them the leases' owners.
     let assigned: HashSet<(&str, &str)> = decisions
@@ -268,10 +260,7 @@ pub async fn reconcile_once<S: Store>(
     let owners: HashMap<(&str, &str), &Exporter> = exporters
         .iter()
         .filter_map(|e| {
-            let key = (
-                e.metadata.namespace.as_deref()?,
-                e.metadata.name.as_deref()?,
-            );
+            let key = meta_key(&e.metadata)?;
             assigned.contains(&key).then_some((key, e))
         })
         .collect();
