@@ -10,7 +10,9 @@
 //! # Ok(()) }
 //! ```
 
-use std::{collections::BTreeMap, path::PathBuf, sync::Arc};
+use std::{collections::BTreeMap, path::PathBuf, pin::Pin, sync::Arc};
+
+use bytes::Bytes;
 
 use futures::{StreamExt, stream::BoxStream};
 use hyper_util::rt::TokioIo;
@@ -219,7 +221,8 @@ pub async fn connect_channel(
         Target::Unix(path) => {
             let endpoint = Endpoint::from_static("http://localhost")
                 .initial_stream_window_size(STREAM_WINDOW)
-                .initial_connection_window_size(CONNECTION_WINDOW);
+                .initial_connection_window_size(CONNECTION_WINDOW)
+                .max_frame_size(crate::frames::MAX_FRAME);
             endpoint
                 .connect_with_connector(tower::service_fn(move |_: Uri| {
                     let path = path.clone();
@@ -732,14 +735,13 @@ impl DriverClient {
     /// `encoding` is the encoding of `source`: the exporter decodes it if it accepts it,
     /// otherwise it is decoded here and sent plain. Fails if reading `source` fails, if the
     /// call fails, or if the driver returns without reading everything.
-    pub async fn upload<T, F, Fut, R>(
+    pub async fn upload<T, F, Fut>(
         &self,
-        source: R,
+        source: UploadSource,
         encoding: Option<ContentEncoding>,
         call: F,
     ) -> Result<T, ClientError>
     where
-        R: AsyncRead + Send + Unpin + 'static,
         F: FnOnce(ResourceHandle) -> Fut,
         Fut: Future<Output = Result<T, ClientError>>,
     {
@@ -757,33 +759,23 @@ impl DriverClient {
             task: _task,
         } = ends;
         let mut pump = AbortOnDrop(tokio::spawn(async move {
-            // Large reads from the source (a file: each read is a blocking-pool hop),
-            // sent in DATA frames of at most CHUNK bytes.
-            let mut reader = decoder(
-                tokio::io::BufReader::with_capacity(LOCAL_IO_BUFFER, source),
-                local_decode,
-            );
-            // Chunks are cut from large blocks without copying: a block is allocated once
-            // per LOCAL_IO_BUFFER bytes, and freed when the last chunk of it has been sent.
-            let mut buf = bytes::BytesMut::new();
-            loop {
-                if buf.capacity() < CHUNK {
-                    buf.reserve(LOCAL_IO_BUFFER);
+            let sent = match (source, local_decode) {
+                (UploadSource::Chunks(chunks), None) => send_chunks(chunks, &mut upload).await,
+                (UploadSource::Chunks(chunks), Some(enc)) => {
+                    let reader = tokio_util::io::StreamReader::new(chunks);
+                    send_read(Box::pin(reader), Some(enc), &mut upload).await
                 }
-                match reader
-                    .read_buf(&mut bytes::BufMut::limit(&mut buf, CHUNK))
-                    .await
-                {
-                    Ok(0) => {
-                        upload.finish_now();
-                        return Ok(());
-                    }
-                    Ok(_) => upload.send(buf.split().freeze()).await?,
-                    Err(e) => {
-                        let msg = e.to_string();
-                        upload.fail(e);
-                        return Err(std::io::Error::other(msg));
-                    }
+                (UploadSource::Reader(reader), dec) => send_read(reader, dec, &mut upload).await,
+            };
+            match sent {
+                Ok(()) => {
+                    upload.finish_now();
+                    Ok(())
+                }
+                Err(e) => {
+                    let msg = e.to_string();
+                    upload.fail(e);
+                    Err(std::io::Error::other(msg))
                 }
             }
         }));
@@ -846,10 +838,14 @@ impl DriverClient {
         } = ends;
         upload.finish_now();
         let mut pump = AbortOnDrop(tokio::spawn(async move {
-            let mut writer = encoder(
-                tokio::io::BufWriter::with_capacity(LOCAL_IO_BUFFER, sink),
-                local_encode,
-            );
+            // Chunks go to the sink as they come; an encoder's small writes are gathered.
+            let mut writer = match local_encode {
+                None => encoder(sink, None),
+                Some(_) => encoder(
+                    tokio::io::BufWriter::with_capacity(LOCAL_IO_BUFFER, sink),
+                    local_encode,
+                ),
+            };
             while let Some(chunk) = download.chunk().await? {
                 writer.write_all(&chunk).await?;
             }
@@ -886,6 +882,86 @@ fn plain_if_not_accepted(handle: ResourceHandle, local: bool) -> ResourceHandle 
             x_jmp_content_encoding: None,
         },
         other => other,
+    }
+}
+
+/// What [`DriverClient::upload`] sends.
+pub enum UploadSource {
+    /// The bytes of a reader, read in pieces of up to [`CHUNK`] bytes.
+    Reader(Pin<Box<dyn AsyncRead + Send>>),
+    /// Chunks sent as they come, without a copy (larger ones are cut to [`CHUNK`] bytes).
+    Chunks(Pin<Box<dyn futures::Stream<Item = std::io::Result<Bytes>> + Send>>),
+}
+
+impl UploadSource {
+    /// The bytes of `reader`.
+    pub fn reader(reader: impl AsyncRead + Send + 'static) -> Self {
+        Self::Reader(Box::pin(reader))
+    }
+
+    /// A stream of chunks: an error item fails the upload.
+    pub fn chunks(
+        chunks: impl futures::Stream<Item = std::io::Result<Bytes>> + Send + 'static,
+    ) -> Self {
+        Self::Chunks(Box::pin(chunks))
+    }
+
+    /// A local file from where it stands, read by a blocking thread straight into the
+    /// chunks sent ([`crate::resource::file_chunks`]): the fastest way to send a file.
+    pub fn file(file: std::fs::File) -> Self {
+        Self::chunks(crate::resource::file_chunks(file))
+    }
+}
+
+impl std::fmt::Debug for UploadSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            UploadSource::Reader(_) => "UploadSource::Reader",
+            UploadSource::Chunks(_) => "UploadSource::Chunks",
+        })
+    }
+}
+
+/// Sends `chunks` as they are, cutting those over [`CHUNK`] bytes.
+async fn send_chunks(
+    mut chunks: Pin<Box<dyn futures::Stream<Item = std::io::Result<Bytes>> + Send>>,
+    upload: &mut PipeWriter,
+) -> std::io::Result<()> {
+    while let Some(chunk) = chunks.next().await {
+        let mut chunk = chunk?;
+        while chunk.len() > CHUNK {
+            upload.send(chunk.split_to(CHUNK)).await?;
+        }
+        upload.send(chunk).await?;
+    }
+    Ok(())
+}
+
+/// Sends what `reader` yields, decoded from `decode` if given, in chunks of [`CHUNK`] bytes.
+async fn send_read(
+    reader: Pin<Box<dyn AsyncRead + Send>>,
+    decode: Option<ContentEncoding>,
+    upload: &mut PipeWriter,
+) -> std::io::Result<()> {
+    // Large reads from the source (a file: each read is a blocking-pool hop).
+    let mut reader = decoder(
+        tokio::io::BufReader::with_capacity(LOCAL_IO_BUFFER, reader),
+        decode,
+    );
+    // Chunks are cut from large blocks without copying: a block is allocated once per
+    // LOCAL_IO_BUFFER bytes, and freed when the last chunk of it has been sent.
+    let mut buf = bytes::BytesMut::new();
+    loop {
+        if buf.capacity() < CHUNK {
+            buf.reserve(LOCAL_IO_BUFFER);
+        }
+        match reader
+            .read_buf(&mut bytes::BufMut::limit(&mut buf, CHUNK))
+            .await?
+        {
+            0 => return Ok(()),
+            _ => upload.send(buf.split().freeze()).await?,
+        }
     }
 }
 

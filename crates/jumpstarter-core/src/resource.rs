@@ -20,6 +20,7 @@
 
 use std::{
     collections::HashMap,
+    future::Future,
     io,
     pin::Pin,
     sync::{Arc, Mutex},
@@ -27,7 +28,7 @@ use std::{
 };
 
 use async_compression::tokio::{bufread, write};
-use bytes::{Buf, Bytes};
+use bytes::{Buf, Bytes, BytesMut};
 use futures::Stream;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufRead, AsyncRead, AsyncWrite, ReadBuf};
@@ -468,6 +469,209 @@ impl FrameSource for PipeReader {
     }
 }
 
+// ------------------------------------------------------------------------------- files
+
+/// How many chunks may wait between a local file and a transfer, in either direction
+/// ([`file_chunks`], [`FileWriter`], [`ResourceStream::copy_to_file`]).
+pub const FILE_QUEUE: usize = 16;
+
+/// A local file read as a stream of chunks of at most [`crate::frames::CHUNK`] bytes.
+///
+/// A blocking thread reads the file straight into the chunks it hands over, so the bytes
+/// are not copied again after the kernel's copy out of the page cache; at most
+/// [`FILE_QUEUE`] chunks wait. A read error ends the stream with that error. Dropping the
+/// stream stops the thread.
+pub struct FileChunks {
+    rx: tokio::sync::mpsc::Receiver<io::Result<Bytes>>,
+}
+
+/// Reads `file` from where it stands to its end, as [`FileChunks`].
+pub fn file_chunks(file: std::fs::File) -> FileChunks {
+    let (tx, rx) = tokio::sync::mpsc::channel(FILE_QUEUE);
+    tokio::task::spawn_blocking(move || {
+        let mut file = file;
+        let mut buffers = Recycler::default();
+        loop {
+            let item = read_chunk(&mut file, buffers.take(crate::frames::CHUNK));
+            let last = !matches!(&item, Ok(Some(_)));
+            let item = match item {
+                Ok(Some(chunk)) => {
+                    buffers.track(&chunk);
+                    Ok(chunk)
+                }
+                Ok(None) => return,
+                Err(e) => Err(e),
+            };
+            if tx.blocking_send(item).is_err() || last {
+                return;
+            }
+        }
+    });
+    FileChunks { rx }
+}
+
+/// Fills `buf` from `file` (short only at the end of the file); `None` at the end.
+fn read_chunk(file: &mut impl std::io::Read, mut buf: BytesMut) -> io::Result<Option<Bytes>> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match file.read(&mut buf[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    if filled == 0 {
+        return Ok(None);
+    }
+    buf.truncate(filled);
+    Ok(Some(buf.freeze()))
+}
+
+/// Chunk buffers handed out and taken back once every copy of them is gone (the transport
+/// drops a chunk once it has sent it), so that steady reads neither allocate nor zero
+/// memory: safe code can only read into initialised memory, and fresh memory costs page
+/// faults too.
+#[derive(Default)]
+struct Recycler {
+    out: std::collections::VecDeque<Bytes>,
+}
+
+/// How many handed-out chunks a [`Recycler`] keeps an eye on; older ones are let go.
+const RECYCLED: usize = FILE_QUEUE + PIPE_CHUNKS + 8;
+
+impl Recycler {
+    /// A buffer of `len` initialised bytes: the oldest chunk handed out if nobody else holds
+    /// it any more, a new zeroed one otherwise.
+    fn take(&mut self, len: usize) -> BytesMut {
+        if self.out.front().is_some_and(Bytes::is_unique)
+            && let Some(oldest) = self.out.pop_front()
+            && let Ok(buf) = oldest.try_into_mut()
+            && buf.len() == len
+        {
+            return buf;
+        }
+        BytesMut::zeroed(len)
+    }
+
+    /// Keeps an eye on `chunk`, handed out.
+    fn track(&mut self, chunk: &Bytes) {
+        self.out.push_back(chunk.clone());
+        if self.out.len() > RECYCLED {
+            self.out.pop_front();
+        }
+    }
+}
+
+impl Stream for FileChunks {
+    type Item = io::Result<Bytes>;
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.rx.poll_recv(cx)
+    }
+}
+
+/// A blocking thread writing the chunks sent to it into `file` (at most [`FILE_QUEUE`]
+/// wait); it ends when the sender is dropped, with the number of bytes written, or at the
+/// first write error.
+fn file_writer_thread(
+    mut file: std::fs::File,
+) -> (
+    tokio::sync::mpsc::Sender<Bytes>,
+    tokio::task::JoinHandle<io::Result<u64>>,
+) {
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(FILE_QUEUE);
+    let writer = tokio::task::spawn_blocking(move || -> io::Result<u64> {
+        use std::io::Write;
+        let mut n = 0u64;
+        while let Some(b) = rx.blocking_recv() {
+            file.write_all(&b)?;
+            n += b.len() as u64;
+        }
+        file.flush()?;
+        Ok(n)
+    });
+    (tx, writer)
+}
+
+/// An `AsyncWrite` over a local file, written by a blocking thread while the caller goes
+/// on (at most [`FILE_QUEUE`] pieces wait; `tokio::fs::File` has one write in flight at a
+/// time). Shutting it down waits for everything to be written and reports the first write
+/// error; a write error also fails later writes.
+pub struct FileWriter {
+    tx: Option<PollSender<Bytes>>,
+    writer: Option<tokio::task::JoinHandle<io::Result<u64>>>,
+}
+
+impl FileWriter {
+    /// Writes to `file` from where it stands.
+    pub fn new(file: std::fs::File) -> Self {
+        let (tx, writer) = file_writer_thread(file);
+        Self {
+            tx: Some(PollSender::new(tx)),
+            writer: Some(writer),
+        }
+    }
+
+    /// Waits for the writer thread and returns how it ended.
+    fn poll_writer(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<u64>> {
+        let Some(writer) = self.writer.as_mut() else {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "the file writer has already ended",
+            )));
+        };
+        let r = ready!(Pin::new(writer).poll(cx));
+        self.writer = None;
+        Poll::Ready(match r {
+            Ok(r) => r,
+            Err(e) => Err(io::Error::other(format!("file writer task failed: {e}"))),
+        })
+    }
+}
+
+impl AsyncWrite for FileWriter {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        if buf.is_empty() {
+            return Poll::Ready(Ok(0));
+        }
+        let Some(tx) = self.tx.as_mut() else {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "write after shutdown",
+            )));
+        };
+        if ready!(tx.poll_reserve(cx)).is_err() {
+            // The thread stopped at a write error: report it.
+            let e = ready!(self.poll_writer(cx))
+                .err()
+                .unwrap_or_else(|| io::Error::other("the file writer stopped early"));
+            return Poll::Ready(Err(e));
+        }
+        let n = buf.len().min(crate::frames::CHUNK);
+        if tx.send_item(Bytes::copy_from_slice(&buf[..n])).is_err() {
+            return Poll::Ready(Err(io::Error::other("the file writer stopped early")));
+        }
+        Poll::Ready(Ok(n))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        // Queued pieces are written in order; shutdown waits for them.
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.tx = None;
+        if self.writer.is_none() {
+            return Poll::Ready(Ok(()));
+        }
+        ready!(self.poll_writer(cx)).map(|_| ()).into()
+    }
+}
+
 // ---------------------------------------------------------------------- driver's end
 
 /// The driver's end of a resource stream: read it for the client's bytes (decoded when an
@@ -477,7 +681,13 @@ impl FrameSource for PipeReader {
 /// writing makes the client's read fail; never writing to it is fine.
 pub struct ResourceStream {
     read: StreamRead,
-    write: BoxWrite,
+    write: StreamWrite,
+}
+
+/// The writing side: chunks handed to the session as they are, or encoded.
+enum StreamWrite {
+    Plain(PipeWriter),
+    Encoded(BoxWrite),
 }
 
 /// The reading side: the client's chunks as they came, or decoded.
@@ -493,7 +703,10 @@ impl ResourceStream {
                 None => StreamRead::Plain(reader),
                 Some(_) => StreamRead::Decoded(decoder(reader, encoding)),
             },
-            write: encoder(writer.finish_if_unused(), encoding),
+            write: match encoding {
+                None => StreamWrite::Plain(writer.finish_if_unused()),
+                Some(_) => StreamWrite::Encoded(encoder(writer.finish_if_unused(), encoding)),
+            },
         }
     }
 
@@ -514,18 +727,8 @@ impl ResourceStream {
     /// from a blocking thread, chunk by chunk as they arrive (at most [`FILE_QUEUE`] chunks
     /// wait), with no copy on the way. A transfer that breaks midway is the error returned,
     /// even when the file took everything that arrived.
-    pub async fn copy_to_file(&mut self, mut file: std::fs::File) -> io::Result<u64> {
-        let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(FILE_QUEUE);
-        let writer = tokio::task::spawn_blocking(move || -> io::Result<u64> {
-            use std::io::Write;
-            let mut n = 0u64;
-            while let Some(b) = rx.blocking_recv() {
-                file.write_all(&b)?;
-                n += b.len() as u64;
-            }
-            file.flush()?;
-            Ok(n)
-        });
+    pub async fn copy_to_file(&mut self, file: std::fs::File) -> io::Result<u64> {
+        let (tx, writer) = file_writer_thread(file);
         let fed: io::Result<()> = async {
             while let Some(b) = self.chunk().await? {
                 if tx.send(b).await.is_err() {
@@ -543,10 +746,37 @@ impl ResourceStream {
         fed?;
         written
     }
-}
 
-/// How many received chunks may wait for [`ResourceStream::copy_to_file`]'s writer.
-pub const FILE_QUEUE: usize = 16;
+    /// Sends bytes to the client (encoded if an encoding was negotiated, otherwise as they
+    /// are, without a copy, in pieces of at most [`crate::frames::CHUNK`] bytes), waiting
+    /// while the client is behind.
+    pub async fn write_chunk(&mut self, mut data: Bytes) -> io::Result<()> {
+        match &mut self.write {
+            StreamWrite::Plain(w) => {
+                while data.len() > crate::frames::CHUNK {
+                    w.send(data.split_to(crate::frames::CHUNK)).await?;
+                }
+                w.send(data).await
+            }
+            StreamWrite::Encoded(w) => tokio::io::AsyncWriteExt::write_all(w, &data).await,
+        }
+    }
+
+    /// Sends all of `file` (from where it stands) to the client and returns how many bytes;
+    /// the file is read by a blocking thread straight into the chunks sent (see
+    /// [`file_chunks`]). The stream is not shut down: do that once everything is written.
+    pub async fn copy_from_file(&mut self, file: std::fs::File) -> io::Result<u64> {
+        use futures::StreamExt;
+        let mut chunks = file_chunks(file);
+        let mut n = 0u64;
+        while let Some(chunk) = chunks.next().await {
+            let chunk = chunk?;
+            n += chunk.len() as u64;
+            self.write_chunk(chunk).await?;
+        }
+        Ok(n)
+    }
+}
 
 impl AsyncRead for ResourceStream {
     fn poll_read(
@@ -583,15 +813,24 @@ impl AsyncWrite for ResourceStream {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        self.write.as_mut().poll_write(cx, buf)
+        match &mut self.write {
+            StreamWrite::Plain(w) => Pin::new(w).poll_write(cx, buf),
+            StreamWrite::Encoded(w) => w.as_mut().poll_write(cx, buf),
+        }
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.write.as_mut().poll_flush(cx)
+        match &mut self.write {
+            StreamWrite::Plain(w) => Pin::new(w).poll_flush(cx),
+            StreamWrite::Encoded(w) => w.as_mut().poll_flush(cx),
+        }
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.write.as_mut().poll_shutdown(cx)
+        match &mut self.write {
+            StreamWrite::Plain(w) => Pin::new(w).poll_shutdown(cx),
+            StreamWrite::Encoded(w) => w.as_mut().poll_shutdown(cx),
+        }
     }
 }
 
@@ -831,5 +1070,148 @@ mod tests {
         w.finish_now();
         let mut d = decoder(r, Some(ContentEncoding::Gzip));
         assert!(d.read_to_end(&mut Vec::new()).await.is_err());
+    }
+
+    fn patterned(len: usize) -> Vec<u8> {
+        (0..len).map(|i| (i % 251) as u8).collect()
+    }
+
+    async fn collect(mut chunks: FileChunks) -> io::Result<Vec<Bytes>> {
+        use futures::StreamExt;
+        let mut out = Vec::new();
+        while let Some(c) = chunks.next().await {
+            out.push(c?);
+        }
+        Ok(out)
+    }
+
+    #[tokio::test]
+    async fn file_chunks_yield_the_file_in_full_chunks_then_the_rest() {
+        let chunk = crate::frames::CHUNK;
+        for len in [0, 1, chunk - 1, chunk, chunk + 1, 3 * chunk + 17] {
+            let mut f = tempfile::tempfile().unwrap();
+            let data = patterned(len);
+            std::io::Write::write_all(&mut f, &data).unwrap();
+            std::io::Seek::rewind(&mut f).unwrap();
+            let chunks = collect(file_chunks(f)).await.unwrap();
+            assert!(chunks.iter().all(|c| !c.is_empty()), "len {len}");
+            let (last, full) = chunks
+                .split_last()
+                .map_or((None, &[][..]), |(l, f)| (Some(l), f));
+            assert!(full.iter().all(|c| c.len() == chunk), "len {len}");
+            assert!(last.is_none_or(|l| l.len() <= chunk), "len {len}");
+            assert_eq!(chunks.concat(), data, "len {len}");
+        }
+    }
+
+    #[tokio::test]
+    async fn file_chunks_start_where_the_file_stands() {
+        let mut f = tempfile::tempfile().unwrap();
+        std::io::Write::write_all(&mut f, b"skip this|keep this").unwrap();
+        std::io::Seek::seek(&mut f, std::io::SeekFrom::Start(10)).unwrap();
+        assert_eq!(
+            collect(file_chunks(f)).await.unwrap().concat(),
+            b"keep this"
+        );
+    }
+
+    #[tokio::test]
+    async fn file_chunks_report_a_read_error() {
+        // A directory opens, but reading it fails (EISDIR).
+        let dir = tempfile::tempdir().unwrap();
+        let f = std::fs::File::open(dir.path()).unwrap();
+        let e = collect(file_chunks(f)).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::IsADirectory);
+    }
+
+    #[test]
+    fn recycler_reuses_a_buffer_only_once_nobody_holds_it() {
+        let mut r = Recycler::default();
+        let first = r.take(16);
+        let chunk = first.freeze();
+        r.track(&chunk);
+        let ptr = chunk.as_ptr();
+        // Still held by the transport: a new buffer.
+        let second = r.take(16);
+        assert_ne!(second.as_ptr(), ptr);
+        drop(second);
+        // Released: the same memory comes back, whole.
+        drop(chunk);
+        let again = r.take(16);
+        assert_eq!(again.as_ptr(), ptr);
+        assert_eq!(again.len(), 16);
+        // A slice of it still alive keeps it out of reuse.
+        let chunk = again.freeze();
+        r.track(&chunk);
+        let slice = chunk.slice(4..8);
+        drop(chunk);
+        assert_ne!(r.take(16).as_ptr(), slice.as_ptr().wrapping_sub(4));
+    }
+
+    #[test]
+    fn recycler_lets_go_of_old_chunks() {
+        let mut r = Recycler::default();
+        let held: Vec<Bytes> = (0..RECYCLED + 5)
+            .map(|_| {
+                let c = r.take(8).freeze();
+                r.track(&c);
+                c
+            })
+            .collect();
+        assert_eq!(r.out.len(), RECYCLED);
+        drop(held);
+    }
+
+    #[tokio::test]
+    async fn file_writer_writes_everything_by_shutdown() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out");
+        let mut w = FileWriter::new(std::fs::File::create(&path).unwrap());
+        let data = patterned(3 * crate::frames::CHUNK + 5);
+        for piece in data.chunks(100_000) {
+            w.write_all(piece).await.unwrap();
+        }
+        w.shutdown().await.unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), data);
+        assert!(w.write_all(b"late").await.is_err());
+    }
+
+    #[tokio::test]
+    async fn file_writer_reports_a_write_error() {
+        // A file opened read-only: the writer thread's first write fails.
+        let f = tempfile::NamedTempFile::new().unwrap();
+        let ro = std::fs::File::open(f.path()).unwrap();
+        let mut w = FileWriter::new(ro);
+        let mut failed = None;
+        for _ in 0..4 * FILE_QUEUE {
+            if let Err(e) = w.write_all(&[7u8; 4096]).await {
+                failed = Some(e);
+                break;
+            }
+        }
+        let e = match failed {
+            Some(e) => e,
+            None => w.shutdown().await.unwrap_err(),
+        };
+        assert_ne!(e.to_string(), "", "{e}");
+        assert!(std::fs::read(f.path()).unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn copy_from_file_sends_the_file_through_the_stream() {
+        let (_to_driver, reader) = pipe();
+        let (writer, mut from_driver) = pipe();
+        let mut stream = ResourceStream::new(reader, writer, None);
+        let data = patterned(2 * crate::frames::CHUNK + 9);
+        let mut f = tempfile::tempfile().unwrap();
+        std::io::Write::write_all(&mut f, &data).unwrap();
+        std::io::Seek::rewind(&mut f).unwrap();
+        let reading = tokio::spawn(async move {
+            let mut got = Vec::new();
+            from_driver.read_to_end(&mut got).await.map(|_| got)
+        });
+        assert_eq!(stream.copy_from_file(f).await.unwrap(), data.len() as u64);
+        stream.shutdown().await.unwrap();
+        assert_eq!(reading.await.unwrap().unwrap(), data);
     }
 }

@@ -3,11 +3,11 @@
 use std::path::{Path, PathBuf};
 
 use clap::{Arg, ArgAction, ArgMatches, Command, value_parser};
-use futures::{StreamExt, stream::BoxStream};
+use futures::{StreamExt, TryStreamExt, stream::BoxStream};
 use jumpstarter_core::{
     ClientError,
-    client::DriverClient,
-    resource::{ContentEncoding, ResourceHandle, decoder},
+    client::{DriverClient, UploadSource},
+    resource::{ContentEncoding, FileWriter, ResourceHandle, decoder, file_chunks},
 };
 use tokio::io::AsyncReadExt;
 use uuid::Uuid;
@@ -16,7 +16,7 @@ use super::{
     HashAlgo, Metadata, hash_reader,
     opendal::Capability,
     partial_path,
-    progress::{Progress, ProgressReader, ProgressWriter},
+    progress::{Progress, ProgressWriter},
 };
 use crate::cli::{CliFuture, DriverCommand};
 
@@ -37,6 +37,14 @@ async fn open_local(path: &Path) -> Result<(tokio::fs::File, u64), ClientError> 
         .map_err(|e| io_err("reading metadata of", path, e))?
         .len();
     Ok((f, len))
+}
+
+/// An opened local file as an upload source, counted by `progress` as it is read.
+async fn file_source(file: tokio::fs::File, progress: &Progress) -> UploadSource {
+    let progress = progress.clone();
+    let chunks = file_chunks(file.into_std().await)
+        .inspect_ok(move |chunk| progress.inc(chunk.len() as u64));
+    UploadSource::chunks(chunks)
 }
 
 /// Reads the first bytes of a file to recognise its compression.
@@ -62,13 +70,14 @@ pub async fn detect_encoding(path: &Path) -> Result<Option<ContentEncoding>, Cli
 /// Writes into a hidden sibling of `path`, renamed over `path` only if `body` succeeds.
 async fn write_local_atomically<T, F, Fut>(path: &Path, body: F) -> Result<T, ClientError>
 where
-    F: FnOnce(tokio::fs::File) -> Fut,
+    F: FnOnce(FileWriter) -> Fut,
     Fut: std::future::Future<Output = Result<T, ClientError>>,
 {
     let partial = partial_path(path);
     let file = tokio::fs::File::create(&partial)
         .await
         .map_err(|e| io_err("creating", &partial, e))?;
+    let file = FileWriter::new(file.into_std().await);
     match body(file).await {
         Ok(v) => {
             tokio::fs::rename(&partial, path)
@@ -148,12 +157,12 @@ impl StorageMuxClient {
         opts: &TransferOptions,
     ) -> Result<u64, ClientError> {
         let (file, len) = open_local(path).await?;
-        let reader = ProgressReader::new(file, opts.progress.clone());
+        let source = file_source(file, &opts.progress).await;
         let this = self.clone();
         let r = self
             .0
             .upload(
-                reader,
+                source,
                 opts.encoding,
                 |h| async move { this.write(h).await },
             )
@@ -294,7 +303,7 @@ impl OpendalClient {
         let r = self
             .0
             .upload(
-                ProgressReader::new(file, opts.progress.clone()),
+                file_source(file, &opts.progress).await,
                 opts.encoding,
                 |h| async move { this.0.call::<()>("file_write", (fd, h)).await },
             )
@@ -345,9 +354,11 @@ impl OpendalClient {
         let this = self.clone();
         let r = self
             .0
-            .upload(std::io::Cursor::new(data), None, |h| async move {
-                this.0.call::<()>("file_write", (fd, h)).await
-            })
+            .upload(
+                UploadSource::reader(std::io::Cursor::new(data)),
+                None,
+                |h| async move { this.0.call::<()>("file_write", (fd, h)).await },
+            )
             .await;
         let closed = f.close().await;
         r?;

@@ -103,8 +103,7 @@ impl Medium {
                 path: self.path.clone(),
                 source: e,
             })?;
-        let mut reader = tokio::io::BufReader::with_capacity(1024 * 1024, file);
-        let n = tokio::io::copy_buf(&mut reader, &mut stream).await?;
+        let n = stream.copy_from_file(file.into_std().await).await?;
         stream.shutdown().await?;
         Ok(n)
     }

@@ -11,17 +11,13 @@ use std::{
     time::Duration,
 };
 
-use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt, stream::BoxStream};
 use jumpstarter_core::{
     CallContext, Driver, DriverError, driver, registry::DriverArgs, resource::ResourceHandle,
 };
 use opendal::Operator;
 use serde::{Deserialize, Serialize};
-use tokio::{
-    io::{AsyncBufReadExt, AsyncWriteExt},
-    sync::Mutex,
-};
+use tokio::{io::AsyncWriteExt, sync::Mutex};
 use uuid::Uuid;
 
 use super::{HashAlgo, Hasher, StorageError};
@@ -355,8 +351,9 @@ impl Opendal {
             .map_err(od("read", path))?;
         while let Some(chunk) = chunks.next().await {
             let chunk = chunk?;
-            stream.write_all(&chunk).await?;
-            *pos += chunk.len() as u64;
+            let n = chunk.len() as u64;
+            stream.write_chunk(chunk).await?;
+            *pos += n;
         }
         stream.shutdown().await?;
         Ok(())
@@ -394,19 +391,15 @@ impl Opendal {
         let mut stream = ctx.resource(&src)?;
         let result: Result<(), StorageError> = async {
             loop {
-                let chunk = stream
-                    .fill_buf()
-                    .await
-                    .map_err(|e| StorageError::Transfer {
-                        target: path.clone(),
-                        source: e,
-                    })?;
-                if chunk.is_empty() {
+                // Chunks as received: no copy unless the bytes are being decoded.
+                let chunk = stream.chunk().await.map_err(|e| StorageError::Transfer {
+                    target: path.clone(),
+                    source: e,
+                })?;
+                let Some(bytes) = chunk else {
                     return Ok(());
-                }
-                let n = chunk.len();
-                let bytes = Bytes::copy_from_slice(chunk);
-                stream.consume(n);
+                };
+                let n = bytes.len();
                 w.write(bytes).await.map_err(od("write", path))?;
                 *written += n as u64;
             }

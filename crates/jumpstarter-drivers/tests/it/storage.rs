@@ -4,7 +4,9 @@ use std::{collections::BTreeMap, path::Path, sync::Arc};
 
 use futures::StreamExt;
 use jumpstarter_core::{
-    CallContext, ClientError, DriverError, driver,
+    CallContext, ClientError, DriverError,
+    client::UploadSource,
+    driver,
     resource::{ContentEncoding, ResourceHandle, encoder},
 };
 use jumpstarter_drivers::storage::{
@@ -281,11 +283,15 @@ async fn unknown_and_reused_handles_are_refused() {
     let mut captured = None;
     storage
         .0
-        .upload(std::io::Cursor::new(b"first".to_vec()), None, |h| {
-            captured = Some(h.clone());
-            let s = storage.clone();
-            async move { s.write(h).await }
-        })
+        .upload(
+            UploadSource::reader(std::io::Cursor::new(b"first".to_vec())),
+            None,
+            |h| {
+                captured = Some(h.clone());
+                let s = storage.clone();
+                async move { s.write(h).await }
+            },
+        )
         .await
         .unwrap();
     assert_eq!(std::fs::read(&medium).unwrap(), b"first");
@@ -399,7 +405,9 @@ async fn local_read_error_aborts_the_upload() {
     let s = storage.clone();
     let e = storage
         .0
-        .upload(Failing(100), None, |h| async move { s.write(h).await })
+        .upload(UploadSource::reader(Failing(100)), None, |h| async move {
+            s.write(h).await
+        })
         .await
         .unwrap_err();
     assert!(e.to_string().contains("bad sector"), "{e}");
