@@ -174,6 +174,7 @@ pub async fn connect_tls_with(
                     .keep_alive_while_idle(true)
                     .initial_stream_window_size(crate::serve::STREAM_WINDOW)
                     .initial_connection_window_size(crate::serve::CONNECTION_WINDOW)
+                    .max_frame_size(crate::frames::MAX_FRAME)
             })
             .map_err(|e| connect_err(error_chain(&e)))
     };

@@ -388,6 +388,7 @@ impl DirectServer {
             .tcp_nodelay(true)
             .initial_stream_window_size(Some(STREAM_WINDOW))
             .initial_connection_window_size(Some(CONNECTION_WINDOW))
+            .max_frame_size(Some(crate::frames::MAX_FRAME))
             .tls_config(creds.server_tls())
             .map_err(|e| DirectError::Certificates {
                 host: self.advertise_host.clone(),
@@ -535,6 +536,7 @@ impl DirectTarget {
             .connect_timeout(DIRECT_CONNECT_TIMEOUT)
             .initial_stream_window_size(STREAM_WINDOW)
             .initial_connection_window_size(CONNECTION_WINDOW)
+            .max_frame_size(crate::frames::MAX_FRAME)
             .connect_with_connector(tower::service_fn(move |_: Uri| {
                 let target = target.clone();
                 async move { target.connect_stream().await.map(TokioIo::new) }

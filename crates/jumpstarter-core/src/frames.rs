@@ -30,9 +30,10 @@ use tokio::task::JoinHandle;
 /// (tunnel buffers, resource pipes) stay at a few MiB.
 pub const CHUNK: usize = 256 * 1024;
 
-/// The HTTP/2 frame size our direct-mode servers and clients accept (SETTINGS_MAX_FRAME_SIZE),
-/// so that a [`CHUNK`] crosses the connection in one frame rather than sixteen.
-pub const MAX_FRAME: u32 = CHUNK as u32;
+/// The HTTP/2 frame size our servers and clients accept (SETTINGS_MAX_FRAME_SIZE), so that a
+/// message carrying a [`CHUNK`] crosses the connection in one frame rather than seventeen
+/// (the 1 KiB over is room for the gRPC and protobuf headers around the chunk).
+pub const MAX_FRAME: u32 = CHUNK as u32 + 1024;
 
 /// A router frame: implemented by both `StreamRequest` and `StreamResponse`.
 pub trait Frame: Send + 'static {

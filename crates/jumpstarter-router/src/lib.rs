@@ -298,7 +298,12 @@ pub async fn serve(
     tls: Option<tonic::transport::Identity>,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), RouterError> {
-    let mut builder = tonic::transport::Server::builder();
+    // The same HTTP/2 windows and frame size as an exporter's own server: the router passes
+    // bulk transfers along, and gRPC's 64 KiB default windows would stall them.
+    let mut builder = tonic::transport::Server::builder()
+        .initial_stream_window_size(Some(jumpstarter_core::serve::STREAM_WINDOW))
+        .initial_connection_window_size(Some(jumpstarter_core::serve::CONNECTION_WINDOW))
+        .max_frame_size(Some(jumpstarter_core::frames::MAX_FRAME));
     if let Some(id) = tls {
         builder = builder
             .tls_config(tonic::transport::ServerTlsConfig::new().identity(id))
