@@ -70,7 +70,8 @@ fn random_file(path: &Path, len: u64) -> Result<()> {
         f.write_all(&chunk[..n])?;
         left -= n as u64;
     }
-    f.flush()?;
+    // On disk before anything is measured: its write-back would compete with the runs.
+    f.into_inner().map_err(|e| e.into_error())?.sync_all()?;
     Ok(())
 }
 
@@ -116,8 +117,39 @@ fn same_size(a: &Path, b: &Path) -> Result<()> {
 }
 
 /// Our exporter (`jmp run`) on TCP; returns it and its port.
-fn our_tcp_exporter(jmp: &Path, config: &Path) -> Result<(Background, u16)> {
-    crate::procs::start_our_exporter(Command::new(jmp), config, &[])
+fn our_tcp_exporter(jmp: &Path, config: &Path, scratch: &Path) -> Result<(Background, u16)> {
+    let mut c = Command::new(jmp);
+    c.env("TMPDIR", scratch);
+    crate::procs::start_our_exporter(c, config, &[])
+}
+
+/// Where the exporters' medium (their temporary directory) and the downloaded copy go:
+/// tmpfs when it has room for them, so that the figures measure the transfer rather than the
+/// disk (ext4 also allocates a whole file's blocks on the spot when it is renamed over
+/// another). The same place serves ours and Python. Returns the directory and whether it is
+/// on tmpfs.
+fn scratch_dir(size: u64) -> Result<(Dir, bool)> {
+    let shm = Path::new("/dev/shm");
+    // The medium, its partial copy while a write is under way, and the downloaded copy.
+    let needed = 3 * size + (64 << 20);
+    if free_bytes(shm).is_some_and(|free| free > needed) {
+        return Ok((Dir::new_in(shm, "jmp-bench-storage")?, true));
+    }
+    Ok((Dir::new("jmp-bench-scratch")?, false))
+}
+
+/// Free bytes on the filesystem of `path`, from `df` (none if it cannot tell).
+fn free_bytes(path: &Path) -> Option<u64> {
+    let out = Command::new("df").arg("-Pk").arg(path).output().ok()?;
+    let text = String::from_utf8(out.stdout).ok()?;
+    let kib: u64 = text
+        .lines()
+        .nth(1)?
+        .split_whitespace()
+        .nth(3)?
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
 }
 
 fn parse_py(out: &str) -> Result<(f64, f64)> {
@@ -133,6 +165,7 @@ fn parse_py(out: &str) -> Result<(f64, f64)> {
 /// Runs the storage benchmark and prints the figures.
 pub fn run(args: &[String]) -> Result<()> {
     let mut size_mib: u64 = 1024;
+    let mut ours_only = false;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -142,11 +175,19 @@ pub fn run(args: &[String]) -> Result<()> {
                     .and_then(|v| v.parse().ok())
                     .context("--size-mib takes a number")?;
             }
-            other => bail!("unknown bench-storage argument {other:?} (known: --size-mib N)"),
+            // Skips the Python runs (and the venv): for quick iterations on our side.
+            "--ours-only" => ours_only = true,
+            other => {
+                bail!("unknown bench-storage argument {other:?} (known: --size-mib N, --ours-only)")
+            }
         }
     }
     let size = size_mib * 1024 * 1024;
-    let venv = ensure_venv()?;
+    let venv = if ours_only {
+        None
+    } else {
+        Some(ensure_venv()?)
+    };
     crate::cargo(&[
         "build",
         "--release",
@@ -163,15 +204,25 @@ pub fn run(args: &[String]) -> Result<()> {
     let script = work.path().join("py_client.py");
     std::fs::write(&script, PY_CLIENT)?;
     let src = work.path().join("src.img");
-    let dst = work.path().join("dst.img");
+    let (scratch, on_tmpfs) = scratch_dir(size)?;
+    let dst = scratch.path().join("dst.img");
     println!("== storage bench: {size_mib} MiB through MockStorageMux");
+    if on_tmpfs {
+        println!(
+            "(the exporters' medium and the downloaded copy are on tmpfs, {}, for every run: \
+             the figures are the transfer's, not this machine's disk's)",
+            scratch.path().display()
+        );
+    } else {
+        println!("(no room on /dev/shm: the medium and the downloaded copy are on disk)");
+    }
     random_file(&src, size)?;
     let mut rows = Vec::new();
     let mut peak = Vec::new();
 
     // Ours, direct TCP.
     {
-        let (exporter, port) = our_tcp_exporter(&jmp, &config)?;
+        let (exporter, port) = our_tcp_exporter(&jmp, &config, scratch.path())?;
         let host = format!("127.0.0.1:{port}");
         let ours = |sub: &str, file: &Path| {
             let mut c = Command::new(&j);
@@ -206,7 +257,8 @@ pub fn run(args: &[String]) -> Result<()> {
             dst = dst.display()
         );
         let mut c = Command::new(&jmp);
-        c.args(["shell", "--exporter-config"])
+        c.env("TMPDIR", scratch.path())
+            .args(["shell", "--exporter-config"])
             .arg(&config)
             .args(["--", "sh", "-c", &inner]);
         let out = procs::run(c, Duration::from_secs(900))?;
@@ -246,70 +298,74 @@ pub fn run(args: &[String]) -> Result<()> {
         let _ = std::fs::remove_file(&dst);
     }
 
-    let python = venv.join("bin/python");
-    let py_env = |c: &mut Command, host: &str| {
-        c.env("JUMPSTARTER_HOST", host)
-            .env("JMP_GRPC_INSECURE", "1")
-            .env("JMP_DRIVERS_ALLOW", "UNSAFE")
-            .env("JMP_CLIENT_CONFIG_HOME", work.path().join("py-config"));
-    };
+    if let Some(venv) = &venv {
+        let python = venv.join("bin/python");
+        let py_env = |c: &mut Command, host: &str| {
+            c.env("JUMPSTARTER_HOST", host)
+                .env("JMP_GRPC_INSECURE", "1")
+                .env("JMP_DRIVERS_ALLOW", "UNSAFE")
+                .env("JMP_CLIENT_CONFIG_HOME", work.path().join("py-config"));
+        };
 
-    // Python, direct TCP.
-    {
-        let port = procs::free_port()?;
-        let mut c = Command::new(venv.join("bin/jmp"));
-        c.args(["run", "--exporter-config"])
-            .arg(&config)
-            .args([
-                "--tls-grpc-listener",
-                &format!("127.0.0.1:{port}"),
-                "--tls-grpc-insecure",
-            ])
-            .env("JMP_CLIENT_CONFIG_HOME", work.path().join("py-config"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        let _exporter = Background::start("python jmp run", c)?;
-        procs::wait_port(port, Duration::from_secs(60))?;
-        let mut c = Command::new(&python);
-        c.arg(&script).arg(&src).arg(&dst);
-        py_env(&mut c, &format!("127.0.0.1:{port}"));
-        let out = procs::run(c, Duration::from_secs(1800))?;
-        ensure!(out.code == 0, "python client failed:\n{}", out.stderr);
-        let (up, down) = parse_py(&out.stdout)?;
-        same_size(&src, &dst)?;
-        rows.push(Figures {
-            name: "python TCP ".into(),
-            upload: up,
-            download: down,
-        });
-        let _ = std::fs::remove_file(&dst);
-    }
+        // Python, direct TCP.
+        {
+            let port = procs::free_port()?;
+            let mut c = Command::new(venv.join("bin/jmp"));
+            c.args(["run", "--exporter-config"])
+                .arg(&config)
+                .args([
+                    "--tls-grpc-listener",
+                    &format!("127.0.0.1:{port}"),
+                    "--tls-grpc-insecure",
+                ])
+                .env("JMP_CLIENT_CONFIG_HOME", work.path().join("py-config"))
+                .env("TMPDIR", scratch.path())
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null());
+            let _exporter = Background::start("python jmp run", c)?;
+            procs::wait_port(port, Duration::from_secs(60))?;
+            let mut c = Command::new(&python);
+            c.arg(&script).arg(&src).arg(&dst);
+            py_env(&mut c, &format!("127.0.0.1:{port}"));
+            let out = procs::run(c, Duration::from_secs(1800))?;
+            ensure!(out.code == 0, "python client failed:\n{}", out.stderr);
+            let (up, down) = parse_py(&out.stdout)?;
+            same_size(&src, &dst)?;
+            rows.push(Figures {
+                name: "python TCP ".into(),
+                upload: up,
+                download: down,
+            });
+            let _ = std::fs::remove_file(&dst);
+        }
 
-    // Python, Unix socket.
-    {
-        let sock = work.path().join("py.sock");
-        let mut c = Command::new(&python);
-        c.arg(crate::workspace_root().join("xtask/interop/serve_unix.py"))
-            .arg(&config)
-            .arg(&sock)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        let _exporter = Background::start("python serve_unix.py", c)?;
-        procs::wait_path(&sock, Duration::from_secs(60))?;
-        let mut c = Command::new(&python);
-        c.arg(&script).arg(&src).arg(&dst);
-        py_env(&mut c, &sock.to_string_lossy());
-        let out = procs::run(c, Duration::from_secs(1800))?;
-        ensure!(out.code == 0, "python client failed:\n{}", out.stderr);
-        let (up, down) = parse_py(&out.stdout)?;
-        same_size(&src, &dst)?;
-        rows.push(Figures {
-            name: "python Unix".into(),
-            upload: up,
-            download: down,
-        });
+        // Python, Unix socket.
+        {
+            let sock = work.path().join("py.sock");
+            let mut c = Command::new(&python);
+            c.arg(crate::workspace_root().join("xtask/interop/serve_unix.py"))
+                .arg(&config)
+                .arg(&sock)
+                .env("TMPDIR", scratch.path())
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null());
+            let _exporter = Background::start("python serve_unix.py", c)?;
+            procs::wait_path(&sock, Duration::from_secs(60))?;
+            let mut c = Command::new(&python);
+            c.arg(&script).arg(&src).arg(&dst);
+            py_env(&mut c, &sock.to_string_lossy());
+            let out = procs::run(c, Duration::from_secs(1800))?;
+            ensure!(out.code == 0, "python client failed:\n{}", out.stderr);
+            let (up, down) = parse_py(&out.stdout)?;
+            same_size(&src, &dst)?;
+            rows.push(Figures {
+                name: "python Unix".into(),
+                upload: up,
+                download: down,
+            });
+        }
     }
 
     println!("{:<12} {:>14} {:>16}", "", "upload MB/s", "download MB/s");

@@ -86,7 +86,10 @@ pub mod tempfile_dir {
     impl Dir {
         /// Creates a fresh directory under the system temp dir.
         pub fn new(prefix: &str) -> std::io::Result<Self> {
-            let base = std::env::temp_dir();
+            Self::new_in(&std::env::temp_dir(), prefix)
+        }
+        /// Creates a fresh directory under `base`.
+        pub fn new_in(base: &Path, prefix: &str) -> std::io::Result<Self> {
             for i in 0..1000u32 {
                 let p = base.join(format!("{prefix}-{}-{i}", std::process::id()));
                 if std::fs::create_dir(&p).is_ok() {

@@ -25,6 +25,8 @@ fn main() -> std::process::ExitCode {
         Some("bench-direct") => bench_direct::run(&args[1..]),
         // Hidden: the `jmp` start-up part of `bench` alone (`--quick`: 3 runs each).
         Some("bench-startup") => bench_startup::run(&args[1..]),
+        // Hidden: the storage part of `bench` alone (`--size-mib N`, `--ours-only`).
+        Some("bench-storage") => bench_storage::run(&args[1..]),
         Some("crds") => crds::run(&args[1..]),
         Some("quickstart") => quickstart::run(&args[1..]),
         Some("venv") => interop::ensure_venv().map(|p| println!("{}", p.display())),
