@@ -299,6 +299,17 @@ impl PipeWriter {
         tx.send(data).await.map_err(|_| reader_gone())
     }
 
+    /// A writer attached to nothing, left behind while the real one is lent out (dropping
+    /// it does nothing; writing to it fails).
+    fn detached() -> Self {
+        Self {
+            tx: None,
+            end: Arc::default(),
+            finish_if_unused: false,
+            used: false,
+        }
+    }
+
     /// Ends the pipe cleanly: the reader sees end of file after the buffered chunks.
     pub fn finish_now(mut self) {
         set_end(&self.end, End::Finished);
@@ -391,6 +402,17 @@ pub struct PipeReader {
 }
 
 impl PipeReader {
+    /// A reader already at a clean end (what is left behind when a reader is moved out).
+    fn exhausted() -> Self {
+        let (_, rx) = tokio::sync::mpsc::channel(1);
+        Self {
+            rx,
+            end: Arc::new(Mutex::new(Some(End::Finished))),
+            current: Bytes::new(),
+            done: true,
+        }
+    }
+
     fn ended(&mut self) -> io::Result<()> {
         self.done = true;
         let end = self.end.lock().unwrap_or_else(|p| p.into_inner()).clone();
@@ -473,7 +495,7 @@ impl FrameSource for PipeReader {
 
 /// How many chunks may wait between a local file and a transfer, in either direction
 /// ([`file_chunks`], [`FileWriter`], [`ResourceStream::copy_to_file`]).
-pub const FILE_QUEUE: usize = 16;
+pub const FILE_QUEUE: usize = 8;
 
 /// A local file read as a stream of chunks of at most [`crate::frames::CHUNK`] bytes.
 ///
@@ -490,24 +512,30 @@ pub fn file_chunks(file: std::fs::File) -> FileChunks {
     let (tx, rx) = tokio::sync::mpsc::channel(FILE_QUEUE);
     tokio::task::spawn_blocking(move || {
         let mut file = file;
-        let mut buffers = Recycler::default();
-        loop {
-            let item = read_chunk(&mut file, buffers.take(crate::frames::CHUNK));
-            let last = !matches!(&item, Ok(Some(_)));
-            let item = match item {
-                Ok(Some(chunk)) => {
-                    buffers.track(&chunk);
-                    Ok(chunk)
-                }
-                Ok(None) => return,
-                Err(e) => Err(e),
-            };
-            if tx.blocking_send(item).is_err() || last {
-                return;
-            }
+        let read = read_file_chunks(&mut file, |chunk| {
+            tx.blocking_send(Ok(chunk)).map_err(|_| reader_gone())
+        });
+        if let Err(e) = read {
+            let _ = tx.blocking_send(Err(e));
         }
     });
     FileChunks { rx }
+}
+
+/// Reads `file` to its end in chunks of [`crate::frames::CHUNK`] bytes (from recycled
+/// buffers) handed to `send`; returns how many bytes, or the first error of either.
+fn read_file_chunks(
+    file: &mut std::fs::File,
+    mut send: impl FnMut(Bytes) -> io::Result<()>,
+) -> io::Result<u64> {
+    let mut buffers = Recycler::default();
+    let mut n = 0u64;
+    while let Some(chunk) = read_chunk(file, buffers.take(crate::frames::CHUNK))? {
+        buffers.track(&chunk);
+        n += chunk.len() as u64;
+        send(chunk)?;
+    }
+    Ok(n)
 }
 
 /// Fills `buf` from `file` (short only at the end of the file); `None` at the end.
@@ -728,6 +756,25 @@ impl ResourceStream {
     /// wait), with no copy on the way. A transfer that breaks midway is the error returned,
     /// even when the file took everything that arrived.
     pub async fn copy_to_file(&mut self, file: std::fs::File) -> io::Result<u64> {
+        if let StreamRead::Plain(reader) = &mut self.read {
+            // The writer thread takes the chunks from the pipe itself: one thread hop less
+            // per chunk than forwarding them from here.
+            let mut reader = std::mem::replace(reader, PipeReader::exhausted());
+            let handle = tokio::runtime::Handle::current();
+            return tokio::task::spawn_blocking(move || -> io::Result<u64> {
+                use std::io::Write;
+                let mut file = file;
+                let mut n = 0u64;
+                while let Some(b) = handle.block_on(reader.chunk())? {
+                    file.write_all(&b)?;
+                    n += b.len() as u64;
+                }
+                file.flush()?;
+                Ok(n)
+            })
+            .await
+            .map_err(|e| io::Error::other(format!("file writer task failed: {e}")))?;
+        }
         let (tx, writer) = file_writer_thread(file);
         let fed: io::Result<()> = async {
             while let Some(b) = self.chunk().await? {
@@ -766,6 +813,21 @@ impl ResourceStream {
     /// the file is read by a blocking thread straight into the chunks sent (see
     /// [`file_chunks`]). The stream is not shut down: do that once everything is written.
     pub async fn copy_from_file(&mut self, file: std::fs::File) -> io::Result<u64> {
+        if let StreamWrite::Plain(w) = &mut self.write {
+            // The reader thread puts the chunks in the pipe itself: one thread hop less per
+            // chunk than forwarding them from here. It hands the pipe back when done.
+            let mut writer = std::mem::replace(w, PipeWriter::detached());
+            let handle = tokio::runtime::Handle::current();
+            let (writer, read) = tokio::task::spawn_blocking(move || {
+                let mut file = file;
+                let read = read_file_chunks(&mut file, |chunk| handle.block_on(writer.send(chunk)));
+                (writer, read)
+            })
+            .await
+            .map_err(|e| io::Error::other(format!("file reader task failed: {e}")))?;
+            self.write = StreamWrite::Plain(writer);
+            return read;
+        }
         use futures::StreamExt;
         let mut chunks = file_chunks(file);
         let mut n = 0u64;
@@ -1213,5 +1275,47 @@ mod tests {
         assert_eq!(stream.copy_from_file(f).await.unwrap(), data.len() as u64);
         stream.shutdown().await.unwrap();
         assert_eq!(reading.await.unwrap().unwrap(), data);
+    }
+
+    #[tokio::test]
+    async fn copy_to_file_takes_everything_or_reports_the_cut() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = patterned(2 * crate::frames::CHUNK + 3);
+        // Whole.
+        let (mut to_driver, reader) = pipe();
+        let (writer, _from_driver) = pipe();
+        let mut stream = ResourceStream::new(reader, writer, None);
+        let sending = {
+            let data = data.clone();
+            tokio::spawn(async move {
+                for piece in data.chunks(100_000) {
+                    to_driver.send(Bytes::copy_from_slice(piece)).await.unwrap();
+                }
+                to_driver.finish_now();
+            })
+        };
+        let path = dir.path().join("whole");
+        let n = stream
+            .copy_to_file(std::fs::File::create(&path).unwrap())
+            .await
+            .unwrap();
+        sending.await.unwrap();
+        assert_eq!(n, data.len() as u64);
+        assert_eq!(std::fs::read(&path).unwrap(), data);
+        // Cut: the sender goes away without finishing.
+        let (mut to_driver, reader) = pipe();
+        let (writer, _from_driver) = pipe();
+        let mut stream = ResourceStream::new(reader, writer, None);
+        to_driver
+            .send(Bytes::from_static(b"partial"))
+            .await
+            .unwrap();
+        drop(to_driver);
+        let path = dir.path().join("cut");
+        let e = stream
+            .copy_to_file(std::fs::File::create(&path).unwrap())
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof, "{e}");
     }
 }
