@@ -4,7 +4,9 @@
 //!
 //! `run(&["--size-mib", "1024"])` (the default size is 1 GiB). Release builds are used.
 //! Our figures include the `j` process start; the Python figures are timed inside the
-//! Python script (its start-up excluded), which favours Python.
+//! Python script (its start-up excluded), which favours Python. Each transfer runs
+//! [`RUNS`] times and the median is printed; the medium and the downloaded copy are on
+//! tmpfs when there is room (see [`scratch_dir`]).
 
 use std::{
     path::Path,
@@ -34,12 +36,13 @@ export:
 const PY_CLIENT: &str = r#"
 import sys, time
 from jumpstarter.utils.env import env
-src, dst = sys.argv[1], sys.argv[2]
+src, dst, runs = sys.argv[1], sys.argv[2], int(sys.argv[3])
 with env() as client:
-    t = time.monotonic(); client.storage.write_local_file(src); up = time.monotonic() - t
-    t = time.monotonic(); client.storage.read_local_file(dst); down = time.monotonic() - t
-print(f"upload_seconds {up}")
-print(f"download_seconds {down}")
+    for _ in range(runs):
+        t = time.monotonic(); client.storage.write_local_file(src); up = time.monotonic() - t
+        t = time.monotonic(); client.storage.read_local_file(dst); down = time.monotonic() - t
+        print(f"upload_seconds {up}")
+        print(f"download_seconds {down}", flush=True)
 "#;
 
 /// One measured configuration.
@@ -70,7 +73,8 @@ fn random_file(path: &Path, len: u64) -> Result<()> {
         f.write_all(&chunk[..n])?;
         left -= n as u64;
     }
-    // On disk before anything is measured: its write-back would compete with the runs.
+    // On disk (when not on tmpfs) before anything is measured: its write-back would
+    // compete with the runs.
     f.into_inner().map_err(|e| e.into_error())?.sync_all()?;
     Ok(())
 }
@@ -123,15 +127,16 @@ fn our_tcp_exporter(jmp: &Path, config: &Path, scratch: &Path) -> Result<(Backgr
     crate::procs::start_our_exporter(c, config, &[])
 }
 
-/// Where the exporters' medium (their temporary directory) and the downloaded copy go:
-/// tmpfs when it has room for them, so that the figures measure the transfer rather than the
-/// disk (ext4 also allocates a whole file's blocks on the spot when it is renamed over
-/// another). The same place serves ours and Python. Returns the directory and whether it is
-/// on tmpfs.
+/// Where the image, the exporters' medium (their temporary directory) and the downloaded
+/// copy go: tmpfs when it has room for them, so that the figures measure the transfer rather
+/// than the disk. (ext4 allocates a whole file's blocks on the spot when it is renamed over
+/// another, and this VM pages out file cache left idle for a minute.) The same place serves
+/// ours and Python. Returns the directory and whether it is on tmpfs.
 fn scratch_dir(size: u64) -> Result<(Dir, bool)> {
     let shm = Path::new("/dev/shm");
-    // The medium, its partial copy while a write is under way, and the downloaded copy.
-    let needed = 3 * size + (64 << 20);
+    // The image, the medium, its partial copy while a write is under way, and the
+    // downloaded copy.
+    let needed = 4 * size + (64 << 20);
     if free_bytes(shm).is_some_and(|free| free > needed) {
         return Ok((Dir::new_in(shm, "jmp-bench-storage")?, true));
     }
@@ -152,14 +157,30 @@ fn free_bytes(path: &Path) -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// The median upload and download seconds of the Python script's [`RUNS`] runs.
 fn parse_py(out: &str) -> Result<(f64, f64)> {
     let get = |key: &str| -> Result<f64> {
-        out.lines()
-            .find_map(|l| l.strip_prefix(key))
-            .and_then(|v| v.trim().parse().ok())
-            .with_context(|| format!("no {key} in python output:\n{out}"))
+        let v: Vec<f64> = out
+            .lines()
+            .filter_map(|l| l.strip_prefix(key))
+            .filter_map(|v| v.trim().parse().ok())
+            .collect();
+        ensure!(
+            v.len() == RUNS,
+            "expected {RUNS} {key}figures in python output:\n{out}"
+        );
+        Ok(median(v))
     };
     Ok((get("upload_seconds ")?, get("download_seconds ")?))
+}
+
+/// How many times each transfer runs; the median is reported (this VM's figures vary from
+/// run to run by up to a factor of two).
+const RUNS: usize = 3;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 /// Runs the storage benchmark and prints the figures.
@@ -203,18 +224,18 @@ pub fn run(args: &[String]) -> Result<()> {
     std::fs::write(&config, CONFIG)?;
     let script = work.path().join("py_client.py");
     std::fs::write(&script, PY_CLIENT)?;
-    let src = work.path().join("src.img");
     let (scratch, on_tmpfs) = scratch_dir(size)?;
+    let src = scratch.path().join("src.img");
     let dst = scratch.path().join("dst.img");
     println!("== storage bench: {size_mib} MiB through MockStorageMux");
     if on_tmpfs {
         println!(
-            "(the exporters' medium and the downloaded copy are on tmpfs, {}, for every run: \
-             the figures are the transfer's, not this machine's disk's)",
+            "(the image, the exporters' medium and the downloaded copy are on tmpfs, {}, for \
+             every run: the figures are the transfer's, not this machine's disk's)",
             scratch.path().display()
         );
     } else {
-        println!("(no room on /dev/shm: the medium and the downloaded copy are on disk)");
+        println!("(no room on /dev/shm: the image, the medium and the copy are on disk)");
     }
     random_file(&src, size)?;
     let mut rows = Vec::new();
@@ -232,9 +253,20 @@ pub fn run(args: &[String]) -> Result<()> {
                 .arg(file);
             c
         };
-        let up = timed(ours("write-local-file", &src), "our j write-local-file")?;
-        let down = timed(ours("read-local-file", &dst), "our j read-local-file")?;
-        same_size(&src, &dst)?;
+        let (mut ups, mut downs) = (Vec::new(), Vec::new());
+        for _ in 0..RUNS {
+            ups.push(timed(
+                ours("write-local-file", &src),
+                "our j write-local-file",
+            )?);
+            downs.push(timed(
+                ours("read-local-file", &dst),
+                "our j read-local-file",
+            )?);
+            same_size(&src, &dst)?;
+            std::fs::remove_file(&dst)?;
+        }
+        let (up, down) = (median(ups), median(downs));
         if let Some(kib) = peak_rss_kib(exporter.pid()) {
             peak.push(("ours, TCP", kib));
         }
@@ -249,9 +281,11 @@ pub fn run(args: &[String]) -> Result<()> {
     // Ours, Unix socket (the exporter inside `jmp shell`, timestamps from the shell).
     {
         let inner = format!(
-            "t0=$(date +%s.%N); \"{j}\" storage write-local-file \"{src}\" || exit 1; \
+            "for i in $(seq {RUNS}); do \
+             t0=$(date +%s.%N); \"{j}\" storage write-local-file \"{src}\" || exit 1; \
              t1=$(date +%s.%N); \"{j}\" storage read-local-file \"{dst}\" || exit 1; \
-             t2=$(date +%s.%N); echo \"times $t0 $t1 $t2\"; grep VmHWM /proc/$PPID/status",
+             t2=$(date +%s.%N); echo \"times $t0 $t1 $t2\"; done; \
+             grep VmHWM /proc/$PPID/status",
             j = j.display(),
             src = src.display(),
             dst = dst.display()
@@ -269,17 +303,17 @@ pub fn run(args: &[String]) -> Result<()> {
             out.stdout,
             out.stderr
         );
-        let times: Vec<f64> = out
-            .stdout
-            .lines()
-            .find_map(|l| l.strip_prefix("times "))
-            .map(|t| {
-                t.split_whitespace()
-                    .filter_map(|v| v.parse().ok())
-                    .collect()
-            })
-            .unwrap_or_default();
-        ensure!(times.len() == 3, "no timings in:\n{}", out.stdout);
+        let (mut ups, mut downs) = (Vec::new(), Vec::new());
+        for line in out.stdout.lines().filter_map(|l| l.strip_prefix("times ")) {
+            let t: Vec<f64> = line
+                .split_whitespace()
+                .filter_map(|v| v.parse().ok())
+                .collect();
+            ensure!(t.len() == 3, "bad timings {line:?}");
+            ups.push(t[1] - t[0]);
+            downs.push(t[2] - t[1]);
+        }
+        ensure!(ups.len() == RUNS, "no timings in:\n{}", out.stdout);
         same_size(&src, &dst)?;
         if let Some(kib) = out
             .stdout
@@ -292,8 +326,8 @@ pub fn run(args: &[String]) -> Result<()> {
         }
         rows.push(Figures {
             name: "ours   Unix".into(),
-            upload: times[1] - times[0],
-            download: times[2] - times[1],
+            upload: median(ups),
+            download: median(downs),
         });
         let _ = std::fs::remove_file(&dst);
     }
@@ -326,7 +360,7 @@ pub fn run(args: &[String]) -> Result<()> {
             let _exporter = Background::start("python jmp run", c)?;
             procs::wait_port(port, Duration::from_secs(60))?;
             let mut c = Command::new(&python);
-            c.arg(&script).arg(&src).arg(&dst);
+            c.arg(&script).arg(&src).arg(&dst).arg(RUNS.to_string());
             py_env(&mut c, &format!("127.0.0.1:{port}"));
             let out = procs::run(c, Duration::from_secs(1800))?;
             ensure!(out.code == 0, "python client failed:\n{}", out.stderr);
@@ -354,7 +388,7 @@ pub fn run(args: &[String]) -> Result<()> {
             let _exporter = Background::start("python serve_unix.py", c)?;
             procs::wait_path(&sock, Duration::from_secs(60))?;
             let mut c = Command::new(&python);
-            c.arg(&script).arg(&src).arg(&dst);
+            c.arg(&script).arg(&src).arg(&dst).arg(RUNS.to_string());
             py_env(&mut c, &sock.to_string_lossy());
             let out = procs::run(c, Duration::from_secs(1800))?;
             ensure!(out.code == 0, "python client failed:\n{}", out.stderr);
@@ -368,6 +402,7 @@ pub fn run(args: &[String]) -> Result<()> {
         }
     }
 
+    println!("(each figure is the median of {RUNS} runs)");
     println!("{:<12} {:>14} {:>16}", "", "upload MB/s", "download MB/s");
     for r in &rows {
         println!(
