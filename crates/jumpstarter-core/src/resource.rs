@@ -346,27 +346,46 @@ impl Drop for PipeWriter {
     }
 }
 
+/// The common part of writing to a channel of chunks: queues a copy of up to
+/// [`crate::frames::CHUNK`] bytes of `buf` once there is room. `Some(n)` when queued,
+/// `None` when the receiving side is gone, an error after shutdown (`tx` taken).
+fn poll_queue_copy(
+    tx: &mut Option<PollSender<Bytes>>,
+    cx: &mut Context<'_>,
+    buf: &[u8],
+) -> Poll<io::Result<Option<usize>>> {
+    if buf.is_empty() {
+        return Poll::Ready(Ok(Some(0)));
+    }
+    let Some(tx) = tx.as_mut() else {
+        return Poll::Ready(Err(io::Error::new(
+            io::ErrorKind::BrokenPipe,
+            "write after shutdown",
+        )));
+    };
+    if ready!(tx.poll_reserve(cx)).is_err() {
+        return Poll::Ready(Ok(None));
+    }
+    let n = buf.len().min(crate::frames::CHUNK);
+    Poll::Ready(Ok(tx
+        .send_item(Bytes::copy_from_slice(&buf[..n]))
+        .ok()
+        .map(|()| n)))
+}
+
 impl AsyncWrite for PipeWriter {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        if buf.is_empty() {
-            return Poll::Ready(Ok(0));
+        match ready!(poll_queue_copy(&mut self.tx, cx, buf))? {
+            Some(n) => {
+                self.used |= n > 0;
+                Poll::Ready(Ok(n))
+            }
+            None => Poll::Ready(Err(reader_gone())),
         }
-        let Some(tx) = self.tx.as_mut() else {
-            return Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::BrokenPipe,
-                "write after shutdown",
-            )));
-        };
-        ready!(tx.poll_reserve(cx)).map_err(|_| reader_gone())?;
-        let n = buf.len().min(crate::frames::CHUNK);
-        tx.send_item(Bytes::copy_from_slice(&buf[..n]))
-            .map_err(|_| reader_gone())?;
-        self.used = true;
-        Poll::Ready(Ok(n))
     }
 
     fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -663,27 +682,16 @@ impl AsyncWrite for FileWriter {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        if buf.is_empty() {
-            return Poll::Ready(Ok(0));
+        match ready!(poll_queue_copy(&mut self.tx, cx, buf))? {
+            Some(n) => Poll::Ready(Ok(n)),
+            None => {
+                // The thread stopped at a write error: report it.
+                let e = ready!(self.poll_writer(cx))
+                    .err()
+                    .unwrap_or_else(|| io::Error::other("the file writer stopped early"));
+                Poll::Ready(Err(e))
+            }
         }
-        let Some(tx) = self.tx.as_mut() else {
-            return Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::BrokenPipe,
-                "write after shutdown",
-            )));
-        };
-        if ready!(tx.poll_reserve(cx)).is_err() {
-            // The thread stopped at a write error: report it.
-            let e = ready!(self.poll_writer(cx))
-                .err()
-                .unwrap_or_else(|| io::Error::other("the file writer stopped early"));
-            return Poll::Ready(Err(e));
-        }
-        let n = buf.len().min(crate::frames::CHUNK);
-        if tx.send_item(Bytes::copy_from_slice(&buf[..n])).is_err() {
-            return Poll::Ready(Err(io::Error::other("the file writer stopped early")));
-        }
-        Poll::Ready(Ok(n))
     }
 
     fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
