@@ -334,11 +334,27 @@ pub fn run(args: &[String]) -> Result<()> {
 
     if let Some(venv) = &venv {
         let python = venv.join("bin/python");
-        let py_env = |c: &mut Command, host: &str| {
-            c.env("JUMPSTARTER_HOST", host)
+        // The Python client's RUNS round trips against `host`: one row of medians.
+        let py_client = |host: &str, name: &str| -> Result<Figures> {
+            let mut c = Command::new(&python);
+            c.arg(&script)
+                .arg(&src)
+                .arg(&dst)
+                .arg(RUNS.to_string())
+                .env("JUMPSTARTER_HOST", host)
                 .env("JMP_GRPC_INSECURE", "1")
                 .env("JMP_DRIVERS_ALLOW", "UNSAFE")
                 .env("JMP_CLIENT_CONFIG_HOME", work.path().join("py-config"));
+            let out = procs::run(c, Duration::from_secs(1800))?;
+            ensure!(out.code == 0, "python client failed:\n{}", out.stderr);
+            let (upload, download) = parse_py(&out.stdout)?;
+            same_size(&src, &dst)?;
+            std::fs::remove_file(&dst)?;
+            Ok(Figures {
+                name: name.into(),
+                upload,
+                download,
+            })
         };
 
         // Python, direct TCP.
@@ -359,19 +375,7 @@ pub fn run(args: &[String]) -> Result<()> {
                 .stderr(Stdio::null());
             let _exporter = Background::start("python jmp run", c)?;
             procs::wait_port(port, Duration::from_secs(60))?;
-            let mut c = Command::new(&python);
-            c.arg(&script).arg(&src).arg(&dst).arg(RUNS.to_string());
-            py_env(&mut c, &format!("127.0.0.1:{port}"));
-            let out = procs::run(c, Duration::from_secs(1800))?;
-            ensure!(out.code == 0, "python client failed:\n{}", out.stderr);
-            let (up, down) = parse_py(&out.stdout)?;
-            same_size(&src, &dst)?;
-            rows.push(Figures {
-                name: "python TCP ".into(),
-                upload: up,
-                download: down,
-            });
-            let _ = std::fs::remove_file(&dst);
+            rows.push(py_client(&format!("127.0.0.1:{port}"), "python TCP ")?);
         }
 
         // Python, Unix socket.
@@ -387,18 +391,7 @@ pub fn run(args: &[String]) -> Result<()> {
                 .stderr(Stdio::null());
             let _exporter = Background::start("python serve_unix.py", c)?;
             procs::wait_path(&sock, Duration::from_secs(60))?;
-            let mut c = Command::new(&python);
-            c.arg(&script).arg(&src).arg(&dst).arg(RUNS.to_string());
-            py_env(&mut c, &sock.to_string_lossy());
-            let out = procs::run(c, Duration::from_secs(1800))?;
-            ensure!(out.code == 0, "python client failed:\n{}", out.stderr);
-            let (up, down) = parse_py(&out.stdout)?;
-            same_size(&src, &dst)?;
-            rows.push(Figures {
-                name: "python Unix".into(),
-                upload: up,
-                download: down,
-            });
+            rows.push(py_client(&sock.to_string_lossy(), "python Unix")?);
         }
     }
 

@@ -513,7 +513,7 @@ impl FrameSource for PipeReader {
 // ------------------------------------------------------------------------------- files
 
 /// How many chunks may wait between a local file and a transfer, in either direction
-/// ([`file_chunks`], [`FileWriter`], [`ResourceStream::copy_to_file`]).
+/// ([`file_chunks`], [`FileWriter`]).
 pub const FILE_QUEUE: usize = 8;
 
 /// A local file read as a stream of chunks of at most [`crate::frames::CHUNK`] bytes.
@@ -617,29 +617,6 @@ impl Stream for FileChunks {
     }
 }
 
-/// A blocking thread writing the chunks sent to it into `file` (at most [`FILE_QUEUE`]
-/// wait); it ends when the sender is dropped, with the number of bytes written, or at the
-/// first write error.
-fn file_writer_thread(
-    mut file: std::fs::File,
-) -> (
-    tokio::sync::mpsc::Sender<Bytes>,
-    tokio::task::JoinHandle<io::Result<u64>>,
-) {
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(FILE_QUEUE);
-    let writer = tokio::task::spawn_blocking(move || -> io::Result<u64> {
-        use std::io::Write;
-        let mut n = 0u64;
-        while let Some(b) = rx.blocking_recv() {
-            file.write_all(&b)?;
-            n += b.len() as u64;
-        }
-        file.flush()?;
-        Ok(n)
-    });
-    (tx, writer)
-}
-
 /// An `AsyncWrite` over a local file, written by a blocking thread while the caller goes
 /// on (at most [`FILE_QUEUE`] pieces wait; `tokio::fs::File` has one write in flight at a
 /// time). Shutting it down waits for everything to be written and reports the first write
@@ -651,8 +628,18 @@ pub struct FileWriter {
 
 impl FileWriter {
     /// Writes to `file` from where it stands.
-    pub fn new(file: std::fs::File) -> Self {
-        let (tx, writer) = file_writer_thread(file);
+    pub fn new(mut file: std::fs::File) -> Self {
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(FILE_QUEUE);
+        let writer = tokio::task::spawn_blocking(move || -> io::Result<u64> {
+            use std::io::Write;
+            let mut n = 0u64;
+            while let Some(b) = rx.blocking_recv() {
+                file.write_all(&b)?;
+                n += b.len() as u64;
+            }
+            file.flush()?;
+            Ok(n)
+        });
         Self {
             tx: Some(PollSender::new(tx)),
             writer: Some(writer),
@@ -749,7 +736,65 @@ impl ResourceStream {
     /// The next piece of the client's bytes, `None` at the end (an error if the transfer
     /// broke). Without a copy when no encoding was negotiated: the bytes as received.
     pub async fn chunk(&mut self) -> io::Result<Option<Bytes>> {
-        match &mut self.read {
+        self.read.chunk().await
+    }
+
+    /// Writes all of the client's bytes to `file` and returns how many. A blocking thread
+    /// takes the chunks as they arrive (decoding them if an encoding was negotiated) and
+    /// writes them, with no copy on the way. A transfer that breaks midway is the error
+    /// returned, even when the file took everything that arrived.
+    pub async fn copy_to_file(&mut self, file: std::fs::File) -> io::Result<u64> {
+        // The thread owns the reading half while it works: one hop per chunk, not two.
+        let mut read =
+            std::mem::replace(&mut self.read, StreamRead::Plain(PipeReader::exhausted()));
+        let handle = tokio::runtime::Handle::current();
+        tokio::task::spawn_blocking(move || -> io::Result<u64> {
+            use std::io::Write;
+            let mut file = file;
+            let mut n = 0u64;
+            while let Some(b) = handle.block_on(read.chunk())? {
+                file.write_all(&b)?;
+                n += b.len() as u64;
+            }
+            file.flush()?;
+            Ok(n)
+        })
+        .await
+        .map_err(|e| io::Error::other(format!("file writer task failed: {e}")))?
+    }
+
+    /// Sends bytes to the client (encoded if an encoding was negotiated, otherwise as they
+    /// are, without a copy, in pieces of at most [`crate::frames::CHUNK`] bytes), waiting
+    /// while the client is behind.
+    pub async fn write_chunk(&mut self, data: Bytes) -> io::Result<()> {
+        self.write.write_chunk(data).await
+    }
+
+    /// Sends all of `file` (from where it stands) to the client and returns how many bytes;
+    /// a blocking thread reads the file straight into the chunks sent (see [`file_chunks`])
+    /// and encodes them if an encoding was negotiated. The stream is not shut down: do that
+    /// once everything is written.
+    pub async fn copy_from_file(&mut self, file: std::fs::File) -> io::Result<u64> {
+        // The thread borrows the writing half while it works and hands it back.
+        let mut write =
+            std::mem::replace(&mut self.write, StreamWrite::Plain(PipeWriter::detached()));
+        let handle = tokio::runtime::Handle::current();
+        let (write, read) = tokio::task::spawn_blocking(move || {
+            let mut file = file;
+            let read =
+                read_file_chunks(&mut file, |chunk| handle.block_on(write.write_chunk(chunk)));
+            (write, read)
+        })
+        .await
+        .map_err(|e| io::Error::other(format!("file reader task failed: {e}")))?;
+        self.write = write;
+        read
+    }
+}
+
+impl StreamRead {
+    async fn chunk(&mut self) -> io::Result<Option<Bytes>> {
+        match self {
             StreamRead::Plain(r) => r.chunk().await,
             StreamRead::Decoded(r) => {
                 let mut buf = bytes::BytesMut::with_capacity(crate::frames::CHUNK);
@@ -758,55 +803,11 @@ impl ResourceStream {
             }
         }
     }
+}
 
-    /// Writes all of the client's bytes to `file` and returns how many; the file is written
-    /// from a blocking thread, chunk by chunk as they arrive (at most [`FILE_QUEUE`] chunks
-    /// wait), with no copy on the way. A transfer that breaks midway is the error returned,
-    /// even when the file took everything that arrived.
-    pub async fn copy_to_file(&mut self, file: std::fs::File) -> io::Result<u64> {
-        if let StreamRead::Plain(reader) = &mut self.read {
-            // The writer thread takes the chunks from the pipe itself: one thread hop less
-            // per chunk than forwarding them from here.
-            let mut reader = std::mem::replace(reader, PipeReader::exhausted());
-            let handle = tokio::runtime::Handle::current();
-            return tokio::task::spawn_blocking(move || -> io::Result<u64> {
-                use std::io::Write;
-                let mut file = file;
-                let mut n = 0u64;
-                while let Some(b) = handle.block_on(reader.chunk())? {
-                    file.write_all(&b)?;
-                    n += b.len() as u64;
-                }
-                file.flush()?;
-                Ok(n)
-            })
-            .await
-            .map_err(|e| io::Error::other(format!("file writer task failed: {e}")))?;
-        }
-        let (tx, writer) = file_writer_thread(file);
-        let fed: io::Result<()> = async {
-            while let Some(b) = self.chunk().await? {
-                if tx.send(b).await.is_err() {
-                    // The writer failed: its error is the one to report.
-                    break;
-                }
-            }
-            Ok(())
-        }
-        .await;
-        drop(tx);
-        let written = writer
-            .await
-            .map_err(|e| io::Error::other(format!("file writer task failed: {e}")))?;
-        fed?;
-        written
-    }
-
-    /// Sends bytes to the client (encoded if an encoding was negotiated, otherwise as they
-    /// are, without a copy, in pieces of at most [`crate::frames::CHUNK`] bytes), waiting
-    /// while the client is behind.
-    pub async fn write_chunk(&mut self, mut data: Bytes) -> io::Result<()> {
-        match &mut self.write {
+impl StreamWrite {
+    async fn write_chunk(&mut self, mut data: Bytes) -> io::Result<()> {
+        match self {
             StreamWrite::Plain(w) => {
                 while data.len() > crate::frames::CHUNK {
                     w.send(data.split_to(crate::frames::CHUNK)).await?;
@@ -815,36 +816,6 @@ impl ResourceStream {
             }
             StreamWrite::Encoded(w) => tokio::io::AsyncWriteExt::write_all(w, &data).await,
         }
-    }
-
-    /// Sends all of `file` (from where it stands) to the client and returns how many bytes;
-    /// the file is read by a blocking thread straight into the chunks sent (see
-    /// [`file_chunks`]). The stream is not shut down: do that once everything is written.
-    pub async fn copy_from_file(&mut self, file: std::fs::File) -> io::Result<u64> {
-        if let StreamWrite::Plain(w) = &mut self.write {
-            // The reader thread puts the chunks in the pipe itself: one thread hop less per
-            // chunk than forwarding them from here. It hands the pipe back when done.
-            let mut writer = std::mem::replace(w, PipeWriter::detached());
-            let handle = tokio::runtime::Handle::current();
-            let (writer, read) = tokio::task::spawn_blocking(move || {
-                let mut file = file;
-                let read = read_file_chunks(&mut file, |chunk| handle.block_on(writer.send(chunk)));
-                (writer, read)
-            })
-            .await
-            .map_err(|e| io::Error::other(format!("file reader task failed: {e}")))?;
-            self.write = StreamWrite::Plain(writer);
-            return read;
-        }
-        use futures::StreamExt;
-        let mut chunks = file_chunks(file);
-        let mut n = 0u64;
-        while let Some(chunk) = chunks.next().await {
-            let chunk = chunk?;
-            n += chunk.len() as u64;
-            self.write_chunk(chunk).await?;
-        }
-        Ok(n)
     }
 }
 
