@@ -213,6 +213,14 @@ pub fn run(filter: Option<&str>) -> Result<()> {
             storage_rs_client_fallback,
         ),
         (
+            "storage: python OpendalClient 64 MiB round trip -> our Opendal(fs) exporter, unix socket",
+            opendal_py_client_to_ours,
+        ),
+        (
+            "storage: our j opendal 64 MiB round trip + gzip upload -> python Opendal(fs) exporter, unix socket",
+            opendal_rs_client_to_py,
+        ),
+        (
             "controller: python jmp run + jmp get/create/delete leases, shell -> our controller",
             controller::py_tools_against_our_controller,
         ),
@@ -631,4 +639,159 @@ fn storage_rs_client_fallback(env: &Env) -> Result<()> {
     )?;
     storage_our_j(env, &host, &[&back], &["storage", "read-local-file"])?;
     storage_same_files(&src, &back)
+}
+
+// ------------------------------------------------------------------------------------
+// Storage through Opendal(fs): 64 MiB round trips, both ways, checked on the exporter's disk.
+// ------------------------------------------------------------------------------------
+
+/// Writes an exporter config with one `opendal` driver (scheme `fs`) rooted at a fresh
+/// directory; returns the config path and the root.
+fn opendal_config(env: &Env, name: &str) -> Result<(PathBuf, PathBuf)> {
+    let root = env.work.path().join(format!("{name}-root"));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(&root)?;
+    let config = env.work.path().join(format!("{name}.yaml"));
+    std::fs::write(
+        &config,
+        format!(
+            "apiVersion: jumpstarter.dev/v1alpha1
+kind: ExporterConfig
+metadata:
+  namespace: default
+  name: {name}
+endpoint: \"\"
+token: \"\"
+export:
+  opendal:
+    type: jumpstarter_driver_opendal.driver.Opendal
+    config:
+      scheme: fs
+      kwargs:
+        root: {}
+",
+            root.display()
+        ),
+    )?;
+    Ok((config, root))
+}
+
+/// Upstream `OpendalClient.write_from_path` / `read_into_path` (plus exists, stat, hash and a
+/// refused `..` path) inside our local `jmp shell` serving an Opendal(fs) driver.
+fn opendal_py_client_to_ours(env: &Env) -> Result<()> {
+    let (config, root) = opendal_config(env, "opendal-ours")?;
+    let src = env.work.path().join("opendal-py-src.img");
+    let dst = env.work.path().join("opendal-py-dst.img");
+    storage_random_file(&src, STORAGE_BYTES, 0x0bda1)?;
+    let mut c = env.ours(&env.jmp);
+    c.arg("shell")
+        .arg("--exporter-config")
+        .arg(&config)
+        .arg("--")
+        .arg(env.py("python"))
+        .arg(env.scripts.join("opendal_roundtrip.py"))
+        .arg(&src)
+        .arg(&dst);
+    let out = procs::run(c, STORAGE_TIMEOUT)?;
+    check(&out, "python opendal_roundtrip.py against our exporter")?;
+    ensure!(
+        out.stdout.contains("python opendal round trip ok"),
+        "{}",
+        out.stdout
+    );
+    storage_same_files(&src, &root.join("image.bin"))?;
+    storage_same_files(&src, &dst)?;
+    ensure!(
+        !env.work.path().join("outside.bin").exists(),
+        "a file appeared outside the storage root"
+    );
+    Ok(())
+}
+
+/// Runs our `j` against `host` and returns its standard output.
+fn opendal_our_j(env: &Env, host: &str, args: &[&std::ffi::OsStr]) -> Result<String> {
+    let mut c = env.ours(&env.j);
+    c.env("JUMPSTARTER_HOST", host).arg("opendal").args(args);
+    let out = procs::run(c, STORAGE_TIMEOUT)?;
+    let what = args
+        .iter()
+        .map(|a| a.to_string_lossy())
+        .collect::<Vec<_>>()
+        .join(" ");
+    check(&out, &format!("our j opendal {what}"))?;
+    Ok(out.stdout)
+}
+
+/// Our `j opendal` against the upstream exporter serving Opendal(fs): 64 MiB written (the
+/// bytes on the exporter's disk are checked), hashed by the exporter, read back; then a gzip
+/// file written with `--compression gzip` arrives expanded.
+fn opendal_rs_client_to_py(env: &Env) -> Result<()> {
+    let (config, root) = opendal_config(env, "opendal-py")?;
+    let sock = env.work.path().join("py-opendal.sock");
+    let _ = std::fs::remove_file(&sock);
+    let mut c = env.upstream("python");
+    c.arg(env.scripts.join("serve_unix.py"))
+        .arg(&config)
+        .arg(&sock);
+    let _exporter = Background::start("(python) serve_unix.py opendal", c)?;
+    procs::wait_path(&sock, Duration::from_secs(60))?;
+    let host = sock.to_string_lossy().into_owned();
+
+    let src = env.work.path().join("opendal-rs-src.img");
+    let dst = env.work.path().join("opendal-rs-dst.img");
+    storage_random_file(&src, STORAGE_BYTES, 0xda7a)?;
+    let os = |s: &'static str| std::ffi::OsStr::new(s);
+    opendal_our_j(
+        env,
+        &host,
+        &[os("write-from-path"), os("image.bin"), src.as_os_str()],
+    )?;
+    storage_same_files(&src, &root.join("image.bin"))?;
+
+    let remote = opendal_our_j(env, &host, &[os("hash"), os("image.bin")])?;
+    let local = python_sha256(env, &src)?;
+    ensure!(
+        remote.trim() == local,
+        "exporter hash {} != local {local}",
+        remote.trim()
+    );
+    opendal_our_j(env, &host, &[os("exists"), os("image.bin")])?;
+    opendal_our_j(
+        env,
+        &host,
+        &[os("read-into-path"), os("image.bin"), dst.as_os_str()],
+    )?;
+    storage_same_files(&src, &dst)?;
+
+    let gz = env.work.path().join("opendal-rs-src.img.gz");
+    storage_gzip(&src, &gz)?;
+    opendal_our_j(
+        env,
+        &host,
+        &[
+            os("write-from-path"),
+            os("--compression"),
+            os("gzip"),
+            os("expanded.bin"),
+            gz.as_os_str(),
+        ],
+    )?;
+    storage_same_files(&src, &root.join("expanded.bin"))
+}
+
+/// The sha256 of a local file, computed by the venv's Python (xtask carries no digest crate).
+fn python_sha256(env: &Env, path: &Path) -> Result<String> {
+    let mut c = env.upstream("python");
+    c.arg("-c")
+        .arg(
+            "import hashlib,sys\n\
+             h=hashlib.sha256()\n\
+             f=open(sys.argv[1],'rb')\n\
+             while b:=f.read(1<<20): h.update(b)\n\
+             print(h.hexdigest())",
+        )
+        .arg(path);
+    let out = procs::run(c, STORAGE_TIMEOUT)?;
+    check(&out, "python sha256")?;
+    Ok(out.stdout.trim().to_string())
 }

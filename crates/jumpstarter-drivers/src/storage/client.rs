@@ -677,8 +677,21 @@ fn run_opendal(client: DriverClient, matches: ArgMatches) -> CliFuture {
         let Some((name, m)) = matches.subcommand() else {
             return Err(ClientError::Value("missing command".into()));
         };
-        let s = |k: &str| m.get_one::<String>(k).cloned().unwrap_or_default();
-        let file = m.get_one::<PathBuf>("file").cloned().unwrap_or_default();
+        // Each subcommand defines only some of these arguments: `try_get_one` answers "absent"
+        // where `get_one` would panic.
+        let s = |k: &str| {
+            m.try_get_one::<String>(k)
+                .ok()
+                .flatten()
+                .cloned()
+                .unwrap_or_default()
+        };
+        let file = m
+            .try_get_one::<PathBuf>("file")
+            .ok()
+            .flatten()
+            .cloned()
+            .unwrap_or_default();
         match name {
             "write-from-path" => {
                 let total = open_local(&file).await?.1;

@@ -628,3 +628,71 @@ async fn j_storage_switch_commands_run() {
             .unwrap_or_else(|e| panic!("j storage {sub}: {e}"));
     }
 }
+
+/// Every `j opendal` command, parsed and run the way `j` does, against Opendal(fs); each
+/// leaves its mark on the root (or fails where it must).
+#[tokio::test]
+async fn j_opendal_commands_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let kwargs = BTreeMap::from([("root".to_string(), root.to_string_lossy().into_owned())]);
+    let od = Arc::new(Opendal::new("fs", kwargs, false).unwrap());
+    let served = Served::start(vec![("opendal", od)]);
+    let session = served.client().await;
+    let src = dir.path().join("src.img");
+    random_file(&src, 300_000, 5);
+    let back = dir.path().join("back.img");
+    let j = |args: Vec<String>| {
+        let session = &session;
+        async move {
+            let argv = ["j".to_string(), "opendal".to_string()]
+                .into_iter()
+                .chain(args.clone());
+            let matches = jumpstarter_drivers::cli::j_command(session)
+                .try_get_matches_from(argv)
+                .unwrap_or_else(|e| panic!("j opendal {args:?}: {e}"));
+            let (name, m) = matches.subcommand().unwrap();
+            jumpstarter_drivers::cli::run(session.driver(name).unwrap(), m.clone()).await
+        }
+    };
+    let a = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let ok = |r: Result<(), ClientError>, what: &str| {
+        if let Err(e) = r {
+            panic!("j opendal {what}: {e}");
+        }
+    };
+    let src_s = src.to_string_lossy().into_owned();
+    let back_s = back.to_string_lossy().into_owned();
+
+    ok(j(a(&["write-from-path", "a.img", &src_s])).await, "write");
+    assert_eq!(sha256_of(&root.join("a.img")).await, sha256_of(&src).await);
+    for cmd in [
+        &["hash", "a.img"][..],
+        &["hash", "--algo", "md5", "a.img"],
+        &["stat", "a.img"],
+        &["exists", "a.img"],
+        &["list", "/"],
+        &["scan", "/"],
+        &["capability"],
+    ] {
+        ok(j(a(cmd)).await, &cmd.join(" "));
+    }
+    let e = j(a(&["exists", "nothere.img"])).await.unwrap_err();
+    assert!(e.to_string().contains("nothere.img"), "{e}");
+
+    ok(j(a(&["copy", "a.img", "b.img"])).await, "copy");
+    ok(j(a(&["rename", "b.img", "c.img"])).await, "rename");
+    assert!(!root.join("b.img").exists() && root.join("c.img").exists());
+    ok(j(a(&["delete", "c.img"])).await, "delete");
+    assert!(!root.join("c.img").exists());
+    ok(j(a(&["create-dir", "d/e/"])).await, "create-dir");
+    assert!(root.join("d/e").is_dir());
+    ok(j(a(&["remove-all", "d/"])).await, "remove-all");
+    assert!(!root.join("d").exists());
+
+    ok(j(a(&["read-into-path", "a.img", &back_s])).await, "read");
+    assert_eq!(sha256_of(&back).await, sha256_of(&src).await);
+    let e = j(a(&["stat", "../outside"])).await.unwrap_err();
+    assert!(e.to_string().contains("outside the storage root"), "{e}");
+}
