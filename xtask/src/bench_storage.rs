@@ -7,6 +7,10 @@
 //! Python script (its start-up excluded), which favours Python. Each transfer runs
 //! [`RUNS`] times and the median is printed; the medium and the downloaded copy are on
 //! tmpfs when there is room (see [`scratch_dir`]).
+//!
+//! To show what the machine itself allows, the same image is also copied with plain
+//! syscalls and no protocol at all (file -> loopback socket -> file, see [`plain_copy`]):
+//! no tool can move a file between two processes on this machine faster than that.
 
 use std::{
     path::Path,
@@ -395,6 +399,18 @@ pub fn run(args: &[String]) -> Result<()> {
         }
     }
 
+    // The machine's own ceiling, measured now under the same conditions.
+    let mut plain = Vec::new();
+    for unix in [false, true] {
+        let mut secs = Vec::new();
+        for _ in 0..RUNS {
+            secs.push(plain_copy(&src, &dst, unix, scratch.path())?);
+            same_size(&src, &dst)?;
+            std::fs::remove_file(&dst)?;
+        }
+        plain.push((if unix { "Unix" } else { "TCP " }, median(secs)));
+    }
+
     println!("(each figure is the median of {RUNS} runs)");
     println!("{:<12} {:>14} {:>16}", "", "upload MB/s", "download MB/s");
     for r in &rows {
@@ -420,8 +436,102 @@ pub fn run(args: &[String]) -> Result<()> {
             );
         }
     }
+    for (transport, secs) in &plain {
+        let ceiling = mb_per_s(size, *secs);
+        println!(
+            "plain syscalls {} (file -> socket -> file, no protocol): {ceiling:.0} MB/s",
+            transport.trim()
+        );
+        if let Some(o) = rows
+            .iter()
+            .find(|r| r.name == format!("ours   {transport}"))
+        {
+            println!(
+                "  ours at {:.0}% (upload) and {:.0}% (download) of it",
+                100.0 * mb_per_s(size, o.upload) / ceiling.max(1e-9),
+                100.0 * mb_per_s(size, o.download) / ceiling.max(1e-9)
+            );
+        }
+    }
     for (what, kib) in peak {
         println!("exporter peak RSS ({what}): {:.1} MB", kib as f64 / 1024.0);
     }
     Ok(())
+}
+
+/// Copies `src` to `dst` through a loopback socket (TCP, or a Unix socket in `dir`) with
+/// plain blocking syscalls and no protocol: one thread reads the file, one sends, one
+/// receives, one writes the copy, handing [`CHUNK`]-byte buffers along bounded queues (the
+/// same pipeline shape as ours, minus everything but the copies). Returns the seconds taken.
+fn plain_copy(src: &Path, dst: &Path, unix: bool, dir: &Path) -> Result<f64> {
+    use std::io::{Read, Write};
+    use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+    const CHUNK: usize = 256 * 1024;
+    const QUEUE: usize = 8;
+
+    type Chunk = (Vec<u8>, usize);
+    /// Moves chunks from `read` to `write` through a bounded queue; buffers come back on a
+    /// second queue so that no chunk is allocated twice.
+    fn pump(
+        mut read: impl Read + Send + 'static,
+        mut write: impl Write + Send + 'static,
+    ) -> std::thread::JoinHandle<std::io::Result<()>> {
+        let (full_tx, full_rx): (SyncSender<Chunk>, Receiver<Chunk>) = sync_channel(QUEUE);
+        let (free_tx, free_rx) = sync_channel::<Vec<u8>>(QUEUE + 1);
+        for _ in 0..=QUEUE {
+            let _ = free_tx.send(vec![0u8; CHUNK]);
+        }
+        let writer = std::thread::spawn(move || -> std::io::Result<()> {
+            for (buf, n) in full_rx {
+                write.write_all(&buf[..n])?;
+                let _ = free_tx.send(buf);
+            }
+            write.flush()
+        });
+        std::thread::spawn(move || -> std::io::Result<()> {
+            while let Ok(mut buf) = free_rx.recv() {
+                let n = read.read(&mut buf)?;
+                if n == 0 {
+                    break;
+                }
+                if full_tx.send((buf, n)).is_err() {
+                    break;
+                }
+            }
+            drop(full_tx);
+            writer
+                .join()
+                .map_err(|_| std::io::Error::other("writer thread panicked"))?
+        })
+    }
+    let join = |h: std::thread::JoinHandle<std::io::Result<()>>| -> Result<()> {
+        h.join()
+            .map_err(|_| anyhow::anyhow!("plain copy thread panicked"))?
+            .context("plain copy")
+    };
+
+    let input = std::fs::File::open(src)?;
+    let output = std::fs::File::create(dst)?;
+    let start = Instant::now();
+    if unix {
+        let sock = dir.join("plain-copy.sock");
+        let _ = std::fs::remove_file(&sock);
+        let listener = std::os::unix::net::UnixListener::bind(&sock)?;
+        let client = std::os::unix::net::UnixStream::connect(&sock)?;
+        let (server, _) = listener.accept()?;
+        let send = pump(input, client);
+        let recv = pump(server, output);
+        join(send)?;
+        join(recv)?;
+        let _ = std::fs::remove_file(&sock);
+    } else {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let client = std::net::TcpStream::connect(listener.local_addr()?)?;
+        let (server, _) = listener.accept()?;
+        let send = pump(input, client);
+        let recv = pump(server, output);
+        join(send)?;
+        join(recv)?;
+    }
+    Ok(start.elapsed().as_secs_f64())
 }
