@@ -75,6 +75,13 @@ impl Medium {
                     target: self.path.display().to_string(),
                     source: e,
                 })?;
+            // The old content stays open across the rename, so that its blocks are released
+            // when this handle closes, on a blocking thread after the reply, instead of
+            // inside the rename (freeing a GiB on tmpfs takes about 0.2 s).
+            let old = match tokio::fs::File::open(&self.path).await {
+                Ok(f) => Some(f.into_std().await),
+                Err(_) => None,
+            };
             tokio::fs::rename(&partial, &self.path)
                 .await
                 .map_err(|e| StorageError::File {
@@ -82,6 +89,9 @@ impl Medium {
                     path: self.path.clone(),
                     source: e,
                 })?;
+            if let Some(old) = old {
+                tokio::task::spawn_blocking(move || drop(old));
+            }
             Ok::<u64, StorageError>(n)
         }
         .await;
