@@ -18,9 +18,8 @@ use futures::{StreamExt, stream::BoxStream};
 use hyper_util::rt::TokioIo;
 use jumpstarter_proto::v1::FrameType;
 use jumpstarter_proto::v1::{
-    DriverCallRequest, GetStatusRequest, GetStatusResponse, StreamRequest,
+    DriverCallRequest, GetStatusRequest, GetStatusResponse, StreamRequest, StreamResponse,
     StreamingDriverCallRequest, exporter_service_client::ExporterServiceClient,
-    router_service_client::RouterServiceClient,
 };
 use serde::{Serialize, de::DeserializeOwned};
 use std::future::Future;
@@ -40,6 +39,7 @@ use crate::{
         encoder, pipe,
     },
     serve::{CONNECTION_WINDOW, PASSPHRASE_METADATA, STREAM_WINDOW},
+    stream_rpc,
     tree::{CLIENT_LABEL, NAME_LABEL},
     value::{self, Value},
 };
@@ -626,19 +626,46 @@ impl DriverClient {
         eof: EndOfStream,
     ) -> Result<(MetadataMap, RouterStreamEnds), ClientError> {
         let (tx, rx) = tokio::sync::mpsc::channel::<StreamRequest>(1);
-        let mut req = Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
-        let v = MetadataValue::try_from(request.to_json())
+        let metadata = http::HeaderValue::try_from(request.to_json())
             .map_err(|e| ClientError::Value(e.to_string()))?;
-        req.metadata_mut().insert("request", v);
-        let resp = RouterServiceClient::new(self.channel.clone())
-            .stream(req)
+        // Spoken straight over HTTP/2 (see `stream_rpc`): tonic's codec would copy every
+        // chunk once more on each side.
+        let body = tonic::body::Body::new(stream_rpc::FrameBody::new(
+            tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok::<_, Status>),
+            stream_rpc::Side::Client,
+        ));
+        let req = http::Request::builder()
+            .method(http::Method::POST)
+            .uri(stream_rpc::STREAM_PATH)
+            .header(http::header::CONTENT_TYPE, "application/grpc")
+            .header(http::header::TE, "trailers")
+            .header("request", metadata)
+            .body(body)
+            .map_err(|e| ClientError::Value(format!("stream request: {e}")))?;
+        let resp = tower::ServiceExt::oneshot(self.channel.clone(), req)
             .await
-            .map_err(|s| self.call_error("stream", &s))?;
-        let meta = resp.metadata().clone();
+            .map_err(|e| self.call_error("stream", &Status::from_error(e.into())))?;
+        let (parts, body) = resp.into_parts();
+        // A "trailers-only" answer carries its status in the headers and has no messages.
+        let side = match stream_rpc::status_from_headers(&parts.headers) {
+            Some(status) if status.code() != tonic::Code::Ok => {
+                return Err(self.call_error("stream", &status));
+            }
+            Some(_) => stream_rpc::Side::Server,
+            None if parts.status != http::StatusCode::OK => {
+                return Err(self.call_error(
+                    "stream",
+                    &Status::unavailable(format!("the peer answered HTTP {}", parts.status)),
+                ));
+            }
+            None => stream_rpc::Side::Client,
+        };
+        let meta = MetadataMap::from_headers(parts.headers);
+        let inbound = stream_rpc::FrameDecoder::<_, StreamResponse>::new(body, side);
         let (upload, upload_source) = pipe();
         let (download_sink, download) = pipe();
         let mut outbound = Box::pin(splice_with::<_, StreamRequest, _, _, _, _, _>(
-            resp.into_inner(),
+            inbound,
             download_sink,
             upload_source,
             eof,

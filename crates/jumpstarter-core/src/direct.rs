@@ -26,7 +26,7 @@ use futures::StreamExt as _;
 use hyper_util::rt::TokioIo;
 use jumpstarter_proto::v1::{
     Endpoint, exporter_service_client::ExporterServiceClient,
-    exporter_service_server::ExporterServiceServer, router_service_server::RouterServiceServer,
+    exporter_service_server::ExporterServiceServer,
 };
 use tokio::{
     io::{AsyncRead, AsyncWrite, ReadBuf},
@@ -395,7 +395,7 @@ impl DirectServer {
                 source: TlsError::Generate(error_chain(&e)),
             })?
             .add_service(ExporterServiceServer::new(svc.clone()))
-            .add_service(RouterServiceServer::new(svc));
+            .add_service(crate::session::StreamService(svc));
         session.set_alternative_endpoints(vec![creds.endpoint(&self.advertised_endpoint())]);
         if let Some(old) = self.slot().replace(ActiveLease {
             queue,

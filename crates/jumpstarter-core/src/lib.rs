@@ -24,6 +24,7 @@ pub mod registry;
 pub mod resource;
 pub mod serve;
 pub mod session;
+pub mod stream_rpc;
 pub mod tree;
 pub mod tunnel;
 pub mod value;

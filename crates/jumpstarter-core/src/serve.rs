@@ -2,9 +2,7 @@
 
 use std::{future::Future, path::Path, sync::Arc};
 
-use jumpstarter_proto::v1::{
-    exporter_service_server::ExporterServiceServer, router_service_server::RouterServiceServer,
-};
+use jumpstarter_proto::v1::exporter_service_server::ExporterServiceServer;
 use subtle::ConstantTimeEq;
 use tokio::net::{TcpListener, UnixListener};
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
@@ -76,7 +74,10 @@ fn router(
             svc.clone(),
             check.clone(),
         ))
-        .add_service(RouterServiceServer::with_interceptor(svc, check)))
+        .add_service(tonic::service::interceptor::InterceptedService::new(
+            crate::session::StreamService(svc),
+            check,
+        )))
 }
 
 /// Accepted connections with Nagle's algorithm off. `Server::tcp_nodelay` only applies to

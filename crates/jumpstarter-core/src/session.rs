@@ -14,16 +14,17 @@ use jumpstarter_proto::v1::{
     ExporterStatus, GetReportResponse, GetStatusRequest, GetStatusResponse, LogSource,
     LogStreamResponse, ResetRequest, ResetResponse, StreamRequest, StreamResponse,
     StreamingDriverCallRequest, StreamingDriverCallResponse,
-    exporter_service_server::ExporterService, router_service_server::RouterService,
+    exporter_service_server::ExporterService,
 };
 use tokio::sync::{broadcast, watch};
-use tonic::{Request, Response, Status, metadata::MetadataValue};
+use tonic::{Request, Response, Status};
 use uuid::Uuid;
 
 use crate::{
     CallContext, Driver, DriverError,
     frames::{EndOfStream, splice, splice_with},
     resource::{ContentEncoding, ResourceRegistry, StreamRequestMetadata},
+    stream_rpc,
     tree::DriverNode,
 };
 
@@ -348,16 +349,63 @@ impl ExporterService for SessionService {
     }
 }
 
-#[tonic::async_trait]
-impl RouterService for SessionService {
-    type StreamStream = BoxStatusStream<StreamResponse>;
+/// `RouterService` (its one RPC, `Stream`) served straight over HTTP/2 by
+/// [`crate::stream_rpc`], which spares bulk transfers tonic's per-message copies.
+///
+/// Add it to a tonic server beside `ExporterServiceServer` (wrap it in
+/// `tonic::service::interceptor::InterceptedService` to check requests first).
+#[derive(Clone)]
+pub struct StreamService(pub SessionService);
 
-    async fn stream(
+impl tonic::server::NamedService for StreamService {
+    const NAME: &'static str = "jumpstarter.v1.RouterService";
+}
+
+impl tower::Service<http::Request<tonic::body::Body>> for StreamService {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
+        let svc = self.0.clone();
+        Box::pin(async move {
+            Ok(match svc.stream_rpc(req).await {
+                Ok(response) => response,
+                Err(status) => status.into_http(),
+            })
+        })
+    }
+}
+
+impl SessionService {
+    async fn stream_rpc(
         &self,
-        request: Request<tonic::Streaming<StreamRequest>>,
-    ) -> Result<Response<Self::StreamStream>, Status> {
-        let raw = request
-            .metadata()
+        req: http::Request<tonic::body::Body>,
+    ) -> Result<http::Response<tonic::body::Body>, Status> {
+        if req.uri().path() != stream_rpc::STREAM_PATH {
+            return Err(Status::unimplemented(format!(
+                "unknown method {}",
+                req.uri().path()
+            )));
+        }
+        if let Some(enc) = req.headers().get("grpc-encoding")
+            && enc.as_bytes() != b"identity"
+        {
+            return Err(Status::unimplemented(format!(
+                "message compression {enc:?} is not supported on RouterService.Stream"
+            )));
+        }
+        let raw = req
+            .headers()
             .get("request")
             .ok_or_else(|| Status::invalid_argument("missing \"request\" metadata"))?
             .to_str()
@@ -366,8 +414,12 @@ impl RouterService for SessionService {
         let meta: StreamRequestMetadata = serde_json::from_str(&raw).map_err(|e| {
             Status::invalid_argument(format!("invalid \"request\" metadata {raw:?}: {e}"))
         })?;
-        let inbound = request.into_inner();
-        match meta {
+        let inbound = stream_rpc::FrameDecoder::<_, StreamRequest>::new(
+            req.into_body(),
+            stream_rpc::Side::Server,
+        );
+        let mut headers = http::HeaderMap::new();
+        let out: BoxStatusStream<StreamResponse> = match meta {
             StreamRequestMetadata::Driver { uuid, method } => {
                 let (name, driver) = self
                     .0
@@ -377,8 +429,7 @@ impl RouterService for SessionService {
                     .open_stream(self.0.context(&name), method)
                     .await
                     .map_err(|e| e.to_status())?;
-                let out = splice::<_, StreamResponse, _, _, _, _>(inbound, io, ()).map(Ok);
-                Ok(Response::new(Box::pin(out)))
+                Box::pin(splice::<_, StreamResponse, _, _, _, _>(inbound, io, ()).map(Ok))
             }
             StreamRequestMetadata::Resource {
                 uuid,
@@ -389,15 +440,15 @@ impl RouterService for SessionService {
                     .map_err(|e| e.to_status())?;
                 let (response, metadata) =
                     resource_stream(&self.0.resources, inbound, x_jmp_content_encoding);
-                let mut response = Response::new(response);
                 for (key, value) in metadata {
-                    let value = MetadataValue::try_from(value.as_str())
+                    let value = http::HeaderValue::try_from(value.as_str())
                         .map_err(|e| Status::internal(format!("resource metadata: {e}")))?;
-                    response.metadata_mut().insert(key, value);
+                    headers.insert(key, value);
                 }
-                Ok(response)
+                response
             }
-        }
+        };
+        Ok(stream_rpc::response(out, headers))
     }
 }
 
@@ -406,11 +457,14 @@ impl RouterService for SessionService {
 /// (`resource` handle, and `x_jmp_accept_encoding` when the requested encoding is accepted).
 ///
 /// A driver side that breaks ends the response with `ABORTED`, never with a clean GOAWAY.
-fn resource_stream(
+fn resource_stream<S>(
     resources: &Arc<ResourceRegistry>,
-    inbound: tonic::Streaming<StreamRequest>,
+    inbound: S,
     requested: Option<ContentEncoding>,
-) -> (BoxStatusStream<StreamResponse>, Vec<(&'static str, String)>) {
+) -> (BoxStatusStream<StreamResponse>, Vec<(&'static str, String)>)
+where
+    S: Stream<Item = Result<StreamRequest, Status>> + Send + Unpin + 'static,
+{
     let accepted = requested.filter(|_| ContentEncoding::exporter_accepts());
     let (resource, end, guard) = resources.create(accepted);
     let handle = serde_json::json!({

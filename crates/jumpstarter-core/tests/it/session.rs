@@ -241,3 +241,44 @@ async fn garbage_stream_metadata_is_refused_cleanly() {
         .await
         .unwrap();
 }
+
+/// `RouterService.Stream` is served without tonic's codec: requests it cannot serve are
+/// refused with a gRPC status, and the server keeps serving.
+#[tokio::test]
+async fn raw_stream_rpc_refuses_what_it_cannot_serve() {
+    let served = serve_ready();
+    let channel = served.channel().await;
+    let call = |path: &'static str, encoding: Option<&'static str>| {
+        let channel = channel.clone();
+        async move {
+            let mut req = http::Request::builder()
+                .method("POST")
+                .uri(path)
+                .header("content-type", "application/grpc")
+                .header("te", "trailers")
+                .header("request", r#"{"kind":"driver","uuid":"nope","method":"x"}"#);
+            if let Some(e) = encoding {
+                req = req.header("grpc-encoding", e);
+            }
+            let req = req.body(tonic::body::Body::empty()).unwrap();
+            let resp = tower::ServiceExt::oneshot(channel, req).await.unwrap();
+            jumpstarter_core::stream_rpc::status_from_headers(resp.headers())
+                .expect("a trailers-only status")
+        }
+    };
+    let s = call("/jumpstarter.v1.RouterService/Teleport", None).await;
+    assert_eq!(s.code(), Code::Unimplemented, "{s:?}");
+    let s = call("/jumpstarter.v1.RouterService/Stream", Some("gzip")).await;
+    assert_eq!(s.code(), Code::Unimplemented, "{s:?}");
+    assert!(s.message().contains("compression"), "{s:?}");
+    let s = call("/jumpstarter.v1.RouterService/Stream", Some("identity")).await;
+    assert_eq!(s.code(), Code::InvalidArgument, "{s:?}");
+    let _: ThermostatStatus = served
+        .client()
+        .await
+        .driver("thermostat")
+        .unwrap()
+        .call("status", ())
+        .await
+        .unwrap();
+}

@@ -1,0 +1,561 @@
+//! `RouterService.Stream` spoken straight over HTTP/2, without tonic's message codec.
+//!
+//! Bulk data (flashing an image) crosses this RPC as `{payload, frame_type}` messages.
+//! tonic's codec copies every message twice on the way: once into its encode buffer when
+//! sending, once into its decode buffer when receiving (plus the buffer's regrowth). Here
+//! a message goes out as two HTTP/2 DATA chunks, its few header bytes and the payload
+//! itself, and comes in as a slice of the HTTP/2 frame it arrived in (a copy only when a
+//! message straddles frames). The bytes on the wire are ordinary gRPC: length-prefixed
+//! protobuf messages, `grpc-status` in the trailers, so any gRPC peer (upstream's Python
+//! tools, our router) sees no difference.
+
+use std::{
+    collections::VecDeque,
+    marker::PhantomData,
+    pin::Pin,
+    task::{Context, Poll, ready},
+};
+
+use bytes::{BufMut, Bytes, BytesMut};
+use futures::Stream;
+use http::{HeaderMap, HeaderValue};
+use http_body::{Body as HttpBody, Frame as BodyFrame};
+use tonic::{Code, Status, body::Body};
+
+/// The HTTP/2 path of the RPC.
+pub const STREAM_PATH: &str = "/jumpstarter.v1.RouterService/Stream";
+
+/// The largest message accepted, as gRPC's default receive limit.
+pub const MAX_MESSAGE: usize = 4 * 1024 * 1024;
+
+/// A `StreamRequest` / `StreamResponse` reduced to what is encoded.
+pub trait RawFrame: prost::Message + Default + Send + 'static {
+    /// The payload and the frame type number.
+    fn into_raw(self) -> (Bytes, i32);
+}
+
+impl RawFrame for jumpstarter_proto::v1::StreamRequest {
+    fn into_raw(self) -> (Bytes, i32) {
+        (self.payload, self.frame_type)
+    }
+}
+
+impl RawFrame for jumpstarter_proto::v1::StreamResponse {
+    fn into_raw(self) -> (Bytes, i32) {
+        (self.payload, self.frame_type)
+    }
+}
+
+fn varint_len(mut v: u64) -> usize {
+    let mut n = 1;
+    while v >= 0x80 {
+        v >>= 7;
+        n += 1;
+    }
+    n
+}
+
+/// The gRPC length prefix and the protobuf field headers of a message whose payload
+/// follows them on the wire: `frame_type` (field 2) first, then the payload's key and
+/// length (field 1). Protobuf readers accept fields in any order; default values (an
+/// empty payload, frame type 0) are left out as proto3 encoders do.
+pub fn message_head(payload_len: usize, frame_type: i32) -> Bytes {
+    // Negative enum values are encoded as ten-byte varints, as protobuf does for int32.
+    let ft = frame_type as i64 as u64;
+    let ft_len = if frame_type != 0 {
+        1 + varint_len(ft)
+    } else {
+        0
+    };
+    let payload_head = if payload_len > 0 {
+        1 + varint_len(payload_len as u64)
+    } else {
+        0
+    };
+    let len = ft_len + payload_head + payload_len;
+    let mut head = BytesMut::with_capacity(5 + ft_len + payload_head);
+    head.put_u8(0);
+    head.put_u32(len as u32);
+    if frame_type != 0 {
+        head.put_u8(0x10);
+        prost::encoding::encode_varint(ft, &mut head);
+    }
+    if payload_len > 0 {
+        head.put_u8(0x0a);
+        prost::encoding::encode_varint(payload_len as u64, &mut head);
+    }
+    head.freeze()
+}
+
+/// Which end of the RPC a body belongs to: a server's response ends with trailers
+/// carrying `grpc-status`; a client's request just ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// The caller (request body out, response body in).
+    Client,
+    /// The callee (request body in, response body out).
+    Server,
+}
+
+/// An outgoing body made of the frames `S` yields.
+///
+/// On the server side the end of `S` becomes `grpc-status: 0` trailers and an error
+/// becomes the error's status in the trailers; on the client side the body just ends, or
+/// fails with the error (which resets the HTTP/2 stream).
+pub struct FrameBody<S> {
+    frames: S,
+    side: Side,
+    payload: Option<Bytes>,
+    done: bool,
+}
+
+impl<S> FrameBody<S> {
+    /// Encodes `frames` for `side`.
+    pub fn new(frames: S, side: Side) -> Self {
+        Self {
+            frames,
+            side,
+            payload: None,
+            done: false,
+        }
+    }
+}
+
+fn status_trailers(status: &Status) -> HeaderMap {
+    let mut trailers = HeaderMap::new();
+    if status.add_header(&mut trailers).is_err() {
+        // A message that cannot be a header value: keep the code.
+        trailers.insert(Status::GRPC_STATUS, HeaderValue::from(status.code() as i32));
+    }
+    trailers
+}
+
+impl<S, F> HttpBody for FrameBody<S>
+where
+    S: Stream<Item = Result<F, Status>> + Unpin,
+    F: RawFrame,
+{
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<BodyFrame<Bytes>, Status>>> {
+        let this = &mut *self;
+        if let Some(payload) = this.payload.take() {
+            return Poll::Ready(Some(Ok(BodyFrame::data(payload))));
+        }
+        if this.done {
+            return Poll::Ready(None);
+        }
+        let item = ready!(Pin::new(&mut this.frames).poll_next(cx));
+        match item {
+            Some(Ok(frame)) => {
+                let (payload, frame_type) = frame.into_raw();
+                let head = message_head(payload.len(), frame_type);
+                if !payload.is_empty() {
+                    this.payload = Some(payload);
+                }
+                Poll::Ready(Some(Ok(BodyFrame::data(head))))
+            }
+            Some(Err(status)) => {
+                this.done = true;
+                match this.side {
+                    Side::Server => {
+                        Poll::Ready(Some(Ok(BodyFrame::trailers(status_trailers(&status)))))
+                    }
+                    Side::Client => Poll::Ready(Some(Err(status))),
+                }
+            }
+            None => {
+                this.done = true;
+                match this.side {
+                    Side::Server => Poll::Ready(Some(Ok(BodyFrame::trailers(status_trailers(
+                        &Status::ok(""),
+                    ))))),
+                    Side::Client => Poll::Ready(None),
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done && self.payload.is_none()
+    }
+}
+
+/// The status a peer's headers or trailers carry, if any (`grpc-status-details-bin` is
+/// ignored: tonic would panic on a malformed one).
+pub fn status_from_headers(headers: &HeaderMap) -> Option<Status> {
+    headers.get(Status::GRPC_STATUS)?;
+    let mut headers = headers.clone();
+    headers.remove(Status::GRPC_STATUS_DETAILS);
+    Status::from_header_map(&headers)
+}
+
+/// The frames of an incoming body, decoded as they arrive.
+///
+/// Payloads are slices of the HTTP/2 frames they came in. On the client side the end of
+/// the body must carry `grpc-status` trailers (an error status is yielded as an error, a
+/// missing one is a broken stream); on the server side the request body simply ends.
+pub struct FrameDecoder<B, F> {
+    body: B,
+    side: Side,
+    chunks: VecDeque<Bytes>,
+    buffered: usize,
+    /// The length of the message being gathered, once its prefix has been read.
+    want: Option<usize>,
+    done: bool,
+    _frame: PhantomData<fn() -> F>,
+}
+
+impl<B, F> FrameDecoder<B, F> {
+    /// Decodes `body` for `side`.
+    pub fn new(body: B, side: Side) -> Self {
+        Self {
+            body,
+            side,
+            chunks: VecDeque::new(),
+            buffered: 0,
+            want: None,
+            done: false,
+            _frame: PhantomData,
+        }
+    }
+
+    /// Takes `n` buffered bytes: a slice when the first chunk holds them, else a copy.
+    fn take(&mut self, n: usize) -> Bytes {
+        self.buffered -= n;
+        if let Some(front) = self.chunks.front_mut()
+            && front.len() >= n
+        {
+            let out = front.split_to(n);
+            if front.is_empty() {
+                self.chunks.pop_front();
+            }
+            return out;
+        }
+        let mut out = BytesMut::with_capacity(n);
+        while out.len() < n {
+            let Some(mut chunk) = self.chunks.pop_front() else {
+                break;
+            };
+            let need = n - out.len();
+            if chunk.len() > need {
+                out.extend_from_slice(&chunk.split_to(need));
+                self.chunks.push_front(chunk);
+            } else {
+                out.extend_from_slice(&chunk);
+            }
+        }
+        out.freeze()
+    }
+
+    /// The next whole message, if buffered.
+    fn next_message(&mut self) -> Result<Option<Bytes>, Status> {
+        if self.want.is_none() {
+            if self.buffered < 5 {
+                return Ok(None);
+            }
+            let prefix = self.take(5);
+            if prefix[0] != 0 {
+                return Err(Status::unimplemented(
+                    "compressed gRPC messages are not supported on this stream",
+                ));
+            }
+            let len = u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]) as usize;
+            if len > MAX_MESSAGE {
+                return Err(Status::resource_exhausted(format!(
+                    "stream message of {len} bytes, over the {MAX_MESSAGE}-byte limit"
+                )));
+            }
+            self.want = Some(len);
+        }
+        match self.want {
+            Some(len) if self.buffered >= len => {
+                self.want = None;
+                Ok(Some(self.take(len)))
+            }
+            _ => Ok(None),
+        }
+    }
+}
+
+impl<B, F> Stream for FrameDecoder<B, F>
+where
+    B: HttpBody<Data = Bytes> + Unpin,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    F: RawFrame,
+{
+    type Item = Result<F, Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        loop {
+            if this.done {
+                return Poll::Ready(None);
+            }
+            match this.next_message() {
+                Ok(Some(message)) => {
+                    return Poll::Ready(Some(F::decode(message).map_err(|e| {
+                        this.done = true;
+                        Status::internal(format!("undecodable stream message: {e}"))
+                    })));
+                }
+                Ok(None) => {}
+                Err(status) => {
+                    this.done = true;
+                    return Poll::Ready(Some(Err(status)));
+                }
+            }
+            let frame = ready!(Pin::new(&mut this.body).poll_frame(cx));
+            match frame {
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) => {
+                        if !data.is_empty() {
+                            this.buffered += data.len();
+                            this.chunks.push_back(data);
+                        }
+                    }
+                    Err(frame) => {
+                        let Ok(trailers) = frame.into_trailers() else {
+                            continue;
+                        };
+                        this.done = true;
+                        if let Some(status) = this.end_status(Some(&trailers)) {
+                            return Poll::Ready(Some(Err(status)));
+                        }
+                        return Poll::Ready(None);
+                    }
+                },
+                Some(Err(e)) => {
+                    this.done = true;
+                    return Poll::Ready(Some(Err(Status::from_error(e.into()))));
+                }
+                None => {
+                    this.done = true;
+                    if let Some(status) = this.end_status(None) {
+                        return Poll::Ready(Some(Err(status)));
+                    }
+                    return Poll::Ready(None);
+                }
+            }
+        }
+    }
+}
+
+impl<B, F> FrameDecoder<B, F> {
+    /// What the end of the body means: `None` for a clean end, else the error to yield.
+    fn end_status(&self, trailers: Option<&HeaderMap>) -> Option<Status> {
+        if self.buffered > 0 || self.want.is_some() {
+            return Some(Status::internal("the stream ended inside a message"));
+        }
+        match (self.side, trailers.and_then(status_from_headers)) {
+            (_, Some(status)) if status.code() != Code::Ok => Some(status),
+            (_, Some(_)) | (Side::Server, None) => None,
+            (Side::Client, None) => Some(Status::internal(
+                "the stream ended without a grpc-status (protocol error)",
+            )),
+        }
+    }
+}
+
+/// A response carrying `frames`, with `headers` (gRPC metadata) added.
+pub fn response<S, F>(frames: S, headers: HeaderMap) -> http::Response<Body>
+where
+    S: Stream<Item = Result<F, Status>> + Send + Unpin + 'static,
+    F: RawFrame,
+{
+    let mut response = http::Response::new(Body::new(FrameBody::new(frames, Side::Server)));
+    *response.headers_mut() = headers;
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/grpc"),
+    );
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::StreamExt;
+    use jumpstarter_proto::v1::{FrameType, StreamRequest};
+    use prost::Message;
+
+    fn req(payload: &[u8], ft: FrameType) -> StreamRequest {
+        StreamRequest {
+            payload: Bytes::copy_from_slice(payload),
+            frame_type: ft as i32,
+        }
+    }
+
+    /// Encodes like tonic would (prost, then the gRPC prefix).
+    fn grpc(msg: &StreamRequest) -> Vec<u8> {
+        let body = msg.encode_to_vec();
+        let mut out = vec![0];
+        out.extend_from_slice(&(body.len() as u32).to_be_bytes());
+        out.extend_from_slice(&body);
+        out
+    }
+
+    async fn encode_all(frames: Vec<StreamRequest>, side: Side) -> (Vec<u8>, Option<HeaderMap>) {
+        let body = FrameBody::new(
+            futures::stream::iter(frames.into_iter().map(Ok::<_, Status>)),
+            side,
+        );
+        let mut body = std::pin::pin!(body);
+        let (mut bytes, mut trailers) = (Vec::new(), None);
+        while let Some(frame) = std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
+            match frame.unwrap().into_data() {
+                Ok(d) => bytes.extend_from_slice(&d),
+                Err(f) => trailers = f.into_trailers().ok(),
+            }
+        }
+        (bytes, trailers)
+    }
+
+    #[tokio::test]
+    async fn encoded_messages_read_back_with_prost() {
+        let frames = vec![
+            req(b"hello", FrameType::Data),
+            req(&[7u8; 300], FrameType::Data),
+            req(b"", FrameType::Goaway),
+            req(b"x", FrameType::RstStream),
+        ];
+        let (bytes, trailers) = encode_all(frames.clone(), Side::Server).await;
+        let mut rest = &bytes[..];
+        for want in &frames {
+            let len = u32::from_be_bytes(rest[1..5].try_into().unwrap()) as usize;
+            assert_eq!(rest[0], 0);
+            let got = StreamRequest::decode(&rest[5..5 + len]).unwrap();
+            assert_eq!(&got, want);
+            rest = &rest[5 + len..];
+        }
+        assert!(rest.is_empty());
+        let trailers = trailers.unwrap();
+        assert_eq!(trailers.get("grpc-status").unwrap(), "0");
+        let (_, none) = encode_all(frames, Side::Client).await;
+        assert!(none.is_none(), "a client's request body has no trailers");
+    }
+
+    fn body_of(chunks: Vec<Vec<u8>>, trailers: Option<HeaderMap>) -> Body {
+        let mut frames: Vec<Result<BodyFrame<Bytes>, Status>> = chunks
+            .into_iter()
+            .map(|c| Ok(BodyFrame::data(Bytes::from(c))))
+            .collect();
+        if let Some(t) = trailers {
+            frames.push(Ok(BodyFrame::trailers(t)));
+        }
+        Body::new(http_body_util::StreamBody::new(futures::stream::iter(
+            frames,
+        )))
+    }
+
+    fn ok_trailers() -> HeaderMap {
+        let mut t = HeaderMap::new();
+        t.insert("grpc-status", HeaderValue::from_static("0"));
+        t
+    }
+
+    async fn decode_all(body: Body, side: Side) -> Vec<Result<StreamRequest, Status>> {
+        FrameDecoder::<_, StreamRequest>::new(body, side)
+            .collect()
+            .await
+    }
+
+    #[tokio::test]
+    async fn messages_split_anyhow_across_frames_decode() {
+        let frames = [
+            req(b"hello", FrameType::Data),
+            req(&[9u8; 1000], FrameType::Data),
+            req(b"", FrameType::Goaway),
+        ];
+        let wire: Vec<u8> = frames.iter().flat_map(grpc).collect();
+        for cut in [1, 3, 5, 7, 64, 999, wire.len()] {
+            let chunks = wire.chunks(cut).map(<[u8]>::to_vec).collect();
+            let got = decode_all(body_of(chunks, Some(ok_trailers())), Side::Client).await;
+            let got: Vec<_> = got.into_iter().map(Result::unwrap).collect();
+            assert_eq!(got, frames, "chunks of {cut}");
+        }
+    }
+
+    #[tokio::test]
+    async fn bad_and_cut_bodies_are_errors() {
+        let one = grpc(&req(b"hello", FrameType::Data));
+        // Client side: no grpc-status at the end.
+        let got = decode_all(body_of(vec![one.clone()], None), Side::Client).await;
+        assert!(got[0].is_ok());
+        assert!(
+            got[1]
+                .as_ref()
+                .unwrap_err()
+                .message()
+                .contains("grpc-status")
+        );
+        // Server side: a request body just ends.
+        let got = decode_all(body_of(vec![one.clone()], None), Side::Server).await;
+        assert_eq!(got.len(), 1);
+        // Cut inside a message.
+        let got = decode_all(body_of(vec![one[..8].to_vec()], None), Side::Server).await;
+        assert!(
+            got[0]
+                .as_ref()
+                .unwrap_err()
+                .message()
+                .contains("inside a message")
+        );
+        // An error status in the trailers.
+        let mut t = HeaderMap::new();
+        t.insert("grpc-status", HeaderValue::from_static("10"));
+        t.insert("grpc-message", HeaderValue::from_static("gone"));
+        let got = decode_all(body_of(vec![one.clone()], Some(t)), Side::Client).await;
+        let e = got[1].as_ref().unwrap_err();
+        assert_eq!((e.code(), e.message()), (Code::Aborted, "gone"));
+        // Malformed details never panic.
+        let mut t = HeaderMap::new();
+        t.insert("grpc-status", HeaderValue::from_static("13"));
+        t.insert(
+            "grpc-status-details-bin",
+            HeaderValue::from_static("!!not base64!!"),
+        );
+        let got = decode_all(body_of(vec![], Some(t)), Side::Client).await;
+        assert_eq!(got[0].as_ref().unwrap_err().code(), Code::Internal);
+        // Compressed flag, oversized length, garbage protobuf.
+        let mut compressed = one.clone();
+        compressed[0] = 1;
+        let got = decode_all(body_of(vec![compressed], None), Side::Server).await;
+        assert_eq!(got[0].as_ref().unwrap_err().code(), Code::Unimplemented);
+        let mut huge = vec![0u8];
+        huge.extend_from_slice(&u32::MAX.to_be_bytes());
+        let got = decode_all(body_of(vec![huge], None), Side::Server).await;
+        assert_eq!(got[0].as_ref().unwrap_err().code(), Code::ResourceExhausted);
+        let got = decode_all(
+            body_of(vec![vec![0, 0, 0, 0, 2, 0xff, 0xff]], None),
+            Side::Server,
+        )
+        .await;
+        assert!(
+            got[0]
+                .as_ref()
+                .unwrap_err()
+                .message()
+                .contains("undecodable")
+        );
+        assert_eq!(got.len(), 1, "nothing after an error");
+    }
+
+    #[test]
+    fn heads_match_prost_for_odd_values() {
+        for (len, ft) in [(0, 0), (1, 0), (127, 7), (128, 3), (300_000, 6), (5, -1)] {
+            let msg = StreamRequest {
+                payload: Bytes::from(vec![1u8; len]),
+                frame_type: ft,
+            };
+            let mut ours = message_head(len, ft).to_vec();
+            ours.extend_from_slice(&msg.payload);
+            assert_eq!(StreamRequest::decode(&ours[5..]).unwrap(), msg);
+            assert_eq!(ours.len() - 5, msg.encoded_len(), "len {len} ft {ft}");
+        }
+    }
+}
