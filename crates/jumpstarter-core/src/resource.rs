@@ -617,6 +617,23 @@ impl Stream for FileChunks {
     }
 }
 
+/// Where downloaded bytes go: any `AsyncWrite`, fed whole chunks.
+///
+/// By default a chunk is copied in with `write_all`; a sink that can keep the chunk as it
+/// is ([`FileWriter`]) overrides [`ChunkWrite::write_chunk`] and takes it without a copy.
+pub trait ChunkWrite: AsyncWrite + Send + Unpin {
+    /// Writes all of `chunk`.
+    fn write_chunk(&mut self, chunk: Bytes) -> impl Future<Output = io::Result<()>> + Send {
+        async move {
+            use tokio::io::AsyncWriteExt;
+            self.write_all(&chunk).await
+        }
+    }
+}
+
+impl ChunkWrite for tokio::io::DuplexStream {}
+impl ChunkWrite for Vec<u8> {}
+
 /// An `AsyncWrite` over a local file, written by a blocking thread while the caller goes
 /// on (at most [`FILE_QUEUE`] pieces wait; `tokio::fs::File` has one write in flight at a
 /// time). Shutting it down waits for everything to be written and reports the first write
@@ -660,6 +677,31 @@ impl FileWriter {
             Ok(r) => r,
             Err(e) => Err(io::Error::other(format!("file writer task failed: {e}"))),
         })
+    }
+}
+
+impl ChunkWrite for FileWriter {
+    /// Queues `chunk` itself for the writer thread: no copy.
+    async fn write_chunk(&mut self, chunk: Bytes) -> io::Result<()> {
+        if chunk.is_empty() {
+            return Ok(());
+        }
+        let Some(tx) = self.tx.as_mut() else {
+            return Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "write after shutdown",
+            ));
+        };
+        let queued = std::future::poll_fn(|cx| tx.poll_reserve(cx)).await.is_ok()
+            && tx.send_item(chunk).is_ok();
+        if queued {
+            return Ok(());
+        }
+        // The thread stopped at a write error: report it.
+        let ended = std::future::poll_fn(|cx| self.poll_writer(cx)).await;
+        Err(ended
+            .err()
+            .unwrap_or_else(|| io::Error::other("the file writer stopped early")))
     }
 }
 
@@ -1215,6 +1257,45 @@ mod tests {
         w.shutdown().await.unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), data);
         assert!(w.write_all(b"late").await.is_err());
+    }
+
+    #[tokio::test]
+    async fn file_writer_takes_whole_chunks_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out");
+        let mut w = FileWriter::new(std::fs::File::create(&path).unwrap());
+        let data = patterned(5 * crate::frames::CHUNK + 3);
+        // Chunks mixed with plain writes, an empty chunk among them.
+        for (i, piece) in data.chunks(crate::frames::CHUNK).enumerate() {
+            if i % 2 == 0 {
+                w.write_chunk(Bytes::copy_from_slice(piece)).await.unwrap();
+                w.write_chunk(Bytes::new()).await.unwrap();
+            } else {
+                w.write_all(piece).await.unwrap();
+            }
+        }
+        w.shutdown().await.unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), data);
+        assert!(w.write_chunk(Bytes::from_static(b"late")).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn file_writer_reports_a_write_error_for_chunks_too() {
+        let f = tempfile::NamedTempFile::new().unwrap();
+        let mut w = FileWriter::new(std::fs::File::open(f.path()).unwrap());
+        let mut failed = None;
+        for _ in 0..4 * FILE_QUEUE {
+            if let Err(e) = w.write_chunk(Bytes::from(vec![7u8; 4096])).await {
+                failed = Some(e);
+                break;
+            }
+        }
+        let e = match failed {
+            Some(e) => e,
+            None => w.shutdown().await.unwrap_err(),
+        };
+        assert_ne!(e.to_string(), "", "{e}");
+        assert!(std::fs::read(f.path()).unwrap().is_empty());
     }
 
     #[tokio::test]

@@ -9,6 +9,7 @@ use std::{
 };
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use jumpstarter_core::resource::ChunkWrite;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// How often plain progress lines are printed.
@@ -209,6 +210,15 @@ impl<W: AsyncWrite + Unpin> AsyncWrite for ProgressWriter<W> {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+impl<W: ChunkWrite> ChunkWrite for ProgressWriter<W> {
+    async fn write_chunk(&mut self, chunk: bytes::Bytes) -> std::io::Result<()> {
+        let n = chunk.len() as u64;
+        self.inner.write_chunk(chunk).await?;
+        self.progress.inc(n);
+        Ok(())
     }
 }
 
