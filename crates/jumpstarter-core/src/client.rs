@@ -18,7 +18,7 @@ use futures::{StreamExt, stream::BoxStream};
 use hyper_util::rt::TokioIo;
 use jumpstarter_proto::v1::FrameType;
 use jumpstarter_proto::v1::{
-    DriverCallRequest, GetStatusRequest, GetStatusResponse, StreamRequest, StreamResponse,
+    DriverCallRequest, GetStatusRequest, GetStatusResponse, StreamRequest,
     StreamingDriverCallRequest, exporter_service_client::ExporterServiceClient,
 };
 use serde::{Serialize, de::DeserializeOwned};
@@ -35,8 +35,8 @@ use crate::{
     DriverError,
     frames::{AbortOnDrop, CHUNK, EndOfStream, Frame, splice_with},
     resource::{
-        ContentEncoding, PipeReader, PipeWriter, ResourceHandle, StreamRequestMetadata, decoder,
-        encoder, pipe,
+        ChunkWrite, ContentEncoding, PipeReader, PipeWriter, ResourceHandle, StreamRequestMetadata,
+        decoder, encoder, pipe,
     },
     serve::{CONNECTION_WINDOW, PASSPHRASE_METADATA, STREAM_WINDOW},
     stream_rpc,
@@ -626,42 +626,22 @@ impl DriverClient {
         eof: EndOfStream,
     ) -> Result<(MetadataMap, RouterStreamEnds), ClientError> {
         let (tx, rx) = tokio::sync::mpsc::channel::<StreamRequest>(1);
-        let metadata = http::HeaderValue::try_from(request.to_json())
-            .map_err(|e| ClientError::Value(e.to_string()))?;
+        let mut headers = http::HeaderMap::new();
+        headers.insert(
+            "request",
+            http::HeaderValue::try_from(request.to_json())
+                .map_err(|e| ClientError::Value(e.to_string()))?,
+        );
         // Spoken straight over HTTP/2 (see `stream_rpc`): tonic's codec would copy every
         // chunk once more on each side.
-        let body = tonic::body::Body::new(stream_rpc::FrameBody::new(
-            tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok::<_, Status>),
-            stream_rpc::Side::Client,
-        ));
-        let req = http::Request::builder()
-            .method(http::Method::POST)
-            .uri(stream_rpc::STREAM_PATH)
-            .header(http::header::CONTENT_TYPE, "application/grpc")
-            .header(http::header::TE, "trailers")
-            .header("request", metadata)
-            .body(body)
-            .map_err(|e| ClientError::Value(format!("stream request: {e}")))?;
-        let resp = tower::ServiceExt::oneshot(self.channel.clone(), req)
-            .await
-            .map_err(|e| self.call_error("stream", &Status::from_error(e.into())))?;
-        let (parts, body) = resp.into_parts();
-        // A "trailers-only" answer carries its status in the headers and has no messages.
-        let side = match stream_rpc::status_from_headers(&parts.headers) {
-            Some(status) if status.code() != tonic::Code::Ok => {
-                return Err(self.call_error("stream", &status));
-            }
-            Some(_) => stream_rpc::Side::Server,
-            None if parts.status != http::StatusCode::OK => {
-                return Err(self.call_error(
-                    "stream",
-                    &Status::unavailable(format!("the peer answered HTTP {}", parts.status)),
-                ));
-            }
-            None => stream_rpc::Side::Client,
-        };
-        let meta = MetadataMap::from_headers(parts.headers);
-        let inbound = stream_rpc::FrameDecoder::<_, StreamResponse>::new(body, side);
+        let (headers, inbound) = stream_rpc::call(
+            self.channel.clone(),
+            headers,
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )
+        .await
+        .map_err(|status| self.call_error("stream", &status))?;
+        let meta = MetadataMap::from_headers(headers);
         let (upload, upload_source) = pipe();
         let (download_sink, download) = pipe();
         let mut outbound = Box::pin(splice_with::<_, StreamRequest, _, _, _, _, _>(
@@ -846,7 +826,7 @@ impl DriverClient {
         call: F,
     ) -> Result<T, ClientError>
     where
-        W: AsyncWrite + Send + Unpin + 'static,
+        W: ChunkWrite + 'static,
         F: FnOnce(ResourceHandle) -> Fut,
         Fut: Future<Output = Result<T, ClientError>>,
     {
@@ -865,14 +845,19 @@ impl DriverClient {
         } = ends;
         upload.finish_now();
         let mut pump = AbortOnDrop(tokio::spawn(async move {
-            // Chunks go to the sink as they come; an encoder's small writes are gathered.
-            let mut writer = match local_encode {
-                None => encoder(sink, None),
-                Some(_) => encoder(
-                    tokio::io::BufWriter::with_capacity(LOCAL_IO_BUFFER, sink),
-                    local_encode,
-                ),
+            // Chunks go to the sink as they come, whole; an encoder's small writes are
+            // gathered.
+            let Some(enc) = local_encode else {
+                let mut sink = sink;
+                while let Some(chunk) = download.chunk().await? {
+                    sink.write_chunk(chunk).await?;
+                }
+                return sink.shutdown().await;
             };
+            let mut writer = encoder(
+                tokio::io::BufWriter::with_capacity(LOCAL_IO_BUFFER, sink),
+                Some(enc),
+            );
             while let Some(chunk) = download.chunk().await? {
                 writer.write_all(&chunk).await?;
             }

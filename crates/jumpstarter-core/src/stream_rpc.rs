@@ -361,6 +361,56 @@ impl<B, F> FrameDecoder<B, F> {
     }
 }
 
+/// The frames of a response, as [`call`] returns them.
+pub type ResponseFrames = FrameDecoder<Body, jumpstarter_proto::v1::StreamResponse>;
+
+/// Calls the RPC on `channel` (any gRPC client service: a tonic channel, with or without
+/// interceptors): `frames` become the request body as they come, `metadata` is added to
+/// the request headers. Returns the response's headers and frames once the peer answers,
+/// or the status it refused the call with (a "trailers-only" answer, or an HTTP error).
+pub async fn call<C, B, S>(
+    channel: C,
+    metadata: HeaderMap,
+    frames: S,
+) -> Result<(HeaderMap, ResponseFrames), Status>
+where
+    C: tower::Service<http::Request<Body>, Response = http::Response<B>>,
+    C::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: HttpBody<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    S: Stream<Item = jumpstarter_proto::v1::StreamRequest> + Send + Unpin + 'static,
+{
+    use futures::StreamExt;
+    let body = Body::new(FrameBody::new(frames.map(Ok::<_, Status>), Side::Client));
+    let mut req = http::Request::new(body);
+    *req.method_mut() = http::Method::POST;
+    *req.uri_mut() = http::Uri::from_static(STREAM_PATH);
+    *req.headers_mut() = metadata;
+    let headers = req.headers_mut();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/grpc"),
+    );
+    headers.insert(http::header::TE, HeaderValue::from_static("trailers"));
+    let resp = tower::ServiceExt::oneshot(channel, req)
+        .await
+        .map_err(|e| Status::from_error(e.into()))?;
+    let (parts, body) = resp.into_parts();
+    // A "trailers-only" answer carries its status in the headers and has no messages.
+    let side = match status_from_headers(&parts.headers) {
+        Some(status) if status.code() != Code::Ok => return Err(status),
+        Some(_) => Side::Server,
+        None if parts.status != http::StatusCode::OK => {
+            return Err(Status::unavailable(format!(
+                "the peer answered HTTP {}",
+                parts.status
+            )));
+        }
+        None => Side::Client,
+    };
+    Ok((parts.headers, FrameDecoder::new(Body::new(body), side)))
+}
+
 /// A response carrying `frames`, with `headers` (gRPC metadata) added.
 pub fn response<S, F>(frames: S, headers: HeaderMap) -> http::Response<Body>
 where

@@ -25,9 +25,7 @@ use std::{
 
 use futures::{StreamExt, stream::BoxStream};
 use hyper_util::rt::TokioIo;
-use jumpstarter_proto::v1::{
-    StreamRequest, StreamResponse, router_service_client::RouterServiceClient,
-};
+use jumpstarter_proto::v1::{StreamRequest, StreamResponse};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, DuplexStream, ReadBuf};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -41,6 +39,7 @@ use crate::{
     client::{CallMetadata, ClientError, SessionChannel},
     frames::{CHUNK, EndOfStream, FrameSink, IoSource, splice_with},
     serve::{CONNECTION_WINDOW, STREAM_WINDOW},
+    stream_rpc,
 };
 
 /// Bytes buffered between a [`open`]ed tunnel and its user, per direction.
@@ -400,7 +399,7 @@ impl RouterLink {
     {
         let RouterLink { endpoint, channel } = self;
         let (inbound_tx, inbound_rx) =
-            tokio::sync::oneshot::channel::<Result<tonic::Streaming<StreamResponse>, Status>>();
+            tokio::sync::oneshot::channel::<Result<stream_rpc::ResponseFrames, Status>>();
         // The response stream exists only once the router answers: feed it to the splice
         // lazily. Errors become one line naming what failed.
         let inbound: BoxStream<'static, Result<StreamResponse, String>> =
@@ -455,13 +454,14 @@ impl RouterLink {
             }
         });
         tokio::spawn(async move {
-            let mut client = RouterServiceClient::new(channel)
-                .max_decoding_message_size(usize::MAX)
-                .max_encoding_message_size(usize::MAX);
-            let answer = client
-                .stream(tokio_stream::wrappers::ReceiverStream::new(rx))
-                .await
-                .map(|r| r.into_inner());
+            // Spoken straight over HTTP/2 (see `stream_rpc`): no copy of the payloads.
+            let answer = stream_rpc::call(
+                channel,
+                http::HeaderMap::new(),
+                tokio_stream::wrappers::ReceiverStream::new(rx),
+            )
+            .await
+            .map(|(_, frames)| frames);
             if let Err(status) = &answer {
                 tracing::debug!(
                     "router {endpoint} refused the stream: {}",

@@ -9,8 +9,10 @@
 //!   the second is paired with it. Unlike upstream, a subject pairs once: a third stream on
 //!   the same token is refused (`ALREADY_EXISTS`), so a leaked token cannot splice into or
 //!   hijack a live tunnel.
-//! - Forwarding: frames are copied both ways through bounded channels, so a slow side slows
+//! - Forwarding: frames are passed both ways through bounded channels, so a slow side slows
 //!   the other and nothing buffers without bound. When one side ends or fails, both end.
+//!   The RPC is spoken straight over HTTP/2 ([`jumpstarter_core::stream_rpc`]): a payload
+//!   leaves as a slice of the HTTP/2 frame it came in, never copied.
 
 use std::{
     collections::HashMap,
@@ -23,13 +25,13 @@ use std::{
 };
 
 use futures::{Stream, StreamExt};
-use jumpstarter_core::auth::{RouterTokenKey, bearer_token};
-use jumpstarter_proto::v1::{
-    StreamRequest, StreamResponse,
-    router_service_server::{RouterService, RouterServiceServer},
+use jumpstarter_core::{
+    auth::{RouterTokenKey, bearer_token},
+    stream_rpc,
 };
+use jumpstarter_proto::v1::{StreamRequest, StreamResponse};
 use tokio::sync::{mpsc, oneshot};
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Status, body::Body, metadata::MetadataMap};
 
 /// Frames in flight per direction before the sender waits.
 const FORWARD_BUFFER: usize = 8;
@@ -83,11 +85,11 @@ impl RouterStats {
     }
 }
 
-type ResponseStream = Pin<Box<dyn Stream<Item = Result<StreamResponse, Status>> + Send>>;
+type Inbound = Pin<Box<dyn Stream<Item = Result<StreamRequest, Status>> + Send>>;
 
 /// One side of a tunnel: its incoming frames and where its outgoing frames go.
 struct Side {
-    inbound: Streaming<StreamRequest>,
+    inbound: Inbound,
     outbound: mpsc::Sender<Result<StreamResponse, Status>>,
 }
 
@@ -130,9 +132,9 @@ impl Router {
         self.stats.clone()
     }
 
-    /// The gRPC service to add to a tonic server.
-    pub fn service(self) -> RouterServiceServer<Router> {
-        RouterServiceServer::new(self)
+    /// The gRPC service (`jumpstarter.v1.RouterService`) to add to a tonic server.
+    pub fn service(self) -> RouterStreamService {
+        RouterStreamService(self)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Pairing> {
@@ -146,25 +148,73 @@ impl Router {
     }
 }
 
-#[tonic::async_trait]
-impl RouterService for Router {
-    type StreamStream = ResponseStream;
+/// `jumpstarter.v1.RouterService` as a tower service for a tonic server: its one method,
+/// `Stream`, spoken straight over HTTP/2.
+#[derive(Clone)]
+pub struct RouterStreamService(Router);
 
-    async fn stream(
-        &self,
-        request: Request<Streaming<StreamRequest>>,
-    ) -> Result<Response<Self::StreamStream>, Status> {
-        let token = bearer_token(request.metadata()).map_err(|s| self.refuse(s))?;
+impl tonic::server::NamedService for RouterStreamService {
+    const NAME: &'static str = "jumpstarter.v1.RouterService";
+}
+
+impl tower::Service<http::Request<Body>> for RouterStreamService {
+    type Response = http::Response<Body>;
+    type Error = std::convert::Infallible;
+    type Future =
+        Pin<Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(
+        &mut self,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
+        let router = self.0.clone();
+        Box::pin(async move {
+            Ok(match router.stream(req) {
+                Ok(response) => response,
+                Err(status) => status.into_http(),
+            })
+        })
+    }
+}
+
+impl Router {
+    /// Handles one `Stream` call: checks its token, then pairs it or parks it.
+    fn stream(&self, req: http::Request<Body>) -> Result<http::Response<Body>, Status> {
+        if req.uri().path() != stream_rpc::STREAM_PATH {
+            return Err(Status::unimplemented(format!(
+                "unknown method {}",
+                req.uri().path()
+            )));
+        }
+        let token = bearer_token(&MetadataMap::from_headers(req.headers().clone()))
+            .map_err(|s| self.refuse(s))?;
         let subject = self
             .key
             .verify(&token)
             .map_err(|e| self.refuse(e.to_router_status()))?;
+        if let Some(enc) = req.headers().get("grpc-encoding")
+            && enc.as_bytes() != b"identity"
+        {
+            return Err(self.refuse(Status::unimplemented(format!(
+                "message compression {enc:?} is not supported on RouterService.Stream"
+            ))));
+        }
         let (tx, rx) = mpsc::channel(FORWARD_BUFFER);
         let side = Side {
-            inbound: request.into_inner(),
+            inbound: Box::pin(stream_rpc::FrameDecoder::<_, StreamRequest>::new(
+                req.into_body(),
+                stream_rpc::Side::Server,
+            )),
             outbound: tx,
         };
-        let response: ResponseStream = Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx));
+        let response = stream_rpc::response(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+            http::HeaderMap::new(),
+        );
 
         let mut pairing = self.lock();
         let now = Instant::now();
@@ -226,7 +276,7 @@ impl RouterService for Router {
                 });
             }
         }
-        Ok(Response::new(response))
+        Ok(response)
     }
 }
 
@@ -261,7 +311,7 @@ async fn forward(a: Side, b: Side, stats: Arc<RouterStats>, subject: String) {
 }
 
 async fn pipe(
-    mut from: Streaming<StreamRequest>,
+    mut from: Inbound,
     to: mpsc::Sender<Result<StreamResponse, Status>>,
     stats: Arc<RouterStats>,
 ) -> Result<(), Status> {

@@ -6,6 +6,7 @@ use std::{
     time::{Duration, SystemTime},
 };
 
+use http_body_util::BodyExt;
 use jumpstarter_core::auth::{ObjectKind, Subject, TokenIssuer};
 use tonic::{Code, Status};
 
@@ -107,4 +108,87 @@ async fn a_token_for_another_stream_does_not_join_a_tunnel() {
 
     // The tunnel is unaffected.
     passes(&mut b, &mut a, b"still private").await;
+}
+
+/// Sends `body` raw as a `Stream` call on `path` with `token`; returns how the router
+/// answered: the HTTP/2 response's status, if it came back as one.
+async fn raw_call(r: &TestRouter, path: &'static str, token: &str, body: &'static [u8]) -> Status {
+    let channel = jumpstarter_core::client::connect_channel(
+        &r.addr,
+        &jumpstarter_core::client::ConnectOptions {
+            insecure: false,
+            passphrase: None,
+            ca_pem: Some(r.ca.clone().into_bytes()),
+        },
+    )
+    .await
+    .unwrap();
+    let req = http::Request::builder()
+        .method("POST")
+        .uri(path)
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("authorization", format!("Bearer {token}"))
+        .body(tonic::body::Body::new(
+            http_body_util::Full::new(bytes::Bytes::from_static(body))
+                .map_err(|never| match never {}),
+        ))
+        .unwrap();
+    let resp = tokio::time::timeout(
+        Duration::from_secs(10),
+        tower::ServiceExt::oneshot(channel, req),
+    )
+    .await
+    .expect("no answer within 10s")
+    .unwrap();
+    let (parts, body) = resp.into_parts();
+    if let Some(status) = Status::from_header_map(&parts.headers) {
+        return status;
+    }
+    let collected = tokio::time::timeout(Duration::from_secs(10), body.collect())
+        .await
+        .expect("no end within 10s");
+    match collected {
+        Ok(c) => c
+            .trailers()
+            .and_then(Status::from_header_map)
+            .unwrap_or_else(|| Status::ok("no trailers")),
+        Err(e) => e,
+    }
+}
+
+#[tokio::test]
+async fn malformed_messages_end_their_tunnel_and_the_router_goes_on() {
+    let r = start(Duration::from_secs(30)).await;
+    let cases: [(&str, &'static [u8]); 3] = [
+        // Compressed-flag set: compression was never negotiated.
+        ("compressed", &[1, 0, 0, 0, 1, 0]),
+        // A length prefix over the 4 MiB limit.
+        ("oversized", &[0, 0xff, 0xff, 0xff, 0xff]),
+        // A message that is not protobuf (field 1 claims 100 bytes, 1 follows).
+        ("undecodable", &[0, 0, 0, 0, 3, 0x0a, 100, 1]),
+    ];
+    for (what, body) in cases {
+        let token = r.key.issue().unwrap().token;
+        let mut a = open(&r, &token).await.unwrap();
+        let raw = raw_call(&r, jumpstarter_core::stream_rpc::STREAM_PATH, &token, body);
+        let peer = async { next(&mut a).await };
+        let (raw, peer) = tokio::join!(raw, peer);
+        assert_ne!(raw.code(), Code::Ok, "{what}: {raw:?}");
+        assert!(
+            matches!(peer, None | Some(Err(_))),
+            "{what}: the peer saw {peer:?}"
+        );
+    }
+    // An unknown method of the service, with a valid token.
+    let token = r.key.issue().unwrap().token;
+    let e = raw_call(&r, "/jumpstarter.v1.RouterService/Other", &token, b"").await;
+    assert_eq!(e.code(), Code::Unimplemented, "{e:?}");
+    // The router is fine: a new pair forwards.
+    let token = r.key.issue().unwrap().token;
+    let mut a = open(&r, &token).await.unwrap();
+    let mut b = open(&r, &token).await.unwrap();
+    passes(&mut a, &mut b, b"after the bad ones").await;
+    passes(&mut b, &mut a, b"and back").await;
+    assert_eq!(r.router.stats().active_tunnels.load(Ordering::Relaxed), 1);
 }
