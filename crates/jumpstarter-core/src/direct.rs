@@ -54,6 +54,10 @@ use crate::{
 
 /// How long a client waits for an advertised endpoint before staying on the router.
 pub const DIRECT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Buffer per direction when a local connection is forwarded over the direct path.
+pub const DIRECT_COPY_BUFFER: usize = crate::frames::CHUNK;
+
 /// How long a direct client may take to finish its TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Accepted connections waiting for the lease's server (more are refused).

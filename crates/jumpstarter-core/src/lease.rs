@@ -38,7 +38,7 @@ use crate::{
     channel::{AuthChannel, TlsSettings, client_credentials, connect_authenticated},
     client::{ClientError, SessionChannel},
     config::ClientConfig,
-    direct::{self, DIRECT_CONNECT_TIMEOUT, DirectTarget},
+    direct::{self, DIRECT_CONNECT_TIMEOUT, DIRECT_COPY_BUFFER, DirectTarget},
     tunnel::{self, RetryPolicy, TicketError, TicketSource, TunnelTicket},
 };
 
@@ -583,7 +583,14 @@ impl AcquiredLease {
                             Ok(Ok(mut remote)) => {
                                 tokio::select! {
                                     _ = cancel.cancelled() => {}
-                                    r = tokio::io::copy_bidirectional(&mut conn, &mut remote) => {
+                                    // Large buffers: tokio's default 8 KiB means a
+                                    // syscall and a TLS record per 8 KiB of an image.
+                                    r = tokio::io::copy_bidirectional_with_sizes(
+                                        &mut conn,
+                                        &mut remote,
+                                        DIRECT_COPY_BUFFER,
+                                        DIRECT_COPY_BUFFER,
+                                    ) => {
                                         if let Err(e) = r {
                                             tracing::debug!("direct connection {}: {e}", direct.endpoint());
                                         }
