@@ -136,7 +136,7 @@ fn our_tcp_exporter(jmp: &Path, config: &Path, scratch: &Path) -> Result<(Backgr
 /// than the disk. (ext4 allocates a whole file's blocks on the spot when it is renamed over
 /// another, and this VM pages out file cache left idle for a minute.) The same place serves
 /// ours and Python. Returns the directory and whether it is on tmpfs.
-fn scratch_dir(size: u64) -> Result<(Dir, bool)> {
+pub(crate) fn scratch_dir(size: u64) -> Result<(Dir, bool)> {
     let shm = Path::new("/dev/shm");
     // The image, the medium, its partial copy while a write is under way, and the
     // downloaded copy.
