@@ -16,7 +16,9 @@ use std::{
 
 use futures::{StreamExt, TryStreamExt, stream};
 use jumpstarter_core::{
-    channel::{AuthChannel, ControllerAuth, TlsSettings, connect_authenticated, connect_tls},
+    channel::{
+        AuthChannel, ControllerAuth, GrpcChannel, TlsSettings, connect_authenticated, connect_tls,
+    },
     config::AdminConfig,
 };
 use jumpstarter_proto::{
@@ -32,7 +34,7 @@ use jumpstarter_proto::{
     },
 };
 use tokio::sync::oneshot;
-use tonic::{service::interceptor::InterceptedService, transport::Channel};
+use tonic::service::interceptor::InterceptedService;
 
 type Waiters = Arc<Mutex<HashMap<String, oneshot::Sender<Instant>>>>;
 
@@ -112,7 +114,7 @@ async fn main() {
     // Register them all and hold their Status streams.
     let waiters: Waiters = Arc::default();
     let t1 = Instant::now();
-    let mut channels: Vec<Channel> = Vec::new();
+    let mut channels: Vec<GrpcChannel> = Vec::new();
     for _ in 0..n.div_ceil(100) {
         channels.push(connect_tls(&endpoint, &tls).await.expect("connect"));
     }

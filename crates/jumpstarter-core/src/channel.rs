@@ -123,7 +123,87 @@ impl ControllerAuth {
 }
 
 /// A channel whose every call carries [`ControllerAuth`] metadata.
-pub type AuthChannel = InterceptedService<Channel, CallMetadata>;
+pub type AuthChannel = InterceptedService<GrpcChannel, CallMetadata>;
+
+/// A tonic [`Channel`] that removes `grpc-status-details-bin` from every answer before
+/// tonic reads it.
+///
+/// tonic 0.14 panics on a `grpc-status-details-bin` that is not base64 (an `expect` in
+/// `Status::from_header_map`), so one bad header from a peer, or from a proxy in between,
+/// would crash the task reading the answer. Nothing here uses status details; the code and
+/// message are kept.
+#[derive(Clone, Debug)]
+pub struct GrpcChannel(Channel);
+
+impl GrpcChannel {
+    /// Wraps `channel`.
+    pub fn new(channel: Channel) -> Self {
+        Self(channel)
+    }
+}
+
+impl From<Channel> for GrpcChannel {
+    fn from(channel: Channel) -> Self {
+        Self(channel)
+    }
+}
+
+impl tower::Service<http::Request<tonic::body::Body>> for GrpcChannel {
+    type Response = http::Response<ScrubbedBody>;
+    type Error = tonic::transport::Error;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        tower::Service::poll_ready(&mut self.0, cx)
+    }
+
+    fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
+        let answer = tower::Service::call(&mut self.0, req);
+        Box::pin(async move {
+            let (mut parts, body) = answer.await?.into_parts();
+            parts.headers.remove(tonic::Status::GRPC_STATUS_DETAILS);
+            Ok(http::Response::from_parts(parts, ScrubbedBody(body)))
+        })
+    }
+}
+
+/// A response body whose trailers carry no `grpc-status-details-bin` (see [`GrpcChannel`]).
+pub struct ScrubbedBody(tonic::body::Body);
+
+impl http_body::Body for ScrubbedBody {
+    type Data = bytes::Bytes;
+    type Error = tonic::Status;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, tonic::Status>>> {
+        std::pin::Pin::new(&mut self.0).poll_frame(cx).map(|frame| {
+            frame.map(|frame| {
+                frame.map(|frame| match frame.into_trailers() {
+                    Ok(mut trailers) => {
+                        trailers.remove(tonic::Status::GRPC_STATUS_DETAILS);
+                        http_body::Frame::trailers(trailers)
+                    }
+                    Err(frame) => frame,
+                })
+            })
+        })
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.0.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.0.size_hint()
+    }
+}
 
 /// HTTP/2 keepalive of a channel: how often to ping, how long to wait for the answer.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -141,7 +221,7 @@ pub const CONTROLLER_KEEPALIVE: Keepalive = Keepalive {
 };
 
 /// Opens a TLS channel to `endpoint` (`host:port`, or a URL with `https://`).
-pub async fn connect_tls(endpoint: &str, tls: &TlsSettings) -> Result<Channel, ClientError> {
+pub async fn connect_tls(endpoint: &str, tls: &TlsSettings) -> Result<GrpcChannel, ClientError> {
     connect_tls_with(endpoint, tls, CONTROLLER_KEEPALIVE).await
 }
 
@@ -150,7 +230,7 @@ pub async fn connect_tls_with(
     endpoint: &str,
     tls: &TlsSettings,
     keepalive: Keepalive,
-) -> Result<Channel, ClientError> {
+) -> Result<GrpcChannel, ClientError> {
     let hostport = endpoint
         .strip_prefix("https://")
         .or_else(|| endpoint.strip_prefix("grpcs://"))
@@ -206,6 +286,7 @@ pub async fn connect_tls_with(
                 }
             }))
             .await
+            .map(GrpcChannel)
             .map_err(|e| connect_err(error_chain(&e)));
     }
     let mut config = ClientTlsConfig::new()
@@ -219,6 +300,7 @@ pub async fn connect_tls_with(
         .map_err(|e| connect_err(error_chain(&e)))?
         .connect()
         .await
+        .map(GrpcChannel)
         .map_err(|e| connect_err(error_chain(&e)))
 }
 

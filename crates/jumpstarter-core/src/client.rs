@@ -28,11 +28,12 @@ use tonic::{
     Request, Status,
     metadata::{MetadataMap, MetadataValue},
     service::interceptor::InterceptedService,
-    transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Uri},
+    transport::{Certificate, ClientTlsConfig, Endpoint, Uri},
 };
 
 use crate::{
     DriverError,
+    channel::GrpcChannel,
     frames::{AbortOnDrop, CHUNK, EndOfStream, Frame, splice_with},
     resource::{
         ChunkWrite, ContentEncoding, PipeReader, PipeWriter, ResourceHandle, StreamRequestMetadata,
@@ -206,7 +207,7 @@ fn transport_cause(status: &Status) -> Option<String> {
 }
 
 /// A channel with call metadata attached.
-pub type SessionChannel = InterceptedService<Channel, CallMetadata>;
+pub type SessionChannel = InterceptedService<GrpcChannel, CallMetadata>;
 
 /// Opens a gRPC channel to an exporter session.
 pub async fn connect_channel(
@@ -254,6 +255,7 @@ pub async fn connect_channel(
             endpoint.connect().await.map_err(|e| connect_err(&e))?
         }
     };
+    let channel = GrpcChannel::new(channel);
     let mut entries = Vec::new();
     if let Some(p) = &opts.passphrase {
         let v = MetadataValue::try_from(p.as_str()).map_err(|_| ClientError::Connect {

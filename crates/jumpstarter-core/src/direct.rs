@@ -551,7 +551,7 @@ impl DirectTarget {
                 message: error_chain(&e),
             })?;
         Ok(tonic::service::interceptor::InterceptedService::new(
-            channel,
+            crate::channel::GrpcChannel::new(channel),
             CallMetadata::default(),
         ))
     }

@@ -714,7 +714,7 @@ pub async fn session_channel_with<S: TicketSource>(
                 .unwrap_or_else(|| crate::client::error_chain(&e)),
         })?;
     Ok(tonic::service::interceptor::InterceptedService::new(
-        channel,
+        crate::channel::GrpcChannel::new(channel),
         CallMetadata::default(),
     ))
 }
