@@ -103,12 +103,16 @@ impl RouterFront {
     }
 
     /// Every connection is cut and nothing listens any more.
-    fn kill(&mut self) {
-        if let Some(a) = self.accept.take() {
-            a.abort();
-        }
-        for t in self.conns.lock().unwrap().drain(..) {
+    async fn kill(&mut self) {
+        // An aborted task is dropped (closing its sockets) only once the runtime gets to
+        // it: wait for that, so that nothing answers when this returns.
+        let mut tasks: Vec<JoinHandle<()>> = self.conns.lock().unwrap().drain(..).collect();
+        tasks.extend(self.accept.take());
+        for t in &tasks {
             t.abort();
+        }
+        for t in tasks {
+            let _ = t.await;
         }
     }
 
@@ -128,7 +132,12 @@ impl RouterFront {
 
 impl Drop for RouterFront {
     fn drop(&mut self) {
-        self.kill();
+        if let Some(a) = self.accept.take() {
+            a.abort();
+        }
+        for t in self.conns.lock().unwrap().drain(..) {
+            t.abort();
+        }
     }
 }
 
@@ -410,7 +419,7 @@ async fn killed_router_mid_session_then_the_next_call_succeeds_once_it_is_back()
         lab.log("inflight.out"),
         lab.log("inflight.err")
     );
-    lab.router.kill();
+    lab.router.kill().await;
     let killed = std::time::Instant::now();
     assert!(
         TcpStream::connect(("127.0.0.1", lab.router.port))
@@ -478,7 +487,7 @@ async fn no_retry_fails_at_once_with_one_clear_line_while_the_router_is_down() {
     let mut lab = lab().await;
     let _exporter = lab.start_exporter("rf2", "router-faults-2").await;
     let client = lab.client("hello2").await;
-    lab.router.kill();
+    lab.router.kill().await;
 
     let started = std::time::Instant::now();
     let out = lab
