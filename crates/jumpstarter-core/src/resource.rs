@@ -1280,43 +1280,31 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn file_writer_reports_a_write_error_for_chunks_too() {
-        let f = tempfile::NamedTempFile::new().unwrap();
-        let mut w = FileWriter::new(std::fs::File::open(f.path()).unwrap());
-        let mut failed = None;
-        for _ in 0..4 * FILE_QUEUE {
-            if let Err(e) = w.write_chunk(Bytes::from(vec![7u8; 4096])).await {
-                failed = Some(e);
-                break;
-            }
-        }
-        let e = match failed {
-            Some(e) => e,
-            None => w.shutdown().await.unwrap_err(),
-        };
-        assert_ne!(e.to_string(), "", "{e}");
-        assert!(std::fs::read(f.path()).unwrap().is_empty());
-    }
-
-    #[tokio::test]
     async fn file_writer_reports_a_write_error() {
-        // A file opened read-only: the writer thread's first write fails.
-        let f = tempfile::NamedTempFile::new().unwrap();
-        let ro = std::fs::File::open(f.path()).unwrap();
-        let mut w = FileWriter::new(ro);
-        let mut failed = None;
-        for _ in 0..4 * FILE_QUEUE {
-            if let Err(e) = w.write_all(&[7u8; 4096]).await {
-                failed = Some(e);
-                break;
+        // A file opened read-only: the writer thread's first write fails, whether it was
+        // handed copies (`write_all`) or whole chunks (`write_chunk`).
+        for whole_chunks in [false, true] {
+            let f = tempfile::NamedTempFile::new().unwrap();
+            let mut w = FileWriter::new(std::fs::File::open(f.path()).unwrap());
+            let mut failed = None;
+            for _ in 0..4 * FILE_QUEUE {
+                let written = if whole_chunks {
+                    w.write_chunk(Bytes::from(vec![7u8; 4096])).await
+                } else {
+                    w.write_all(&[7u8; 4096]).await
+                };
+                if let Err(e) = written {
+                    failed = Some(e);
+                    break;
+                }
             }
+            let e = match failed {
+                Some(e) => e,
+                None => w.shutdown().await.unwrap_err(),
+            };
+            assert_ne!(e.to_string(), "", "{e}");
+            assert!(std::fs::read(f.path()).unwrap().is_empty());
         }
-        let e = match failed {
-            Some(e) => e,
-            None => w.shutdown().await.unwrap_err(),
-        };
-        assert_ne!(e.to_string(), "", "{e}");
-        assert!(std::fs::read(f.path()).unwrap().is_empty());
     }
 
     #[tokio::test]

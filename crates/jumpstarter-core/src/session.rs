@@ -391,19 +391,7 @@ impl SessionService {
         &self,
         req: http::Request<tonic::body::Body>,
     ) -> Result<http::Response<tonic::body::Body>, Status> {
-        if req.uri().path() != stream_rpc::STREAM_PATH {
-            return Err(Status::unimplemented(format!(
-                "unknown method {}",
-                req.uri().path()
-            )));
-        }
-        if let Some(enc) = req.headers().get("grpc-encoding")
-            && enc.as_bytes() != b"identity"
-        {
-            return Err(Status::unimplemented(format!(
-                "message compression {enc:?} is not supported on RouterService.Stream"
-            )));
-        }
+        stream_rpc::check_request(&req)?;
         let raw = req
             .headers()
             .get("request")

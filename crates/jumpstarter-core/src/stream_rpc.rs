@@ -361,6 +361,25 @@ impl<B, F> FrameDecoder<B, F> {
     }
 }
 
+/// Refuses a request this module cannot serve: another method than [`STREAM_PATH`], or
+/// compressed messages.
+pub fn check_request<B>(req: &http::Request<B>) -> Result<(), Status> {
+    if req.uri().path() != STREAM_PATH {
+        return Err(Status::unimplemented(format!(
+            "unknown method {}",
+            req.uri().path()
+        )));
+    }
+    if let Some(enc) = req.headers().get("grpc-encoding")
+        && enc.as_bytes() != b"identity"
+    {
+        return Err(Status::unimplemented(format!(
+            "message compression {enc:?} is not supported on RouterService.Stream"
+        )));
+    }
+    Ok(())
+}
+
 /// The frames of a response, as [`call`] returns them.
 pub type ResponseFrames = FrameDecoder<Body, jumpstarter_proto::v1::StreamResponse>;
 

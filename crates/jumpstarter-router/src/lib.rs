@@ -184,25 +184,13 @@ impl tower::Service<http::Request<Body>> for RouterStreamService {
 impl Router {
     /// Handles one `Stream` call: checks its token, then pairs it or parks it.
     fn stream(&self, req: http::Request<Body>) -> Result<http::Response<Body>, Status> {
-        if req.uri().path() != stream_rpc::STREAM_PATH {
-            return Err(Status::unimplemented(format!(
-                "unknown method {}",
-                req.uri().path()
-            )));
-        }
         let token = bearer_token(&MetadataMap::from_headers(req.headers().clone()))
             .map_err(|s| self.refuse(s))?;
         let subject = self
             .key
             .verify(&token)
             .map_err(|e| self.refuse(e.to_router_status()))?;
-        if let Some(enc) = req.headers().get("grpc-encoding")
-            && enc.as_bytes() != b"identity"
-        {
-            return Err(self.refuse(Status::unimplemented(format!(
-                "message compression {enc:?} is not supported on RouterService.Stream"
-            ))));
-        }
+        stream_rpc::check_request(&req).map_err(|s| self.refuse(s))?;
         let (tx, rx) = mpsc::channel(FORWARD_BUFFER);
         let side = Side {
             inbound: Box::pin(stream_rpc::FrameDecoder::<_, StreamRequest>::new(
