@@ -4,19 +4,18 @@
 //! tonic's codec copies every message twice on the way: once into its encode buffer when
 //! sending, once into its decode buffer when receiving (plus the buffer's regrowth). Here
 //! a message goes out as two HTTP/2 DATA chunks, its few header bytes and the payload
-//! itself, and comes in as a slice of the HTTP/2 frame it arrived in (a copy only when a
-//! message straddles frames). The bytes on the wire are ordinary gRPC: length-prefixed
+//! itself, and is decoded from the HTTP/2 frames it arrived in, its payload a slice of
+//! one of them (a copy only when a payload itself straddles frames). The bytes on the wire are ordinary gRPC: length-prefixed
 //! protobuf messages, `grpc-status` in the trailers, so any gRPC peer (upstream's Python
 //! tools, our router) sees no difference.
 
 use std::{
     collections::VecDeque,
-    marker::PhantomData,
     pin::Pin,
     task::{Context, Poll, ready},
 };
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use futures::Stream;
 use http::{HeaderMap, HeaderValue};
 use http_body::{Body as HttpBody, Frame as BodyFrame};
@@ -29,22 +28,33 @@ pub const STREAM_PATH: &str = "/jumpstarter.v1.RouterService/Stream";
 pub const MAX_MESSAGE: usize = 4 * 1024 * 1024;
 
 /// A `StreamRequest` / `StreamResponse` reduced to what is encoded.
-pub trait RawFrame: prost::Message + Default + Send + 'static {
+pub trait RawFrame: Send + 'static {
     /// The payload and the frame type number.
     fn into_raw(self) -> (Bytes, i32);
+    /// A frame of `frame_type` carrying `payload`.
+    fn from_raw(payload: Bytes, frame_type: i32) -> Self;
 }
 
-impl RawFrame for jumpstarter_proto::v1::StreamRequest {
-    fn into_raw(self) -> (Bytes, i32) {
-        (self.payload, self.frame_type)
-    }
-}
+/// The number of the DATA frame type.
+const DATA: i32 = jumpstarter_proto::v1::FrameType::Data as i32;
 
-impl RawFrame for jumpstarter_proto::v1::StreamResponse {
-    fn into_raw(self) -> (Bytes, i32) {
-        (self.payload, self.frame_type)
-    }
+macro_rules! impl_raw_frame {
+    ($t:ty) => {
+        impl RawFrame for $t {
+            fn into_raw(self) -> (Bytes, i32) {
+                (self.payload, self.frame_type)
+            }
+            fn from_raw(payload: Bytes, frame_type: i32) -> Self {
+                Self {
+                    payload,
+                    frame_type,
+                }
+            }
+        }
+    };
 }
+impl_raw_frame!(jumpstarter_proto::v1::StreamRequest);
+impl_raw_frame!(jumpstarter_proto::v1::StreamResponse);
 
 fn varint_len(mut v: u64) -> usize {
     let mut n = 1;
@@ -196,19 +206,25 @@ pub fn status_from_headers(headers: &HeaderMap) -> Option<Status> {
 
 /// The frames of an incoming body, decoded as they arrive.
 ///
-/// Payloads are slices of the HTTP/2 frames they came in. On the client side the end of
-/// the body must carry `grpc-status` trailers (an error status is yielded as an error, a
-/// missing one is a broken stream); on the server side the request body simply ends.
+/// Payloads are slices of the HTTP/2 frames they came in, never copies: a DATA message
+/// whose payload straddles frames (as when the sender ran out of flow-control window
+/// midway) comes out as one DATA frame per piece, which carries the same bytes, since
+/// DATA payloads make up a byte stream. On the client side the end of the body must carry
+/// `grpc-status` trailers (an error status is yielded as an error, a missing one is a
+/// broken stream); on the server side the request body simply ends.
 pub struct FrameDecoder<B, F> {
     body: B,
     side: Side,
-    chunks: VecDeque<Bytes>,
-    buffered: usize,
+    buffered: Gathered,
     /// The length of the message being gathered, once its prefix has been read.
     want: Option<usize>,
+    /// Frames decoded and not yet yielded (the pieces of a straddling DATA message).
+    ready: VecDeque<F>,
     done: bool,
-    _frame: PhantomData<fn() -> F>,
 }
+
+// Frames are never pinned: they are only moved in and out of `ready`.
+impl<B: Unpin, F> Unpin for FrameDecoder<B, F> {}
 
 impl<B, F> FrameDecoder<B, F> {
     /// Decodes `body` for `side`.
@@ -216,55 +232,26 @@ impl<B, F> FrameDecoder<B, F> {
         Self {
             body,
             side,
-            chunks: VecDeque::new(),
-            buffered: 0,
+            buffered: Gathered::default(),
             want: None,
+            ready: VecDeque::new(),
             done: false,
-            _frame: PhantomData,
         }
-    }
-
-    /// Takes `n` buffered bytes: a slice when the first chunk holds them, else a copy.
-    fn take(&mut self, n: usize) -> Bytes {
-        self.buffered -= n;
-        if let Some(front) = self.chunks.front_mut()
-            && front.len() >= n
-        {
-            let out = front.split_to(n);
-            if front.is_empty() {
-                self.chunks.pop_front();
-            }
-            return out;
-        }
-        let mut out = BytesMut::with_capacity(n);
-        while out.len() < n {
-            let Some(mut chunk) = self.chunks.pop_front() else {
-                break;
-            };
-            let need = n - out.len();
-            if chunk.len() > need {
-                out.extend_from_slice(&chunk.split_to(need));
-                self.chunks.push_front(chunk);
-            } else {
-                out.extend_from_slice(&chunk);
-            }
-        }
-        out.freeze()
     }
 
     /// The next whole message, if buffered.
-    fn next_message(&mut self) -> Result<Option<Bytes>, Status> {
+    fn next_message(&mut self) -> Result<Option<Gathered>, Status> {
         if self.want.is_none() {
-            if self.buffered < 5 {
+            if self.buffered.remaining() < 5 {
                 return Ok(None);
             }
-            let prefix = self.take(5);
-            if prefix[0] != 0 {
+            let mut prefix = self.buffered.split_to(5);
+            if prefix.get_u8() != 0 {
                 return Err(Status::unimplemented(
                     "compressed gRPC messages are not supported on this stream",
                 ));
             }
-            let len = u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]) as usize;
+            let len = prefix.get_u32() as usize;
             if len > MAX_MESSAGE {
                 return Err(Status::resource_exhausted(format!(
                     "stream message of {len} bytes, over the {MAX_MESSAGE}-byte limit"
@@ -273,12 +260,133 @@ impl<B, F> FrameDecoder<B, F> {
             self.want = Some(len);
         }
         match self.want {
-            Some(len) if self.buffered >= len => {
+            Some(len) if self.buffered.remaining() >= len => {
                 self.want = None;
-                Ok(Some(self.take(len)))
+                Ok(Some(self.buffered.split_to(len)))
             }
             _ => Ok(None),
         }
+    }
+}
+
+/// Decodes a `StreamRequest` / `StreamResponse` message: its frame type and its payload,
+/// left in the pieces it arrived in. Fields may come in any order and repeat (the last
+/// wins), unknown fields are skipped, as protobuf readers do.
+fn decode_message(mut msg: Gathered) -> Result<(i32, Gathered), String> {
+    use prost::encoding::{DecodeContext, WireType, decode_key, decode_varint, skip_field};
+    let mut frame_type = 0;
+    let mut payload = Gathered::default();
+    while msg.has_remaining() {
+        let (tag, wire_type) = decode_key(&mut msg).map_err(|e| e.to_string())?;
+        match (tag, wire_type) {
+            (1, WireType::LengthDelimited) => {
+                let len = decode_varint(&mut msg).map_err(|e| e.to_string())?;
+                if len > msg.remaining() as u64 {
+                    return Err(format!(
+                        "payload of {len} bytes in a message with {} left",
+                        msg.remaining()
+                    ));
+                }
+                payload = msg.split_to(len as usize);
+            }
+            // int32 (an enum) is read as protobuf does: the varint's low 32 bits.
+            (2, WireType::Varint) => {
+                frame_type = decode_varint(&mut msg).map_err(|e| e.to_string())? as i32;
+            }
+            (1 | 2, _) => return Err(format!("field {tag} with wire type {wire_type:?}")),
+            _ => skip_field(wire_type, tag, &mut msg, DecodeContext::default())
+                .map_err(|e| e.to_string())?,
+        }
+    }
+    Ok((frame_type, payload))
+}
+
+/// Bytes as the HTTP/2 frames brought them, in order: the decoder's buffer, and the bytes
+/// of one message. A sender such as ours puts a message's few header bytes and its payload
+/// in separate frames, so a message nearly always straddles two; decoding reads across the
+/// pieces, and takes a payload as slices of them rather than a copy.
+#[derive(Debug, Default)]
+struct Gathered {
+    parts: VecDeque<Bytes>,
+    remaining: usize,
+}
+
+impl Gathered {
+    /// Appends a piece (empty ones are dropped).
+    fn push(&mut self, part: Bytes) {
+        if !part.is_empty() {
+            self.remaining += part.len();
+            self.parts.push_back(part);
+        }
+    }
+
+    /// Takes the first `n` bytes (at most all there are) as the pieces they are in.
+    fn split_to(&mut self, n: usize) -> Gathered {
+        let mut out = Gathered::default();
+        while out.remaining < n {
+            let Some(mut part) = self.parts.pop_front() else {
+                break;
+            };
+            let need = n - out.remaining;
+            if part.len() > need {
+                out.push(part.split_to(need));
+                self.parts.push_front(part);
+            } else {
+                out.push(part);
+            }
+        }
+        self.remaining -= out.remaining;
+        out
+    }
+}
+
+impl Buf for Gathered {
+    fn remaining(&self) -> usize {
+        self.remaining
+    }
+
+    fn chunk(&self) -> &[u8] {
+        self.parts.front().map_or(&[], |part| part.as_ref())
+    }
+
+    fn advance(&mut self, mut cnt: usize) {
+        while cnt > 0 {
+            let Some(front) = self.parts.front_mut() else {
+                break;
+            };
+            let step = cnt.min(front.len());
+            front.advance(step);
+            self.remaining -= step;
+            cnt -= step;
+            if front.is_empty() {
+                self.parts.pop_front();
+            }
+        }
+    }
+
+    fn copy_to_bytes(&mut self, len: usize) -> Bytes {
+        let len = len.min(self.remaining);
+        if let Some(front) = self.parts.front_mut()
+            && front.len() >= len
+        {
+            let out = front.split_to(len);
+            self.remaining -= len;
+            if front.is_empty() {
+                self.parts.pop_front();
+            }
+            return out;
+        }
+        let mut out = BytesMut::with_capacity(len);
+        while out.len() < len {
+            let chunk = self.chunk();
+            let step = chunk.len().min(len - out.len());
+            if step == 0 {
+                break;
+            }
+            out.extend_from_slice(&chunk[..step]);
+            self.advance(step);
+        }
+        out.freeze()
     }
 }
 
@@ -293,16 +401,37 @@ where
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = &mut *self;
         loop {
+            if let Some(frame) = this.ready.pop_front() {
+                return Poll::Ready(Some(Ok(frame)));
+            }
             if this.done {
                 return Poll::Ready(None);
             }
             match this.next_message() {
-                Ok(Some(message)) => {
-                    return Poll::Ready(Some(F::decode(message).map_err(|e| {
+                Ok(Some(message)) => match decode_message(message) {
+                    Ok((frame_type, mut payload)) => {
+                        if frame_type == DATA && payload.parts.len() > 1 {
+                            this.ready.extend(
+                                payload
+                                    .parts
+                                    .into_iter()
+                                    .map(|p| F::from_raw(p, frame_type)),
+                            );
+                            continue;
+                        }
+                        let len = payload.remaining();
+                        return Poll::Ready(Some(Ok(F::from_raw(
+                            payload.copy_to_bytes(len),
+                            frame_type,
+                        ))));
+                    }
+                    Err(e) => {
                         this.done = true;
-                        Status::internal(format!("undecodable stream message: {e}"))
-                    })));
-                }
+                        return Poll::Ready(Some(Err(Status::internal(format!(
+                            "undecodable stream message: {e}"
+                        )))));
+                    }
+                },
                 Ok(None) => {}
                 Err(status) => {
                     this.done = true;
@@ -312,12 +441,7 @@ where
             let frame = ready!(Pin::new(&mut this.body).poll_frame(cx));
             match frame {
                 Some(Ok(frame)) => match frame.into_data() {
-                    Ok(data) => {
-                        if !data.is_empty() {
-                            this.buffered += data.len();
-                            this.chunks.push_back(data);
-                        }
-                    }
+                    Ok(data) => this.buffered.push(data),
                     Err(frame) => {
                         let Ok(trailers) = frame.into_trailers() else {
                             continue;
@@ -348,7 +472,7 @@ where
 impl<B, F> FrameDecoder<B, F> {
     /// What the end of the body means: `None` for a clean end, else the error to yield.
     fn end_status(&self, trailers: Option<&HeaderMap>) -> Option<Status> {
-        if self.buffered > 0 || self.want.is_some() {
+        if self.buffered.has_remaining() || self.want.is_some() {
             return Some(Status::internal("the stream ended inside a message"));
         }
         match (self.side, trailers.and_then(status_from_headers)) {
@@ -541,11 +665,136 @@ mod tests {
             req(b"", FrameType::Goaway),
         ];
         let wire: Vec<u8> = frames.iter().flat_map(grpc).collect();
+        // DATA messages cut across frames may come out in pieces: same bytes, same order.
+        let want = merge_data(frames.to_vec());
         for cut in [1, 3, 5, 7, 64, 999, wire.len()] {
             let chunks = wire.chunks(cut).map(<[u8]>::to_vec).collect();
             let got = decode_all(body_of(chunks, Some(ok_trailers())), Side::Client).await;
             let got: Vec<_> = got.into_iter().map(Result::unwrap).collect();
-            assert_eq!(got, frames, "chunks of {cut}");
+            assert!(
+                got.iter()
+                    .all(|f| !f.payload.is_empty() || f.frame_type != 0)
+            );
+            assert_eq!(merge_data(got), want, "chunks of {cut}");
+        }
+        let whole = decode_all(body_of(vec![wire], Some(ok_trailers())), Side::Client).await;
+        let whole: Vec<_> = whole.into_iter().map(Result::unwrap).collect();
+        assert_eq!(whole, frames, "one frame, one message each");
+    }
+
+    /// Joins the payloads of consecutive DATA frames.
+    fn merge_data(frames: Vec<StreamRequest>) -> Vec<StreamRequest> {
+        let mut out: Vec<StreamRequest> = Vec::new();
+        for f in frames {
+            match out.last_mut() {
+                Some(last) if last.frame_type == 0 && f.frame_type == 0 => {
+                    let mut joined = last.payload.to_vec();
+                    joined.extend_from_slice(&f.payload);
+                    last.payload = joined.into();
+                }
+                _ => out.push(f),
+            }
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn a_straddling_data_payload_comes_out_in_its_pieces_uncopied() {
+        let payload = Bytes::from((0..=255u8).cycle().take(100_000).collect::<Vec<u8>>());
+        let mut wire = message_head(payload.len(), FrameType::Data as i32).to_vec();
+        wire.extend_from_slice(&payload);
+        let wire = Bytes::from(wire);
+        // Cut as a sender out of flow-control window would: inside the payload.
+        let (a, b) = (wire.slice(..40_000), wire.slice(40_000..));
+        let frames: Vec<Result<BodyFrame<Bytes>, Status>> = vec![
+            Ok(BodyFrame::data(a.clone())),
+            Ok(BodyFrame::data(b.clone())),
+            Ok(BodyFrame::trailers(ok_trailers())),
+        ];
+        let body = Body::new(http_body_util::StreamBody::new(futures::stream::iter(
+            frames,
+        )));
+        let got: Vec<_> = decode_all(body, Side::Client)
+            .await
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(got.len(), 2);
+        assert!(got.iter().all(|f| f.frame_type == FrameType::Data as i32));
+        assert_eq!([&got[0].payload[..], &got[1].payload[..]].concat(), payload);
+        let head = wire.len() - payload.len();
+        assert_eq!(got[0].payload.as_ptr(), a[head..].as_ptr(), "copied");
+        assert_eq!(got[1].payload.as_ptr(), b.as_ptr(), "copied");
+
+        // Another frame type is never split: its payload is copied whole.
+        let msg = req(&payload, FrameType::Goaway);
+        let wire = grpc(&msg);
+        let chunks = vec![wire[..40_000].to_vec(), wire[40_000..].to_vec()];
+        let got = decode_all(body_of(chunks, None), Side::Server).await;
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].as_ref().unwrap(), &msg);
+    }
+
+    #[test]
+    fn messages_decode_as_prost_reads_them() {
+        use prost::encoding::{WireType, encode_key, encode_varint};
+        let mut cases: Vec<Vec<u8>> = Vec::new();
+        // Payload after the frame type (ours), before it (prost's and Python's order).
+        cases.push(
+            message_head(3, 7)[5..]
+                .iter()
+                .chain(b"abc")
+                .copied()
+                .collect(),
+        );
+        cases.push(req(b"abc", FrameType::Goaway).encode_to_vec());
+        // Repeated fields (the last wins), unknown fields of each wire type, negative type.
+        let mut m = Vec::new();
+        encode_key(1, WireType::LengthDelimited, &mut m);
+        encode_varint(2, &mut m);
+        m.extend_from_slice(b"xy");
+        encode_key(9, WireType::Varint, &mut m);
+        encode_varint(300, &mut m);
+        encode_key(10, WireType::ThirtyTwoBit, &mut m);
+        m.extend_from_slice(&[1, 2, 3, 4]);
+        encode_key(11, WireType::SixtyFourBit, &mut m);
+        m.extend_from_slice(&[0; 8]);
+        encode_key(12, WireType::LengthDelimited, &mut m);
+        encode_varint(1, &mut m);
+        m.push(0);
+        encode_key(1, WireType::LengthDelimited, &mut m);
+        encode_varint(1, &mut m);
+        m.push(b'z');
+        encode_key(2, WireType::Varint, &mut m);
+        encode_varint(-1i64 as u64, &mut m);
+        cases.push(m);
+        cases.push(Vec::new());
+        for case in cases {
+            let want = StreamRequest::decode(&case[..]).unwrap();
+            // Cut anywhere: the same message.
+            for cut in 0..=case.len() {
+                let mut g = Gathered::default();
+                g.push(Bytes::copy_from_slice(&case[..cut]));
+                g.push(Bytes::copy_from_slice(&case[cut..]));
+                let (ft, mut payload) = decode_message(g).unwrap();
+                let len = payload.remaining();
+                let got = StreamRequest::from_raw(payload.copy_to_bytes(len), ft);
+                assert_eq!(got, want, "{case:?} cut at {cut}");
+            }
+        }
+        // What prost refuses, refused too.
+        let bad: [&[u8]; 5] = [
+            &[0x0a, 5, b'a'], // payload longer than the message
+            &[0x10],          // varint cut short
+            &[0x08, 1],       // field 1 as a varint
+            &[0x12, 1, 0],    // field 2 length-delimited
+            &[0x0b, 0x0c],    // a group (deprecated wire type) left open
+        ];
+        for case in bad {
+            assert!(StreamRequest::decode(case).is_err(), "prost takes {case:?}");
+            let mut g = Gathered::default();
+            g.push(Bytes::from_static(case));
+            assert!(decode_message(g).is_err(), "{case:?}");
         }
     }
 
@@ -612,6 +861,48 @@ mod tests {
                 .contains("undecodable")
         );
         assert_eq!(got.len(), 1, "nothing after an error");
+    }
+
+    #[tokio::test]
+    async fn payloads_come_out_as_slices_of_the_frames_they_came_in() {
+        // As our sender puts them on the wire: the message head, then the payload.
+        let payload = Bytes::from(vec![5u8; 256 * 1024]);
+        let head = message_head(payload.len(), FrameType::Data as i32);
+        let frames: Vec<Result<BodyFrame<Bytes>, Status>> = vec![
+            Ok(BodyFrame::data(head)),
+            Ok(BodyFrame::data(payload.clone())),
+            Ok(BodyFrame::trailers(ok_trailers())),
+        ];
+        let body = Body::new(http_body_util::StreamBody::new(futures::stream::iter(
+            frames,
+        )));
+        let got = decode_all(body, Side::Client).await;
+        let got = got[0].as_ref().unwrap();
+        assert_eq!(got.payload, payload);
+        assert_eq!(
+            got.payload.as_ptr(),
+            payload.as_ptr(),
+            "the payload was copied"
+        );
+    }
+
+    #[test]
+    fn gathered_parts_read_across_their_boundaries() {
+        let mut g = Gathered {
+            parts: [&b"ab"[..], b"cde", b"f"]
+                .into_iter()
+                .map(Bytes::from_static)
+                .collect(),
+            remaining: 6,
+        };
+        assert_eq!(g.copy_to_bytes(1), Bytes::from_static(b"a"));
+        assert_eq!(g.copy_to_bytes(3), Bytes::from_static(b"bcd"));
+        g.advance(1);
+        assert_eq!(g.chunk(), b"f");
+        assert_eq!(g.copy_to_bytes(9), Bytes::from_static(b"f"), "clamped");
+        assert_eq!((g.remaining(), g.chunk()), (0, &b""[..]));
+        g.advance(3);
+        assert_eq!(g.remaining(), 0);
     }
 
     #[test]
