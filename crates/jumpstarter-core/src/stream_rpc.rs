@@ -698,6 +698,63 @@ mod tests {
         out
     }
 
+    fn decode_blocking(chunks: Vec<Vec<u8>>) -> Vec<Result<StreamRequest, Status>> {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(decode_all(body_of(chunks, None), Side::Server))
+    }
+
+    /// Cuts `wire` at the given points (taken modulo its length).
+    fn cut(wire: &[u8], points: &[usize]) -> Vec<Vec<u8>> {
+        let mut at: Vec<usize> = points.iter().map(|p| p % (wire.len() + 1)).collect();
+        at.push(0);
+        at.push(wire.len());
+        at.sort_unstable();
+        at.windows(2).map(|w| wire[w[0]..w[1]].to_vec()).collect()
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_frames_cut_anywhere_decode_to_the_same_stream(
+            frames in proptest::collection::vec(
+                (proptest::collection::vec(proptest::num::u8::ANY, 0..600),
+                 proptest::sample::select(vec![0, 3, 6, 7, 42, -5]),
+                 proptest::bool::ANY),
+                0..8),
+            points in proptest::collection::vec(0usize..10_000, 0..12),
+        ) {
+            let mut wire = Vec::new();
+            let mut want = Vec::new();
+            for (payload, ft, ours) in frames {
+                let msg = StreamRequest { payload: payload.into(), frame_type: ft };
+                if ours {
+                    wire.extend_from_slice(&message_head(msg.payload.len(), ft));
+                    wire.extend_from_slice(&msg.payload);
+                } else {
+                    wire.extend_from_slice(&grpc(&msg));
+                }
+                want.push(msg);
+            }
+            let got: Vec<_> = decode_blocking(cut(&wire, &points))
+                .into_iter()
+                .collect::<Result<_, _>>()
+                .map_err(|e| proptest::test_runner::TestCaseError::fail(e.to_string()))?;
+            proptest::prop_assert_eq!(merge_data(got), merge_data(want));
+        }
+
+        #[test]
+        fn garbage_never_panics_and_an_error_ends_the_stream(
+            wire in proptest::collection::vec(proptest::num::u8::ANY, 0..300),
+            points in proptest::collection::vec(0usize..300, 0..6),
+        ) {
+            let got = decode_blocking(cut(&wire, &points));
+            if let Some(i) = got.iter().position(Result::is_err) {
+                proptest::prop_assert_eq!(i, got.len() - 1, "frames after an error");
+            }
+        }
+    }
+
     #[tokio::test]
     async fn a_straddling_data_payload_comes_out_in_its_pieces_uncopied() {
         let payload = Bytes::from((0..=255u8).cycle().take(100_000).collect::<Vec<u8>>());
