@@ -49,11 +49,25 @@ with env() as client:
         print(f"download_seconds {down}", flush=True)
 "#;
 
-/// One measured configuration.
+/// One measured configuration: the seconds of each run.
 struct Figures {
     name: String,
-    upload: f64,
-    download: f64,
+    upload: Vec<f64>,
+    download: Vec<f64>,
+}
+
+/// Rates of runs that took `secs` each, for `size` bytes: the median, the slowest, the fastest.
+fn rates(size: u64, secs: &[f64]) -> (f64, f64, f64) {
+    let mut r: Vec<f64> = secs.iter().map(|s| mb_per_s(size, *s)).collect();
+    r.sort_by(f64::total_cmp);
+    let (lo, hi) = (r.first().copied(), r.last().copied());
+    (median(r), lo.unwrap_or(f64::NAN), hi.unwrap_or(f64::NAN))
+}
+
+/// "median (slowest-fastest)".
+fn spread(size: u64, secs: &[f64]) -> String {
+    let (m, lo, hi) = rates(size, secs);
+    format!("{m:.0} ({lo:.0}-{hi:.0})")
 }
 
 fn mb_per_s(bytes: u64, secs: f64) -> f64 {
@@ -161,9 +175,9 @@ fn free_bytes(path: &Path) -> Option<u64> {
     Some(kib * 1024)
 }
 
-/// The median upload and download seconds of the Python script's [`RUNS`] runs.
-fn parse_py(out: &str) -> Result<(f64, f64)> {
-    let get = |key: &str| -> Result<f64> {
+/// The upload and download seconds of the Python script's [`RUNS`] runs.
+fn parse_py(out: &str) -> Result<(Vec<f64>, Vec<f64>)> {
+    let get = |key: &str| -> Result<Vec<f64>> {
         let v: Vec<f64> = out
             .lines()
             .filter_map(|l| l.strip_prefix(key))
@@ -173,7 +187,7 @@ fn parse_py(out: &str) -> Result<(f64, f64)> {
             v.len() == RUNS,
             "expected {RUNS} {key}figures in python output:\n{out}"
         );
-        Ok(median(v))
+        Ok(v)
     };
     Ok((get("upload_seconds ")?, get("download_seconds ")?))
 }
@@ -270,14 +284,13 @@ pub fn run(args: &[String]) -> Result<()> {
             same_size(&src, &dst)?;
             std::fs::remove_file(&dst)?;
         }
-        let (up, down) = (median(ups), median(downs));
         if let Some(kib) = peak_rss_kib(exporter.pid()) {
             peak.push(("ours, TCP", kib));
         }
         rows.push(Figures {
             name: "ours   TCP ".into(),
-            upload: up,
-            download: down,
+            upload: ups,
+            download: downs,
         });
         let _ = std::fs::remove_file(&dst);
     }
@@ -330,8 +343,8 @@ pub fn run(args: &[String]) -> Result<()> {
         }
         rows.push(Figures {
             name: "ours   Unix".into(),
-            upload: median(ups),
-            download: median(downs),
+            upload: ups,
+            download: downs,
         });
         let _ = std::fs::remove_file(&dst);
     }
@@ -408,24 +421,24 @@ pub fn run(args: &[String]) -> Result<()> {
             same_size(&src, &dst)?;
             std::fs::remove_file(&dst)?;
         }
-        plain.push((if unix { "Unix" } else { "TCP " }, median(secs)));
+        plain.push((if unix { "Unix" } else { "TCP " }, secs));
     }
 
-    println!("(each figure is the median of {RUNS} runs)");
-    println!("{:<12} {:>14} {:>16}", "", "upload MB/s", "download MB/s");
+    println!("(each figure is the median of {RUNS} runs, the slowest and fastest in brackets)");
+    println!("{:<12} {:>20} {:>20}", "", "upload MB/s", "download MB/s");
     for r in &rows {
         println!(
-            "{:<12} {:>14.0} {:>16.0}",
+            "{:<12} {:>20} {:>20}",
             r.name,
-            mb_per_s(size, r.upload),
-            mb_per_s(size, r.download)
+            spread(size, &r.upload),
+            spread(size, &r.download)
         );
     }
     for transport in ["TCP ", "Unix"] {
         let find = |who: &str| {
             rows.iter()
                 .find(|r| r.name == format!("{who} {transport}"))
-                .map(|r| (mb_per_s(size, r.upload), mb_per_s(size, r.download)))
+                .map(|r| (rates(size, &r.upload).0, rates(size, &r.download).0))
         };
         if let (Some(o), Some(p)) = (find("ours  "), find("python")) {
             println!(
@@ -437,10 +450,11 @@ pub fn run(args: &[String]) -> Result<()> {
         }
     }
     for (transport, secs) in &plain {
-        let ceiling = mb_per_s(size, *secs);
+        let ceiling = rates(size, secs).0;
         println!(
-            "plain syscalls {} (file -> socket -> file, no protocol): {ceiling:.0} MB/s",
-            transport.trim()
+            "plain syscalls {} (file -> socket -> file, no protocol): {} MB/s",
+            transport.trim(),
+            spread(size, secs)
         );
         if let Some(o) = rows
             .iter()
@@ -448,8 +462,8 @@ pub fn run(args: &[String]) -> Result<()> {
         {
             println!(
                 "  ours at {:.0}% (upload) and {:.0}% (download) of it",
-                100.0 * mb_per_s(size, o.upload) / ceiling.max(1e-9),
-                100.0 * mb_per_s(size, o.download) / ceiling.max(1e-9)
+                100.0 * rates(size, &o.upload).0 / ceiling.max(1e-9),
+                100.0 * rates(size, &o.download).0 / ceiling.max(1e-9)
             );
         }
     }
