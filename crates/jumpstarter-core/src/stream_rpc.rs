@@ -301,6 +301,9 @@ fn decode_message(mut msg: Gathered) -> Result<(i32, Gathered), String> {
     Ok((frame_type, payload))
 }
 
+/// Pieces smaller than this are glued to a small piece before them (see [`Gathered::push`]).
+const SMALL: usize = 4096;
+
 /// Bytes as the HTTP/2 frames brought them, in order: the decoder's buffer, and the bytes
 /// of one message. A sender such as ours puts a message's few header bytes and its payload
 /// in separate frames, so a message nearly always straddles two; decoding reads across the
@@ -313,11 +316,35 @@ struct Gathered {
 
 impl Gathered {
     /// Appends a piece (empty ones are dropped).
+    ///
+    /// Small pieces that follow one another are glued together (copied) up to [`SMALL`]
+    /// bytes, so that a peer sending a flood of tiny HTTP/2 frames cannot make the queue of
+    /// pieces, or the frames decoded from it, grow long: there is at most one piece per
+    /// [`SMALL`] bytes, plus one per piece that is big on its own.
     fn push(&mut self, part: Bytes) {
-        if !part.is_empty() {
-            self.remaining += part.len();
-            self.parts.push_back(part);
+        if part.is_empty() {
+            return;
         }
+        self.remaining += part.len();
+        if part.len() < SMALL
+            && let Some(last) = self.parts.pop_back()
+        {
+            if last.len() < SMALL {
+                let mut glued = match last.try_into_mut() {
+                    Ok(own) => own,
+                    Err(shared) => {
+                        let mut own = BytesMut::with_capacity(2 * SMALL);
+                        own.extend_from_slice(&shared);
+                        own
+                    }
+                };
+                glued.extend_from_slice(&part);
+                self.parts.push_back(glued.freeze());
+                return;
+            }
+            self.parts.push_back(last);
+        }
+        self.parts.push_back(part);
     }
 
     /// Takes the first `n` bytes (at most all there are) as the pieces they are in.
@@ -941,6 +968,30 @@ mod tests {
             payload.as_ptr(),
             "the payload was copied"
         );
+    }
+
+    #[test]
+    fn a_flood_of_tiny_pieces_is_glued_into_a_few() {
+        let mut g = Gathered::default();
+        let big = Bytes::from(vec![7u8; 10_000]);
+        let mut want = Vec::new();
+        for i in 0..20_000u32 {
+            let tiny = Bytes::from(vec![(i % 251) as u8]);
+            want.extend_from_slice(&tiny);
+            g.push(tiny);
+            if i == 10_000 {
+                want.extend_from_slice(&big);
+                g.push(big.clone());
+            }
+        }
+        assert_eq!(g.remaining(), want.len());
+        assert!(g.parts.len() <= 12, "{} pieces", g.parts.len());
+        assert!(
+            g.parts.iter().any(|p| p.as_ptr() == big.as_ptr()),
+            "big piece copied"
+        );
+        let all = g.copy_to_bytes(want.len());
+        assert_eq!(&all[..], &want[..]);
     }
 
     #[test]
