@@ -142,12 +142,6 @@ impl GrpcChannel {
     }
 }
 
-impl From<Channel> for GrpcChannel {
-    fn from(channel: Channel) -> Self {
-        Self(channel)
-    }
-}
-
 impl tower::Service<http::Request<tonic::body::Body>> for GrpcChannel {
     type Response = http::Response<ScrubbedBody>;
     type Error = tonic::transport::Error;

@@ -20,7 +20,7 @@ use std::{
 
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
-use jumpstarter_proto::v1::{FrameType, StreamRequest, StreamResponse};
+use jumpstarter_proto::v1::FrameType;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::task::JoinHandle;
 
@@ -45,29 +45,20 @@ pub trait Frame: Send + 'static {
     fn into_parts(self) -> (Bytes, Option<FrameType>);
 }
 
-macro_rules! impl_frame {
-    ($t:ty) => {
-        impl Frame for $t {
-            fn new(payload: Vec<u8>, frame_type: FrameType) -> Self {
-                Self::from_bytes(Bytes::from(payload), frame_type)
-            }
-            fn from_bytes(payload: Bytes, frame_type: FrameType) -> Self {
-                Self {
-                    payload: payload.into(),
-                    frame_type: frame_type as i32,
-                }
-            }
-            fn into_parts(self) -> (Bytes, Option<FrameType>) {
-                (
-                    Bytes::from(self.payload),
-                    FrameType::try_from(self.frame_type).ok(),
-                )
-            }
-        }
-    };
+// Both message types are built and taken apart through `RawFrame`, which the hand-written
+// codec needs anyway (it keeps unknown frame types as numbers).
+impl<T: crate::stream_rpc::RawFrame> Frame for T {
+    fn new(payload: Vec<u8>, frame_type: FrameType) -> Self {
+        Self::from_bytes(Bytes::from(payload), frame_type)
+    }
+    fn from_bytes(payload: Bytes, frame_type: FrameType) -> Self {
+        Self::from_raw(payload, frame_type as i32)
+    }
+    fn into_parts(self) -> (Bytes, Option<FrameType>) {
+        let (payload, frame_type) = self.into_raw();
+        (payload, FrameType::try_from(frame_type).ok())
+    }
 }
-impl_frame!(StreamRequest);
-impl_frame!(StreamResponse);
 
 /// How strictly the end of the incoming direction is judged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -323,6 +314,7 @@ impl<T> Stream for ReceiverStream<T> {
 mod tests {
     use super::*;
     use crate::resource::pipe;
+    use jumpstarter_proto::v1::{StreamRequest, StreamResponse};
 
     #[tokio::test]
     async fn data_then_goaway_round_trip() {

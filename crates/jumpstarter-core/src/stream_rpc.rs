@@ -404,15 +404,7 @@ impl Buf for Gathered {
             return out;
         }
         let mut out = BytesMut::with_capacity(len);
-        while out.len() < len {
-            let chunk = self.chunk();
-            let step = chunk.len().min(len - out.len());
-            if step == 0 {
-                break;
-            }
-            out.extend_from_slice(&chunk[..step]);
-            self.advance(step);
-        }
+        out.put(Buf::take(&mut *self, len));
         out.freeze()
     }
 }
