@@ -194,9 +194,9 @@ fn parse_py(out: &str) -> Result<(Vec<f64>, Vec<f64>)> {
     Ok((get("upload_seconds ")?, get("download_seconds ")?))
 }
 
-/// How many times each transfer runs; the median is reported (this VM's figures vary from
-/// run to run by up to a factor of two).
-const RUNS: usize = 3;
+/// How many times each transfer runs; the median is reported (single runs on our VMs vary
+/// severalfold, see [`free_page_reporting`], and medians of 3 still swung by half).
+const RUNS: usize = 5;
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
