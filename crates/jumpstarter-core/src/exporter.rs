@@ -584,7 +584,7 @@ async fn connect_tunnel(
 ) -> Result<(), tunnel::TunnelError> {
     let conn = tokio::net::UnixStream::connect(socket).await?;
     // Python clients send an `:authority` hyper rejects; fix it on the way in.
-    let (tunnel_end, session_end) = tokio::io::duplex(64 * 1024);
+    let (tunnel_end, session_end) = tokio::io::duplex(tunnel::TUNNEL_BUFFER);
     tokio::spawn(async move {
         if let Err(e) = h2_authority::splice(session_end, conn).await {
             tracing::debug!("tunnel to session socket ended: {e}");

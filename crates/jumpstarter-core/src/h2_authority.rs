@@ -113,8 +113,25 @@ impl AuthorityRewriter {
     }
 
     /// Consumes `input` (any split of the stream), appending the bytes to forward to `out`.
-    pub fn feed(&mut self, mut input: &[u8], out: &mut Vec<u8>) -> Result<(), H2AuthorityError> {
+    pub fn feed(&mut self, input: &[u8], out: &mut Vec<u8>) -> Result<(), H2AuthorityError> {
+        self.feed_some(input, out, false).map(|_| ())
+    }
+
+    /// Like [`AuthorityRewriter::feed`], but stops where a frame payload that passes through
+    /// unchanged begins (see [`AuthorityRewriter::passing_through`]). Returns how much of
+    /// `input` it consumed.
+    fn feed_some(
+        &mut self,
+        input: &[u8],
+        out: &mut Vec<u8>,
+        stop_at_pass_through: bool,
+    ) -> Result<usize, H2AuthorityError> {
+        let whole = input.len();
+        let mut input = input;
         while !input.is_empty() {
+            if stop_at_pass_through && matches!(self.state, State::PassThrough(_)) {
+                break;
+            }
             match self.state {
                 State::Preface(seen) => {
                     let n = (PREFACE.len() - seen).min(input.len());
@@ -161,7 +178,28 @@ impl AuthorityRewriter {
                 }
             }
         }
-        Ok(())
+        Ok(whole - input.len())
+    }
+
+    /// How many bytes from here on belong to a frame payload that passes through unchanged
+    /// (0 when the next bytes need looking at).
+    fn passing_through(&self) -> usize {
+        match self.state {
+            State::PassThrough(left) => left,
+            _ => 0,
+        }
+    }
+
+    /// Notes that `n` bytes (at most [`AuthorityRewriter::passing_through`]) were forwarded
+    /// as they are, without [`AuthorityRewriter::feed`].
+    fn passed_through(&mut self, n: usize) {
+        if let State::PassThrough(left) = self.state {
+            self.state = if n >= left {
+                State::Header
+            } else {
+                State::PassThrough(left - n)
+            };
+        }
     }
 
     /// Acts on a complete frame header.
@@ -344,25 +382,61 @@ fn encode_string(s: &[u8], out: &mut Vec<u8>) {
     out.extend_from_slice(s);
 }
 
+/// Read buffer of [`rewrite_stream`]: one resource-stream frame and then some.
+const COPY_BUFFER: usize = 256 * 1024;
+
+/// Payload runs at least this long go from the read buffer to the writer as they are;
+/// shorter ones are gathered with what surrounds them into one write.
+const DIRECT_MIN: usize = 4096;
+
 /// Copies `reader` to `writer` through an [`AuthorityRewriter`]; shuts `writer` down at EOF.
+///
+/// Frame payloads other than header blocks (DATA, mostly) are written from the read buffer
+/// itself, together with what precedes them in one vectored write, rather than copied
+/// into the rewriter's output first.
 pub async fn rewrite_stream<R, W>(mut reader: R, mut writer: W) -> Result<(), H2AuthorityError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
+    use bytes::Buf;
     let mut rewriter = AuthorityRewriter::new();
-    let mut buf = vec![0u8; 64 * 1024];
-    let mut out = Vec::with_capacity(64 * 1024);
+    let mut buf = vec![0u8; COPY_BUFFER];
+    let mut out = Vec::with_capacity(COPY_BUFFER);
     loop {
         let n = reader.read(&mut buf).await?;
         if n == 0 {
             writer.shutdown().await?;
             return Ok(());
         }
-        rewriter.feed(&buf[..n], &mut out)?;
-        writer.write_all(&out).await?;
+        let mut input = &buf[..n];
+        while !input.is_empty() {
+            let used = rewriter.feed_some(input, &mut out, true)?;
+            input = &input[used..];
+            let direct = rewriter.passing_through().min(input.len());
+            if direct == 0 {
+                if used == 0 {
+                    // Cannot happen (the rewriter consumes input until a payload passes
+                    // through); never spin on it.
+                    return Err(H2AuthorityError::Malformed("rewriter made no progress"));
+                }
+                continue;
+            }
+            rewriter.passed_through(direct);
+            if direct >= DIRECT_MIN {
+                let mut both = Buf::chain(out.as_slice(), &input[..direct]);
+                writer.write_all_buf(&mut both).await?;
+                out.clear();
+            } else {
+                out.extend_from_slice(&input[..direct]);
+            }
+            input = &input[direct..];
+        }
+        if !out.is_empty() {
+            writer.write_all(&out).await?;
+            out.clear();
+        }
         writer.flush().await?;
-        out.clear();
     }
 }
 
@@ -625,6 +699,50 @@ mod tests {
                     Err(H2AuthorityError::Malformed(_) | H2AuthorityError::Hpack { .. })
                 ),
                 "{err:?}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn rewrite_stream_writes_what_feed_makes_whatever_the_reads() {
+        use tokio::io::AsyncWriteExt;
+        let mut enc = loona_hpack::Encoder::new();
+        let mut input = PREFACE.to_vec();
+        input.extend(frame(
+            1,
+            FLAG_END_HEADERS,
+            1,
+            &encode(&mut enc, &request(BAD, b"")),
+        ));
+        let big: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+        input.extend(frame(0, 0, 1, &big));
+        input.extend(frame(0, 0, 1, b"small"));
+        input.extend(frame(
+            1,
+            FLAG_END_HEADERS,
+            3,
+            &encode(&mut enc, &request(BAD, b"again")),
+        ));
+        input.extend(frame(0, FLAG_END_STREAM, 3, &big[..DIRECT_MIN]));
+        input.extend(frame(0, FLAG_END_STREAM, 1, &big[..DIRECT_MIN - 1]));
+        let expected = run(&input, input.len()).unwrap();
+        let (_, blocks) = parse(&expected);
+        assert_eq!(blocks.len(), 2);
+        for (pipe, piece) in [(64, 7), (1024, 4099), (2 * COPY_BUFFER, 300_000)] {
+            let (mut tx, rx) = tokio::io::duplex(pipe);
+            let sent = input.clone();
+            let writer = tokio::spawn(async move {
+                for c in sent.chunks(piece) {
+                    tx.write_all(c).await?;
+                }
+                tx.shutdown().await
+            });
+            let mut out = Vec::new();
+            rewrite_stream(rx, &mut out).await.unwrap();
+            writer.await.unwrap().unwrap();
+            assert!(
+                out == expected,
+                "pipe {pipe}, pieces of {piece}: output differs"
             );
         }
     }
