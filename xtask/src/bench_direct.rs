@@ -2,8 +2,8 @@
 //!
 //! Our controller (with its in-process router) on loopback, our exporter in controller mode
 //! with `--direct-listener`, and two `jmp shell` sessions — one direct, one with
-//! `--no-direct` — each timing unary calls (`bench_calls` on the shell's socket) and an
-//! upload of a file with `j storage write-local-file`.
+//! `--no-direct` — each timing unary calls (`bench_calls` on the shell's socket), an upload
+//! with `j storage write-local-file` and a download with `j storage read-local-file`.
 
 use std::{
     path::{Path, PathBuf},
@@ -159,14 +159,34 @@ pub fn run(args: &[String]) -> Result<()> {
         f.set_len(mib * 1024 * 1024)?;
     }
     let bench_calls = lab.rel.join("examples/bench_calls");
-    // The shell prints the call figures (one JSON line), then `upload START END` (seconds).
+    let copy = scratch.path().join("copy");
+    // The shell prints the call figures (one JSON line), then `upload START END` and
+    // `download START END` (seconds).
     let script = format!(
         "{bench} \"$JUMPSTARTER_HOST\" {calls} 1 && s=$(date +%s.%N) && \
-         j storage write-local-file {big} 2>/dev/null && echo \"upload $s $(date +%s.%N)\"",
+         j storage write-local-file {big} 2>/dev/null && echo \"upload $s $(date +%s.%N)\" && \
+         s=$(date +%s.%N) && j storage read-local-file {copy} 2>/dev/null && \
+         echo \"download $s $(date +%s.%N)\" && rm -f {copy}",
         bench = quoted(&bench_calls),
         big = quoted(&big),
+        copy = quoted(&copy),
     );
-    let measure = |no_direct: bool| -> Result<(CallFigures, f64)> {
+    // MiB/s of the transfer whose times follow `key` in `out`.
+    let rate = |out: &str, key: &str| -> Result<f64> {
+        let times: Vec<f64> = out
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .with_context(|| format!("no {key}time in {out:?}"))?
+            .split_whitespace()
+            .map(str::parse)
+            .collect::<Result<_, _>>()
+            .with_context(|| format!("bad {key}time in {out:?}"))?;
+        let [start, end] = times[..] else {
+            bail!("bad {key}time in {out:?}");
+        };
+        Ok(mib as f64 / (end - start).max(0.001))
+    };
+    let measure = |no_direct: bool| -> Result<(CallFigures, f64, f64)> {
         let out = lab.shell(&client, no_direct, &script)?;
         let calls_line = out
             .lines()
@@ -177,47 +197,37 @@ pub fn run(args: &[String]) -> Result<()> {
             p99_us: json_number(calls_line, "p99_us")?,
             calls_per_sec: json_number(calls_line, "calls_per_sec")?,
         };
-        let times: Vec<f64> = out
-            .lines()
-            .find_map(|l| l.strip_prefix("upload "))
-            .with_context(|| format!("no upload time in {out:?}"))?
-            .split_whitespace()
-            .map(str::parse)
-            .collect::<Result<_, _>>()
-            .with_context(|| format!("bad upload time in {out:?}"))?;
-        let [start, end] = times[..] else {
-            bail!("bad upload time in {out:?}");
-        };
-        Ok((figures, mib as f64 / (end - start).max(0.001)))
+        Ok((figures, rate(&out, "upload ")?, rate(&out, "download ")?))
     };
-    let (direct, direct_mbs) = measure(false)?;
-    let (routed, routed_mbs) = measure(true)?;
+    let (direct, direct_up, direct_down) = measure(false)?;
+    let (routed, routed_up, routed_down) = measure(true)?;
     drop(exporter);
     drop(controller);
 
     println!(
-        "== distributed mode: direct path vs router (loopback; unary power.on, {mib} MiB upload)"
+        "== distributed mode: direct path vs router (loopback; unary power.on, {mib} MiB up and down)"
     );
     if on_tmpfs {
-        println!("(the image and the exporter's medium are on tmpfs)");
+        println!("(the image, the exporter's medium and the downloaded copy are on tmpfs)");
     }
     println!(
-        "{:<28} {:>10} {:>10} {:>12} {:>14}",
-        "", "p50 (µs)", "p99 (µs)", "calls/s", "upload MiB/s"
+        "{:<28} {:>10} {:>10} {:>12} {:>14} {:>16}",
+        "", "p50 (µs)", "p99 (µs)", "calls/s", "upload MiB/s", "download MiB/s"
     );
-    for (name, f, mbs) in [
-        ("direct (per-lease mTLS)", direct, direct_mbs),
-        ("via router", routed, routed_mbs),
+    for (name, f, up, down) in [
+        ("direct (per-lease mTLS)", direct, direct_up, direct_down),
+        ("via router", routed, routed_up, routed_down),
     ] {
         println!(
-            "{:<28} {:>10.1} {:>10.1} {:>12.0} {:>14.0}",
-            name, f.p50_us, f.p99_us, f.calls_per_sec, mbs
+            "{:<28} {:>10.1} {:>10.1} {:>12.0} {:>14.0} {:>16.0}",
+            name, f.p50_us, f.p99_us, f.calls_per_sec, up, down
         );
     }
     println!(
-        "direct: {:.1}x lower p50 latency, {:.1}x upload throughput",
+        "direct: {:.1}x lower p50 latency, {:.1}x upload and {:.1}x download throughput",
         routed.p50_us / direct.p50_us.max(0.001),
-        direct_mbs / routed_mbs.max(0.001)
+        direct_up / routed_up.max(0.001),
+        direct_down / routed_down.max(0.001)
     );
     Ok(())
 }

@@ -382,7 +382,7 @@ fn encode_string(s: &[u8], out: &mut Vec<u8>) {
     out.extend_from_slice(s);
 }
 
-/// Read buffer of [`rewrite_stream`]: one resource-stream frame and then some.
+/// Read buffer of each direction of [`splice`]: one resource-stream frame and then some.
 const COPY_BUFFER: usize = 256 * 1024;
 
 /// Payload runs at least this long go from the read buffer to the writer as they are;
@@ -449,10 +449,12 @@ where
     S: AsyncRead + AsyncWrite,
 {
     let (client_read, mut client_write) = tokio::io::split(client);
-    let (mut server_read, server_write) = tokio::io::split(server);
+    let (server_read, server_write) = tokio::io::split(server);
     let inbound = rewrite_stream(client_read, server_write);
     let outbound = async {
-        tokio::io::copy(&mut server_read, &mut client_write).await?;
+        // `tokio::io::copy` would move 8 KiB at a time: a read and a write each.
+        let mut server_read = tokio::io::BufReader::with_capacity(COPY_BUFFER, server_read);
+        tokio::io::copy_buf(&mut server_read, &mut client_write).await?;
         client_write.shutdown().await?;
         Ok::<_, H2AuthorityError>(())
     };
