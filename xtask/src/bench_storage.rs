@@ -268,6 +268,13 @@ pub fn run(args: &[String]) -> Result<()> {
     let mut rows = Vec::new();
     let mut peak = Vec::new();
     let mut plain_tcp = Vec::new();
+    // One plain copy of the image (TCP or Unix), checked and cleared away: its seconds.
+    let plain_run = |unix: bool| -> Result<f64> {
+        let secs = plain_copy(&src, &dst, unix, scratch.path())?;
+        same_size(&src, &dst)?;
+        std::fs::remove_file(&dst)?;
+        Ok(secs)
+    };
 
     // Ours, direct TCP.
     {
@@ -295,9 +302,7 @@ pub fn run(args: &[String]) -> Result<()> {
             std::fs::remove_file(&dst)?;
             // The machine's ceiling, measured between our runs so that both see the same
             // moment of a machine whose speed drifts.
-            plain_tcp.push(plain_copy(&src, &dst, false, scratch.path())?);
-            same_size(&src, &dst)?;
-            std::fs::remove_file(&dst)?;
+            plain_tcp.push(plain_run(false)?);
         }
         if let Some(kib) = peak_rss_kib(exporter.pid()) {
             peak.push(("ours, TCP", kib));
@@ -366,9 +371,7 @@ pub fn run(args: &[String]) -> Result<()> {
     // The Unix ceiling, right after our Unix runs.
     let mut plain_unix = Vec::new();
     for _ in 0..RUNS {
-        plain_unix.push(plain_copy(&src, &dst, true, scratch.path())?);
-        same_size(&src, &dst)?;
-        std::fs::remove_file(&dst)?;
+        plain_unix.push(plain_run(true)?);
     }
     let plain = [("TCP ", plain_tcp), ("Unix", plain_unix)];
 

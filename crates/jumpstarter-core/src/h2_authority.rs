@@ -113,25 +113,55 @@ impl AuthorityRewriter {
     }
 
     /// Consumes `input` (any split of the stream), appending the bytes to forward to `out`.
-    pub fn feed(&mut self, input: &[u8], out: &mut Vec<u8>) -> Result<(), H2AuthorityError> {
-        self.feed_some(input, out, false).map(|_| ())
+    pub fn feed(&mut self, mut input: &[u8], out: &mut Vec<u8>) -> Result<(), H2AuthorityError> {
+        while !input.is_empty() {
+            let (used, run) = self.next_run(input, out)?;
+            out.extend_from_slice(&input[used..used + run]);
+            input = &input[used + run..];
+        }
+        Ok(())
     }
 
-    /// Like [`AuthorityRewriter::feed`], but stops where a frame payload that passes through
-    /// unchanged begins (see [`AuthorityRewriter::passing_through`]). Returns how much of
-    /// `input` it consumed.
-    fn feed_some(
+    /// Consumes `input` up to the next stretch of frame payload that passes through
+    /// unchanged, appending what to forward before it to `out`; then takes that stretch (as
+    /// much of it as `input` holds) as forwarded. Returns how much of `input` went to `out`
+    /// and the length of the stretch after it, which the caller forwards as it is.
+    fn next_run(
         &mut self,
         input: &[u8],
         out: &mut Vec<u8>,
-        stop_at_pass_through: bool,
+    ) -> Result<(usize, usize), H2AuthorityError> {
+        let used = self.feed_until_payload(input, out)?;
+        let rest = input.len() - used;
+        let run = match self.state {
+            State::PassThrough(left) => {
+                let n = left.min(rest);
+                self.state = if n == left {
+                    State::Header
+                } else {
+                    State::PassThrough(left - n)
+                };
+                n
+            }
+            _ => 0,
+        };
+        if used == 0 && run == 0 && rest > 0 {
+            // Cannot happen (the loop below stops only at a payload); never spin on it.
+            return Err(H2AuthorityError::Malformed("rewriter made no progress"));
+        }
+        Ok((used, run))
+    }
+
+    /// Consumes `input` until a frame payload that passes through unchanged begins, or to
+    /// its end; returns how much it consumed.
+    fn feed_until_payload(
+        &mut self,
+        input: &[u8],
+        out: &mut Vec<u8>,
     ) -> Result<usize, H2AuthorityError> {
         let whole = input.len();
         let mut input = input;
         while !input.is_empty() {
-            if stop_at_pass_through && matches!(self.state, State::PassThrough(_)) {
-                break;
-            }
             match self.state {
                 State::Preface(seen) => {
                     let n = (PREFACE.len() - seen).min(input.len());
@@ -156,16 +186,7 @@ impl AuthorityRewriter {
                         self.start_frame(out)?;
                     }
                 }
-                State::PassThrough(left) => {
-                    let n = left.min(input.len());
-                    out.extend_from_slice(&input[..n]);
-                    input = &input[n..];
-                    self.state = if left == n {
-                        State::Header
-                    } else {
-                        State::PassThrough(left - n)
-                    };
-                }
+                State::PassThrough(_) => break,
                 State::HeaderPayload { len } => {
                     let n = (len - self.pending.len()).min(input.len());
                     self.pending.extend_from_slice(&input[..n]);
@@ -179,27 +200,6 @@ impl AuthorityRewriter {
             }
         }
         Ok(whole - input.len())
-    }
-
-    /// How many bytes from here on belong to a frame payload that passes through unchanged
-    /// (0 when the next bytes need looking at).
-    fn passing_through(&self) -> usize {
-        match self.state {
-            State::PassThrough(left) => left,
-            _ => 0,
-        }
-    }
-
-    /// Notes that `n` bytes (at most [`AuthorityRewriter::passing_through`]) were forwarded
-    /// as they are, without [`AuthorityRewriter::feed`].
-    fn passed_through(&mut self, n: usize) {
-        if let State::PassThrough(left) = self.state {
-            self.state = if n >= left {
-                State::Header
-            } else {
-                State::PassThrough(left - n)
-            };
-        }
     }
 
     /// Acts on a complete frame header.
@@ -411,26 +411,16 @@ where
         }
         let mut input = &buf[..n];
         while !input.is_empty() {
-            let used = rewriter.feed_some(input, &mut out, true)?;
-            input = &input[used..];
-            let direct = rewriter.passing_through().min(input.len());
-            if direct == 0 {
-                if used == 0 {
-                    // Cannot happen (the rewriter consumes input until a payload passes
-                    // through); never spin on it.
-                    return Err(H2AuthorityError::Malformed("rewriter made no progress"));
-                }
-                continue;
-            }
-            rewriter.passed_through(direct);
-            if direct >= DIRECT_MIN {
-                let mut both = Buf::chain(out.as_slice(), &input[..direct]);
+            let (used, run) = rewriter.next_run(input, &mut out)?;
+            let payload = &input[used..used + run];
+            if run >= DIRECT_MIN {
+                let mut both = Buf::chain(out.as_slice(), payload);
                 writer.write_all_buf(&mut both).await?;
                 out.clear();
             } else {
-                out.extend_from_slice(&input[..direct]);
+                out.extend_from_slice(payload);
             }
-            input = &input[direct..];
+            input = &input[used + run..];
         }
         if !out.is_empty() {
             writer.write_all(&out).await?;
