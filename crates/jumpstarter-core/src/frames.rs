@@ -16,6 +16,7 @@ use std::{
     io,
     pin::Pin,
     task::{Context, Poll},
+    time::Duration,
 };
 
 use bytes::Bytes;
@@ -135,7 +136,16 @@ impl<T> Drop for AbortOnDrop<T> {
     }
 }
 
+/// How long the incoming direction is read (and its frames dropped) after its GOAWAY, so
+/// that the peer's stream ends the way the peer ends it rather than being cancelled.
+const DRAIN: Duration = Duration::from_secs(10);
+
 /// Pumps incoming frames into `sink` until GOAWAY, the end or an error.
+///
+/// After a GOAWAY (or once the sink is gone) a task of its own reads the rest of the
+/// incoming stream and drops it, until it ends (for up to [`DRAIN`]): dropping the stream
+/// unfinished would cancel its HTTP/2 stream (RST_STREAM), which a router reports to the
+/// peer as a broken tunnel.
 async fn pump_inbound<In, E, S, Snk>(mut inbound: S, mut sink: Snk, eof: EndOfStream)
 where
     In: Frame,
@@ -144,7 +154,7 @@ where
     Snk: FrameSink,
 {
     let broken = |msg: String| io::Error::new(io::ErrorKind::UnexpectedEof, msg);
-    loop {
+    let drain = loop {
         match inbound.next().await {
             Some(Ok(frame)) => match frame.into_parts() {
                 (payload, Some(FrameType::Data)) => {
@@ -154,27 +164,27 @@ where
                     if let Err(e) = sink.write_chunk(payload).await {
                         // The consumer went away; nothing to tell it.
                         tracing::debug!("stream sink closed: {e}");
-                        return;
+                        break true;
                     }
                 }
                 (_, Some(FrameType::Goaway)) => {
                     if let Err(e) = sink.finish().await {
                         tracing::debug!("stream sink shutdown: {e}");
                     }
-                    return;
+                    break true;
                 }
                 (_, Some(FrameType::RstStream)) if eof == EndOfStream::GoawayRequired => {
                     sink.fail(io::Error::new(
                         io::ErrorKind::ConnectionReset,
                         "transfer aborted by the peer (RST_STREAM frame)",
                     ));
-                    return;
+                    break false;
                 }
                 (_, other) => tracing::trace!("ignoring frame {other:?}"),
             },
             Some(Err(e)) => {
                 sink.fail(broken(format!("transfer broken: {e}")));
-                return;
+                break false;
             }
             None => {
                 match eof {
@@ -188,9 +198,17 @@ where
                             .into(),
                     )),
                 }
-                return;
+                break false;
             }
         }
+    };
+    if drain {
+        tokio::spawn(async move {
+            let rest = async { while inbound.next().await.is_some() {} };
+            if tokio::time::timeout(DRAIN, rest).await.is_err() {
+                tracing::debug!("stream still open {DRAIN:?} after its end-of-stream; dropped");
+            }
+        });
     }
 }
 
@@ -384,6 +402,43 @@ mod tests {
             .await
             .unwrap_err();
         assert!(err.to_string().contains("connection reset"), "{err}");
+    }
+
+    /// Dropping the incoming stream right after its GOAWAY would cancel it (RST_STREAM),
+    /// which a router passes on to the peer as a failure: it is read to its end instead.
+    #[tokio::test]
+    async fn inbound_is_read_to_its_end_after_goaway_not_dropped() {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<StreamRequest, String>>(4);
+        let (a, mut b) = tokio::io::duplex(1024);
+        let out = splice::<_, StreamResponse, _, _, _, _>(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+            a,
+            (),
+        );
+        tx.send(Ok(StreamRequest::new(b"hi".to_vec(), FrameType::Data)))
+            .await
+            .unwrap();
+        tx.send(Ok(StreamRequest::new(vec![], FrameType::Goaway)))
+            .await
+            .unwrap();
+        let mut got = Vec::new();
+        b.read_to_end(&mut got).await.unwrap();
+        assert_eq!(got, b"hi");
+        b.shutdown().await.unwrap();
+        drop(b);
+        // Both directions are done: the outgoing stream ends...
+        let frames: Vec<_> = out.collect().await;
+        assert_eq!(frames.last().unwrap().frame_type, FrameType::Goaway as i32);
+        // ...while the incoming one is still read, and dropped only at its own end.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            !tx.is_closed(),
+            "the incoming stream was dropped unfinished"
+        );
+        tx.send(Ok(StreamRequest::new(b"late".to_vec(), FrameType::Data)))
+            .await
+            .unwrap();
+        drop(tx);
     }
 
     #[tokio::test]

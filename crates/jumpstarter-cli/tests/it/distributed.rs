@@ -251,6 +251,8 @@ async fn shell_leases_by_selector_and_drives_the_exporter_through_the_router() {
     assert!(stdout.contains("voltage=5.0 V"), "{stdout}");
     assert!(stdout.contains("exporter=ex1 "), "{stdout}");
     assert!(stdout.contains("labels=board=rpi4 "), "{stdout}");
+    // Each `j` ends its connection through the router cleanly: no tunnel is reported lost.
+    assert!(!stderr.contains("Lost the connection"), "{stderr}");
     let lease_name = stdout
         .split("lease=")
         .nth(1)
