@@ -19,7 +19,7 @@ use std::{
     time::Duration,
 };
 
-use bytes::Bytes;
+use bytes::{BufMut, Bytes, BytesMut};
 use futures::{Stream, StreamExt};
 use jumpstarter_proto::v1::FrameType;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -105,25 +105,45 @@ impl<W: AsyncWrite + Send + Unpin + 'static> FrameSink for IoSink<W> {
 }
 
 /// A [`FrameSource`] over any `AsyncRead`, read in chunks of at most [`CHUNK`] bytes.
+///
+/// A large read becomes a chunk as it is, without a copy; a small one is copied out so that
+/// the buffer can take the next read (a few bytes must not hold a whole buffer alive).
 pub struct IoSource<R> {
     reader: R,
-    buf: Vec<u8>,
+    buf: BytesMut,
 }
+
+/// Reads at least this long leave [`IoSource`] without a copy.
+const SHARE_MIN: usize = 16 * 1024;
 
 impl<R> IoSource<R> {
     /// Wraps a reader.
     pub fn new(reader: R) -> Self {
         Self {
             reader,
-            buf: vec![0; CHUNK],
+            buf: BytesMut::new(),
         }
     }
 }
 
 impl<R: AsyncRead + Send + Unpin + 'static> FrameSource for IoSource<R> {
     async fn next_chunk(&mut self) -> io::Result<Option<Bytes>> {
-        let n = self.reader.read(&mut self.buf).await?;
-        Ok((n > 0).then(|| Bytes::copy_from_slice(&self.buf[..n])))
+        if self.buf.capacity() < CHUNK {
+            // The last large chunk took the rest of the old buffer with it.
+            self.buf = BytesMut::with_capacity(CHUNK);
+        }
+        let mut limited = (&mut self.buf).limit(CHUNK);
+        let n = self.reader.read_buf(&mut limited).await?;
+        if n == 0 {
+            return Ok(None);
+        }
+        Ok(Some(if n >= SHARE_MIN {
+            self.buf.split().freeze()
+        } else {
+            let chunk = Bytes::copy_from_slice(&self.buf);
+            self.buf.clear();
+            chunk
+        }))
     }
 }
 
@@ -482,5 +502,63 @@ mod tests {
         assert_eq!(got, b"late");
         let frames = collector.await.unwrap();
         assert_eq!(frames.len(), 1);
+    }
+
+    /// A reader handing out the given pieces, one per read (as a socket might).
+    struct Pieces(std::collections::VecDeque<Vec<u8>>);
+
+    impl AsyncRead for Pieces {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            if let Some(mut p) = self.0.pop_front() {
+                let n = p.len().min(buf.remaining());
+                buf.put_slice(&p[..n]);
+                if n < p.len() {
+                    self.0.push_front(p.split_off(n));
+                }
+            }
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    #[tokio::test]
+    async fn io_source_chunks_hold_what_was_read_in_order() {
+        let sizes = [
+            5,
+            CHUNK + 10,
+            40_000,
+            3,
+            SHARE_MIN,
+            CHUNK,
+            100,
+            200_000,
+            70_000,
+        ];
+        let pieces: Vec<Vec<u8>> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| (0..n).map(|j| (i * 31 + j) as u8).collect())
+            .collect();
+        let want: Vec<u8> = pieces.concat();
+        let mut source = IoSource::new(Pieces(pieces.into()));
+        let mut got = Vec::new();
+        let mut small = Vec::new();
+        while let Some(chunk) = source.next_chunk().await.unwrap() {
+            assert!(
+                !chunk.is_empty() && chunk.len() <= CHUNK,
+                "chunk of {}",
+                chunk.len()
+            );
+            if chunk.len() < SHARE_MIN {
+                small.push(chunk.clone());
+            }
+            got.extend_from_slice(&chunk);
+        }
+        assert!(got == want, "bytes in order, none lost or repeated");
+        // Earlier chunks stay intact while later reads reuse the buffer.
+        assert_eq!(&small[0][..], &want[..5]);
     }
 }
