@@ -5,8 +5,9 @@
 //!
 //! 1. `Register{labels: {}, reports}` (the driver tree's reports), `ReportStatus(AVAILABLE)`;
 //! 2. hold the `Status` stream; when it says `leased` with a lease name, start a fresh
-//!    [`Session`] on a private Unix socket, open `Listen{lease_name}`, report `LEASE_READY`,
-//!    and splice every `ListenResponse`'s router stream to a new connection to that socket;
+//!    [`Session`], open `Listen{lease_name}`, report `LEASE_READY`, and serve the session
+//!    on every `ListenResponse`'s router stream (handed to the session's server in memory,
+//!    see [`crate::tunnel_conn`]; upstream's exporter connects each to a Unix socket);
 //! 3. when the lease ends, end its tunnels and session and report `AVAILABLE` again;
 //! 4. after any drop of the controller connection, reconnect with a capped, jittered backoff
 //!    (a lease in progress keeps being served meanwhile);
@@ -15,13 +16,7 @@
 //! With a direct listener ([`ExporterOptions::direct`]), each lease's session is also served
 //! there, over mutual TLS with credentials only that lease's client gets ([`crate::direct`]).
 
-use std::{
-    collections::BTreeMap,
-    future::Future,
-    path::{Path, PathBuf},
-    sync::Arc,
-    time::Duration,
-};
+use std::{collections::BTreeMap, future::Future, sync::Arc, time::Duration};
 
 use futures::StreamExt;
 use jumpstarter_proto::v1::{
@@ -39,10 +34,10 @@ use crate::{
     client::ClientError,
     config::ExporterConfig,
     direct::{DirectError, DirectListenerSpec, DirectServer},
-    h2_authority,
-    serve::serve_unix,
+    serve::serve_tunnels,
     tree::DriverNode,
     tunnel,
+    tunnel_conn::{TunnelConn, tunnel_conn},
 };
 
 /// Why the exporter runtime stopped (it retries everything else).
@@ -83,14 +78,6 @@ pub enum ExporterError {
     /// The direct listener could not be set up.
     #[error("{0}")]
     Direct(#[from] DirectError),
-    /// The private directory for session sockets could not be made.
-    #[error("cannot create the session directory {path}: {source}")]
-    SessionDir {
-        /// The directory.
-        path: PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
 }
 
 /// Where and as whom the exporter reaches its controller.
@@ -240,7 +227,6 @@ pub async fn run_with_options(
     options: ExporterOptions,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ExporterError> {
-    let dir = SessionDir::create()?;
     let direct = match &options.direct {
         Some(spec) => {
             let server = DirectServer::bind(spec).await?;
@@ -258,9 +244,7 @@ pub async fn run_with_options(
         reports: Session::new(tree.clone(), BTreeMap::new()).report().reports,
         target,
         tree,
-        dir,
         lease: None,
-        leases_served: 0,
         backoff: Backoff::new(Duration::from_millis(500), Duration::from_secs(30)),
         channel: None,
     };
@@ -323,9 +307,7 @@ struct Runtime {
     target: ControllerTarget,
     tree: DriverNode,
     reports: Vec<DriverInstanceReport>,
-    dir: SessionDir,
     lease: Option<ActiveLease>,
-    leases_served: u64,
     backoff: Backoff,
     channel: Option<AuthChannel>,
 }
@@ -422,11 +404,6 @@ impl Runtime {
     }
 
     fn start_lease(&mut self, name: String, client: String, channel: &AuthChannel) {
-        self.leases_served += 1;
-        let socket = self
-            .dir
-            .path
-            .join(format!("lease{}@socket", self.leases_served));
         tracing::info!("lease {name} started (client {client})");
         let cancel = CancellationToken::new();
         let session = Session::new(self.tree.clone(), BTreeMap::new());
@@ -439,7 +416,6 @@ impl Runtime {
         let task = tokio::spawn(serve_lease(LeaseContext {
             name: name.clone(),
             session,
-            socket,
             channel: channel.clone(),
             tls: self.target.tls.clone(),
             cancel: cancel.clone(),
@@ -475,31 +451,27 @@ impl Runtime {
 struct LeaseContext {
     name: String,
     session: Arc<Session>,
-    socket: PathBuf,
     channel: AuthChannel,
     tls: TlsSettings,
     cancel: CancellationToken,
 }
 
-/// Serves one lease: its session socket, the `Listen` stream (reopened when it drops) and a
+/// Serves one lease: its session, the `Listen` stream (reopened when it drops) and a
 /// tunnel per `ListenResponse`; everything ends when `cancel` fires.
 async fn serve_lease(cx: LeaseContext) {
     let LeaseContext {
         name,
         session,
-        socket,
         channel,
         tls,
         cancel,
     } = cx;
-    let _ = std::fs::remove_file(&socket);
-    let server = match serve_unix(session.clone(), &socket, cancel.clone().cancelled_owned()) {
-        Ok(server) => tokio::spawn(server),
-        Err(e) => {
-            tracing::error!("lease {name}: cannot serve the session: {e}");
-            return;
-        }
-    };
+    let (tunnels, tunnels_rx) = tokio::sync::mpsc::channel(4);
+    let server = tokio::spawn(serve_tunnels(
+        session.clone(),
+        tokio_stream::wrappers::ReceiverStream::new(tunnels_rx),
+        cancel.clone().cancelled_owned(),
+    ));
     let mut ctl = ControllerServiceClient::new(channel.clone());
     let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(10));
     let mut ready = false;
@@ -536,12 +508,12 @@ async fn serve_lease(cx: LeaseContext) {
                         }
                         msg = stream.next() => match msg {
                             Some(Ok(resp)) => {
-                                let socket = socket.clone();
+                                let tunnels = tunnels.clone();
                                 let tls = tls.clone();
                                 let cancel = cancel.clone();
                                 let name = name.clone();
                                 tokio::spawn(async move {
-                                    if let Err(e) = connect_tunnel(&socket, &resp.router_endpoint, &resp.router_token, &tls, cancel).await {
+                                    if let Err(e) = connect_tunnel(&tunnels, &resp.router_endpoint, &resp.router_token, &tls, cancel).await {
                                         tracing::warn!("lease {name}: tunnel failed: {e}");
                                     }
                                 });
@@ -572,25 +544,22 @@ async fn serve_lease(cx: LeaseContext) {
         Ok(Err(e)) => tracing::warn!("lease {name}: session server task: {e}"),
         Err(_) => tracing::warn!("lease {name}: session server did not stop in time"),
     }
-    let _ = std::fs::remove_file(&socket);
 }
 
+/// Opens the tunnel a `ListenResponse` names and hands it to the session server.
 async fn connect_tunnel(
-    socket: &Path,
+    tunnels: &tokio::sync::mpsc::Sender<TunnelConn>,
     endpoint: &str,
     token: &str,
     tls: &TlsSettings,
     cancel: CancellationToken,
 ) -> Result<(), tunnel::TunnelError> {
-    let conn = tokio::net::UnixStream::connect(socket).await?;
-    // Python clients send an `:authority` hyper rejects; fix it on the way in.
-    let (tunnel_end, session_end) = tokio::io::duplex(tunnel::TUNNEL_BUFFER);
-    tokio::spawn(async move {
-        if let Err(e) = h2_authority::splice(session_end, conn).await {
-            tracing::debug!("tunnel to session socket ended: {e}");
-        }
-    });
-    tunnel::attach(endpoint, tls, token, tunnel_end, cancel.cancelled_owned()).await
+    let (conn, sink, source) = tunnel_conn();
+    tunnel::attach_frames(endpoint, tls, token, sink, source, cancel.cancelled_owned()).await?;
+    if tunnels.send(conn).await.is_err() {
+        tracing::debug!("tunnel from {endpoint} arrived after the session ended");
+    }
+    Ok(())
 }
 
 /// Reports a status, retrying a few times while the controller is unreachable; tolerates
@@ -628,41 +597,10 @@ async fn report_status(channel: &AuthChannel, status: ExporterStatus, message: &
     );
 }
 
-/// A private (0700) directory for session sockets, removed on drop.
-struct SessionDir {
-    path: PathBuf,
-}
-
-impl SessionDir {
-    fn create() -> Result<Self, ExporterError> {
-        use std::os::unix::fs::DirBuilderExt;
-        let base = std::env::var_os("XDG_RUNTIME_DIR")
-            .filter(|d| !d.is_empty() && Path::new(d).is_dir())
-            .map(PathBuf::from)
-            .unwrap_or_else(std::env::temp_dir);
-        let path = base.join(format!(
-            "jumpstarter-exporter-{}",
-            uuid::Uuid::new_v4().simple()
-        ));
-        std::fs::DirBuilder::new()
-            .mode(0o700)
-            .create(&path)
-            .map_err(|source| ExporterError::SessionDir {
-                path: path.clone(),
-                source,
-            })?;
-        Ok(Self { path })
-    }
-}
-
-impl Drop for SessionDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.path);
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::path::{Path, PathBuf};
+
     use super::*;
 
     #[test]

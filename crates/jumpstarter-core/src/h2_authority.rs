@@ -9,8 +9,6 @@
 //! dynamic table) and re-encoded without the dynamic table, so the server's table stays empty
 //! and the two sides can never disagree. All other frames pass through unchanged.
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-
 /// The HTTP/2 client connection preface.
 const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const FRAME_HEADER_LEN: usize = 9;
@@ -126,7 +124,7 @@ impl AuthorityRewriter {
     /// unchanged, appending what to forward before it to `out`; then takes that stretch (as
     /// much of it as `input` holds) as forwarded. Returns how much of `input` went to `out`
     /// and the length of the stretch after it, which the caller forwards as it is.
-    fn next_run(
+    pub(crate) fn next_run(
         &mut self,
         input: &[u8],
         out: &mut Vec<u8>,
@@ -382,75 +380,6 @@ fn encode_string(s: &[u8], out: &mut Vec<u8>) {
     out.extend_from_slice(s);
 }
 
-/// Read buffer of each direction of [`splice`]: one resource-stream frame and then some.
-const COPY_BUFFER: usize = 256 * 1024;
-
-/// Payload runs at least this long go from the read buffer to the writer as they are;
-/// shorter ones are gathered with what surrounds them into one write.
-const DIRECT_MIN: usize = 4096;
-
-/// Copies `reader` to `writer` through an [`AuthorityRewriter`]; shuts `writer` down at EOF.
-///
-/// Frame payloads other than header blocks (DATA, mostly) are written from the read buffer
-/// itself, together with what precedes them in one vectored write, rather than copied
-/// into the rewriter's output first.
-pub async fn rewrite_stream<R, W>(mut reader: R, mut writer: W) -> Result<(), H2AuthorityError>
-where
-    R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin,
-{
-    use bytes::Buf;
-    let mut rewriter = AuthorityRewriter::new();
-    let mut buf = vec![0u8; COPY_BUFFER];
-    let mut out = Vec::with_capacity(COPY_BUFFER);
-    loop {
-        let n = reader.read(&mut buf).await?;
-        if n == 0 {
-            writer.shutdown().await?;
-            return Ok(());
-        }
-        let mut input = &buf[..n];
-        while !input.is_empty() {
-            let (used, run) = rewriter.next_run(input, &mut out)?;
-            let payload = &input[used..used + run];
-            if run >= DIRECT_MIN {
-                let mut both = Buf::chain(out.as_slice(), payload);
-                writer.write_all_buf(&mut both).await?;
-                out.clear();
-            } else {
-                out.extend_from_slice(payload);
-            }
-            input = &input[used + run..];
-        }
-        if !out.is_empty() {
-            writer.write_all(&out).await?;
-            out.clear();
-        }
-        writer.flush().await?;
-    }
-}
-
-/// Splices an HTTP/2 client connection (`client`) with a server connection (`server`),
-/// rewriting bad `:authority` values on the way in. Ends when either direction fails or both
-/// are done.
-pub async fn splice<C, S>(client: C, server: S) -> Result<(), H2AuthorityError>
-where
-    C: AsyncRead + AsyncWrite,
-    S: AsyncRead + AsyncWrite,
-{
-    let (client_read, mut client_write) = tokio::io::split(client);
-    let (server_read, server_write) = tokio::io::split(server);
-    let inbound = rewrite_stream(client_read, server_write);
-    let outbound = async {
-        // `tokio::io::copy` would move 8 KiB at a time: a read and a write each.
-        let mut server_read = tokio::io::BufReader::with_capacity(COPY_BUFFER, server_read);
-        tokio::io::copy_buf(&mut server_read, &mut client_write).await?;
-        client_write.shutdown().await?;
-        Ok::<_, H2AuthorityError>(())
-    };
-    tokio::try_join!(inbound, outbound).map(|_| ())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -693,77 +622,5 @@ mod tests {
                 "{err:?}"
             );
         }
-    }
-
-    #[tokio::test]
-    async fn rewrite_stream_writes_what_feed_makes_whatever_the_reads() {
-        use tokio::io::AsyncWriteExt;
-        let mut enc = loona_hpack::Encoder::new();
-        let mut input = PREFACE.to_vec();
-        input.extend(frame(
-            1,
-            FLAG_END_HEADERS,
-            1,
-            &encode(&mut enc, &request(BAD, b"")),
-        ));
-        let big: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
-        input.extend(frame(0, 0, 1, &big));
-        input.extend(frame(0, 0, 1, b"small"));
-        input.extend(frame(
-            1,
-            FLAG_END_HEADERS,
-            3,
-            &encode(&mut enc, &request(BAD, b"again")),
-        ));
-        input.extend(frame(0, FLAG_END_STREAM, 3, &big[..DIRECT_MIN]));
-        input.extend(frame(0, FLAG_END_STREAM, 1, &big[..DIRECT_MIN - 1]));
-        let expected = run(&input, input.len()).unwrap();
-        let (_, blocks) = parse(&expected);
-        assert_eq!(blocks.len(), 2);
-        for (pipe, piece) in [(64, 7), (1024, 4099), (2 * COPY_BUFFER, 300_000)] {
-            let (mut tx, rx) = tokio::io::duplex(pipe);
-            let sent = input.clone();
-            let writer = tokio::spawn(async move {
-                for c in sent.chunks(piece) {
-                    tx.write_all(c).await?;
-                }
-                tx.shutdown().await
-            });
-            let mut out = Vec::new();
-            rewrite_stream(rx, &mut out).await.unwrap();
-            writer.await.unwrap().unwrap();
-            assert!(
-                out == expected,
-                "pipe {pipe}, pieces of {piece}: output differs"
-            );
-        }
-    }
-
-    #[tokio::test]
-    async fn splice_rewrites_inbound_and_copies_outbound() {
-        let (client, client_end) = tokio::io::duplex(1024);
-        let (server, server_end) = tokio::io::duplex(1024);
-        let task = tokio::spawn(splice(client_end, server_end));
-        let (mut client_read, mut client_write) = tokio::io::split(client);
-        let (mut server_read, mut server_write) = tokio::io::split(server);
-        let mut enc = loona_hpack::Encoder::new();
-        let mut input = PREFACE.to_vec();
-        input.extend(frame(
-            1,
-            FLAG_END_HEADERS,
-            1,
-            &encode(&mut enc, &request(BAD, b"")),
-        ));
-        client_write.write_all(&input).await.unwrap();
-        client_write.shutdown().await.unwrap();
-        let mut got = Vec::new();
-        server_read.read_to_end(&mut got).await.unwrap();
-        assert_eq!(parse(&got).1[0][3].1, b"localhost");
-        server_write.write_all(b"reply").await.unwrap();
-        server_write.shutdown().await.unwrap();
-        let mut reply = Vec::new();
-        client_read.read_to_end(&mut reply).await.unwrap();
-        assert_eq!(reply, b"reply");
-        task.await.unwrap().unwrap();
     }
 }

@@ -27,6 +27,7 @@ pub mod session;
 pub mod stream_rpc;
 pub mod tree;
 pub mod tunnel;
+pub mod tunnel_conn;
 pub mod value;
 
 pub use client::ClientError;

@@ -1,6 +1,6 @@
 //! Serving a [`Session`] on a Unix socket (local mode) or TCP (direct mode).
 
-use std::{future::Future, path::Path, sync::Arc};
+use std::{future::Future, io, path::Path, sync::Arc};
 
 use jumpstarter_proto::v1::exporter_service_server::ExporterServiceServer;
 use subtle::ConstantTimeEq;
@@ -11,7 +11,7 @@ use tonic::{
     transport::{Identity, Server, ServerTlsConfig},
 };
 
-use crate::{CoreError, Session};
+use crate::{CoreError, Session, tunnel_conn::TunnelConn};
 
 /// HTTP/2 stream flow-control window of our servers and clients.
 pub const STREAM_WINDOW: u32 = 4 * 1024 * 1024;
@@ -124,6 +124,20 @@ pub fn serve_unix(
             .await
             .map_err(|e| CoreError::Serve(e.to_string()))
     })
+}
+
+/// Serves `session` on each connection `tunnels` yields (an exporter's router tunnels,
+/// handed over in memory, see [`crate::tunnel_conn`]) until `shutdown` resolves.
+pub async fn serve_tunnels(
+    session: Arc<Session>,
+    tunnels: impl futures::Stream<Item = TunnelConn> + Send + 'static,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), CoreError> {
+    use futures::StreamExt;
+    router(&session, &ServeOptions::default())?
+        .serve_with_incoming_shutdown(tunnels.map(Ok::<_, io::Error>), shutdown)
+        .await
+        .map_err(|e| CoreError::Serve(e.to_string()))
 }
 
 /// Serves `session` on an already bound TCP listener until `shutdown` resolves.

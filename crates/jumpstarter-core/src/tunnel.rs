@@ -26,7 +26,7 @@ use std::{
 use futures::{StreamExt, stream::BoxStream};
 use hyper_util::rt::TokioIo;
 use jumpstarter_proto::v1::{StreamRequest, StreamResponse};
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, DuplexStream, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, DuplexStream, ReadBuf};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::{
@@ -37,7 +37,7 @@ use tonic::{
 use crate::{
     channel::{AuthChannel, ControllerAuth, Keepalive, TlsSettings, connect_authenticated_with},
     client::{CallMetadata, ClientError, SessionChannel},
-    frames::{CHUNK, EndOfStream, FrameSink, IoSource, splice_with},
+    frames::{CHUNK, EndOfStream, FrameSink, FrameSource, IoSink, IoSource, splice_with},
     serve::{CONNECTION_WINDOW, STREAM_WINDOW},
     stream_rpc,
 };
@@ -397,6 +397,31 @@ impl RouterLink {
     ) where
         IO: AsyncRead + AsyncWrite + Send + 'static,
     {
+        let (reader, writer) = tokio::io::split(io);
+        self.splice_ends(IoSink(writer), IoSource::new(reader), cancel, events, lost);
+    }
+
+    /// Like [`RouterLink::splice`], with the peer's bytes going to `sink` and the bytes for
+    /// the peer coming from `source` rather than an I/O object (see
+    /// [`crate::tunnel_conn`]). When the router link breaks, `sink` is failed and `source`
+    /// dropped.
+    pub fn splice_frames<Snk: FrameSink, Src: FrameSource>(
+        self,
+        sink: Snk,
+        source: Src,
+        cancel: impl Future<Output = ()> + Send + 'static,
+    ) {
+        self.splice_ends(sink, source, cancel, None, Arc::default());
+    }
+
+    fn splice_ends<Snk: FrameSink, Src: FrameSource>(
+        self,
+        sink: Snk,
+        source: Src,
+        cancel: impl Future<Output = ()> + Send + 'static,
+        events: Option<TunnelEvents>,
+        lost: Arc<OnceLock<String>>,
+    ) {
         let RouterLink { endpoint, channel } = self;
         let (inbound_tx, inbound_rx) =
             tokio::sync::oneshot::channel::<Result<stream_rpc::ResponseFrames, Status>>();
@@ -413,10 +438,9 @@ impl RouterLink {
                 })
                 .map(|r| r.map_err(|s| status_text(&s)))
                 .boxed();
-        let (reader, writer) = tokio::io::split(io);
         let broken = CancellationToken::new();
-        let sink = TunnelSink {
-            writer,
+        let sink = LinkSink {
+            inner: sink,
             endpoint: endpoint.clone(),
             events,
             lost,
@@ -428,7 +452,7 @@ impl RouterLink {
             splice_with::<_, StreamRequest, _, _, _, _, _>(
                 inbound,
                 sink,
-                IoSource::new(reader),
+                source,
                 EndOfStream::Lenient,
                 channel.clone(),
             )
@@ -487,47 +511,55 @@ fn status_text(s: &Status) -> String {
     }
 }
 
-/// Where the peer's bytes go: a clean end shuts the writer down; a broken router link
-/// records why, tells `events`, and stops the whole tunnel.
-struct TunnelSink<W> {
-    writer: W,
+/// Where the peer's bytes go: a clean end finishes `inner`; a broken router link records
+/// why, tells `events`, fails `inner` and stops the whole tunnel.
+struct LinkSink<S> {
+    inner: S,
     endpoint: String,
     events: Option<TunnelEvents>,
     lost: Arc<OnceLock<String>>,
     broken: CancellationToken,
 }
 
-impl<W: AsyncWrite + Send + Unpin + 'static> FrameSink for TunnelSink<W> {
+impl<S: FrameSink> FrameSink for LinkSink<S> {
     async fn write_chunk(&mut self, data: bytes::Bytes) -> io::Result<()> {
-        self.writer.write_all(&data).await
+        self.inner.write_chunk(data).await
     }
 
-    async fn finish(mut self) -> io::Result<()> {
-        self.writer.shutdown().await
+    async fn finish(self) -> io::Result<()> {
+        self.inner.finish().await
     }
 
     fn fail(self, error: io::Error) {
+        let LinkSink {
+            inner,
+            endpoint,
+            events,
+            lost,
+            broken,
+        } = self;
         let text = error.to_string();
         let detail = text.strip_prefix("transfer broken: ").unwrap_or(&text);
         let reason = detail.to_string();
-        tracing::debug!("router {}: tunnel lost: {reason}", self.endpoint);
-        let _ = self.lost.set(format!(
-            "lost the connection to router {}: {reason}",
-            self.endpoint
+        tracing::debug!("router {endpoint}: tunnel lost: {reason}");
+        let _ = lost.set(format!(
+            "lost the connection to router {endpoint}: {reason}"
         ));
-        if let Some(events) = &self.events {
+        if let Some(events) = &events {
             events(TunnelEvent::Lost {
-                endpoint: &self.endpoint,
+                endpoint: &endpoint,
                 reason: &reason,
             });
         }
-        self.broken.cancel();
+        inner.fail(error);
+        broken.cancel();
     }
 }
 
 /// Connects to the router at `endpoint` with `token` and splices the stream to `io` in the
-/// background (see [`RouterLink::splice`]); this is what an exporter does with each
-/// `ListenResponse`.
+/// background (see [`RouterLink::splice`]): what an exporter does with each
+/// `ListenResponse` (ours hands the tunnel to its session without a socket, see
+/// [`attach_frames`]).
 ///
 /// Returns once the TLS connection to the router is up. A router that cannot be reached is
 /// tried again for up to [`ATTACH_RETRY`] (the client may be trying the same token while a
@@ -543,18 +575,48 @@ where
     IO: AsyncRead + AsyncWrite + Send + 'static,
 {
     let mut cancel = Box::pin(cancel);
+    let link = reach(endpoint, tls, token, &mut cancel).await?;
+    link.splice(io, cancel, None);
+    Ok(())
+}
+
+/// [`attach`] with the peer's bytes going to `sink` and the bytes for it coming from
+/// `source` (see [`RouterLink::splice_frames`]): what the exporter does with each
+/// `ListenResponse`, `sink` and `source` being a [`crate::tunnel_conn`] to its session.
+pub async fn attach_frames<Snk: FrameSink, Src: FrameSource>(
+    endpoint: &str,
+    tls: &TlsSettings,
+    token: &str,
+    sink: Snk,
+    source: Src,
+    cancel: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), TunnelError> {
+    let mut cancel = Box::pin(cancel);
+    let link = reach(endpoint, tls, token, &mut cancel).await?;
+    link.splice_frames(sink, source, cancel);
+    Ok(())
+}
+
+/// Connects to the router, trying again for up to [`ATTACH_RETRY`] unless `cancel`
+/// resolves first.
+async fn reach(
+    endpoint: &str,
+    tls: &TlsSettings,
+    token: &str,
+    cancel: &mut Pin<Box<impl Future<Output = ()> + Send + 'static>>,
+) -> Result<RouterLink, TunnelError> {
     let deadline = Instant::now() + ATTACH_RETRY;
     let mut delay = FIRST_DELAY;
-    let link = loop {
+    loop {
         match connect(endpoint, tls, token).await {
-            Ok(link) => break link,
+            Ok(link) => return Ok(link),
             Err(e) => {
                 if !e.is_transient() || Instant::now() + delay > deadline {
                     return Err(e);
                 }
                 tracing::debug!("{e}; trying again");
                 tokio::select! {
-                    _ = &mut cancel => {
+                    _ = &mut *cancel => {
                         return Err(TunnelError::Cancelled { endpoint: endpoint.to_string() });
                     }
                     _ = tokio::time::sleep(delay) => {}
@@ -562,9 +624,7 @@ where
                 delay = (delay * 2).min(MAX_DELAY);
             }
         }
-    };
-    link.splice(io, cancel, None);
-    Ok(())
+    }
 }
 
 /// The local end of an [`open`]ed tunnel: what is written reaches the peer, what the peer
