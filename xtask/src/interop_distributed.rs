@@ -83,6 +83,16 @@ fn our_shell(env: &Env, client: &Path, board: &str, script: &str) -> Result<proc
     procs::run(c, STORAGE_TIMEOUT)
 }
 
+/// Each `j` in our shell ended its tunnel cleanly: the shell reported none lost.
+fn no_tunnel_lost(out: &procs::Output) -> Result<()> {
+    ensure!(
+        !out.stderr.contains("Lost the connection"),
+        "jmp shell reported a tunnel lost:\n{}",
+        out.stderr
+    );
+    Ok(())
+}
+
 /// Upstream `jmp shell --client-config CLIENT -l board=BOARD -- COMMAND...`.
 fn py_shell(env: &Env, client: &Path, board: &str, command: &[&Path]) -> Result<procs::Output> {
     let mut c = env.upstream("jmp");
@@ -112,6 +122,7 @@ pub(super) fn our_client_to_py_exporter(env: &Env) -> Result<()> {
 
     let out = our_shell(env, &client, "py", "j power on && j power read")?;
     check(&out, "jmp shell -l board=py -- j power on && j power read")?;
+    no_tunnel_lost(&out)?;
     super::expect_readings(&out)?;
     py_exporter.wait_for_line("power on", Duration::from_secs(30))?;
 
@@ -128,6 +139,7 @@ pub(super) fn our_client_to_py_exporter(env: &Env) -> Result<()> {
         &out,
         "jmp shell -l board=py -- j storage write/read-local-file",
     )?;
+    no_tunnel_lost(&out)?;
     storage_same_files(&src, &dst)
 }
 
