@@ -36,7 +36,7 @@ fn main() -> std::process::ExitCode {
                  tasks:\n  \
                  ci        fmt check, clippy -D warnings, all tests, interop checks (what CI runs)\n  \
                  interop   [FILTER] upstream Python 0.9.0 tools against ours (builds a venv)\n  \
-                 bench     latency/throughput, ours vs upstream Python, in one run\n  \
+                 bench     [--quick] latency/throughput, ours vs upstream Python, in one run\n  \
                  crds      [--out DIR | --check DIR] our CRD YAML (stdout), written, or compared\n  \
                  quickstart  the whole lab on one machine: controller, mock exporter, client, jmp shell\n  \
                  venv      create the pinned upstream venv and print its path"
