@@ -506,7 +506,7 @@ fn free_page_reporting() -> bool {
 
 /// Copies `src` to `dst` through a loopback socket (TCP, or a Unix socket in `dir`) with
 /// plain blocking syscalls and no protocol: one thread reads the file, one sends, one
-/// receives, one writes the copy, handing [`CHUNK`]-byte buffers along bounded queues (the
+/// receives, one writes the copy, handing `CHUNK`-byte buffers along bounded queues (the
 /// same pipeline shape as ours, minus everything but the copies). Returns the seconds taken.
 fn plain_copy(src: &Path, dst: &Path, unix: bool, dir: &Path) -> Result<f64> {
     use std::io::{Read, Write};

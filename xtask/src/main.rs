@@ -34,7 +34,7 @@ fn main() -> std::process::ExitCode {
             eprintln!(
                 "usage: cargo xtask <task>\n\n\
                  tasks:\n  \
-                 ci        fmt check, clippy -D warnings, all tests, interop checks (what CI runs)\n  \
+                 ci        fmt check, clippy and rustdoc -D warnings, all tests, interop checks (what CI runs)\n  \
                  interop   [FILTER] upstream Python 0.9.0 tools against ours (builds a venv)\n  \
                  bench     [--quick] latency/throughput, ours vs upstream Python, in one run\n  \
                  crds      [--out DIR | --check DIR] our CRD YAML (stdout), written, or compared\n  \
@@ -55,9 +55,15 @@ fn main() -> std::process::ExitCode {
 
 /// Runs a command from the workspace root, failing on a non-zero exit.
 pub fn cargo(args: &[&str]) -> Result<()> {
+    cargo_with_env(args, &[])
+}
+
+/// [`cargo`] with extra environment variables.
+fn cargo_with_env(args: &[&str], env: &[(&str, &str)]) -> Result<()> {
     let status =
         std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
             .args(args)
+            .envs(env.iter().copied())
             .current_dir(workspace_root())
             .status()?;
     if !status.success() {
@@ -108,6 +114,11 @@ fn ci() -> Result<()> {
         "-D",
         "warnings",
     ])?;
+    println!("== cargo doc -D warnings");
+    cargo_with_env(
+        &["doc", "--workspace", "--no-deps", "--quiet"],
+        &[("RUSTDOCFLAGS", "-D warnings")],
+    )?;
     println!("== cargo test");
     cargo(&["test", "--workspace"])?;
     println!("== interop with upstream 0.9.0");

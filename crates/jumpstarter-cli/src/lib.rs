@@ -1,6 +1,10 @@
 //! The `jmp` and `j` command-line tools, as a library: the binaries only call
 //! [`jmp::main`] and [`j::main`].
 
+// The doc comments of clap arguments are the commands' `--help` text, written as upstream
+// prints it (`[default]`, `[client-name@]host`), not as links.
+#![allow(rustdoc::broken_intra_doc_links)]
+
 pub mod admin;
 pub mod auth;
 pub mod config_cmd;

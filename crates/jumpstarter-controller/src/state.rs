@@ -339,7 +339,7 @@ impl<S: Store> ControllerState<S> {
     ///
     /// - A token whose `iss` is a configured external issuer is verified by it; the object
     ///   is the one named by `jumpstarter-name` or derived from the username, and its
-    ///   `spec.username` must equal the username (see [`Self::authorize_external`]).
+    ///   `spec.username` must equal the username (see `authorize_external`).
     /// - Any other token must be ours: subject matching the `jumpstarter-*` metadata, object
     ///   existing with the token's uid.
     pub async fn authenticate(

@@ -420,7 +420,7 @@ fn dial_is_transient(s: &tonic::Status) -> bool {
 impl TicketSource for LeaseDialer {
     /// `Dial{lease}`, retrying FAILED_PRECONDITION "not ready" and UNAVAILABLE (backoff
     /// 0.3 s doubling up to 2 s) for up to [`DIAL_TIMEOUT`], as upstream. The error says
-    /// whether retrying later may help ([`dial_is_transient`]).
+    /// whether retrying later may help (`dial_is_transient`).
     async fn ticket(&self) -> Result<TunnelTicket, TicketError> {
         let mut ctl = ControllerServiceClient::new(self.channel.clone());
         let deadline = tokio::time::Instant::now() + DIAL_TIMEOUT;

@@ -1,7 +1,7 @@
 //! Jumpstarter core: the driver model and its three RPC styles, the Value codec, the
 //! exporter session server, the client library and config files.
 //!
-//! - Write a driver: [`driver`] attribute + [`Driver`] trait ([`mod@driver`] explains).
+//! - Write a driver: [`driver`](macro@driver) attribute + [`Driver`] trait ([`mod@driver`] explains).
 //! - Serve drivers: build a [`DriverNode`] tree (or load an [`config::ExporterConfig`] with
 //!   a [`registry::DriverRegistry`]), wrap it in a [`Session`], serve it with [`serve`].
 //! - Call drivers: [`client::ExporterSession`].

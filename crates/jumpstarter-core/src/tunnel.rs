@@ -1,16 +1,20 @@
 //! The router tunnel: one `RouterService.Stream` carrying a whole plaintext HTTP/2
 //! connection in DATA frames, presented as a byte stream.
 //!
-//! Both ends of a distributed session do what the upstream tools do: the exporter splices
-//! each tunnel to a fresh connection to its session socket, the client runs its gRPC
-//! channel (or a local socket that `j` connects to) through it.
+//! The client runs its gRPC channel (or a local socket that `j` connects to) through a
+//! tunnel; the exporter serves its session on each tunnel it is told of. Upstream's exporter
+//! splices each tunnel to a connection to a session socket (what [`attach`] does with any
+//! byte stream); ours hands the tunnel to its session's server in memory
+//! ([`attach_frames`] with a [`crate::tunnel_conn`]).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), jumpstarter_core::tunnel::TunnelError> {
-//! use jumpstarter_core::{channel::TlsSettings, tunnel};
-//! // What the exporter does with a ListenResponse{router_endpoint, router_token}:
-//! let session = tokio::net::UnixStream::connect("/run/session@socket").await?;
-//! tunnel::attach("router.example.com:443", &TlsSettings::default(), "jwt", session, std::future::pending()).await?;
+//! use jumpstarter_core::{channel::TlsSettings, tunnel, tunnel_conn::tunnel_conn};
+//! // What our exporter does with a ListenResponse{router_endpoint, router_token}:
+//! let (conn, sink, source) = tunnel_conn();
+//! tunnel::attach_frames("router.example.com:443", &TlsSettings::default(), "jwt", sink, source, std::future::pending()).await?;
+//! // ...and `conn` goes to `serve::serve_tunnels`.
+//! # drop(conn);
 //! # Ok(()) }
 //! ```
 
