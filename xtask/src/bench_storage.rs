@@ -11,8 +11,8 @@
 //! To show what the machine itself allows, the same image is also copied with plain
 //! syscalls and no protocol at all (file -> loopback socket -> file, see [`plain_copy`]):
 //! no tool can move a file between two processes on this machine faster than that. The
-//! TCP copies run between our TCP runs and the Unix copies right after our Unix runs, so
-//! that each ratio compares figures taken close together.
+//! TCP copies run between our TCP runs and the Unix copies between our Unix runs, so that
+//! each ratio compares figures taken close together.
 
 use std::{
     path::Path,
@@ -315,33 +315,39 @@ pub fn run(args: &[String]) -> Result<()> {
         let _ = std::fs::remove_file(&dst);
     }
 
-    // Ours, Unix socket (the exporter inside `jmp shell`, timestamps from the shell).
+    // Ours, Unix socket (the exporter inside `jmp shell`, timestamps from the shell): one
+    // shell per run, so that a plain Unix copy can run between them.
+    let mut plain_unix = Vec::new();
     {
         let inner = format!(
-            "for i in $(seq {RUNS}); do \
-             t0=$(date +%s.%N); \"{j}\" storage write-local-file \"{src}\" || exit 1; \
+            "t0=$(date +%s.%N); \"{j}\" storage write-local-file \"{src}\" || exit 1; \
              t1=$(date +%s.%N); \"{j}\" storage read-local-file \"{dst}\" || exit 1; \
-             t2=$(date +%s.%N); echo \"times $t0 $t1 $t2\"; done; \
+             t2=$(date +%s.%N); echo \"times $t0 $t1 $t2\"; \
              grep VmHWM /proc/$PPID/status",
             j = j.display(),
             src = src.display(),
             dst = dst.display()
         );
-        let mut c = Command::new(&jmp);
-        c.env("TMPDIR", scratch.path())
-            .args(["shell", "--exporter-config"])
-            .arg(&config)
-            .args(["--", "sh", "-c", &inner]);
-        let out = procs::run(c, Duration::from_secs(900))?;
-        ensure!(
-            out.code == 0,
-            "jmp shell storage bench exited {}\n{}\n{}",
-            out.code,
-            out.stdout,
-            out.stderr
-        );
-        let (mut ups, mut downs) = (Vec::new(), Vec::new());
-        for line in out.stdout.lines().filter_map(|l| l.strip_prefix("times ")) {
+        let (mut ups, mut downs, mut hwm) = (Vec::new(), Vec::new(), None::<u64>);
+        for _ in 0..RUNS {
+            let mut c = Command::new(&jmp);
+            c.env("TMPDIR", scratch.path())
+                .args(["shell", "--exporter-config"])
+                .arg(&config)
+                .args(["--", "sh", "-c", &inner]);
+            let out = procs::run(c, Duration::from_secs(900))?;
+            ensure!(
+                out.code == 0,
+                "jmp shell storage bench exited {}\n{}\n{}",
+                out.code,
+                out.stdout,
+                out.stderr
+            );
+            let line = out
+                .stdout
+                .lines()
+                .find_map(|l| l.strip_prefix("times "))
+                .with_context(|| format!("no timings in:\n{}", out.stdout))?;
             let t: Vec<f64> = line
                 .split_whitespace()
                 .filter_map(|v| v.parse().ok())
@@ -349,16 +355,19 @@ pub fn run(args: &[String]) -> Result<()> {
             ensure!(t.len() == 3, "bad timings {line:?}");
             ups.push(t[1] - t[0]);
             downs.push(t[2] - t[1]);
+            same_size(&src, &dst)?;
+            std::fs::remove_file(&dst)?;
+            let kib = out
+                .stdout
+                .lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok());
+            hwm = hwm.max(kib);
+            // The Unix ceiling, between our Unix runs.
+            plain_unix.push(plain_run(true)?);
         }
-        ensure!(ups.len() == RUNS, "no timings in:\n{}", out.stdout);
-        same_size(&src, &dst)?;
-        if let Some(kib) = out
-            .stdout
-            .lines()
-            .find(|l| l.starts_with("VmHWM:"))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-        {
+        if let Some(kib) = hwm {
             peak.push(("ours, Unix socket (jmp shell)", kib));
         }
         rows.push(Figures {
@@ -366,12 +375,6 @@ pub fn run(args: &[String]) -> Result<()> {
             upload: ups,
             download: downs,
         });
-        let _ = std::fs::remove_file(&dst);
-    }
-    // The Unix ceiling, right after our Unix runs.
-    let mut plain_unix = Vec::new();
-    for _ in 0..RUNS {
-        plain_unix.push(plain_run(true)?);
     }
     let plain = [("TCP ", plain_tcp), ("Unix", plain_unix)];
 
