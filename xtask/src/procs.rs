@@ -65,8 +65,12 @@ impl Background {
         }
     }
 
-    /// Stops the process now.
+    /// Stops the process now (nothing to do if it has exited and been reaped already:
+    /// its pid may belong to another process by now).
     pub fn stop(&mut self) {
+        if !matches!(self.child.try_wait(), Ok(None)) {
+            return;
+        }
         let pid = self.child.id().to_string();
         let _ = Command::new("kill").args(["-TERM", &pid]).status();
         let deadline = Instant::now() + Duration::from_secs(5);
