@@ -37,7 +37,9 @@ use crate::{
     tunnel::TUNNEL_BUFFER,
 };
 
-/// Chunks queued per direction: with chunks of up to [`CHUNK`] bytes, [`TUNNEL_BUFFER`].
+/// Chunks queued per direction: [`TUNNEL_BUFFER`] with chunks of [`CHUNK`] bytes (what
+/// this side sends, and what our clients send; a peer's messages can be larger, up to
+/// [`crate::stream_rpc::MAX_MESSAGE`]).
 const QUEUE: usize = TUNNEL_BUFFER / CHUNK;
 
 /// Why the incoming direction broke, when it did (shared by the sink and the connection).
@@ -46,8 +48,8 @@ type Failure = Arc<Mutex<Option<io::Error>>>;
 /// Creates a connection and the two ends a tunnel drives it with: `sink` takes the bytes
 /// the peer sent (the connection reads them), `source` yields what the connection writes.
 ///
-/// Both directions are bounded ([`TUNNEL_BUFFER`] bytes or so each), so a slow server
-/// slows the tunnel down and a slow tunnel slows the server down.
+/// Both directions are bounded (four chunks each), so a slow server slows
+/// the tunnel down and a slow tunnel slows the server down.
 pub fn tunnel_conn() -> (TunnelConn, TunnelSink, TunnelSource) {
     let (in_tx, in_rx) = mpsc::channel(QUEUE);
     let (out_tx, out_rx) = mpsc::channel(QUEUE);
