@@ -284,6 +284,10 @@ fn reader_gone() -> io::Error {
     io::Error::new(io::ErrorKind::BrokenPipe, "the reading side went away")
 }
 
+fn write_after_shutdown() -> io::Error {
+    io::Error::new(io::ErrorKind::BrokenPipe, "write after shutdown")
+}
+
 impl PipeWriter {
     /// Sends one chunk, waiting while the pipe is full.
     pub async fn send(&mut self, data: Bytes) -> io::Result<()> {
@@ -312,8 +316,34 @@ impl PipeWriter {
 
     /// Ends the pipe cleanly: the reader sees end of file after the buffered chunks.
     pub fn finish_now(mut self) {
+        self.close();
+    }
+
+    /// [`PipeWriter::finish_now`] for a writer that stays in place; later writes fail.
+    pub(crate) fn close(&mut self) {
         set_end(&self.end, End::Finished);
         self.tx = None;
+    }
+
+    /// Whether nothing more can be sent: the reader went away or the pipe was ended.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.tx.as_ref().is_none_or(|tx| tx.is_closed())
+    }
+
+    /// The poll form of [`PipeWriter::send`], for writers that gather their chunks
+    /// themselves: once the pipe has room, queues what `chunk` returns.
+    pub(crate) fn poll_send_with(
+        &mut self,
+        cx: &mut Context<'_>,
+        chunk: impl FnOnce() -> Bytes,
+    ) -> Poll<io::Result<()>> {
+        let Some(tx) = self.tx.as_mut() else {
+            return Poll::Ready(Err(write_after_shutdown()));
+        };
+        ready!(tx.poll_reserve(cx)).map_err(|_| reader_gone())?;
+        self.used = true;
+        tx.send_item(chunk()).map_err(|_| reader_gone())?;
+        Poll::Ready(Ok(()))
     }
 
     /// Ends the pipe with an error: the reader fails after the buffered chunks.
@@ -358,10 +388,7 @@ fn poll_queue_copy(
         return Poll::Ready(Ok(Some(0)));
     }
     let Some(tx) = tx.as_mut() else {
-        return Poll::Ready(Err(io::Error::new(
-            io::ErrorKind::BrokenPipe,
-            "write after shutdown",
-        )));
+        return Poll::Ready(Err(write_after_shutdown()));
     };
     if ready!(tx.poll_reserve(cx)).is_err() {
         return Poll::Ready(Ok(None));
@@ -393,8 +420,7 @@ impl AsyncWrite for PipeWriter {
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        set_end(&self.end, End::Finished);
-        self.tx = None;
+        self.close();
         Poll::Ready(Ok(()))
     }
 }

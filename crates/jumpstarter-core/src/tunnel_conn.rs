@@ -11,7 +11,7 @@
 //!
 //! ```
 //! # async fn demo() {
-//! use jumpstarter_core::{frames::{FrameSink, FrameSource}, tunnel_conn::tunnel_conn};
+//! use jumpstarter_core::tunnel_conn::tunnel_conn;
 //! let (conn, mut sink, mut source) = tunnel_conn();
 //! // `sink` takes the peer's bytes, `source` yields the server's; `conn` goes to the server
 //! // (see `serve::serve_tunnels`).
@@ -22,100 +22,48 @@
 use std::{
     io,
     pin::Pin,
-    sync::{Arc, Mutex},
     task::{Context, Poll, ready},
 };
 
 use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::mpsc;
-use tokio_util::sync::PollSender;
 
 use crate::{
-    frames::{CHUNK, FrameSink, FrameSource},
+    frames::CHUNK,
     h2_authority::AuthorityRewriter,
-    tunnel::TUNNEL_BUFFER,
+    resource::{PipeReader, PipeWriter, pipe},
 };
-
-/// Chunks queued per direction: [`TUNNEL_BUFFER`] with chunks of [`CHUNK`] bytes (what
-/// this side sends, and what our clients send; a peer's messages can be larger, up to
-/// [`crate::stream_rpc::MAX_MESSAGE`]).
-const QUEUE: usize = TUNNEL_BUFFER / CHUNK;
-
-/// Why the incoming direction broke, when it did (shared by the sink and the connection).
-type Failure = Arc<Mutex<Option<io::Error>>>;
 
 /// Creates a connection and the two ends a tunnel drives it with: `sink` takes the bytes
 /// the peer sent (the connection reads them), `source` yields what the connection writes.
 ///
-/// Both directions are bounded (four chunks each), so a slow server slows
-/// the tunnel down and a slow tunnel slows the server down.
-pub fn tunnel_conn() -> (TunnelConn, TunnelSink, TunnelSource) {
-    let (in_tx, in_rx) = mpsc::channel(QUEUE);
-    let (out_tx, out_rx) = mpsc::channel(QUEUE);
-    let failure = Failure::default();
+/// Each direction is a [`pipe`], so both are bounded (four chunks each): a slow server
+/// slows the tunnel down and a slow tunnel slows the server down. A failed `sink` is a read
+/// error on the connection after what arrived before it.
+pub fn tunnel_conn() -> (TunnelConn, PipeWriter, PipeReader) {
+    let (sink, incoming) = pipe();
+    let (outgoing, source) = pipe();
     (
         TunnelConn {
-            incoming: in_rx,
-            failure: failure.clone(),
+            incoming,
             rewriter: AuthorityRewriter::new(),
             chunk: Bytes::new(),
             run: 0,
             rewritten: Vec::new(),
             rewritten_at: 0,
             error: None,
-            outgoing: PollSender::new(out_tx),
+            outgoing,
             pending: BytesMut::new(),
         },
-        TunnelSink { tx: in_tx, failure },
-        TunnelSource { rx: out_rx },
+        sink,
+        source,
     )
-}
-
-/// Where a tunnel puts the peer's bytes for a [`TunnelConn`].
-#[derive(Debug)]
-pub struct TunnelSink {
-    tx: mpsc::Sender<Bytes>,
-    failure: Failure,
-}
-
-impl FrameSink for TunnelSink {
-    async fn write_chunk(&mut self, data: Bytes) -> io::Result<()> {
-        self.tx
-            .send(data)
-            .await
-            .map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "session connection closed"))
-    }
-
-    async fn finish(self) -> io::Result<()> {
-        // Dropping the sender is the end of file, once the queued chunks are read.
-        Ok(())
-    }
-
-    fn fail(self, error: io::Error) {
-        if let Ok(mut failure) = self.failure.lock() {
-            *failure = Some(error);
-        }
-    }
-}
-
-/// What a [`TunnelConn`] writes, as chunks for a tunnel to send.
-#[derive(Debug)]
-pub struct TunnelSource {
-    rx: mpsc::Receiver<Bytes>,
-}
-
-impl FrameSource for TunnelSource {
-    async fn next_chunk(&mut self) -> io::Result<Option<Bytes>> {
-        Ok(self.rx.recv().await)
-    }
 }
 
 /// The session server's side of a tunnel: reads what the peer sent (with bad `:authority`
 /// values rewritten), writes what goes back. Created by [`tunnel_conn`].
 pub struct TunnelConn {
-    incoming: mpsc::Receiver<Bytes>,
-    failure: Failure,
+    incoming: PipeReader,
     rewriter: AuthorityRewriter,
     /// The rest of the chunk being read.
     chunk: Bytes,
@@ -126,7 +74,7 @@ pub struct TunnelConn {
     rewritten_at: usize,
     /// An error met after some bytes were handed over: reported by the next read.
     error: Option<io::Error>,
-    outgoing: PollSender<Bytes>,
+    outgoing: PipeWriter,
     /// Written bytes not yet sent (sent on flush, or once a chunk's worth has gathered).
     pending: BytesMut,
 }
@@ -137,6 +85,13 @@ impl std::fmt::Debug for TunnelConn {
             .field("buffered_in", &self.chunk.len())
             .field("buffered_out", &self.pending.len())
             .finish_non_exhaustive()
+    }
+}
+
+/// A connection the server drops ends the tunnel as cleanly as one it shuts down.
+impl Drop for TunnelConn {
+    fn drop(&mut self) {
+        self.outgoing.close();
     }
 }
 
@@ -173,12 +128,9 @@ impl TunnelConn {
                 self.run = run;
                 continue;
             }
-            match ready!(self.incoming.poll_recv(cx)) {
+            match ready!(self.incoming.poll_chunk(cx))? {
                 Some(chunk) => self.chunk = chunk,
-                None => {
-                    let failure = self.failure.lock().ok().and_then(|mut f| f.take());
-                    return Poll::Ready(failure.map_or(Ok(()), Err));
-                }
+                None => return Poll::Ready(Ok(())),
             }
         }
     }
@@ -188,15 +140,10 @@ impl TunnelConn {
         if self.pending.is_empty() {
             return Poll::Ready(Ok(()));
         }
-        ready!(self.outgoing.poll_reserve(cx)).map_err(|_| closed())?;
-        let chunk = self.pending.split().freeze();
-        self.outgoing.send_item(chunk).map_err(|_| closed())?;
-        Poll::Ready(Ok(()))
+        let pending = &mut self.pending;
+        self.outgoing
+            .poll_send_with(cx, || pending.split().freeze())
     }
-}
-
-fn closed() -> io::Error {
-    io::Error::new(io::ErrorKind::BrokenPipe, "tunnel closed")
 }
 
 impl AsyncRead for TunnelConn {
@@ -242,7 +189,10 @@ impl AsyncWrite for TunnelConn {
         if this.pending.len() >= CHUNK || (!this.pending.is_empty() && room < total) {
             ready!(this.poll_send(cx))?;
         } else if this.outgoing.is_closed() {
-            return Poll::Ready(Err(closed()));
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "tunnel closed",
+            )));
         }
         if this.pending.capacity() - this.pending.len() < total {
             this.pending.reserve(total.max(CHUNK));
@@ -281,6 +231,10 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     use super::*;
+    use crate::{
+        frames::{FrameSink, FrameSource},
+        resource::PIPE_CHUNKS,
+    };
 
     fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
         let len = payload.len();
@@ -430,9 +384,15 @@ mod tests {
                 }
                 Err(_) => break,
             }
-            assert!(accepted <= (QUEUE + 2) * CHUNK, "{accepted} bytes taken");
+            assert!(
+                accepted <= (PIPE_CHUNKS + 2) * CHUNK,
+                "{accepted} bytes taken"
+            );
         }
-        assert!(accepted >= QUEUE * CHUNK, "only {accepted} bytes taken");
+        assert!(
+            accepted >= PIPE_CHUNKS * CHUNK,
+            "only {accepted} bytes taken"
+        );
         drop(source);
         let e = conn.write_all(&block).await.unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::BrokenPipe);
