@@ -204,17 +204,7 @@ pub async fn shell(opts: ShellLease, command: &[String]) -> Result<i32> {
 
 /// Resolves with the signal number on SIGTERM or SIGHUP.
 async fn terminated() -> i32 {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut hup)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::hangup()),
-    ) else {
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => libc::SIGTERM,
-        _ = hup.recv() => libc::SIGHUP,
-    }
+    crate::signals::first_of(&[libc::SIGTERM, libc::SIGHUP]).await
 }
 
 /// `JMP_DRIVERS_ALLOW` for the shell: `UNSAFE`, or the config's allow-list.

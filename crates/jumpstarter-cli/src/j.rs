@@ -25,7 +25,7 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    rt.block_on(async move {
+    let code = rt.block_on(async move {
         let session = match ExporterSession::connect(&host, &ConnectOptions::from_env()).await {
             Ok(s) => s,
             Err(e) => {
@@ -40,12 +40,24 @@ pub fn main() -> ExitCode {
                 return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
             }
         };
-        match jumpstarter_drivers::cli::run(session.root(), matches).await {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("Error: {e}");
-                ExitCode::FAILURE
+        // Interrupted, the command is dropped before exiting, so that what it was writing
+        // (a download's partial file) is removed rather than left behind.
+        tokio::select! {
+            r = jumpstarter_drivers::cli::run(session.root(), matches) => match r {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("Error: {e}");
+                    ExitCode::FAILURE
+                }
+            },
+            sig = crate::signals::first_of(&[libc::SIGINT, libc::SIGTERM, libc::SIGHUP]) => {
+                eprintln!("\nInterrupted");
+                ExitCode::from(u8::try_from(128 + sig).unwrap_or(1))
             }
         }
-    })
+    });
+    // A blocking thread still at work (a read stuck on a FIFO when interrupted, say) must not
+    // keep j alive: give such threads a moment, then exit.
+    rt.shutdown_timeout(std::time::Duration::from_secs(1));
+    code
 }

@@ -17,4 +17,5 @@ pub mod mcp;
 pub mod output;
 pub mod resources;
 pub mod shell;
+mod signals;
 pub mod values;

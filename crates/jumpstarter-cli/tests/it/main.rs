@@ -11,6 +11,7 @@ mod local;
 mod login;
 mod mcp;
 mod router_faults;
+mod storage;
 
 use std::{
     io::{BufRead, BufReader},

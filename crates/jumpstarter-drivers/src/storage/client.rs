@@ -13,9 +13,8 @@ use tokio::io::AsyncReadExt;
 use uuid::Uuid;
 
 use super::{
-    HashAlgo, Metadata, hash_reader,
+    HashAlgo, Metadata, Partial, StorageError, hash_reader,
     opendal::Capability,
-    partial_path,
     progress::{Progress, ProgressWriter},
 };
 use crate::cli::{CliFuture, DriverCommand};
@@ -67,28 +66,24 @@ pub async fn detect_encoding(path: &Path) -> Result<Option<ContentEncoding>, Cli
     Ok(ContentEncoding::detect(&head[..n]))
 }
 
-/// Writes into a hidden sibling of `path`, renamed over `path` only if `body` succeeds.
+/// Writes into a hidden sibling of `path`, renamed over `path` only if `body` succeeds; the
+/// sibling is removed otherwise, also when this future is dropped (the command interrupted).
 async fn write_local_atomically<T, F, Fut>(path: &Path, body: F) -> Result<T, ClientError>
 where
     F: FnOnce(FileWriter) -> Fut,
     Fut: std::future::Future<Output = Result<T, ClientError>>,
 {
-    let partial = partial_path(path);
-    let file = tokio::fs::File::create(&partial)
-        .await
-        .map_err(|e| io_err("creating", &partial, e))?;
-    let file = FileWriter::new(file.into_std().await);
-    match body(file).await {
-        Ok(v) => {
-            tokio::fs::rename(&partial, path)
-                .await
-                .map_err(|e| io_err("renaming into place", path, e))?;
-            Ok(v)
-        }
-        Err(e) => {
-            let _ = tokio::fs::remove_file(&partial).await;
-            Err(e)
-        }
+    let (partial, file) = Partial::create(path).await.map_err(storage_err)?;
+    let v = body(FileWriter::new(file)).await?;
+    partial.commit(path).await.map_err(storage_err)?;
+    Ok(v)
+}
+
+/// A local file error as the client reports it.
+fn storage_err(e: StorageError) -> ClientError {
+    match e {
+        StorageError::File { what, path, source } => io_err(what, &path, source),
+        other => ClientError::Value(other.to_string()),
     }
 }
 

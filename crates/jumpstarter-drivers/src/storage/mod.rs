@@ -192,12 +192,85 @@ pub async fn hash_reader<R: AsyncRead + Unpin>(
 
 /// A sibling path for a partial write (`.<name>.partial-<uuid>`), renamed over `target`
 /// once complete.
-pub(crate) fn partial_path(target: &Path) -> PathBuf {
+fn partial_path(target: &Path) -> PathBuf {
     let name = target
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "file".into());
     target.with_file_name(format!(".{name}.partial-{}", uuid::Uuid::new_v4().simple()))
+}
+
+/// A file being written beside its target (at [`partial_path`]) until
+/// [`Partial::commit`] renames it over the target. Dropped uncommitted (the write failed,
+/// or the call was cancelled because its client went away or was interrupted), the file is
+/// removed: nothing half-written stays behind.
+#[derive(Debug)]
+pub(crate) struct Partial {
+    path: Option<PathBuf>,
+    target: PathBuf,
+}
+
+impl Partial {
+    /// Creates the partial file of `target`; an error names `target`.
+    pub(crate) async fn create(target: &Path) -> Result<(Self, std::fs::File), StorageError> {
+        let path = partial_path(target);
+        let file = tokio::fs::File::create(&path)
+            .await
+            .map_err(|source| StorageError::File {
+                what: "creating",
+                path: target.to_path_buf(),
+                source,
+            })?;
+        let partial = Self {
+            path: Some(path),
+            target: target.to_path_buf(),
+        };
+        Ok((partial, file.into_std().await))
+    }
+
+    /// Renames the file over `target`; on error the file is removed.
+    pub(crate) async fn commit(mut self, target: &Path) -> Result<(), StorageError> {
+        let Some(path) = self.path.take() else {
+            return Ok(());
+        };
+        if let Err(source) = tokio::fs::rename(&path, target).await {
+            self.path = Some(path);
+            return Err(StorageError::File {
+                what: "renaming into place",
+                path: target.to_path_buf(),
+                source,
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Partial {
+    fn drop(&mut self) {
+        let Some(path) = self.path.take() else {
+            return;
+        };
+        tracing::info!(
+            "write into {} not completed: left unchanged",
+            self.target.display()
+        );
+        let remove = move || {
+            if let Err(e) = std::fs::remove_file(&path)
+                && e.kind() != std::io::ErrorKind::NotFound
+            {
+                tracing::warn!("cannot remove partial file {}: {e}", path.display());
+            }
+        };
+        // Removing a big file frees its blocks, which takes a moment: on a blocking thread
+        // when a multi-thread runtime has them; inline otherwise (a current-thread runtime,
+        // such as `j`'s, may be about to exit and would never run a queued task).
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) if rt.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+                rt.spawn_blocking(remove);
+            }
+            _ => remove(),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -231,5 +304,89 @@ mod tests {
         assert_eq!(p.parent(), Some(Path::new("/a/b")));
         let name = p.file_name().unwrap().to_string_lossy().into_owned();
         assert!(name.starts_with(".disk.img.partial-"), "{name}");
+    }
+
+    fn names_in(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[tokio::test]
+    async fn a_committed_partial_replaces_its_target() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("disk.img");
+        std::fs::write(&target, b"old").unwrap();
+        let (partial, mut file) = Partial::create(&target).await.unwrap();
+        file.write_all(b"new").unwrap();
+        assert_eq!(std::fs::read(&target).unwrap(), b"old");
+        partial.commit(&target).await.unwrap();
+        assert_eq!(std::fs::read(&target).unwrap(), b"new");
+        assert_eq!(names_in(dir.path()), ["disk.img"]);
+    }
+
+    #[tokio::test]
+    async fn a_partial_dropped_or_cancelled_is_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("disk.img");
+        // Dropped after an error.
+        let (partial, _file) = Partial::create(&target).await.unwrap();
+        assert_eq!(names_in(dir.path()).len(), 1);
+        drop(partial);
+        assert!(names_in(dir.path()).is_empty());
+        // A write cancelled midway (its future dropped, as when the client goes away).
+        let writing = async {
+            let (_partial, _file) = Partial::create(&target).await.unwrap();
+            std::future::pending::<()>().await;
+        };
+        let cut = tokio::time::timeout(std::time::Duration::from_millis(50), writing).await;
+        assert!(cut.is_err());
+        assert!(
+            names_in(dir.path()).is_empty(),
+            "{:?}",
+            names_in(dir.path())
+        );
+        assert!(!target.exists());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_partial_dropped_on_a_multi_thread_runtime_is_removed_off_the_worker() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("disk.img");
+        let (partial, _file) = Partial::create(&target).await.unwrap();
+        drop(partial);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !names_in(dir.path()).is_empty() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "partial file left behind"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn partial_errors_name_the_target_and_leave_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("no-such-dir/disk.img");
+        let e = Partial::create(&missing).await.unwrap_err().to_string();
+        assert!(
+            e.contains("creating") && e.contains("no-such-dir/disk.img"),
+            "{e}"
+        );
+        // A rename that fails (into a missing directory) removes the partial.
+        let target = dir.path().join("disk.img");
+        let (partial, _file) = Partial::create(&target).await.unwrap();
+        let e = partial.commit(&missing).await.unwrap_err().to_string();
+        assert!(e.contains("renaming into place"), "{e}");
+        assert!(
+            names_in(dir.path()).is_empty(),
+            "{:?}",
+            names_in(dir.path())
+        );
     }
 }

@@ -11,7 +11,7 @@ use jumpstarter_core::{
 use serde::Deserialize;
 use tokio::io::AsyncWriteExt;
 
-use super::{HashAlgo, StorageError, hash_reader, partial_path};
+use super::{HashAlgo, Partial, StorageError, hash_reader};
 
 /// Config of [`MockStorageMux`] (all optional).
 #[derive(Debug, Default, Deserialize)]
@@ -59,46 +59,26 @@ impl Medium {
     /// the whole transfer arrived. Returns the number of bytes stored.
     async fn write(&self, ctx: &CallContext, src: &ResourceHandle) -> Result<u64, DriverError> {
         let mut stream = ctx.resource(src)?;
-        let partial = partial_path(&self.path);
-        let result = async {
-            let file = tokio::fs::File::create(&partial)
-                .await
-                .map_err(|e| StorageError::File {
-                    what: "creating",
-                    path: partial.clone(),
-                    source: e,
-                })?;
-            let n = stream
-                .copy_to_file(file.into_std().await)
-                .await
-                .map_err(|e| StorageError::Transfer {
-                    target: self.path.display().to_string(),
-                    source: e,
-                })?;
-            // The old content stays open across the rename, so that its blocks are released
-            // when this handle closes, on a blocking thread after the reply, instead of
-            // inside the rename (freeing a GiB on tmpfs takes about 0.2 s).
-            let old = match tokio::fs::File::open(&self.path).await {
-                Ok(f) => Some(f.into_std().await),
-                Err(_) => None,
-            };
-            tokio::fs::rename(&partial, &self.path)
-                .await
-                .map_err(|e| StorageError::File {
-                    what: "renaming into place",
-                    path: self.path.clone(),
-                    source: e,
-                })?;
-            if let Some(old) = old {
-                tokio::task::spawn_blocking(move || drop(old));
-            }
-            Ok::<u64, StorageError>(n)
+        // Removed unless renamed into place below, also when this call is cancelled.
+        let (partial, file) = Partial::create(&self.path).await?;
+        let n = stream
+            .copy_to_file(file)
+            .await
+            .map_err(|e| StorageError::Transfer {
+                target: self.path.display().to_string(),
+                source: e,
+            })?;
+        // The old content stays open across the rename, so that its blocks are released
+        // when this handle closes, on a blocking thread after the reply, instead of inside
+        // the rename (freeing a GiB on tmpfs takes about 0.2 s).
+        let old = match tokio::fs::File::open(&self.path).await {
+            Ok(f) => Some(f.into_std().await),
+            Err(_) => None,
+        };
+        partial.commit(&self.path).await?;
+        if let Some(old) = old {
+            tokio::task::spawn_blocking(move || drop(old));
         }
-        .await;
-        if result.is_err() {
-            let _ = tokio::fs::remove_file(&partial).await;
-        }
-        let n = result?;
         ctx.log_info(format!("wrote {n} bytes to the medium"));
         Ok(n)
     }

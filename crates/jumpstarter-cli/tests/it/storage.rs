@@ -1,0 +1,135 @@
+//! `j storage` interrupted midway: nothing half-written stays behind, on either side.
+
+use std::{
+    io::Write,
+    path::{Path, PathBuf},
+    process::{Child, Stdio},
+    time::{Duration, Instant},
+};
+
+use crate::{J, Running, Scratch, start_exporter};
+
+/// Files in `dir` whose name marks a partial write.
+fn partials(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".partial-"))
+        .collect()
+}
+
+/// Waits until `cond` holds (panics after 30 s, naming `what`).
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Pseudo-random bytes (xorshift), which no encoder shrinks.
+fn random_bytes(len: usize) -> Vec<u8> {
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let mut v = Vec::with_capacity(len + 8);
+    while v.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.extend_from_slice(&x.to_le_bytes());
+    }
+    v.truncate(len);
+    v
+}
+
+/// An exporter whose storage mux keeps its medium in `medium` (holding `content`).
+fn exporter_with_medium(s: &Scratch, content: &[u8]) -> (Running, String, PathBuf) {
+    let medium = s.path("medium.img");
+    std::fs::write(&medium, content).unwrap();
+    s.write(
+        "exporter.yaml",
+        &format!(
+            "apiVersion: jumpstarter.dev/v1alpha1\nkind: ExporterConfig\nmetadata:\n  \
+             namespace: default\n  name: e2e\nendpoint: \"\"\ntoken: \"\"\nexport:\n  \
+             storage:\n    type: jumpstarter_driver_opendal.driver.MockStorageMux\n    \
+             config:\n      file: {}\n",
+            medium.display()
+        ),
+    );
+    let (exporter, port) = start_exporter(s, &["--tls-grpc-insecure"]);
+    (exporter, format!("127.0.0.1:{port}"), medium)
+}
+
+fn j(s: &Scratch, host: &str, args: &[&str]) -> Child {
+    s.cmd(J)
+        .env("JUMPSTARTER_HOST", host)
+        .env("JMP_GRPC_INSECURE", "1")
+        .args(["storage"])
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn interrupt(child: &mut Child) -> (Option<i32>, String) {
+    let ok = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill -INT failed");
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    (child.wait().unwrap().code(), stderr)
+}
+
+#[test]
+fn an_interrupted_dump_leaves_no_partial_file() {
+    let s = Scratch::new();
+    // xz on random bytes runs at a few MB/s: the dump is still going when interrupted.
+    let (_exporter, host, _) = exporter_with_medium(&s, &random_bytes(32 << 20));
+    let mut child = j(&s, &host, &["dump", "dump.img.xz", "--compression", "xz"]);
+    wait_for("the dump's partial file", || {
+        !partials(s.dir.path()).is_empty()
+    });
+    let (code, stderr) = interrupt(&mut child);
+    assert_eq!(code, Some(130), "{stderr}");
+    assert!(stderr.contains("Interrupted"), "{stderr}");
+    assert!(
+        partials(s.dir.path()).is_empty(),
+        "{:?}",
+        partials(s.dir.path())
+    );
+    assert!(!s.path("dump.img.xz").exists());
+}
+
+#[test]
+fn an_interrupted_upload_leaves_the_medium_and_no_partial_file() {
+    let s = Scratch::new();
+    let (_exporter, host, medium) = exporter_with_medium(&s, b"previous content");
+    // The image comes through a FIFO fed by the test, so the upload is midway for sure.
+    let fifo = s.path("image.fifo");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let mut child = j(&s, &host, &["write-local-file", "image.fifo"]);
+    let mut feed = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+    if let Err(e) = feed.write_all(&random_bytes(4 << 20)) {
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+        panic!("feeding the image: {e}; j: {:?} {stderr}", child.wait());
+    }
+    wait_for("the medium's partial file", || {
+        !partials(s.dir.path()).is_empty()
+    });
+    let (code, stderr) = interrupt(&mut child);
+    drop(feed);
+    assert_eq!(code, Some(130), "{stderr}");
+    // The exporter notices its client is gone and removes what it had written.
+    wait_for("the partial medium to be removed", || {
+        partials(s.dir.path()).is_empty()
+    });
+    assert_eq!(std::fs::read(&medium).unwrap(), b"previous content");
+}
