@@ -379,24 +379,15 @@ async fn run_exporter(args: RunArgs) -> Result<i32> {
         tls,
         passphrase: args.passphrase.clone(),
     };
-    serve_tcp(Arc::clone(&session), listener, opts, shutdown_signal()).await?;
+    let served = serve_tcp(Arc::clone(&session), listener, opts, shutdown_signal()).await;
+    session.close().await;
+    served?;
     Ok(0)
 }
 
 /// Resolves on SIGINT or SIGTERM.
 pub async fn shutdown_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term => {}
-    }
+    crate::signals::first_of(&[libc::SIGINT, libc::SIGTERM]).await;
 }
 
 #[cfg(test)]

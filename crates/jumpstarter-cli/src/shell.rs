@@ -168,6 +168,7 @@ pub async fn local(cfg: &ExporterConfig, command: &[String]) -> Result<i32> {
         Ok(Err(e)) => tracing::warn!("exporter stopped with an error: {e}"),
         Err(e) => tracing::warn!("exporter task failed: {e}"),
     }
+    session.close().await;
     code
 }
 

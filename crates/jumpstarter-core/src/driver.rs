@@ -198,6 +198,15 @@ pub trait Driver: Send + Sync + 'static {
         Vec::new()
     }
 
+    /// Runs when a session serving this driver ends (its lease ended, or the `jmp shell` or
+    /// standalone exporter serving it stopped): release what that session's client left
+    /// behind, such as open files. Calls still running for that session have been cancelled
+    /// by then. Upstream drivers do this in `close()`. Default: nothing. With the
+    /// [`macro@crate::driver`] attribute, name an `async fn(&self)` with `session_end = method`.
+    fn session_end(self: Arc<Self>) -> BoxFuture<()> {
+        Box::pin(std::future::ready(()))
+    }
+
     /// A unary call (`DriverCall`).
     fn call(
         self: Arc<Self>,

@@ -298,6 +298,7 @@ enum Failure {
 
 struct ActiveLease {
     name: String,
+    session: Arc<Session>,
     cancel: CancellationToken,
     task: JoinHandle<()>,
 }
@@ -415,12 +416,17 @@ impl Runtime {
         }
         let task = tokio::spawn(serve_lease(LeaseContext {
             name: name.clone(),
-            session,
+            session: Arc::clone(&session),
             channel: channel.clone(),
             tls: self.target.tls.clone(),
             cancel: cancel.clone(),
         }));
-        self.lease = Some(ActiveLease { name, cancel, task });
+        self.lease = Some(ActiveLease {
+            name,
+            session,
+            cancel,
+            task,
+        });
     }
 
     /// Ends the current lease's tunnels and session; reports `AVAILABLE` when `report`.
@@ -436,6 +442,7 @@ impl Runtime {
         {
             task.abort();
         }
+        lease.session.close().await;
         tracing::info!("lease {} ended", lease.name);
         if report && let Some(channel) = &self.channel {
             report_status(

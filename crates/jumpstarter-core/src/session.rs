@@ -31,6 +31,9 @@ use crate::{
 /// How many log records a `LogStream` subscriber may lag behind before it skips some.
 const LOG_BUFFER: usize = 256;
 
+/// How long [`Session::close`] waits for one driver's [`Driver::session_end`].
+pub const SESSION_END_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Where driver log records go: `tracing` (target `driver`) and the session's `LogStream`.
 #[derive(Clone)]
 pub struct LogSink {
@@ -92,6 +95,7 @@ pub struct Session {
     status: watch::Sender<StatusState>,
     end_requested: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
     alternative_endpoints: Mutex<Vec<Endpoint>>,
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl Session {
@@ -114,6 +118,7 @@ impl Session {
             status,
             end_requested: Mutex::new(None),
             alternative_endpoints: Mutex::new(Vec::new()),
+            closed: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -126,6 +131,31 @@ impl Session {
             Some("Ready for commands".into()),
         );
         s
+    }
+
+    /// Ends the session for its drivers, once it serves no more calls (its lease ended, the
+    /// shell or standalone exporter stopped): every driver's [`Driver::session_end`] runs,
+    /// concurrently, each given at most [`SESSION_END_TIMEOUT`]. Only the first call does
+    /// anything.
+    pub async fn close(&self) {
+        if self.closed.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
+        let ends = self.drivers.values().map(|(name, driver)| {
+            let end = Arc::clone(driver).session_end();
+            async move {
+                if tokio::time::timeout(SESSION_END_TIMEOUT, end)
+                    .await
+                    .is_err()
+                {
+                    tracing::warn!(
+                        "driver {name:?} did not finish ending its session within {:?}; gave up",
+                        SESSION_END_TIMEOUT
+                    );
+                }
+            }
+        });
+        futures::future::join_all(ends).await;
     }
 
     /// The root of the driver tree.

@@ -31,8 +31,10 @@ struct Exported {
 /// Turns an inherent `impl` block into an implementation of `jumpstarter_core::Driver`.
 ///
 /// Attribute arguments: `client = "python.module.ClientClass"` (required, reported as the
-/// `jumpstarter.dev/client` label) and optionally `children = method_name` naming a
-/// `fn(&self) -> Vec<(String, Arc<dyn Driver>)>` that lists built-in children.
+/// `jumpstarter.dev/client` label); optionally `children = method_name` naming a
+/// `fn(&self) -> Vec<(String, Arc<dyn Driver>)>` that lists built-in children, and
+/// `session_end = method_name` naming an `async fn(&self)` run when a session serving the
+/// driver ends (see `Driver::session_end`).
 #[proc_macro_attribute]
 pub fn driver(attr: TokenStream, item: TokenStream) -> TokenStream {
     let args = match Punctuated::<Meta, Token![,]>::parse_terminated.parse(attr) {
@@ -49,6 +51,7 @@ pub fn driver(attr: TokenStream, item: TokenStream) -> TokenStream {
 fn expand(args: Punctuated<Meta, Token![,]>, item: &mut ItemImpl) -> syn::Result<TokenStream2> {
     let mut client: Option<syn::LitStr> = None;
     let mut children: Option<syn::Ident> = None;
+    let mut session_end: Option<syn::Ident> = None;
     for meta in args {
         match meta {
             Meta::NameValue(nv) if nv.path.is_ident("client") => match nv.value {
@@ -63,10 +66,16 @@ fn expand(args: Punctuated<Meta, Token![,]>, item: &mut ItemImpl) -> syn::Result
                 }
                 other => return Err(syn::Error::new(other.span(), "expected a method name")),
             },
+            Meta::NameValue(nv) if nv.path.is_ident("session_end") => match nv.value {
+                Expr::Path(p) if p.path.get_ident().is_some() => {
+                    session_end = p.path.get_ident().cloned();
+                }
+                other => return Err(syn::Error::new(other.span(), "expected a method name")),
+            },
             other => {
                 return Err(syn::Error::new(
                     other.span(),
-                    "unknown argument: expected `client = \"...\"` or `children = method`",
+                    "unknown argument: expected `client = \"...\"`, `children = method` or `session_end = method`",
                 ));
             }
         }
@@ -168,6 +177,14 @@ fn expand(args: Punctuated<Meta, Token![,]>, item: &mut ItemImpl) -> syn::Result
         }
     });
 
+    let session_end_fn = session_end.map(|m| {
+        quote! {
+            fn session_end(self: ::std::sync::Arc<Self>) -> #core::driver::BoxFuture<()> {
+                ::std::boxed::Box::pin(async move { self.#m().await })
+            }
+        }
+    });
+
     Ok(quote! {
         #item
 
@@ -185,6 +202,8 @@ fn expand(args: Punctuated<Meta, Token![,]>, item: &mut ItemImpl) -> syn::Result
             }
 
             #children_fn
+
+            #session_end_fn
 
             fn call(
                 self: ::std::sync::Arc<Self>,

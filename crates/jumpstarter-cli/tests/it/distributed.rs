@@ -234,6 +234,17 @@ fn shell(lab: &Lab, client: &Path, args: &[&str], script: &str) -> Child {
 async fn shell_leases_by_selector_and_drives_the_exporter_through_the_router() {
     let lab = lab().await;
     let exporter_cfg = lab.exporter("ex1", &[("board", "rpi4")]).await;
+    // Also files whose lease-created copies go when the lease ends.
+    let files = lab.path("files");
+    std::fs::create_dir(&files).unwrap();
+    let mut yaml = std::fs::read_to_string(&exporter_cfg).unwrap();
+    yaml += &format!(
+        "  files:\n    type: jumpstarter_driver_opendal.driver.Opendal\n    config:\n      \
+         scheme: fs\n      kwargs:\n        root: {}\n      remove_created_on_close: true\n",
+        files.display()
+    );
+    std::fs::write(&exporter_cfg, yaml).unwrap();
+    std::fs::write(lab.path("note.txt"), "a note").unwrap();
     let client = lab.client("hello").await;
     let mut exporter = lab.run_exporter(&exporter_cfg, "ex1.log");
     lab.wait_status("ex1", ExporterStatusValue::Available).await;
@@ -243,6 +254,7 @@ async fn shell_leases_by_selector_and_drives_the_exporter_through_the_router() {
         &client,
         &["-l", "board=rpi4", "--duration", "10m"],
         "j power on && j power read && \
+         j files write-from-path note.txt note.txt && test -f files/note.txt && \
          echo \"lease=$JMP_LEASE exporter=$JMP_EXPORTER labels=$JMP_EXPORTER_LABELS host=$JUMPSTARTER_HOST\" && \
          exit 7",
     );
@@ -270,6 +282,8 @@ async fn shell_leases_by_selector_and_drives_the_exporter_through_the_router() {
         "{log}"
     );
     assert!(log.contains(&format!("lease {lease_name} ended")), "{log}");
+    // The lease's session ended for the drivers too (upstream closes them).
+    assert!(!files.join("note.txt").exists());
 
     // By exporter name: a new lease.
     let child = shell(

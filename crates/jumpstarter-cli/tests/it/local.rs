@@ -239,3 +239,42 @@ fn completion_scripts_for_each_shell() {
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out).1.contains("bash, zsh, fish"), "{:?}", text(&out));
 }
+
+#[test]
+fn files_created_in_a_shell_are_removed_when_it_ends_if_configured() {
+    let s = Scratch::new();
+    let root = s.path("root");
+    std::fs::create_dir(&root).unwrap();
+    s.write("image.img", "image bytes");
+    let config = |remove: bool| {
+        format!(
+            "apiVersion: jumpstarter.dev/v1alpha1\nkind: ExporterConfig\nmetadata:\n  \
+             namespace: default\n  name: e2e\nendpoint: \"\"\ntoken: \"\"\nexport:\n  \
+             storage:\n    type: jumpstarter_driver_opendal.driver.Opendal\n    config:\n      \
+             scheme: fs\n      kwargs:\n        root: {}\n      remove_created_on_close: {remove}\n",
+            root.display()
+        )
+    };
+    for remove in [true, false] {
+        s.write("opendal.yaml", &config(remove));
+        let out = s
+            .cmd(JMP)
+            .args([
+                "shell",
+                "--exporter-config",
+                "opendal.yaml",
+                "--",
+                "sh",
+                "-c",
+            ])
+            .arg(format!(
+                "{J} storage write-from-path copy.img image.img && test -f root/copy.img"
+            ))
+            .output()
+            .unwrap();
+        let (stdout, stderr) = text(&out);
+        assert!(out.status.success(), "{stdout}{stderr}");
+        // As upstream, where drivers are closed at the end of each session.
+        assert_eq!(root.join("copy.img").exists(), !remove, "remove={remove}");
+    }
+}

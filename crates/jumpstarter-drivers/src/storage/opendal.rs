@@ -2,8 +2,10 @@
 //!
 //! Config (as upstream): `scheme` (e.g. `fs`, `memory`; `s3` and other network services
 //! with the `storage-s3` feature), `kwargs` (the service options, e.g. `root`), and
-//! `remove_created_on_close`. Every path is relative to the service root; paths that leave
-//! it (`..`) are refused.
+//! `remove_created_on_close` (the files written through the driver are removed when the
+//! session ends: the lease, or the `jmp shell`). Every path is relative to the service root;
+//! paths that leave it (`..`) are refused. Files a session leaves open are discarded when it
+//! ends.
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -283,7 +285,10 @@ fn staging_path(path: &str) -> String {
     }
 }
 
-#[driver(client = "jumpstarter_driver_opendal.client.OpendalClient")]
+#[driver(
+    client = "jumpstarter_driver_opendal.client.OpendalClient",
+    session_end = end_session
+)]
 impl Opendal {
     /// Opens `path` for reading (`rb`) or writing (`wb`); returns a file descriptor.
     ///
@@ -389,6 +394,9 @@ impl Opendal {
             return Err(mode_error(&OpenFile::Closed, fd, ""));
         };
         let mut stream = ctx.resource(&src)?;
+        // Until the transfer ends well: if this call is cancelled midway (its client went
+        // away), the file stays marked failed, so that closing it stores nothing.
+        *failed = Some("a write was interrupted".into());
         let result: Result<(), StorageError> = async {
             loop {
                 // Chunks as received: no copy unless the bytes are being decoded.
@@ -412,6 +420,7 @@ impl Opendal {
             }
             return Err(e.into());
         }
+        *failed = None;
         Ok(())
     }
 
@@ -695,7 +704,7 @@ impl Opendal {
         Ok(self.lock_created().clone())
     }
 
-    /// Records `path` as created by this driver (removed on close when
+    /// Records `path` as created by this driver (removed when the session ends if
     /// `remove_created_on_close` is set).
     #[export]
     async fn register_path(&self, path: String) -> Result<(), DriverError> {
@@ -791,6 +800,38 @@ impl Opendal {
             OpenFile::Read { .. } => Ok(Mode::Read),
             OpenFile::Write { .. } => Ok(Mode::Write),
             OpenFile::Closed => Err(mode_error(&file, fd, "")),
+        }
+    }
+
+    /// Undoes what an ended session left behind (upstream builds its drivers per session
+    /// and does this in `close()`): files still open are closed, writes among them
+    /// discarded (nothing is stored), and with `remove_created_on_close` the files created
+    /// through the driver are removed.
+    async fn end_session(&self) {
+        let open: Vec<FileSlot> = self.lock_files().drain().map(|(_, slot)| slot).collect();
+        for slot in open {
+            let old = std::mem::replace(&mut *slot.lock().await, OpenFile::Closed);
+            if let OpenFile::Write {
+                path,
+                staging,
+                writer,
+                ..
+            } = old
+            {
+                if let Some(mut w) = writer {
+                    let _ = w.abort().await;
+                }
+                self.discard(&staging, &path).await;
+                tracing::info!("{path}: still open for writing when the session ended; not stored");
+            }
+        }
+        if self.remove_created_on_close {
+            let created = std::mem::take(&mut *self.lock_created());
+            for p in created {
+                if let Err(e) = self.op.delete(&p).await {
+                    tracing::warn!("cannot remove created file {p}: {e}");
+                }
+            }
         }
     }
 

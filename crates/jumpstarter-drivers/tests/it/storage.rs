@@ -696,3 +696,138 @@ async fn j_opendal_commands_run() {
     let e = j(a(&["stat", "../outside"])).await.unwrap_err();
     assert!(e.to_string().contains("outside the storage root"), "{e}");
 }
+
+/// The size of the largest partial file in `dir`.
+fn partial_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_name().to_string_lossy().contains(".partial-"))
+        .map(|e| e.metadata().map(|m| m.len()).unwrap_or(0))
+        .max()
+        .unwrap_or(0)
+}
+
+/// Waits until `cond` holds (panics after 30 s, naming `what`).
+async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !cond() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+/// Starts `call` (a write) on a fresh connection, sends part of the bytes, waits until
+/// `started` holds, then drops the whole client (connection included), as a killed `j` would.
+async fn vanish_midway(
+    served: &Served,
+    call: &str,
+    fd: Option<uuid::Uuid>,
+    started: impl FnMut() -> bool,
+) {
+    let session = served.client().await;
+    let client = session.driver("storage").unwrap();
+    let res = client.open_resource(None).await.unwrap();
+    let handle = res.handle.clone();
+    let mut ends = res.ends;
+    let c = client.clone();
+    let call = call.to_string();
+    let running = tokio::spawn(async move {
+        match fd {
+            Some(fd) => c.call::<serde_json::Value>(&call, (fd, handle)).await,
+            None => c.call::<serde_json::Value>(&call, (handle,)).await,
+        }
+    });
+    for _ in 0..16 {
+        ends.upload
+            .send(bytes::Bytes::from(vec![0xCD; 64 * 1024]))
+            .await
+            .unwrap();
+    }
+    wait_until("the write to start", started).await;
+    // The call goes first (the exporter cancels it while its stream is still open), then
+    // the stream and the connection.
+    running.abort();
+    let _ = running.await;
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    drop((ends, client, session));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_vanishing_midway_leaves_the_medium_and_no_partial_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mux, medium) = mux_with_file(dir.path());
+    std::fs::write(&medium, b"previous content").unwrap();
+    let served = Served::start(vec![("storage", mux)]);
+    let d = dir.path().to_path_buf();
+    vanish_midway(&served, "write", None, || partial_bytes(&d) > 0).await;
+    // The exporter notices the connection is gone, cancels the call and removes the partial
+    // file, without waiting for the session to end.
+    wait_until("the partial medium to be removed", || {
+        files_in(dir.path()) == ["medium.img"]
+    })
+    .await;
+    assert_eq!(std::fs::read(&medium).unwrap(), b"previous content");
+    // The driver still serves.
+    let storage = StorageMuxClient(served.client().await.driver("storage").unwrap());
+    storage.host().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opendal_files_left_open_are_discarded_when_the_session_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let kwargs = BTreeMap::from([("root".to_string(), root.to_string_lossy().into_owned())]);
+    let od = Arc::new(Opendal::new("fs", kwargs, true).unwrap());
+    let served = Served::start(vec![("storage", od)]);
+    let c = OpendalClient(served.client().await.driver("storage").unwrap());
+
+    // A file written completely: created by this session.
+    c.write_bytes("kept-until-the-end.txt", b"data".to_vec())
+        .await
+        .unwrap();
+    // A file open for writing whose client vanishes midway through a write.
+    let f = c.open("cut.img", "wb").await.unwrap();
+    let fd = f.fd();
+    let r = root.clone();
+    vanish_midway(&served, "file_write", Some(fd), || partial_bytes(&r) > 0).await;
+    // Even if a client closes it now, nothing is stored: the write was interrupted.
+    let e = f.close().await.unwrap_err().to_string();
+    assert!(e.contains("not stored") && e.contains("interrupted"), "{e}");
+    assert!(!root.join("cut.img").exists());
+
+    // Another file written to but never closed.
+    let left = c.open("left-open.img", "wb").await.unwrap();
+    let fd = left.fd();
+    let c2 = c.clone();
+    c.0.upload(
+        UploadSource::reader(std::io::Cursor::new(vec![1u8; 1 << 20])),
+        None,
+        |h| async move { c2.0.call::<()>("file_write", (fd, h)).await },
+    )
+    .await
+    .unwrap();
+    wait_until("the open file's bytes in its staging file", || {
+        partial_bytes(&root) > 0
+    })
+    .await;
+    assert!(!root.join("left-open.img").exists());
+
+    // The session ends: open files are discarded, created files removed
+    // (`remove_created_on_close`), and the old descriptors are unknown.
+    served.session.close().await;
+    wait_until("the storage root to be emptied", || {
+        files_in(&root).is_empty()
+    })
+    .await;
+    let e =
+        c.0.call::<u64>("file_tell", (left.fd(),))
+            .await
+            .unwrap_err()
+            .to_string();
+    assert!(e.contains("unknown file descriptor"), "{e}");
+}
