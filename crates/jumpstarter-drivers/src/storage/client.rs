@@ -30,12 +30,22 @@ async fn open_local(path: &Path) -> Result<(tokio::fs::File, u64), ClientError> 
     let f = tokio::fs::File::open(path)
         .await
         .map_err(|e| io_err("opening", path, e))?;
-    let len = f
+    let meta = f
         .metadata()
         .await
-        .map_err(|e| io_err("reading metadata of", path, e))?
-        .len();
-    Ok((f, len))
+        .map_err(|e| io_err("reading metadata of", path, e))?;
+    if meta.is_dir() {
+        return Err(is_a_directory("reading", path));
+    }
+    Ok((f, meta.len()))
+}
+
+fn is_a_directory(what: &str, path: &Path) -> ClientError {
+    io_err(
+        what,
+        path,
+        std::io::Error::new(std::io::ErrorKind::IsADirectory, "it is a directory"),
+    )
 }
 
 /// An opened local file as an upload source, counted by `progress` as it is read.
@@ -73,6 +83,10 @@ where
     F: FnOnce(FileWriter) -> Fut,
     Fut: std::future::Future<Output = Result<T, ClientError>>,
 {
+    // Refused before anything moves, rather than failing at the rename after the transfer.
+    if tokio::fs::metadata(path).await.is_ok_and(|m| m.is_dir()) {
+        return Err(is_a_directory("writing", path));
+    }
     let (partial, file) = Partial::create(path).await.map_err(storage_err)?;
     let v = body(FileWriter::new(file)).await?;
     partial.commit(path).await.map_err(storage_err)?;

@@ -446,6 +446,38 @@ async fn broken_download_fails_and_creates_no_file() {
 }
 
 #[tokio::test]
+async fn local_directories_are_refused_before_anything_moves() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mux, medium) = mux_with_file(dir.path());
+    std::fs::write(&medium, b"previous content").unwrap();
+    let served = Served::start(vec![("storage", mux)]);
+    let storage = StorageMuxClient(served.client().await.driver("storage").unwrap());
+    let sub = dir.path().join("sub");
+    std::fs::create_dir(&sub).unwrap();
+    let e = storage
+        .write_local_file(&sub, &TransferOptions::default())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("reading") && e.contains("sub: it is a directory"),
+        "{e}"
+    );
+    let e = storage
+        .read_local_file(&sub, &TransferOptions::default())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("writing") && e.contains("sub: it is a directory"),
+        "{e}"
+    );
+    assert_eq!(std::fs::read(&medium).unwrap(), b"previous content");
+    assert_eq!(files_in(dir.path()), ["medium.img", "sub"]);
+    assert!(files_in(&sub).is_empty());
+}
+
+#[tokio::test]
 async fn opendal_bad_input_gives_clear_errors() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("secret"), b"outside").unwrap();
