@@ -40,6 +40,17 @@ async fn open_local(path: &Path) -> Result<(tokio::fs::File, u64), ClientError> 
     Ok((f, meta.len()))
 }
 
+/// The size of a regular file, for progress; none for a pipe or device (or a path that
+/// cannot be read, reported when it is opened). Found without opening the file: a FIFO
+/// opened twice loses what its writer sent in between.
+async fn local_size(path: &Path) -> Option<u64> {
+    tokio::fs::metadata(path)
+        .await
+        .ok()
+        .filter(|m| m.is_file())
+        .map(|m| m.len())
+}
+
 fn is_a_directory(what: &str, path: &Path) -> ClientError {
     io_err(
         what,
@@ -58,6 +69,14 @@ async fn file_source(file: tokio::fs::File, progress: &Progress) -> UploadSource
 
 /// Reads the first bytes of a file to recognise its compression.
 pub async fn detect_encoding(path: &Path) -> Result<Option<ContentEncoding>, ClientError> {
+    // Peeking at a pipe would take its first bytes away from the transfer.
+    if local_size(path).await.is_none() && tokio::fs::metadata(path).await.is_ok() {
+        return Err(ClientError::Value(format!(
+            "cannot recognise the compression of {}: not a regular file (name it with \
+             --compression)",
+            path.display()
+        )));
+    }
     let mut f = tokio::fs::File::open(path)
         .await
         .map_err(|e| io_err("opening", path, e))?;
@@ -550,10 +569,9 @@ fn run_mux(client: DriverClient, matches: ArgMatches) -> CliFuture {
             "dut" => mux.dut().await,
             "off" => mux.off().await,
             "write-local-file" => {
-                let total = open_local(&file).await?.1;
                 let opts = TransferOptions {
                     encoding: None,
-                    progress: Progress::stderr("write", Some(total)),
+                    progress: Progress::stderr("write", local_size(&file).await),
                 };
                 mux.write_local_file(&file, &opts).await.map(|_| ())
             }
@@ -565,10 +583,9 @@ fn run_mux(client: DriverClient, matches: ArgMatches) -> CliFuture {
                 mux.read_local_file(&file, &opts).await
             }
             "flash" => {
-                let total = open_local(&file).await?.1;
                 let opts = TransferOptions {
                     encoding: encoding_for(m, &file).await?,
-                    progress: Progress::stderr("flash", Some(total)),
+                    progress: Progress::stderr("flash", local_size(&file).await),
                 };
                 mux.flash(&file, &opts, m.get_flag("verify")).await?;
                 if m.get_flag("verify") {
@@ -703,10 +720,9 @@ fn run_opendal(client: DriverClient, matches: ArgMatches) -> CliFuture {
             .unwrap_or_default();
         match name {
             "write-from-path" => {
-                let total = open_local(&file).await?.1;
                 let opts = TransferOptions {
                     encoding: encoding_for(m, &file).await?,
-                    progress: Progress::stderr("write", Some(total)),
+                    progress: Progress::stderr("write", local_size(&file).await),
                 };
                 c.write_from_path(&s("dst"), &file, &opts).await
             }

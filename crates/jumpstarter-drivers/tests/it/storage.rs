@@ -478,6 +478,26 @@ async fn local_directories_are_refused_before_anything_moves() {
 }
 
 #[tokio::test]
+async fn compression_is_not_guessed_from_a_pipe() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("image.fifo");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    // Peeking would take the first bytes away from the transfer: refused, without opening.
+    let e = jumpstarter_drivers::storage::detect_encoding(&fifo)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("not a regular file") && e.contains("--compression"),
+        "{e}"
+    );
+}
+
+#[tokio::test]
 async fn opendal_bad_input_gives_clear_errors() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("secret"), b"outside").unwrap();
