@@ -14,11 +14,8 @@
 //! ([`DirectTarget`]); otherwise it stays on the router. Upstream clients ignore the field.
 
 use std::{
-    future::Future,
     net::SocketAddr,
-    pin::Pin,
     sync::{Arc, Mutex},
-    task::{Context, Poll},
     time::Duration,
 };
 
@@ -29,7 +26,6 @@ use jumpstarter_proto::v1::{
     exporter_service_server::ExporterServiceServer,
 };
 use tokio::{
-    io::{AsyncRead, AsyncWrite, ReadBuf},
     net::{TcpListener, TcpStream},
     sync::mpsc,
     task::JoinHandle,
@@ -42,14 +38,14 @@ use tokio_rustls::{
         pki_types::{CertificateDer, PrivateKeyDer, ServerName, pem::PemObject},
     },
 };
-use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
-use tonic::transport::{Certificate, Server, ServerTlsConfig, Uri, server::Connected};
+use tokio_util::sync::CancellationToken;
+use tonic::transport::{Certificate, Server, ServerTlsConfig, Uri};
 
 use crate::{
     Session,
     auth::{CertificateAuthority, IssuedCert, TlsError},
     client::{CallMetadata, ClientError, SessionChannel, error_chain},
-    serve::{CONNECTION_WINDOW, STREAM_WINDOW},
+    serve::{CONNECTION_WINDOW, STREAM_WINDOW, Severable},
 };
 
 /// How long a client waits for an advertised endpoint before staying on the router.
@@ -244,63 +240,9 @@ impl LeaseCredentials {
     }
 }
 
-/// A TCP connection that fails as soon as its lease ends, so no direct connection outlives
-/// the lease (a graceful HTTP/2 shutdown would wait for long streams).
-struct LeaseBound {
-    io: TcpStream,
-    ended: Pin<Box<WaitForCancellationFutureOwned>>,
-}
-
-impl LeaseBound {
-    fn check(&mut self, cx: &mut Context<'_>) -> Result<(), std::io::Error> {
-        if self.ended.as_mut().poll(cx).is_ready() {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::ConnectionAborted,
-                "the lease of this direct connection ended",
-            ));
-        }
-        Ok(())
-    }
-}
-
-impl AsyncRead for LeaseBound {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        self.check(cx)?;
-        Pin::new(&mut self.io).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for LeaseBound {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        self.check(cx)?;
-        Pin::new(&mut self.io).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        self.check(cx)?;
-        Pin::new(&mut self.io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
-    }
-}
-
-impl Connected for LeaseBound {
-    type ConnectInfo = <TcpStream as Connected>::ConnectInfo;
-
-    fn connect_info(&self) -> Self::ConnectInfo {
-        self.io.connect_info()
-    }
-}
+/// A direct connection, cut as soon as its lease ends, so that none outlives the lease (a
+/// graceful HTTP/2 shutdown would wait for long streams).
+type LeaseBound = Severable<TcpStream>;
 
 /// The lease currently served: where accepted connections go, and its end.
 struct ActiveLease {
@@ -447,10 +389,7 @@ async fn accept_loop(listener: TcpListener, current: Arc<Mutex<Option<ActiveLeas
             tracing::debug!("direct listener: refused {peer}: no lease is being served");
             continue;
         };
-        let conn = LeaseBound {
-            io: conn,
-            ended: Box::pin(ended.cancelled_owned()),
-        };
+        let conn = Severable::new(conn, ended, "the lease of this direct connection ended");
         if queue.try_send(conn).is_err() {
             tracing::debug!("direct listener: refused {peer}: too many pending connections");
         }

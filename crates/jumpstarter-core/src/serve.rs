@@ -1,14 +1,26 @@
 //! Serving a [`Session`] on a Unix socket (local mode) or TCP (direct mode).
 
-use std::{future::Future, io, path::Path, sync::Arc};
+use std::{
+    future::Future,
+    io,
+    path::Path,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+    time::Duration,
+};
 
 use jumpstarter_proto::v1::exporter_service_server::ExporterServiceServer;
 use subtle::ConstantTimeEq;
-use tokio::net::{TcpListener, UnixListener};
+use tokio::{
+    io::{AsyncRead, AsyncWrite, ReadBuf},
+    net::{TcpListener, UnixListener},
+};
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tonic::{
     Request, Status,
-    transport::{Identity, Server, ServerTlsConfig},
+    transport::{Identity, Server, ServerTlsConfig, server::Connected},
 };
 
 use crate::{CoreError, Session, tunnel_conn::TunnelConn};
@@ -17,6 +29,11 @@ use crate::{CoreError, Session, tunnel_conn::TunnelConn};
 pub const STREAM_WINDOW: u32 = 4 * 1024 * 1024;
 /// HTTP/2 connection flow-control window of our servers and clients.
 pub const CONNECTION_WINDOW: u32 = 8 * 1024 * 1024;
+
+/// How long a stopping server lets its connections finish what they are doing (a call, a
+/// transfer) before it cuts them: a stalled upload or an open console must not keep an
+/// exporter from stopping.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// The metadata key carrying a direct-mode passphrase.
 pub const PASSPHRASE_METADATA: &str = "x-jumpstarter-passphrase";
@@ -118,12 +135,11 @@ pub fn serve_unix(
         source: e,
     })?;
     let router = router(&session, &ServeOptions::default())?;
-    Ok(async move {
-        router
-            .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
-            .await
-            .map_err(|e| CoreError::Serve(e.to_string()))
-    })
+    Ok(serve_bounded(
+        router,
+        UnixListenerStream::new(listener),
+        shutdown,
+    ))
 }
 
 /// Serves `session` on each connection `tunnels` yields (an exporter's router tunnels,
@@ -147,8 +163,122 @@ pub async fn serve_tcp(
     opts: ServeOptions,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), CoreError> {
-    router(&session, &opts)?
-        .serve_with_incoming_shutdown(nodelay_incoming(listener), shutdown)
-        .await
-        .map_err(|e| CoreError::Serve(e.to_string()))
+    serve_bounded(
+        router(&session, &opts)?,
+        nodelay_incoming(listener),
+        shutdown,
+    )
+    .await
+}
+
+/// Serves `incoming` until `shutdown` resolves, then gives open connections
+/// [`SHUTDOWN_GRACE`] to finish before cutting them (their calls are cancelled, with the
+/// runtime still running, so drivers clean up).
+async fn serve_bounded<IO>(
+    router: tonic::transport::server::Router,
+    incoming: impl futures::Stream<Item = io::Result<IO>> + Send + 'static,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), CoreError>
+where
+    IO: AsyncRead + AsyncWrite + Connected + Unpin + Send + 'static,
+{
+    use futures::StreamExt;
+    let cut = CancellationToken::new();
+    let incoming = {
+        let cut = cut.clone();
+        incoming.map(move |conn| {
+            conn.map(|io| Severable::new(io, cut.clone(), "the exporter is shutting down"))
+        })
+    };
+    let (stopping, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = router.serve_with_incoming_shutdown(incoming, async move {
+        shutdown.await;
+        let _ = stopping.send(());
+    });
+    tokio::pin!(server);
+    let done = tokio::select! {
+        r = &mut server => Some(r),
+        Ok(()) = stopped => None,
+    };
+    let r = match done {
+        Some(r) => r,
+        None => match tokio::time::timeout(SHUTDOWN_GRACE, &mut server).await {
+            Ok(r) => r,
+            Err(_) => {
+                tracing::info!(
+                    "connections still busy {}s after the stop: closing them",
+                    SHUTDOWN_GRACE.as_secs()
+                );
+                cut.cancel();
+                server.await
+            }
+        },
+    };
+    r.map_err(|e| CoreError::Serve(e.to_string()))
+}
+
+/// A connection that fails (`ConnectionAborted`, saying `why`) as soon as `cut` is
+/// cancelled: HTTP/2 then ends at once, cancelling the calls it carries, where a graceful
+/// shutdown would wait for long streams.
+pub(crate) struct Severable<T> {
+    io: T,
+    cut: Pin<Box<WaitForCancellationFutureOwned>>,
+    why: &'static str,
+}
+
+impl<T> Severable<T> {
+    /// Wraps `io`.
+    pub(crate) fn new(io: T, cut: CancellationToken, why: &'static str) -> Self {
+        Self {
+            io,
+            cut: Box::pin(cut.cancelled_owned()),
+            why,
+        }
+    }
+
+    fn check(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
+        if self.cut.as_mut().poll(cx).is_ready() {
+            return Err(io::Error::new(io::ErrorKind::ConnectionAborted, self.why));
+        }
+        Ok(())
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Severable<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        self.check(cx)?;
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Severable<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.check(cx)?;
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.check(cx)?;
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+impl<T: Connected> Connected for Severable<T> {
+    type ConnectInfo = T::ConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.io.connect_info()
+    }
 }

@@ -133,3 +133,46 @@ fn an_interrupted_upload_leaves_the_medium_and_no_partial_file() {
     });
     assert_eq!(std::fs::read(&medium).unwrap(), b"previous content");
 }
+
+#[test]
+fn an_exporter_stopping_mid_upload_stops_soon_and_keeps_the_medium() {
+    let s = Scratch::new();
+    let (mut exporter, host, medium) = exporter_with_medium(&s, b"previous content");
+    let fifo = s.path("image.fifo");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let mut child = j(&s, &host, &["write-local-file", "image.fifo"]);
+    // The upload stalls: its source stays open with nothing more to read.
+    let mut feed = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+    feed.write_all(&random_bytes(1 << 20)).unwrap();
+    wait_for("the medium's partial file", || {
+        !partials(s.dir.path()).is_empty()
+    });
+    let pid = exporter.0.id().to_string();
+    let ok = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok);
+    // The stalled call is cut after the grace period instead of holding the exporter.
+    let mut status = None;
+    wait_for("the exporter to exit", || {
+        status = exporter.0.try_wait().unwrap();
+        status.is_some()
+    });
+    assert_eq!(status.and_then(|s| s.code()), Some(0));
+    assert!(
+        partials(s.dir.path()).is_empty(),
+        "{:?}",
+        partials(s.dir.path())
+    );
+    assert_eq!(std::fs::read(&medium).unwrap(), b"previous content");
+    drop(feed);
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    assert!(!child.wait().unwrap().success(), "{stderr}");
+}

@@ -254,21 +254,13 @@ impl Drop for Partial {
             "write into {} not completed: left unchanged",
             self.target.display()
         );
-        let remove = move || {
-            if let Err(e) = std::fs::remove_file(&path)
-                && e.kind() != std::io::ErrorKind::NotFound
-            {
-                tracing::warn!("cannot remove partial file {}: {e}", path.display());
-            }
-        };
-        // Removing a big file frees its blocks, which takes a moment: on a blocking thread
-        // when a multi-thread runtime has them; inline otherwise (a current-thread runtime,
-        // such as `j`'s, may be about to exit and would never run a queued task).
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) if rt.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
-                rt.spawn_blocking(remove);
-            }
-            _ => remove(),
+        // Inline, even on a runtime worker: this runs only when a write failed or was
+        // cancelled, and a task queued for later would not run if the runtime is shutting
+        // down (the exporter stopping mid-transfer) – the file would stay behind.
+        if let Err(e) = std::fs::remove_file(&path)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!("cannot remove partial file {}: {e}", path.display());
         }
     }
 }
@@ -351,22 +343,6 @@ mod tests {
             names_in(dir.path())
         );
         assert!(!target.exists());
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_partial_dropped_on_a_multi_thread_runtime_is_removed_off_the_worker() {
-        let dir = tempfile::tempdir().unwrap();
-        let target = dir.path().join("disk.img");
-        let (partial, _file) = Partial::create(&target).await.unwrap();
-        drop(partial);
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while !names_in(dir.path()).is_empty() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "partial file left behind"
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
     }
 
     #[tokio::test]
