@@ -13,9 +13,10 @@ use tokio::io::AsyncReadExt;
 use uuid::Uuid;
 
 use super::{
-    HashAlgo, Metadata, Partial, StorageError, hash_reader,
+    HashAlgo, Metadata, Partial, StorageError, WriteTarget, hash_reader, open_in_place,
     opendal::Capability,
     progress::{Progress, ProgressWriter},
+    write_target,
 };
 use crate::cli::{CliFuture, DriverCommand};
 
@@ -97,18 +98,25 @@ pub async fn detect_encoding(path: &Path) -> Result<Option<ContentEncoding>, Cli
 
 /// Writes into a hidden sibling of `path`, renamed over `path` only if `body` succeeds; the
 /// sibling is removed otherwise, also when this future is dropped (the command interrupted).
+///
+/// A symbolic link is followed (the file it names is replaced, the link stays), and a
+/// device, pipe or socket that exists (`/dev/null`, `/dev/stdout`, a FIFO) is written
+/// directly: there is no file to put in place, and renaming over it would replace it.
 async fn write_local_atomically<T, F, Fut>(path: &Path, body: F) -> Result<T, ClientError>
 where
     F: FnOnce(FileWriter) -> Fut,
     Fut: std::future::Future<Output = Result<T, ClientError>>,
 {
-    // Refused before anything moves, rather than failing at the rename after the transfer.
-    if tokio::fs::metadata(path).await.is_ok_and(|m| m.is_dir()) {
-        return Err(is_a_directory("writing", path));
-    }
-    let (partial, file) = Partial::create(path).await.map_err(storage_err)?;
+    let target = match write_target(path).await.map_err(storage_err)? {
+        WriteTarget::InPlace => {
+            let file = open_in_place(path).await.map_err(storage_err)?;
+            return body(FileWriter::new(file)).await;
+        }
+        WriteTarget::Replace(target) => target,
+    };
+    let (partial, file) = Partial::create(&target).await.map_err(storage_err)?;
     let v = body(FileWriter::new(file)).await?;
-    partial.commit(path).await.map_err(storage_err)?;
+    partial.commit(&target).await.map_err(storage_err)?;
     Ok(v)
 }
 

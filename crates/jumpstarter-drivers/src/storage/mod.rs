@@ -83,6 +83,14 @@ pub enum StorageError {
         /// Why.
         source: std::io::Error,
     },
+    /// A transfer broke midway into a medium written in place (a device).
+    #[error("transfer into {target} failed midway, the device is partly written: {source}")]
+    PartlyWritten {
+        /// The device.
+        target: String,
+        /// Why.
+        source: std::io::Error,
+    },
     /// No open file with that descriptor.
     #[error("unknown file descriptor {0}: not opened by this driver, or already closed")]
     UnknownFd(uuid::Uuid),
@@ -198,6 +206,64 @@ fn partial_path(target: &Path) -> PathBuf {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "file".into());
     target.with_file_name(format!(".{name}.partial-{}", uuid::Uuid::new_v4().simple()))
+}
+
+/// How a local path receives a whole new content.
+#[derive(Debug, PartialEq)]
+pub(crate) enum WriteTarget {
+    /// A regular file (or none yet): written beside it with [`Partial`], renamed over this
+    /// path (a symbolic link's target: the link stays) once complete.
+    Replace(PathBuf),
+    /// A device, pipe or socket (a block device, `/dev/null`, `/dev/stdout`, a FIFO):
+    /// written in place, since there is no file to swap, and renaming over it would replace
+    /// it.
+    InPlace,
+}
+
+/// How `path` receives a new content; a directory is refused before anything moves.
+pub(crate) async fn write_target(path: &Path) -> Result<WriteTarget, StorageError> {
+    let Ok(meta) = tokio::fs::metadata(path).await else {
+        // Missing (or unreadable: creating the partial file reports it).
+        return Ok(WriteTarget::Replace(path.to_path_buf()));
+    };
+    if meta.is_dir() {
+        return Err(StorageError::File {
+            what: "writing",
+            path: path.to_path_buf(),
+            source: std::io::Error::new(std::io::ErrorKind::IsADirectory, "it is a directory"),
+        });
+    }
+    if !meta.is_file() {
+        return Ok(WriteTarget::InPlace);
+    }
+    let link = tokio::fs::symlink_metadata(path)
+        .await
+        .is_ok_and(|m| m.file_type().is_symlink());
+    if !link {
+        return Ok(WriteTarget::Replace(path.to_path_buf()));
+    }
+    tokio::fs::canonicalize(path)
+        .await
+        .map(WriteTarget::Replace)
+        .map_err(|source| StorageError::File {
+            what: "resolving",
+            path: path.to_path_buf(),
+            source,
+        })
+}
+
+/// Opens an existing device, pipe or socket for writing (see [`WriteTarget::InPlace`]).
+pub(crate) async fn open_in_place(path: &Path) -> Result<std::fs::File, StorageError> {
+    let file = tokio::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .await
+        .map_err(|source| StorageError::File {
+            what: "opening",
+            path: path.to_path_buf(),
+            source,
+        })?;
+    Ok(file.into_std().await)
 }
 
 /// A file being written beside its target (at [`partial_path`]) until
@@ -343,6 +409,41 @@ mod tests {
             names_in(dir.path())
         );
         assert!(!target.exists());
+    }
+
+    #[tokio::test]
+    async fn write_targets_by_kind_of_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("new.img");
+        assert_eq!(
+            write_target(&missing).await.unwrap(),
+            WriteTarget::Replace(missing.clone())
+        );
+        let real = dir.path().join("real.img");
+        std::fs::write(&real, b"x").unwrap();
+        assert_eq!(
+            write_target(&real).await.unwrap(),
+            WriteTarget::Replace(real.clone())
+        );
+        let link = dir.path().join("link.img");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        assert_eq!(
+            write_target(&link).await.unwrap(),
+            WriteTarget::Replace(real.canonicalize().unwrap())
+        );
+        let e = write_target(dir.path()).await.unwrap_err().to_string();
+        assert!(e.contains("it is a directory"), "{e}");
+        assert_eq!(
+            write_target(Path::new("/dev/null")).await.unwrap(),
+            WriteTarget::InPlace
+        );
+        let fifo = dir.path().join("out.fifo");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        assert_eq!(write_target(&fifo).await.unwrap(), WriteTarget::InPlace);
     }
 
     #[tokio::test]

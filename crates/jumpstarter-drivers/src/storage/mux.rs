@@ -11,13 +11,16 @@ use jumpstarter_core::{
 use serde::Deserialize;
 use tokio::io::AsyncWriteExt;
 
-use super::{HashAlgo, Partial, StorageError, hash_reader};
+use super::{
+    HashAlgo, Partial, StorageError, WriteTarget, hash_reader, open_in_place, write_target,
+};
 
 /// Config of [`MockStorageMux`] (all optional).
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct MuxConfig {
-    /// The file backing the medium (ours; upstream always uses a temporary file).
+    /// The file backing the medium (ours; upstream always uses a temporary file). A block
+    /// device is written in place.
     #[serde(default)]
     file: Option<PathBuf>,
 }
@@ -55,12 +58,29 @@ impl Medium {
         &self.path
     }
 
-    /// Replaces the medium's content with the resource's bytes; the medium changes only if
-    /// the whole transfer arrived. Returns the number of bytes stored.
+    /// Replaces the medium's content with the resource's bytes; a file changes only if the
+    /// whole transfer arrived, a device is written in place. Returns the number of bytes
+    /// stored.
     async fn write(&self, ctx: &CallContext, src: &ResourceHandle) -> Result<u64, DriverError> {
         let mut stream = ctx.resource(src)?;
+        let target = match write_target(&self.path).await? {
+            WriteTarget::Replace(target) => target,
+            WriteTarget::InPlace => {
+                // A device cannot be swapped whole: it is written where it is, and a broken
+                // transfer leaves it partly written (and says so).
+                let n = stream
+                    .copy_to_file(open_in_place(&self.path).await?)
+                    .await
+                    .map_err(|e| StorageError::PartlyWritten {
+                        target: self.path.display().to_string(),
+                        source: e,
+                    })?;
+                ctx.log_info(format!("wrote {n} bytes to the medium"));
+                return Ok(n);
+            }
+        };
         // Removed unless renamed into place below, also when this call is cancelled.
-        let (partial, file) = Partial::create(&self.path).await?;
+        let (partial, file) = Partial::create(&target).await?;
         let n = stream
             .copy_to_file(file)
             .await
@@ -71,11 +91,11 @@ impl Medium {
         // The old content stays open across the rename, so that its blocks are released
         // when this handle closes, on a blocking thread after the reply, instead of inside
         // the rename (freeing a GiB on tmpfs takes about 0.2 s).
-        let old = match tokio::fs::File::open(&self.path).await {
+        let old = match tokio::fs::File::open(&target).await {
             Ok(f) => Some(f.into_std().await),
             Err(_) => None,
         };
-        partial.commit(&self.path).await?;
+        partial.commit(&target).await?;
         if let Some(old) = old {
             tokio::task::spawn_blocking(move || drop(old));
         }

@@ -477,6 +477,96 @@ async fn local_directories_are_refused_before_anything_moves() {
     assert!(files_in(&sub).is_empty());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn downloads_write_through_pipes_and_links_without_replacing_them() {
+    use std::os::unix::fs::FileTypeExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (mux, medium) = mux_with_file(dir.path());
+    random_file(&medium, 3 * MIB + 5, 3);
+    let want = std::fs::read(&medium).unwrap();
+    let served = Served::start(vec![("storage", mux)]);
+    let storage = StorageMuxClient(served.client().await.driver("storage").unwrap());
+
+    // A FIFO (as `/dev/stdout` into a pipe): written directly, still a FIFO afterwards.
+    let fifo = dir.path().join("out.fifo");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || std::fs::read(fifo).unwrap())
+    };
+    storage
+        .read_local_file(&fifo, &TransferOptions::default())
+        .await
+        .unwrap();
+    // (Checked first: had it been replaced, the reader would wait for ever.)
+    let ft = std::fs::symlink_metadata(&fifo).unwrap().file_type();
+    assert!(ft.is_fifo(), "the FIFO was replaced: {ft:?}");
+    assert!(
+        reader.join().unwrap() == want,
+        "bytes through the FIFO differ"
+    );
+
+    // A symbolic link: the file it names gets the bytes, the link stays a link.
+    let real = dir.path().join("real.img");
+    std::fs::write(&real, b"old").unwrap();
+    let link = dir.path().join("link.img");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    storage
+        .read_local_file(&link, &TransferOptions::default())
+        .await
+        .unwrap();
+    assert!(
+        std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
+    assert!(
+        std::fs::read(&real).unwrap() == want,
+        "the link's target differs"
+    );
+    assert!(
+        !files_in(dir.path()).iter().any(|n| n.contains(".partial-")),
+        "{:?}",
+        files_in(dir.path())
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_medium_that_is_a_device_is_written_in_place() {
+    use std::os::unix::fs::FileTypeExt;
+    // A FIFO stands in for a block device: a special file the mux must write into, not
+    // replace.
+    let dir = tempfile::tempdir().unwrap();
+    let medium = dir.path().join("medium.fifo");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&medium)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let mux = Arc::new(MockStorageMux::new(Some(medium.clone())).unwrap());
+    let served = Served::start(vec![("storage", mux)]);
+    let storage = StorageMuxClient(served.client().await.driver("storage").unwrap());
+    let src = dir.path().join("src.img");
+    random_file(&src, 2 * MIB + 9, 5);
+    let reader = {
+        let medium = medium.clone();
+        std::thread::spawn(move || std::fs::read(medium).unwrap())
+    };
+    storage
+        .write_local_file(&src, &TransferOptions::default())
+        .await
+        .unwrap();
+    let ft = std::fs::symlink_metadata(&medium).unwrap().file_type();
+    assert!(ft.is_fifo(), "the device was replaced: {ft:?}");
+    assert!(reader.join().unwrap() == std::fs::read(&src).unwrap());
+    assert_eq!(files_in(dir.path()), ["medium.fifo", "src.img"]);
+}
+
 #[tokio::test]
 async fn compression_is_not_guessed_from_a_pipe() {
     let dir = tempfile::tempdir().unwrap();
