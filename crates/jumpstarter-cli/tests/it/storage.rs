@@ -71,13 +71,27 @@ fn j(s: &Scratch, host: &str, args: &[&str]) -> Child {
         .unwrap()
 }
 
-fn interrupt(child: &mut Child) -> (Option<i32>, String) {
+/// Makes a named pipe at `path`.
+fn mkfifo(path: &Path) {
+    let made = std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .unwrap();
+    assert!(made.success(), "mkfifo {}", path.display());
+}
+
+/// Sends `signal` (`INT`, `TERM`) to process `pid`.
+fn signal(pid: u32, signal: &str) {
     let ok = std::process::Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
+        .args([format!("-{signal}"), pid.to_string()])
         .status()
         .unwrap()
         .success();
-    assert!(ok, "kill -INT failed");
+    assert!(ok, "kill -{signal} {pid} failed");
+}
+
+fn interrupt(child: &mut Child) -> (Option<i32>, String) {
+    signal(child.id(), "INT");
     let mut stderr = String::new();
     std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
     (child.wait().unwrap().code(), stderr)
@@ -109,11 +123,7 @@ fn an_interrupted_upload_leaves_the_medium_and_no_partial_file() {
     let (_exporter, host, medium) = exporter_with_medium(&s, b"previous content");
     // The image comes through a FIFO fed by the test, so the upload is midway for sure.
     let fifo = s.path("image.fifo");
-    let made = std::process::Command::new("mkfifo")
-        .arg(&fifo)
-        .status()
-        .unwrap();
-    assert!(made.success());
+    mkfifo(&fifo);
     let mut child = j(&s, &host, &["write-local-file", "image.fifo"]);
     let mut feed = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
     if let Err(e) = feed.write_all(&random_bytes(4 << 20)) {
@@ -139,11 +149,7 @@ fn an_exporter_stopping_mid_upload_stops_soon_and_keeps_the_medium() {
     let s = Scratch::new();
     let (mut exporter, host, medium) = exporter_with_medium(&s, b"previous content");
     let fifo = s.path("image.fifo");
-    let made = std::process::Command::new("mkfifo")
-        .arg(&fifo)
-        .status()
-        .unwrap();
-    assert!(made.success());
+    mkfifo(&fifo);
     let mut child = j(&s, &host, &["write-local-file", "image.fifo"]);
     // The upload stalls: its source stays open with nothing more to read.
     let mut feed = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
@@ -151,13 +157,7 @@ fn an_exporter_stopping_mid_upload_stops_soon_and_keeps_the_medium() {
     wait_for("the medium's partial file", || {
         !partials(s.dir.path()).is_empty()
     });
-    let pid = exporter.0.id().to_string();
-    let ok = std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok);
+    signal(exporter.0.id(), "TERM");
     // The stalled call is cut after the grace period instead of holding the exporter.
     let mut status = None;
     wait_for("the exporter to exit", || {

@@ -13,7 +13,8 @@ use tokio::io::AsyncReadExt;
 use uuid::Uuid;
 
 use super::{
-    HashAlgo, Metadata, Partial, StorageError, WriteTarget, hash_reader, open_in_place,
+    HashAlgo, Metadata, Partial, StorageError, WriteTarget, hash_reader, is_a_directory,
+    open_in_place,
     opendal::Capability,
     progress::{Progress, ProgressWriter},
     write_target,
@@ -36,7 +37,7 @@ async fn open_local(path: &Path) -> Result<(tokio::fs::File, u64), ClientError> 
         .await
         .map_err(|e| io_err("reading metadata of", path, e))?;
     if meta.is_dir() {
-        return Err(is_a_directory("reading", path));
+        return Err(storage_err(is_a_directory("reading", path)));
     }
     Ok((f, meta.len()))
 }
@@ -50,14 +51,6 @@ async fn local_size(path: &Path) -> Option<u64> {
         .ok()
         .filter(|m| m.is_file())
         .map(|m| m.len())
-}
-
-fn is_a_directory(what: &str, path: &Path) -> ClientError {
-    io_err(
-        what,
-        path,
-        std::io::Error::new(std::io::ErrorKind::IsADirectory, "it is a directory"),
-    )
 }
 
 /// An opened local file as an upload source, counted by `progress` as it is read.

@@ -227,11 +227,7 @@ pub(crate) async fn write_target(path: &Path) -> Result<WriteTarget, StorageErro
         return Ok(WriteTarget::Replace(path.to_path_buf()));
     };
     if meta.is_dir() {
-        return Err(StorageError::File {
-            what: "writing",
-            path: path.to_path_buf(),
-            source: std::io::Error::new(std::io::ErrorKind::IsADirectory, "it is a directory"),
-        });
+        return Err(is_a_directory("writing", path));
     }
     if !meta.is_file() {
         return Ok(WriteTarget::InPlace);
@@ -250,6 +246,15 @@ pub(crate) async fn write_target(path: &Path) -> Result<WriteTarget, StorageErro
             path: path.to_path_buf(),
             source,
         })
+}
+
+/// The error for a local file that turned out to be a directory.
+pub(crate) fn is_a_directory(what: &'static str, path: &Path) -> StorageError {
+    StorageError::File {
+        what,
+        path: path.to_path_buf(),
+        source: std::io::Error::new(std::io::ErrorKind::IsADirectory, "it is a directory"),
+    }
 }
 
 /// Opens an existing device, pipe or socket for writing (see [`WriteTarget::InPlace`]).

@@ -6,7 +6,9 @@ use std::{
 };
 
 use jumpstarter_core::{
-    CallContext, Driver, DriverError, driver, registry::DriverArgs, resource::ResourceHandle,
+    CallContext, Driver, DriverError, driver,
+    registry::DriverArgs,
+    resource::{ResourceHandle, ResourceStream},
 };
 use serde::Deserialize;
 use tokio::io::AsyncWriteExt;
@@ -63,24 +65,30 @@ impl Medium {
     /// stored.
     async fn write(&self, ctx: &CallContext, src: &ResourceHandle) -> Result<u64, DriverError> {
         let mut stream = ctx.resource(src)?;
-        let target = match write_target(&self.path).await? {
-            WriteTarget::Replace(target) => target,
-            WriteTarget::InPlace => {
-                // A device cannot be swapped whole: it is written where it is, and a broken
-                // transfer leaves it partly written (and says so).
-                let n = stream
-                    .copy_to_file(open_in_place(&self.path).await?)
-                    .await
-                    .map_err(|e| StorageError::PartlyWritten {
-                        target: self.path.display().to_string(),
-                        source: e,
-                    })?;
-                ctx.log_info(format!("wrote {n} bytes to the medium"));
-                return Ok(n);
-            }
+        let n = match write_target(&self.path).await? {
+            WriteTarget::Replace(target) => self.replace(&mut stream, &target).await?,
+            // A device cannot be swapped whole: it is written where it is, and a broken
+            // transfer leaves it partly written (and says so).
+            WriteTarget::InPlace => stream
+                .copy_to_file(open_in_place(&self.path).await?)
+                .await
+                .map_err(|e| StorageError::PartlyWritten {
+                    target: self.path.display().to_string(),
+                    source: e,
+                })?,
         };
+        ctx.log_info(format!("wrote {n} bytes to the medium"));
+        Ok(n)
+    }
+
+    /// Writes the stream's bytes beside the file `target`, renamed over it once complete.
+    async fn replace(
+        &self,
+        stream: &mut ResourceStream,
+        target: &Path,
+    ) -> Result<u64, StorageError> {
         // Removed unless renamed into place below, also when this call is cancelled.
-        let (partial, file) = Partial::create(&target).await?;
+        let (partial, file) = Partial::create(target).await?;
         let n = stream
             .copy_to_file(file)
             .await
@@ -91,15 +99,14 @@ impl Medium {
         // The old content stays open across the rename, so that its blocks are released
         // when this handle closes, on a blocking thread after the reply, instead of inside
         // the rename (freeing a GiB on tmpfs takes about 0.2 s).
-        let old = match tokio::fs::File::open(&target).await {
+        let old = match tokio::fs::File::open(target).await {
             Ok(f) => Some(f.into_std().await),
             Err(_) => None,
         };
-        partial.commit(&target).await?;
+        partial.commit(target).await?;
         if let Some(old) = old {
             tokio::task::spawn_blocking(move || drop(old));
         }
-        ctx.log_info(format!("wrote {n} bytes to the medium"));
         Ok(n)
     }
 

@@ -56,6 +56,15 @@ fn files_in(dir: &Path) -> Vec<String> {
     v
 }
 
+/// Makes a named pipe at `path`.
+fn mkfifo(path: &Path) {
+    let made = std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .unwrap();
+    assert!(made.success(), "mkfifo {}", path.display());
+}
+
 fn mux_with_file(dir: &Path) -> (Arc<MockStorageMux>, std::path::PathBuf) {
     let medium = dir.join("medium.img");
     (
@@ -489,11 +498,7 @@ async fn downloads_write_through_pipes_and_links_without_replacing_them() {
 
     // A FIFO (as `/dev/stdout` into a pipe): written directly, still a FIFO afterwards.
     let fifo = dir.path().join("out.fifo");
-    let made = std::process::Command::new("mkfifo")
-        .arg(&fifo)
-        .status()
-        .unwrap();
-    assert!(made.success());
+    mkfifo(&fifo);
     let reader = {
         let fifo = fifo.clone();
         std::thread::spawn(move || std::fs::read(fifo).unwrap())
@@ -543,11 +548,7 @@ async fn a_medium_that_is_a_device_is_written_in_place() {
     // replace.
     let dir = tempfile::tempdir().unwrap();
     let medium = dir.path().join("medium.fifo");
-    let made = std::process::Command::new("mkfifo")
-        .arg(&medium)
-        .status()
-        .unwrap();
-    assert!(made.success());
+    mkfifo(&medium);
     let mux = Arc::new(MockStorageMux::new(Some(medium.clone())).unwrap());
     let served = Served::start(vec![("storage", mux)]);
     let storage = StorageMuxClient(served.client().await.driver("storage").unwrap());
@@ -571,11 +572,7 @@ async fn a_medium_that_is_a_device_is_written_in_place() {
 async fn compression_is_not_guessed_from_a_pipe() {
     let dir = tempfile::tempdir().unwrap();
     let fifo = dir.path().join("image.fifo");
-    let made = std::process::Command::new("mkfifo")
-        .arg(&fifo)
-        .status()
-        .unwrap();
-    assert!(made.success());
+    mkfifo(&fifo);
     // Peeking would take the first bytes away from the transfer: refused, without opening.
     let e = jumpstarter_drivers::storage::detect_encoding(&fifo)
         .await
