@@ -41,18 +41,23 @@ fn random_bytes(len: usize) -> Vec<u8> {
     v
 }
 
-/// An exporter whose storage mux keeps its medium in `medium` (holding `content`).
+/// An exporter whose storage mux keeps its medium in `medium` (holding `content`), with an
+/// Opendal driver `files` on the directory `files`.
 fn exporter_with_medium(s: &Scratch, content: &[u8]) -> (Running, String, PathBuf) {
     let medium = s.path("medium.img");
     std::fs::write(&medium, content).unwrap();
+    std::fs::create_dir(s.path("files")).unwrap();
     s.write(
         "exporter.yaml",
         &format!(
             "apiVersion: jumpstarter.dev/v1alpha1\nkind: ExporterConfig\nmetadata:\n  \
              namespace: default\n  name: e2e\nendpoint: \"\"\ntoken: \"\"\nexport:\n  \
              storage:\n    type: jumpstarter_driver_opendal.driver.MockStorageMux\n    \
-             config:\n      file: {}\n",
-            medium.display()
+             config:\n      file: {}\n  \
+             files:\n    type: jumpstarter_driver_opendal.driver.Opendal\n    config:\n      \
+             scheme: fs\n      kwargs:\n        root: {}\n",
+            medium.display(),
+            s.path("files").display()
         ),
     );
     let (exporter, port) = start_exporter(s, &["--tls-grpc-insecure"]);
@@ -60,10 +65,15 @@ fn exporter_with_medium(s: &Scratch, content: &[u8]) -> (Running, String, PathBu
 }
 
 fn j(s: &Scratch, host: &str, args: &[&str]) -> Child {
+    j_on(s, host, "storage", args)
+}
+
+/// `j DRIVER ARGS...` with stderr piped (not a terminal: progress comes as plain lines).
+fn j_on(s: &Scratch, host: &str, driver: &str, args: &[&str]) -> Child {
     s.cmd(J)
         .env("JUMPSTARTER_HOST", host)
         .env("JMP_GRPC_INSECURE", "1")
-        .args(["storage"])
+        .arg(driver)
         .args(args)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -175,4 +185,41 @@ fn an_exporter_stopping_mid_upload_stops_soon_and_keeps_the_medium() {
     let mut stderr = String::new();
     std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
     assert!(!child.wait().unwrap().success(), "{stderr}");
+}
+
+#[test]
+fn downloads_show_their_total_when_the_exporter_knows_it() {
+    let s = Scratch::new();
+    let image = random_bytes(3 << 20);
+    let (_exporter, host, _) = exporter_with_medium(&s, &image);
+    std::fs::write(s.path("files/a.bin"), &image[..1 << 20]).unwrap();
+    let last_line = |child: Child| {
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{stderr}");
+        stderr.lines().last().unwrap_or_default().to_string()
+    };
+
+    // The mux tells the medium's size (`size`, ours), Opendal the file's (`stat`).
+    let line = last_line(j(&s, &host, &["dump", "dump.img"]));
+    assert!(line.starts_with("dump: 3.0 MiB / 3.0 MiB (100%)"), "{line}");
+    let line = last_line(j(&s, &host, &["read-local-file", "read.img"]));
+    assert!(line.starts_with("read: 3.0 MiB / 3.0 MiB (100%)"), "{line}");
+    let line = last_line(j_on(
+        &s,
+        &host,
+        "files",
+        &["read-into-path", "a.bin", "a.bin"],
+    ));
+    assert!(line.starts_with("read: 1.0 MiB / 1.0 MiB (100%)"), "{line}");
+    assert_eq!(std::fs::read(s.path("dump.img")).unwrap(), image);
+    assert_eq!(std::fs::read(s.path("a.bin")).unwrap(), &image[..1 << 20]);
+
+    // A compressed dump arrives smaller than the medium: no total rather than a wrong one.
+    let line = last_line(j(
+        &s,
+        &host,
+        &["dump", "dump.img.gz", "--compression", "gzip"],
+    ));
+    assert!(line.starts_with("dump: ") && !line.contains('%'), "{line}");
 }

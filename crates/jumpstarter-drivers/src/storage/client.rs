@@ -179,6 +179,11 @@ impl StorageMuxClient {
         self.0.call("hash", (algo, length)).await
     }
 
+    /// How many bytes the medium holds (our extension; upstream exporters answer NOT_FOUND).
+    pub async fn size(&self) -> Result<u64, ClientError> {
+        self.0.call("size", ()).await
+    }
+
     /// Writes a local file to the medium; returns the number of bytes read from the file.
     pub async fn write_local_file(
         &self,
@@ -209,6 +214,14 @@ impl StorageMuxClient {
         path: &Path,
         opts: &TransferOptions,
     ) -> Result<(), ClientError> {
+        // A total for the display when the exporter can tell it (ours can; upstream's
+        // cannot, and the dump goes on without one). A compressed dump arrives smaller.
+        if opts.encoding.is_none()
+            && !opts.progress.is_hidden()
+            && let Ok(size) = self.size().await
+        {
+            opts.progress.set_total(size);
+        }
         let this = self.clone();
         let encoding = opts.encoding;
         let progress = opts.progress.clone();
@@ -353,6 +366,12 @@ impl OpendalClient {
         dst: &Path,
         opts: &TransferOptions,
     ) -> Result<(), ClientError> {
+        if opts.encoding.is_none()
+            && !opts.progress.is_hidden()
+            && let Ok(meta) = self.stat(src).await
+        {
+            opts.progress.set_total(meta.content_length);
+        }
         let f = self.open(src, "rb").await?;
         let fd = f.fd;
         let this = self.clone();

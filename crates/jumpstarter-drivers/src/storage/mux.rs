@@ -11,7 +11,7 @@ use jumpstarter_core::{
     resource::{ResourceHandle, ResourceStream},
 };
 use serde::Deserialize;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncSeekExt, AsyncWriteExt};
 
 use super::{
     HashAlgo, Partial, StorageError, WriteTarget, hash_reader, open_in_place, write_target,
@@ -125,6 +125,26 @@ impl Medium {
         Ok(n)
     }
 
+    /// How many bytes the medium holds (a block device's size too).
+    async fn size(&self) -> Result<u64, DriverError> {
+        let mut file = tokio::fs::File::open(&self.path)
+            .await
+            .map_err(|e| StorageError::File {
+                what: "opening",
+                path: self.path.clone(),
+                source: e,
+            })?;
+        let end = file
+            .seek(std::io::SeekFrom::End(0))
+            .await
+            .map_err(|e| StorageError::File {
+                what: "finding the size of",
+                path: self.path.clone(),
+                source: e,
+            })?;
+        Ok(end)
+    }
+
     /// The digest of the first `length` bytes of the medium (all of it when `None`).
     async fn hash(&self, algo: HashAlgo, length: Option<u64>) -> Result<String, DriverError> {
         let file = tokio::fs::File::open(&self.path)
@@ -187,6 +207,13 @@ impl MockStorageMux {
     #[export]
     async fn read(&self, ctx: &CallContext, dst: ResourceHandle) -> Result<(), DriverError> {
         self.medium.read(ctx, &dst).await.map(|_| ())
+    }
+
+    /// Ours (upstream has no such method): how many bytes the medium holds, so that a
+    /// client can show a dump's percentage and ETA.
+    #[export]
+    async fn size(&self) -> Result<u64, DriverError> {
+        self.medium.size().await
     }
 
     /// Ours (upstream has no such method): the hex digest of the first `length` bytes of the
@@ -262,6 +289,12 @@ impl MockStorageMuxFlasher {
     #[export]
     async fn read(&self, ctx: &CallContext, dst: ResourceHandle) -> Result<(), DriverError> {
         self.medium.read(ctx, &dst).await.map(|_| ())
+    }
+
+    /// As [`MockStorageMux`]'s `size` (ours).
+    #[export]
+    async fn size(&self) -> Result<u64, DriverError> {
+        self.medium.size().await
     }
 
     /// As [`MockStorageMux`]'s `hash` (ours).

@@ -51,14 +51,7 @@ impl Progress {
                 Some(t) => ProgressBar::with_draw_target(Some(t), ProgressDrawTarget::stderr()),
                 None => ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr()),
             };
-            let template = if total.is_some() {
-                "{msg} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta}"
-            } else {
-                "{msg} {bytes} {binary_bytes_per_sec} {elapsed}"
-            };
-            if let Ok(style) = ProgressStyle::with_template(template) {
-                bar.set_style(style.progress_chars("=> "));
-            }
+            style_bar(&bar, total.is_some());
             bar.set_message(label.to_string());
             Sink::Bar(bar)
         } else {
@@ -77,6 +70,24 @@ impl Progress {
     /// No output.
     pub fn hidden() -> Self {
         Self(Arc::new(Mutex::new(Sink::Hidden)))
+    }
+
+    /// Whether nothing is shown (so that a client need not ask for a total).
+    pub fn is_hidden(&self) -> bool {
+        matches!(*self.lock(), Sink::Hidden)
+    }
+
+    /// Sets the number of bytes the transfer will move, learnt after it was set up: the
+    /// display gains a percentage and an ETA.
+    pub fn set_total(&self, total: u64) {
+        match &mut *self.lock() {
+            Sink::Hidden => {}
+            Sink::Bar(b) => {
+                b.set_length(total);
+                style_bar(b, true);
+            }
+            Sink::Plain { total: t, .. } => *t = Some(total),
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Sink> {
@@ -114,6 +125,18 @@ impl Progress {
         if let Sink::Bar(b) = &*self.lock() {
             b.abandon();
         }
+    }
+}
+
+/// A bar with a percentage and an ETA when the total is known, bytes and rate otherwise.
+fn style_bar(bar: &ProgressBar, with_total: bool) {
+    let template = if with_total {
+        "{msg} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta}"
+    } else {
+        "{msg} {bytes} {binary_bytes_per_sec} {elapsed}"
+    };
+    if let Ok(style) = ProgressStyle::with_template(template) {
+        bar.set_style(style.progress_chars("=> "));
     }
 }
 
@@ -239,6 +262,24 @@ mod tests {
         assert!(line.starts_with("flash: 1.0 KiB / 2.0 KiB (50%)"), "{line}");
         assert!(line.contains("ETA"), "{line}");
         assert_eq!(human(1536.0 * 1024.0), "1.5 MiB");
+    }
+
+    #[test]
+    fn a_total_learnt_later_brings_a_percentage() {
+        let p = Progress(Arc::new(Mutex::new(Sink::Plain {
+            label: "dump".into(),
+            total: None,
+            done: 0,
+            started: Instant::now(),
+            last: Instant::now(),
+        })));
+        p.inc(1024);
+        assert!(plain_line(&p.lock()).starts_with("dump: 1.0 KiB, "));
+        p.set_total(4096);
+        let line = plain_line(&p.lock());
+        assert!(line.starts_with("dump: 1.0 KiB / 4.0 KiB (25%)"), "{line}");
+        assert!(!p.is_hidden() && Progress::hidden().is_hidden());
+        Progress::hidden().set_total(1);
     }
 
     #[tokio::test]

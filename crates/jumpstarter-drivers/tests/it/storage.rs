@@ -101,11 +101,25 @@ async fn mux_round_trip_64mib_is_identical() {
     // The exporter-side digest agrees without reading anything back.
     let remote = storage.hash(HashAlgo::Sha256, Some(n)).await.unwrap();
     assert_eq!(remote, want.0);
+    assert_eq!(storage.size().await.unwrap(), n);
     assert_eq!(
         files_in(dir.path()),
         ["back.img", "medium.img", "src.img"],
         "no partial files left"
     );
+}
+
+#[tokio::test]
+async fn the_size_of_a_missing_medium_is_an_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mux, medium) = mux_with_file(dir.path());
+    let served = Served::start(vec![("storage", mux)]);
+    let session = served.client().await;
+    let storage = StorageMuxClient(session.driver("storage").unwrap());
+    let e = storage.size().await.unwrap_err().to_string();
+    assert!(e.contains(&medium.display().to_string()), "{e}");
+    std::fs::write(&medium, b"12345").unwrap();
+    assert_eq!(storage.size().await.unwrap(), 5);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
