@@ -34,16 +34,22 @@ use crate::target_dir;
 
 /// Creates (once) the venv with the pinned upstream packages; returns its directory.
 pub fn ensure_venv() -> Result<PathBuf> {
-    let venv = target_dir().join("interop-venv");
+    venv_with("interop-venv", REQUIREMENTS)
+}
+
+/// Creates (once, again when `requirements` change) the venv `target/NAME` with
+/// `requirements` installed; returns its directory.
+pub fn venv_with(name: &str, requirements: &[&str]) -> Result<PathBuf> {
+    let venv = target_dir().join(name);
     let stamp = venv.join("requirements.stamp");
-    let wanted = REQUIREMENTS.join("\n");
+    let wanted = requirements.join("\n");
     if std::fs::read_to_string(&stamp).is_ok_and(|s| s == wanted) {
         return Ok(venv);
     }
     println!(
         "== creating {} (pip install {})",
         venv.display(),
-        REQUIREMENTS.join(" ")
+        requirements.join(" ")
     );
     let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
     let status = Command::new(&python)
@@ -54,7 +60,7 @@ pub fn ensure_venv() -> Result<PathBuf> {
     ensure!(status.success(), "{python} -m venv failed ({status})");
     let status = Command::new(venv.join("bin/pip"))
         .args(["install", "--quiet", "--disable-pip-version-check"])
-        .args(REQUIREMENTS)
+        .args(requirements)
         .status()
         .context("running pip")?;
     ensure!(status.success(), "pip install failed ({status})");

@@ -10,6 +10,7 @@ mod crds;
 mod interop;
 mod procs;
 mod quickstart;
+mod s3;
 
 use anyhow::{Result, bail};
 
@@ -29,6 +30,7 @@ fn main() -> std::process::ExitCode {
         Some("bench-storage") => bench_storage::run(&args[1..]),
         Some("crds") => crds::run(&args[1..]),
         Some("quickstart") => quickstart::run(&args[1..]),
+        Some("s3") => s3::run(),
         Some("venv") => interop::ensure_venv().map(|p| println!("{}", p.display())),
         _ => {
             eprintln!(
@@ -39,6 +41,7 @@ fn main() -> std::process::ExitCode {
                  bench     [--quick] latency/throughput, ours vs upstream Python, in one run\n  \
                  crds      [--out DIR | --check DIR] our CRD YAML (stdout), written, or compared\n  \
                  quickstart  the whole lab on one machine: controller, mock exporter, client, jmp shell\n  \
+                 s3        the Opendal driver's S3 service (feature storage-s3) against moto's S3 on loopback\n  \
                  venv      create the pinned upstream venv and print its path"
             );
             return std::process::ExitCode::from(2);
@@ -121,6 +124,7 @@ fn ci() -> Result<()> {
     )?;
     println!("== cargo test");
     cargo(&["test", "--workspace"])?;
+    s3::run()?;
     println!("== interop with upstream 0.9.0");
     interop::run(None)
 }

@@ -729,6 +729,19 @@ fn mode_error(file: &OpenFile, fd: Uuid, what: &str) -> DriverError {
     }
 }
 
+/// Gives opendal's network services their HTTP client, once per process: reqwest on rustls
+/// with ring, installed as the process's default crypto provider unless one already is
+/// (reqwest is built without a provider of its own, and would panic without one).
+#[cfg(feature = "storage-s3")]
+fn install_http_client() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // An error means another provider is installed already: reqwest uses that one.
+        let _ = tokio_rustls::rustls::crypto::ring::default_provider().install_default();
+        opendal_http_transport_reqwest::install_default();
+    });
+}
+
 impl Opendal {
     /// An Opendal driver for `scheme` with the service options `kwargs`.
     pub fn new(
@@ -743,6 +756,8 @@ impl Opendal {
             });
         }
         opendal::init_default_registry();
+        #[cfg(feature = "storage-s3")]
+        install_http_client();
         let op = Operator::via_iter(scheme, kwargs).map_err(|e| StorageError::Opendal {
             op: "configure",
             path: scheme.to_string(),

@@ -2,6 +2,8 @@
 //! socket, driven through the client library.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+#[cfg(feature = "storage-s3")]
+mod s3;
 mod storage;
 
 use std::{collections::BTreeMap, path::PathBuf, sync::Arc};

@@ -17,10 +17,10 @@ use tokio::io::{AsyncWriteExt, BufReader};
 
 use crate::Served;
 
-const MIB: usize = 1024 * 1024;
+pub(crate) const MIB: usize = 1024 * 1024;
 
 /// Writes `len` pseudo-random bytes (xorshift) to `path`.
-fn random_file(path: &Path, len: usize, seed: u64) {
+pub(crate) fn random_file(path: &Path, len: usize, seed: u64) {
     use std::io::Write;
     let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
     let mut x = seed | 1;
@@ -40,7 +40,7 @@ fn random_file(path: &Path, len: usize, seed: u64) {
     f.flush().unwrap();
 }
 
-async fn sha256_of(path: &Path) -> (String, u64) {
+pub(crate) async fn sha256_of(path: &Path) -> (String, u64) {
     let f = tokio::fs::File::open(path).await.unwrap();
     hash_reader(BufReader::new(f), HashAlgo::Sha256, None)
         .await
@@ -204,7 +204,7 @@ async fn opendal_fs_round_trip_64mib_is_identical() {
     );
 }
 
-fn compress(data: &[u8], enc: ContentEncoding) -> Vec<u8> {
+pub(crate) fn compress(data: &[u8], enc: ContentEncoding) -> Vec<u8> {
     let rt = tokio::runtime::Handle::current();
     let data = data.to_vec();
     std::thread::spawn(move || {
