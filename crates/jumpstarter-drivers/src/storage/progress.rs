@@ -78,8 +78,12 @@ impl Progress {
     }
 
     /// Sets the number of bytes the transfer will move, learnt after it was set up: the
-    /// display gains a percentage and an ETA.
+    /// display gains a percentage and an ETA. Zero is ignored: it is what a character
+    /// device (or an empty medium about to be dumped) reports, and says nothing useful.
     pub fn set_total(&self, total: u64) {
+        if total == 0 {
+            return;
+        }
         match &mut *self.lock() {
             Sink::Hidden => {}
             Sink::Bar(b) => {
@@ -274,6 +278,7 @@ mod tests {
             last: Instant::now(),
         })));
         p.inc(1024);
+        p.set_total(0);
         assert!(plain_line(&p.lock()).starts_with("dump: 1.0 KiB, "));
         p.set_total(4096);
         let line = plain_line(&p.lock());
