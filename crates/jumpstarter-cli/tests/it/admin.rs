@@ -58,6 +58,8 @@ impl Lab {
             .env("JMP_CLIENT_CONFIG_HOME", self.config_dir())
             .env("XDG_CONFIG_HOME", self.home().join("xdg"))
             .env("JMP_ADMIN_CONFIG", self.home().join("admin.yaml"))
+            // A killed exporter's temporary medium stays in the lab's directory.
+            .env("TMPDIR", self.home())
             .env("TZ", "UTC")
             .env_remove("JMP_NAME")
             .env_remove("JMP_NAMESPACE")
@@ -615,8 +617,10 @@ fn admin_delete_rotate_and_import() {
 
 fn config_cmd(home: &Path) -> Command {
     let mut c = Command::new(JMP);
+    // Drafts kept after a bad edit land in `home`, not in the machine's /tmp.
     c.current_dir(home)
         .env("JMP_CLIENT_CONFIG_HOME", home.join("config"))
+        .env("TMPDIR", home)
         .env_remove("JMP_NAME")
         .stdin(Stdio::null());
     c

@@ -122,6 +122,7 @@ impl Lab {
             .env("JMP_CLIENT_CONFIG_HOME", self.path("config"))
             .env("XDG_CONFIG_HOME", self.dir.path())
             .env("XDG_RUNTIME_DIR", self.dir.path())
+            .env("TMPDIR", self.dir.path())
             .env_remove("JMP_LOG")
             .env_remove("JUMPSTARTER_HOST")
             .env_remove("JMP_LEASE")

@@ -67,7 +67,10 @@ impl Scratch {
 
     pub fn cmd(&self, bin: &str) -> Command {
         let mut c = Command::new(bin);
+        // Temporary files (a mock medium, say) go in the scratch directory, so that they
+        // go with it even when the process is killed before it can remove them.
         c.current_dir(self.dir.path())
+            .env("TMPDIR", self.dir.path())
             .env("JMP_CLIENT_CONFIG_HOME", self.dir.path().join("config"))
             .env_remove("JUMPSTARTER_HOST")
             .env_remove("JMP_GRPC_INSECURE")
