@@ -110,16 +110,21 @@ impl Medium {
         Ok(n)
     }
 
-    /// Sends the medium's content into the resource.
-    async fn read(&self, ctx: &CallContext, dst: &ResourceHandle) -> Result<u64, DriverError> {
-        let mut stream = ctx.resource(dst)?;
-        let file = tokio::fs::File::open(&self.path)
+    /// Opens the medium for reading.
+    async fn open(&self) -> Result<tokio::fs::File, StorageError> {
+        tokio::fs::File::open(&self.path)
             .await
             .map_err(|e| StorageError::File {
                 what: "opening",
                 path: self.path.clone(),
                 source: e,
-            })?;
+            })
+    }
+
+    /// Sends the medium's content into the resource.
+    async fn read(&self, ctx: &CallContext, dst: &ResourceHandle) -> Result<u64, DriverError> {
+        let mut stream = ctx.resource(dst)?;
+        let file = self.open().await?;
         let n = stream.copy_from_file(file.into_std().await).await?;
         stream.shutdown().await?;
         Ok(n)
@@ -127,13 +132,7 @@ impl Medium {
 
     /// How many bytes the medium holds (a block device's size too).
     async fn size(&self) -> Result<u64, DriverError> {
-        let mut file = tokio::fs::File::open(&self.path)
-            .await
-            .map_err(|e| StorageError::File {
-                what: "opening",
-                path: self.path.clone(),
-                source: e,
-            })?;
+        let mut file = self.open().await?;
         let end = file
             .seek(std::io::SeekFrom::End(0))
             .await
@@ -147,13 +146,7 @@ impl Medium {
 
     /// The digest of the first `length` bytes of the medium (all of it when `None`).
     async fn hash(&self, algo: HashAlgo, length: Option<u64>) -> Result<String, DriverError> {
-        let file = tokio::fs::File::open(&self.path)
-            .await
-            .map_err(|e| StorageError::File {
-                what: "opening",
-                path: self.path.clone(),
-                source: e,
-            })?;
+        let file = self.open().await?;
         let reader = tokio::io::BufReader::with_capacity(1024 * 1024, file);
         let (digest, n) = hash_reader(reader, algo, length).await?;
         if let Some(l) = length

@@ -682,27 +682,35 @@ async fn opendal_cut_upload_stores_nothing() {
         Arc::new(Opendal::new("fs", kwargs, false).unwrap()),
     )]);
     let c = OpendalClient(served.client().await.driver("storage").unwrap());
-    let f = c.open("disk.img", "wb").await.unwrap();
+    cut_opendal_upload(&c, "disk.img", 1).await;
+    assert!(
+        files_in(dir.path()).is_empty(),
+        "{:?}",
+        files_in(dir.path())
+    );
+}
+
+/// Opens `path` for writing on `c`, sends `chunks` chunks of 256 KiB and cuts the stream:
+/// both the write and the close must say nothing was stored.
+pub(crate) async fn cut_opendal_upload(c: &OpendalClient, path: &str, chunks: usize) {
+    let f = c.open(path, "wb").await.unwrap();
     let fd = f.fd();
     let res = c.0.open_resource(None).await.unwrap();
     let handle = res.handle.clone();
     let mut ends = res.ends;
     let cc = c.clone();
     let call = tokio::spawn(async move { cc.0.call::<()>("file_write", (fd, handle)).await });
-    ends.upload
-        .send(bytes::Bytes::from(vec![1u8; 256 * 1024]))
-        .await
-        .unwrap();
+    for _ in 0..chunks {
+        ends.upload
+            .send(bytes::Bytes::from(vec![1u8; 256 * 1024]))
+            .await
+            .unwrap();
+    }
     drop(ends);
     let e = call.await.unwrap().unwrap_err();
     assert!(e.to_string().contains("nothing was stored"), "{e}");
     let e = f.close().await.unwrap_err();
     assert!(e.to_string().contains("not stored"), "{e}");
-    assert!(
-        files_in(dir.path()).is_empty(),
-        "{:?}",
-        files_in(dir.path())
-    );
 }
 
 #[test]
