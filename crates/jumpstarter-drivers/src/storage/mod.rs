@@ -104,6 +104,15 @@ pub enum StorageError {
     },
 }
 
+impl StorageError {
+    /// What `map_err` needs for a failed local file operation: `what` we were doing to
+    /// `path`.
+    pub(crate) fn file(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Self {
+        let path = path.to_path_buf();
+        move |source| Self::File { what, path, source }
+    }
+}
+
 impl From<StorageError> for DriverError {
     fn from(e: StorageError) -> Self {
         match &e {
@@ -241,20 +250,15 @@ pub(crate) async fn write_target(path: &Path) -> Result<WriteTarget, StorageErro
     tokio::fs::canonicalize(path)
         .await
         .map(WriteTarget::Replace)
-        .map_err(|source| StorageError::File {
-            what: "resolving",
-            path: path.to_path_buf(),
-            source,
-        })
+        .map_err(StorageError::file("resolving", path))
 }
 
 /// The error for a local file that turned out to be a directory.
 pub(crate) fn is_a_directory(what: &'static str, path: &Path) -> StorageError {
-    StorageError::File {
-        what,
-        path: path.to_path_buf(),
-        source: std::io::Error::new(std::io::ErrorKind::IsADirectory, "it is a directory"),
-    }
+    StorageError::file(what, path)(std::io::Error::new(
+        std::io::ErrorKind::IsADirectory,
+        "it is a directory",
+    ))
 }
 
 /// Opens an existing device, pipe or socket for writing (see [`WriteTarget::InPlace`]).
@@ -263,11 +267,7 @@ pub(crate) async fn open_in_place(path: &Path) -> Result<std::fs::File, StorageE
         .write(true)
         .open(path)
         .await
-        .map_err(|source| StorageError::File {
-            what: "opening",
-            path: path.to_path_buf(),
-            source,
-        })?;
+        .map_err(StorageError::file("opening", path))?;
     Ok(file.into_std().await)
 }
 
@@ -287,11 +287,7 @@ impl Partial {
         let path = partial_path(target);
         let file = tokio::fs::File::create(&path)
             .await
-            .map_err(|source| StorageError::File {
-                what: "creating",
-                path: target.to_path_buf(),
-                source,
-            })?;
+            .map_err(StorageError::file("creating", target))?;
         let partial = Self {
             path: Some(path),
             target: target.to_path_buf(),
@@ -306,11 +302,7 @@ impl Partial {
         };
         if let Err(source) = tokio::fs::rename(&path, target).await {
             self.path = Some(path);
-            return Err(StorageError::File {
-                what: "renaming into place",
-                path: target.to_path_buf(),
-                source,
-            });
+            return Err(StorageError::file("renaming into place", target)(source));
         }
         Ok(())
     }

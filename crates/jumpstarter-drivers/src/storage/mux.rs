@@ -114,11 +114,7 @@ impl Medium {
     async fn open(&self) -> Result<tokio::fs::File, StorageError> {
         tokio::fs::File::open(&self.path)
             .await
-            .map_err(|e| StorageError::File {
-                what: "opening",
-                path: self.path.clone(),
-                source: e,
-            })
+            .map_err(StorageError::file("opening", &self.path))
     }
 
     /// Sends the medium's content into the resource.
@@ -136,11 +132,7 @@ impl Medium {
         let end = file
             .seek(std::io::SeekFrom::End(0))
             .await
-            .map_err(|e| StorageError::File {
-                what: "finding the size of",
-                path: self.path.clone(),
-                source: e,
-            })?;
+            .map_err(StorageError::file("finding the size of", &self.path))?;
         Ok(end)
     }
 

@@ -11,14 +11,13 @@ use std::{
     sync::Arc,
 };
 
-use futures::StreamExt;
 use jumpstarter_core::{ClientError, DriverError, resource::ContentEncoding};
 use jumpstarter_drivers::storage::{
     HashAlgo, Opendal, OpendalClient, PresignedRequest, TransferOptions,
 };
 
 use crate::Served;
-use crate::storage::{MIB, compress, cut_opendal_upload, random_file, sha256_of};
+use crate::storage::{MIB, compress, cut_opendal_upload, list_sorted, random_file, sha256_of};
 
 const BUCKET: &str = "jmp-test";
 
@@ -154,14 +153,7 @@ async fn opendal_s3_round_trip_64mib_and_file_operations() {
         matches!(&e, ClientError::Call { error: DriverError::Unimplemented(m), .. } if m.contains("rename")),
         "{e}"
     );
-    let mut names: Vec<String> = c
-        .list("/", true)
-        .await
-        .unwrap()
-        .map(|e| e.unwrap())
-        .collect()
-        .await;
-    names.sort();
+    let names = list_sorted(&c, "/", true).await;
     for want in ["copy.txt", "images/disk.img", "text.txt"] {
         assert!(names.contains(&want.to_string()), "{names:?}");
     }

@@ -168,23 +168,10 @@ async fn opendal_fs_round_trip_64mib_is_identical() {
     c.rename("copy.txt", "moved.txt").await.unwrap();
     assert!(!c.exists("copy.txt").await.unwrap());
     c.create_dir("newdir/").await.unwrap();
-    let mut entries: Vec<String> = c
-        .list("/", false)
-        .await
-        .unwrap()
-        .map(|e| e.unwrap())
-        .collect()
-        .await;
-    entries.sort();
+    let entries = list_sorted(&c, "/", false).await;
     assert!(entries.contains(&"moved.txt".to_string()), "{entries:?}");
     assert!(entries.contains(&"images/".to_string()), "{entries:?}");
-    let scanned: Vec<String> = c
-        .list("/", true)
-        .await
-        .unwrap()
-        .map(|e| e.unwrap())
-        .collect()
-        .await;
+    let scanned = list_sorted(&c, "/", true).await;
     assert!(
         scanned.contains(&"images/disk.img".to_string()),
         "{scanned:?}"
@@ -688,6 +675,19 @@ async fn opendal_cut_upload_stores_nothing() {
         "{:?}",
         files_in(dir.path())
     );
+}
+
+/// The entries under `path` (`recursive`: `scan`), sorted.
+pub(crate) async fn list_sorted(c: &OpendalClient, path: &str, recursive: bool) -> Vec<String> {
+    let mut v: Vec<String> = c
+        .list(path, recursive)
+        .await
+        .unwrap()
+        .map(|e| e.unwrap())
+        .collect()
+        .await;
+    v.sort();
+    v
 }
 
 /// Opens `path` for writing on `c`, sends `chunks` chunks of 256 KiB and cuts the stream:
