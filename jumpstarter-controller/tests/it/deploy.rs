@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use serde_json::Value;
 
 fn deploy_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/kubernetes")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/kubernetes")
 }
 
 /// Every YAML document of a file.

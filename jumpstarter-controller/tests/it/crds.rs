@@ -124,7 +124,7 @@ fn the_comparison_catches_real_differences() {
 
 #[test]
 fn upstream_copies_equal_the_shared_reference() {
-    let shared = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/reference/crds");
+    let shared = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/reference/crds");
     if !shared.is_dir() {
         eprintln!("skipping: {} not present", shared.display());
         return;

@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 
 const CRD_DIR: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/../../../shared/reference/crds"
+    "/../../shared/reference/crds"
 );
 
 /// The reference CRD as JSON, or `None` when the shared reference is not present (CI copies

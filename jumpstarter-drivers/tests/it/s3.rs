@@ -33,7 +33,7 @@ impl S3 {
             "JMP_TEST_S3_PYTHON must name a Python with moto[server] (cargo xtask s3 \
              sets it up)",
         );
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../xtask/interop/moto_s3.py");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../xtask/interop/moto_s3.py");
         let mut child = Command::new(python)
             .arg(script)
             .arg(BUCKET)
