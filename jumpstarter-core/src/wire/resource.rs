@@ -27,6 +27,7 @@ use std::{
     task::{Context, Poll, ready},
 };
 
+#[cfg(feature = "compression")]
 use async_compression::tokio::{bufread, write};
 use bytes::{Buf, Bytes, BytesMut};
 use futures::Stream;
@@ -98,9 +99,11 @@ impl ContentEncoding {
             .map(|(_, e)| e)
     }
 
-    /// Whether this exporter accepts encodings (`JMP_DISABLE_COMPRESSION` is not `1`).
+    /// Whether this exporter accepts encodings (`JMP_DISABLE_COMPRESSION` is not `1`, and
+    /// the crate was built with its `compression` feature).
     pub fn exporter_accepts() -> bool {
-        std::env::var(DISABLE_COMPRESSION_ENV).map_or(true, |v| v != "1")
+        cfg!(feature = "compression")
+            && std::env::var(DISABLE_COMPRESSION_ENV).map_or(true, |v| v != "1")
     }
 }
 
@@ -116,6 +119,10 @@ pub type BoxBufRead = Pin<Box<dyn AsyncBufRead + Send>>;
 pub type BoxWrite = Pin<Box<dyn AsyncWrite + Send>>;
 
 /// Wraps `reader` so that reading yields the bytes decoded from `encoding`.
+///
+/// Without the crate's `compression` feature, reading a `Some` encoding fails with
+/// [`io::ErrorKind::Unsupported`].
+#[cfg(feature = "compression")]
 pub fn decoder<R: AsyncBufRead + Send + 'static>(
     reader: R,
     encoding: Option<ContentEncoding>,
@@ -150,6 +157,10 @@ pub fn decoder<R: AsyncBufRead + Send + 'static>(
 
 /// Wraps `writer` so that what is written goes out encoded with `encoding` (shut it down
 /// to write the trailer).
+///
+/// Without the crate's `compression` feature, writing a `Some` encoding fails with
+/// [`io::ErrorKind::Unsupported`].
+#[cfg(feature = "compression")]
 pub fn encoder<W: AsyncWrite + Send + 'static>(
     writer: W,
     encoding: Option<ContentEncoding>,
@@ -160,6 +171,82 @@ pub fn encoder<W: AsyncWrite + Send + 'static>(
         Some(ContentEncoding::Xz) => Box::pin(write::XzEncoder::new(writer)),
         Some(ContentEncoding::Bz2) => Box::pin(write::BzEncoder::new(writer)),
         Some(ContentEncoding::Zstd) => Box::pin(write::ZstdEncoder::new(writer)),
+    }
+}
+
+/// See the `compression` build of [`decoder`].
+#[cfg(not(feature = "compression"))]
+pub fn decoder<R: AsyncBufRead + Send + 'static>(
+    reader: R,
+    encoding: Option<ContentEncoding>,
+) -> BoxBufRead {
+    match encoding {
+        None => Box::pin(reader),
+        Some(e) => Box::pin(Unsupported(e)),
+    }
+}
+
+/// See the `compression` build of [`encoder`].
+#[cfg(not(feature = "compression"))]
+pub fn encoder<W: AsyncWrite + Send + 'static>(
+    writer: W,
+    encoding: Option<ContentEncoding>,
+) -> BoxWrite {
+    match encoding {
+        None => Box::pin(writer),
+        Some(e) => Box::pin(Unsupported(e)),
+    }
+}
+
+/// A reader and writer that fails: an encoding this build cannot decode or encode.
+#[cfg(not(feature = "compression"))]
+struct Unsupported(ContentEncoding);
+
+#[cfg(not(feature = "compression"))]
+impl Unsupported {
+    fn error(&self) -> io::Error {
+        io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!(
+                "{} content encoding: jumpstarter-core was built without its `compression` feature",
+                self.0
+            ),
+        )
+    }
+}
+
+#[cfg(not(feature = "compression"))]
+impl AsyncRead for Unsupported {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        _: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Poll::Ready(Err(self.error()))
+    }
+}
+
+#[cfg(not(feature = "compression"))]
+impl AsyncBufRead for Unsupported {
+    fn poll_fill_buf(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<&[u8]>> {
+        Poll::Ready(Err(self.error()))
+    }
+
+    fn consume(self: Pin<&mut Self>, _: usize) {}
+}
+
+#[cfg(not(feature = "compression"))]
+impl AsyncWrite for Unsupported {
+    fn poll_write(self: Pin<&mut Self>, _: &mut Context<'_>, _: &[u8]) -> Poll<io::Result<usize>> {
+        Poll::Ready(Err(self.error()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Err(self.error()))
     }
 }
 
