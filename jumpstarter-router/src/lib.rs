@@ -25,6 +25,7 @@ use std::{
 };
 
 use futures::{Stream, StreamExt};
+use jumpstarter_core::sync::LockExt;
 use jumpstarter_core::{
     auth::{RouterTokenKey, bearer_token},
     stream_rpc,
@@ -137,11 +138,6 @@ impl Router {
         RouterStreamService(self)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Pairing> {
-        // The map is consistent after every single operation, so a poisoned lock is usable.
-        self.pairing.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     fn refuse(&self, status: Status) -> Status {
         self.stats.refused_total.fetch_add(1, Ordering::Relaxed);
         status
@@ -204,7 +200,7 @@ impl Router {
             http::HeaderMap::new(),
         );
 
-        let mut pairing = self.lock();
+        let mut pairing = self.pairing.lock_or_recover();
         let now = Instant::now();
         pairing.used.retain(|_, until| *until > now);
         if pairing.used.contains_key(&subject) {
@@ -248,7 +244,7 @@ impl Router {
                         return;
                     }
                     // Timed out or the waiter went away: forget it unless it was just paired.
-                    let removed = this.lock().waiting.remove(&subject);
+                    let removed = this.pairing.lock_or_recover().waiting.remove(&subject);
                     if let Some(w) = removed {
                         this.stats.waiting_streams.fetch_sub(1, Ordering::Relaxed);
                         this.stats.refused_total.fetch_add(1, Ordering::Relaxed);
