@@ -18,10 +18,9 @@ use std::{
 };
 
 use jumpstarter_controller::{
+    ClientApi, ControllerApi, ControllerState, RouterEntry,
     objects::{Client, ClientSpec, Exporter, ExporterSpec, ExporterStatusValue},
-    reconcile,
-    service::{client::ClientApi, controller::ControllerApi},
-    state::{ControllerState, RouterEntry},
+    run_reconcile_loop,
     store::{SqliteStore, Store},
 };
 use jumpstarter_core::{
@@ -200,7 +199,7 @@ async fn lab() -> Lab {
         }],
         format!("localhost:{port}"),
     );
-    tasks.push(tokio::spawn(reconcile::run(
+    tasks.push(tokio::spawn(run_reconcile_loop(
         state.clone(),
         std::future::pending(),
     )));
@@ -243,6 +242,7 @@ impl Lab {
 
     fn token(&self, kind: ObjectKind, name: &str, uid: String) -> String {
         self.state
+            .auth
             .issuer
             .issue(&Subject::new(kind, "default", name, uid))
             .unwrap()
