@@ -341,7 +341,7 @@ pub async fn serve(
     if let Some(id) = tls {
         builder = builder
             .tls_config(tonic::transport::ServerTlsConfig::new().identity(id))
-            .map_err(|e| RouterError::Tls(e.to_string()))?;
+            .map_err(RouterError::Tls)?;
     }
     builder
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
@@ -351,7 +351,7 @@ pub async fn serve(
             shutdown,
         )
         .await
-        .map_err(|e| RouterError::Serve(e.to_string()))
+        .map_err(RouterError::Serve)
 }
 
 /// Errors of the router server.
@@ -359,10 +359,10 @@ pub async fn serve(
 pub enum RouterError {
     /// The TLS settings are unusable.
     #[error("TLS configuration: {0}")]
-    Tls(String),
+    Tls(#[source] tonic::transport::Error),
     /// The server stopped with an error.
     #[error("router server error: {0}")]
-    Serve(String),
+    Serve(#[source] tonic::transport::Error),
 }
 
 pub mod cli {
