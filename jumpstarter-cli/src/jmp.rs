@@ -379,15 +379,16 @@ async fn run_exporter(args: RunArgs) -> Result<i32> {
         tls,
         passphrase: args.passphrase.clone(),
     };
-    let served = serve_tcp(Arc::clone(&session), listener, opts, shutdown_signal()).await;
+    let served = serve_tcp(
+        Arc::clone(&session),
+        listener,
+        opts,
+        crate::signals::shutdown_signal(),
+    )
+    .await;
     session.close().await;
     served?;
     Ok(0)
-}
-
-/// Resolves on SIGINT or SIGTERM.
-pub async fn shutdown_signal() {
-    crate::signals::first_of(&[libc::SIGINT, libc::SIGTERM]).await;
 }
 
 #[cfg(test)]

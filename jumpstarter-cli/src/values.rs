@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use anyhow::{Result, bail};
 use jiff::{Timestamp, civil::DateTime, tz::TimeZone};
+use jumpstarter_core::labels::{validate_label_value, validate_qualified_name};
 
 /// Parses `key=value` pairs (repeated flags, each possibly comma-separated) into a map,
 /// checking keys and values as Kubernetes label rules do. `what` names the flag in errors.
@@ -16,65 +17,14 @@ pub fn parse_key_values(items: &[String], what: &str) -> Result<BTreeMap<String,
                 bail!("invalid {what} {pair:?}: expected key=value");
             };
             let (k, v) = (k.trim(), v.trim());
-            check_label_key(k).map_err(|e| anyhow::anyhow!("invalid {what} key {k:?}: {e}"))?;
-            check_label_value(v)
+            validate_qualified_name(k)
+                .map_err(|e| anyhow::anyhow!("invalid {what} key {k:?}: {e}"))?;
+            validate_label_value(v)
                 .map_err(|e| anyhow::anyhow!("invalid {what} value {v:?} for {k:?}: {e}"))?;
             out.insert(k.to_string(), v.to_string());
         }
     }
     Ok(out)
-}
-
-fn is_name_segment(s: &str, max: usize) -> Result<(), String> {
-    if s.is_empty() {
-        return Err("must not be empty".into());
-    }
-    if s.len() > max {
-        return Err(format!("must be at most {max} characters"));
-    }
-    let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
-    if !s.chars().all(ok_char) {
-        return Err("may contain only letters, digits, '-', '_' and '.'".into());
-    }
-    let alnum = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
-    if !alnum(s.chars().next()) || !alnum(s.chars().last()) {
-        return Err("must start and end with a letter or digit".into());
-    }
-    Ok(())
-}
-
-/// A label key: `[prefix/]name`, prefix a DNS subdomain, name at most 63 characters.
-pub fn check_label_key(k: &str) -> Result<(), String> {
-    let name = match k.split_once('/') {
-        Some((prefix, name)) => {
-            if prefix.is_empty() || prefix.len() > 253 {
-                return Err("the prefix must be 1 to 253 characters".into());
-            }
-            let ok = prefix.split('.').all(|part| {
-                !part.is_empty()
-                    && part
-                        .chars()
-                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-                    && !part.starts_with('-')
-                    && !part.ends_with('-')
-            });
-            if !ok {
-                return Err("the prefix must be a DNS subdomain (e.g. example.com)".into());
-            }
-            name
-        }
-        None => k,
-    };
-    is_name_segment(name, 63)
-}
-
-/// A label value: empty, or at most 63 characters of `[A-Za-z0-9._-]` starting and ending
-/// with a letter or digit.
-pub fn check_label_value(v: &str) -> Result<(), String> {
-    if v.is_empty() {
-        return Ok(());
-    }
-    is_name_segment(v, 63)
 }
 
 /// Joins repeated `-l` flags into one selector string.

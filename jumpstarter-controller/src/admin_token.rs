@@ -6,8 +6,7 @@
 //! encode in it, and revoking it is deleting the file and restarting.
 
 use std::{
-    io::Write,
-    os::unix::fs::{OpenOptionsExt, PermissionsExt},
+    os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
 };
 
@@ -111,18 +110,11 @@ impl AdminToken {
                 let token = Self::generate().ok_or_else(|| AdminTokenError::Random {
                     path: path.to_path_buf(),
                 })?;
-                let tmp = path.with_extension("tmp");
-                let _ = std::fs::remove_file(&tmp);
-                let mut f = std::fs::OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .mode(0o600)
-                    .open(&tmp)
-                    .map_err(io)?;
-                f.write_all(format!("{}\n", token.token).as_bytes())
-                    .map_err(io)?;
-                f.sync_all().map_err(io)?;
-                std::fs::rename(&tmp, path).map_err(io)?;
+                jumpstarter_core::private_file::write_private_file(
+                    path,
+                    format!("{}\n", token.token).as_bytes(),
+                )
+                .map_err(io)?;
                 Ok(token)
             }
             Err(e) => Err(io(e)),

@@ -20,9 +20,19 @@ use serde::Deserialize;
 
 use crate::{
     duration::GoDuration,
-    state::RouterEntry,
     store::{Store, StoreError},
 };
+
+/// A router the controller hands out in `Dial`/`Listen` responses.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RouterEntry {
+    /// Its name (the key of the `router` config map upstream).
+    pub name: String,
+    /// `host:port` clients and exporters dial.
+    pub endpoint: String,
+    /// Labels matched against the exporter's labels to choose a router.
+    pub labels: std::collections::BTreeMap<String, String>,
+}
 
 /// Name of the ConfigMap upstream's operator writes.
 pub const CONFIG_MAP_NAME: &str = "jumpstarter-controller";

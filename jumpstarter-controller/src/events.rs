@@ -531,10 +531,8 @@ mod tests {
 
         use super::*;
         use crate::selector::LabelSelector;
-        use crate::store::{
-            KubeStore, ListParams, Store,
-            fake_api::{FakeApiServer, FakeBody},
-        };
+        use crate::store::{KubeStore, ListParams, Store};
+        use crate::testing::{FakeApiServer, FakeBody};
 
         async fn events_in(store: &KubeStore, namespace: &str, want: usize) -> Vec<Event> {
             for _ in 0..200 {

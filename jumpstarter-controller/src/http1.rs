@@ -1,16 +1,31 @@
 //! The controller's two small HTTP/1.1 endpoints (`/metrics`, easy login's
-//! `/v1/auth/config`) share this: a bounded accept loop and a one-request, `Connection:
-//! close` exchange. Nothing here needs a full HTTP stack.
+//! `/v1/auth/config`) share this: a bounded accept loop, and hyper serving one request per
+//! connection (then closing it).
 
 use std::{future::Future, sync::Arc, time::Duration};
 
+use bytes::Bytes;
+use http::{Method, Response, StatusCode, header::CONTENT_TYPE};
+use http_body_util::Full;
+use hyper_util::rt::TokioIo;
 use tokio::{
-    io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt},
+    io::{AsyncRead, AsyncWrite},
     net::{TcpListener, TcpStream},
 };
 
-/// Largest request head read.
+/// Largest request head read (hyper's smallest buffer limit); a larger one gets
+/// `431 Request Header Fields Too Large`.
 pub const MAX_REQUEST: usize = 8 * 1024;
+
+/// What a route answers.
+pub struct Reply {
+    /// The status.
+    pub status: StatusCode,
+    /// The `Content-Type` of `body`.
+    pub content_type: &'static str,
+    /// The body.
+    pub body: String,
+}
 
 /// Accepts connections on `listener` until `shutdown` resolves, running `handle` on each
 /// with at most `max_connections` at once (further connections are closed, not queued) and
@@ -55,48 +70,37 @@ pub async fn serve<F, Fut>(
     }
 }
 
-/// What [`read_request_line`] found.
-pub enum Request {
-    /// The method and the path (without its query).
-    Line(String, String),
-    /// The head grew past [`MAX_REQUEST`].
-    TooLarge,
-    /// The peer closed or failed before a whole head arrived.
-    Closed,
-}
-
-/// Reads a request head and returns its method and path.
-pub async fn read_request_line<S: AsyncRead + Unpin>(conn: &mut S) -> Request {
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 1024];
-    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-        if buf.len() >= MAX_REQUEST {
-            return Request::TooLarge;
+/// Serves one request on `io` with hyper: `route` gets its method and path (without the
+/// query) and says what to answer; the connection is closed after the response.
+pub async fn respond<IO, R, Fut>(io: IO, route: R)
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    R: Fn(Method, String) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Reply> + Send + 'static,
+{
+    let route = Arc::new(route);
+    let service = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+        let reply = route(req.method().clone(), req.uri().path().to_owned());
+        async move {
+            let Reply {
+                status,
+                content_type,
+                body,
+            } = reply.await;
+            let mut response = Response::new(Full::new(Bytes::from(body)));
+            *response.status_mut() = status;
+            response
+                .headers_mut()
+                .insert(CONTENT_TYPE, http::HeaderValue::from_static(content_type));
+            Ok::<_, std::convert::Infallible>(response)
         }
-        match conn.read(&mut chunk).await {
-            Ok(0) | Err(_) => return Request::Closed,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-        }
+    });
+    let served = hyper::server::conn::http1::Builder::new()
+        .keep_alive(false)
+        .max_buf_size(MAX_REQUEST)
+        .serve_connection(TokioIo::new(io), service)
+        .await;
+    if let Err(e) = served {
+        tracing::debug!("HTTP connection: {e}");
     }
-    let head = String::from_utf8_lossy(&buf);
-    let mut parts = head.lines().next().unwrap_or_default().split(' ');
-    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let path = path.split('?').next().unwrap_or("");
-    Request::Line(method.to_string(), path.to_string())
-}
-
-/// Writes one response and closes the connection.
-pub async fn reply<S: AsyncWrite + Unpin>(
-    conn: &mut S,
-    status: &str,
-    content_type: &str,
-    body: &str,
-) {
-    let response = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\
-         Connection: close\r\n\r\n{body}",
-        body.len()
-    );
-    let _ = conn.write_all(response.as_bytes()).await;
-    let _ = conn.shutdown().await;
 }

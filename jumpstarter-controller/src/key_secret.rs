@@ -39,39 +39,25 @@ pub enum KeySecretError {
         source: Box<StoreError>,
     },
     /// A file could not be read or written.
-    #[error("{path}: {reason}")]
+    #[error("{path}: {source}")]
     File {
         /// The file.
         path: String,
         /// Why.
-        reason: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
 }
 
-fn file_err(path: &Path, e: impl std::fmt::Display) -> KeySecretError {
+fn file_err(path: &Path, e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> KeySecretError {
     KeySecretError::File {
         path: path.display().to_string(),
-        reason: e.to_string(),
+        source: e.into(),
     }
 }
 
 fn write_private(path: &Path, bytes: &[u8]) -> Result<(), KeySecretError> {
-    use std::io::Write;
-    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent).map_err(|e| file_err(parent, e))?;
-    }
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
-        .map_err(|e| file_err(path, e))?;
-    f.write_all(bytes).map_err(|e| file_err(path, e))?;
-    // An existing file keeps its mode through open(): tighten it.
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-        .map_err(|e| file_err(path, e))
+    jumpstarter_core::private_file::write_private_file(path, bytes).map_err(|e| file_err(path, e))
 }
 
 /// Writes the files kept in the Secret into `dir` (replacing what is there); `Ok(false)`
@@ -177,7 +163,7 @@ pub async fn ensure_router_tls<S: Store>(
         .issue_server_cert(sans)
         .map_err(|e| KeySecretError::File {
             path: format!("router certificate for {wanted}"),
-            reason: e.to_string(),
+            source: e.into(),
         })?;
     let data = BTreeMap::from([
         ("tls.crt".to_owned(), ByteString(cert.cert_pem.into_bytes())),

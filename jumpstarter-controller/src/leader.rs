@@ -135,11 +135,6 @@ impl<S: Store> LeaderElector<S> {
         })
     }
 
-    /// The settings.
-    pub fn config(&self) -> &LeaderConfig {
-        &self.config
-    }
-
     fn store_err(&self, source: StoreError) -> LeaderError {
         LeaderError::Store {
             namespace: self.config.namespace.clone(),
@@ -399,7 +394,7 @@ mod tests {
     #[cfg(feature = "kubernetes")]
     #[tokio::test]
     async fn standby_takes_over_when_the_lease_expires_fake_api() {
-        let api = crate::store::fake_api::FakeApiServer::new();
+        let api = crate::testing::FakeApiServer::new();
         let store = crate::store::KubeStore::new(api.client());
         elect_and_take_over(store).await;
     }

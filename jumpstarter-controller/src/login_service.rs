@@ -8,10 +8,7 @@ use jumpstarter_core::auth::IssuedCert;
 use tokio::net::TcpListener;
 use tokio_rustls::{TlsAcceptor, rustls};
 
-use crate::{
-    http1::{self, Request},
-    server::ServerError,
-};
+use crate::http1::{self, Reply};
 
 /// Requests in flight at once; more connections are closed.
 const MAX_CONNECTIONS: usize = 64;
@@ -66,23 +63,33 @@ impl LoginDocument {
     }
 }
 
+/// The login listener's certificate or key is unusable.
+#[derive(Debug, thiserror::Error)]
+pub enum AcceptorError {
+    /// The certificate or key PEM does not parse, or holds no key.
+    #[error("TLS: login listener: {0}")]
+    Pem(#[source] rustls::pki_types::pem::Error),
+    /// rustls refused the protocol versions or the certificate and key.
+    #[error("TLS: login listener: {0}")]
+    Rustls(#[source] rustls::Error),
+}
+
 /// A TLS acceptor presenting `identity`.
-pub fn acceptor(identity: &IssuedCert) -> Result<TlsAcceptor, ServerError> {
-    let tls = |e: String| ServerError::Tls(format!("login listener: {e}"));
-    let certs = rustls_pemfile::certs(&mut identity.cert_pem.as_bytes())
+pub fn acceptor(identity: &IssuedCert) -> Result<TlsAcceptor, AcceptorError> {
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
+    let certs = CertificateDer::pem_slice_iter(identity.cert_pem.as_bytes())
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| tls(e.to_string()))?;
-    let key = rustls_pemfile::private_key(&mut identity.key_pem.as_bytes())
-        .map_err(|e| tls(e.to_string()))?
-        .ok_or_else(|| tls("no private key".into()))?;
+        .map_err(AcceptorError::Pem)?;
+    let key =
+        PrivateKeyDer::from_pem_slice(identity.key_pem.as_bytes()).map_err(AcceptorError::Pem)?;
     let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
     .with_safe_default_protocol_versions()
-    .map_err(|e| tls(e.to_string()))?
+    .map_err(AcceptorError::Rustls)?
     .with_no_client_auth()
     .with_single_cert(certs, key)
-    .map_err(|e| tls(e.to_string()))?;
+    .map_err(AcceptorError::Rustls)?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
@@ -98,7 +105,7 @@ pub async fn serve(
         let (acceptor, doc) = (acceptor.clone(), doc.clone());
         async move {
             if let Ok(tls) = acceptor.accept(conn).await {
-                respond(tls, &doc).await;
+                respond(tls, doc).await;
             }
         }
     };
@@ -113,22 +120,31 @@ pub async fn serve(
     .await;
 }
 
-async fn respond<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
-    mut conn: S,
-    doc: &LoginDocument,
+async fn respond<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static>(
+    conn: S,
+    doc: Arc<LoginDocument>,
 ) {
-    let Request::Line(method, path) = http1::read_request_line(&mut conn).await else {
-        return;
-    };
-    let (status, body) = match (method.as_str(), path.as_str()) {
-        ("GET", "/v1/auth/config") => ("200 OK", doc.to_json().to_string()),
-        ("GET", _) => ("404 Not Found", r#"{"error":"not found"}"#.to_string()),
-        _ => (
-            "405 Method Not Allowed",
-            r#"{"error":"method not allowed"}"#.to_string(),
-        ),
-    };
-    http1::reply(&mut conn, status, "application/json", &body).await;
+    http1::respond(conn, move |method, path| {
+        let (status, body) = match (method, path.as_str()) {
+            (http::Method::GET, "/v1/auth/config") => {
+                (http::StatusCode::OK, doc.to_json().to_string())
+            }
+            (http::Method::GET, _) => (
+                http::StatusCode::NOT_FOUND,
+                r#"{"error":"not found"}"#.to_string(),
+            ),
+            _ => (
+                http::StatusCode::METHOD_NOT_ALLOWED,
+                r#"{"error":"method not allowed"}"#.to_string(),
+            ),
+        };
+        std::future::ready(Reply {
+            status,
+            content_type: "application/json",
+            body,
+        })
+    })
+    .await;
 }
 
 #[cfg(test)]

@@ -15,12 +15,13 @@ use std::{
 use tokio::net::TcpListener;
 
 use crate::{
-    http1::{self, Request},
+    http1::{self, Reply},
     objects::{Exporter, Lease, conditions},
     selector::LabelSelector,
     state::ControllerState,
     store::{ListParams, Store},
 };
+use jumpstarter_core::sync::LockExt;
 
 /// Upper bounds (seconds) of the RPC latency histogram buckets.
 const BUCKETS: [f64; 12] = [
@@ -51,7 +52,7 @@ impl RpcMetrics {
     /// Records one call of `method` that took `elapsed`.
     pub fn observe(&self, method: &str, elapsed: Duration) {
         let secs = elapsed.as_secs_f64();
-        let mut m = self.methods.lock().unwrap_or_else(|p| p.into_inner());
+        let mut m = self.methods.lock_or_recover();
         let key = if m.contains_key(method) || m.len() < MAX_METHODS {
             method
         } else {
@@ -69,11 +70,7 @@ impl RpcMetrics {
 
     /// Prometheus text of the histograms.
     pub fn prometheus(&self) -> String {
-        let m = self
-            .methods
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+        let m = self.methods.lock_or_recover().clone();
         let mut methods: Vec<_> = m.into_iter().collect();
         methods.sort_by(|a, b| a.0.cmp(&b.0));
         let mut out = String::from(
@@ -244,20 +241,26 @@ pub async fn serve(
 
 const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
-async fn respond(mut conn: tokio::net::TcpStream, render: Render) {
-    let (status, body) = match http1::read_request_line(&mut conn).await {
-        Request::Closed => return,
-        Request::TooLarge => ("431 Request Header Fields Too Large", String::new()),
-        Request::Line(method, path) => match (method.as_str(), path.as_str()) {
-            ("GET", "/metrics") => ("200 OK", render().await),
-            ("GET", _) => (
-                "404 Not Found",
-                "not found; metrics are at /metrics\n".to_string(),
-            ),
-            _ => ("405 Method Not Allowed", String::new()),
-        },
-    };
-    http1::reply(&mut conn, status, CONTENT_TYPE, &body).await;
+async fn respond(conn: tokio::net::TcpStream, render: Render) {
+    http1::respond(conn, move |method, path| {
+        let render = render.clone();
+        async move {
+            let (status, body) = match (method, path.as_str()) {
+                (http::Method::GET, "/metrics") => (http::StatusCode::OK, render().await),
+                (http::Method::GET, _) => (
+                    http::StatusCode::NOT_FOUND,
+                    "not found; metrics are at /metrics\n".to_string(),
+                ),
+                _ => (http::StatusCode::METHOD_NOT_ALLOWED, String::new()),
+            };
+            Reply {
+                status,
+                content_type: CONTENT_TYPE,
+                body,
+            }
+        }
+    })
+    .await;
 }
 
 #[cfg(test)]

@@ -393,6 +393,28 @@ pub fn meta_key(m: &metav1::ObjectMeta) -> Option<(&str, &str)> {
     Some((m.namespace.as_deref()?, m.name.as_deref()?))
 }
 
+/// (namespace, name) of an object.
+pub type ObjectKey = (String, String);
+
+/// The [`ObjectKey`] of an exporter (empty strings for unset fields).
+pub fn exporter_key(e: &Exporter) -> ObjectKey {
+    (
+        e.metadata.namespace.clone().unwrap_or_default(),
+        e.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
+/// Whether `a`'s resourceVersion is older than `b`'s (both numeric; otherwise unknown, false).
+pub fn older_version(a: &Exporter, b: &Exporter) -> bool {
+    let rv = |e: &Exporter| {
+        e.metadata
+            .resource_version
+            .as_deref()
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    matches!((rv(a), rv(b)), (Some(x), Some(y)) if x < y)
+}
+
 /// Whether the exporter is registered (`status.devices` set; §4.2 `Registered`).
 pub fn exporter_registered(status: Option<&ExporterStatus>) -> bool {
     status.is_some_and(|s| s.devices.is_some())

@@ -14,7 +14,8 @@ use std::collections::HashMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
 use crate::objects::{Exporter, Lease, LeaseStatus};
-use crate::store::{Store, StoreObject};
+use crate::store::Store;
+use crate::store::controller_reference;
 
 /// How many times [`sync_lease_owners`] re-reads a lease after a conflicting write before it
 /// leaves it to the next pass.
@@ -33,20 +34,6 @@ pub enum OwnerRefError {
         /// The owner that was to be set.
         wanted: String,
     },
-}
-
-/// The controller reference to `owner` (`controller` and `blockOwnerDeletion` true, as
-/// `SetControllerReference` writes it); `None` when `owner` has no name or uid (not stored).
-pub fn controller_reference<K: StoreObject>(owner: &K) -> Option<OwnerReference> {
-    let meta = owner.meta();
-    Some(OwnerReference {
-        api_version: K::api_version(&()).into_owned(),
-        kind: K::kind(&()).into_owned(),
-        name: meta.name.clone()?,
-        uid: meta.uid.clone()?,
-        controller: Some(true),
-        block_owner_deletion: Some(true),
-    })
 }
 
 /// The API group of an `apiVersion` (`""` for the core group's `v1`).

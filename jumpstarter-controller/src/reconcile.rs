@@ -3,7 +3,7 @@
 //! the next deadline or until a service pokes [`ControllerState::wake`].
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
+    collections::{BTreeMap, HashMap, HashSet},
     sync::Arc,
     time::Duration,
 };
@@ -13,160 +13,26 @@ use k8s_openapi::api::core::v1::LocalObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1 as metav1;
 
 use crate::{
+    exporter_view::ExporterView,
     objects::{
         Client, EXPORTER_OFFLINE_AFTER, Exporter, ExporterAccessPolicy, ExporterStatus,
-        ExporterStatusValue, Lease, conditions, exporter_online_state, meta_key, set_condition,
+        ExporterStatusValue, Lease, ObjectKey, conditions, exporter_online_state, meta_key,
+        set_condition,
     },
     scheduler::{Snapshot, exporter_lease_refs, schedule},
     selector::LabelSelector,
-    state::{ControllerState, ExporterChanges, ObjectKey, older_version},
+    state::{ControllerState, ExporterChanges},
     store::{ListParams, Store, StoreError},
 };
 
 /// The longest the loop sleeps.
 const MAX_SLEEP: Duration = Duration::from_secs(5);
 
-/// How often a pass looks at every exporter, not only those that changed or are due: a
-/// safety net for changes no feed reports (the liveness deadlines and the lease holders
-/// already cover everything the loop knows of).
-const FULL_SWEEP_EVERY: jiff::SignedDuration = jiff::SignedDuration::from_secs(300);
-
 async fn list_all<S: Store, K: crate::store::StoreObject>(store: &S) -> Result<Vec<K>, StoreError> {
     Ok(store
         .list::<K>(None, &LabelSelector::everything(), &ListParams::default())
         .await?
         .items)
-}
-
-/// The reconcile loop's copy of the exporters: updated from the exporter cache's changes
-/// (and from its own writes) instead of listing and decoding every exporter on every pass.
-///
-/// It also knows which exporters a pass must look at, so a pass costs what changed, not the
-/// size of the lab: those that changed, those whose lease changed, and those whose `Online`
-/// condition may have lapsed by now (last seen + [`EXPORTER_OFFLINE_AFTER`]).
-pub struct ExporterView {
-    items: Vec<Exporter>,
-    index: HashMap<ObjectKey, usize>,
-    /// Changed since the last pass.
-    dirty: HashSet<ObjectKey>,
-    /// When each exporter's liveness must be looked at again, ordered by time.
-    due: BTreeSet<(Timestamp, ObjectKey)>,
-    due_of: HashMap<ObjectKey, Timestamp>,
-    /// The lease holding each exporter after the last pass.
-    holders: BTreeMap<ObjectKey, String>,
-    /// When every exporter was last looked at (a safety net, see [`FULL_SWEEP_EVERY`]).
-    swept_at: Option<Timestamp>,
-}
-
-impl ExporterView {
-    fn new(items: Vec<Exporter>) -> Self {
-        let mut view = ExporterView {
-            items: Vec::with_capacity(items.len()),
-            index: HashMap::with_capacity(items.len()),
-            dirty: HashSet::with_capacity(items.len()),
-            due: BTreeSet::new(),
-            due_of: HashMap::new(),
-            holders: BTreeMap::new(),
-            swept_at: None,
-        };
-        for e in items {
-            view.set(e);
-        }
-        view
-    }
-
-    fn key(e: &Exporter) -> ObjectKey {
-        (
-            e.metadata.namespace.clone().unwrap_or_default(),
-            e.metadata.name.clone().unwrap_or_default(),
-        )
-    }
-
-    /// Stores `e` unless the view already holds a newer version of it.
-    fn set(&mut self, e: Exporter) {
-        let key = Self::key(&e);
-        match self.index.get(&key) {
-            Some(&i) => {
-                if !older_version(&e, &self.items[i]) {
-                    self.items[i] = e;
-                    self.dirty.insert(key);
-                }
-            }
-            None => {
-                self.index.insert(key.clone(), self.items.len());
-                self.items.push(e);
-                self.dirty.insert(key);
-            }
-        }
-    }
-
-    fn remove(&mut self, key: &ObjectKey) {
-        if let Some(i) = self.index.remove(key) {
-            self.items.swap_remove(i);
-            if let Some(moved) = self.items.get(i) {
-                self.index.insert(Self::key(moved), i);
-            }
-        }
-        self.dirty.remove(key);
-        self.check_at(key, None);
-    }
-
-    fn get(&self, key: &ObjectKey) -> Option<&Exporter> {
-        self.index.get(key).and_then(|&i| self.items.get(i))
-    }
-
-    /// Looks at `key` again at `at` (`None`: only when it changes).
-    fn check_at(&mut self, key: &ObjectKey, at: Option<Timestamp>) {
-        if let Some(old) = self.due_of.remove(key) {
-            self.due.remove(&(old, key.clone()));
-        }
-        if let Some(at) = at {
-            self.due.insert((at, key.clone()));
-            self.due_of.insert(key.clone(), at);
-        }
-    }
-
-    /// The exporters this pass must look at, given the lease holders `holders` it computed;
-    /// `None` means all of them.
-    fn take_targets(
-        &mut self,
-        now: Timestamp,
-        holders: &BTreeMap<ObjectKey, String>,
-    ) -> Option<Vec<ObjectKey>> {
-        let full = self
-            .swept_at
-            .is_none_or(|t| now.duration_since(t) >= FULL_SWEEP_EVERY);
-        let mut keys = std::mem::take(&mut self.dirty);
-        for (k, v) in holders {
-            if self.holders.get(k) != Some(v) {
-                keys.insert(k.clone());
-            }
-        }
-        for (k, v) in &self.holders {
-            if holders.get(k) != Some(v) {
-                keys.insert(k.clone());
-            }
-        }
-        self.holders.clone_from(holders);
-        while let Some((at, _)) = self.due.first()
-            && *at <= now
-        {
-            if let Some((_, k)) = self.due.pop_first() {
-                self.due_of.remove(&k);
-                keys.insert(k);
-            }
-        }
-        if full {
-            self.swept_at = Some(now);
-            return None;
-        }
-        Some(keys.into_iter().collect())
-    }
-
-    /// The earliest time an exporter's liveness must be looked at again.
-    fn next_due(&self) -> Option<Timestamp> {
-        self.due.first().map(|(t, _)| *t)
-    }
 }
 
 /// Whether `set_condition` with these arguments would change `conds`.
@@ -201,25 +67,7 @@ pub async fn reconcile_once<S: Store>(
     let leases: Vec<Lease> = list_all(store).await?;
     // Exporters come from the cache the exporter feed keeps when it runs, else from a list.
     let mut view_guard = state.exporter_view.lock().await;
-    let mut listed: Option<Vec<Exporter>> = None;
-    match state.take_exporter_changes(view_guard.is_none()) {
-        Some(ExporterChanges::All(items)) => *view_guard = Some(ExporterView::new(items)),
-        Some(ExporterChanges::Some(changes)) => match view_guard.as_mut() {
-            Some(view) => {
-                for (key, e) in changes {
-                    match e {
-                        Some(e) => view.set(e),
-                        None => view.remove(&key),
-                    }
-                }
-            }
-            None => listed = Some(list_all(store).await?),
-        },
-        None => {
-            *view_guard = None;
-            listed = Some(list_all(store).await?);
-        }
-    }
+    let listed = refresh_exporters(state, &mut view_guard).await?;
     let exporters: &[Exporter] = match (&listed, view_guard.as_ref()) {
         (Some(items), _) => items,
         (None, Some(view)) => &view.items,
@@ -236,7 +84,110 @@ pub async fn reconcile_once<S: Store>(
         now,
     });
     let mut next: Option<Timestamp> = None;
-    let mut final_status: BTreeMap<(String, String), crate::objects::LeaseStatus> = leases
+    let leases_written =
+        write_leases(store, &leases, &decisions, exporters, now, &mut next).await?;
+    if sync_owners(store, &leases, &leases_written, exporters).await {
+        next = Some(now);
+    }
+
+    // Exporters: who holds them, and whether they are online.
+    let refs = exporter_lease_refs(
+        leases_written
+            .statuses
+            .iter()
+            .map(|((ns, name), st)| (ns.as_str(), name.as_str(), st)),
+    );
+    let targets: Vec<&Exporter> = match (&listed, view_guard.as_mut()) {
+        (Some(items), _) => items.iter().collect(),
+        (None, Some(view)) => match view.take_targets(now, &refs) {
+            None => view.items.iter().collect(),
+            Some(keys) => {
+                let view = &*view;
+                keys.iter().filter_map(|k| view.get(k)).collect()
+            }
+        },
+        (None, None) => Vec::new(),
+    };
+    let mut updates: Vec<Exporter> = Vec::new();
+    let mut checks: Vec<(ObjectKey, Option<Timestamp>)> = Vec::with_capacity(targets.len());
+    for e in targets {
+        let Some(key) = meta_key(&e.metadata).map(|(ns, n)| (ns.to_string(), n.to_string())) else {
+            continue;
+        };
+        let seen = state.exporters.seen_at(&key.0, &key.1);
+        let (lapses_at, update) = exporter_status_update(e, refs.get(&key), seen, now);
+        checks.push((key, lapses_at));
+        updates.extend(update);
+    }
+    let written = write_exporter_statuses(store, updates, now, &mut next).await?;
+    // Our own writes are newer than what the view holds until the feed delivers them.
+    if let Some(view) = view_guard.as_mut() {
+        for (key, at) in checks {
+            view.check_at(&key, at);
+        }
+        for e in written {
+            view.set(e);
+        }
+        if let Some(t) = view.next_due() {
+            earliest(&mut next, t);
+        }
+    }
+    Ok(next)
+}
+
+/// Moves `next` to `t` if that is sooner.
+fn earliest(next: &mut Option<Timestamp>, t: Timestamp) {
+    *next = Some(next.map_or(t, |n| n.min(t)));
+}
+
+/// Brings the reconcile view up to date with the exporter cache's changes; returns a fresh
+/// list of the exporters instead when the cache cannot serve (not synced, or no view yet).
+async fn refresh_exporters<S: Store>(
+    state: &ControllerState<S>,
+    view: &mut Option<ExporterView>,
+) -> Result<Option<Vec<Exporter>>, StoreError> {
+    match state.exporters.take_changes(view.is_none()) {
+        Some(ExporterChanges::All(items)) => {
+            *view = Some(ExporterView::new(items));
+            Ok(None)
+        }
+        Some(ExporterChanges::Some(changes)) => match view.as_mut() {
+            Some(view) => {
+                for (key, e) in changes {
+                    match e {
+                        Some(e) => view.set(e),
+                        None => view.remove(&key),
+                    }
+                }
+                Ok(None)
+            }
+            None => Ok(Some(list_all(&state.store).await?)),
+        },
+        None => {
+            *view = None;
+            Ok(Some(list_all(&state.store).await?))
+        }
+    }
+}
+
+/// What [`write_leases`] leaves: every lease's status after the pass, and the leases it
+/// rewrote (as stored).
+struct LeasesWritten {
+    statuses: BTreeMap<ObjectKey, crate::objects::LeaseStatus>,
+    rewritten: HashMap<ObjectKey, Lease>,
+}
+
+/// Writes the scheduler's decisions: each changed lease's status, then its labels and owner
+/// reference in one write. A conflicting write is left to the next pass (`next` = now).
+async fn write_leases<S: Store>(
+    store: &S,
+    leases: &[Lease],
+    decisions: &[crate::scheduler::LeaseDecision],
+    exporters: &[Exporter],
+    now: Timestamp,
+    next: &mut Option<Timestamp>,
+) -> Result<LeasesWritten, StoreError> {
+    let mut statuses: BTreeMap<ObjectKey, crate::objects::LeaseStatus> = leases
         .iter()
         .filter_map(|l| {
             Some((
@@ -264,10 +215,10 @@ pub async fn reconcile_once<S: Store>(
             assigned.contains(&key).then_some((key, e))
         })
         .collect();
-    let mut rewritten: HashMap<(String, String), Lease> = HashMap::new();
-    for d in &decisions {
+    let mut rewritten: HashMap<ObjectKey, Lease> = HashMap::new();
+    for d in decisions {
         if let Some(t) = d.requeue_at {
-            next = Some(next.map_or(t, |n| n.min(t)));
+            earliest(next, t);
         }
         let key = (d.namespace.clone(), d.name.clone());
         let Some(lease) = lease_index.get(&(d.namespace.as_str(), d.name.as_str())) else {
@@ -281,12 +232,12 @@ pub async fn reconcile_once<S: Store>(
             current.status = Some(d.status.clone());
             match store.update_status(&current).await {
                 Ok(stored) => {
-                    final_status.insert(key.clone(), d.status.clone());
+                    statuses.insert(key.clone(), d.status.clone());
                     current = stored;
                 }
                 Err(e) if e.is_conflict() => {
                     // Changed meanwhile: the next pass sees the new state.
-                    next = Some(now);
+                    *next = Some(now);
                     continue;
                 }
                 Err(e) => return Err(e),
@@ -304,16 +255,29 @@ pub async fn reconcile_once<S: Store>(
         if meta_changed {
             match store.update(&current).await {
                 Ok(stored) => current = stored,
-                Err(e) if e.is_conflict() => next = Some(now),
+                Err(e) if e.is_conflict() => *next = Some(now),
                 Err(e) => return Err(e),
             }
         }
         rewritten.insert(key, current);
     }
+    Ok(LeasesWritten {
+        statuses,
+        rewritten,
+    })
+}
 
-    // Leases are owned by their exporter, as upstream's (collected with it on a cluster);
-    // this catches the leases assigned before (e.g. by an older controller).
-    let statuses: Vec<_> = final_status
+/// Leases are owned by their exporter, as upstream's (collected with it on a cluster); this
+/// catches the leases assigned before (e.g. by an older controller). Returns whether a write
+/// conflicted (the next pass must come soon).
+async fn sync_owners<S: Store>(
+    store: &S,
+    leases: &[Lease],
+    written: &LeasesWritten,
+    exporters: &[Exporter],
+) -> bool {
+    let statuses: Vec<_> = written
+        .statuses
         .iter()
         .map(|((ns, n), st)| (ns.as_str(), n.as_str(), st))
         .collect();
@@ -324,149 +288,131 @@ pub async fn reconcile_once<S: Store>(
                 l.metadata.namespace.clone().unwrap_or_default(),
                 l.metadata.name.clone().unwrap_or_default(),
             );
-            rewritten.remove(&key).unwrap_or_else(|| l.clone())
+            written
+                .rewritten
+                .get(&key)
+                .cloned()
+                .unwrap_or_else(|| l.clone())
         })
         .collect();
-    if crate::owner_refs::sync_lease_owners(store, &latest, &statuses, exporters).await {
-        next = Some(now);
-    }
+    crate::owner_refs::sync_lease_owners(store, &latest, &statuses, exporters).await
+}
 
-    // Exporters: who holds them, and whether they are online.
-    let refs = exporter_lease_refs(
-        final_status
-            .iter()
-            .map(|((ns, name), st)| (ns.as_str(), name.as_str(), st)),
-    );
-    let targets: Vec<&Exporter> = match (&listed, view_guard.as_mut()) {
-        (Some(items), _) => items.iter().collect(),
-        (None, Some(view)) => match view.take_targets(now, &refs) {
-            None => view.items.iter().collect(),
-            Some(keys) => {
-                let view = &*view;
-                keys.iter().filter_map(|k| view.get(k)).collect()
-            }
-        },
-        (None, None) => Vec::new(),
+/// One exporter's status as this pass wants it: the lease holding it (`want_ref`), its
+/// `Online` condition from the latest sighting (`seen`, the Status stream's in-memory
+/// heartbeat, newer than the stored `lastSeen`) and its `Registered` condition. Returns when
+/// its liveness must be looked at again, and the exporter to write when anything differs.
+fn exporter_status_update(
+    e: &Exporter,
+    want_ref: Option<&String>,
+    seen: Option<Timestamp>,
+    now: Timestamp,
+) -> (Option<Timestamp>, Option<Exporter>) {
+    let stored = e.status.as_ref();
+    let have_ref = stored.and_then(|s| s.lease_ref.as_ref()).map(|r| &r.name);
+    let stored_seen = stored.and_then(|s| s.last_seen.as_ref()).map(|t| t.0);
+    let newer_seen = seen.filter(|s| stored_seen.is_none_or(|t| *s > t));
+    let merged;
+    let live: Option<&ExporterStatus> = match newer_seen {
+        Some(t) => {
+            merged = ExporterStatus {
+                last_seen: Some(metav1::Time(t)),
+                exporter_status: stored.and_then(|s| s.exporter_status),
+                status_message: stored.map(|s| s.status_message.clone()).unwrap_or_default(),
+                ..Default::default()
+            };
+            Some(&merged)
+        }
+        None => stored,
     };
-    let mut written: Vec<Exporter> = Vec::new();
-    let mut updates: Vec<Exporter> = Vec::new();
-    let mut checks: Vec<(ObjectKey, Option<Timestamp>)> = Vec::with_capacity(targets.len());
-    for e in targets {
-        let (Some(ns), Some(name)) = (e.metadata.namespace.as_deref(), e.metadata.name.as_deref())
-        else {
-            continue;
-        };
-        let want_ref = refs.get(&(ns.to_string(), name.to_string()));
-        let stored = e.status.as_ref();
-        let have_ref = stored.and_then(|s| s.lease_ref.as_ref()).map(|r| &r.name);
-        // The Status stream's heartbeat lives in memory; the stored lastSeen lags behind it.
-        let seen = state.seen_at(ns, name);
-        let stored_seen = stored.and_then(|s| s.last_seen.as_ref()).map(|t| t.0);
-        let newer_seen = seen.filter(|s| stored_seen.is_none_or(|t| *s > t));
-        let merged;
-        let live: Option<&ExporterStatus> = match newer_seen {
-            Some(t) => {
-                merged = ExporterStatus {
-                    last_seen: Some(metav1::Time(t)),
-                    exporter_status: stored.and_then(|s| s.exporter_status),
-                    status_message: stored.map(|s| s.status_message.clone()).unwrap_or_default(),
-                    ..Default::default()
-                };
-                Some(&merged)
-            }
-            None => stored,
-        };
-        let online = exporter_online_state(live, now);
-        // While online, the condition lapses by itself a minute after the last sighting.
-        let lapses_at = live
-            .and_then(|s| s.last_seen.as_ref())
-            .filter(|_| online.online)
-            .and_then(|t| t.0.checked_add(EXPORTER_OFFLINE_AFTER).ok())
-            .and_then(|t| t.checked_add(jiff::SignedDuration::from_millis(1)).ok());
-        checks.push(((ns.to_string(), name.to_string()), lapses_at));
-        let registered = stored.is_some_and(|s| s.devices.is_some());
-        let empty = Vec::new();
-        let conds = stored.map(|s| &s.conditions).unwrap_or(&empty);
-        let force_offline = online.force_offline_message.is_some()
-            && stored.and_then(|s| s.exporter_status) != Some(ExporterStatusValue::Offline);
-        let (reg_reason, reg_message) = if registered {
-            ("Register", "Exporter registered")
-        } else {
-            ("Unregister", "Exporter not registered")
-        };
-        let differs = have_ref != want_ref
-            || force_offline
-            || condition_differs(
-                conds,
-                conditions::ONLINE,
-                online.online,
-                online.reason,
-                &online.message,
-            )
-            || condition_differs(
-                conds,
-                conditions::REGISTERED,
-                registered,
-                reg_reason,
-                reg_message,
-            );
-        if !differs {
-            continue;
-        }
-        let mut status = e.status.clone().unwrap_or_default();
-        status.lease_ref = want_ref.map(|name| LocalObjectReference { name: name.clone() });
-        if let Some(msg) = online.force_offline_message
-            && status.exporter_status != Some(ExporterStatusValue::Offline)
-        {
-            status.exporter_status = Some(ExporterStatusValue::Offline);
-            status.status_message = msg.to_string();
-        }
-        if let Some(t) = newer_seen {
-            status.last_seen = Some(metav1::Time(t));
-        }
-        set_condition(
-            &mut status.conditions,
+    let online = exporter_online_state(live, now);
+    // While online, the condition lapses by itself a minute after the last sighting.
+    let lapses_at = live
+        .and_then(|s| s.last_seen.as_ref())
+        .filter(|_| online.online)
+        .and_then(|t| t.0.checked_add(EXPORTER_OFFLINE_AFTER).ok())
+        .and_then(|t| t.checked_add(jiff::SignedDuration::from_millis(1)).ok());
+    let registered = stored.is_some_and(|s| s.devices.is_some());
+    let empty = Vec::new();
+    let conds = stored.map(|s| &s.conditions).unwrap_or(&empty);
+    let force_offline = online.force_offline_message.is_some()
+        && stored.and_then(|s| s.exporter_status) != Some(ExporterStatusValue::Offline);
+    let (reg_reason, reg_message) = if registered {
+        ("Register", "Exporter registered")
+    } else {
+        ("Unregister", "Exporter not registered")
+    };
+    let differs = have_ref != want_ref
+        || force_offline
+        || condition_differs(
+            conds,
             conditions::ONLINE,
             online.online,
             online.reason,
             &online.message,
-            None,
-            now,
-        );
-        set_condition(
-            &mut status.conditions,
+        )
+        || condition_differs(
+            conds,
             conditions::REGISTERED,
             registered,
             reg_reason,
             reg_message,
-            None,
-            now,
         );
-        let mut updated = e.clone();
-        updated.status = Some(status);
-        updates.push(updated);
+    if !differs {
+        return (lapses_at, None);
     }
-    // One write for all of them: after a mass registration this is thousands of exporters.
+    let mut status = e.status.clone().unwrap_or_default();
+    status.lease_ref = want_ref.map(|name| LocalObjectReference { name: name.clone() });
+    if let Some(msg) = online.force_offline_message
+        && status.exporter_status != Some(ExporterStatusValue::Offline)
+    {
+        status.exporter_status = Some(ExporterStatusValue::Offline);
+        status.status_message = msg.to_string();
+    }
+    if let Some(t) = newer_seen {
+        status.last_seen = Some(metav1::Time(t));
+    }
+    set_condition(
+        &mut status.conditions,
+        conditions::ONLINE,
+        online.online,
+        online.reason,
+        &online.message,
+        None,
+        now,
+    );
+    set_condition(
+        &mut status.conditions,
+        conditions::REGISTERED,
+        registered,
+        reg_reason,
+        reg_message,
+        None,
+        now,
+    );
+    let mut updated = e.clone();
+    updated.status = Some(status);
+    (lapses_at, Some(updated))
+}
+
+/// Writes the exporters' statuses in one store call (after a mass registration this is
+/// thousands of exporters); returns them as stored. A conflict or a vanished exporter is left
+/// to the next pass (`next` = now).
+async fn write_exporter_statuses<S: Store>(
+    store: &S,
+    updates: Vec<Exporter>,
+    now: Timestamp,
+    next: &mut Option<Timestamp>,
+) -> Result<Vec<Exporter>, StoreError> {
+    let mut written = Vec::new();
     for result in store.update_status_many(updates).await? {
         match result {
             Ok(stored) => written.push(stored),
-            Err(err) if err.is_conflict() || err.is_not_found() => next = Some(now),
+            Err(err) if err.is_conflict() || err.is_not_found() => *next = Some(now),
             Err(err) => return Err(err),
         }
     }
-    // Our own writes are newer than what the view holds until the feed delivers them.
-    if let Some(view) = view_guard.as_mut() {
-        for (key, at) in checks {
-            view.check_at(&key, at);
-        }
-        for e in written {
-            view.set(e);
-        }
-        if let Some(t) = view.next_due() {
-            next = Some(next.map_or(t, |n| n.min(t)));
-        }
-    }
-    Ok(next)
+    Ok(written)
 }
 
 /// Runs the loop until `shutdown` resolves.
@@ -530,7 +476,7 @@ mod tests {
     async fn a_silent_exporter_lapses_offline_on_time_without_any_change() {
         let (_dir, state) = state().await;
         state.start_exporter_feed();
-        assert!(state.exporters_synced(Duration::from_secs(5)).await);
+        assert!(state.exporters.synced(Duration::from_secs(5)).await);
         let mut e = Exporter::new("board", ExporterSpec::default());
         e.metadata.namespace = Some("default".into());
         let mut e = state.store.create(&e).await.unwrap();
@@ -569,46 +515,5 @@ mod tests {
         assert_eq!(online(&stored).as_deref(), Some("False"));
         let status = stored.status.unwrap();
         assert_eq!(status.exporter_status, Some(ExporterStatusValue::Offline));
-    }
-
-    #[test]
-    fn targets_are_the_changed_the_due_and_those_whose_holder_changed() {
-        let named = |name: &str| {
-            let mut e = Exporter::new(name, ExporterSpec::default());
-            e.metadata.namespace = Some("ns".into());
-            e.metadata.resource_version = Some("1".into());
-            e
-        };
-        let key = |name: &str| ("ns".to_string(), name.to_string());
-        let now = Timestamp::now();
-        let mut view = ExporterView::new((0..5).map(|i| named(&format!("e{i}"))).collect());
-        // The first pass looks at everything.
-        assert_eq!(view.take_targets(now, &BTreeMap::new()), None);
-        assert_eq!(view.take_targets(now, &BTreeMap::new()), Some(vec![]));
-
-        let mut changed = named("e1");
-        changed.metadata.resource_version = Some("2".into());
-        view.set(changed);
-        view.check_at(&key("e2"), Some(now));
-        view.check_at(&key("e3"), Some(now + jiff::SignedDuration::from_secs(30)));
-        let holders = BTreeMap::from([(key("e4"), "lease-a".to_string())]);
-        let mut got = view.take_targets(now, &holders).unwrap();
-        got.sort();
-        assert_eq!(got, vec![key("e1"), key("e2"), key("e4")]);
-        assert_eq!(
-            view.next_due(),
-            Some(now + jiff::SignedDuration::from_secs(30))
-        );
-
-        // The lease lets go of e4: it is looked at again; an older version changes nothing.
-        let mut stale = named("e1");
-        stale.metadata.resource_version = Some("1".into());
-        view.set(stale);
-        assert_eq!(
-            view.take_targets(now, &BTreeMap::new()),
-            Some(vec![key("e4")])
-        );
-        view.remove(&key("e3"));
-        assert_eq!(view.next_due(), None);
     }
 }

@@ -204,30 +204,45 @@ struct Candidate<'a> {
     priority: i64,
 }
 
+/// The objects of one namespace a lease may use.
+struct Namespace<'a> {
+    exporters: Vec<&'a Exporter>,
+    policies: Vec<&'a ExporterAccessPolicy>,
+    /// Client name -> its labels.
+    client_labels: BTreeMap<&'a str, BTreeMap<String, String>>,
+}
+
+impl<'a> Namespace<'a> {
+    fn of(snap: &Snapshot<'a>, ns: &str) -> Self {
+        Self {
+            exporters: snap
+                .exporters
+                .iter()
+                .filter(|e| namespace_of(&e.metadata) == ns)
+                .collect(),
+            policies: snap
+                .policies
+                .iter()
+                .filter(|p| namespace_of(&p.metadata) == ns)
+                .collect(),
+            client_labels: snap
+                .clients
+                .iter()
+                .filter(|c| namespace_of(&c.metadata) == ns)
+                .map(|c| {
+                    (
+                        name_of(&c.metadata),
+                        c.metadata.labels.clone().unwrap_or_default(),
+                    )
+                })
+                .collect(),
+        }
+    }
+}
+
 fn schedule_namespace(snap: &Snapshot<'_>, ns: &str) -> Vec<LeaseDecision> {
     let now = snap.now;
-    let exporters: Vec<&Exporter> = snap
-        .exporters
-        .iter()
-        .filter(|e| namespace_of(&e.metadata) == ns)
-        .collect();
-    let policies: Vec<&ExporterAccessPolicy> = snap
-        .policies
-        .iter()
-        .filter(|p| namespace_of(&p.metadata) == ns)
-        .collect();
-    let client_labels: BTreeMap<&str, BTreeMap<String, String>> = snap
-        .clients
-        .iter()
-        .filter(|c| namespace_of(&c.metadata) == ns)
-        .map(|c| {
-            (
-                name_of(&c.metadata),
-                c.metadata.labels.clone().unwrap_or_default(),
-            )
-        })
-        .collect();
-
+    let objects = Namespace::of(snap, ns);
     let mut leases: Vec<&Lease> = snap
         .leases
         .iter()
@@ -243,12 +258,18 @@ fn schedule_namespace(snap: &Snapshot<'_>, ns: &str) -> Vec<LeaseDecision> {
             requeue_at: None,
         })
         .collect();
+    let mut busy = run_active(&mut works, now);
+    let queue = queue_pending(&mut works, &objects, now);
+    let waiting = grant_in_order(&mut works, &queue, &mut busy, now);
+    mark_waiting(&mut works, &queue, &waiting, now);
+    works.into_iter().map(|w| decision(w, ns)).collect()
+}
 
-    // Exporter name -> lease holding it. Running leases first; the first holder (by name) wins
-    // if the stored state is already inconsistent, and the others are treated as pending.
+/// Phase A: running leases — (2) times, (3) ending; ending first frees exporters for the
+/// pending ones. Returns exporter name -> lease holding it: the first holder (by name) wins
+/// if the stored state is already inconsistent, and the others are treated as pending.
+fn run_active(works: &mut [Work<'_>], now: Timestamp) -> BTreeMap<String, String> {
     let mut busy: BTreeMap<String, String> = BTreeMap::new();
-
-    // Phase A: running leases — (2) times, (3) ending. Ending first frees exporters for phase B.
     for w in works.iter_mut() {
         if let Some(reason) = terminal_condition(&w.status.conditions) {
             w.end(reason, now);
@@ -268,50 +289,28 @@ fn schedule_namespace(snap: &Snapshot<'_>, ns: &str) -> Vec<LeaseDecision> {
             busy.insert(exporter, name_of(&w.lease.metadata).to_string());
         }
     }
+    busy
+}
 
-    // Phase B: pending leases — early exits, then candidate evaluation (steps 2–4).
-    let mut queue: Vec<Candidate<'_>> = Vec::new();
+/// Phase B: pending leases — early exits (released, expired, not begun yet), then candidate
+/// evaluation (steps 2–4). Returns the queue, in the order it is served: priority desc,
+/// creation asc, name asc.
+fn queue_pending<'a>(
+    works: &mut [Work<'_>],
+    objects: &Namespace<'a>,
+    now: Timestamp,
+) -> Vec<Candidate<'a>> {
+    let mut queue: Vec<Candidate<'a>> = Vec::new();
     for (i, w) in works.iter_mut().enumerate() {
-        if w.status.ended || w.status.exporter_ref.is_some() {
+        if w.status.ended || w.status.exporter_ref.is_some() || pending_exit(w, now) {
             continue;
         }
-        let spec = &w.lease.spec;
-        if spec.release {
-            w.cond(
-                c::READY,
-                false,
-                c::REASON_RELEASED,
-                "The lease was marked for release",
-                now,
-            );
-            w.end(c::REASON_RELEASED, now);
-            continue;
-        }
-        if let Some(deadline) = pending_deadline(w.lease)
-            && deadline <= now
-        {
-            w.cond(
-                c::READY,
-                false,
-                c::REASON_EXPIRED,
-                "The lease has expired (its end time passed before an exporter was acquired)",
-                now,
-            );
-            w.end(c::REASON_EXPIRED, now);
-            continue;
-        }
-        if let Some(begin) = &spec.begin_time
-            && begin.0 > now
-        {
-            w.action = Action::Deferred;
-            w.requeue_at = Some(begin.0);
-            continue;
-        }
-        let client = client_labels
-            .get(spec.client_ref.name.as_str())
+        let client = objects
+            .client_labels
+            .get(w.lease.spec.client_ref.name.as_str())
             .cloned()
             .unwrap_or_default();
-        match evaluate(w.lease, &exporters, &policies, &client) {
+        match evaluate(w.lease, &objects.exporters, &objects.policies, &client) {
             Err((type_, reason, message)) => w.end_with(type_, reason, &message, now),
             Ok(approved) => {
                 let best_non_spot = approved
@@ -330,8 +329,6 @@ fn schedule_namespace(snap: &Snapshot<'_>, ns: &str) -> Vec<LeaseDecision> {
             }
         }
     }
-
-    // Serve the queue in order: priority desc, creation asc, name asc.
     queue.sort_by_key(|q| {
         let m = &works[q.work].lease.metadata;
         (
@@ -343,10 +340,59 @@ fn schedule_namespace(snap: &Snapshot<'_>, ns: &str) -> Vec<LeaseDecision> {
             name_of(m).to_string(),
         )
     });
+    queue
+}
+
+/// A pending lease that needs no exporter now: released or expired (ended), or not begun
+/// yet (deferred until its begin time). Returns whether it was handled.
+fn pending_exit(w: &mut Work<'_>, now: Timestamp) -> bool {
+    let spec = &w.lease.spec;
+    if spec.release {
+        w.cond(
+            c::READY,
+            false,
+            c::REASON_RELEASED,
+            "The lease was marked for release",
+            now,
+        );
+        w.end(c::REASON_RELEASED, now);
+        return true;
+    }
+    if let Some(deadline) = pending_deadline(w.lease)
+        && deadline <= now
+    {
+        w.cond(
+            c::READY,
+            false,
+            c::REASON_EXPIRED,
+            "The lease has expired (its end time passed before an exporter was acquired)",
+            now,
+        );
+        w.end(c::REASON_EXPIRED, now);
+        return true;
+    }
+    if let Some(begin) = &spec.begin_time
+        && begin.0 > now
+    {
+        w.action = Action::Deferred;
+        w.requeue_at = Some(begin.0);
+        return true;
+    }
+    false
+}
+
+/// Serves the queue in order: grants a free exporter, ends an unsatisfiable lease, or
+/// returns the lease as waiting (work index, reason, message).
+fn grant_in_order(
+    works: &mut [Work<'_>],
+    queue: &[Candidate<'_>],
+    busy: &mut BTreeMap<String, String>,
+    now: Timestamp,
+) -> Vec<(usize, &'static str, String)> {
     let mut waiting: Vec<(usize, &'static str, String)> = Vec::new();
-    for q in &queue {
+    for q in queue {
         let w = &mut works[q.work];
-        match pick(q, &busy, now) {
+        match pick(q, busy, now) {
             Pick::Grant(a) => {
                 let name = name_of(&a.exporter.metadata).to_string();
                 w.status.exporter_ref = Some(LocalObjectReference { name: name.clone() });
@@ -367,8 +413,17 @@ fn schedule_namespace(snap: &Snapshot<'_>, ns: &str) -> Vec<LeaseDecision> {
             Pick::Wait(reason, message) => waiting.push((q.work, reason, message)),
         }
     }
+    waiting
+}
 
-    // Waiting leases: Pending=True with the place in the queue among competitors.
+/// Waiting leases: `Pending=True` with the place in the queue among competitors (those
+/// approved for at least one same exporter).
+fn mark_waiting(
+    works: &mut [Work<'_>],
+    queue: &[Candidate<'_>],
+    waiting: &[(usize, &'static str, String)],
+    now: Timestamp,
+) {
     let approved_sets: BTreeMap<usize, BTreeSet<&str>> = queue
         .iter()
         .map(|q| {
@@ -405,8 +460,6 @@ fn schedule_namespace(snap: &Snapshot<'_>, ns: &str) -> Vec<LeaseDecision> {
                 .unwrap_or(Timestamp::MAX),
         );
     }
-
-    works.into_iter().map(|w| decision(w, ns)).collect()
 }
 
 fn decision(w: Work<'_>, ns: &str) -> LeaseDecision {
@@ -512,28 +565,54 @@ fn evaluate<'a>(
     policies: &[&ExporterAccessPolicy],
     client_labels: &BTreeMap<String, String>,
 ) -> Result<Vec<Approved<'a>>, Terminal> {
-    let spec = &lease.spec;
-    let selector = LabelSelector::from_k8s(&spec.selector).map_err(|e| {
+    let selector = LabelSelector::from_k8s(&lease.spec.selector).map_err(|e| {
         (
             c::INVALID,
             c::REASON_INVALID_SELECTOR,
             format!("The lease selector is invalid: {e}"),
         )
     })?;
+    let candidates = candidates(&lease.spec, &selector, exporters)?;
+    if policies.is_empty() {
+        if candidates.is_empty() {
+            return Err((
+                c::UNSATISFIABLE,
+                c::REASON_NO_ACCESS,
+                format!("There are no exporters matching the selector {selector}"),
+            ));
+        }
+        return Ok(candidates
+            .into_iter()
+            .map(|exporter| Approved {
+                exporter,
+                priority: 0,
+                spot: false,
+            })
+            .collect());
+    }
+    approve(lease, &candidates, &selector, policies, client_labels)
+}
+
+/// Steps 2–3: the enabled exporters the lease asks for: the one its `exporterRef` pins
+/// (which must exist, match the selector and be enabled unless `allowDisabled`), else those
+/// matching its selector (sorted by name).
+fn candidates<'a>(
+    spec: &crate::objects::LeaseSpec,
+    selector: &LabelSelector,
+    exporters: &[&'a Exporter],
+) -> Result<Vec<&'a Exporter>, Terminal> {
     let pinned = spec
         .exporter_ref
         .as_ref()
         .map(|r| r.name.as_str())
         .filter(|n| !n.is_empty());
-    let candidates: Vec<&'a Exporter> = match pinned {
-        None if selector.is_empty() => {
-            return Err((
-                c::INVALID,
-                c::REASON_INVALID_SELECTOR,
-                "The lease has an empty selector and no exporterRef: one of selector or exporterRef.name is required"
-                    .to_string(),
-            ));
-        }
+    match pinned {
+        None if selector.is_empty() => Err((
+            c::INVALID,
+            c::REASON_INVALID_SELECTOR,
+            "The lease has an empty selector and no exporterRef: one of selector or exporterRef.name is required"
+                .to_string(),
+        )),
         Some(name) => {
             let Some(e) = exporters.iter().find(|e| name_of(&e.metadata) == name) else {
                 return Err((
@@ -560,7 +639,7 @@ fn evaluate<'a>(
                     ),
                 ));
             }
-            vec![*e]
+            Ok(vec![*e])
         }
         None => {
             let mut matching: Vec<&'a Exporter> = exporters
@@ -586,69 +665,32 @@ fn evaluate<'a>(
                     ),
                 ));
             }
-            enabled
+            Ok(enabled)
         }
-    };
-
-    // Step 4: access policies.
-    if policies.is_empty() {
-        if candidates.is_empty() {
-            return Err((
-                c::UNSATISFIABLE,
-                c::REASON_NO_ACCESS,
-                format!("There are no exporters matching the selector {selector}"),
-            ));
-        }
-        return Ok(candidates
-            .into_iter()
-            .map(|exporter| Approved {
-                exporter,
-                priority: 0,
-                spot: false,
-            })
-            .collect());
     }
+}
+
+/// Step 4: the candidates some access policy grants to the lease's client, each with the
+/// best grant (non-spot first, then the highest priority); none is `NoAccess`, naming the
+/// descriptions of the rules that did not match the client.
+fn approve<'a>(
+    lease: &Lease,
+    candidates: &[&'a Exporter],
+    selector: &LabelSelector,
+    policies: &[&ExporterAccessPolicy],
+    client_labels: &BTreeMap<String, String>,
+) -> Result<Vec<Approved<'a>>, Terminal> {
     let requested = lease.requested_duration();
     let mut approved = Vec::new();
     let mut descriptions: BTreeSet<String> = BTreeSet::new();
-    for &e in &candidates {
-        let labels = e.label_map();
-        let mut best: Option<Approved<'a>> = None;
-        for p in policies {
-            let Ok(exporter_selector) = LabelSelector::from_k8s(&p.spec.exporter_selector) else {
-                continue;
-            };
-            if !exporter_selector.matches(labels) {
-                continue;
-            }
-            for rule in &p.spec.policies {
-                let client_match = rule.from.iter().any(|f| {
-                    LabelSelector::from_k8s(&f.client_selector)
-                        .is_ok_and(|s| s.matches(client_labels))
-                });
-                if !client_match {
-                    if !rule.description.is_empty() {
-                        descriptions.insert(rule.description.clone());
-                    }
-                    continue;
-                }
-                if let (Some(max), Some(req)) = (rule.maximum_duration, requested)
-                    && req > max.0
-                {
-                    continue;
-                }
-                let a = Approved {
-                    exporter: e,
-                    priority: rule.priority,
-                    spot: rule.spot_access,
-                };
-                // Prefer non-spot, then higher priority.
-                if best.is_none_or(|b| (!a.spot, a.priority) > (!b.spot, b.priority)) {
-                    best = Some(a);
-                }
-            }
-        }
-        approved.extend(best);
+    for &e in candidates {
+        approved.extend(best_grant(
+            e,
+            policies,
+            client_labels,
+            requested,
+            &mut descriptions,
+        ));
     }
     if approved.is_empty() {
         let mut message = if candidates.is_empty() {
@@ -666,6 +708,54 @@ fn evaluate<'a>(
         return Err((c::UNSATISFIABLE, c::REASON_NO_ACCESS, message));
     }
     Ok(approved)
+}
+
+/// The best rule granting exporter `e` to a client with `client_labels` for `requested`
+/// (non-spot first, then the highest priority); the descriptions of rules that did not match
+/// the client are added to `descriptions`.
+fn best_grant<'a>(
+    e: &'a Exporter,
+    policies: &[&ExporterAccessPolicy],
+    client_labels: &BTreeMap<String, String>,
+    requested: Option<jiff::SignedDuration>,
+    descriptions: &mut BTreeSet<String>,
+) -> Option<Approved<'a>> {
+    let labels = e.label_map();
+    let mut best: Option<Approved<'a>> = None;
+    for p in policies {
+        let Ok(exporter_selector) = LabelSelector::from_k8s(&p.spec.exporter_selector) else {
+            continue;
+        };
+        if !exporter_selector.matches(labels) {
+            continue;
+        }
+        for rule in &p.spec.policies {
+            let client_match = rule.from.iter().any(|f| {
+                LabelSelector::from_k8s(&f.client_selector).is_ok_and(|s| s.matches(client_labels))
+            });
+            if !client_match {
+                if !rule.description.is_empty() {
+                    descriptions.insert(rule.description.clone());
+                }
+                continue;
+            }
+            if let (Some(max), Some(req)) = (rule.maximum_duration, requested)
+                && req > max.0
+            {
+                continue;
+            }
+            let a = Approved {
+                exporter: e,
+                priority: rule.priority,
+                spot: rule.spot_access,
+            };
+            // Prefer non-spot, then higher priority.
+            if best.is_none_or(|b| (!a.spot, a.priority) > (!b.spot, b.priority)) {
+                best = Some(a);
+            }
+        }
+    }
+    best
 }
 
 enum Pick<'a> {

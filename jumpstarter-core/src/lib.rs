@@ -13,8 +13,11 @@ pub mod client;
 pub mod config;
 pub mod driver;
 mod error;
+pub mod labels;
 pub mod oidc;
+pub mod private_file;
 pub mod server;
+pub mod sync;
 pub mod wire;
 
 pub use client::ClientError;

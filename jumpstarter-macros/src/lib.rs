@@ -48,7 +48,35 @@ pub fn driver(attr: TokenStream, item: TokenStream) -> TokenStream {
     }
 }
 
+/// What `#[driver(...)]` says.
+struct DriverArgs {
+    /// `client = "python.module.ClientClass"`.
+    client: syn::LitStr,
+    /// `children = method`.
+    children: Option<syn::Ident>,
+    /// `session_end = method`.
+    session_end: Option<syn::Ident>,
+}
+
+/// The match arms of the three dispatch methods, and the exported names.
+#[derive(Default)]
+struct Arms {
+    unary: Vec<TokenStream2>,
+    streaming: Vec<TokenStream2>,
+    stream: Vec<TokenStream2>,
+    names: Vec<String>,
+}
+
 fn expand(args: Punctuated<Meta, Token![,]>, item: &mut ItemImpl) -> syn::Result<TokenStream2> {
+    let args = parse_args(args)?;
+    let exported = take_exported(item)?;
+    let type_name = type_name(&item.self_ty);
+    let arms = dispatch_arms(&exported, &type_name);
+    Ok(driver_impl(item, &args, &type_name, arms))
+}
+
+/// Reads the attribute's arguments; `client` is required.
+fn parse_args(args: Punctuated<Meta, Token![,]>) -> syn::Result<DriverArgs> {
     let mut client: Option<syn::LitStr> = None;
     let mut children: Option<syn::Ident> = None;
     let mut session_end: Option<syn::Ident> = None;
@@ -86,7 +114,15 @@ fn expand(args: Punctuated<Meta, Token![,]>, item: &mut ItemImpl) -> syn::Result
             "missing `client = \"module.ClientClass\"`",
         )
     })?;
+    Ok(DriverArgs {
+        client,
+        children,
+        session_end,
+    })
+}
 
+/// Removes the `#[export]` attributes of the impl block's methods, describing each method.
+fn take_exported(item: &mut ItemImpl) -> syn::Result<Vec<Exported>> {
     let mut exported = Vec::new();
     for it in item.items.iter_mut() {
         if let ImplItem::Fn(f) = it
@@ -95,9 +131,12 @@ fn expand(args: Punctuated<Meta, Token![,]>, item: &mut ItemImpl) -> syn::Result
             exported.push(describe(f, kind)?);
         }
     }
+    Ok(exported)
+}
 
-    let self_ty = &item.self_ty;
-    let type_name = match &**self_ty {
+/// The driver's type name as reported to clients: the last segment of the impl's type.
+fn type_name(self_ty: &Type) -> String {
+    match self_ty {
         Type::Path(p) => p
             .path
             .segments
@@ -105,15 +144,21 @@ fn expand(args: Punctuated<Meta, Token![,]>, item: &mut ItemImpl) -> syn::Result
             .map(|s| s.ident.to_string())
             .unwrap_or_default(),
         _ => "Driver".to_string(),
-    };
-    let (impl_generics, _, where_clause) = item.generics.split_for_impl();
-    let core = quote!(::jumpstarter_core);
+    }
+}
 
-    let mut unary_arms = Vec::new();
-    let mut streaming_arms = Vec::new();
-    let mut stream_arms = Vec::new();
-    let mut names = Vec::new();
-    for e in &exported {
+/// One arm per exported method in each dispatch method: the call itself in the method of its
+/// kind, a "wrong marker" error in the other two.
+fn dispatch_arms(exported: &[Exported], type_name: &str) -> Arms {
+    let core = quote!(::jumpstarter_core);
+    let mut arms = Arms::default();
+    let Arms {
+        unary: unary_arms,
+        streaming: streaming_arms,
+        stream: stream_arms,
+        names,
+    } = &mut arms;
+    for e in exported {
         let mname = e.name.to_string();
         let ident = &e.name;
         names.push(mname.clone());
@@ -168,8 +213,26 @@ fn expand(args: Punctuated<Meta, Token![,]>, item: &mut ItemImpl) -> syn::Result
             }
         }
     }
+    arms
+}
 
-    let children_fn = children.map(|c| {
+/// The `Driver` impl: the item itself, then the trait's methods dispatching to it.
+fn driver_impl(item: &ItemImpl, args: &DriverArgs, type_name: &str, arms: Arms) -> TokenStream2 {
+    let core = quote!(::jumpstarter_core);
+    let self_ty = &item.self_ty;
+    let (impl_generics, _, where_clause) = item.generics.split_for_impl();
+    let DriverArgs {
+        client,
+        children,
+        session_end,
+    } = args;
+    let Arms {
+        unary: unary_arms,
+        streaming: streaming_arms,
+        stream: stream_arms,
+        names,
+    } = arms;
+    let children_fn = children.as_ref().map(|c| {
         quote! {
             fn children(&self) -> ::std::vec::Vec<(::std::string::String, ::std::sync::Arc<dyn #core::Driver>)> {
                 self.#c()
@@ -177,7 +240,7 @@ fn expand(args: Punctuated<Meta, Token![,]>, item: &mut ItemImpl) -> syn::Result
         }
     });
 
-    let session_end_fn = session_end.map(|m| {
+    let session_end_fn = session_end.as_ref().map(|m| {
         quote! {
             fn session_end(self: ::std::sync::Arc<Self>) -> #core::driver::BoxFuture<()> {
                 ::std::boxed::Box::pin(async move { self.#m().await })
@@ -185,7 +248,7 @@ fn expand(args: Punctuated<Meta, Token![,]>, item: &mut ItemImpl) -> syn::Result
         }
     });
 
-    Ok(quote! {
+    quote! {
         #item
 
         impl #impl_generics #core::Driver for #self_ty #where_clause {
@@ -250,7 +313,7 @@ fn expand(args: Punctuated<Meta, Token![,]>, item: &mut ItemImpl) -> syn::Result
                 })
             }
         }
-    })
+    }
 }
 
 fn take_export_attr(attrs: &mut Vec<Attribute>) -> syn::Result<Option<Kind>> {

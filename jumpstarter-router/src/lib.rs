@@ -25,6 +25,7 @@ use std::{
 };
 
 use futures::{Stream, StreamExt};
+use jumpstarter_core::sync::LockExt;
 use jumpstarter_core::{auth::bearer_token, wire::stream_rpc};
 use jumpstarter_proto::v1::{StreamRequest, StreamResponse};
 use tokio::sync::{mpsc, oneshot};
@@ -140,11 +141,6 @@ impl Router {
         RouterStreamService(self)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Pairing> {
-        // The map is consistent after every single operation, so a poisoned lock is usable.
-        self.pairing.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     fn refuse(&self, status: Status) -> Status {
         self.stats.refused_total.fetch_add(1, Ordering::Relaxed);
         status
@@ -207,7 +203,7 @@ impl Router {
             http::HeaderMap::new(),
         );
 
-        let mut pairing = self.lock();
+        let mut pairing = self.pairing.lock_or_recover();
         let now = Instant::now();
         pairing.used.retain(|_, until| *until > now);
         if pairing.used.contains_key(&subject) {
@@ -251,7 +247,7 @@ impl Router {
                         return;
                     }
                     // Timed out or the waiter went away: forget it unless it was just paired.
-                    let removed = this.lock().waiting.remove(&subject);
+                    let removed = this.pairing.lock_or_recover().waiting.remove(&subject);
                     if let Some(w) = removed {
                         this.stats.waiting_streams.fetch_sub(1, Ordering::Relaxed);
                         this.stats.refused_total.fetch_add(1, Ordering::Relaxed);
@@ -348,7 +344,7 @@ pub async fn serve(
     if let Some(id) = tls {
         builder = builder
             .tls_config(tonic::transport::ServerTlsConfig::new().identity(id))
-            .map_err(|e| RouterError::Tls(e.to_string()))?;
+            .map_err(RouterError::Tls)?;
     }
     builder
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
@@ -358,7 +354,7 @@ pub async fn serve(
             shutdown,
         )
         .await
-        .map_err(|e| RouterError::Serve(e.to_string()))
+        .map_err(RouterError::Serve)
 }
 
 /// Errors of the router server.
@@ -366,10 +362,10 @@ pub async fn serve(
 pub enum RouterError {
     /// The TLS settings are unusable.
     #[error("TLS configuration: {0}")]
-    Tls(String),
+    Tls(#[source] tonic::transport::Error),
     /// The server stopped with an error.
     #[error("router server error: {0}")]
-    Serve(String),
+    Serve(#[source] tonic::transport::Error),
 }
 
 pub mod cli {

@@ -203,56 +203,147 @@ fn median(mut v: Vec<f64>) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
-/// Runs the storage benchmark and prints the figures.
-pub fn run(args: &[String]) -> Result<()> {
-    let mut size_mib: u64 = 1024;
-    let mut ours_only = false;
+/// What `run` was asked for.
+struct Options {
+    size_mib: u64,
+    /// Skips the Python runs (and the venv): for quick iterations on our side.
+    ours_only: bool,
+}
+
+fn parse_args(args: &[String]) -> Result<Options> {
+    let mut opts = Options {
+        size_mib: 1024,
+        ours_only: false,
+    };
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
             "--size-mib" => {
-                size_mib = it
+                opts.size_mib = it
                     .next()
                     .and_then(|v| v.parse().ok())
                     .context("--size-mib takes a number")?;
             }
-            // Skips the Python runs (and the venv): for quick iterations on our side.
-            "--ours-only" => ours_only = true,
+            "--ours-only" => opts.ours_only = true,
             other => {
                 bail!("unknown bench-storage argument {other:?} (known: --size-mib N, --ours-only)")
             }
         }
     }
-    let size = size_mib * 1024 * 1024;
-    let venv = if ours_only {
+    Ok(opts)
+}
+
+/// The binaries, files and directories every measurement uses.
+struct Bench {
+    size: u64,
+    jmp: std::path::PathBuf,
+    j: std::path::PathBuf,
+    work: Dir,
+    config: std::path::PathBuf,
+    script: std::path::PathBuf,
+    scratch: Dir,
+    src: std::path::PathBuf,
+    dst: std::path::PathBuf,
+}
+
+impl Bench {
+    /// Builds our release binaries and lays out the work and scratch directories (the image
+    /// is not written yet).
+    fn prepare(size: u64) -> Result<(Self, bool)> {
+        crate::cargo(&[
+            "build",
+            "--release",
+            "--quiet",
+            "-p",
+            "jumpstarter-cli",
+            "--bins",
+        ])?;
+        let target = crate::target_dir();
+        let work = Dir::new("jmp-bench-storage")?;
+        let config = work.path().join("exporter.yaml");
+        std::fs::write(&config, CONFIG)?;
+        let script = work.path().join("py_client.py");
+        std::fs::write(&script, PY_CLIENT)?;
+        let (scratch, on_tmpfs) = scratch_dir(size)?;
+        let src = scratch.path().join("src.img");
+        let dst = scratch.path().join("dst.img");
+        Ok((
+            Self {
+                size,
+                jmp: target.join("release/jmp"),
+                j: target.join("release/j"),
+                work,
+                config,
+                script,
+                scratch,
+                src,
+                dst,
+            },
+            on_tmpfs,
+        ))
+    }
+
+    /// One plain copy of the image (TCP or Unix), checked and cleared away: its seconds.
+    fn plain_run(&self, unix: bool) -> Result<f64> {
+        let secs = plain_copy(&self.src, &self.dst, unix, self.scratch.path())?;
+        self.check_and_clear()?;
+        Ok(secs)
+    }
+
+    /// Checks that the downloaded copy is whole, then removes it.
+    fn check_and_clear(&self) -> Result<()> {
+        same_size(&self.src, &self.dst)?;
+        std::fs::remove_file(&self.dst)?;
+        Ok(())
+    }
+}
+
+/// One transport's measurements of ours: the figures, the exporter's peak RSS (KiB) and the
+/// plain copies taken between the runs.
+struct Ours {
+    figures: Figures,
+    peak_kib: Option<u64>,
+    plain: Vec<f64>,
+}
+
+/// Runs the storage benchmark and prints the figures.
+pub fn run(args: &[String]) -> Result<()> {
+    let opts = parse_args(args)?;
+    let venv = if opts.ours_only {
         None
     } else {
         Some(ensure_venv()?)
     };
-    crate::cargo(&[
-        "build",
-        "--release",
-        "--quiet",
-        "-p",
-        "jumpstarter-cli",
-        "--bins",
-    ])?;
-    let target = crate::target_dir();
-    let (jmp, j) = (target.join("release/jmp"), target.join("release/j"));
-    let work = Dir::new("jmp-bench-storage")?;
-    let config = work.path().join("exporter.yaml");
-    std::fs::write(&config, CONFIG)?;
-    let script = work.path().join("py_client.py");
-    std::fs::write(&script, PY_CLIENT)?;
-    let (scratch, on_tmpfs) = scratch_dir(size)?;
-    let src = scratch.path().join("src.img");
-    let dst = scratch.path().join("dst.img");
+    let (bench, on_tmpfs) = Bench::prepare(opts.size_mib * 1024 * 1024)?;
+    print_conditions(&bench, opts.size_mib, on_tmpfs);
+    random_file(&bench.src, bench.size)?;
+    let tcp = ours_tcp(&bench)?;
+    let unix = ours_unix(&bench)?;
+    let mut peak = Vec::new();
+    if let Some(kib) = tcp.peak_kib {
+        peak.push(("ours, TCP", kib));
+    }
+    if let Some(kib) = unix.peak_kib {
+        peak.push(("ours, Unix socket (jmp shell)", kib));
+    }
+    let plain = [("TCP ", tcp.plain), ("Unix", unix.plain)];
+    let mut rows = vec![tcp.figures, unix.figures];
+    if let Some(venv) = &venv {
+        rows.push(python_tcp(&bench, venv)?);
+        rows.push(python_unix(&bench, venv)?);
+    }
+    report(bench.size, &rows, &plain, &peak);
+    Ok(())
+}
+
+/// What the figures depend on: the size, where the files are, whether the VM reclaims memory.
+fn print_conditions(bench: &Bench, size_mib: u64, on_tmpfs: bool) {
     println!("== storage bench: {size_mib} MiB through MockStorageMux");
     if on_tmpfs {
         println!(
             "(the image, the exporters' medium and the downloaded copy are on tmpfs, {}, for \
              every run: the figures are the transfer's, not this machine's disk's)",
-            scratch.path().display()
+            bench.scratch.path().display()
         );
     } else {
         println!("(no room on /dev/shm: the image, the medium and the copy are on disk)");
@@ -264,186 +355,185 @@ pub fn run(args: &[String]) -> Result<()> {
              them again, so single runs vary severalfold here, the plain copy's included)"
         );
     }
-    random_file(&src, size)?;
-    let mut rows = Vec::new();
-    let mut peak = Vec::new();
-    let mut plain_tcp = Vec::new();
-    // One plain copy of the image (TCP or Unix), checked and cleared away: its seconds.
-    let plain_run = |unix: bool| -> Result<f64> {
-        let secs = plain_copy(&src, &dst, unix, scratch.path())?;
-        same_size(&src, &dst)?;
-        std::fs::remove_file(&dst)?;
-        Ok(secs)
-    };
+}
 
-    // Ours, direct TCP.
-    {
-        let (exporter, port) = our_tcp_exporter(&jmp, &config, scratch.path())?;
-        let host = format!("127.0.0.1:{port}");
-        let ours = |sub: &str, file: &Path| {
-            let mut c = Command::new(&j);
-            c.env("JUMPSTARTER_HOST", &host)
-                .env("JMP_GRPC_INSECURE", "1")
-                .args(["storage", sub])
-                .arg(file);
-            c
-        };
-        let (mut ups, mut downs) = (Vec::new(), Vec::new());
-        for _ in 0..RUNS {
-            ups.push(timed(
-                ours("write-local-file", &src),
-                "our j write-local-file",
-            )?);
-            downs.push(timed(
-                ours("read-local-file", &dst),
-                "our j read-local-file",
-            )?);
-            same_size(&src, &dst)?;
-            std::fs::remove_file(&dst)?;
-            // The machine's ceiling, measured between our runs so that both see the same
-            // moment of a machine whose speed drifts.
-            plain_tcp.push(plain_run(false)?);
-        }
-        if let Some(kib) = peak_rss_kib(exporter.pid()) {
-            peak.push(("ours, TCP", kib));
-        }
-        rows.push(Figures {
+/// Ours, direct TCP: `j storage` against `jmp run` on a TCP listener.
+fn ours_tcp(bench: &Bench) -> Result<Ours> {
+    let (exporter, port) = our_tcp_exporter(&bench.jmp, &bench.config, bench.scratch.path())?;
+    let host = format!("127.0.0.1:{port}");
+    let ours = |sub: &str, file: &Path| {
+        let mut c = Command::new(&bench.j);
+        c.env("JUMPSTARTER_HOST", &host)
+            .env("JMP_GRPC_INSECURE", "1")
+            .args(["storage", sub])
+            .arg(file);
+        c
+    };
+    let (mut ups, mut downs, mut plain) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..RUNS {
+        ups.push(timed(
+            ours("write-local-file", &bench.src),
+            "our j write-local-file",
+        )?);
+        downs.push(timed(
+            ours("read-local-file", &bench.dst),
+            "our j read-local-file",
+        )?);
+        bench.check_and_clear()?;
+        // The machine's ceiling, measured between our runs so that both see the same
+        // moment of a machine whose speed drifts.
+        plain.push(bench.plain_run(false)?);
+    }
+    let peak_kib = peak_rss_kib(exporter.pid());
+    let _ = std::fs::remove_file(&bench.dst);
+    Ok(Ours {
+        figures: Figures {
             name: "ours   TCP ".into(),
             upload: ups,
             download: downs,
-        });
-        let _ = std::fs::remove_file(&dst);
-    }
+        },
+        peak_kib,
+        plain,
+    })
+}
 
-    // Ours, Unix socket (the exporter inside `jmp shell`, timestamps from the shell): one
-    // shell per run, so that a plain Unix copy can run between them.
-    let mut plain_unix = Vec::new();
-    {
-        let inner = format!(
-            "t0=$(date +%s.%N); \"{j}\" storage write-local-file \"{src}\" || exit 1; \
-             t1=$(date +%s.%N); \"{j}\" storage read-local-file \"{dst}\" || exit 1; \
-             t2=$(date +%s.%N); echo \"times $t0 $t1 $t2\"; \
-             grep VmHWM /proc/$PPID/status",
-            j = j.display(),
-            src = src.display(),
-            dst = dst.display()
+/// Ours, Unix socket (the exporter inside `jmp shell`, timestamps from the shell): one shell
+/// per run, so that a plain Unix copy can run between them.
+fn ours_unix(bench: &Bench) -> Result<Ours> {
+    let inner = format!(
+        "t0=$(date +%s.%N); \"{j}\" storage write-local-file \"{src}\" || exit 1; \
+         t1=$(date +%s.%N); \"{j}\" storage read-local-file \"{dst}\" || exit 1; \
+         t2=$(date +%s.%N); echo \"times $t0 $t1 $t2\"; \
+         grep VmHWM /proc/$PPID/status",
+        j = bench.j.display(),
+        src = bench.src.display(),
+        dst = bench.dst.display()
+    );
+    let (mut ups, mut downs, mut plain, mut hwm) = (Vec::new(), Vec::new(), Vec::new(), None);
+    for _ in 0..RUNS {
+        let mut c = Command::new(&bench.jmp);
+        c.env("TMPDIR", bench.scratch.path())
+            .args(["shell", "--exporter-config"])
+            .arg(&bench.config)
+            .args(["--", "sh", "-c", &inner]);
+        let out = procs::run(c, Duration::from_secs(900))?;
+        ensure!(
+            out.code == 0,
+            "jmp shell storage bench exited {}\n{}\n{}",
+            out.code,
+            out.stdout,
+            out.stderr
         );
-        let (mut ups, mut downs, mut hwm) = (Vec::new(), Vec::new(), None::<u64>);
-        for _ in 0..RUNS {
-            let mut c = Command::new(&jmp);
-            c.env("TMPDIR", scratch.path())
-                .args(["shell", "--exporter-config"])
-                .arg(&config)
-                .args(["--", "sh", "-c", &inner]);
-            let out = procs::run(c, Duration::from_secs(900))?;
-            ensure!(
-                out.code == 0,
-                "jmp shell storage bench exited {}\n{}\n{}",
-                out.code,
-                out.stdout,
-                out.stderr
-            );
-            let line = out
-                .stdout
-                .lines()
-                .find_map(|l| l.strip_prefix("times "))
-                .with_context(|| format!("no timings in:\n{}", out.stdout))?;
-            let t: Vec<f64> = line
-                .split_whitespace()
-                .filter_map(|v| v.parse().ok())
-                .collect();
-            ensure!(t.len() == 3, "bad timings {line:?}");
-            ups.push(t[1] - t[0]);
-            downs.push(t[2] - t[1]);
-            same_size(&src, &dst)?;
-            std::fs::remove_file(&dst)?;
-            let kib = out
-                .stdout
-                .lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok());
-            hwm = hwm.max(kib);
-            // The Unix ceiling, between our Unix runs.
-            plain_unix.push(plain_run(true)?);
-        }
-        if let Some(kib) = hwm {
-            peak.push(("ours, Unix socket (jmp shell)", kib));
-        }
-        rows.push(Figures {
+        let (up, down) = shell_timings(&out.stdout)?;
+        ups.push(up);
+        downs.push(down);
+        bench.check_and_clear()?;
+        let kib = out
+            .stdout
+            .lines()
+            .find(|l| l.starts_with("VmHWM:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<u64>().ok());
+        hwm = hwm.max(kib);
+        // The Unix ceiling, between our Unix runs.
+        plain.push(bench.plain_run(true)?);
+    }
+    Ok(Ours {
+        figures: Figures {
             name: "ours   Unix".into(),
             upload: ups,
             download: downs,
-        });
-    }
-    let plain = [("TCP ", plain_tcp), ("Unix", plain_unix)];
+        },
+        peak_kib: hwm,
+        plain,
+    })
+}
 
-    if let Some(venv) = &venv {
-        let python = venv.join("bin/python");
-        // The Python client's RUNS round trips against `host`: one row of medians.
-        let py_client = |host: &str, name: &str| -> Result<Figures> {
-            let mut c = Command::new(&python);
-            c.arg(&script)
-                .arg(&src)
-                .arg(&dst)
-                .arg(RUNS.to_string())
-                .env("JUMPSTARTER_HOST", host)
-                .env("JMP_GRPC_INSECURE", "1")
-                .env("JMP_DRIVERS_ALLOW", "UNSAFE")
-                .env("JMP_CLIENT_CONFIG_HOME", work.path().join("py-config"));
-            let out = procs::run(c, Duration::from_secs(1800))?;
-            ensure!(out.code == 0, "python client failed:\n{}", out.stderr);
-            let (upload, download) = parse_py(&out.stdout)?;
-            same_size(&src, &dst)?;
-            std::fs::remove_file(&dst)?;
-            Ok(Figures {
-                name: name.into(),
-                upload,
-                download,
-            })
-        };
+/// The upload and download seconds of the shell's `times t0 t1 t2` line.
+fn shell_timings(stdout: &str) -> Result<(f64, f64)> {
+    let line = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("times "))
+        .with_context(|| format!("no timings in:\n{stdout}"))?;
+    let t: Vec<f64> = line
+        .split_whitespace()
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    ensure!(t.len() == 3, "bad timings {line:?}");
+    Ok((t[1] - t[0], t[2] - t[1]))
+}
 
-        // Python, direct TCP.
-        {
-            let port = procs::free_port()?;
-            let mut c = Command::new(venv.join("bin/jmp"));
-            c.args(["run", "--exporter-config"])
-                .arg(&config)
-                .args([
-                    "--tls-grpc-listener",
-                    &format!("127.0.0.1:{port}"),
-                    "--tls-grpc-insecure",
-                ])
-                .env("JMP_CLIENT_CONFIG_HOME", work.path().join("py-config"))
-                .env("TMPDIR", scratch.path())
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null());
-            let _exporter = Background::start("python jmp run", c)?;
-            procs::wait_port(port, Duration::from_secs(60))?;
-            rows.push(py_client(&format!("127.0.0.1:{port}"), "python TCP ")?);
-        }
+/// The Python client's RUNS round trips against `host`: one row of figures.
+fn py_client(bench: &Bench, venv: &Path, host: &str, name: &str) -> Result<Figures> {
+    let mut c = Command::new(venv.join("bin/python"));
+    c.arg(&bench.script)
+        .arg(&bench.src)
+        .arg(&bench.dst)
+        .arg(RUNS.to_string())
+        .env("JUMPSTARTER_HOST", host)
+        .env("JMP_GRPC_INSECURE", "1")
+        .env("JMP_DRIVERS_ALLOW", "UNSAFE")
+        .env(
+            "JMP_CLIENT_CONFIG_HOME",
+            bench.work.path().join("py-config"),
+        );
+    let out = procs::run(c, Duration::from_secs(1800))?;
+    ensure!(out.code == 0, "python client failed:\n{}", out.stderr);
+    let (upload, download) = parse_py(&out.stdout)?;
+    bench.check_and_clear()?;
+    Ok(Figures {
+        name: name.into(),
+        upload,
+        download,
+    })
+}
 
-        // Python, Unix socket.
-        {
-            let sock = work.path().join("py.sock");
-            let mut c = Command::new(&python);
-            c.arg(crate::workspace_root().join("xtask/interop/serve_unix.py"))
-                .arg(&config)
-                .arg(&sock)
-                .env("TMPDIR", scratch.path())
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null());
-            let _exporter = Background::start("python serve_unix.py", c)?;
-            procs::wait_path(&sock, Duration::from_secs(60))?;
-            rows.push(py_client(&sock.to_string_lossy(), "python Unix")?);
-        }
-    }
+/// Python, direct TCP: upstream's `jmp run` on a TCP listener.
+fn python_tcp(bench: &Bench, venv: &Path) -> Result<Figures> {
+    let port = procs::free_port()?;
+    let mut c = Command::new(venv.join("bin/jmp"));
+    c.args(["run", "--exporter-config"])
+        .arg(&bench.config)
+        .args([
+            "--tls-grpc-listener",
+            &format!("127.0.0.1:{port}"),
+            "--tls-grpc-insecure",
+        ])
+        .env(
+            "JMP_CLIENT_CONFIG_HOME",
+            bench.work.path().join("py-config"),
+        )
+        .env("TMPDIR", bench.scratch.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let _exporter = Background::start("python jmp run", c)?;
+    procs::wait_port(port, Duration::from_secs(60))?;
+    py_client(bench, venv, &format!("127.0.0.1:{port}"), "python TCP ")
+}
 
+/// Python, Unix socket: upstream's exporter served on a socket by `serve_unix.py`.
+fn python_unix(bench: &Bench, venv: &Path) -> Result<Figures> {
+    let sock = bench.work.path().join("py.sock");
+    let mut c = Command::new(venv.join("bin/python"));
+    c.arg(crate::workspace_root().join("xtask/interop/serve_unix.py"))
+        .arg(&bench.config)
+        .arg(&sock)
+        .env("TMPDIR", bench.scratch.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let _exporter = Background::start("python serve_unix.py", c)?;
+    procs::wait_path(&sock, Duration::from_secs(60))?;
+    py_client(bench, venv, &sock.to_string_lossy(), "python Unix")
+}
+
+/// Prints the medians (with their spread), the speed-ups over Python, our share of the
+/// plain-copy ceiling, and the exporters' peak RSS.
+fn report(size: u64, rows: &[Figures], plain: &[(&str, Vec<f64>)], peak: &[(&str, u64)]) {
     println!("(each figure is the median of {RUNS} runs, the slowest and fastest in brackets)");
     println!("{:<12} {:>20} {:>20}", "", "upload MB/s", "download MB/s");
-    for r in &rows {
+    for r in rows {
         println!(
             "{:<12} {:>20} {:>20}",
             r.name,
@@ -466,7 +556,7 @@ pub fn run(args: &[String]) -> Result<()> {
             );
         }
     }
-    for (transport, secs) in &plain {
+    for (transport, secs) in plain {
         let ceiling = rates(size, secs).0;
         println!(
             "plain syscalls {} (file -> socket -> file, no protocol): {} MB/s",
@@ -485,9 +575,8 @@ pub fn run(args: &[String]) -> Result<()> {
         }
     }
     for (what, kib) in peak {
-        println!("exporter peak RSS ({what}): {:.1} MB", kib as f64 / 1024.0);
+        println!("exporter peak RSS ({what}): {:.1} MB", *kib as f64 / 1024.0);
     }
-    Ok(())
 }
 
 /// Whether this machine is a VM that reports freed memory to its host (virtio-balloon free

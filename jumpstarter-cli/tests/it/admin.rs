@@ -6,7 +6,7 @@ use std::{
     process::{Command, Output, Stdio},
 };
 
-use jumpstarter_controller::server::{ControllerConfig, RunningController, start};
+use jumpstarter_controller::{ControllerConfig, RunningController, start};
 
 use crate::{JMP, text};
 

@@ -13,8 +13,9 @@ use std::{
 };
 
 use jumpstarter_controller::{
+    ControllerConfig, RunningController,
     objects::{Client, ClientSpec, Exporter, ExporterSpec, ExporterStatusValue},
-    server::{ControllerConfig, RunningController, start},
+    start,
     store::Store,
 };
 use jumpstarter_core::{
@@ -62,6 +63,7 @@ impl Lab {
         let token = self
             .ctl
             .state
+            .auth
             .issuer
             .issue(&Subject::new(object, "default", name, uid))
             .unwrap()

@@ -9,8 +9,9 @@ use std::{
 };
 
 use jumpstarter_controller::{
+    ControllerConfig, RunningController,
     objects::{Client, ClientSpec, Exporter, ExporterSpec, ExporterStatusValue, Lease},
-    server::{ControllerConfig, RunningController, start},
+    start,
     store::Store,
 };
 use jumpstarter_core::{
@@ -62,6 +63,7 @@ impl Lab {
     fn token(&self, kind: ObjectKind, name: &str, uid: String) -> String {
         self.ctl()
             .state
+            .auth
             .issuer
             .issue(&Subject::new(kind, "default", name, uid))
             .unwrap()

@@ -9,14 +9,16 @@ use std::{
 };
 
 use jumpstarter_controller::{
-    external_auth::read_authentication_file,
+    ControllerConfig, RunningController,
     objects::{Client, ClientSpec, Exporter, ExporterSpec},
-    server::{ControllerConfig, RunningController, start},
+    read_authentication_file, start,
     store::Store,
 };
 use jumpstarter_core::{config::ClientConfig, oidc::HttpsClient};
 
-use crate::{JMP, fake_issuer::FakeIssuer, text};
+use jumpstarter_controller::testing::FakeIssuer;
+
+use crate::{JMP, text};
 
 struct OidcLab {
     rt: tokio::runtime::Runtime,

@@ -5,8 +5,6 @@ mod admin;
 mod direct;
 mod direct_path;
 mod distributed;
-#[path = "../../../jumpstarter-controller/tests/it/fake_issuer.rs"]
-mod fake_issuer;
 mod local;
 mod login;
 mod mcp;

@@ -19,10 +19,9 @@ use std::{
 
 use jumpstarter_controller::auth::TokenIssuer;
 use jumpstarter_controller::{
+    ClientApi, ControllerApi, ControllerState, RouterEntry,
     objects::{Client, ClientSpec, Exporter, ExporterSpec, ExporterStatusValue},
-    reconcile,
-    service::{client::ClientApi, controller::ControllerApi},
-    state::{ControllerState, RouterEntry},
+    run_reconcile_loop,
     store::{SqliteStore, Store},
 };
 use jumpstarter_core::{
@@ -202,7 +201,7 @@ async fn lab() -> Lab {
         }],
         format!("localhost:{port}"),
     );
-    tasks.push(tokio::spawn(reconcile::run(
+    tasks.push(tokio::spawn(run_reconcile_loop(
         state.clone(),
         std::future::pending(),
     )));
@@ -245,6 +244,7 @@ impl Lab {
 
     fn token(&self, kind: ObjectKind, name: &str, uid: String) -> String {
         self.state
+            .auth
             .issuer
             .issue(&Subject::new(kind, "default", name, uid))
             .unwrap()

@@ -97,7 +97,7 @@ impl<S: Store> AdminApi<S> {
         if self.token.matches(&presented) {
             return Ok(());
         }
-        if let Ok(subject) = self.state.issuer.verify(&presented) {
+        if let Ok(subject) = self.state.auth.issuer.verify(&presented) {
             return Err(Status::permission_denied(format!(
                 "permission denied: {} tokens cannot use the admin API",
                 subject.kind.as_str().to_lowercase()
@@ -118,6 +118,7 @@ impl<S: Store> AdminApi<S> {
         })?;
         let issued = self
             .state
+            .auth
             .issuer
             .issue(&Subject::new(kind, namespace, name, uid))
             .map_err(|e| Status::internal(format!("cannot issue a token: {e}")))?;

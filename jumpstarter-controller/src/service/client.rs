@@ -83,7 +83,7 @@ fn page(size: i32, token: &str) -> ListParams {
 
 impl<S: Store> ClientApi<S> {
     async fn client(&self, md: &tonic::metadata::MetadataMap) -> Result<Caller, Status> {
-        self.0.authenticate(md, ObjectKind::Client).await
+        self.0.auth.authenticate(md, ObjectKind::Client).await
     }
 
     async fn own_lease(&self, caller: &Caller, name: &str) -> Result<Lease, Status> {
@@ -350,6 +350,7 @@ impl<S: Store> ClientService for ClientApi<S> {
         );
         let issued = self
             .0
+            .auth
             .issuer
             .issue(&subject)
             .map_err(|e| Status::internal(e.to_string()))?;

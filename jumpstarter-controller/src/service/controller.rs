@@ -122,7 +122,7 @@ fn status_mut(e: &mut Exporter) -> &mut ExporterStatus {
 
 impl<S: Store> ControllerApi<S> {
     async fn exporter(&self, req_md: &tonic::metadata::MetadataMap) -> Result<Caller, Status> {
-        self.0.authenticate(req_md, ObjectKind::Exporter).await
+        self.0.auth.authenticate(req_md, ObjectKind::Exporter).await
     }
 
     async fn status_response(&self, e: &Exporter) -> StatusResponse {
@@ -312,7 +312,7 @@ impl<S: Store> ControllerService for ControllerApi<S> {
         if lease.assigned_exporter() != Some(caller.name.as_str()) {
             return Err(Status::unknown("permission denied"));
         }
-        let (id, rx) = self.0.listen(&caller.namespace, &lease_name);
+        let (id, rx) = self.0.listeners.listen(&caller.namespace, &lease_name);
         let state = self.0.clone();
         let guard = ListenGuard {
             state,
@@ -347,15 +347,15 @@ impl<S: Store> ControllerService for ControllerApi<S> {
         })
         .await?;
         self.0.wake.notify_one();
-        self.0.touch(&caller.namespace, &caller.name);
+        self.0.exporters.touch(&caller.namespace, &caller.name);
         // One feed decodes each exporter change once and hands it to this exporter's streams.
         self.0.start_exporter_feed();
-        if !self.0.exporters_synced(FEED_SYNC_WAIT).await {
+        if !self.0.exporters.synced(FEED_SYNC_WAIT).await {
             return Err(Status::unavailable(
                 "the controller is still loading exporters; try again",
             ));
         }
-        let mut updates = self.0.exporter_updates(&caller.namespace, &caller.name);
+        let mut updates = self.0.exporters.updates(&caller.namespace, &caller.name);
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<StatusResponse, Status>>(4);
         let api = ControllerApi(self.0.clone());
         tokio::spawn(async move {
@@ -395,7 +395,7 @@ impl<S: Store> ControllerService for ControllerApi<S> {
                 tokio::select! {
                     _ = tx.closed() => return,
                     _ = heartbeat.tick() => {
-                        api.0.touch(&caller.namespace, &caller.name);
+                        api.0.exporters.touch(&caller.namespace, &caller.name);
                         beats += 1;
                         if beats.is_multiple_of(PERSIST_EVERY) {
                             let r = update_exporter(&store, &caller.namespace, &caller.name, true, |e| {
@@ -411,7 +411,7 @@ impl<S: Store> ControllerService for ControllerApi<S> {
                     changed = updates.changed() => {
                         if changed.is_err() {
                             // The feed dropped this exporter's channel: follow a fresh one.
-                            updates = api.0.exporter_updates(&caller.namespace, &caller.name);
+                            updates = api.0.exporters.updates(&caller.namespace, &caller.name);
                         }
                         current = updates.borrow_and_update().clone();
                     }
@@ -426,6 +426,7 @@ impl<S: Store> ControllerService for ControllerApi<S> {
     async fn dial(&self, request: Request<DialRequest>) -> Result<Response<DialResponse>, Status> {
         let caller = self
             .0
+            .auth
             .authenticate(request.metadata(), ObjectKind::Client)
             .await?;
         let lease_name = request.into_inner().lease_name;
@@ -493,7 +494,7 @@ impl<S: Store> ControllerService for ControllerApi<S> {
             .issue()
             .map_err(|e| Status::internal(e.to_string()))?
             .token;
-        self.0.notify_listener(
+        self.0.listeners.notify(
             &caller.namespace,
             &lease_name,
             ListenResponse {
@@ -520,6 +521,7 @@ impl<S: Store> ControllerService for ControllerApi<S> {
     ) -> Result<Response<GetLeaseResponse>, Status> {
         let caller = self
             .0
+            .auth
             .authenticate(request.metadata(), ObjectKind::Client)
             .await?;
         let name = request.into_inner().name;
@@ -573,6 +575,7 @@ impl<S: Store> ControllerService for ControllerApi<S> {
     ) -> Result<Response<RequestLeaseResponse>, Status> {
         let caller = self
             .0
+            .auth
             .authenticate(request.metadata(), ObjectKind::Client)
             .await?;
         let req = request.into_inner();
@@ -626,9 +629,15 @@ impl<S: Store> ControllerService for ControllerApi<S> {
             .and_then(|v| v.to_str().ok())
             .unwrap_or_default();
         let (caller, exporter_path) = if kind == "Exporter" {
-            (self.0.authenticate(&md, ObjectKind::Exporter).await?, true)
+            (
+                self.0.auth.authenticate(&md, ObjectKind::Exporter).await?,
+                true,
+            )
         } else {
-            (self.0.authenticate(&md, ObjectKind::Client).await?, false)
+            (
+                self.0.auth.authenticate(&md, ObjectKind::Client).await?,
+                false,
+            )
         };
         update_lease(&self.0.store, &caller.namespace, &name, |l| {
             let allowed = if exporter_path {
@@ -656,6 +665,7 @@ impl<S: Store> ControllerService for ControllerApi<S> {
     ) -> Result<Response<ListLeasesResponse>, Status> {
         let caller = self
             .0
+            .auth
             .authenticate(request.metadata(), ObjectKind::Client)
             .await?;
         let selector = LabelSelector::parse(&format!("!{LEASE_ENDED_LABEL}"))
@@ -686,6 +696,8 @@ struct ListenGuard<S: Store> {
 
 impl<S: Store> Drop for ListenGuard<S> {
     fn drop(&mut self) {
-        self.state.unlisten(&self.namespace, &self.lease, self.id);
+        self.state
+            .listeners
+            .unlisten(&self.namespace, &self.lease, self.id);
     }
 }

@@ -10,8 +10,7 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::{Store, StoreError, StoreObject};
-use crate::owner_refs::controller_reference;
+use super::{Store, StoreError, StoreObject, controller_reference};
 
 /// The key of the token in the Secret's data.
 pub const TOKEN_KEY: &str = "token";

@@ -25,12 +25,10 @@
 //! `S: Store` (backends are cheap to clone handles).
 //!
 //! Backends: [`SqliteStore`] (embedded, the default) and, with the `kubernetes` feature,
-//! `KubeStore` (the CRDs of a cluster; `KubeStore::from_env()`), plus `fake_api`, an
-//! in-memory API server for tests. [`credentials`] keeps tokens in Secrets as upstream does.
+//! `KubeStore` (the CRDs of a cluster; `KubeStore::from_env()`); the `test-util` feature adds
+//! an in-memory API server for tests (`testing::FakeApiServer`). [`credentials`] keeps tokens in Secrets as upstream does.
 
 pub mod credentials;
-#[cfg(feature = "kubernetes")]
-pub mod fake_api;
 #[cfg(feature = "kubernetes")]
 pub mod kubernetes;
 pub mod sqlite;
@@ -76,6 +74,24 @@ impl<K> StoreObject for K where
         + Sync
         + 'static
 {
+}
+
+/// The controller reference to `owner` (`controller` and `blockOwnerDeletion` true, as
+/// `SetControllerReference` writes it); `None` when `owner` has no name or uid (not stored).
+pub fn controller_reference<K: StoreObject>(
+    owner: &K,
+) -> Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference> {
+    let meta = owner.meta();
+    Some(
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+            api_version: K::api_version(&()).into_owned(),
+            kind: K::kind(&()).into_owned(),
+            name: meta.name.clone()?,
+            uid: meta.uid.clone()?,
+            controller: Some(true),
+            block_owner_deletion: Some(true),
+        },
+    )
 }
 
 /// A store operation failed; every variant names the object (kind, namespace, name) at fault.

@@ -12,7 +12,7 @@
 use std::{
     collections::{HashMap, VecDeque},
     path::{Path, PathBuf},
-    sync::{Arc, Mutex, MutexGuard},
+    sync::{Arc, Mutex},
 };
 
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
@@ -24,6 +24,7 @@ use super::{
     ListParams, ObjectList, Store, StoreError, StoreObject, WATCH_BUFFER, WatchEvent, WatchStream,
 };
 use crate::selector::LabelSelector;
+use jumpstarter_core::sync::LockExt;
 
 /// File name of the database inside the data directory.
 pub const DB_FILE: &str = "store.db";
@@ -106,12 +107,6 @@ impl EventHub {
         // No receivers is fine: nobody watches this kind right now.
         let _ = channel.sender.send(event);
     }
-}
-
-/// A poisoned lock only means another call panicked mid-way; SQLite rolled its transaction
-/// back, so the connection is still consistent.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Identifies the object an operation is about, for error messages.
@@ -292,14 +287,14 @@ impl Inner {
         kind: &str,
         f: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<(R, Option<RawEvent>), StoreError>,
     ) -> Result<R, StoreError> {
-        let mut conn = lock(&self.writer);
+        let mut conn = self.writer.lock_or_recover();
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(|e| self.db_err(e))?;
         let (result, event) = f(&tx)?;
         tx.commit().map_err(|e| self.db_err(e))?;
         if let Some(event) = event {
-            lock(&self.hub).publish(kind, event);
+            self.hub.lock_or_recover().publish(kind, event);
         }
         Ok(result)
     }
@@ -349,7 +344,7 @@ impl Inner {
     }
 
     fn get<K: StoreObject>(&self, t: &Target) -> Result<Option<K>, StoreError> {
-        let conn = lock(&self.reader);
+        let conn = self.reader.lock_or_recover();
         match self.read_row(&conn, t)? {
             Some((_, body)) => t.decode(&body).map(Some),
             None => Ok(None),
@@ -460,7 +455,7 @@ impl Inner {
         objects: &[K],
     ) -> Result<Vec<Result<K, StoreError>>, StoreError> {
         let kind = kind_of::<K>();
-        let mut conn = lock(&self.writer);
+        let mut conn = self.writer.lock_or_recover();
         let mut tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(|e| self.db_err(e))?;
@@ -487,7 +482,7 @@ impl Inner {
             }
         }
         tx.commit().map_err(|e| self.db_err(e))?;
-        let mut hub = lock(&self.hub);
+        let mut hub = self.hub.lock_or_recover();
         for event in events {
             hub.publish(&kind, event);
         }
@@ -582,7 +577,7 @@ impl Inner {
             },
         };
         let limit = params.limit.filter(|l| *l > 0).unwrap_or(usize::MAX);
-        let mut conn = lock(&self.reader);
+        let mut conn = self.reader.lock_or_recover();
         // One read transaction: the revision and the rows come from the same snapshot.
         let tx = conn.transaction().map_err(|e| self.db_err(e))?;
         let revision: i64 = tx
@@ -893,7 +888,7 @@ impl Store for SqliteStore {
         };
         // Subscribing and copying the retained events under the hub lock, which writers also
         // take to publish, leaves neither a gap nor a duplicate between replay and live events.
-        let mut hub = lock(&self.inner.hub);
+        let mut hub = self.inner.hub.lock_or_recover();
         let channel = hub.channel(&kind);
         let replay: VecDeque<Arc<RawEvent>> = match since {
             None => VecDeque::new(),

@@ -655,7 +655,7 @@ async fn controller_kinds_round_trip_with_status<S: Store>(store: S) {
 
 #[cfg(feature = "kubernetes")]
 fn fake_kube() -> KubeStore {
-    KubeStore::new(super::fake_api::FakeApiServer::new().client())
+    KubeStore::new(crate::testing::FakeApiServer::new().client())
 }
 
 async fn status_batch_writes_each_object_on_its_own<S: Store>(store: S) {

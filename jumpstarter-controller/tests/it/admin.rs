@@ -6,9 +6,7 @@ use std::{collections::HashMap, os::unix::fs::PermissionsExt, time::Duration};
 
 use futures::StreamExt;
 use jumpstarter_controller::{
-    objects::Lease as LeaseObject,
-    server::{ControllerConfig, start},
-    store::Store,
+    ControllerConfig, objects::Lease as LeaseObject, start, store::Store,
 };
 use jumpstarter_core::{
     auth::ObjectKind,

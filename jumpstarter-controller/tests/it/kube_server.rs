@@ -5,9 +5,9 @@
 
 use futures::StreamExt;
 use jumpstarter_controller::{
-    cluster_config,
-    server::{ControllerConfig, RunningController, start_with_store},
-    store::{KubeStore, credentials, fake_api::FakeApiServer},
+    ControllerConfig, RunningController, cluster_config, start_with_store,
+    store::{KubeStore, credentials},
+    testing::FakeApiServer,
 };
 use jumpstarter_core::{auth::ObjectKind, client::SessionChannel};
 use jumpstarter_proto::{
@@ -168,7 +168,7 @@ async fn events_once(
     reason: &str,
 ) -> Vec<k8s_openapi::api::core::v1::Event> {
     use jumpstarter_controller::{
-        selector::LabelSelector,
+        LabelSelector,
         store::{ListParams, Store},
     };
     for _ in 0..200 {

@@ -10,13 +10,11 @@ use http::{Method, Request, Response};
 use http_body_util::BodyExt;
 use jumpstarter_controller::auth::TokenIssuer;
 use jumpstarter_controller::{
+    ControllerState, LabelSelector,
     objects::{Client, ClientSpec, Exporter, ExporterSpec, ExporterStatus, Lease, LeaseSpec},
-    reconcile::reconcile_once,
-    selector::LabelSelector,
-    state::ControllerState,
-    store::{
-        KubeStore, ListParams, Store, StoreError, WatchEvent, credentials, fake_api::FakeApiServer,
-    },
+    reconcile_once,
+    store::{KubeStore, ListParams, Store, StoreError, WatchEvent, credentials},
+    testing::FakeApiServer,
 };
 use jumpstarter_router::RouterTokenKey;
 use k8s_openapi::api::core::v1::LocalObjectReference;
@@ -410,7 +408,7 @@ async fn lease_goes_pending_then_ready<S: Store>(store: S, namespace: &str, suff
             client_ref: LocalObjectReference {
                 name: client_name.clone(),
             },
-            duration: Some(jumpstarter_controller::duration::GoDuration::from_secs(600)),
+            duration: Some(jumpstarter_controller::GoDuration::from_secs(600)),
             selector: LabelSelector::parse(&format!("board=kube-test{suffix}"))
                 .unwrap()
                 .to_k8s(),

@@ -5,7 +5,6 @@
 mod admin;
 mod crds;
 mod deploy;
-mod fake_issuer;
 mod flow;
 #[cfg(feature = "kubernetes")]
 mod kube_server;
@@ -15,8 +14,9 @@ mod oidc;
 mod restart;
 
 use jumpstarter_controller::{
+    ControllerConfig, RunningController,
     objects::{Client, ClientSpec, Exporter, ExporterSpec},
-    server::{ControllerConfig, RunningController, start},
+    start,
     store::Store,
 };
 use jumpstarter_core::{
@@ -74,6 +74,7 @@ impl Lab {
         let token = self
             .ctl
             .state
+            .auth
             .issuer
             .issue(&Subject::new(kind, "default", name, uid))
             .unwrap()

@@ -9,9 +9,9 @@ use std::{
 };
 
 use jumpstarter_controller::{
-    external_auth::read_authentication_file,
+    ControllerConfig, RunningController,
     objects::{Client, ClientSpec, Exporter, ExporterSpec},
-    server::{ControllerConfig, RunningController, start},
+    read_authentication_file, start,
     store::Store,
 };
 use jumpstarter_core::{
@@ -24,7 +24,7 @@ use jumpstarter_proto::client_v1::{
 };
 use tonic::Code;
 
-use crate::fake_issuer::FakeIssuer;
+use jumpstarter_controller::testing::FakeIssuer;
 
 const PREFIX: &str = "fake:";
 

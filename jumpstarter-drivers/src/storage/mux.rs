@@ -159,81 +159,6 @@ pub struct MockStorageMux {
     medium: Medium,
 }
 
-#[driver(client = "jumpstarter_driver_opendal.client.StorageMuxClient")]
-impl MockStorageMux {
-    /// Connects the medium to the host (exporter).
-    #[export]
-    async fn host(&self, ctx: &CallContext) -> Result<(), DriverError> {
-        ctx.log_info("storage connected to host");
-        Ok(())
-    }
-
-    /// Connects the medium to the device under test.
-    #[export]
-    async fn dut(&self, ctx: &CallContext) -> Result<(), DriverError> {
-        ctx.log_info("storage connected to dut");
-        Ok(())
-    }
-
-    /// Disconnects the medium.
-    #[export]
-    async fn off(&self, ctx: &CallContext) -> Result<(), DriverError> {
-        ctx.log_info("storage disconnected");
-        Ok(())
-    }
-
-    /// Writes the bytes of resource `src` to the medium.
-    #[export]
-    async fn write(&self, ctx: &CallContext, src: ResourceHandle) -> Result<(), DriverError> {
-        self.medium.write(ctx, &src).await.map(|_| ())
-    }
-
-    /// Sends the medium's content into resource `dst`.
-    #[export]
-    async fn read(&self, ctx: &CallContext, dst: ResourceHandle) -> Result<(), DriverError> {
-        self.medium.read(ctx, &dst).await.map(|_| ())
-    }
-
-    /// Ours (upstream has no such method): how many bytes the medium holds, so that a
-    /// client can show a dump's percentage and ETA.
-    #[export]
-    async fn size(&self) -> Result<u64, DriverError> {
-        self.medium.size().await
-    }
-
-    /// Ours (upstream has no such method): the hex digest of the first `length` bytes of the
-    /// medium (all of it when absent), `algo` `sha256` (default) or `md5`. Lets a client
-    /// verify a flash without reading the image back.
-    #[export]
-    async fn hash(
-        &self,
-        algo: Option<HashAlgo>,
-        length: Option<u64>,
-    ) -> Result<String, DriverError> {
-        self.medium.hash(algo.unwrap_or_default(), length).await
-    }
-}
-
-impl MockStorageMux {
-    /// A mux whose medium is `file`, or a fresh temporary file.
-    pub fn new(file: Option<PathBuf>) -> Result<Self, DriverError> {
-        Ok(Self {
-            medium: Medium::new(file)?,
-        })
-    }
-
-    /// Constructor for the registry (optional `file:`).
-    pub fn from_args(args: &DriverArgs) -> Result<Arc<dyn Driver>, DriverError> {
-        let cfg: MuxConfig = args.parse()?;
-        Ok(Arc::new(Self::new(cfg.file)?))
-    }
-
-    /// The file backing the medium.
-    pub fn medium_path(&self) -> &Path {
-        self.medium.path()
-    }
-}
-
 /// [`MockStorageMux`] reported as a flasher (`StorageMuxFlasherClient`: `flash`, `dump`
 /// on the client side, built from `host`, `write`/`read` and `dut`).
 #[derive(Debug)]
@@ -241,67 +166,102 @@ pub struct MockStorageMuxFlasher {
     medium: Medium,
 }
 
-#[driver(client = "jumpstarter_driver_opendal.client.StorageMuxFlasherClient")]
-impl MockStorageMuxFlasher {
-    /// Connects the medium to the host (exporter).
-    #[export]
-    async fn host(&self, ctx: &CallContext) -> Result<(), DriverError> {
-        ctx.log_info("storage connected to host");
-        Ok(())
-    }
+/// The driver methods both mock muxes export (they differ only in their client class).
+macro_rules! mock_mux_driver {
+    ($ty:ident, $client:literal) => {
+        #[driver(client = $client)]
+        impl $ty {
+            /// Connects the medium to the host (exporter).
+            #[export]
+            async fn host(&self, ctx: &CallContext) -> Result<(), DriverError> {
+                ctx.log_info("storage connected to host");
+                Ok(())
+            }
 
-    /// Connects the medium to the device under test.
-    #[export]
-    async fn dut(&self, ctx: &CallContext) -> Result<(), DriverError> {
-        ctx.log_info("storage connected to dut");
-        Ok(())
-    }
+            /// Connects the medium to the device under test.
+            #[export]
+            async fn dut(&self, ctx: &CallContext) -> Result<(), DriverError> {
+                ctx.log_info("storage connected to dut");
+                Ok(())
+            }
 
-    /// Disconnects the medium.
-    #[export]
-    async fn off(&self, ctx: &CallContext) -> Result<(), DriverError> {
-        ctx.log_info("storage disconnected");
-        Ok(())
-    }
+            /// Disconnects the medium.
+            #[export]
+            async fn off(&self, ctx: &CallContext) -> Result<(), DriverError> {
+                ctx.log_info("storage disconnected");
+                Ok(())
+            }
 
-    /// Writes the bytes of resource `src` to the medium.
-    #[export]
-    async fn write(&self, ctx: &CallContext, src: ResourceHandle) -> Result<(), DriverError> {
-        self.medium.write(ctx, &src).await.map(|_| ())
-    }
+            /// Writes the bytes of resource `src` to the medium.
+            #[export]
+            async fn write(
+                &self,
+                ctx: &CallContext,
+                src: ResourceHandle,
+            ) -> Result<(), DriverError> {
+                self.medium.write(ctx, &src).await.map(|_| ())
+            }
 
-    /// Sends the medium's content into resource `dst`.
-    #[export]
-    async fn read(&self, ctx: &CallContext, dst: ResourceHandle) -> Result<(), DriverError> {
-        self.medium.read(ctx, &dst).await.map(|_| ())
-    }
+            /// Sends the medium's content into resource `dst`.
+            #[export]
+            async fn read(
+                &self,
+                ctx: &CallContext,
+                dst: ResourceHandle,
+            ) -> Result<(), DriverError> {
+                self.medium.read(ctx, &dst).await.map(|_| ())
+            }
 
-    /// As [`MockStorageMux`]'s `size` (ours).
-    #[export]
-    async fn size(&self) -> Result<u64, DriverError> {
-        self.medium.size().await
-    }
+            /// Ours (upstream has no such method): how many bytes the medium holds, so that a
+            /// client can show a dump's percentage and ETA.
+            #[export]
+            async fn size(&self) -> Result<u64, DriverError> {
+                self.medium.size().await
+            }
 
-    /// As [`MockStorageMux`]'s `hash` (ours).
-    #[export]
-    async fn hash(
-        &self,
-        algo: Option<HashAlgo>,
-        length: Option<u64>,
-    ) -> Result<String, DriverError> {
-        self.medium.hash(algo.unwrap_or_default(), length).await
-    }
+            /// Ours (upstream has no such method): the hex digest of the first `length` bytes
+            /// of the medium (all of it when absent), `algo` `sha256` (default) or `md5`. Lets
+            /// a client verify a flash without reading the image back.
+            #[export]
+            async fn hash(
+                &self,
+                algo: Option<HashAlgo>,
+                length: Option<u64>,
+            ) -> Result<String, DriverError> {
+                self.medium.hash(algo.unwrap_or_default(), length).await
+            }
+        }
+
+        impl $ty {
+            /// A mux whose medium is `file`, or a fresh temporary file.
+            pub fn new(file: Option<PathBuf>) -> Result<Self, DriverError> {
+                Ok(Self {
+                    medium: Medium::new(file)?,
+                })
+            }
+
+            /// Constructor for the registry (optional `file:`).
+            pub fn from_args(args: &DriverArgs) -> Result<Arc<dyn Driver>, DriverError> {
+                let cfg: MuxConfig = args.parse()?;
+                Ok(Arc::new(Self::new(cfg.file)?))
+            }
+
+            /// The file backing the medium.
+            pub fn medium_path(&self) -> &Path {
+                self.medium.path()
+            }
+        }
+    };
 }
 
-impl MockStorageMuxFlasher {
-    /// Constructor for the registry (optional `file:`).
-    pub fn from_args(args: &DriverArgs) -> Result<Arc<dyn Driver>, DriverError> {
-        let cfg: MuxConfig = args.parse()?;
-        Ok(Arc::new(Self {
-            medium: Medium::new(cfg.file)?,
-        }))
-    }
-}
+mock_mux_driver!(
+    MockStorageMux,
+    "jumpstarter_driver_opendal.client.StorageMuxClient"
+);
+mock_mux_driver!(
+    MockStorageMuxFlasher,
+    "jumpstarter_driver_opendal.client.StorageMuxFlasherClient"
+);
 
 #[cfg(test)]
 mod tests {

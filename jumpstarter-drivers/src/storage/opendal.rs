@@ -23,6 +23,7 @@ use tokio::{io::AsyncWriteExt, sync::Mutex};
 use uuid::Uuid;
 
 use super::{HashAlgo, Hasher, StorageError};
+use jumpstarter_core::sync::LockExt;
 
 /// Schemes compiled into this build.
 const SCHEMES: &[&str] = &[
@@ -325,7 +326,9 @@ impl Opendal {
             }
         };
         let fd = Uuid::new_v4();
-        self.lock_files().insert(fd, Arc::new(Mutex::new(file)));
+        self.files
+            .lock_or_recover()
+            .insert(fd, Arc::new(Mutex::new(file)));
         Ok(fd)
     }
 
@@ -509,7 +512,7 @@ impl Opendal {
                 }
                 .into());
             }
-            self.lock_created().insert(path);
+            self.created.lock_or_recover().insert(path);
         }
         Ok(())
     }
@@ -701,7 +704,7 @@ impl Opendal {
     /// Paths written through this driver (and registered with `register_path`).
     #[export]
     async fn get_created_resources(&self) -> Result<BTreeSet<String>, DriverError> {
-        Ok(self.lock_created().clone())
+        Ok(self.created.lock_or_recover().clone())
     }
 
     /// Records `path` as created by this driver (removed when the session ends if
@@ -709,7 +712,7 @@ impl Opendal {
     #[export]
     async fn register_path(&self, path: String) -> Result<(), DriverError> {
         let path = normalize_path(&path)?;
-        self.lock_created().insert(path);
+        self.created.lock_or_recover().insert(path);
         Ok(())
     }
 }
@@ -793,16 +796,9 @@ impl Opendal {
         )?))
     }
 
-    fn lock_files(&self) -> std::sync::MutexGuard<'_, HashMap<Uuid, FileSlot>> {
-        self.files.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn lock_created(&self) -> std::sync::MutexGuard<'_, BTreeSet<String>> {
-        self.created.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     fn file(&self, fd: Uuid) -> Result<FileSlot, DriverError> {
-        self.lock_files()
+        self.files
+            .lock_or_recover()
             .get(&fd)
             .cloned()
             .ok_or_else(|| StorageError::UnknownFd(fd).into())
@@ -823,7 +819,12 @@ impl Opendal {
     /// discarded (nothing is stored), and with `remove_created_on_close` the files created
     /// through the driver are removed.
     async fn end_session(&self) {
-        let open: Vec<FileSlot> = self.lock_files().drain().map(|(_, slot)| slot).collect();
+        let open: Vec<FileSlot> = self
+            .files
+            .lock_or_recover()
+            .drain()
+            .map(|(_, slot)| slot)
+            .collect();
         for slot in open {
             let old = std::mem::replace(&mut *slot.lock().await, OpenFile::Closed);
             if let OpenFile::Write {
@@ -841,7 +842,7 @@ impl Opendal {
             }
         }
         if self.remove_created_on_close {
-            let created = std::mem::take(&mut *self.lock_created());
+            let created = std::mem::take(&mut *self.created.lock_or_recover());
             for p in created {
                 if let Err(e) = self.op.delete(&p).await {
                     tracing::warn!("cannot remove created file {p}: {e}");
@@ -900,7 +901,7 @@ impl Drop for Opendal {
         if !self.remove_created_on_close {
             return;
         }
-        let paths: Vec<String> = self.lock_created().iter().cloned().collect();
+        let paths: Vec<String> = self.created.lock_or_recover().iter().cloned().collect();
         let op = self.op.clone();
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {

@@ -9,6 +9,7 @@ use std::{
 };
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use jumpstarter_core::sync::LockExt;
 use jumpstarter_core::wire::resource::ChunkWrite;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
@@ -74,7 +75,7 @@ impl Progress {
 
     /// Whether nothing is shown (so that a client need not ask for a total).
     pub fn is_hidden(&self) -> bool {
-        matches!(*self.lock(), Sink::Hidden)
+        matches!(*self.0.lock_or_recover(), Sink::Hidden)
     }
 
     /// Sets the number of bytes the transfer will move, learnt after it was set up: the
@@ -84,7 +85,7 @@ impl Progress {
         if total == 0 {
             return;
         }
-        match &mut *self.lock() {
+        match &mut *self.0.lock_or_recover() {
             Sink::Hidden => {}
             Sink::Bar(b) => {
                 b.set_length(total);
@@ -94,13 +95,9 @@ impl Progress {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Sink> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// Counts `n` more bytes.
     pub fn inc(&self, n: u64) {
-        let mut g = self.lock();
+        let mut g = self.0.lock_or_recover();
         match &mut *g {
             Sink::Hidden => {}
             Sink::Bar(b) => b.inc(n),
@@ -116,7 +113,7 @@ impl Progress {
 
     /// Ends the display (prints a final line in plain mode).
     pub fn finish(&self) {
-        let g = self.lock();
+        let g = self.0.lock_or_recover();
         match &*g {
             Sink::Hidden => {}
             Sink::Bar(b) => b.finish(),
@@ -126,7 +123,7 @@ impl Progress {
 
     /// Ends the display after a failure.
     pub fn abandon(&self) {
-        if let Sink::Bar(b) = &*self.lock() {
+        if let Sink::Bar(b) = &*self.0.lock_or_recover() {
             b.abandon();
         }
     }
@@ -279,9 +276,9 @@ mod tests {
         })));
         p.inc(1024);
         p.set_total(0);
-        assert!(plain_line(&p.lock()).starts_with("dump: 1.0 KiB, "));
+        assert!(plain_line(&p.0.lock_or_recover()).starts_with("dump: 1.0 KiB, "));
         p.set_total(4096);
-        let line = plain_line(&p.lock());
+        let line = plain_line(&p.0.lock_or_recover());
         assert!(line.starts_with("dump: 1.0 KiB / 4.0 KiB (25%)"), "{line}");
         assert!(!p.is_hidden() && Progress::hidden().is_hidden());
         Progress::hidden().set_total(1);

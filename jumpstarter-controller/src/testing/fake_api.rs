@@ -2,7 +2,7 @@
 //! (nothing persists, nothing is authenticated).
 //!
 //! [`FakeApiServer`] is a `tower::Service` that `kube::Client::new` accepts, so a
-//! [`super::KubeStore`] over [`FakeApiServer::client`] runs the same code paths as against a
+//! [`crate::store::KubeStore`] over [`FakeApiServer::client`] runs the same code paths as against a
 //! cluster. It serves any namespaced resource under `/api/v1/...` and `/apis/<group>/<version>/...`
 //! (the four jumpstarter kinds, Secrets, test kinds) with the API server's semantics:
 //!
@@ -27,7 +27,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -38,8 +38,9 @@ use http_body_util::{BodyExt, Full, StreamBody, combinators::UnsyncBoxBody};
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
-use super::WATCH_BUFFER;
 use crate::selector::{LabelSelector, validate_dns1123_subdomain};
+use crate::store::WATCH_BUFFER;
+use jumpstarter_core::sync::LockExt;
 
 /// How many events per resource are kept for watches that start in the past.
 pub const HISTORY: usize = WATCH_BUFFER;
@@ -55,7 +56,7 @@ pub struct FakeApiServer {
 
 impl std::fmt::Debug for FakeApiServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let st = lock(&self.state);
+        let st = self.state.lock_or_recover();
         f.debug_struct("FakeApiServer")
             .field("revision", &st.revision)
             .field("requests", &st.requests)
@@ -170,11 +171,6 @@ impl Route {
     fn custom(&self) -> bool {
         !self.group.is_empty()
     }
-}
-
-fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
-    // A panic while holding the lock leaves consistent maps (every write is one insert).
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn full(bytes: Vec<u8>) -> FakeBody {
@@ -353,12 +349,12 @@ impl FakeApiServer {
 
     /// The current revision (the resourceVersion of the latest write).
     pub fn revision(&self) -> u64 {
-        lock(&self.state).revision
+        self.state.lock_or_recover().revision
     }
 
     /// How many requests were served.
     pub fn requests(&self) -> u64 {
-        lock(&self.state).requests
+        self.state.lock_or_recover().requests
     }
 
     fn handle(&self, method: &Method, path: &str, query: &str, body: &[u8]) -> Response<FakeBody> {
@@ -370,7 +366,7 @@ impl FakeApiServer {
             );
         };
         let query = query_pairs(query);
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock_or_recover();
         st.requests += 1;
         match (method, &route.name, route.subresource.as_deref()) {
             (&Method::GET, None, None) => {

@@ -1,12 +1,10 @@
 //! A fake OIDC issuer on loopback HTTPS, for the external-authentication tests of the
-//! controller and of `jmp login` (the CLI's tests include this file too).
+//! controller and of `jmp login`.
 //!
 //! It serves discovery, a JWKS with one ES256 key generated here, a token endpoint with the
 //! password, refresh-token and authorization-code (PKCE S256) grants, and an authorize
 //! endpoint that approves at once: it redirects to the callback with a code for
 //! [`FakeIssuer::BROWSER_USER`].
-// Two test binaries include this file and each uses a part of it.
-#![allow(dead_code)]
 
 use std::{
     collections::HashMap,
@@ -55,6 +53,7 @@ struct State {
     counter: AtomicUsize,
 }
 
+/// Seconds since the Unix epoch (the `iat`/`exp` clock of tokens).
 pub fn now() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -109,12 +108,11 @@ impl FakeIssuer {
         let ca_pem = ca.cert_pem().to_string();
         let ca_file = dir.path().join("issuer-ca.pem");
         std::fs::write(&ca_file, &ca_pem).unwrap();
-        let certs = rustls_pemfile::certs(&mut cert.cert_pem.as_bytes())
+        use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
+        let certs = CertificateDer::pem_slice_iter(cert.cert_pem.as_bytes())
             .collect::<Result<Vec<_>, _>>()
             .unwrap();
-        let key = rustls_pemfile::private_key(&mut cert.key_pem.as_bytes())
-            .unwrap()
-            .unwrap();
+        let key = PrivateKeyDer::from_pem_slice(cert.key_pem.as_bytes()).unwrap();
         let tls = tokio_rustls::rustls::ServerConfig::builder_with_provider(Arc::new(
             tokio_rustls::rustls::crypto::ring::default_provider(),
         ))

@@ -1,0 +1,14 @@
+//! Test support, compiled only for tests and with the `test-util` feature (never in a
+//! release build): the fakes this crate's tests and the CLI's end-to-end tests share.
+//!
+//! - [`FakeApiServer`]: an in-memory Kubernetes API server for [`crate::store::KubeStore`].
+//! - [`FakeIssuer`]: an OIDC issuer on loopback HTTPS for the external-authentication tests.
+
+// Test support fails loudly: a broken fixture is a failed test, not an error to handle.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+pub mod fake_api;
+pub mod fake_issuer;
+
+pub use fake_api::{FakeApiServer, FakeBody};
+pub use fake_issuer::FakeIssuer;

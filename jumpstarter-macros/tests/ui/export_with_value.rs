@@ -1,0 +1,14 @@
+use jumpstarter_macros::driver;
+
+#[allow(dead_code)]
+struct Power;
+
+#[driver(client = "jumpstarter_driver_power.client.PowerClient")]
+impl Power {
+    #[export = "on"]
+    async fn on(&self) -> Result<(), std::io::Error> {
+        Ok(())
+    }
+}
+
+fn main() {}
