@@ -11,6 +11,7 @@ pub mod config_cmd;
 pub mod distributed;
 pub mod j;
 pub mod jmp;
+pub mod lifecycle;
 mod logging;
 pub mod login;
 pub mod mcp;

@@ -285,6 +285,7 @@ impl ExporterConfig {
         for (name, inst) in &cfg.export {
             validate(&format!("export.{name}"), inst, &invalid)?;
         }
+        crate::config_keys::warn_unknown(path, &crate::config_keys::unknown_exporter_keys(text));
         Ok(cfg)
     }
 

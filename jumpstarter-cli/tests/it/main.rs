@@ -7,6 +7,7 @@ mod direct_path;
 mod distributed;
 #[path = "../../../jumpstarter-controller/tests/it/fake_issuer.rs"]
 mod fake_issuer;
+mod hooks;
 mod local;
 mod login;
 mod mcp;
