@@ -455,3 +455,36 @@ async fn distributed_lease_timeout_during_a_slow_hook_ends_cleanly() {
     assert!(!stderr.contains("Error"), "{stderr}");
     assert!(stderr.contains("[beforeLease] slow"), "{stderr}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn distributed_after_lease_exit_failure_is_reported_and_stops_the_exporter() {
+    let lab = lab().await;
+    let cfg = lab_exporter(
+        &lab,
+        "hk4",
+        "  afterLease:\n    script: |\n      echo cleanup broke\n      exit 5\n    onFailure: exit\n",
+    )
+    .await;
+    let client = lab.client("dave").await;
+    let mut exporter = lab.run_exporter(&cfg, "hk4.log");
+    lab.wait_status("hk4", ExporterStatusValue::Available).await;
+    let child = shell(&lab, &client, &["-l", "hooks=hk4"], "echo ran");
+    let (code, stdout, stderr) = finish(child).await;
+    assert_eq!(code, 1, "{stdout}{stderr}\n{}", lab.log("hk4.log"));
+    // The command ran; the afterLease output and the one-line reason follow it.
+    assert!(stdout.contains("ran"), "{stdout}");
+    assert!(stderr.contains("[afterLease] cleanup broke"), "{stderr}");
+    assert!(
+        stderr.contains(
+            "Error: afterLease hook failed (on_failure=exit, shutting down): Hook failed with exit code 5"
+        ),
+        "{stderr}"
+    );
+    // The exporter goes away with exit code 1, offline.
+    let status = tokio::time::timeout(Duration::from_secs(30), exporter.wait())
+        .await
+        .expect("the exporter did not stop")
+        .unwrap();
+    assert_eq!(status.code(), Some(1), "{}", lab.log("hk4.log"));
+    lab.wait_status("hk4", ExporterStatusValue::Offline).await;
+}
