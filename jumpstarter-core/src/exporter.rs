@@ -88,6 +88,26 @@ pub enum ExporterError {
     /// A lease hook failed with `onFailure: exit`: the exporter shut down (exit code 1).
     #[error("exporter shut down: {0}")]
     HookExit(String),
+    /// `failureDetection`: the controller connection failed too often, each time soon after
+    /// it started (a service manager may restart the exporter).
+    #[error(
+        "controller {endpoint}: {failures} connection attempts in a row failed within {window}s \
+         each (failureDetection: maxRapidFailures {max} x {per} attempts); giving up: {last}"
+    )]
+    RapidFailures {
+        /// The controller endpoint.
+        endpoint: String,
+        /// The failed attempts.
+        failures: u32,
+        /// `rapidFailureWindow`.
+        window: u32,
+        /// `maxRapidFailures`.
+        max: u32,
+        /// Attempts per upstream exporter process.
+        per: u32,
+        /// The last failure.
+        last: String,
+    },
 }
 
 /// Where and as whom the exporter reaches its controller.
@@ -149,6 +169,9 @@ pub struct ExporterOptions {
     pub hooks: Option<Arc<LeaseHooks>>,
     /// The controller channel's keepalive from `grpcOptions` (default: upstream's).
     pub keepalive: Option<Keepalive>,
+    /// `failureDetection`: (`maxRapidFailures`, `rapidFailureWindow` seconds); `None`:
+    /// retry forever.
+    pub failure_detection: Option<(u32, u32)>,
 }
 
 impl ExporterOptions {
@@ -186,6 +209,10 @@ impl ExporterOptions {
             direct,
             hooks,
             keepalive: Some(keepalive),
+            failure_detection: Some((
+                cfg.failure_detection.max_rapid_failures,
+                cfg.failure_detection.rapid_failure_window,
+            )),
         })
     }
 }
@@ -222,6 +249,10 @@ impl Backoff {
         self.next = self.base;
     }
 }
+
+/// Controller connection attempts an upstream exporter process makes before it exits (and
+/// `jmp run` counts a failure of `failureDetection`).
+const UPSTREAM_ATTEMPTS: u32 = 6;
 
 /// How long a departing exporter may spend saying goodbye.
 const GOODBYE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -284,7 +315,9 @@ pub async fn run_with_options(
         channel: None,
     };
     tokio::pin!(shutdown);
+    let mut rapid = 0u32;
     let outcome = loop {
+        let attempt = tokio::time::Instant::now();
         let r = tokio::select! {
             _ = &mut shutdown => break Ok(()),
             why = exit_rx.wait_for(Option::is_some) => {
@@ -298,6 +331,26 @@ pub async fn run_with_options(
             Err(Failure::Fatal(e)) => break Err(e),
             Err(Failure::Retry(e)) => e,
         };
+        // failureDetection, as upstream's `jmp run` applies it: its exporter process makes
+        // 1 + 5 attempts before it exits and is restarted, and `maxRapidFailures` restarts in a
+        // row, each within `rapidFailureWindow` seconds, end `jmp run` (exit code 1).
+        if let Some((max, window)) = options.failure_detection {
+            if attempt.elapsed() < Duration::from_secs(u64::from(window)) {
+                rapid += 1;
+            } else {
+                rapid = 0;
+            }
+            if max > 0 && rapid >= max.saturating_mul(UPSTREAM_ATTEMPTS) {
+                break Err(ExporterError::RapidFailures {
+                    endpoint: rt.target.endpoint.clone(),
+                    failures: rapid,
+                    window,
+                    max,
+                    per: UPSTREAM_ATTEMPTS,
+                    last: e,
+                });
+            }
+        }
         let delay = rt.backoff.next_delay();
         tracing::warn!(
             "controller {}: {e}; reconnecting in {:.1}s",

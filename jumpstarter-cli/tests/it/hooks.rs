@@ -488,3 +488,40 @@ async fn distributed_after_lease_exit_failure_is_reported_and_stops_the_exporter
     assert_eq!(status.code(), Some(1), "{}", lab.log("hk4.log"));
     lab.wait_status("hk4", ExporterStatusValue::Offline).await;
 }
+
+#[test]
+fn failure_detection_ends_jmp_run_after_rapid_controller_failures() {
+    let s = Scratch::new();
+    s.write(
+        "exporter.yaml",
+        &(crate::MOCK_CONFIG
+            .replace("endpoint: \"\"", "endpoint: \"127.0.0.1:1\"")
+            .replace("token: \"\"", "token: \"t\"")
+            + "failureDetection:\n  maxRapidFailures: 1\n  rapidFailureWindow: 30\n"),
+    );
+    // 1 x 6 attempts against a closed port: about 8-15 s of backoff.
+    let mut child = s
+        .cmd(JMP)
+        .args(["run", "--exporter-config"])
+        .arg(s.path("exporter.yaml"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut code = None;
+    for _ in 0..600 {
+        if let Some(status) = child.try_wait().unwrap() {
+            code = status.code();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = child.kill();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("6 connection attempts in a row failed within 30s each (failureDetection"),
+        "{stderr}"
+    );
+}
