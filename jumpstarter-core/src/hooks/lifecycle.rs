@@ -53,11 +53,25 @@ pub enum Verdict {
 
 /// A hook socket that could not be set up.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot serve the hook socket in {dir}")]
-pub struct HookSocketError {
-    dir: PathBuf,
-    #[source]
-    source: std::io::Error,
+pub enum HookSocketError {
+    /// Its private directory could not be created.
+    #[error("cannot create the hook socket's directory {dir}")]
+    Dir {
+        /// The directory.
+        dir: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The socket could not be served.
+    #[error("cannot serve the hook socket in {dir}")]
+    Serve {
+        /// The directory.
+        dir: PathBuf,
+        /// Why.
+        #[source]
+        source: crate::CoreError,
+    },
 }
 
 /// The hooks of one lease: the dedicated socket their `j` uses, and each hook's run.
@@ -92,16 +106,15 @@ impl LeaseHookRun {
             "jumpstarter-hook-{}",
             uuid::Uuid::new_v4().simple()
         ));
-        let err = |source| HookSocketError {
-            dir: dir.clone(),
-            source,
-        };
         {
             use std::os::unix::fs::DirBuilderExt;
             std::fs::DirBuilder::new()
                 .mode(0o700)
                 .create(&dir)
-                .map_err(err)?;
+                .map_err(|source| HookSocketError::Dir {
+                    dir: dir.clone(),
+                    source,
+                })?;
         }
         let socket = serve::local_socket_path(&dir);
         // A session of its own over the same driver instances: always ready for the hook,
@@ -109,7 +122,10 @@ impl LeaseHookRun {
         let hook_session = Session::new_ready(tree, session.labels().clone());
         let stop = CancellationToken::new();
         let server = serve::serve_unix(hook_session, &socket, stop.clone().cancelled_owned())
-            .map_err(|e| err(std::io::Error::other(e.to_string())))?;
+            .map_err(|source| HookSocketError::Serve {
+                dir: dir.clone(),
+                source,
+            })?;
         tokio::spawn(async move {
             if let Err(e) = server.await {
                 tracing::warn!("hook socket: {e}");
