@@ -7,7 +7,7 @@ use clap::{Args, Parser, Subcommand};
 use jumpstarter_core::{
     client::{ConnectOptions, ExporterSession},
     config::{ExporterConfig, exporter_config_path},
-    serve::{ServeOptions, serve_tcp},
+    server::{ServeOptions, serve_tcp},
 };
 
 use crate::shell;

@@ -10,7 +10,7 @@ use std::{sync::Arc, time::Duration};
 
 use anyhow::{Result, anyhow};
 use jumpstarter_core::{
-    Session,
+    DriverNode, Session,
     client::SessionChannel,
     config::ExporterConfig,
     hooks::{
@@ -18,7 +18,6 @@ use jumpstarter_core::{
         lifecycle::{LeaseHookRun, NoController, Verdict},
         wait::{self, Ended, HOOK_WAIT, Ready},
     },
-    tree::DriverNode,
 };
 use jumpstarter_proto::v1::{LogSource, exporter_service_client::ExporterServiceClient};
 use tokio::task::JoinHandle;

@@ -23,7 +23,7 @@ use super::{
     HOOK_WARNING_PREFIX, HookKind, LeaseHooks, OnFailure,
     process::{self, HookEnv},
 };
-use crate::{Session, serve, tree::DriverNode};
+use crate::{DriverNode, Session, server as serve};
 
 /// Where status changes go besides the session (the controller, in controller mode).
 pub trait StatusSink: Send + Sync {

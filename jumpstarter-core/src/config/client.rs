@@ -426,7 +426,7 @@ fn load_yaml<T: DeserializeOwned>(
         message: e.to_string(),
     })?;
     if kind == "ClientConfig" {
-        crate::config_keys::warn_unknown(path, &crate::config_keys::unknown_client_keys(&text));
+        crate::config::keys::warn_unknown(path, &crate::config::keys::unknown_client_keys(&text));
     }
     let (found_kind, found_version) = header(&cfg);
     let invalid = |field: &str, message: String| ConfigError::Invalid {

@@ -12,7 +12,7 @@
 
 use std::{collections::BTreeMap, time::Duration};
 
-use crate::channel::Keepalive;
+use crate::client::channel::Keepalive;
 
 /// A `grpcOptions` entry that cannot be applied.
 #[derive(Debug, thiserror::Error)]
@@ -87,7 +87,7 @@ pub fn keepalive(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::channel::CONTROLLER_KEEPALIVE;
+    use crate::client::channel::CONTROLLER_KEEPALIVE;
 
     fn opts(pairs: &[(&str, serde_json::Value)]) -> BTreeMap<String, serde_json::Value> {
         pairs

@@ -7,14 +7,14 @@
 //! 2. hold the `Status` stream; when it says `leased` with a lease name, start a fresh
 //!    [`Session`], open `Listen{lease_name}`, report `LEASE_READY`, and serve the session
 //!    on every `ListenResponse`'s router stream (handed to the session's server in memory,
-//!    see [`crate::tunnel_conn`]; upstream's exporter connects each to a Unix socket);
+//!    see [`jumpstarter_core::server::tunnel_conn`]; upstream's exporter connects each to a Unix socket);
 //! 3. when the lease ends, end its tunnels and session and report `AVAILABLE` again;
 //! 4. after any drop of the controller connection, reconnect with a capped, jittered backoff
 //!    (a lease in progress keeps being served meanwhile);
 //! 5. on shutdown, report `OFFLINE` and `Unregister` (within 10 s).
 //!
 //! With a direct listener ([`ExporterOptions::direct`]), each lease's session is also served
-//! there, over mutual TLS with credentials only that lease's client gets ([`crate::direct`]).
+//! there, over mutual TLS with credentials only that lease's client gets ([`jumpstarter_core::client::direct`]).
 
 use std::{collections::BTreeMap, future::Future, sync::Arc, time::Duration};
 
@@ -28,23 +28,23 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, Status};
 
-use crate::{
-    Session,
-    channel::{
-        AuthChannel, CONTROLLER_KEEPALIVE, ControllerAuth, Keepalive, TlsSettings,
-        connect_authenticated_with,
+use jumpstarter_core::{
+    DriverNode, Session,
+    client::{
+        ClientError,
+        channel::{
+            AuthChannel, CONTROLLER_KEEPALIVE, ControllerAuth, Keepalive, TlsSettings,
+            connect_authenticated_with,
+        },
+        direct::{DirectError, DirectListenerSpec, DirectServer},
+        tunnel,
     },
-    client::ClientError,
     config::ExporterConfig,
-    direct::{DirectError, DirectListenerSpec, DirectServer},
     hooks::{
         LeaseHooks,
         lifecycle::{LeaseHookRun, StatusSink, Verdict},
     },
-    serve::serve_tunnels,
-    tree::DriverNode,
-    tunnel,
-    tunnel_conn::{TunnelConn, tunnel_conn},
+    server::{TunnelConn, serve_tunnels, tunnel_conn},
 };
 
 /// Why the exporter runtime stopped (it retries everything else).
@@ -165,7 +165,7 @@ pub struct ExporterOptions {
     /// Also serve each lease on this direct listener (clients on the exporter's network
     /// then bypass the router).
     pub direct: Option<DirectListenerSpec>,
-    /// The config's lease hooks (see [`crate::hooks`]).
+    /// The config's lease hooks (see [`jumpstarter_core::hooks`]).
     pub hooks: Option<Arc<LeaseHooks>>,
     /// The controller channel's keepalive from `grpcOptions` (default: upstream's).
     pub keepalive: Option<Keepalive>,
@@ -188,8 +188,11 @@ impl ExporterOptions {
         let hooks = LeaseHooks::from_config(&cfg.hooks)
             .map_err(|e| config_error(e.to_string()))?
             .map(Arc::new);
-        let keepalive = crate::grpc_options::keepalive(&cfg.grpc_options, CONTROLLER_KEEPALIVE)
-            .map_err(|e| config_error(e.to_string()))?;
+        let keepalive = jumpstarter_core::client::grpc_options::keepalive(
+            &cfg.grpc_options,
+            CONTROLLER_KEEPALIVE,
+        )
+        .map_err(|e| config_error(e.to_string()))?;
         let direct = match cfg.direct_listener.as_deref() {
             Some(spec) => Some(
                 DirectListenerSpec::parse(spec, cfg.direct_advertise.as_deref()).map_err(|e| {
