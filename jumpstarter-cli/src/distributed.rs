@@ -138,6 +138,9 @@ pub async fn shell(opts: ShellLease, command: &[String]) -> Result<i32> {
     if let LeaseSource::Create(req) = &source {
         req.check()?;
     }
+    // Only a lease this shell created is ended (`EndSession`) when the command exits, as
+    // upstream: an existing lease stays ready for the next shell.
+    let end_session = matches!(source, LeaseSource::Create(_));
     let controller = ControllerClient::connect(&cfg).await?;
     let mut lease = lease::acquire(&controller, source, timeout, |name, why| {
         eprintln!("Waiting for lease {name}: {why}");
@@ -187,11 +190,38 @@ pub async fn shell(opts: ShellLease, command: &[String]) -> Result<i32> {
         env.insert("JMP_LEASE".into(), lease.name.clone());
         env.insert("JMP_EXPORTER".into(), lease.exporter.clone());
         env.insert("JMP_EXPORTER_LABELS".into(), lease.labels_env());
-        // SIGTERM/SIGHUP end the shell but still release the lease below.
+        // The hooks: their output shows while the shell lives; the command starts once the
+        // beforeLease hook is over, and the afterLease hook runs when it exits.
+        let channel = jumpstarter_core::client::connect_channel(
+            &socket.to_string_lossy(),
+            &jumpstarter_core::client::ConnectOptions::default(),
+        )
+        .await?;
+        let logs =
+            crate::lifecycle::follow_logs(channel.clone(), shell::take_follow_exporter_logs());
         let code = tokio::select! {
-            code = shell::run_child(command, &env, &lease.exporter) => code,
+            ready = crate::lifecycle::before_command(channel.clone()) => match ready {
+                Ok(None) => {
+                    // SIGTERM/SIGHUP end the shell but still release the lease below.
+                    let code = tokio::select! {
+                        code = shell::run_child(command, &env, &lease.exporter) => code,
+                        sig = terminated() => Ok(128 + sig),
+                    };
+                    if end_session {
+                        match crate::lifecycle::after_command(channel).await {
+                            Ok(()) => code,
+                            Err(e) => Err(e),
+                        }
+                    } else {
+                        code
+                    }
+                }
+                Ok(Some(code)) => Ok(code),
+                Err(e) => Err(e),
+            },
             sig = terminated() => Ok(128 + sig),
         };
+        crate::lifecycle::stop_logs(logs).await;
         cancel.cancel();
         let _ = server.await;
         drop(dir);

@@ -20,8 +20,8 @@ use std::{collections::BTreeMap, future::Future, sync::Arc, time::Duration};
 
 use futures::StreamExt;
 use jumpstarter_proto::v1::{
-    DriverInstanceReport, ExporterStatus, ListenRequest, RegisterRequest, ReportStatusRequest,
-    StatusRequest, StatusResponse, UnregisterRequest,
+    DriverInstanceReport, ExporterStatus, ListenRequest, RegisterRequest, ReleaseLeaseRequest,
+    ReportStatusRequest, StatusRequest, StatusResponse, UnregisterRequest,
     controller_service_client::ControllerServiceClient,
 };
 use tokio::task::JoinHandle;
@@ -32,11 +32,18 @@ use jumpstarter_core::{
     DriverNode, Session,
     client::{
         ClientError,
-        channel::{AuthChannel, ControllerAuth, TlsSettings, connect_authenticated},
+        channel::{
+            AuthChannel, CONTROLLER_KEEPALIVE, ControllerAuth, Keepalive, TlsSettings,
+            connect_authenticated_with,
+        },
         direct::{DirectError, DirectListenerSpec, DirectServer},
         tunnel,
     },
     config::ExporterConfig,
+    hooks::{
+        LeaseHooks,
+        lifecycle::{LeaseHookRun, StatusSink, Verdict},
+    },
     server::{TunnelConn, serve_tunnels, tunnel_conn},
 };
 
@@ -78,6 +85,29 @@ pub enum ExporterError {
     /// The direct listener could not be set up.
     #[error("{0}")]
     Direct(#[from] DirectError),
+    /// A lease hook failed with `onFailure: exit`: the exporter shut down (exit code 1).
+    #[error("exporter shut down: {0}")]
+    HookExit(String),
+    /// `failureDetection`: the controller connection failed too often, each time soon after
+    /// it started (a service manager may restart the exporter).
+    #[error(
+        "controller {endpoint}: {failures} connection attempts in a row failed within {window}s \
+         each (failureDetection: maxRapidFailures {max} x {per} attempts); giving up: {last}"
+    )]
+    RapidFailures {
+        /// The controller endpoint.
+        endpoint: String,
+        /// The failed attempts.
+        failures: u32,
+        /// `rapidFailureWindow`.
+        window: u32,
+        /// `maxRapidFailures`.
+        max: u32,
+        /// Attempts per upstream exporter process.
+        per: u32,
+        /// The last failure.
+        last: String,
+    },
 }
 
 /// Where and as whom the exporter reaches its controller.
@@ -135,11 +165,34 @@ pub struct ExporterOptions {
     /// Also serve each lease on this direct listener (clients on the exporter's network
     /// then bypass the router).
     pub direct: Option<DirectListenerSpec>,
+    /// The config's lease hooks (see [`jumpstarter_core::hooks`]).
+    pub hooks: Option<Arc<LeaseHooks>>,
+    /// The controller channel's keepalive from `grpcOptions` (default: upstream's).
+    pub keepalive: Option<Keepalive>,
+    /// `failureDetection`: (`maxRapidFailures`, `rapidFailureWindow` seconds); `None`:
+    /// retry forever.
+    pub failure_detection: Option<(u32, u32)>,
 }
 
 impl ExporterOptions {
     /// From a config's `directListener` / `directAdvertise`.
     pub fn from_config(cfg: &ExporterConfig) -> Result<Self, ExporterError> {
+        let config_error = |message: String| ExporterError::Config {
+            path: cfg
+                .path
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|| "exporter config".into()),
+            message,
+        };
+        let hooks = LeaseHooks::from_config(&cfg.hooks)
+            .map_err(|e| config_error(e.to_string()))?
+            .map(Arc::new);
+        let keepalive = jumpstarter_core::client::grpc_options::keepalive(
+            &cfg.grpc_options,
+            CONTROLLER_KEEPALIVE,
+        )
+        .map_err(|e| config_error(e.to_string()))?;
         let direct = match cfg.direct_listener.as_deref() {
             Some(spec) => Some(
                 DirectListenerSpec::parse(spec, cfg.direct_advertise.as_deref()).map_err(|e| {
@@ -155,7 +208,15 @@ impl ExporterOptions {
             ),
             None => None,
         };
-        Ok(Self { direct })
+        Ok(Self {
+            direct,
+            hooks,
+            keepalive: Some(keepalive),
+            failure_detection: Some((
+                cfg.failure_detection.max_rapid_failures,
+                cfg.failure_detection.rapid_failure_window,
+            )),
+        })
     }
 }
 
@@ -191,6 +252,10 @@ impl Backoff {
         self.next = self.base;
     }
 }
+
+/// Controller connection attempts an upstream exporter process makes before it exits (and
+/// `jmp run` counts a failure of `failureDetection`).
+const UPSTREAM_ATTEMPTS: u32 = 6;
 
 /// How long a departing exporter may spend saying goodbye.
 const GOODBYE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -239,7 +304,11 @@ pub async fn run_with_options(
         }
         None => None,
     };
+    let (exit_tx, mut exit_rx) = tokio::sync::watch::channel(None::<String>);
     let mut rt = Runtime {
+        keepalive: options.keepalive.unwrap_or(CONTROLLER_KEEPALIVE),
+        hooks: options.hooks.clone(),
+        exit: exit_tx,
         direct,
         reports: Session::new(tree.clone(), BTreeMap::new()).report().reports,
         target,
@@ -249,9 +318,15 @@ pub async fn run_with_options(
         channel: None,
     };
     tokio::pin!(shutdown);
+    let mut rapid = 0u32;
     let outcome = loop {
+        let attempt = tokio::time::Instant::now();
         let r = tokio::select! {
             _ = &mut shutdown => break Ok(()),
+            why = exit_rx.wait_for(Option::is_some) => {
+                let why = why.map(|w| w.clone().unwrap_or_default()).unwrap_or_default();
+                break Err(ExporterError::HookExit(why))
+            }
             r = rt.connected_once() => r,
         };
         let e = match r {
@@ -259,6 +334,26 @@ pub async fn run_with_options(
             Err(Failure::Fatal(e)) => break Err(e),
             Err(Failure::Retry(e)) => e,
         };
+        // failureDetection, as upstream's `jmp run` applies it: its exporter process makes
+        // 1 + 5 attempts before it exits and is restarted, and `maxRapidFailures` restarts in a
+        // row, each within `rapidFailureWindow` seconds, end `jmp run` (exit code 1).
+        if let Some((max, window)) = options.failure_detection {
+            if attempt.elapsed() < Duration::from_secs(u64::from(window)) {
+                rapid += 1;
+            } else {
+                rapid = 0;
+            }
+            if max > 0 && rapid >= max.saturating_mul(UPSTREAM_ATTEMPTS) {
+                break Err(ExporterError::RapidFailures {
+                    endpoint: rt.target.endpoint.clone(),
+                    failures: rapid,
+                    window,
+                    max,
+                    per: UPSTREAM_ATTEMPTS,
+                    last: e,
+                });
+            }
+        }
         let delay = rt.backoff.next_delay();
         tracing::warn!(
             "controller {}: {e}; reconnecting in {:.1}s",
@@ -270,6 +365,8 @@ pub async fn run_with_options(
             _ = tokio::time::sleep(delay) => {}
         }
     };
+    // A lease whose hook said `exit` has been released already; the afterLease hook of a
+    // lease in progress still runs (as upstream, even at shutdown).
     rt.end_lease(false).await;
     if let Some(channel) = rt.channel.clone() {
         let bye = async {
@@ -301,9 +398,14 @@ struct ActiveLease {
     session: Arc<Session>,
     cancel: CancellationToken,
     task: JoinHandle<()>,
+    hooks: Option<Arc<LeaseHookRun>>,
 }
 
 struct Runtime {
+    keepalive: Keepalive,
+    hooks: Option<Arc<LeaseHooks>>,
+    /// Set (with the reason) when a hook failed with `onFailure: exit`.
+    exit: tokio::sync::watch::Sender<Option<String>>,
     direct: Option<DirectServer>,
     target: ControllerTarget,
     tree: DriverNode,
@@ -337,10 +439,11 @@ impl Runtime {
         let channel = match &self.channel {
             Some(c) => c.clone(),
             None => {
-                let c = connect_authenticated(
+                let c = connect_authenticated_with(
                     &self.target.endpoint,
                     &self.target.tls,
                     &self.target.auth,
+                    self.keepalive,
                 )
                 .await
                 .map_err(|e: ClientError| Failure::Retry(e.to_string()))?;
@@ -408,6 +511,23 @@ impl Runtime {
         tracing::info!("lease {name} started (client {client})");
         let cancel = CancellationToken::new();
         let session = Session::new(self.tree.clone(), BTreeMap::new());
+        let hooks = self.hooks.clone().and_then(|hooks| {
+            LeaseHookRun::start(
+                hooks,
+                self.tree.clone(),
+                Arc::clone(&session),
+                &name,
+                &client,
+            )
+            .inspect_err(|e| tracing::error!("lease {name}: hooks cannot run: {e}"))
+            .ok()
+        });
+        if let Some(run) = &hooks
+            && run.has_before()
+        {
+            // Until the beforeLease hook is over, clients may connect but not call drivers.
+            session.block_driver_calls(true);
+        }
         if let Some(direct) = &self.direct {
             // The direct server stops by itself when `cancel` fires.
             if let Err(e) = direct.serve_lease(&name, &session, cancel.clone()) {
@@ -420,12 +540,15 @@ impl Runtime {
             channel: channel.clone(),
             tls: self.target.tls.clone(),
             cancel: cancel.clone(),
+            hooks: hooks.clone(),
+            exit: self.exit.clone(),
         }));
         self.lease = Some(ActiveLease {
             name,
             session,
             cancel,
             task,
+            hooks,
         });
     }
 
@@ -434,6 +557,20 @@ impl Runtime {
         let Some(lease) = self.lease.take() else {
             return;
         };
+        if let (Some(run), Some(channel)) = (&lease.hooks, &self.channel) {
+            // The afterLease hook runs while the session is still served (once: it may
+            // have run already after `EndSession`).
+            run.mark_lease_ended();
+            let sink = ControllerSink(channel.clone());
+            let verdict = run.after_lease(&sink).await;
+            if !report {
+                // Shutting down: nobody else will release the lease.
+                release_lease(channel, &lease.name, lease.session.status().status).await;
+            }
+            if verdict == Verdict::Exit || run.exiting() {
+                request_exit(&self.exit, "a lease hook failed with onFailure: exit");
+            }
+        }
         lease.cancel.cancel();
         let mut task = lease.task;
         if tokio::time::timeout(SESSION_STOP_TIMEOUT, &mut task)
@@ -444,7 +581,11 @@ impl Runtime {
         }
         lease.session.close().await;
         tracing::info!("lease {} ended", lease.name);
-        if report && let Some(channel) = &self.channel {
+        let exiting = self.exit.borrow().is_some();
+        if report
+            && !exiting
+            && let Some(channel) = &self.channel
+        {
             report_status(
                 channel,
                 ExporterStatus::Available,
@@ -461,6 +602,91 @@ struct LeaseContext {
     channel: AuthChannel,
     tls: TlsSettings,
     cancel: CancellationToken,
+    hooks: Option<Arc<LeaseHookRun>>,
+    exit: tokio::sync::watch::Sender<Option<String>>,
+}
+
+/// Statuses of a lease's hooks, to the controller.
+struct ControllerSink(AuthChannel);
+
+impl StatusSink for ControllerSink {
+    fn report<'a>(
+        &'a self,
+        status: ExporterStatus,
+        message: &'a str,
+    ) -> futures::future::BoxFuture<'a, ()> {
+        Box::pin(report_status(&self.0, status, message))
+    }
+}
+
+fn request_exit(exit: &tokio::sync::watch::Sender<Option<String>>, why: &str) {
+    exit.send_if_modified(|e| {
+        if e.is_none() {
+            *e = Some(why.to_string());
+            true
+        } else {
+            false
+        }
+    });
+}
+
+/// What a hook's verdict does to the lease once its status is out: `endLease` and `exit`
+/// release it (after 1 s, so that the client sees the failure, as upstream), `exit` then
+/// shuts the exporter down.
+async fn after_verdict(
+    verdict: Verdict,
+    run: &LeaseHookRun,
+    name: &str,
+    session: &Session,
+    channel: &AuthChannel,
+    exit: &tokio::sync::watch::Sender<Option<String>>,
+    always_release: bool,
+) {
+    if verdict == Verdict::Proceed && !always_release {
+        return;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    release_lease(channel, name, session.status().status).await;
+    if verdict == Verdict::Exit || run.exiting() {
+        request_exit(exit, "a lease hook failed with onFailure: exit");
+    }
+}
+
+/// Asks the controller to end lease `name` (`ReleaseLease`; controllers that refuse it to
+/// exporters get upstream's older `ReportStatus(release_lease=true)`).
+async fn release_lease(channel: &AuthChannel, name: &str, status: ExporterStatus) {
+    let mut ctl = ControllerServiceClient::new(channel.clone());
+    let r = ctl
+        .release_lease(ReleaseLeaseRequest { name: name.into() })
+        .await;
+    match r {
+        Ok(_) => tracing::info!("Released lease {name}"),
+        Err(s)
+            if matches!(
+                s.code(),
+                Code::Unimplemented | Code::PermissionDenied | Code::Unauthenticated
+            ) =>
+        {
+            let status = if status == ExporterStatus::Available {
+                ExporterStatus::AfterLeaseHook
+            } else {
+                status
+            };
+            let r = ctl
+                .report_status(ReportStatusRequest {
+                    status: status as i32,
+                    message: Some(
+                        "Lease released (compat: ReportStatus with release_lease)".into(),
+                    ),
+                    release_lease: Some(true),
+                })
+                .await;
+            if let Err(s) = r {
+                tracing::warn!("lease {name}: release failed: {}", s.message());
+            }
+        }
+        Err(s) => tracing::warn!("lease {name}: release failed: {}", s.message()),
+    }
 }
 
 /// Serves one lease: its session, the `Listen` stream (reopened when it drops) and a
@@ -472,6 +698,8 @@ async fn serve_lease(cx: LeaseContext) {
         channel,
         tls,
         cancel,
+        hooks,
+        exit,
     } = cx;
     let (tunnels, tunnels_rx) = tokio::sync::mpsc::channel(4);
     let server = tokio::spawn(serve_tunnels(
@@ -494,24 +722,45 @@ async fn serve_lease(cx: LeaseContext) {
                 let mut stream = stream.into_inner();
                 if !ready {
                     ready = true;
-                    session.set_status(
-                        ExporterStatus::LeaseReady,
-                        Some("Ready for commands".into()),
-                    );
-                    report_status(&channel, ExporterStatus::LeaseReady, "Ready for commands").await;
+                    match &hooks {
+                        // After `Listen`, so that clients can dial in while the hook runs.
+                        Some(run) => {
+                            let run = Arc::clone(run);
+                            let (name, session, channel, exit) = (
+                                name.clone(),
+                                Arc::clone(&session),
+                                channel.clone(),
+                                exit.clone(),
+                            );
+                            tokio::spawn(async move {
+                                let sink = ControllerSink(channel.clone());
+                                let verdict = run.before_lease(&sink).await;
+                                after_verdict(
+                                    verdict, &run, &name, &session, &channel, &exit, false,
+                                )
+                                .await;
+                            });
+                        }
+                        None => {
+                            session.set_status(
+                                ExporterStatus::LeaseReady,
+                                Some("Ready for commands".into()),
+                            );
+                            report_status(
+                                &channel,
+                                ExporterStatus::LeaseReady,
+                                "Ready for commands",
+                            )
+                            .await;
+                        }
+                    }
                 }
                 loop {
                     tokio::select! {
                         _ = cancel.cancelled() => break 'listen,
                         _ = &mut end_session => {
-                            // No hooks: the session ends at once and the exporter is free again.
-                            tracing::info!("lease {name}: the client ended the session");
-                            session.set_status(
-                                ExporterStatus::Available,
-                                Some("Available for new lease".into()),
-                            );
-                            report_status(&channel, ExporterStatus::Available, "Available for new lease").await;
                             end_session = session.on_end_session();
+                            on_end_session(&name, &session, &channel, hooks.as_ref(), &exit).await;
                         }
                         msg = stream.next() => match msg {
                             Some(Ok(resp)) => {
@@ -551,6 +800,44 @@ async fn serve_lease(cx: LeaseContext) {
         Ok(Err(e)) => tracing::warn!("lease {name}: session server task: {e}"),
         Err(_) => tracing::warn!("lease {name}: session server did not stop in time"),
     }
+}
+
+/// A client called `EndSession`. With hooks, the afterLease hook runs now (the session is
+/// still served), then the exporter releases the lease itself, as upstream; without, the
+/// exporter is free again at once.
+async fn on_end_session(
+    name: &str,
+    session: &Arc<Session>,
+    channel: &AuthChannel,
+    hooks: Option<&Arc<LeaseHookRun>>,
+    exit: &tokio::sync::watch::Sender<Option<String>>,
+) {
+    tracing::info!("lease {name}: the client ended the session");
+    let Some(run) = hooks else {
+        session.set_status(
+            ExporterStatus::Available,
+            Some("Available for new lease".into()),
+        );
+        report_status(
+            channel,
+            ExporterStatus::Available,
+            "Available for new lease",
+        )
+        .await;
+        return;
+    };
+    let run = Arc::clone(run);
+    let (name, session, channel, exit) = (
+        name.to_string(),
+        Arc::clone(session),
+        channel.clone(),
+        exit.clone(),
+    );
+    tokio::spawn(async move {
+        let sink = ControllerSink(channel.clone());
+        let verdict = run.after_lease(&sink).await;
+        after_verdict(verdict, &run, &name, &session, &channel, &exit, true).await;
+    });
 }
 
 /// Opens the tunnel a `ListenResponse` names and hands it to the session server.

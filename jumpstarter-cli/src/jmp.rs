@@ -5,7 +5,6 @@ use std::{path::PathBuf, process::ExitCode, sync::Arc};
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use jumpstarter_core::{
-    Session,
     client::{ConnectOptions, ExporterSession},
     config::{ExporterConfig, exporter_config_path},
     server::{ServeOptions, serve_tcp},
@@ -298,10 +297,30 @@ async fn shell(args: ShellArgs) -> Result<i32> {
         }
         env.insert("JMP_LEASE".into(), "direct".into());
         env.insert("JMP_EXPORTER".into(), "direct".into());
-        return shell::run_child(&args.command, &env, "direct").await;
+        // As upstream: show hook output, wait for LEASE_READY; no EndSession (the
+        // standalone exporter's session outlives this client).
+        let channel = jumpstarter_core::client::connect_channel(addr, &opts).await?;
+        let logs =
+            crate::lifecycle::follow_logs(channel.clone(), shell::take_follow_exporter_logs());
+        let ready = crate::lifecycle::before_command(channel).await;
+        let code = match ready {
+            Ok(None) => shell::run_child(&args.command, &env, "direct").await,
+            Ok(Some(code)) => Ok(code),
+            Err(e) => Err(e),
+        };
+        crate::lifecycle::stop_logs(logs).await;
+        return code;
     }
     match args.exporter.load()? {
-        Some(cfg) => shell::local(&cfg, &args.command).await,
+        Some(cfg) => {
+            if cfg.hooks.before_lease.is_some() || cfg.hooks.after_lease.is_some() {
+                // Upstream runs hooks only around leases (`jmp run`), not in local shells.
+                eprintln!(
+                    "Warning: `hooks` of the exporter config are not run by a local shell (they run around leases of `jmp run`)"
+                );
+            }
+            shell::local(&cfg, &args.command).await
+        }
         // No exporter: lease one through the controller of a client config.
         None => {
             let lease = crate::distributed::ShellLease {
@@ -364,7 +383,7 @@ async fn run_exporter(args: RunArgs) -> Result<i32> {
         _ => bail!("--tls-grpc-listener needs --tls-cert and --tls-key, or --tls-grpc-insecure"),
     };
     let tree = jumpstarter_drivers::stock_registry().build(&cfg)?;
-    let session = Session::new_ready(tree, Default::default());
+    let (session, mut hooks) = crate::lifecycle::standalone(&cfg, tree)?;
     let addr = listen_addr(spec)?;
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
@@ -379,15 +398,25 @@ async fn run_exporter(args: RunArgs) -> Result<i32> {
         tls,
         passphrase: args.passphrase.clone(),
     };
-    let served = serve_tcp(
-        Arc::clone(&session),
-        listener,
-        opts,
-        crate::signals::shutdown_signal(),
-    )
-    .await;
+    let stop = async {
+        match hooks.as_mut() {
+            Some(h) => tokio::select! {
+                _ = crate::signals::shutdown_signal() => {}
+                _ = h.exit_requested() => {}
+            },
+            None => crate::signals::shutdown_signal().await,
+        }
+    };
+    let served = serve_tcp(Arc::clone(&session), listener, opts, stop).await;
+    let exit = match &hooks {
+        Some(h) => h.finish().await,
+        None => false,
+    };
     session.close().await;
     served?;
+    if exit {
+        bail!("exporter shut down: a lease hook failed with onFailure: exit");
+    }
     Ok(0)
 }
 

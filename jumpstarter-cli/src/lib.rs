@@ -12,6 +12,7 @@ pub mod distributed;
 pub mod exporter;
 pub mod j;
 pub mod jmp;
+pub mod lifecycle;
 mod logging;
 pub mod login;
 pub mod mcp;

@@ -9,8 +9,9 @@ pub fn init(level: Option<&str>) {
         Some("INFO") => "info".to_string(),
         Some("WARNING") | Some("WARN") => "warn".to_string(),
         Some("ERROR") | Some("CRITICAL") => "error".to_string(),
-        _ => std::env::var("JMP_LOG")
-            .unwrap_or_else(|_| "warn,driver=info,jumpstarter_cli::exporter=info".to_string()),
+        _ => std::env::var("JMP_LOG").unwrap_or_else(|_| {
+            "warn,driver=info,hook=info,jumpstarter_cli::exporter=info".to_string()
+        }),
     };
     let _ = fmt()
         .with_env_filter(EnvFilter::new(filter))

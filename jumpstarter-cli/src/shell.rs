@@ -29,6 +29,12 @@ pub fn follow_exporter_logs(on: bool) {
     FOLLOW_EXPORTER_LOGS.store(on, Ordering::Relaxed);
 }
 
+/// Whether `--exporter-logs` was given; the caller then follows the logs itself (around the
+/// lease hooks, see [`crate::lifecycle`]), so `run_child` no longer does.
+pub fn take_follow_exporter_logs() -> bool {
+    FOLLOW_EXPORTER_LOGS.swap(false, Ordering::Relaxed)
+}
+
 /// How often the log follower tries to (re)open the exporter's `LogStream`, as upstream.
 const LOG_STREAM_ATTEMPTS: u32 = 10;
 

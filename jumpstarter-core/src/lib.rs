@@ -13,6 +13,7 @@ pub mod client;
 pub mod config;
 pub mod driver;
 mod error;
+pub mod hooks;
 pub mod labels;
 pub mod oidc;
 pub mod private_file;

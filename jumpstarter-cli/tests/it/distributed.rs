@@ -208,7 +208,7 @@ impl Lab {
     }
 }
 
-async fn finish(child: Child) -> (i32, String, String) {
+pub(crate) async fn finish(child: Child) -> (i32, String, String) {
     let out = tokio::time::timeout(Duration::from_secs(90), child.wait_with_output())
         .await
         .expect("the process did not finish in time")
@@ -220,7 +220,7 @@ async fn finish(child: Child) -> (i32, String, String) {
     )
 }
 
-fn shell(lab: &Lab, client: &Path, args: &[&str], script: &str) -> Child {
+pub(crate) fn shell(lab: &Lab, client: &Path, args: &[&str], script: &str) -> Child {
     lab.cmd(JMP)
         .arg("shell")
         .arg("--client-config")
@@ -279,6 +279,16 @@ async fn shell_leases_by_selector_and_drives_the_exporter_through_the_router() {
     // The lease was released on exit and the exporter is free again.
     assert!(lab.lease(&lease_name).await.spec.release);
     lab.wait_status("ex1", ExporterStatusValue::Available).await;
+    // AVAILABLE comes with `EndSession` already (as upstream); the lease's end follows.
+    for _ in 0..100 {
+        if lab
+            .log("ex1.log")
+            .contains(&format!("lease {lease_name} ended"))
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let log = lab.log("ex1.log");
     assert!(
         log.contains(&format!("lease {lease_name} started")),

@@ -5,6 +5,7 @@ mod admin;
 mod direct;
 mod direct_path;
 mod distributed;
+mod hooks;
 mod local;
 mod login;
 mod mcp;

@@ -322,7 +322,17 @@ pub async fn connect_authenticated_with(
 /// Connects to the controller named in a client config, with its credentials.
 pub async fn connect_client(cfg: &ClientConfig) -> Result<AuthChannel, ClientError> {
     let (endpoint, tls, auth) = client_credentials(cfg)?;
-    connect_authenticated(&endpoint, &tls, &auth).await
+    // `grpcOptions`: applied, or refused naming the option.
+    let keepalive = crate::client::grpc_options::keepalive(&cfg.grpc_options, CONTROLLER_KEEPALIVE)
+        .map_err(|e| ClientError::Connect {
+            target: cfg
+                .path
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|| "client config".into()),
+            message: e.to_string(),
+        })?;
+    connect_authenticated_with(&endpoint, &tls, &auth, keepalive).await
 }
 
 /// Endpoint, TLS settings and call metadata of a client config; errors name the missing

@@ -5,6 +5,7 @@
 
 pub mod channel;
 pub mod direct;
+pub mod grpc_options;
 pub mod lease;
 mod session;
 pub mod tunnel;

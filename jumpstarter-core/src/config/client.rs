@@ -425,6 +425,9 @@ fn load_yaml<T: DeserializeOwned>(
         path: path.to_path_buf(),
         message: e.to_string(),
     })?;
+    if kind == "ClientConfig" {
+        crate::config::keys::warn_unknown(path, &crate::config::keys::unknown_client_keys(&text));
+    }
     let (found_kind, found_version) = header(&cfg);
     let invalid = |field: &str, message: String| ConfigError::Invalid {
         path: path.to_path_buf(),

@@ -280,6 +280,7 @@ impl ExporterConfig {
         for (name, inst) in &cfg.export {
             validate(&format!("export.{name}"), inst, &invalid)?;
         }
+        crate::config::keys::warn_unknown(path, &crate::config::keys::unknown_exporter_keys(text));
         Ok(cfg)
     }
 

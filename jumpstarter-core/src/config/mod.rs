@@ -3,6 +3,7 @@
 
 mod client;
 mod exporter;
+pub mod keys;
 
 pub use client::{
     AdminConfig, ClientConfig, DriversConfig, LeasesConfig, ShellConfig, UserConfig,

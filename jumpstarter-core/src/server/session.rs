@@ -36,16 +36,23 @@ const LOG_BUFFER: usize = 256;
 /// How long [`Session::close`] waits for one driver's [`Driver::session_end`].
 pub const SESSION_END_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// How many hook output records are kept for a client that has not opened `LogStream` yet.
+const HOOK_BACKLOG: usize = 1024;
+
 /// Where driver log records go: `tracing` (target `driver`) and the session's `LogStream`.
 #[derive(Clone)]
 pub struct LogSink {
     tx: broadcast::Sender<LogStreamResponse>,
+    /// Hook records emitted while no `LogStream` was open; the next one replays them (as
+    /// upstream's session queue keeps records until a client takes them).
+    backlog: Arc<Mutex<std::collections::VecDeque<LogStreamResponse>>>,
 }
 
 impl Default for LogSink {
     fn default() -> Self {
         Self {
             tx: broadcast::channel(LOG_BUFFER).0,
+            backlog: Arc::default(),
         }
     }
 }
@@ -68,8 +75,35 @@ impl LogSink {
         });
     }
 
-    fn subscribe(&self) -> broadcast::Receiver<LogStreamResponse> {
-        self.tx.subscribe()
+    /// Records one line of hook output (or a hook's failure) under `source`
+    /// (`BEFORE_LEASE_HOOK` / `AFTER_LEASE_HOOK`); kept for the next `LogStream` when none
+    /// is open.
+    pub fn emit_hook(&self, source: LogSource, severity: &str, message: String) {
+        let rec = LogStreamResponse {
+            uuid: String::new(),
+            severity: severity.to_string(),
+            message,
+            source: Some(source as i32),
+        };
+        let mut backlog = self.backlog.lock().unwrap_or_else(|p| p.into_inner());
+        if self.tx.receiver_count() == 0 {
+            if backlog.len() == HOOK_BACKLOG {
+                backlog.pop_front();
+            }
+            backlog.push_back(rec);
+        } else {
+            let _ = self.tx.send(rec);
+        }
+    }
+
+    fn subscribe(
+        &self,
+    ) -> (
+        Vec<LogStreamResponse>,
+        broadcast::Receiver<LogStreamResponse>,
+    ) {
+        let mut backlog = self.backlog.lock().unwrap_or_else(|p| p.into_inner());
+        (backlog.drain(..).collect(), self.tx.subscribe())
     }
 }
 
@@ -98,6 +132,9 @@ pub struct Session {
     end_requested: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
     alternative_endpoints: Mutex<Vec<Endpoint>>,
     closed: std::sync::atomic::AtomicBool,
+    /// Driver calls refused whatever the status (a beforeLease hook runs: only its own
+    /// connection, served by another session over the same drivers, may call them).
+    calls_blocked: std::sync::atomic::AtomicBool,
 }
 
 impl Session {
@@ -121,6 +158,7 @@ impl Session {
             end_requested: Mutex::new(None),
             alternative_endpoints: Mutex::new(Vec::new()),
             closed: std::sync::atomic::AtomicBool::new(false),
+            calls_blocked: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -180,6 +218,23 @@ impl Session {
         });
     }
 
+    /// Refuses (or allows again) driver calls whatever the status: clients wait while a
+    /// beforeLease hook runs, as upstream, which holds their connections until it ends.
+    pub fn block_driver_calls(&self, blocked: bool) {
+        self.calls_blocked
+            .store(blocked, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Records hook output for this session's `LogStream` (see [`LogSink::emit_hook`]).
+    pub fn hook_log(&self, source: LogSource, severity: &str, message: String) {
+        self.logs.emit_hook(source, severity, message);
+    }
+
+    /// Fires when the status changes.
+    pub fn watch_status(&self) -> watch::Receiver<StatusState> {
+        self.status.subscribe()
+    }
+
     /// The current status.
     pub fn status(&self) -> StatusState {
         self.status.borrow().clone()
@@ -232,6 +287,12 @@ impl Session {
 
     fn check_ready(&self) -> Result<(), DriverError> {
         let s = self.status.borrow().status;
+        if self.calls_blocked.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(DriverError::NotReady(format!(
+                "Exporter not ready for driver calls (status: {})",
+                s.as_str_name()
+            )));
+        }
         match s {
             ExporterStatus::LeaseReady
             | ExporterStatus::BeforeLeaseHook
@@ -317,9 +378,11 @@ impl ExporterService for SessionService {
     type LogStreamStream = BoxStatusStream<LogStreamResponse>;
 
     async fn log_stream(&self, _: Request<()>) -> Result<Response<Self::LogStreamStream>, Status> {
-        let rx = self.0.logs.subscribe();
+        let (backlog, rx) = self.0.logs.subscribe();
         let uuid = self.0.uuid.to_string();
-        let out = tokio_stream::wrappers::BroadcastStream::new(rx).filter_map(move |r| {
+        let backlog = futures::stream::iter(backlog.into_iter().map(Ok));
+        let live = tokio_stream::wrappers::BroadcastStream::new(rx);
+        let out = backlog.chain(live).filter_map(move |r| {
             let uuid = uuid.clone();
             async move {
                 match r {

@@ -1,0 +1,527 @@
+//! Lease hooks (`hooks.beforeLease` / `hooks.afterLease`) with real scripts, through
+//! `jmp shell`: standalone (`jmp run --tls-grpc-listener` + `jmp shell --tls-grpc`) and
+//! distributed (controller, router, `jmp run`, `jmp shell --client-config`).
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use jumpstarter_controller::objects::ExporterStatusValue;
+
+use crate::{
+    J, JMP, Running, Scratch,
+    distributed::{finish, lab, shell},
+    text,
+};
+
+/// `PATH` with the directory of the `j` under test first (hooks call `j`).
+fn path_with_j() -> String {
+    format!(
+        "{}:{}",
+        Path::new(J).parent().unwrap().display(),
+        std::env::var("PATH").unwrap_or_default()
+    )
+}
+
+fn hooks_yaml(hooks: &str) -> String {
+    format!("{}hooks:\n{hooks}", crate::MOCK_CONFIG)
+}
+
+/// Indents a script for a YAML block scalar at `indent` spaces.
+fn block(script: &str, indent: usize) -> String {
+    let pad = " ".repeat(indent);
+    script
+        .lines()
+        .map(|l| format!("{pad}{l}\n"))
+        .collect::<String>()
+}
+
+/// Starts the standalone exporter of `s` (plaintext) and returns it, its address and the
+/// receiver of its stderr lines.
+fn standalone(s: &Scratch) -> (Running, String, std::sync::mpsc::Receiver<String>) {
+    use std::io::{BufRead, BufReader};
+    let mut c = s.cmd(JMP);
+    c.env("PATH", path_with_j())
+        .args(["run", "--exporter-config"])
+        .arg(s.path("exporter.yaml"))
+        .args(["--tls-grpc-listener", "127.0.0.1:0", "--tls-grpc-insecure"])
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null());
+    let mut child = c.spawn().unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let running = Running(child);
+    loop {
+        let line = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("jmp run did not report its address");
+        if let Some(rest) = line.split("listening on ").nth(1) {
+            let addr = rest.split_whitespace().next().unwrap().to_string();
+            return (running, addr, rx);
+        }
+    }
+}
+
+fn direct_shell(s: &Scratch, addr: &str, script: &str) -> Command {
+    let mut c = s.cmd(JMP);
+    c.env("PATH", path_with_j())
+        .args(["shell", "--tls-grpc", addr, "--tls-grpc-insecure", "--"])
+        .args(["sh", "-c", script]);
+    c
+}
+
+fn read(p: &Path) -> String {
+    std::fs::read_to_string(p).unwrap_or_default()
+}
+
+#[test]
+fn standalone_before_lease_runs_first_with_upstreams_environment() {
+    let s = Scratch::new();
+    let order = s.path("order");
+    let env = s.path("env");
+    s.write(
+        "exporter.yaml",
+        &hooks_yaml(&format!(
+            "  beforeLease:\n    script: |\n{}    timeout: 30\n    onFailure: endLease\n",
+            block(
+                &format!(
+                    "echo \"hello from the hook\"\n\
+                     sleep 1\n\
+                     j power on\n\
+                     echo \"LEASE_NAME=$LEASE_NAME\" > {env}\n\
+                     echo \"CLIENT_NAME=[$CLIENT_NAME]\" >> {env}\n\
+                     echo \"JMP_DRIVERS_ALLOW=$JMP_DRIVERS_ALLOW\" >> {env}\n\
+                     echo \"TERM=$TERM\" >> {env}\n\
+                     echo \"DEBIAN_FRONTEND=$DEBIAN_FRONTEND\" >> {env}\n\
+                     echo \"GIT_TERMINAL_PROMPT=$GIT_TERMINAL_PROMPT\" >> {env}\n\
+                     env | grep -q '^PS1=' && echo PS1=exported >> {env}\n\
+                     test -S \"$JUMPSTARTER_HOST\" && echo \"socket=yes\" >> {env}\n\
+                     test -t 1 && echo \"tty=yes\" >> {env}\n\
+                     echo hook >> {order}",
+                    env = env.display(),
+                    order = order.display()
+                ),
+                6
+            )
+        )),
+    );
+    let (_exporter, addr, _log) = standalone(&s);
+    let out = direct_shell(
+        &s,
+        &addr,
+        &format!("echo command >> {} && j power read", order.display()),
+    )
+    .env("PS1", "$ ")
+    .output()
+    .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    // The hook's output reaches the client, tagged with its source.
+    assert!(
+        stderr.contains("[beforeLease] hello from the hook"),
+        "{stderr}"
+    );
+    assert_eq!(read(&order), "hook\ncommand\n");
+    // The hook's `j power on` reached the drivers.
+    assert!(stdout.contains("voltage=5.0 V"), "{stdout}");
+    assert_eq!(
+        read(&env),
+        "LEASE_NAME=standalone\nCLIENT_NAME=[]\nJMP_DRIVERS_ALLOW=UNSAFE\nTERM=dumb\n\
+         DEBIAN_FRONTEND=noninteractive\nGIT_TERMINAL_PROMPT=0\nsocket=yes\ntty=yes\n"
+    );
+}
+
+#[test]
+fn standalone_end_lease_failure_skips_the_command_with_a_one_line_reason() {
+    let s = Scratch::new();
+    let ran = s.path("ran");
+    s.write(
+        "exporter.yaml",
+        &hooks_yaml(
+            "  beforeLease:\n    script: |\n      echo failing\n      exit 3\n    onFailure: endLease\n",
+        ),
+    );
+    let (_exporter, addr, _log) = standalone(&s);
+    let out = direct_shell(&s, &addr, &format!("touch {}", ran.display()))
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
+    assert!(!ran.exists(), "the command ran");
+    assert!(stderr.contains("[beforeLease] failing"), "{stderr}");
+    assert!(
+        stderr.contains(
+            "Error: beforeLease hook failed (on_failure=endLease): Hook failed with exit code 3"
+        ),
+        "{stderr}"
+    );
+    // Driver calls stay refused: the lease is over for the drivers.
+    let out = s
+        .cmd(J)
+        .env("JUMPSTARTER_HOST", &addr)
+        .env("JMP_GRPC_INSECURE", "1")
+        .args(["power", "on"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+}
+
+#[test]
+fn standalone_warn_failure_runs_the_command_with_a_warning() {
+    let s = Scratch::new();
+    s.write(
+        "exporter.yaml",
+        &hooks_yaml("  beforeLease:\n    script: exit 1\n"),
+    );
+    let (_exporter, addr, _log) = standalone(&s);
+    let out = direct_shell(&s, &addr, "j power on").output().unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(
+        stderr.contains("Warning: beforeLease hook warning: Hook failed with exit code 1"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(
+            "[beforeLease] WARNING Hook failed with exit code 1 (on_failure=warn, continuing)"
+        ),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn standalone_timeout_kills_the_hook_and_fails_it() {
+    let s = Scratch::new();
+    let pid = s.path("pid");
+    s.write(
+        "exporter.yaml",
+        &hooks_yaml(&format!(
+            "  beforeLease:\n    script: |\n      sleep 300 &\n      echo $! > {}\n      wait\n    timeout: 1\n    onFailure: endLease\n",
+            pid.display()
+        )),
+    );
+    let (_exporter, addr, _log) = standalone(&s);
+    let out = direct_shell(&s, &addr, "true").output().unwrap();
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
+    assert!(
+        stderr.contains(
+            "Error: beforeLease hook failed (on_failure=endLease): Hook timed out after 1 seconds"
+        ),
+        "{stderr}"
+    );
+    // The whole process group went, the background `sleep` too.
+    let pid = read(&pid).trim().to_string();
+    assert!(!pid.is_empty());
+    assert!(gone(&pid), "hook child {pid} survived the timeout");
+}
+
+#[test]
+fn standalone_exit_failure_shuts_the_exporter_down_with_code_1() {
+    let s = Scratch::new();
+    s.write(
+        "exporter.yaml",
+        &hooks_yaml("  beforeLease:\n    script: exit 2\n    onFailure: exit\n"),
+    );
+    let (mut exporter, _addr, _log) = standalone(&s);
+    let mut code = None;
+    for _ in 0..300 {
+        if let Some(status) = exporter.0.try_wait().unwrap() {
+            code = status.code();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(code, Some(1));
+}
+
+#[test]
+fn script_file_and_exec_bash() {
+    let s = Scratch::new();
+    let out_file = s.path("out");
+    let script = s.write(
+        "prepare.sh",
+        &format!(
+            "if [[ -n \"$BASH_VERSION\" ]]; then echo bash > {}; fi\necho from the file\n",
+            out_file.display()
+        ),
+    );
+    s.write(
+        "exporter.yaml",
+        &hooks_yaml(&format!(
+            "  beforeLease:\n    exec: /bin/bash\n    script: {}\n    onFailure: endLease\n",
+            script.display()
+        )),
+    );
+    let (_exporter, addr, _log) = standalone(&s);
+    let out = direct_shell(&s, &addr, "true").output().unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(stderr.contains("[beforeLease] from the file"), "{stderr}");
+    assert_eq!(read(&out_file), "bash\n");
+}
+
+#[test]
+fn bad_on_failure_is_refused_at_start_naming_the_key() {
+    let s = Scratch::new();
+    s.write(
+        "exporter.yaml",
+        &hooks_yaml("  beforeLease:\n    script: true\n    onFailure: explode\n"),
+    );
+    let out = s
+        .cmd(JMP)
+        .args(["run", "--exporter-config"])
+        .arg(s.path("exporter.yaml"))
+        .args(["--tls-grpc-listener", "127.0.0.1:0", "--tls-grpc-insecure"])
+        .output()
+        .unwrap();
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(
+            "hooks.beforeLease.onFailure: \"explode\" is not one of warn, endLease, exit"
+        ),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn sigkill_of_the_exporter_during_a_hook_leaves_no_hook_child() {
+    let s = Scratch::new();
+    let pid = s.path("pid");
+    s.write(
+        "exporter.yaml",
+        &hooks_yaml(&format!(
+            "  beforeLease:\n    script: |\n      sleep 300 &\n      echo $! > {}\n      wait\n    timeout: 300\n",
+            pid.display()
+        )),
+    );
+    let (mut exporter, _addr, _log) = standalone(&s);
+    let mut child_pid = String::new();
+    for _ in 0..300 {
+        child_pid = read(&pid).trim().to_string();
+        if !child_pid.is_empty() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!child_pid.is_empty(), "the hook did not start");
+    assert!(!gone(&child_pid));
+    exporter.0.kill().unwrap(); // SIGKILL
+    exporter.0.wait().unwrap();
+    assert!(
+        gone(&child_pid),
+        "hook child {child_pid} outlived the exporter"
+    );
+}
+
+/// Whether process `pid` is gone (or a zombie), waiting up to 10 s.
+fn gone(pid: &str) -> bool {
+    for _ in 0..200 {
+        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            Err(_) => return true,
+            Ok(stat) if stat.split(") ").nth(1).is_some_and(|r| r.starts_with('Z')) => {
+                return true;
+            }
+            Ok(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+    false
+}
+
+/// The exporter config of `lab`'s exporter `name` with `hooks` added.
+async fn lab_exporter(lab: &crate::distributed::Lab, name: &str, hooks: &str) -> PathBuf {
+    let cfg = lab.exporter(name, &[("hooks", name)]).await;
+    let yaml = std::fs::read_to_string(&cfg).unwrap() + "hooks:\n" + hooks;
+    std::fs::write(&cfg, yaml).unwrap();
+    cfg
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn distributed_hooks_run_in_order_around_the_command() {
+    let lab = lab().await;
+    let order = lab.path("order");
+    let o = order.display();
+    let cfg = lab_exporter(
+        &lab,
+        "hk1",
+        &format!(
+            "  beforeLease:\n    script: |\n      echo \"before $LEASE_NAME $CLIENT_NAME\"\n      \
+             j power on\n      echo before >> {o}\n    onFailure: endLease\n  \
+             afterLease:\n    script: |\n      echo after cleaning up\n      j power off\n      \
+             echo after >> {o}\n    onFailure: warn\n"
+        ),
+    )
+    .await;
+    let client = lab.client("alice").await;
+    let _exporter = lab.run_exporter(&cfg, "hk1.log");
+    lab.wait_status("hk1", ExporterStatusValue::Available).await;
+    let child = shell(
+        &lab,
+        &client,
+        &["-l", "hooks=hk1"],
+        &format!("echo command >> {o}; echo \"lease=$JMP_LEASE\""),
+    );
+    let (code, stdout, stderr) = finish(child).await;
+    assert_eq!(code, 0, "{stdout}{stderr}\n{}", lab.log("hk1.log"));
+    assert_eq!(
+        read(&order),
+        "before\ncommand\nafter\n",
+        "{stderr}\n{}",
+        lab.log("hk1.log")
+    );
+    let lease = stdout.trim().strip_prefix("lease=").unwrap().to_string();
+    assert!(
+        stderr.contains(&format!("[beforeLease] before {lease} alice")),
+        "{stderr}"
+    );
+    // The afterLease output is shown before the shell returns.
+    assert!(
+        stderr.contains("[afterLease] after cleaning up"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("Error"), "{stderr}");
+    lab.wait_status("hk1", ExporterStatusValue::Available).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn distributed_end_lease_failure_skips_the_after_lease_hook() {
+    let lab = lab().await;
+    let after = lab.path("after");
+    let cfg = lab_exporter(
+        &lab,
+        "hk2",
+        &format!(
+            "  beforeLease:\n    script: |\n      echo checking\n      sleep 2\n      exit 4\n    onFailure: endLease\n  \
+             afterLease:\n    script: touch {}\n",
+            after.display()
+        ),
+    )
+    .await;
+    let client = lab.client("bob").await;
+    let _exporter = lab.run_exporter(&cfg, "hk2.log");
+    lab.wait_status("hk2", ExporterStatusValue::Available).await;
+    let child = shell(&lab, &client, &["-l", "hooks=hk2"], "echo ran");
+    let (code, stdout, stderr) = finish(child).await;
+    assert_eq!(code, 1, "{stdout}{stderr}");
+    assert!(!stdout.contains("ran"), "{stdout}");
+    // One line with the reason: from the exporter's status when the client got in during
+    // the hook, or from the controller's refusal to dial an exporter whose hook failed.
+    let reason = stderr
+        .lines()
+        .filter(|l| l.starts_with("Error: "))
+        .collect::<Vec<_>>();
+    assert_eq!(reason.len(), 1, "{stderr}");
+    assert!(
+        reason[0].contains(
+            "beforeLease hook failed (on_failure=endLease): Hook failed with exit code 4"
+        ) || reason[0].contains("Dial: exporter beforeLease hook failed"),
+        "{stderr}"
+    );
+    // The exporter is free again and the afterLease hook never ran.
+    lab.wait_status("hk2", ExporterStatusValue::Available).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!after.exists(), "{}", lab.log("hk2.log"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn distributed_lease_timeout_during_a_slow_hook_ends_cleanly() {
+    let lab = lab().await;
+    let cfg = lab_exporter(
+        &lab,
+        "hk3",
+        "  beforeLease:\n    script: |\n      echo slow\n      sleep 20\n    timeout: 60\n",
+    )
+    .await;
+    let client = lab.client("carol").await;
+    let _exporter = lab.run_exporter(&cfg, "hk3.log");
+    lab.wait_status("hk3", ExporterStatusValue::Available).await;
+    let child = shell(
+        &lab,
+        &client,
+        &["-l", "hooks=hk3", "--duration", "5s"],
+        "echo ran",
+    );
+    let (code, stdout, stderr) = finish(child).await;
+    assert_eq!(code, 0, "{stdout}{stderr}\n{}", lab.log("hk3.log"));
+    assert!(!stdout.contains("ran"), "{stdout}");
+    assert!(!stderr.contains("Error"), "{stderr}");
+    assert!(stderr.contains("[beforeLease] slow"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn distributed_after_lease_exit_failure_is_reported_and_stops_the_exporter() {
+    let lab = lab().await;
+    let cfg = lab_exporter(
+        &lab,
+        "hk4",
+        "  afterLease:\n    script: |\n      echo cleanup broke\n      exit 5\n    onFailure: exit\n",
+    )
+    .await;
+    let client = lab.client("dave").await;
+    let mut exporter = lab.run_exporter(&cfg, "hk4.log");
+    lab.wait_status("hk4", ExporterStatusValue::Available).await;
+    let child = shell(&lab, &client, &["-l", "hooks=hk4"], "echo ran");
+    let (code, stdout, stderr) = finish(child).await;
+    assert_eq!(code, 1, "{stdout}{stderr}\n{}", lab.log("hk4.log"));
+    // The command ran; the afterLease output and the one-line reason follow it.
+    assert!(stdout.contains("ran"), "{stdout}");
+    assert!(stderr.contains("[afterLease] cleanup broke"), "{stderr}");
+    assert!(
+        stderr.contains(
+            "Error: afterLease hook failed (on_failure=exit, shutting down): Hook failed with exit code 5"
+        ),
+        "{stderr}"
+    );
+    // The exporter goes away with exit code 1, offline.
+    let status = tokio::time::timeout(Duration::from_secs(30), exporter.wait())
+        .await
+        .expect("the exporter did not stop")
+        .unwrap();
+    assert_eq!(status.code(), Some(1), "{}", lab.log("hk4.log"));
+    lab.wait_status("hk4", ExporterStatusValue::Offline).await;
+}
+
+#[test]
+fn failure_detection_ends_jmp_run_after_rapid_controller_failures() {
+    let s = Scratch::new();
+    s.write(
+        "exporter.yaml",
+        &(crate::MOCK_CONFIG
+            .replace("endpoint: \"\"", "endpoint: \"127.0.0.1:1\"")
+            .replace("token: \"\"", "token: \"t\"")
+            + "failureDetection:\n  maxRapidFailures: 1\n  rapidFailureWindow: 30\n"),
+    );
+    // 1 x 6 attempts against a closed port: about 8-15 s of backoff.
+    let mut child = s
+        .cmd(JMP)
+        .args(["run", "--exporter-config"])
+        .arg(s.path("exporter.yaml"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut code = None;
+    for _ in 0..600 {
+        if let Some(status) = child.try_wait().unwrap() {
+            code = status.code();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = child.kill();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("6 connection attempts in a row failed within 30s each (failureDetection"),
+        "{stderr}"
+    );
+}

@@ -1,0 +1,366 @@
+//! One lease's hooks and the statuses around them, as upstream 0.9.0 orders them:
+//!
+//! - lease assigned: `BEFORE_LEASE_HOOK` ("Running beforeLease hook"); driver calls of
+//!   clients wait; the hook's own `j` reaches the drivers on a dedicated Unix socket; then
+//!   `LEASE_READY` ("Ready for commands", or `[HOOK_WARNING] beforeLease hook warning: ...`
+//!   after a failure with `onFailure: warn`), or `BEFORE_LEASE_HOOK_FAILED` (`endLease`,
+//!   `exit`: the afterLease hook will not run);
+//! - session ended (`EndSession`) or lease ended: `AFTER_LEASE_HOOK` ("Running afterLease
+//!   hooks"), then `AVAILABLE` ("Available for new lease", or a hook warning), or
+//!   `AFTER_LEASE_HOOK_FAILED`.
+//!
+//! With `exit`, the controller is also told `OFFLINE` at once (the client keeps seeing the
+//! `*_FAILED` status), and the caller shuts the exporter down once the lease is released.
+
+use std::{path::PathBuf, sync::Arc, time::Duration};
+
+use futures::future::BoxFuture;
+use jumpstarter_proto::v1::ExporterStatus;
+use tokio::sync::{OnceCell, watch};
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    HOOK_WARNING_PREFIX, HookKind, LeaseHooks, OnFailure,
+    process::{self, HookEnv},
+};
+use crate::{DriverNode, Session, server as serve};
+
+/// Where status changes go besides the session (the controller, in controller mode).
+pub trait StatusSink: Send + Sync {
+    /// Reports `status` with `message`; must not fail (log instead).
+    fn report<'a>(&'a self, status: ExporterStatus, message: &'a str) -> BoxFuture<'a, ()>;
+}
+
+/// A sink for exporters without a controller (standalone): statuses stay in the session.
+pub struct NoController;
+
+impl StatusSink for NoController {
+    fn report<'a>(&'a self, _: ExporterStatus, _: &'a str) -> BoxFuture<'a, ()> {
+        Box::pin(async {})
+    }
+}
+
+/// What the lease should do after a hook.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Go on (the hook succeeded, or failed with `warn`).
+    Proceed,
+    /// End the lease (`onFailure: endLease`).
+    EndLease,
+    /// End the lease and shut the exporter down with exit code 1 (`onFailure: exit`).
+    Exit,
+}
+
+/// A hook socket that could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum HookSocketError {
+    /// Its private directory could not be created.
+    #[error("cannot create the hook socket's directory {dir}")]
+    Dir {
+        /// The directory.
+        dir: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The socket could not be served.
+    #[error("cannot serve the hook socket in {dir}")]
+    Serve {
+        /// The directory.
+        dir: PathBuf,
+        /// Why.
+        #[source]
+        source: crate::CoreError,
+    },
+}
+
+/// The hooks of one lease: the dedicated socket their `j` uses, and each hook's run.
+pub struct LeaseHookRun {
+    hooks: Arc<LeaseHooks>,
+    session: Arc<Session>,
+    env: HookEnv,
+    dir: PathBuf,
+    stop: CancellationToken,
+    before_done: watch::Sender<bool>,
+    after: OnceCell<Verdict>,
+    skip_after: std::sync::atomic::AtomicBool,
+    lease_ended: std::sync::atomic::AtomicBool,
+    exiting: std::sync::atomic::AtomicBool,
+}
+
+impl LeaseHookRun {
+    /// Prepares the hooks of lease `lease_name` (held by `client_name`) over `session`:
+    /// serves the same drivers (`tree`) on a private Unix socket for the hooks' `j`.
+    pub fn start(
+        hooks: Arc<LeaseHooks>,
+        tree: DriverNode,
+        session: Arc<Session>,
+        lease_name: &str,
+        client_name: &str,
+    ) -> Result<Arc<Self>, HookSocketError> {
+        let base = std::env::var_os("XDG_RUNTIME_DIR")
+            .filter(|d| !d.is_empty() && std::path::Path::new(d).is_dir())
+            .map(PathBuf::from)
+            .unwrap_or_else(std::env::temp_dir);
+        let dir = base.join(format!(
+            "jumpstarter-hook-{}",
+            uuid::Uuid::new_v4().simple()
+        ));
+        {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new()
+                .mode(0o700)
+                .create(&dir)
+                .map_err(|source| HookSocketError::Dir {
+                    dir: dir.clone(),
+                    source,
+                })?;
+        }
+        let socket = serve::local_socket_path(&dir);
+        // A session of its own over the same driver instances: always ready for the hook,
+        // whatever the clients' session says.
+        let hook_session = Session::new_ready(tree, session.labels().clone());
+        let stop = CancellationToken::new();
+        let server = serve::serve_unix(hook_session, &socket, stop.clone().cancelled_owned())
+            .map_err(|source| HookSocketError::Serve {
+                dir: dir.clone(),
+                source,
+            })?;
+        tokio::spawn(async move {
+            if let Err(e) = server.await {
+                tracing::warn!("hook socket: {e}");
+            }
+        });
+        Ok(Arc::new(Self {
+            hooks,
+            session,
+            env: HookEnv {
+                lease_name: lease_name.to_string(),
+                client_name: client_name.to_string(),
+                socket,
+            },
+            dir,
+            stop,
+            before_done: watch::channel(false).0,
+            after: OnceCell::new(),
+            skip_after: std::sync::atomic::AtomicBool::new(false),
+            lease_ended: std::sync::atomic::AtomicBool::new(false),
+            exiting: std::sync::atomic::AtomicBool::new(false),
+        }))
+    }
+
+    /// Whether a beforeLease hook is configured (clients must wait for it).
+    pub fn has_before(&self) -> bool {
+        self.hooks.before.is_some()
+    }
+
+    /// The lease ended (the controller says so): a beforeLease hook still running finishes,
+    /// but `LEASE_READY` is no longer reported after it.
+    pub fn mark_lease_ended(&self) {
+        self.lease_ended
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether a hook failed with `onFailure: exit`.
+    pub fn exiting(&self) -> bool {
+        self.exiting.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    async fn set(&self, sink: &dyn StatusSink, status: ExporterStatus, message: &str) {
+        self.session.set_status(status, Some(message.to_string()));
+        sink.report(status, message).await;
+    }
+
+    fn log(&self, kind: HookKind, severity: &str, message: String) {
+        self.session
+            .hook_log(kind.log_source(), severity, message.clone());
+        match severity {
+            "ERROR" => tracing::error!("{} hook: {message}", kind.key()),
+            _ => tracing::warn!("{} hook: {message}", kind.key()),
+        }
+    }
+
+    /// Runs the beforeLease hook (if any) and reports the statuses around it; ends in
+    /// `LEASE_READY` unless the hook failed with `endLease` / `exit`.
+    pub async fn before_lease(&self, sink: &dyn StatusSink) -> Verdict {
+        let verdict = self.before_lease_inner(sink).await;
+        self.before_done.send_replace(true);
+        verdict
+    }
+
+    async fn before_lease_inner(&self, sink: &dyn StatusSink) -> Verdict {
+        let kind = HookKind::BeforeLease;
+        let Some(spec) = self.hooks.before.clone() else {
+            self.set(sink, ExporterStatus::LeaseReady, "Ready for commands")
+                .await;
+            return Verdict::Proceed;
+        };
+        self.session.block_driver_calls(true);
+        self.set(sink, kind.running(), "Running beforeLease hook")
+            .await;
+        tracing::info!(
+            "Executing before-lease hook for lease {}",
+            self.env.lease_name
+        );
+        let result = process::run(&spec, kind, &self.env, &self.session).await;
+        self.session.block_driver_calls(false);
+        let ended = self.lease_ended.load(std::sync::atomic::Ordering::SeqCst);
+        let msg = match result {
+            Ok(()) if ended => {
+                tracing::info!(
+                    "Lease {} ended during beforeLease hook, skipping LEASE_READY transition",
+                    self.env.lease_name
+                );
+                return Verdict::Proceed;
+            }
+            Ok(()) => {
+                self.set(sink, ExporterStatus::LeaseReady, "Ready for commands")
+                    .await;
+                return Verdict::Proceed;
+            }
+            Err(msg) => msg,
+        };
+        match spec.on_failure {
+            OnFailure::Warn if ended => {
+                self.log(
+                    kind,
+                    "WARNING",
+                    format!("{msg} (on_failure=warn, continuing)"),
+                );
+                Verdict::Proceed
+            }
+            OnFailure::Warn => {
+                self.log(
+                    kind,
+                    "WARNING",
+                    format!("{msg} (on_failure=warn, continuing)"),
+                );
+                let status = format!("{HOOK_WARNING_PREFIX}beforeLease hook warning: {msg}");
+                self.set(sink, ExporterStatus::LeaseReady, &status).await;
+                Verdict::Proceed
+            }
+            OnFailure::EndLease => {
+                self.log(kind, "ERROR", format!("{msg} (on_failure=endLease)"));
+                self.skip_after();
+                let status = format!("beforeLease hook failed (on_failure=endLease): {msg}");
+                self.set(sink, kind.failed(), &status).await;
+                Verdict::EndLease
+            }
+            OnFailure::Exit => {
+                self.log(kind, "ERROR", format!("{msg} (on_failure=exit)"));
+                self.skip_after();
+                self.exiting
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
+                let status =
+                    format!("beforeLease hook failed (on_failure=exit, shutting down): {msg}");
+                self.set(sink, kind.failed(), &status).await;
+                sink.report(
+                    ExporterStatus::Offline,
+                    "Exporter shutting down due to beforeLease hook failure",
+                )
+                .await;
+                Verdict::Exit
+            }
+        }
+    }
+
+    /// The afterLease hook will not run (the beforeLease hook failed with `endLease`/`exit`).
+    pub fn skip_after(&self) {
+        self.skip_after
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Runs the afterLease hook once (later calls wait for the first one's verdict), after
+    /// a beforeLease hook still running has ended; ends in `AVAILABLE` unless the hook failed
+    /// with `endLease` / `exit`.
+    pub async fn after_lease(&self, sink: &dyn StatusSink) -> Verdict {
+        *self
+            .after
+            .get_or_init(|| async {
+                // The beforeLease hook finishes first (bounded, as upstream: its timeout
+                // plus 30 s).
+                let bound = self
+                    .hooks
+                    .before
+                    .as_ref()
+                    .map(|b| b.timeout + Duration::from_secs(30))
+                    .unwrap_or(Duration::from_secs(15));
+                let mut done = self.before_done.subscribe();
+                let _ = tokio::time::timeout(bound, done.wait_for(|d| *d)).await;
+                self.after_lease_inner(sink).await
+            })
+            .await
+    }
+
+    async fn after_lease_inner(&self, sink: &dyn StatusSink) -> Verdict {
+        let kind = HookKind::AfterLease;
+        let skip = self.skip_after.load(std::sync::atomic::Ordering::SeqCst);
+        let spec = match self.hooks.after.clone() {
+            Some(spec) if !skip => spec,
+            _ => {
+                if skip {
+                    tracing::info!("Skipping afterLease hook: beforeLease hook failed");
+                }
+                // An exporter shutting down does not say AVAILABLE first.
+                if !self.exiting() {
+                    self.set(sink, ExporterStatus::Available, "Available for new lease")
+                        .await;
+                }
+                return Verdict::Proceed;
+            }
+        };
+        self.set(sink, kind.running(), "Running afterLease hooks")
+            .await;
+        tracing::info!(
+            "Executing after-lease hook for lease {}",
+            self.env.lease_name
+        );
+        let msg = match process::run(&spec, kind, &self.env, &self.session).await {
+            Ok(()) => {
+                self.set(sink, ExporterStatus::Available, "Available for new lease")
+                    .await;
+                return Verdict::Proceed;
+            }
+            Err(msg) => msg,
+        };
+        match spec.on_failure {
+            OnFailure::Warn => {
+                self.log(
+                    kind,
+                    "WARNING",
+                    format!("{msg} (on_failure=warn, continuing)"),
+                );
+                let status = format!("{HOOK_WARNING_PREFIX}afterLease hook warning: {msg}");
+                self.set(sink, ExporterStatus::Available, &status).await;
+                Verdict::Proceed
+            }
+            OnFailure::EndLease => {
+                self.log(kind, "ERROR", format!("{msg} (on_failure=endLease)"));
+                let status = format!("afterLease hook failed (on_failure=endLease): {msg}");
+                self.set(sink, kind.failed(), &status).await;
+                Verdict::EndLease
+            }
+            OnFailure::Exit => {
+                self.log(kind, "ERROR", format!("{msg} (on_failure=exit)"));
+                self.exiting
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
+                let status =
+                    format!("afterLease hook failed (on_failure=exit, shutting down): {msg}");
+                self.set(sink, kind.failed(), &status).await;
+                sink.report(
+                    ExporterStatus::Offline,
+                    "Exporter shutting down due to afterLease hook failure",
+                )
+                .await;
+                Verdict::Exit
+            }
+        }
+    }
+}
+
+impl Drop for LeaseHookRun {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

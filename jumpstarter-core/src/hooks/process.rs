@@ -1,0 +1,290 @@
+//! Runs one hook process, as upstream 0.9.0 does: in a PTY (so its output is line-buffered),
+//! with upstream's environment, its output line by line to the session's `LogStream`.
+//!
+//! **No hook child outlives the exporter.** The hook starts in a process group of its own.
+//! On timeout the group gets `SIGTERM`, then `SIGKILL` 5 s later; when the run is dropped
+//! (the exporter stops, the lease task is cancelled) the group gets `SIGKILL`. Against a
+//! `SIGKILL` of the exporter itself, each hook has a *watcher*: a tiny `/bin/sh` in its own
+//! process group that blocks reading a pipe whose only writer is the exporter; when the
+//! exporter dies the kernel closes the pipe, the read returns and the watcher kills the hook's
+//! group. (A parent-death signal, `PR_SET_PDEATHSIG`, would need `unsafe` code between fork
+//! and exec, which this workspace forbids, and would reach only the direct child.) When the
+//! hook ends by itself the watcher is stopped first, so what the hook left running in the
+//! background keeps running, as upstream.
+
+use std::{
+    io,
+    os::fd::{AsFd, OwnedFd},
+    path::PathBuf,
+    process::Stdio,
+    sync::Arc,
+    time::Duration,
+};
+
+use rustix::{
+    fs::OFlags,
+    process::{Pid, Signal},
+    pty::OpenptFlags,
+};
+use tokio::io::unix::AsyncFd;
+
+use super::{HookKind, HookSpec};
+use crate::Session;
+
+/// How long a timed-out hook gets between `SIGTERM` and `SIGKILL`.
+const TERM_GRACE: Duration = Duration::from_secs(5);
+/// How long the output of an ended hook is still read (a background child may hold the PTY).
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+/// The longest line passed on; longer output is cut into lines of this size.
+const MAX_LINE: usize = 64 * 1024;
+
+/// Who the hook runs for, and where its `j` reaches the session.
+#[derive(Debug, Clone)]
+pub struct HookEnv {
+    /// `LEASE_NAME`.
+    pub lease_name: String,
+    /// `CLIENT_NAME`.
+    pub client_name: String,
+    /// `JUMPSTARTER_HOST`: the dedicated Unix socket serving the session to the hook.
+    pub socket: PathBuf,
+}
+
+impl HookEnv {
+    /// The variables set for the hook (on top of the exporter's environment; `PS1` is
+    /// removed), as upstream.
+    pub fn vars(&self) -> Vec<(&'static str, String)> {
+        vec![
+            (
+                "JUMPSTARTER_HOST",
+                self.socket.to_string_lossy().into_owned(),
+            ),
+            ("JMP_DRIVERS_ALLOW", "UNSAFE".into()),
+            ("LEASE_NAME", self.lease_name.clone()),
+            ("CLIENT_NAME", self.client_name.clone()),
+            ("TERM", "dumb".into()),
+            ("DEBIAN_FRONTEND", "noninteractive".into()),
+            ("GIT_TERMINAL_PROMPT", "0".into()),
+        ]
+    }
+}
+
+/// Runs `spec` for `kind`; its output goes to `session`'s `LogStream` (and the exporter's
+/// log). `Err` carries upstream's failure message (`Hook failed with exit code N`,
+/// `Hook timed out after N seconds`, `Error executing hook: ...`).
+pub async fn run(
+    spec: &HookSpec,
+    kind: HookKind,
+    env: &HookEnv,
+    session: &Arc<Session>,
+) -> Result<(), String> {
+    if spec.script.trim().is_empty() {
+        tracing::debug!("{} hook script is empty; skipped", kind.key());
+        return Ok(());
+    }
+    let argv = spec.command_line();
+    let (master, mut child) =
+        spawn(&argv, env).map_err(|e| format!("Error executing hook: {}: {e}", argv[0]))?;
+    let Some(pid) = child.id().and_then(|id| Pid::from_raw(id as i32)) else {
+        return Err("Error executing hook: the hook process vanished at once".into());
+    };
+    let mut group = GroupGuard::new(pid);
+    let reader = tokio::spawn(forward_output(master, Arc::clone(session), kind));
+    let result = match tokio::time::timeout(spec.timeout, child.wait()).await {
+        Ok(Ok(status)) => {
+            group.disarm().await;
+            exit_result(status)
+        }
+        Ok(Err(e)) => Err(format!("Error executing hook: {e}")),
+        Err(_) => {
+            let msg = format!("Hook timed out after {} seconds", spec.timeout.as_secs());
+            tracing::error!("{} hook: {msg}", kind.key());
+            group.signal(Signal::TERM);
+            if tokio::time::timeout(TERM_GRACE, child.wait())
+                .await
+                .is_err()
+            {
+                group.signal(Signal::KILL);
+                let _ = child.wait().await;
+            }
+            Err(msg)
+        }
+    };
+    let mut reader = reader;
+    if tokio::time::timeout(DRAIN_TIMEOUT, &mut reader)
+        .await
+        .is_err()
+    {
+        reader.abort();
+    }
+    result
+}
+
+fn exit_result(status: std::process::ExitStatus) -> Result<(), String> {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(0), _) => Ok(()),
+        (Some(c), _) => Err(format!("Hook failed with exit code {c}")),
+        // Python's subprocess reports -N for a death by signal N.
+        (None, Some(sig)) => Err(format!("Hook failed with exit code -{sig}")),
+        (None, None) => Err("Hook failed".into()),
+    }
+}
+
+/// Opens a PTY and starts the hook on its slave side, in a new process group.
+fn spawn(argv: &[String], env: &HookEnv) -> io::Result<(OwnedFd, tokio::process::Child)> {
+    // Close-on-exec: later children of the exporter do not inherit the master.
+    let master =
+        rustix::pty::openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC)?;
+    rustix::pty::grantpt(&master)?;
+    rustix::pty::unlockpt(&master)?;
+    let name = rustix::pty::ptsname(&master, Vec::new())?;
+    let slave_path = PathBuf::from(
+        <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(name.as_bytes()),
+    );
+    let child = {
+        use std::os::unix::fs::OpenOptionsExt;
+        let slave: OwnedFd = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(OFlags::NOCTTY.bits() as i32)
+            .open(&slave_path)?
+            .into();
+        let mut cmd = tokio::process::Command::new(&argv[0]);
+        cmd.args(&argv[1..])
+            .envs(env.vars())
+            .env_remove("PS1")
+            .stdin(Stdio::from(slave.try_clone()?))
+            .stdout(Stdio::from(slave.try_clone()?))
+            .stderr(Stdio::from(slave))
+            .process_group(0)
+            .kill_on_drop(true);
+        cmd.spawn()?
+        // `cmd` (and with it the parent's copies of the slave) is dropped here, so the
+        // master reads EOF/EIO once the hook and its children have closed the PTY.
+    };
+    // The master is read on the runtime: non-blocking.
+    let flags = rustix::fs::fcntl_getfl(&master)?;
+    rustix::fs::fcntl_setfl(&master, flags | OFlags::NONBLOCK)?;
+    Ok((master, child))
+}
+
+/// Reads the PTY master until EOF, passing each non-empty line to the session's `LogStream`
+/// and the exporter's log.
+async fn forward_output(master: OwnedFd, session: Arc<Session>, kind: HookKind) {
+    // `AsyncFd::new` is deprecated for fds it does not own; here it owns the `OwnedFd` for
+    // the whole registration, which is what I/O safety asks (the safe-by-construction
+    // alternative, `register`, is `unsafe`).
+    #[allow(deprecated)]
+    let master = AsyncFd::new(master);
+    let master = match master {
+        Ok(m) => m,
+        Err(e) => {
+            tracing::warn!("{} hook: cannot read its output: {e}", kind.key());
+            return;
+        }
+    };
+    let mut pending: Vec<u8> = Vec::new();
+    let mut buf = vec![0u8; 4096];
+    let emit = |line: &[u8]| {
+        let text = String::from_utf8_lossy(line);
+        let text = text.trim_end();
+        if !text.is_empty() {
+            tracing::info!(target: "hook", "[{}] {text}", kind.key());
+            session.hook_log(kind.log_source(), "INFO", text.to_string());
+        }
+    };
+    loop {
+        let Ok(mut ready) = master.readable().await else {
+            break;
+        };
+        match ready.try_io(|fd| {
+            rustix::io::read(fd.get_ref().as_fd(), &mut buf[..]).map_err(io::Error::from)
+        }) {
+            Ok(Ok(0)) | Ok(Err(_)) => break, // EOF, or EIO once every slave fd is closed
+            Ok(Ok(n)) => {
+                pending.extend_from_slice(&buf[..n]);
+                while let Some(i) = pending.iter().position(|b| *b == b'\n') {
+                    let line: Vec<u8> = pending.drain(..=i).collect();
+                    emit(&line);
+                }
+                if pending.len() >= MAX_LINE {
+                    emit(&pending);
+                    pending.clear();
+                }
+            }
+            Err(_would_block) => continue,
+        }
+    }
+    emit(&pending);
+}
+
+/// Kills the hook's process group when dropped (and, through its watcher, when the exporter
+/// dies).
+struct GroupGuard {
+    pgid: Pid,
+    watcher: Option<(tokio::process::Child, std::io::PipeWriter)>,
+    armed: bool,
+}
+
+impl GroupGuard {
+    fn new(pgid: Pid) -> Self {
+        let watcher = match start_watcher(pgid) {
+            Ok(w) => Some(w),
+            Err(e) => {
+                tracing::warn!(
+                    "hook process group {}: no watcher ({e}); the hook may outlive a killed exporter",
+                    pgid.as_raw_nonzero()
+                );
+                None
+            }
+        };
+        Self {
+            pgid,
+            watcher,
+            armed: true,
+        }
+    }
+
+    fn signal(&self, sig: Signal) {
+        // The group may be gone already (ESRCH): nothing to do then.
+        let _ = rustix::process::kill_process_group(self.pgid, sig);
+    }
+
+    /// The hook ended by itself: stop the watcher without touching the group.
+    async fn disarm(&mut self) {
+        self.armed = false;
+        if let Some((mut child, writer)) = self.watcher.take() {
+            let _ = child.kill().await;
+            drop(writer);
+        }
+    }
+}
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        if self.armed {
+            self.signal(Signal::KILL);
+        }
+        // Dropping the writer makes an armed watcher kill the group too; a disarmed one is
+        // gone already.
+        self.watcher.take();
+    }
+}
+
+/// Starts the watcher of process group `pgid` (see the module docs).
+fn start_watcher(pgid: Pid) -> io::Result<(tokio::process::Child, std::io::PipeWriter)> {
+    let (reader, writer) = std::io::pipe()?;
+    let child = tokio::process::Command::new("/bin/sh")
+        .args([
+            "-c",
+            "read _ignored; kill -9 \"-$1\" 2>/dev/null",
+            "jumpstarter-hook-watcher",
+        ])
+        .arg(pgid.as_raw_nonzero().to_string())
+        .stdin(Stdio::from(reader))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()?;
+    Ok((child, writer))
+}
