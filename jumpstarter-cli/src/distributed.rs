@@ -226,7 +226,7 @@ pub async fn run_exporter(cfg: &ExporterConfig) -> Result<i32> {
         .build(cfg)
         .with_context(|| format!("exporter {}", cfg.metadata.name))?;
     let options = exporter::ExporterOptions::from_config(cfg)?;
-    exporter::run_with_options(target, tree, options, crate::jmp::shutdown_signal()).await?;
+    exporter::run_with_options(target, tree, options, crate::signals::shutdown_signal()).await?;
     Ok(0)
 }
 

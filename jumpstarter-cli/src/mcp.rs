@@ -85,7 +85,7 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
         lines,
         std::io::stdout(),
         args,
-        crate::jmp::shutdown_signal(),
+        crate::signals::shutdown_signal(),
     )
     .await
 }

@@ -24,6 +24,11 @@ pub async fn first_of(signals: &[libc::c_int]) -> libc::c_int {
     select_all(waits).await.0
 }
 
+/// Resolves on SIGINT or SIGTERM: what stops `jmp run` and `jmp mcp serve`.
+pub async fn shutdown_signal() {
+    first_of(&[libc::SIGINT, libc::SIGTERM]).await;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

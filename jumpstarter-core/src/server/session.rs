@@ -11,18 +11,18 @@ use std::{
 use futures::{Stream, StreamExt};
 use jumpstarter_proto::v1::{
     DriverCallRequest, DriverCallResponse, EndSessionRequest, EndSessionResponse, Endpoint,
-    ExporterStatus, GetReportResponse, GetStatusRequest, GetStatusResponse, LogSource,
-    LogStreamResponse, ResetRequest, ResetResponse, StreamRequest, StreamResponse,
-    StreamingDriverCallRequest, StreamingDriverCallResponse,
-    exporter_service_server::ExporterService,
+    ExporterStatus, GetReportResponse, GetStatusRequest, GetStatusResponse, LogStreamResponse,
+    ResetRequest, ResetResponse, StreamRequest, StreamResponse, StreamingDriverCallRequest,
+    StreamingDriverCallResponse, exporter_service_server::ExporterService,
 };
-use tokio::sync::{broadcast, watch};
+use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 use uuid::Uuid;
 
 use crate::{
     CallContext, Driver, DriverError,
     driver::DriverNode,
+    driver::LogSink,
     wire::{
         frames::{EndOfStream, splice, splice_with},
         resource::{ContentEncoding, ResourceRegistry, StreamRequestMetadata},
@@ -30,48 +30,8 @@ use crate::{
     },
 };
 
-/// How many log records a `LogStream` subscriber may lag behind before it skips some.
-const LOG_BUFFER: usize = 256;
-
 /// How long [`Session::close`] waits for one driver's [`Driver::session_end`].
 pub const SESSION_END_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// Where driver log records go: `tracing` (target `driver`) and the session's `LogStream`.
-#[derive(Clone)]
-pub struct LogSink {
-    tx: broadcast::Sender<LogStreamResponse>,
-}
-
-impl Default for LogSink {
-    fn default() -> Self {
-        Self {
-            tx: broadcast::channel(LOG_BUFFER).0,
-        }
-    }
-}
-
-impl LogSink {
-    /// Records one driver log line.
-    pub fn emit(&self, driver: &str, severity: &str, message: String) {
-        match severity {
-            "WARNING" | "ERROR" | "CRITICAL" => {
-                tracing::warn!(target: "driver", "[driver.{driver}] {message}")
-            }
-            "DEBUG" => tracing::debug!(target: "driver", "[driver.{driver}] {message}"),
-            _ => tracing::info!(target: "driver", "[driver.{driver}] {message}"),
-        }
-        let _ = self.tx.send(LogStreamResponse {
-            uuid: String::new(),
-            severity: severity.to_string(),
-            message,
-            source: Some(LogSource::Driver as i32),
-        });
-    }
-
-    fn subscribe(&self) -> broadcast::Receiver<LogStreamResponse> {
-        self.tx.subscribe()
-    }
-}
 
 /// The status an exporter reports through `GetStatus`.
 #[derive(Debug, Clone, PartialEq)]
