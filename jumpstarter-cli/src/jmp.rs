@@ -230,22 +230,10 @@ pub fn main() -> ExitCode {
     match rt.block_on(run(cli)) {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
         Err(e) => {
-            eprintln!("Error: {}", format_error(&e));
+            eprintln!("Error: {}", crate::output::format_error(&e));
             ExitCode::FAILURE
         }
     }
-}
-
-/// An error with its causes, on one line.
-pub fn format_error(e: &anyhow::Error) -> String {
-    let mut parts: Vec<String> = Vec::new();
-    for cause in e.chain() {
-        let text = cause.to_string();
-        if !parts.iter().any(|p| p.contains(&text)) {
-            parts.push(text);
-        }
-    }
-    parts.join(": ")
 }
 
 /// Runs a parsed command line; returns the exit code.

@@ -330,6 +330,18 @@ pub fn name_namespace(name: &str) -> Option<&str> {
         .flatten()
 }
 
+/// An error with its causes, on one line.
+pub fn format_error(e: &anyhow::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+    }
+    parts.join(": ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,8 +4,6 @@
 //! children, and drivers whose class we do not know get generic `call` / `stream-call`
 //! commands taking JSON arguments.
 
-use std::{future::Future, pin::Pin};
-
 use clap::{Arg, ArgAction, ArgMatches, Command};
 use futures::StreamExt;
 use jumpstarter_core::{
@@ -16,19 +14,7 @@ use jumpstarter_core::{
 
 use crate::{composite::COMPOSITE_CLIENT, power, storage};
 
-/// What a `j` command returns.
-pub type CliFuture = Pin<Box<dyn Future<Output = Result<(), ClientError>> + Send>>;
-
-/// The `j` subcommands of one driver client class.
-#[derive(Clone, Copy)]
-pub struct DriverCommand {
-    /// Default help text of the group (a config `description` overrides it).
-    pub about: &'static str,
-    /// Adds the driver's subcommands to its group.
-    pub build: fn(Command) -> Command,
-    /// Runs the chosen subcommand (`matches` are the group's).
-    pub run: fn(DriverClient, ArgMatches) -> CliFuture,
-}
+pub use crate::command::{CliFuture, DriverCommand};
 
 /// The commands for a client class, if we know it.
 pub fn command_for(client_class: &str) -> Option<DriverCommand> {

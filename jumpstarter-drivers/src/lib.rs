@@ -3,6 +3,7 @@
 //! configs work unchanged) to constructors.
 
 pub mod cli;
+mod command;
 pub mod composite;
 pub mod power;
 pub mod storage;

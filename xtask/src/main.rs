@@ -1,5 +1,6 @@
 //! Developer tasks: `cargo xtask ci | interop | bench`.
 
+mod arch;
 mod bench;
 mod bench_controller;
 mod bench_direct;
@@ -18,6 +19,7 @@ fn main() -> std::process::ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("ci") => ci(),
+        Some("arch") => arch::run(),
         Some("interop") => interop::run(args.get(1).map(String::as_str)),
         Some("bench") => bench(&args[1..]),
         // Hidden: the controller scale part of `bench` alone (`--quick`: 100 and 1,000).
@@ -37,6 +39,7 @@ fn main() -> std::process::ExitCode {
                 "usage: cargo xtask <task>\n\n\
                  tasks:\n  \
                  ci        fmt check, clippy and rustdoc -D warnings, all tests, interop checks (what CI runs)\n  \
+                 arch      no import cycles between a crate's files; the controller without compression crates\n  \
                  interop   [FILTER] upstream Python 0.9.0 tools against ours (builds a venv)\n  \
                  bench     [--quick] latency/throughput, ours vs upstream Python, in one run\n  \
                  crds      [--out DIR | --check DIR] our CRD YAML (stdout), written, or compared\n  \
@@ -108,6 +111,8 @@ fn bench(args: &[String]) -> Result<()> {
 fn ci() -> Result<()> {
     println!("== cargo fmt --check");
     cargo(&["fmt", "--all", "--", "--check"])?;
+    println!("== architecture (cargo xtask arch)");
+    arch::run()?;
     println!("== cargo clippy -D warnings");
     cargo(&[
         "clippy",

@@ -50,7 +50,7 @@ pub enum ToolError {
 
 impl From<anyhow::Error> for ToolError {
     fn from(e: anyhow::Error) -> Self {
-        ToolError::Failed(crate::jmp::format_error(&e))
+        ToolError::Failed(crate::output::format_error(&e))
     }
 }
 

@@ -210,7 +210,7 @@ impl Subject {
     }
 
     /// The username upstream's authorizer compares with: `prefix + subject`
-    /// (prefix [`INTERNAL_USERNAME_PREFIX`] by default).
+    /// (prefix `INTERNAL_USERNAME_PREFIX` of `jumpstarter_controller::auth` by default).
     pub fn username(&self, prefix: &str) -> String {
         format!("{prefix}{self}")
     }

@@ -29,7 +29,7 @@ use tonic::{
 
 use crate::{
     auth::{KIND_KEY, NAME_KEY, NAMESPACE_KEY},
-    client::{CallMetadata, ClientError, error_chain},
+    client::error::{ClientError, error_chain},
     config::{ClientConfig, ConfigError, TlsConfig, decode_ca},
 };
 
@@ -432,6 +432,39 @@ impl ServerCertVerifier for AnyServer {
         rustls::crypto::ring::default_provider()
             .signature_verification_algorithms
             .supported_schemes()
+    }
+}
+
+/// Adds per-call metadata (the passphrase) to every request.
+#[derive(Clone, Default)]
+pub struct CallMetadata {
+    entries: Arc<Vec<(&'static str, MetadataValue<tonic::metadata::Ascii>)>>,
+}
+
+/// Shows the keys only: the values include bearer tokens and passphrases.
+impl std::fmt::Debug for CallMetadata {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.entries.iter().map(|(k, _)| k))
+            .finish()
+    }
+}
+
+impl CallMetadata {
+    /// Metadata to add to every call.
+    pub fn new(entries: Vec<(&'static str, MetadataValue<tonic::metadata::Ascii>)>) -> Self {
+        Self {
+            entries: Arc::new(entries),
+        }
+    }
+}
+
+impl tonic::service::Interceptor for CallMetadata {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        for (k, v) in self.entries.iter() {
+            req.metadata_mut().insert(*k, v.clone());
+        }
+        Ok(req)
     }
 }
 

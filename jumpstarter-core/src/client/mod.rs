@@ -5,13 +5,15 @@
 
 pub mod channel;
 pub mod direct;
+mod error;
 pub mod grpc_options;
 pub mod lease;
 mod session;
 pub mod tunnel;
 
+pub use channel::CallMetadata;
+pub use error::{ClientError, error_chain};
 pub use session::{
-    CallMetadata, ClientError, ClientNode, ClientResource, ConnectOptions, DriverClient,
-    ExporterSession, IntoArgs, RouterStreamEnds, SessionChannel, Target, UploadSource,
-    connect_channel, error_chain,
+    ClientNode, ClientResource, ConnectOptions, DriverClient, ExporterSession, IntoArgs,
+    RouterStreamEnds, SessionChannel, Target, UploadSource, connect_channel,
 };

@@ -25,7 +25,7 @@ use serde::{Serialize, de::DeserializeOwned};
 use std::future::Future;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tonic::{
-    Request, Status,
+    Status,
     metadata::{MetadataMap, MetadataValue},
     service::interceptor::InterceptedService,
     transport::{Certificate, ClientTlsConfig, Endpoint, Uri},
@@ -33,7 +33,10 @@ use tonic::{
 
 use crate::{
     DriverError,
-    client::channel::GrpcChannel,
+    client::{
+        channel::{CallMetadata, GrpcChannel},
+        error::{ClientError, error_chain},
+    },
     driver::{CLIENT_LABEL, NAME_LABEL},
     server::{CONNECTION_WINDOW, PASSPHRASE_METADATA, STREAM_WINDOW},
     value::{self, Value},
@@ -46,69 +49,6 @@ use crate::{
         stream_rpc,
     },
 };
-
-/// Why a client operation failed.
-#[derive(Debug, thiserror::Error)]
-pub enum ClientError {
-    /// The exporter could not be reached.
-    #[error("cannot connect to {target}: {message}")]
-    Connect {
-        /// The address or socket path.
-        target: String,
-        /// Why.
-        message: String,
-    },
-    /// The exporter refused the passphrase.
-    #[error("Authentication failed: {0}")]
-    Authentication(String),
-    /// A driver call failed.
-    #[error("{driver}.{method}: {error}")]
-    Call {
-        /// The driver path (`power`).
-        driver: String,
-        /// The method.
-        method: String,
-        /// The error, mapped from the gRPC status.
-        error: DriverError,
-    },
-    /// An RPC other than a driver call failed.
-    #[error("{rpc} failed: {status}")]
-    Rpc {
-        /// The RPC.
-        rpc: &'static str,
-        /// The status.
-        status: Box<Status>,
-    },
-    /// No driver at that path in the exporter's tree.
-    #[error("no driver named {path:?} in this exporter (available: {available})")]
-    NoSuchDriver {
-        /// The requested path.
-        path: String,
-        /// The paths that exist.
-        available: String,
-    },
-    /// The exporter's report is inconsistent.
-    #[error("invalid report from exporter: {0}")]
-    Report(String),
-    /// A value could not be encoded or decoded.
-    #[error("{0}")]
-    Value(String),
-    /// Local I/O failed during a transfer.
-    #[error("{0}")]
-    Io(#[from] std::io::Error),
-}
-
-impl ClientError {
-    fn rpc(rpc: &'static str, status: Status) -> Self {
-        if status.code() == tonic::Code::Unauthenticated {
-            return ClientError::Authentication(status.message().to_string());
-        }
-        ClientError::Rpc {
-            rpc,
-            status: Box::new(status),
-        }
-    }
-}
 
 /// How to reach an exporter session.
 #[derive(Debug, Clone, PartialEq)]
@@ -159,39 +99,6 @@ impl ConnectOptions {
                 .filter(|p| !p.is_empty()),
             ca_pem: std::env::var_os("JMP_GRPC_CA").and_then(|p| std::fs::read(p).ok()),
         }
-    }
-}
-
-/// Adds per-call metadata (the passphrase) to every request.
-#[derive(Clone, Default)]
-pub struct CallMetadata {
-    entries: Arc<Vec<(&'static str, MetadataValue<tonic::metadata::Ascii>)>>,
-}
-
-/// Shows the keys only: the values include bearer tokens and passphrases.
-impl std::fmt::Debug for CallMetadata {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_list()
-            .entries(self.entries.iter().map(|(k, _)| k))
-            .finish()
-    }
-}
-
-impl CallMetadata {
-    /// Metadata to add to every call.
-    pub fn new(entries: Vec<(&'static str, MetadataValue<tonic::metadata::Ascii>)>) -> Self {
-        Self {
-            entries: Arc::new(entries),
-        }
-    }
-}
-
-impl tonic::service::Interceptor for CallMetadata {
-    fn call(&mut self, mut req: Request<()>) -> Result<Request<()>, Status> {
-        for (k, v) in self.entries.iter() {
-            req.metadata_mut().insert(*k, v.clone());
-        }
-        Ok(req)
     }
 }
 
@@ -266,27 +173,7 @@ pub async fn connect_channel(
         })?;
         entries.push((PASSPHRASE_METADATA, v));
     }
-    Ok(InterceptedService::new(
-        channel,
-        CallMetadata {
-            entries: Arc::new(entries),
-        },
-    ))
-}
-
-/// An error and its sources on one line (`a: b: c`), skipping repeats.
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut src = e.source();
-    while let Some(s) = src {
-        let text = s.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        src = s.source();
-    }
-    out
+    Ok(InterceptedService::new(channel, CallMetadata::new(entries)))
 }
 
 /// One driver as the client sees it (from `GetReport`).

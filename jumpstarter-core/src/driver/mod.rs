@@ -6,13 +6,15 @@
 //! `#[driver(client = "...")]` on an `impl` block and mark the callable methods, see
 //! [`macro@crate::driver`] and the crate's `examples/custom_driver`.
 
+mod error;
+mod log;
 mod model;
 mod registry;
 mod tree;
 pub mod value;
 
-pub use model::{
-    BoxDuplex, BoxFuture, CallContext, Driver, DriverError, Duplex, ValueStream, encode_stream,
-};
+pub use error::DriverError;
+pub use log::LogSink;
+pub use model::{BoxDuplex, BoxFuture, CallContext, Driver, Duplex, ValueStream, encode_stream};
 pub use registry::{COMPOSITE_TYPE, Constructor, DriverArgs, DriverRegistry};
 pub use tree::{CLIENT_LABEL, DriverNode, NAME_LABEL};

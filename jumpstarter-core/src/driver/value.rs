@@ -13,7 +13,7 @@ use prost_types::value::Kind;
 pub use prost_types::{ListValue, Struct, Value};
 use serde::{Serialize, de::DeserializeOwned};
 
-use crate::DriverError;
+use super::error::DriverError;
 
 /// Why a value could not be converted.
 #[derive(Debug, thiserror::Error)]

@@ -13,7 +13,5 @@ pub use serve::{
     CONNECTION_WINDOW, PASSPHRASE_METADATA, SHUTDOWN_GRACE, STREAM_WINDOW, ServeOptions,
     local_socket_path, nodelay_incoming, serve_tcp, serve_tunnels, serve_unix,
 };
-pub use session::{
-    LogSink, SESSION_END_TIMEOUT, Session, SessionService, StatusState, StreamService,
-};
+pub use session::{SESSION_END_TIMEOUT, Session, SessionService, StatusState, StreamService};
 pub use tunnel_conn::{TunnelConn, tunnel_conn};

@@ -7,7 +7,7 @@ use futures::{StreamExt, stream::BoxStream};
 use jumpstarter_core::{ClientError, client::DriverClient};
 
 use super::PowerReading;
-use crate::cli::{CliFuture, DriverCommand};
+use crate::command::{CliFuture, DriverCommand};
 
 /// Typed client for drivers reporting `jumpstarter_driver_power.client.PowerClient`.
 #[derive(Clone)]

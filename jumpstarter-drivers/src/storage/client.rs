@@ -19,7 +19,7 @@ use super::{
     progress::{Progress, ProgressWriter},
     write_target,
 };
-use crate::cli::{CliFuture, DriverCommand};
+use crate::command::{CliFuture, DriverCommand};
 
 fn io_err(what: &str, path: &Path, e: std::io::Error) -> ClientError {
     ClientError::Io(std::io::Error::new(
