@@ -14,6 +14,7 @@ pub mod login_service;
 pub mod metrics;
 pub mod objects;
 pub mod owner_refs;
+pub mod pid_lock;
 pub mod reconcile;
 pub mod scheduler;
 pub mod selector;

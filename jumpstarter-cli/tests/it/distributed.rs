@@ -206,7 +206,7 @@ impl Lab {
     }
 }
 
-async fn finish(child: Child) -> (i32, String, String) {
+pub(crate) async fn finish(child: Child) -> (i32, String, String) {
     let out = tokio::time::timeout(Duration::from_secs(90), child.wait_with_output())
         .await
         .expect("the process did not finish in time")
@@ -218,7 +218,7 @@ async fn finish(child: Child) -> (i32, String, String) {
     )
 }
 
-fn shell(lab: &Lab, client: &Path, args: &[&str], script: &str) -> Child {
+pub(crate) fn shell(lab: &Lab, client: &Path, args: &[&str], script: &str) -> Child {
     lab.cmd(JMP)
         .arg("shell")
         .arg("--client-config")

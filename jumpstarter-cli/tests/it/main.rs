@@ -7,6 +7,8 @@ mod direct_path;
 mod distributed;
 #[path = "../../../jumpstarter-controller/tests/it/fake_issuer.rs"]
 mod fake_issuer;
+mod first_hour;
+mod lease_end;
 mod local;
 mod login;
 mod mcp;
