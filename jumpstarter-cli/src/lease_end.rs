@@ -4,7 +4,7 @@
 
 use std::{convert::Infallible, path::Path, time::Duration};
 
-use jumpstarter_core::lease::{AcquiredLease, LeaseError};
+use jumpstarter_core::client::lease::{AcquiredLease, LeaseError};
 use jumpstarter_proto::client_v1::Lease;
 use tokio_util::sync::CancellationToken;
 
