@@ -9,8 +9,8 @@ use std::{
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use jumpstarter_core::config::{
-    API_VERSION, ClientConfig, DriversConfig, ExporterConfig, ObjectMeta, SYSTEM_EXPORTER_DIR,
-    TlsConfig, UserConfig, config_dir, exporter_config_path, write_private,
+    API_VERSION, ClientConfig, DriversConfig, EMPTY_EXPORT, ExporterConfig, ObjectMeta,
+    SYSTEM_EXPORTER_DIR, TlsConfig, UserConfig, config_dir, exporter_config_path, write_private,
 };
 use serde::Serialize;
 
@@ -417,7 +417,7 @@ fn exporter_create(a: CreateExporterArgs) -> Result<i32> {
     let text = format!(
         "apiVersion: {API_VERSION}\nkind: ExporterConfig\nmetadata:\n  namespace: {ns}\n  name: {name}\n\
          endpoint: {endpoint}\ntls:\n  ca: ''\n  insecure: {insecure}\ntoken: {token}\ngrpcOptions: {{}}\n\
-         description: null\nexport: {{}}\nhooks:\n  beforeLease: null\n  afterLease: null\n\
+         description: null\n{EMPTY_EXPORT}hooks:\n  beforeLease: null\n  afterLease: null\n\
          failureDetection:\n  maxRapidFailures: 5\n  rapidFailureWindow: 60\n",
         ns = yaml_str(a.namespace.as_deref().unwrap_or("default")),
         name = yaml_str(a.name.as_deref().unwrap_or(&alias)),
@@ -494,7 +494,7 @@ async fn exporter_edit(a: EditArgs) -> Result<i32> {
         eprintln!("No changes; {} is unchanged.", path.display());
         return Ok(0);
     }
-    if let Err(e) = ExporterConfig::parse(&edited, &path) {
+    if let Err(e) = check_exporter_config(&edited, &path) {
         // Keep the user's work: leave the draft in place and say where it is.
         let kept = draft
             .into_temp_path()
@@ -509,6 +509,15 @@ async fn exporter_edit(a: EditArgs) -> Result<i32> {
     write_private(&path, edited.as_bytes())?;
     eprintln!("Saved {}", path.display());
     Ok(0)
+}
+
+/// The check `jmp run` makes of an exporter config, with the same messages: it parses, and
+/// its drivers build (known types, valid `config:`). The drivers built are dropped at once.
+fn check_exporter_config(text: &str, path: &Path) -> Result<()> {
+    let mut cfg = ExporterConfig::parse(text, path)?;
+    cfg.path = Some(path.to_path_buf());
+    drop(jumpstarter_drivers::stock_registry().build(&cfg)?);
+    Ok(())
 }
 
 fn exporter_list(a: ListArgs) -> Result<i32> {

@@ -22,7 +22,7 @@ use jumpstarter_core::{
 };
 use tokio_util::sync::CancellationToken;
 
-use crate::{exporter, shell};
+use crate::{exporter, lease_end, shell};
 
 /// What `jmp shell` needs to lease an exporter.
 #[derive(Debug, Clone, Default)]
@@ -141,11 +141,16 @@ pub async fn shell(opts: ShellLease, command: &[String]) -> Result<i32> {
     // Only a lease this shell created is ended (`EndSession`) when the command exits, as
     // upstream: an existing lease stays ready for the next shell.
     let end_session = matches!(source, LeaseSource::Create(_));
-    let controller = ControllerClient::connect(&cfg).await?;
-    let mut lease = lease::acquire(&controller, source, timeout, |name, why| {
-        eprintln!("Waiting for lease {name}: {why}");
+    let controller = ControllerClient::connect(&cfg)
+        .await
+        .map_err(|e| crate::hints::controller_error(&cfg, e.into()))?;
+    let waiting = QuietWait::new(WAIT_NOTICE_DELAY);
+    let acquired = lease::acquire(&controller, source, timeout, |name, why| {
+        waiting.say(format!("Waiting for lease {name}: {why}"));
     })
-    .await?;
+    .await;
+    waiting.stop();
+    let mut lease = acquired?;
     lease.set_retry(RetryPolicy::new(retry).with_events(retry_events(retry)));
     tracing::info!(
         "lease {} acquired (exporter {})",
@@ -153,6 +158,7 @@ pub async fn shell(opts: ShellLease, command: &[String]) -> Result<i32> {
         lease.exporter
     );
 
+    let mut ended = false;
     let outcome = async {
         let dir = shell::private_dir()?;
         let socket = local_socket_path(dir.path());
@@ -184,6 +190,7 @@ pub async fn shell(opts: ShellLease, command: &[String]) -> Result<i32> {
             ),
             None => eprintln!("Connected to {} via router", lease.exporter),
         }
+        shell::connection_announced();
         let server = tokio::spawn(lease.serve_local_via(&socket, direct, cancel.clone())?);
         let mut env = shell::base_env(&socket.to_string_lossy());
         env.insert("JMP_DRIVERS_ALLOW".into(), drivers_allow(&cfg));
@@ -199,39 +206,168 @@ pub async fn shell(opts: ShellLease, command: &[String]) -> Result<i32> {
         .await?;
         let logs =
             crate::lifecycle::follow_logs(channel.clone(), shell::take_follow_exporter_logs());
-        let code = tokio::select! {
+        let mut server = Some(server);
+        let mut watch = RunWatch::default();
+        let (code, end) = tokio::select! {
             ready = crate::lifecycle::before_command(channel.clone()) => match ready {
                 Ok(None) => {
-                    // SIGTERM/SIGHUP end the shell but still release the lease below.
-                    let code = tokio::select! {
-                        code = shell::run_child(command, &env, &lease.exporter) => code,
-                        sig = terminated() => Ok(128 + sig),
-                    };
-                    if end_session {
+                    let (code, end) = run_until_end(
+                        &lease, command, &env, &socket, &cancel, &mut server, &mut watch,
+                    )
+                    .await;
+                    // EndSession (and the afterLease output) only while the lease lives.
+                    if end_session && end.is_none() {
                         match crate::lifecycle::after_command(channel).await {
-                            Ok(()) => code,
-                            Err(e) => Err(e),
+                            Ok(()) => (code, end),
+                            Err(e) => (Err(e), end),
                         }
                     } else {
-                        code
+                        (code, end)
                     }
                 }
-                Ok(Some(code)) => Ok(code),
-                Err(e) => Err(e),
+                Ok(Some(code)) => (Ok(code), None),
+                Err(e) => (Err(e), None),
             },
-            sig = terminated() => Ok(128 + sig),
+            sig = terminated() => (Ok(128 + sig), None),
         };
         crate::lifecycle::stop_logs(logs).await;
         cancel.cancel();
-        let _ = server.await;
+        if let Some(server) = server {
+            let _ = server.await;
+        }
+        watch.stop().await;
         drop(dir);
-        code
+        match end {
+            Some(end) => {
+                ended = true;
+                // The lease ended under the command: a code of its own, whatever the
+                // command's (docs/quickstart.md, "Exit codes").
+                let code = code?;
+                eprintln!(
+                    "Lease {} ended while the command ran ({}); exiting with {} (the \
+                     command's own exit code was {code})",
+                    lease.name,
+                    end.reason,
+                    lease_end::LEASE_ENDED_EXIT_CODE,
+                );
+                Ok(lease_end::LEASE_ENDED_EXIT_CODE)
+            }
+            None => code,
+        }
     }
     .await;
-    if let Err(e) = lease.release().await {
+    if !ended && let Err(e) = lease.release().await {
         eprintln!("Warning: could not release lease {}: {e}", lease.name);
     }
     outcome
+}
+
+/// Runs the command until it exits (or SIGTERM/SIGHUP, which still release the lease)
+/// while watching the lease: when it ends, says when and why, stops the tunnel `server` and
+/// answers the command's later calls with UNAVAILABLE "the lease ended". Returns the exit
+/// code and, when the lease ended first, its end.
+async fn run_until_end(
+    lease: &lease::AcquiredLease,
+    command: &[String],
+    env: &shell::ShellEnv,
+    socket: &std::path::Path,
+    cancel: &CancellationToken,
+    server: &mut Option<tokio::task::JoinHandle<()>>,
+    watch: &mut RunWatch,
+) -> (Result<i32>, Option<lease_end::LeaseEnd>) {
+    let child = shell::run_child(command, env, &lease.exporter);
+    let signal = terminated();
+    let ends = lease_end::watch(lease);
+    tokio::pin!(child, signal, ends);
+    let mut end = None;
+    let code = loop {
+        tokio::select! {
+            code = &mut child => break code,
+            sig = &mut signal => break Ok(128 + sig),
+            e = &mut ends, if end.is_none() => {
+                eprintln!("{}", e.message(&lease.name));
+                cancel.cancel();
+                if let Some(server) = server.take() {
+                    let _ = server.await;
+                }
+                let message = e.status_message(&lease.name);
+                let socket = socket.to_path_buf();
+                let stop = watch.stop_ended.clone();
+                watch.responder = Some(tokio::spawn(async move {
+                    lease_end::serve_ended(&socket, message, stop).await;
+                }));
+                end = Some(e);
+            }
+        }
+    };
+    (code, end)
+}
+
+/// What [`run_until_end`] leaves running once the lease ended: the responder that answers
+/// the command's later calls with "the lease ended".
+#[derive(Default)]
+struct RunWatch {
+    stop_ended: CancellationToken,
+    responder: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl RunWatch {
+    async fn stop(self) {
+        self.stop_ended.cancel();
+        if let Some(responder) = self.responder {
+            let _ = responder.await;
+        }
+    }
+}
+
+/// How long a lease may take before `jmp shell` says what it is waiting for: a free board
+/// is ready well within it, so a piped run says nothing.
+const WAIT_NOTICE_DELAY: Duration = Duration::from_secs(2);
+
+/// Waiting messages held back for a short delay: shown (the latest one) once the delay has
+/// passed, then as they come; never when the wait ends first.
+struct QuietWait {
+    started: std::time::Instant,
+    delay: Duration,
+    held: Arc<std::sync::Mutex<Option<String>>>,
+    timer: tokio::task::JoinHandle<()>,
+}
+
+impl QuietWait {
+    fn new(delay: Duration) -> Self {
+        let held = Arc::new(std::sync::Mutex::new(None::<String>));
+        let timer = tokio::spawn({
+            let held = held.clone();
+            async move {
+                tokio::time::sleep(delay).await;
+                if let Some(message) = held.lock().ok().and_then(|mut h| h.take()) {
+                    eprintln!("{message}");
+                }
+            }
+        });
+        Self {
+            started: std::time::Instant::now(),
+            delay,
+            held,
+            timer,
+        }
+    }
+
+    fn say(&self, message: String) {
+        if self.started.elapsed() >= self.delay {
+            // The timer may not have run yet: what it holds comes first.
+            if let Some(held) = self.held.lock().ok().and_then(|mut h| h.take()) {
+                eprintln!("{held}");
+            }
+            eprintln!("{message}");
+        } else if let Ok(mut h) = self.held.lock() {
+            *h = Some(message);
+        }
+    }
+
+    fn stop(self) {
+        self.timer.abort();
+    }
 }
 
 /// Resolves with the signal number on SIGTERM or SIGHUP.

@@ -2,10 +2,11 @@
 
 use std::process::ExitCode;
 
-use jumpstarter_core::client::{ConnectOptions, ExporterSession};
+use jumpstarter_core::client::{ClientError, ConnectOptions, ExporterSession};
 
 /// Entry point of the `j` binary.
 pub fn main() -> ExitCode {
+    crate::pipe::exit_quietly_on_closed_stdout();
     let Some(host) = std::env::var("JUMPSTARTER_HOST")
         .ok()
         .filter(|h| !h.is_empty())
@@ -29,7 +30,7 @@ pub fn main() -> ExitCode {
         let session = match ExporterSession::connect(&host, &ConnectOptions::from_env()).await {
             Ok(s) => s,
             Err(e) => {
-                eprintln!("Error: {e}");
+                eprintln!("Error: {}", describe(&e));
                 return ExitCode::FAILURE;
             }
         };
@@ -60,4 +61,53 @@ pub fn main() -> ExitCode {
     // keep j alive: give such threads a moment, then exit.
     rt.shutdown_timeout(std::time::Duration::from_secs(1));
     code
+}
+
+/// A client error for a person: an RPC's failure as `RPC: MESSAGE (gRPC code CODE)` (the
+/// code as gRPC names it: `UNAVAILABLE`), not the status's debug dump.
+pub fn describe(e: &ClientError) -> String {
+    match e {
+        ClientError::Rpc { rpc, status } => {
+            let message = match status.message() {
+                "" => "(no message)",
+                m => m,
+            };
+            format!("{rpc}: {message} (gRPC code {})", code_name(status.code()))
+        }
+        other => other.to_string(),
+    }
+}
+
+/// `Unavailable` → `UNAVAILABLE`, `FailedPrecondition` → `FAILED_PRECONDITION`.
+fn code_name(code: tonic::Code) -> String {
+    let mut name = String::new();
+    for (i, c) in format!("{code:?}").chars().enumerate() {
+        if c.is_ascii_uppercase() && i > 0 {
+            name.push('_');
+        }
+        name.push(c.to_ascii_uppercase());
+    }
+    name
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rpc_errors_name_the_grpc_code_as_grpc_does() {
+        let e = ClientError::Rpc {
+            rpc: "GetReport",
+            status: Box::new(tonic::Status::unavailable("the lease ended")),
+        };
+        assert_eq!(
+            describe(&e),
+            "GetReport: the lease ended (gRPC code UNAVAILABLE)"
+        );
+        assert_eq!(
+            code_name(tonic::Code::FailedPrecondition),
+            "FAILED_PRECONDITION"
+        );
+        assert_eq!(code_name(tonic::Code::Ok), "OK");
+    }
 }

@@ -84,16 +84,19 @@ enum CompletionShell {
     Fish,
 }
 
-/// Writes the completion script of `jmp` for `shell` to stdout.
-fn completion(shell: CompletionShell) -> i32 {
+/// Writes the completion script of `jmp` for `shell` to stdout (quietly stopping when stdout
+/// is closed: `jmp completion bash | head -1`).
+fn completion(shell: CompletionShell) -> Result<i32> {
     use clap::CommandFactory;
     let shell = match shell {
         CompletionShell::Bash => clap_complete::Shell::Bash,
         CompletionShell::Zsh => clap_complete::Shell::Zsh,
         CompletionShell::Fish => clap_complete::Shell::Fish,
     };
-    clap_complete::generate(shell, &mut Cli::command(), "jmp", &mut std::io::stdout());
-    0
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "jmp", &mut script);
+    crate::pipe::write_stdout(&script).context("cannot write the completion script")?;
+    Ok(0)
 }
 
 /// Which exporter config to use.
@@ -215,6 +218,7 @@ struct RunArgs {
 
 /// Entry point of the `jmp` binary.
 pub fn main() -> ExitCode {
+    crate::pipe::exit_quietly_on_closed_stdout();
     let cli = Cli::parse();
     crate::logging::init(cli.log_level.as_deref());
     let rt = match tokio::runtime::Builder::new_multi_thread()
@@ -253,7 +257,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
         Command::Driver(cmd) => crate::auth::driver(cmd),
         Command::Mcp(cmd) => crate::mcp::run(cmd).await,
         Command::Version(args) => crate::config_cmd::version(args),
-        Command::Completion { shell } => Ok(completion(shell)),
+        Command::Completion { shell } => completion(shell),
     }
 }
 
@@ -271,7 +275,9 @@ async fn shell(args: ShellArgs) -> Result<i32> {
             },
         };
         // Fail here, with one clear line, rather than in every command of the shell.
-        ExporterSession::connect(addr, &opts).await?;
+        ExporterSession::connect(addr, &opts)
+            .await
+            .map_err(|e| crate::hints::direct_error(addr, opts.insecure, e.into()))?;
         let mut env = shell::base_env(addr);
         if args.tls_grpc_insecure {
             env.insert("JMP_GRPC_INSECURE".into(), "1".into());

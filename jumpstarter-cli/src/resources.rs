@@ -71,7 +71,9 @@ impl ClientApi {
     /// Resolves the client config as upstream does and connects.
     pub async fn connect(select: &ClientSelect) -> Result<Self> {
         let cfg = ClientConfig::resolve(select.client_config.as_deref(), select.client.as_deref())?;
-        let channel = connect_client(&cfg).await?;
+        let channel = connect_client(&cfg)
+            .await
+            .map_err(|e| crate::hints::controller_error(&cfg, e.into()))?;
         Ok(Self {
             rpc: ClientServiceClient::new(channel),
             namespace: cfg
@@ -693,7 +695,10 @@ pub fn describe_client(v: &ClientView) -> String {
 // ---------------------------------------------------------------------------------------
 // Commands
 
-const OUTPUT_HELP: &str = "Output mode. Use \"-o name\" for shorter output (resource/name).";
+/// `-o` of the client's commands. Their `-o name` prints bare names, one per line, as
+/// upstream's does (its help says `resource/name`, which only `jmp admin` prints).
+const OUTPUT_HELP: &str =
+    "Output mode. Use \"-o name\" for shorter output (the names, one per line).";
 
 /// `jmp get`.
 #[derive(Subcommand, Debug)]
@@ -888,11 +893,15 @@ pub struct DeleteLeasesArgs {
     output: Option<String>,
 }
 
+/// What an empty table prints instead, as upstream (and kubectl).
+pub const NO_RESOURCES: &str = "No resources found.";
+
 fn parse_with(items: &[String]) -> Result<(bool, bool, bool)> {
     let (mut leases, mut online, mut status) = (false, false, false);
     for item in items {
+        // Case-insensitive, as upstream's (`--with Online,STATUS`).
         for w in item.split(',').map(str::trim).filter(|w| !w.is_empty()) {
-            match w {
+            match w.to_ascii_lowercase().as_str() {
                 "leases" | "lease" => leases = true,
                 "online" => online = true,
                 "status" => status = true,
@@ -973,6 +982,7 @@ async fn get_exporters(args: GetExportersArgs) -> Result<i32> {
                 println!("{}", v.name);
             }
         }
+        _ if views.is_empty() => println!("{NO_RESOURCES}"),
         _ => print!(
             "{}",
             exporters_table(
@@ -1087,6 +1097,10 @@ fn print_leases(mode: OutputMode, views: Vec<LeaseView>, now: Timestamp) -> Resu
             for v in &views {
                 println!("{}", v.name);
             }
+            Ok(())
+        }
+        _ if views.is_empty() => {
+            println!("{NO_RESOURCES}");
             Ok(())
         }
         _ => {
@@ -1582,5 +1596,10 @@ Refresh Token Stored:  no
             (true, true, true)
         );
         assert!(parse_with(&["bogus".into()]).is_err());
+        // Upstream lowercases and accepts repeats.
+        assert_eq!(
+            parse_with(&["Online, STATUS".into(), "online".into()]).unwrap(),
+            (false, true, true)
+        );
     }
 }

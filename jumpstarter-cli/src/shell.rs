@@ -23,6 +23,17 @@ use jumpstarter_proto::v1::{LogSource, exporter_service_client::ExporterServiceC
 /// Whether `run_child` also prints the exporter's log records (`jmp shell --exporter-logs`).
 static FOLLOW_EXPORTER_LOGS: AtomicBool = AtomicBool::new(false);
 
+/// Whether the caller already said where the shell is connected (`jmp shell` with a lease
+/// says "Connected to EXPORTER via router"), so that an interactive shell does not say it
+/// again.
+static CONNECTION_ANNOUNCED: AtomicBool = AtomicBool::new(false);
+
+/// Records that "Connected to ..." has been printed: `run_child` then only says how to
+/// leave an interactive shell.
+pub fn connection_announced() {
+    CONNECTION_ANNOUNCED.store(true, Ordering::Relaxed);
+}
+
 /// `jmp shell --exporter-logs`: while the command runs, print the exporter's log records
 /// (its `LogStream`) on stderr.
 pub fn follow_exporter_logs(on: bool) {
@@ -110,7 +121,11 @@ pub async fn run_child(command: &[String], env: &ShellEnv, context: &str) -> Res
                 c.env("PS1", format!("⚡{context} ➤ "));
             }
         }
-        eprintln!("Connected to {context}; type `exit` to leave.");
+        if CONNECTION_ANNOUNCED.load(Ordering::Relaxed) {
+            eprintln!("Type `exit` to leave.");
+        } else {
+            eprintln!("Connected to {context}; type `exit` to leave.");
+        }
         c
     };
     cmd.envs(env);

@@ -37,10 +37,12 @@ pub struct Args {
     /// Where the store, CA and keys live (default: the user's data directory + /jumpstarter).
     #[arg(long, env = "JUMPSTARTER_DATA_DIR", value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
-    /// gRPC listen address.
+    /// gRPC listen address (controller, client and admin APIs, over TLS). The default
+    /// listens on every network interface; `127.0.0.1:8082` keeps it to this machine.
     #[arg(long, default_value = "0.0.0.0:8082", env = "JUMPSTARTER_LISTEN")]
     pub listen: String,
-    /// In-process router listen address.
+    /// In-process router listen address (every network interface by default, like
+    /// `--listen`; exporters and clients must reach it).
     #[arg(
         long,
         default_value = "0.0.0.0:8083",
@@ -215,6 +217,8 @@ pub fn main() -> std::process::ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        // Colour only for a person at a terminal, not in a log file or a pipe.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
@@ -369,6 +373,9 @@ async fn serve<S: Store>(
         running.endpoint,
         config.data_dir.display()
     );
+    for line in serving_lines(running.addr, running.router_addr, running.metrics_addr) {
+        eprintln!("{line}");
+    }
     if let Some(a) = running.login_addr {
         eprintln!("Easy login served at https://{a}/v1/auth/config");
     }
@@ -384,9 +391,61 @@ async fn serve<S: Store>(
     code
 }
 
+/// What the controller serves where, for a person: each address, and whether it is open to
+/// the network (an unspecified address listens on every interface).
+fn serving_lines(
+    grpc: std::net::SocketAddr,
+    router: std::net::SocketAddr,
+    metrics: Option<std::net::SocketAddr>,
+) -> Vec<String> {
+    let reach = |a: std::net::SocketAddr, flag: &str| {
+        if a.ip().is_unspecified() {
+            format!(
+                "{a}: all network interfaces (`{flag} 127.0.0.1:{}` keeps it to this machine)",
+                a.port()
+            )
+        } else if a.ip().is_loopback() {
+            format!("{a}: this machine only")
+        } else {
+            a.to_string()
+        }
+    };
+    let mut lines = vec![
+        format!(
+            "Serving the controller (gRPC over TLS) on {}",
+            reach(grpc, "--listen")
+        ),
+        format!("Serving the router on {}", reach(router, "--router-listen")),
+    ];
+    if let Some(m) = metrics {
+        lines.push(format!(
+            "Serving metrics on http://{}",
+            reach(m, "--metrics-listen")
+        ));
+    }
+    lines
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_served_addresses_say_who_can_reach_them() {
+        let lines = serving_lines(
+            "0.0.0.0:8082".parse().unwrap(),
+            "127.0.0.1:8083".parse().unwrap(),
+            None,
+        );
+        assert_eq!(
+            lines,
+            [
+                "Serving the controller (gRPC over TLS) on 0.0.0.0:8082: all network interfaces \
+                 (`--listen 127.0.0.1:8082` keeps it to this machine)",
+                "Serving the router on 127.0.0.1:8083: this machine only",
+            ]
+        );
+    }
 
     fn parse(args: &[&str]) -> Result<Args, clap::Error> {
         Args::try_parse_from(std::iter::once("jumpstarter-controller").chain(args.iter().copied()))

@@ -34,6 +34,7 @@ mod leader;
 mod login_service;
 mod metrics;
 mod owner_refs;
+mod pid_lock;
 mod reconcile;
 mod scheduler;
 mod selector;

@@ -25,6 +25,7 @@ use crate::{
     admin_token::{ADMIN_TOKEN_FILE, AdminToken},
     auth::TokenIssuer,
     metrics::{RpcMetrics, RpcMetricsLayer},
+    pid_lock::{LockError, PidLock},
     service::{admin::AdminApi, client::ClientApi, controller::ControllerApi},
     state::{ControllerState, RouterEntry},
     store::{SqliteStore, Store},
@@ -183,6 +184,8 @@ pub struct RunningController<S: Store = SqliteStore> {
     /// The shared state (store, issuer...).
     pub state: Arc<ControllerState<S>>,
     health: tonic_health::server::HealthReporter,
+    /// The data directory's lock and the admin config's, held while it runs.
+    _locks: (PidLock, Option<PidLock>),
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -328,20 +331,58 @@ fn server_identity(
 
 /// Starts a controller (and its router) as configured, with the SQLite store of the data
 /// directory.
+/// One controller per data directory: a second one is refused, naming the PID of the first.
 pub async fn start(config: ControllerConfig) -> Result<RunningController, ServerError> {
     let dir = &config.data_dir;
     std::fs::create_dir_all(dir).map_err(|e| data_err(dir, e))?;
+    let lock = lock_data_dir(dir)?;
     let store = SqliteStore::open(dir.clone())
         .await
         .map_err(|e| data_err(dir, e))?;
-    start_with_store(config, store).await
+    start_locked(config, store, lock).await
 }
 
 /// Starts a controller (and its router) as configured, over `store` (e.g. a `KubeStore`);
-/// the CA and keys still come from the data directory.
+/// the CA and keys still come from the data directory, which is locked as in [`start`].
 pub async fn start_with_store<S: Store>(
     config: ControllerConfig,
     store: S,
+) -> Result<RunningController<S>, ServerError> {
+    let dir = &config.data_dir;
+    std::fs::create_dir_all(dir).map_err(|e| data_err(dir, e))?;
+    let lock = lock_data_dir(dir)?;
+    start_locked(config, store, lock).await
+}
+
+fn lock_data_dir(dir: &std::path::Path) -> Result<PidLock, ServerError> {
+    PidLock::data_dir(dir).map_err(|e| match e {
+        LockError::Held { .. } => {
+            ServerError::Other(format!("{e}: stop it, or give this one another --data-dir"))
+        }
+        LockError::Io { .. } => data_err(dir, e),
+    })
+}
+
+/// The admin config's lock, or `None` (with a warning) when another controller holds it:
+/// the admin config of a running controller is never rewritten.
+fn lock_admin_config(path: &std::path::Path) -> Result<Option<PidLock>, ServerError> {
+    match PidLock::admin_config(path) {
+        Ok(l) => Ok(Some(l)),
+        Err(e @ LockError::Held { .. }) => {
+            tracing::warn!(
+                "not writing the admin config: {e}; `jmp admin` keeps talking to that one \
+                 (give this one its own --admin-config PATH)"
+            );
+            Ok(None)
+        }
+        Err(e) => Err(data_err(path, e)),
+    }
+}
+
+async fn start_locked<S: Store>(
+    config: ControllerConfig,
+    store: S,
+    data_lock: PidLock,
 ) -> Result<RunningController<S>, ServerError> {
     let dir = &config.data_dir;
     let secrets = load_secrets(&config)?;
@@ -358,8 +399,14 @@ pub async fn start_with_store<S: Store>(
     let endpoint = format!("{}:{}", config.advertise_host, addr.port());
     let router_endpoint = format!("{}:{}", config.advertise_host, router_addr.port());
 
-    // Written before serving, so that whoever waits for the listener finds it complete.
-    if let Some(path) = &config.admin_config {
+    // Written before serving, so that whoever waits for the listener finds it complete;
+    // not when another running controller holds it.
+    let admin_lock = match &config.admin_config {
+        Some(path) => lock_admin_config(path)?,
+        None => None,
+    };
+    let admin_config = admin_lock.as_ref().and(config.admin_config.clone());
+    if let Some(path) = &admin_config {
         AdminConfig::new(
             endpoint.clone(),
             &secrets.ca_pem,
@@ -470,7 +517,8 @@ pub async fn start_with_store<S: Store>(
         metrics_addr,
         login_addr,
         admin_token: secrets.admin_token.as_str().to_string(),
-        admin_config: config.admin_config.clone(),
+        admin_config,
+        _locks: (data_lock, admin_lock),
         state,
         health,
         stop,

@@ -132,13 +132,13 @@ pub fn run(args: &[String]) -> Result<()> {
     let exporter = lab.admin_create("exporter", "bench-direct", &["-l", "board=direct"])?;
     let text = std::fs::read_to_string(&exporter)?;
     ensure!(
-        text.contains("\nexport: {}\n"),
+        text.contains("\nexport:\n"),
         "{} has no empty `export: {{}}`:\n{text}",
         exporter.display()
     );
     std::fs::write(
         &exporter,
-        text.replace("\nexport: {}\n", &format!("\n{EXPORT}")),
+        text.replace("\nexport:\n", &format!("\n{EXPORT}")),
     )?;
     let client = lab.admin_create("client", "bench-client", &["--unsafe"])?;
     // The image and the exporter's medium on tmpfs when there is room: the upload figures

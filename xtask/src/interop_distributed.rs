@@ -47,14 +47,11 @@ fn exporter_config(env: &Env, name: &str, board: &str) -> Result<PathBuf> {
     let path = admin_create(env, "exporter", name, &["-l", &format!("board={board}")])?;
     let text = std::fs::read_to_string(&path)?;
     ensure!(
-        text.contains("\nexport: {}\n"),
-        "{} has no empty `export: {{}}` to fill:\n{text}",
+        text.contains("\nexport:\n"),
+        "{} has no empty `export:` to fill:\n{text}",
         path.display()
     );
-    std::fs::write(
-        &path,
-        text.replace("\nexport: {}\n", &format!("\n{EXPORT}")),
-    )?;
+    std::fs::write(&path, text.replace("\nexport:\n", &format!("\n{EXPORT}")))?;
     Ok(path)
 }
 

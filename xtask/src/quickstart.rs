@@ -54,27 +54,103 @@ impl Lab {
         self.home.join("config").join("admin.yaml")
     }
 
-    /// Runs `jmp ARGS`, echoing the command and its output; fails on a non-zero exit.
-    fn jmp(&self, args: &[&str]) -> Result<String> {
-        println!("$ jmp {}", args.join(" "));
+    /// Runs `jmp ARGS` after echoing it as a person would type it; its stdout and stderr go
+    /// straight to ours, so they stay in order. Fails on a non-zero exit.
+    fn jmp(&self, args: &[&str]) -> Result<()> {
+        println!("$ {}", command_line("jmp", args));
         let mut cmd = self.command("jmp");
         cmd.args(args);
-        let out = run_cmd(cmd, Duration::from_secs(120))?;
-        print!("{}", out.stdout);
-        eprint!("{}", out.stderr);
-        if out.code != 0 {
-            bail!("jmp {} exited with {}", args.join(" "), out.code);
+        let code = run_inherited(cmd, Duration::from_secs(120))?;
+        if code != 0 {
+            bail!("{} exited with {code}", command_line("jmp", args));
         }
-        Ok(out.stdout)
+        Ok(())
     }
+}
+
+/// `PROGRAM ARGS...` with each word shell-quoted, ready to paste.
+fn command_line(program: &str, args: &[&str]) -> String {
+    std::iter::once(program)
+        .chain(args.iter().copied())
+        .map(shell_quote)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// `word` as a POSIX shell reads it back: as is when it has only safe characters, else in
+/// single quotes (a `'` inside as `'\''`).
+fn shell_quote(word: &str) -> String {
+    let safe = |c: char| c.is_ascii_alphanumeric() || "_@%+=:,./-".contains(c);
+    if !word.is_empty() && word.chars().all(safe) {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', "'\\''"))
+    }
+}
+
+/// Runs `cmd` with our stdout and stderr (so what it prints keeps its order); kills it
+/// after `timeout`. Returns its exit code (-1 when killed by a signal).
+fn run_inherited(mut cmd: Command, timeout: Duration) -> Result<i32> {
+    let mut child = cmd
+        .stdin(std::process::Stdio::null())
+        .spawn()
+        .with_context(|| format!("starting {cmd:?}"))?;
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(status.code().unwrap_or(-1));
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("{cmd:?} did not finish within {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A path as short as it can be written from the current directory.
+fn shown(path: &Path) -> String {
+    let cwd = std::env::current_dir().unwrap_or_default();
+    path.strip_prefix(&cwd)
+        .unwrap_or(path)
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// What to try after the quickstart: three commands, ready to paste.
+fn next_steps(bin: &str, exporter_config: &str) -> String {
+    let jmp = format!("{bin}/jmp");
+    let local = command_line(
+        &jmp,
+        &[
+            "shell",
+            "--exporter-config",
+            exporter_config,
+            "--",
+            "j",
+            "power",
+            "cycle",
+        ],
+    );
+    let interactive = command_line(&jmp, &["shell", "--exporter-config", exporter_config]);
+    let controller = command_line(&format!("{bin}/jumpstarter-controller"), &["--help"]);
+    format!(
+        "== next, try (the lab above is stopped; these need no controller):\n\
+         {local}\n    # local mode: the same mock board inside jmp, one command\n\
+         {interactive}\n    # an interactive shell on it; `j --help` lists its drivers\n\
+         {controller}\n    # then docs/quickstart.md, step 5, runs the whole lab by hand\n"
+    )
 }
 
 /// Runs the quickstart.
 pub fn run(_args: &[String]) -> Result<()> {
-    println!("== building jumpstarter-controller, jmp and j");
+    println!(
+        "== building jumpstarter-controller, jmp and j (a first build compiles about 450 \
+         crates: 10-15 minutes on 2 cores; later runs take seconds)"
+    );
     crate::cargo(&[
         "build",
-        "--quiet",
         "-p",
         "jumpstarter-controller",
         "-p",
@@ -96,15 +172,26 @@ pub fn run(_args: &[String]) -> Result<()> {
         lab.home.display()
     );
 
-    println!("$ jumpstarter-controller   (data dir, loopback ports and admin config of this lab)");
+    let data = lab.home.join("data").to_string_lossy().into_owned();
+    let admin = lab.admin_config().to_string_lossy().into_owned();
+    let controller_args = [
+        "--data-dir",
+        data.as_str(),
+        "--listen",
+        "127.0.0.1:0",
+        "--router-listen",
+        "127.0.0.1:0",
+        "--metrics-listen",
+        "off",
+        "--admin-config",
+        admin.as_str(),
+    ];
+    println!(
+        "$ {} &",
+        command_line("jumpstarter-controller", &controller_args)
+    );
     let mut controller = lab.command("jumpstarter-controller");
-    controller
-        .arg("--data-dir")
-        .arg(lab.home.join("data"))
-        .args(["--listen", "127.0.0.1:0", "--router-listen", "127.0.0.1:0"])
-        .args(["--metrics-listen", "off"])
-        .arg("--admin-config")
-        .arg(lab.admin_config());
+    controller.args(controller_args);
     let _controller = Background::start("jumpstarter-controller", controller)?;
     wait_path(&lab.admin_config(), Duration::from_secs(60))
         .context("the controller did not write its admin config")?;
@@ -124,7 +211,10 @@ pub fn run(_args: &[String]) -> Result<()> {
     add_drivers(&exporter_config)?;
     println!("(added mock power and storage to {exporter_config_str})");
 
-    println!("$ jmp run --exporter-config {exporter_config_str} &");
+    println!(
+        "$ {} &",
+        command_line("jmp", &["run", "--exporter-config", &exporter_config_str])
+    );
     let mut run = lab.command("jmp");
     run.args(["run", "--exporter-config", &exporter_config_str]);
     let mut exporter = Background::start("jmp run", run)?;
@@ -149,8 +239,8 @@ pub fn run(_args: &[String]) -> Result<()> {
     ];
     if std::io::stdin().is_terminal() && std::io::stdout().is_terminal() {
         println!(
-            "$ jmp {}   (try `j power on`, `j power read`, `j storage --help`; `exit` ends it)",
-            shell_args.join(" ")
+            "$ {}   # try `j power on`, `j power read`, `j storage --help`; `exit` ends it",
+            command_line("jmp", &shell_args)
         );
         let status = lab.command("jmp").args(shell_args).status()?;
         if !status.success() {
@@ -163,27 +253,23 @@ pub fn run(_args: &[String]) -> Result<()> {
         lab.jmp(&args)?;
     }
     println!("== done; stopping the exporter and the controller");
+    print!("{}", next_steps(&shown(&lab.bin), &shown(&exporter_config)));
     Ok(())
 }
 
-/// Replaces the empty `export:` of a config written by `jmp admin create exporter`.
+/// Fills the empty `export:` of a config written by `jmp admin create exporter`, as a
+/// person following docs/quickstart.md would: the drivers go right under it.
 fn add_drivers(path: &Path) -> Result<()> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let mut out = String::new();
-    let mut replaced = false;
-    for line in text.lines() {
-        if line.trim_end() == "export: {}" || line.trim_end() == "export:" {
-            out.push_str(EXPORT);
-            replaced = true;
-        } else {
-            out.push_str(line);
-            out.push('\n');
-        }
-    }
-    if !replaced {
-        out.push_str(EXPORT);
-    }
+    let Some(i) = text.find("\nexport:\n") else {
+        bail!("{} has no empty `export:` to fill:\n{text}", path.display());
+    };
+    let out = format!(
+        "{}\n{EXPORT}{}",
+        &text[..i],
+        &text[i + "\nexport:\n".len()..]
+    );
     std::fs::write(path, out).with_context(|| format!("cannot write {}", path.display()))
 }
 
@@ -207,5 +293,52 @@ fn wait_online(lab: &Lab, exporter: &mut Background) -> Result<()> {
             );
         }
         std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_are_printed_as_a_person_types_them() {
+        assert_eq!(
+            command_line(
+                "jmp",
+                &[
+                    "shell",
+                    "-l",
+                    "board=mock",
+                    "--",
+                    "sh",
+                    "-c",
+                    "j power on && j power read"
+                ]
+            ),
+            "jmp shell -l board=mock -- sh -c 'j power on && j power read'"
+        );
+        assert_eq!(shell_quote(""), "''");
+        assert_eq!(shell_quote("it's"), "'it'\\''s'");
+        assert_eq!(shell_quote("/a b/c"), "'/a b/c'");
+        assert_eq!(
+            shell_quote("target/quickstart/x.yaml"),
+            "target/quickstart/x.yaml"
+        );
+    }
+
+    #[test]
+    fn the_quickstart_ends_with_three_commands_to_try() {
+        insta::assert_snapshot!(
+            next_steps("target/debug", "target/quickstart/exporter.yaml"),
+            @r"
+        == next, try (the lab above is stopped; these need no controller):
+        target/debug/jmp shell --exporter-config target/quickstart/exporter.yaml -- j power cycle
+            # local mode: the same mock board inside jmp, one command
+        target/debug/jmp shell --exporter-config target/quickstart/exporter.yaml
+            # an interactive shell on it; `j --help` lists its drivers
+        target/debug/jumpstarter-controller --help
+            # then docs/quickstart.md, step 5, runs the whole lab by hand
+        "
+        );
     }
 }

@@ -196,9 +196,10 @@ fn seed_walkthrough_admin_get_and_describe() {
     assert_eq!(json["exporters"][0]["name"], "example-distributed");
     assert_eq!(json["exporters"][0]["labels"]["foo"], "bar");
     assert_eq!(json["exporters"][0]["online"], false);
+    // An empty listing says so, as upstream's (and kubectl's).
     assert_eq!(
         lab.ok(&["get", "exporters", "-l", "foo=baz"]),
-        "NAME  LABELS\n"
+        "No resources found.\n"
     );
 
     // jmp describe exporter: the seed's layout (the exporter is not running here).
@@ -271,10 +272,13 @@ fn seed_walkthrough_with_a_running_exporter() {
     let path = lab.seed_objects();
     let _cleanup = Cleanup(path.clone());
     let original = std::fs::read_to_string(&path).unwrap();
-    let edited = original.replace(
-        "export: {}",
-        "export:\n  storage:\n    type: jumpstarter_driver_opendal.driver.MockStorageMux\n  power:\n    type: jumpstarter_driver_power.driver.MockPower",
+    // As docs/quickstart.md says: the drivers under `export:`.
+    let edited = original.replacen(
+        "\nexport:\n",
+        "\nexport:\n  storage:\n    type: jumpstarter_driver_opendal.driver.MockStorageMux\n  power:\n    type: jumpstarter_driver_power.driver.MockPower\n",
+        1,
     );
+    assert_ne!(edited, original);
     // Through `jmp config exporter edit`, with a non-interactive editor.
     let draft = lab.home().join("edited.yaml");
     std::fs::write(&draft, edited).unwrap();
@@ -704,7 +708,9 @@ fn config_exporter_create_edit_list_delete() {
         "t",
     ]));
     let original = std::fs::read_to_string(&path).unwrap();
-    assert!(original.contains("export: {}"), "{original}");
+    // `export:` with room under it, as docs/quickstart.md says (not `export: {}`).
+    assert!(original.contains("\nexport:\n"), "{original}");
+    assert!(!original.contains("export: {}"), "{original}");
 
     // An editor that breaks the file: refused, the old file kept, the edits kept aside.
     let bad_editor = home.join("bad-editor.sh");
@@ -723,11 +729,44 @@ fn config_exporter_create_edit_list_delete() {
     );
     assert_eq!(std::fs::read_to_string(&path).unwrap(), original);
 
+    // An editor that adds a driver of a type that does not exist: refused with the message
+    // `jmp run` gives, the edits kept aside.
+    let typo_editor = home.join("typo-editor.sh");
+    std::fs::write(
+        &typo_editor,
+        "#!/bin/sh\nsed -i 's/^export:$/export:\\n  power:\\n    type: jumpstarter_driver_power.driver.MockPowr/' \"$1\"\n",
+    )
+    .unwrap();
+    let out = config_cmd(home)
+        .env("VISUAL", format!("sh {}", typo_editor.display()))
+        .args(["config", "exporter", "edit", "lab"])
+        .output()
+        .unwrap();
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let kept = stderr
+        .split("edits are in ")
+        .nth(1)
+        .and_then(|s| s.split(')').next())
+        .unwrap()
+        .to_string();
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), original);
+    let out = config_cmd(home)
+        .args(["run", "--exporter-config", &kept])
+        .output()
+        .unwrap();
+    let (_, run_stderr) = text(&out);
+    let unknown =
+        "export.power.type: unknown driver type \"jumpstarter_driver_power.driver.MockPowr\"";
+    assert!(stderr.contains(unknown), "{stderr}");
+    assert!(run_stderr.contains(unknown), "{run_stderr}");
+    let _ = std::fs::remove_file(&kept);
+
     // An editor that adds a driver: saved.
     let good_editor = home.join("good-editor.sh");
     std::fs::write(
         &good_editor,
-        "#!/bin/sh\nsed -i 's/^export: {}$/export:\\n  power:\\n    type: jumpstarter_driver_power.driver.MockPower/' \"$1\"\n",
+        "#!/bin/sh\nsed -i 's/^export:$/export:\\n  power:\\n    type: jumpstarter_driver_power.driver.MockPower/' \"$1\"\n",
     )
     .unwrap();
     run_ok(

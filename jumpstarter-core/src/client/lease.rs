@@ -624,6 +624,12 @@ impl AcquiredLease {
         })
     }
 
+    /// The lease as the controller sees it now (`GetLease`): its conditions say whether it
+    /// has ended, and why.
+    pub async fn status(&self) -> Result<Lease, LeaseError> {
+        self.controller.get_lease(&self.resource).await
+    }
+
     /// Releases the lease (`DeleteLease`) if we created it.
     pub async fn release(&self) -> Result<(), LeaseError> {
         if !self.owned {

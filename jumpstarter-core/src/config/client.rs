@@ -167,9 +167,35 @@ impl ClientConfig {
         Ok(cfg)
     }
 
-    /// Loads the config with this alias.
+    /// Loads the config with this alias; an alias without a config is an error that lists
+    /// the known ones.
     pub fn load_alias(alias: &str) -> Result<Self, ConfigError> {
-        Self::load(&Self::path_for(alias)?)
+        let path = Self::path_for(alias)?;
+        if !path.exists() {
+            return Err(ConfigError::UnknownAlias {
+                kind: "client",
+                alias: alias.to_string(),
+                dir: Self::dir(),
+                known: Self::aliases(),
+            });
+        }
+        Self::load(&path)
+    }
+
+    /// The aliases of the saved client configs (`*.yaml` in [`Self::dir`]), sorted.
+    pub fn aliases() -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(Self::dir())
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                name.strip_suffix(".yaml").map(str::to_string)
+            })
+            .filter(|n| !n.is_empty())
+            .collect();
+        names.sort();
+        names
     }
 
     /// The client config a command should use, as upstream picks it: `--client-config PATH`,

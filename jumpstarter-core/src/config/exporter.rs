@@ -54,6 +54,18 @@ pub enum ConfigError {
         /// The parser's message, with line and column.
         message: String,
     },
+    /// No config has this alias.
+    #[error("no {kind} config named {alias:?} in {}{}", dir.display(), known_aliases(alias, known))]
+    UnknownAlias {
+        /// `client` or `exporter`.
+        kind: &'static str,
+        /// The alias asked for.
+        alias: String,
+        /// Where configs with aliases live.
+        dir: PathBuf,
+        /// The aliases that exist, sorted.
+        known: Vec<String>,
+    },
     /// A field has an invalid value.
     #[error("{path}:{line}: {field}: {message}")]
     Invalid {
@@ -66,6 +78,39 @@ pub enum ConfigError {
         /// What is wrong.
         message: String,
     },
+}
+
+/// `; known: a, b (did you mean "a"?)` for [`ConfigError::UnknownAlias`].
+fn known_aliases(alias: &str, known: &[String]) -> String {
+    if known.is_empty() {
+        return " (there are none yet)".into();
+    }
+    let close = known
+        .iter()
+        .map(|k| (edit_distance(alias, k), k))
+        .filter(|(d, _)| *d <= 2)
+        .min();
+    let mut text = format!("; known: {}", known.join(", "));
+    if let Some((_, k)) = close {
+        text.push_str(&format!(" (did you mean {k:?}?)"));
+    }
+    text
+}
+
+/// Levenshtein distance, for "did you mean".
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
 }
 
 /// `metadata` of a config file.
@@ -202,8 +247,9 @@ pub struct ExporterConfig {
     /// Description of the root driver.
     #[serde(default)]
     pub description: Option<String>,
-    /// The driver tree.
-    #[serde(default)]
+    /// The driver tree (`export:` with nothing under it is an empty tree, as generated
+    /// configs have it: see [`EMPTY_EXPORT`]).
+    #[serde(default, deserialize_with = "null_as_empty")]
     pub export: IndexMap<String, DriverInstance>,
     /// Lease hooks.
     #[serde(default)]
@@ -230,6 +276,22 @@ pub struct ExporterConfig {
     /// Where it was loaded from (not part of the file).
     #[serde(skip)]
     pub path: Option<PathBuf>,
+}
+
+/// The `export:` of a generated config without drivers: empty, and ready to be extended by
+/// hand (a line `export: {}` cannot be; YAML refuses entries under it).
+pub const EMPTY_EXPORT: &str = "export:
+  # The drivers, two spaces in, e.g.:
+  # power:
+  #   type: jumpstarter_driver_power.driver.MockPower
+";
+
+/// `export:` with nothing under it (YAML null) reads as no drivers.
+fn null_as_empty<'de, D>(d: D) -> Result<IndexMap<String, DriverInstance>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    Ok(Option::<IndexMap<String, DriverInstance>>::deserialize(d)?.unwrap_or_default())
 }
 
 fn api_version() -> String {
@@ -284,11 +346,20 @@ impl ExporterConfig {
         Ok(cfg)
     }
 
-    /// The YAML text of this config.
+    /// The YAML text of this config; an empty `export` is written as [`EMPTY_EXPORT`], so
+    /// that drivers can be added under it by hand.
     pub fn to_yaml(&self) -> Result<String, ConfigError> {
-        serde_saphyr::to_string(self).map_err(|e| ConfigError::Parse {
+        let text = serde_saphyr::to_string(self).map_err(|e| ConfigError::Parse {
             path: self.path.clone().unwrap_or_default(),
             message: e.to_string(),
+        })?;
+        Ok(match text.find("\nexport: {}\n") {
+            Some(i) if self.export.is_empty() => format!(
+                "{}\n{EMPTY_EXPORT}{}",
+                &text[..i],
+                &text[i + "\nexport: {}\n".len()..]
+            ),
+            _ => text,
         })
     }
 }
@@ -383,6 +454,52 @@ pub fn exporter_config_path(alias: &str) -> Result<PathBuf, ConfigError> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn an_unknown_alias_lists_the_known_ones_and_suggests_the_closest() {
+        let e = ConfigError::UnknownAlias {
+            kind: "client",
+            alias: "helo".into(),
+            dir: PathBuf::from("/c/clients"),
+            known: vec!["hello".into(), "lab".into()],
+        };
+        assert_eq!(
+            e.to_string(),
+            "no client config named \"helo\" in /c/clients; known: hello, lab (did you mean \"hello\"?)"
+        );
+        let none = ConfigError::UnknownAlias {
+            kind: "client",
+            alias: "x".into(),
+            dir: PathBuf::from("/c"),
+            known: vec![],
+        };
+        assert_eq!(
+            none.to_string(),
+            "no client config named \"x\" in /c (there are none yet)"
+        );
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+        assert_eq!(edit_distance("", "ab"), 2);
+    }
+
+    #[test]
+    fn a_generated_config_without_drivers_takes_drivers_added_by_hand() {
+        let cfg = ExporterConfig::parse("kind: ExporterConfig\n", Path::new("x.yaml")).unwrap();
+        let text = cfg.to_yaml().unwrap();
+        assert!(text.contains(EMPTY_EXPORT), "{text}");
+        assert!(!text.contains("export: {}"), "{text}");
+        let back = ExporterConfig::parse(&text, Path::new("x.yaml")).unwrap();
+        assert!(back.export.is_empty());
+        // What docs/quickstart.md says to do: add the drivers under `export:`.
+        let edited = text.replace(
+            EMPTY_EXPORT,
+            &format!(
+                "{EMPTY_EXPORT}  power:\n    type: jumpstarter_driver_power.driver.MockPower\n"
+            ),
+        );
+        let edited = ExporterConfig::parse(&edited, Path::new("x.yaml")).unwrap();
+        assert_eq!(edited.export.keys().collect::<Vec<_>>(), ["power"]);
+    }
+
     use super::*;
 
     const DEMO: &str = "apiVersion: jumpstarter.dev/v1alpha1

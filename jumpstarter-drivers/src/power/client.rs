@@ -98,15 +98,19 @@ fn run(client: DriverClient, matches: ArgMatches) -> CliFuture {
     Box::pin(async move {
         let power = PowerClient(client);
         match matches.subcommand() {
-            Some(("on", _)) => power.on().await,
-            Some(("off", _)) => power.off().await,
+            // Upstream prints nothing here; a confirmation on stderr leaves stdout as
+            // upstream's for scripts.
+            Some(("on", _)) => power.on().await.map(|()| eprintln!("Powered on")),
+            Some(("off", _)) => power.off().await.map(|()| eprintln!("Powered off")),
             Some(("cycle", m)) => {
                 let wait = m.get_one::<f64>("wait").copied().unwrap_or(2.0);
                 if !(wait.is_finite() && wait >= 0.0) {
                     return Err(ClientError::Value(format!("invalid wait time: {wait}")));
                 }
                 println!("Power cycling with {wait} seconds wait time...");
-                power.cycle(Duration::from_secs_f64(wait)).await
+                power.cycle(Duration::from_secs_f64(wait)).await?;
+                eprintln!("Power cycled");
+                Ok(())
             }
             Some(("read", m)) => {
                 let count = m.get_one::<u64>("count").copied().unwrap_or(1);

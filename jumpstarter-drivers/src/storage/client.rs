@@ -585,9 +585,17 @@ fn run_mux(client: DriverClient, matches: ArgMatches) -> CliFuture {
             .cloned()
             .unwrap_or_default();
         match name {
-            "host" => mux.host().await,
-            "dut" => mux.dut().await,
-            "off" => mux.off().await,
+            // Upstream prints nothing here; a confirmation on stderr leaves stdout as
+            // upstream's for scripts.
+            "host" => mux
+                .host()
+                .await
+                .map(|()| eprintln!("Storage connected to the host")),
+            "dut" => mux
+                .dut()
+                .await
+                .map(|()| eprintln!("Storage connected to the DUT")),
+            "off" => mux.off().await.map(|()| eprintln!("Storage disconnected")),
             "write-local-file" => {
                 let opts = TransferOptions {
                     encoding: None,

@@ -1,0 +1,307 @@
+//! The end of a lease under `jmp shell`: noticing it, saying when and why ("Lease NAME ended
+//! at TIME", as upstream), and answering the shell's later commands with gRPC UNAVAILABLE
+//! "the lease ended ..." instead of a dropped connection.
+
+use std::{convert::Infallible, path::Path, time::Duration};
+
+use jumpstarter_core::client::lease::{AcquiredLease, LeaseError};
+use jumpstarter_proto::client_v1::Lease;
+use tokio_util::sync::CancellationToken;
+
+/// The exit code of `jmp shell` when its lease ended while the command still ran (whatever
+/// the command's own code): 75, `EX_TEMPFAIL` of sysexits.h ("try again later").
+pub const LEASE_ENDED_EXIT_CODE: i32 = 75;
+
+/// How often a lease is checked at most while its end is not near (so that a lease deleted
+/// by someone else is noticed too).
+const CHECK_INTERVAL: Duration = Duration::from_secs(10);
+
+/// How soon a lease past its end time is checked again, while the controller has not yet
+/// marked it ended.
+const PAST_END_INTERVAL: Duration = Duration::from_millis(500);
+
+/// When and why a lease ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LeaseEnd {
+    /// When (the controller's `effective_end_time`, else when we noticed).
+    pub at: jiff::Timestamp,
+    /// Why, in words (`its duration of 5s ran out`).
+    pub reason: String,
+}
+
+impl LeaseEnd {
+    /// `Lease NAME ended at TIME: REASON` (upstream logs `Lease NAME ended at TIME`).
+    pub fn message(&self, lease: &str) -> String {
+        format!(
+            "Lease {lease} ended at {}: {}",
+            local_time(self.at),
+            self.reason
+        )
+    }
+
+    /// What the shell's commands get after the end (with gRPC code UNAVAILABLE).
+    pub fn status_message(&self, lease: &str) -> String {
+        format!(
+            "the lease ended (lease {lease} ended at {}: {})",
+            local_time(self.at),
+            self.reason
+        )
+    }
+}
+
+/// `2026-12-01 23:40:05 +00:00` in the local time zone.
+fn local_time(t: jiff::Timestamp) -> String {
+    t.to_zoned(jiff::tz::TimeZone::system())
+        .strftime("%Y-%m-%d %H:%M:%S %:z")
+        .to_string()
+}
+
+fn timestamp(t: &prost_types::Timestamp) -> Option<jiff::Timestamp> {
+    jiff::Timestamp::new(t.seconds, t.nanos).ok()
+}
+
+fn duration_text(d: &prost_types::Duration) -> String {
+    let secs = u64::try_from(d.seconds).unwrap_or(0);
+    let mut text = String::new();
+    for (n, unit) in [(secs / 3600, 'h'), (secs / 60 % 60, 'm'), (secs % 60, 's')] {
+        if n > 0 {
+            text.push_str(&format!("{n}{unit}"));
+        }
+    }
+    if text.is_empty() { "0s".into() } else { text }
+}
+
+/// When `lease` is expected to end: `effective_end_time`, else its effective begin plus its
+/// duration.
+fn expected_end(lease: &Lease) -> Option<jiff::Timestamp> {
+    if let Some(end) = lease.effective_end_time.as_ref().and_then(timestamp) {
+        return Some(end);
+    }
+    let begin = lease.effective_begin_time.as_ref().and_then(timestamp)?;
+    let d = lease.duration.as_ref()?;
+    begin
+        .checked_add(jiff::SignedDuration::new(d.seconds, d.nanos))
+        .ok()
+}
+
+/// Whether `lease` has ended (its `Ready` condition is False for `Expired` or `Released`),
+/// and when and why.
+pub fn ended(lease: &Lease, now: jiff::Timestamp) -> Option<LeaseEnd> {
+    let ready = lease
+        .conditions
+        .iter()
+        .find(|c| c.r#type.as_deref() == Some("Ready"))?;
+    if ready.status.as_deref() != Some("False") {
+        return None;
+    }
+    let message = ready.message.clone().filter(|m| !m.is_empty());
+    let reason = match ready.reason.as_deref() {
+        Some("Expired") => match &lease.duration {
+            Some(d) => format!("its duration of {} ran out", duration_text(d)),
+            None => "it expired".to_string(),
+        },
+        Some("Released") => match message {
+            Some(m) => format!("it was released ({m})"),
+            None => "it was released".to_string(),
+        },
+        _ => return None,
+    };
+    let at = lease
+        .effective_end_time
+        .as_ref()
+        .and_then(timestamp)
+        .unwrap_or(now);
+    Some(LeaseEnd { at, reason })
+}
+
+/// How long to wait before checking `lease` again.
+fn next_check(lease: &Lease, now: jiff::Timestamp) -> Duration {
+    match expected_end(lease) {
+        Some(end) => {
+            let left = end.duration_since(now);
+            match Duration::try_from(left) {
+                // A little after the end, so that the controller has marked it.
+                Ok(left) => (left + Duration::from_millis(200)).min(CHECK_INTERVAL),
+                Err(_) => PAST_END_INTERVAL,
+            }
+        }
+        None => CHECK_INTERVAL,
+    }
+}
+
+/// Resolves when the lease has ended (expired, released or deleted by someone else), with
+/// when and why; checks with the controller around the lease's end time and every
+/// [`CHECK_INTERVAL`] besides. A controller that cannot be reached for a while is no end.
+pub async fn watch(lease: &AcquiredLease) -> LeaseEnd {
+    loop {
+        let now = jiff::Timestamp::now();
+        let wait = match lease.status().await {
+            Ok(l) => match ended(&l, now) {
+                Some(end) => return end,
+                None => next_check(&l, now),
+            },
+            Err(LeaseError::Rpc {
+                code: tonic::Code::NotFound,
+                ..
+            }) => {
+                return LeaseEnd {
+                    at: now,
+                    reason: "it no longer exists on the controller".into(),
+                };
+            }
+            Err(e) => {
+                tracing::debug!("checking lease {}: {e}", lease.name);
+                CHECK_INTERVAL.min(Duration::from_secs(2))
+            }
+        };
+        tokio::time::sleep(wait).await;
+    }
+}
+
+/// A gRPC service named `NAME` that answers every call with UNAVAILABLE and one message.
+#[derive(Clone)]
+struct Unavailable<const EXPORTER: bool> {
+    message: std::sync::Arc<str>,
+}
+
+impl<const EXPORTER: bool> tower::Service<http::Request<tonic::body::Body>>
+    for Unavailable<EXPORTER>
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = std::future::Ready<Result<Self::Response, Infallible>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Infallible>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: http::Request<tonic::body::Body>) -> Self::Future {
+        std::future::ready(Ok(
+            tonic::Status::unavailable(self.message.to_string()).into_http()
+        ))
+    }
+}
+
+impl tonic::server::NamedService for Unavailable<true> {
+    const NAME: &'static str = "jumpstarter.v1.ExporterService";
+}
+
+impl tonic::server::NamedService for Unavailable<false> {
+    const NAME: &'static str = "jumpstarter.v1.RouterService";
+}
+
+/// Serves `socket` (the shell's `JUMPSTARTER_HOST`, whose tunnel server has stopped) until
+/// `cancel`, answering every exporter and router call with UNAVAILABLE `message`.
+pub async fn serve_ended(socket: &Path, message: String, cancel: CancellationToken) {
+    let _ = std::fs::remove_file(socket);
+    let listener = match tokio::net::UnixListener::bind(socket) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::debug!("cannot listen on {}: {e}", socket.display());
+            return;
+        }
+    };
+    let message: std::sync::Arc<str> = message.into();
+    let served = tonic::transport::Server::builder()
+        .add_service(Unavailable::<true> {
+            message: message.clone(),
+        })
+        .add_service(Unavailable::<false> { message })
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::UnixListenerStream::new(listener),
+            cancel.cancelled_owned(),
+        )
+        .await;
+    if let Err(e) = served {
+        tracing::debug!("serving {} after the lease ended: {e}", socket.display());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use jumpstarter_proto::v1::Condition;
+
+    fn lease(status: &str, reason: &str, message: &str) -> Lease {
+        Lease {
+            duration: Some(prost_types::Duration {
+                seconds: 5,
+                nanos: 0,
+            }),
+            effective_begin_time: Some(prost_types::Timestamp {
+                seconds: 1_000,
+                nanos: 0,
+            }),
+            effective_end_time: (status == "False").then_some(prost_types::Timestamp {
+                seconds: 1_005,
+                nanos: 0,
+            }),
+            conditions: vec![Condition {
+                r#type: Some("Ready".into()),
+                status: Some(status.into()),
+                reason: Some(reason.into()),
+                message: Some(message.into()),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn at(secs: i64) -> jiff::Timestamp {
+        jiff::Timestamp::new(secs, 0).unwrap()
+    }
+
+    #[test]
+    fn an_expired_lease_ended_when_the_controller_says_and_because_its_time_ran_out() {
+        let end = ended(
+            &lease("False", "Expired", "The lease has expired"),
+            at(1_006),
+        )
+        .unwrap();
+        assert_eq!(end.at, at(1_005));
+        assert_eq!(end.reason, "its duration of 5s ran out");
+    }
+
+    #[test]
+    fn a_released_lease_says_so_with_the_controllers_message() {
+        let end = ended(&lease("False", "Released", "deleted by admin"), at(1_006)).unwrap();
+        assert_eq!(end.reason, "it was released (deleted by admin)");
+    }
+
+    #[test]
+    fn a_ready_or_pending_lease_has_not_ended() {
+        assert_eq!(ended(&lease("True", "Ready", ""), at(1_002)), None);
+        assert_eq!(ended(&lease("False", "Pending", "queued"), at(1_002)), None);
+        assert_eq!(ended(&Lease::default(), at(1_002)), None);
+    }
+
+    #[test]
+    fn checks_come_just_after_the_expected_end_and_at_least_every_interval() {
+        let l = lease("True", "Ready", "");
+        assert_eq!(next_check(&l, at(1_002)), Duration::from_millis(3_200));
+        assert_eq!(next_check(&l, at(1_010)), PAST_END_INTERVAL);
+        let long = Lease {
+            duration: Some(prost_types::Duration {
+                seconds: 3_600,
+                nanos: 0,
+            }),
+            ..l
+        };
+        assert_eq!(next_check(&long, at(1_002)), CHECK_INTERVAL);
+        assert_eq!(next_check(&Lease::default(), at(1_002)), CHECK_INTERVAL);
+    }
+
+    #[test]
+    fn durations_read_as_people_write_them() {
+        let d = |seconds| duration_text(&prost_types::Duration { seconds, nanos: 0 });
+        assert_eq!(d(5), "5s");
+        assert_eq!(d(120), "2m");
+        assert_eq!(d(90), "1m30s");
+        assert_eq!(d(3_600), "1h");
+        assert_eq!(d(5_400), "1h30m");
+        assert_eq!(d(0), "0s");
+    }
+}
