@@ -14,7 +14,7 @@ use jumpstarter_core::{
     value,
 };
 
-use crate::{composite::COMPOSITE_CLIENT, power, storage};
+use crate::{composite::COMPOSITE_CLIENT, network, power, serial, storage};
 
 /// What a `j` command returns.
 pub type CliFuture = Pin<Box<dyn Future<Output = Result<(), ClientError>> + Send>>;
@@ -38,6 +38,8 @@ pub fn command_for(client_class: &str) -> Option<DriverCommand> {
             Some(storage::mux_cli())
         }
         storage::OPENDAL_CLIENT => Some(storage::opendal_cli()),
+        network::NETWORK_CLIENT => Some(network::cli()),
+        serial::PYSERIAL_CLIENT => Some(serial::cli()),
         _ => None,
     }
 }
@@ -96,6 +98,30 @@ fn generic(cmd: Command) -> Command {
                 .about("Call a streaming method and print each result as JSON")
                 .arg(Arg::new("method").required(true))
                 .arg(args),
+        )
+        .subcommand(
+            Command::new("open-stream")
+                .about("Open a byte-stream method and pipe it to stdin/stdout")
+                .long_about(
+                    "Open a byte-stream method (upstream @exportstream) and pipe it: its \
+                     bytes to stdout, stdin's to it (when stdin is not a terminal, or with \
+                     --input). Ends when the stream ends.",
+                )
+                .arg(Arg::new("method").default_value("connect"))
+                .arg(
+                    Arg::new("input")
+                        .short('i')
+                        .long("input")
+                        .action(ArgAction::SetTrue)
+                        .help("Send stdin even when it is a terminal"),
+                )
+                .arg(
+                    Arg::new("no-input")
+                        .long("no-input")
+                        .action(ArgAction::SetTrue)
+                        .conflicts_with("input")
+                        .help("Do not send stdin"),
+                ),
         )
 }
 
@@ -166,6 +192,19 @@ async fn run_generic(client: DriverClient, name: &str, m: &ArgMatches) -> Result
                 println!("{}", item?);
             }
             Ok(())
+        }
+        "open-stream" => {
+            use std::io::IsTerminal;
+            let input =
+                !m.get_flag("no-input") && (m.get_flag("input") || !std::io::stdin().is_terminal());
+            let stream = client.open_stream(&method).await?;
+            let mode = serial::client::PipeMode {
+                output: None,
+                input,
+                append: false,
+                no_output: false,
+            };
+            serial::client::pipe_stream(stream, &mode).await
         }
         other => Err(ClientError::Value(format!("unknown command {other}"))),
     }

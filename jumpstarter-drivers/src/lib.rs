@@ -4,7 +4,9 @@
 
 pub mod cli;
 pub mod composite;
+pub mod network;
 pub mod power;
+pub mod serial;
 pub mod storage;
 
 use jumpstarter_core::registry::{COMPOSITE_TYPE, DriverRegistry};
@@ -32,6 +34,26 @@ pub fn stock_registry() -> DriverRegistry {
         .register(
             "jumpstarter_driver_opendal.driver.MockStorageMuxFlasher",
             storage::MockStorageMuxFlasher::from_args,
+        )
+        .register(
+            "jumpstarter_driver_network.driver.TcpNetwork",
+            network::TcpNetwork::from_args,
+        )
+        .register(
+            "jumpstarter_driver_network.driver.UdpNetwork",
+            network::UdpNetwork::from_args,
+        )
+        .register(
+            "jumpstarter_driver_network.driver.UnixNetwork",
+            network::UnixNetwork::from_args,
+        )
+        .register(
+            "jumpstarter_driver_network.driver.EchoNetwork",
+            network::EchoNetwork::from_args,
+        )
+        .register(
+            "jumpstarter_driver_pyserial.driver.PySerial",
+            serial::PySerial::from_args,
         );
     r
 }
