@@ -58,9 +58,10 @@ fn group(name: String, client: &DriverClient) -> Command {
         }
         cmd
     } else if let Some(dc) = command_for(&class) {
-        (dc.build)(Command::new(name).about(dc.about))
+        (dc.build)(Command::new(name).about(dc.about)).subcommand(open_stream_command())
     } else {
         generic(Command::new(name).about(format!("Driver {class} (generic commands)")))
+            .subcommand(open_stream_command())
     };
     if let Some(d) = &node.description {
         cmd = cmd.about(d.clone());
@@ -99,29 +100,31 @@ fn generic(cmd: Command) -> Command {
                 .arg(Arg::new("method").required(true))
                 .arg(args),
         )
-        .subcommand(
-            Command::new("open-stream")
-                .about("Open a byte-stream method and pipe it to stdin/stdout")
-                .long_about(
-                    "Open a byte-stream method (upstream @exportstream) and pipe it: its \
+}
+
+/// `open-stream [METHOD]`: any driver's byte-stream method piped to stdin/stdout.
+fn open_stream_command() -> Command {
+    Command::new("open-stream")
+        .about("Open a byte-stream method and pipe it to stdin/stdout")
+        .long_about(
+            "Open a byte-stream method (upstream @exportstream) and pipe it: its \
                      bytes to stdout, stdin's to it (when stdin is not a terminal, or with \
                      --input). Ends when the stream ends.",
-                )
-                .arg(Arg::new("method").default_value("connect"))
-                .arg(
-                    Arg::new("input")
-                        .short('i')
-                        .long("input")
-                        .action(ArgAction::SetTrue)
-                        .help("Send stdin even when it is a terminal"),
-                )
-                .arg(
-                    Arg::new("no-input")
-                        .long("no-input")
-                        .action(ArgAction::SetTrue)
-                        .conflicts_with("input")
-                        .help("Do not send stdin"),
-                ),
+        )
+        .arg(Arg::new("method").default_value("connect"))
+        .arg(
+            Arg::new("input")
+                .short('i')
+                .long("input")
+                .action(ArgAction::SetTrue)
+                .help("Send stdin even when it is a terminal"),
+        )
+        .arg(
+            Arg::new("no-input")
+                .long("no-input")
+                .action(ArgAction::SetTrue)
+                .conflicts_with("input")
+                .help("Do not send stdin"),
         )
 }
 
@@ -150,6 +153,9 @@ pub fn j_command(session: &ExporterSession) -> Command {
 pub fn run(client: DriverClient, matches: ArgMatches) -> CliFuture {
     Box::pin(async move {
         let class = client.node().client_class().to_string();
+        if let Some(("open-stream", m)) = matches.subcommand() {
+            return run_open_stream(client, m).await;
+        }
         if let Some(dc) = command_for(&class) {
             return (dc.run)(client, matches).await;
         }
@@ -175,6 +181,20 @@ fn parse_args(m: &ArgMatches) -> Vec<value::Value> {
         .collect()
 }
 
+async fn run_open_stream(client: DriverClient, m: &ArgMatches) -> Result<(), ClientError> {
+    use std::io::IsTerminal;
+    let method = m.get_one::<String>("method").map_or("connect", |s| s);
+    let input = !m.get_flag("no-input") && (m.get_flag("input") || !std::io::stdin().is_terminal());
+    let stream = client.open_stream(method).await?;
+    let mode = serial::client::PipeMode {
+        output: None,
+        input,
+        append: false,
+        no_output: false,
+    };
+    serial::client::pipe_stream(stream, &mode).await
+}
+
 async fn run_generic(client: DriverClient, name: &str, m: &ArgMatches) -> Result<(), ClientError> {
     let method = m.get_one::<String>("method").cloned().unwrap_or_default();
     let args = parse_args(m);
@@ -192,19 +212,6 @@ async fn run_generic(client: DriverClient, name: &str, m: &ArgMatches) -> Result
                 println!("{}", item?);
             }
             Ok(())
-        }
-        "open-stream" => {
-            use std::io::IsTerminal;
-            let input =
-                !m.get_flag("no-input") && (m.get_flag("input") || !std::io::stdin().is_terminal());
-            let stream = client.open_stream(&method).await?;
-            let mode = serial::client::PipeMode {
-                output: None,
-                input,
-                append: false,
-                no_output: false,
-            };
-            serial::client::pipe_stream(stream, &mode).await
         }
         other => Err(ClientError::Value(format!("unknown command {other}"))),
     }

@@ -177,7 +177,8 @@ pub struct Pty {
 }
 
 impl Pty {
-    /// Opens a new pseudo-terminal pair, its device side raw.
+    /// Opens a new pseudo-terminal pair, its device side in the kernel's default (cooked)
+    /// mode until someone opens it as a serial port (which sets it raw).
     pub fn open() -> io::Result<Self> {
         use rustix::pty::{OpenptFlags, grantpt, openpt, ptsname, unlockpt};
         let master = openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC)?;
@@ -188,13 +189,6 @@ impl Pty {
             <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(name.as_bytes()),
         );
         let hold = open_fd(&device_path)?;
-        configure(
-            &hold,
-            LineSettings {
-                baudrate: 115_200,
-                disable_hupcl: false,
-            },
-        )?;
         Ok(Self {
             controller: TtyStream::new(master, PathBuf::from("/dev/ptmx"))?,
             device_path,

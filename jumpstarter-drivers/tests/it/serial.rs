@@ -217,3 +217,70 @@ async fn a_missing_device_without_check_present_fails_connect_clearly() {
     let e = PySerial::from_args(&args).err().unwrap().to_string();
     assert!(e.contains("url") && e.contains("/dev/ttyNOPE9"), "{e}");
 }
+
+/// An upstream exporter config with consoles and networks builds unchanged; a missing
+/// device with `check_present` (the default) fails the build naming the field and path.
+#[test]
+fn upstream_configs_build_and_a_missing_device_fails_at_start() {
+    let pty = Pty::open().unwrap();
+    let yaml = format!(
+        "apiVersion: jumpstarter.dev/v1alpha1
+kind: ExporterConfig
+metadata:
+  namespace: default
+  name: lab
+endpoint: \"\"
+token: \"\"
+export:
+  serial:
+    type: jumpstarter_driver_pyserial.driver.PySerial
+    config:
+      url: {}
+      baudrate: 9600
+      cps: 50
+  ssh:
+    type: jumpstarter_driver_network.driver.TcpNetwork
+    config:
+      host: localhost
+      port: 22
+  dns:
+    type: jumpstarter_driver_network.driver.UdpNetwork
+    config: {{host: 127.0.0.1, port: 53, enable_address: false}}
+  qmp:
+    type: jumpstarter_driver_network.driver.UnixNetwork
+    config: {{path: /run/qmp.sock}}
+  echo:
+    type: jumpstarter_driver_network.driver.EchoNetwork
+  loop:
+    type: jumpstarter_driver_pyserial.driver.PySerial
+    config: {{url: \"loop://\"}}
+",
+        pty.device_path.display()
+    );
+    let path = Path::new("exporter.yaml");
+    let registry = jumpstarter_drivers::stock_registry();
+    let cfg = jumpstarter_core::config::ExporterConfig::parse(&yaml, path).unwrap();
+    let tree = registry.build(&cfg).unwrap();
+    let classes: Vec<String> = tree
+        .children
+        .iter()
+        .map(|(_, n)| n.driver.client_class())
+        .collect();
+    assert_eq!(classes.len(), 6, "{classes:?}");
+    assert!(
+        classes
+            .iter()
+            .all(|c| c.ends_with("PySerialClient") || c.ends_with("NetworkClient"))
+    );
+
+    let missing = yaml.replace(
+        &pty.device_path.display().to_string(),
+        "/dev/ttyUSB-not-plugged",
+    );
+    let cfg = jumpstarter_core::config::ExporterConfig::parse(&missing, path).unwrap();
+    let e = registry.build(&cfg).err().unwrap().to_string();
+    assert!(
+        e.contains("export.serial") && e.contains("url") && e.contains("/dev/ttyUSB-not-plugged"),
+        "{e}"
+    );
+}
