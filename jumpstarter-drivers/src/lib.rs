@@ -9,7 +9,7 @@ pub mod power;
 pub mod serial;
 pub mod storage;
 
-use jumpstarter_core::registry::{COMPOSITE_TYPE, DriverRegistry};
+use jumpstarter_core::driver::{COMPOSITE_TYPE, DriverRegistry};
 
 /// Every stock driver under its upstream config type name.
 pub fn stock_registry() -> DriverRegistry {

@@ -19,7 +19,7 @@ mod udp;
 
 use std::{net::IpAddr, path::PathBuf, sync::Arc};
 
-use jumpstarter_core::{CallContext, Driver, DriverError, driver, registry::DriverArgs};
+use jumpstarter_core::{CallContext, Driver, DriverError, driver, driver::DriverArgs};
 use serde::Deserialize;
 
 pub use client::{Forwarder, NetworkClient, cli, format_host_port, strip_scheme};

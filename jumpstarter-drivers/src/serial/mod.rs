@@ -29,7 +29,7 @@ use std::{
     time::Duration,
 };
 
-use jumpstarter_core::{CallContext, Driver, DriverError, driver, registry::DriverArgs};
+use jumpstarter_core::{CallContext, Driver, DriverError, driver, driver::DriverArgs};
 use serde::Deserialize;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};

@@ -202,7 +202,7 @@ async fn socket_urls_reach_a_console_server() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_device_without_check_present_fails_connect_clearly() {
-    let args = jumpstarter_core::registry::DriverArgs {
+    let args = jumpstarter_core::driver::DriverArgs {
         config: serde_json::json!({"url": "/dev/ttyNOPE9", "check_present": false}),
     };
     let driver = PySerial::from_args(&args).unwrap();
@@ -211,7 +211,7 @@ async fn a_missing_device_without_check_present_fails_connect_clearly() {
     let e = serial.connect().await.err().unwrap().to_string();
     assert!(e.contains("cannot open serial device /dev/ttyNOPE9"), "{e}");
     // With check_present (the default), the driver is refused at construction.
-    let args = jumpstarter_core::registry::DriverArgs {
+    let args = jumpstarter_core::driver::DriverArgs {
         config: serde_json::json!({"url": "/dev/ttyNOPE9"}),
     };
     let e = PySerial::from_args(&args).err().unwrap().to_string();
@@ -220,8 +220,8 @@ async fn a_missing_device_without_check_present_fails_connect_clearly() {
 
 /// An upstream exporter config with consoles and networks builds unchanged; a missing
 /// device with `check_present` (the default) fails the build naming the field and path.
-#[test]
-fn upstream_configs_build_and_a_missing_device_fails_at_start() {
+#[tokio::test]
+async fn upstream_configs_build_and_a_missing_device_fails_at_start() {
     let pty = Pty::open().unwrap();
     let yaml = format!(
         "apiVersion: jumpstarter.dev/v1alpha1
