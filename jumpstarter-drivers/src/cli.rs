@@ -12,7 +12,7 @@ use jumpstarter_core::{
     value,
 };
 
-use crate::{composite::COMPOSITE_CLIENT, power, storage};
+use crate::{composite::COMPOSITE_CLIENT, network, power, serial, storage};
 
 pub use crate::command::{CliFuture, DriverCommand};
 
@@ -24,6 +24,8 @@ pub fn command_for(client_class: &str) -> Option<DriverCommand> {
             Some(storage::mux_cli())
         }
         storage::OPENDAL_CLIENT => Some(storage::opendal_cli()),
+        network::NETWORK_CLIENT => Some(network::cli()),
+        serial::PYSERIAL_CLIENT => Some(serial::cli()),
         _ => None,
     }
 }
@@ -42,9 +44,10 @@ fn group(name: String, client: &DriverClient) -> Command {
         }
         cmd
     } else if let Some(dc) = command_for(&class) {
-        (dc.build)(Command::new(name).about(dc.about))
+        (dc.build)(Command::new(name).about(dc.about)).subcommand(open_stream_command())
     } else {
         generic(Command::new(name).about(format!("Driver {class} (generic commands)")))
+            .subcommand(open_stream_command())
     };
     if let Some(d) = &node.description {
         cmd = cmd.about(d.clone());
@@ -85,6 +88,32 @@ fn generic(cmd: Command) -> Command {
         )
 }
 
+/// `open-stream [METHOD]`: any driver's byte-stream method piped to stdin/stdout.
+fn open_stream_command() -> Command {
+    Command::new("open-stream")
+        .about("Open a byte-stream method and pipe it to stdin/stdout")
+        .long_about(
+            "Open a byte-stream method (upstream @exportstream) and pipe it: its \
+                     bytes to stdout, stdin's to it (when stdin is not a terminal, or with \
+                     --input). Ends when the stream ends.",
+        )
+        .arg(Arg::new("method").default_value("connect"))
+        .arg(
+            Arg::new("input")
+                .short('i')
+                .long("input")
+                .action(ArgAction::SetTrue)
+                .help("Send stdin even when it is a terminal"),
+        )
+        .arg(
+            Arg::new("no-input")
+                .long("no-input")
+                .action(ArgAction::SetTrue)
+                .conflicts_with("input")
+                .help("Do not send stdin"),
+        )
+}
+
 /// The whole `j` command for a session.
 pub fn j_command(session: &ExporterSession) -> Command {
     let root = session.root();
@@ -110,6 +139,9 @@ pub fn j_command(session: &ExporterSession) -> Command {
 pub fn run(client: DriverClient, matches: ArgMatches) -> CliFuture {
     Box::pin(async move {
         let class = client.node().client_class().to_string();
+        if let Some(("open-stream", m)) = matches.subcommand() {
+            return run_open_stream(client, m).await;
+        }
         if let Some(dc) = command_for(&class) {
             return (dc.run)(client, matches).await;
         }
@@ -133,6 +165,20 @@ fn parse_args(m: &ArgMatches) -> Vec<value::Value> {
             value::from_json(json)
         })
         .collect()
+}
+
+async fn run_open_stream(client: DriverClient, m: &ArgMatches) -> Result<(), ClientError> {
+    use std::io::IsTerminal;
+    let method = m.get_one::<String>("method").map_or("connect", |s| s);
+    let input = !m.get_flag("no-input") && (m.get_flag("input") || !std::io::stdin().is_terminal());
+    let stream = client.open_stream(method).await?;
+    let mode = serial::client::PipeMode {
+        output: None,
+        input,
+        append: false,
+        no_output: false,
+    };
+    serial::client::pipe_stream(stream, &mode).await
 }
 
 async fn run_generic(client: DriverClient, name: &str, m: &ArgMatches) -> Result<(), ClientError> {

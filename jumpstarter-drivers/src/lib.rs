@@ -5,7 +5,9 @@
 pub mod cli;
 mod command;
 pub mod composite;
+pub mod network;
 pub mod power;
+pub mod serial;
 pub mod storage;
 
 use jumpstarter_core::driver::{COMPOSITE_TYPE, DriverRegistry};
@@ -33,6 +35,26 @@ pub fn stock_registry() -> DriverRegistry {
         .register(
             "jumpstarter_driver_opendal.driver.MockStorageMuxFlasher",
             storage::MockStorageMuxFlasher::from_args,
+        )
+        .register(
+            "jumpstarter_driver_network.driver.TcpNetwork",
+            network::TcpNetwork::from_args,
+        )
+        .register(
+            "jumpstarter_driver_network.driver.UdpNetwork",
+            network::UdpNetwork::from_args,
+        )
+        .register(
+            "jumpstarter_driver_network.driver.UnixNetwork",
+            network::UnixNetwork::from_args,
+        )
+        .register(
+            "jumpstarter_driver_network.driver.EchoNetwork",
+            network::EchoNetwork::from_args,
+        )
+        .register(
+            "jumpstarter_driver_pyserial.driver.PySerial",
+            serial::PySerial::from_args,
         );
     r
 }

@@ -14,6 +14,8 @@ use anyhow::{Context, Result, bail, ensure};
 
 use crate::procs::{self, Background};
 
+#[path = "interop_console.rs"]
+mod console;
 #[path = "interop_controller.rs"]
 mod controller;
 #[path = "interop_distributed.rs"]
@@ -26,6 +28,8 @@ pub const REQUIREMENTS: &[&str] = &[
     "jumpstarter-driver-power==0.9.0",
     "jumpstarter-driver-opendal==0.9.0",
     "jumpstarter-driver-composite==0.9.0",
+    "jumpstarter-driver-pyserial==0.9.0",
+    "jumpstarter-driver-network==0.9.0",
 ];
 
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
@@ -225,6 +229,14 @@ pub fn run(filter: Option<&str>) -> Result<()> {
         (
             "storage: our j opendal 64 MiB round trip + gzip upload -> python Opendal(fs) exporter, unix socket",
             opendal_rs_client_to_py,
+        ),
+        (
+            "console: python PySerialClient.pexpect() + TcpPortforwardAdapter -> our exporter, pty board",
+            console::py_client_to_our_exporter,
+        ),
+        (
+            "console: our j net address/forward-tcp + serial pipe -> python exporter, pty board",
+            console::our_j_to_py_exporter,
         ),
         (
             "controller: python jmp run + jmp get/create/delete leases, shell -> our controller",

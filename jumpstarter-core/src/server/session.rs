@@ -25,7 +25,7 @@ use crate::{
     driver::DriverNode,
     driver::LogSink,
     wire::{
-        frames::{EndOfStream, splice, splice_with},
+        frames::{EndOfStream, splice_io, splice_with},
         resource::{ContentEncoding, ResourceRegistry, StreamRequestMetadata},
         stream_rpc,
     },
@@ -436,10 +436,17 @@ impl SessionService {
                     .lookup(&uuid.to_string())
                     .map_err(|e| e.to_status())?;
                 let io = driver
-                    .open_stream(self.0.context(&name), method)
+                    .open_stream(self.0.context(&name), method.clone())
                     .await
                     .map_err(|e| e.to_status())?;
-                Box::pin(splice::<_, StreamResponse, _, _, _, _>(inbound, io, ()).map(Ok))
+                // A device that fails mid-stream (a serial adapter unplugged) ends the RPC
+                // with an error status the client shows, as an upstream exporter's
+                // exception does.
+                Box::pin(
+                    splice_io::<_, StreamResponse, _, _, _, _>(inbound, io, ()).map(move |r| {
+                        r.map_err(|e| Status::unknown(format!("{name}.{method}: {e}")))
+                    }),
+                )
             }
             StreamRequestMetadata::Resource {
                 uuid,

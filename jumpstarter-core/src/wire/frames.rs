@@ -305,15 +305,7 @@ where
     IO: AsyncRead + AsyncWrite + Send + 'static,
     K: Send + 'static,
 {
-    let (reader, writer) = tokio::io::split(io);
-    splice_with(
-        inbound,
-        IoSink(writer),
-        IoSource::new(reader),
-        EndOfStream::Lenient,
-        keep,
-    )
-    .scan((), |_, item: io::Result<Out>| {
+    splice_io(inbound, io, keep).scan((), |_, item: io::Result<Out>| {
         futures::future::ready(match item {
             Ok(frame) => Some(frame),
             Err(e) => {
@@ -322,6 +314,32 @@ where
             }
         })
     })
+}
+
+/// As [`splice`], but a read error of `io` comes out as the stream's last item, for the
+/// caller to report (a driver byte stream whose device went away ends the RPC with an
+/// error status rather than as if the device had nothing more to say).
+pub fn splice_io<In, Out, E, S, IO, K>(
+    inbound: S,
+    io: IO,
+    keep: K,
+) -> impl Stream<Item = io::Result<Out>> + Send
+where
+    In: Frame,
+    Out: Frame,
+    E: std::fmt::Display + Send + 'static,
+    S: Stream<Item = Result<In, E>> + Send + Unpin + 'static,
+    IO: AsyncRead + AsyncWrite + Send + 'static,
+    K: Send + 'static,
+{
+    let (reader, writer) = tokio::io::split(io);
+    splice_with(
+        inbound,
+        IoSink(writer),
+        IoSource::new(reader),
+        EndOfStream::Lenient,
+        keep,
+    )
 }
 
 /// A minimal generator: runs `f` with a bounded sender and yields what it sends.

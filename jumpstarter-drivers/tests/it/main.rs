@@ -2,8 +2,10 @@
 //! socket, driven through the client library.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+mod network;
 #[cfg(feature = "storage-s3")]
 mod s3;
+mod serial;
 mod storage;
 
 use std::{collections::BTreeMap, path::PathBuf, sync::Arc};

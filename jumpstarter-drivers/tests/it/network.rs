@@ -1,0 +1,226 @@
+//! Network drivers end to end: real TCP, UDP and Unix echo servers behind a served session.
+
+use std::{path::Path, sync::Arc};
+
+use jumpstarter_core::{ClientError, DriverError};
+use jumpstarter_drivers::network::{
+    EchoNetwork, NetworkClient, TcpNetwork, UdpNetwork, UnixNetwork,
+};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use crate::Served;
+
+/// A TCP echo server on `addr` (port 0); returns its port.
+async fn tcp_echo(addr: &str) -> u16 {
+    let l = tokio::net::TcpListener::bind(addr).await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut c, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let (mut r, mut w) = c.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+    port
+}
+
+/// A UDP server answering each datagram with itself, upper-cased.
+async fn udp_echo() -> u16 {
+    let s = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let port = s.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        let mut buf = [0u8; 2048];
+        while let Ok((n, from)) = s.recv_from(&mut buf).await {
+            let up = buf[..n].to_ascii_uppercase();
+            let _ = s.send_to(&up, from).await;
+        }
+    });
+    port
+}
+
+fn unix_echo(path: &Path) {
+    let l = tokio::net::UnixListener::bind(path).unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut c, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let (mut r, mut w) = c.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+}
+
+async fn round_trip<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, msg: &[u8]) -> Vec<u8> {
+    s.write_all(msg).await.unwrap();
+    let mut got = vec![0u8; msg.len()];
+    s.read_exact(&mut got).await.unwrap();
+    got
+}
+
+async fn net_client(served: &Served, name: &str) -> NetworkClient {
+    NetworkClient(served.client().await.driver(name).unwrap())
+}
+
+#[tokio::test]
+async fn tcp_connect_reaches_a_real_echo_server_v4_and_v6() {
+    let port4 = tcp_echo("127.0.0.1:0").await;
+    let mut children: Vec<(&str, Arc<dyn jumpstarter_core::Driver>)> =
+        vec![("tcp", Arc::new(TcpNetwork::new("127.0.0.1", port4, true)))];
+    let v6 = tokio::net::TcpListener::bind("[::1]:0").await.is_ok();
+    let port6 = if v6 { tcp_echo("[::1]:0").await } else { 0 };
+    if v6 {
+        children.push(("tcp6", Arc::new(TcpNetwork::new("::1", port6, true))));
+    }
+    let served = Served::start(children);
+    let tcp = net_client(&served, "tcp").await;
+    let mut s = tcp.connect().await.unwrap();
+    assert_eq!(round_trip(&mut s, b"hello").await, b"hello");
+    let big: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    let (mut r, mut w) = tokio::io::split(s);
+    let send = {
+        let big = big.clone();
+        tokio::spawn(async move { w.write_all(&big).await.unwrap() })
+    };
+    let mut got = vec![0u8; big.len()];
+    r.read_exact(&mut got).await.unwrap();
+    send.await.unwrap();
+    assert!(got == big, "300 kB came back changed");
+    assert_eq!(
+        tcp.address().await.unwrap(),
+        format!("tcp://127.0.0.1:{port4}")
+    );
+    if v6 {
+        let tcp6 = net_client(&served, "tcp6").await;
+        let mut s = tcp6.connect().await.unwrap();
+        assert_eq!(round_trip(&mut s, b"six").await, b"six");
+        assert_eq!(
+            tcp6.address().await.unwrap(),
+            format!("tcp://[::1]:{port6}")
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_refused_connection_is_a_clear_error_and_address_can_be_disabled() {
+    // A port just released: nothing listens there.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let served = Served::start(vec![(
+        "tcp",
+        Arc::new(TcpNetwork::new("127.0.0.1", port, false)),
+    )]);
+    let tcp = net_client(&served, "tcp").await;
+    let e = tcp.connect().await.err().unwrap().to_string();
+    assert!(
+        e.contains("cannot connect to TCP") && e.contains(&port.to_string()),
+        "{e}"
+    );
+    match tcp.address().await {
+        Err(ClientError::Call {
+            error: DriverError::InvalidArgument(m),
+            ..
+        }) => assert!(m.contains("enable_address"), "{m}"),
+        other => panic!("{:?}", other.map(|_| ())),
+    }
+}
+
+#[tokio::test]
+async fn udp_frames_are_datagrams() {
+    let port = udp_echo().await;
+    let served = Served::start(vec![(
+        "udp",
+        Arc::new(UdpNetwork::new("127.0.0.1", port, true)),
+    )]);
+    let udp = net_client(&served, "udp").await;
+    let mut s = udp.connect().await.unwrap();
+    s.write_all(b"ping").await.unwrap();
+    let mut buf = [0u8; 64];
+    let n = s.read(&mut buf).await.unwrap();
+    assert_eq!(&buf[..n], b"PING");
+    assert_eq!(
+        udp.address().await.unwrap(),
+        format!("udp://127.0.0.1:{port}")
+    );
+}
+
+#[tokio::test]
+async fn unix_and_echo_streams_echo() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("echo.sock");
+    unix_echo(&sock);
+    let served = Served::start(vec![
+        ("unix", Arc::new(UnixNetwork::new(&sock))),
+        ("echo", Arc::new(EchoNetwork)),
+        (
+            "missing",
+            Arc::new(UnixNetwork::new(dir.path().join("nothing.sock"))),
+        ),
+    ]);
+    let mut s = net_client(&served, "unix").await.connect().await.unwrap();
+    assert_eq!(round_trip(&mut s, b"over unix").await, b"over unix");
+    let mut s = net_client(&served, "echo").await.connect().await.unwrap();
+    assert_eq!(round_trip(&mut s, b"echo").await, b"echo");
+    let e = net_client(&served, "missing")
+        .await
+        .connect()
+        .await
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("nothing.sock"), "{e}");
+    // Unix sockets have no address method, as upstream.
+    assert!(net_client(&served, "unix").await.address().await.is_err());
+}
+
+#[tokio::test]
+async fn tcp_and_unix_port_forwards_relay_each_connection() {
+    let port = tcp_echo("127.0.0.1:0").await;
+    let served = Served::start(vec![(
+        "tcp",
+        Arc::new(TcpNetwork::new("127.0.0.1", port, true)),
+    )]);
+    let tcp = net_client(&served, "tcp").await;
+    let fwd = tcp
+        .forward_tcp("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let local = fwd.local_address().to_string();
+    assert!(local.starts_with("127.0.0.1:"), "{local}");
+    let mut a = tokio::net::TcpStream::connect(&local).await.unwrap();
+    let mut b = tokio::net::TcpStream::connect(&local).await.unwrap();
+    assert_eq!(round_trip(&mut a, b"first").await, b"first");
+    assert_eq!(round_trip(&mut b, b"second").await, b"second");
+    assert_eq!(round_trip(&mut a, b"again").await, b"again");
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fwd.sock");
+    let ufwd = tcp.forward_unix(Some(&path)).await.unwrap();
+    assert_eq!(ufwd.local_address(), path.display().to_string());
+    let mut u = tokio::net::UnixStream::connect(&path).await.unwrap();
+    assert_eq!(round_trip(&mut u, b"via unix").await, b"via unix");
+    drop(ufwd);
+    assert!(
+        !path.exists(),
+        "the socket file is removed with the forwarder"
+    );
+
+    // A temporary socket path when none is given.
+    let tmp = tcp.forward_unix(None).await.unwrap();
+    let mut u = tokio::net::UnixStream::connect(tmp.local_address())
+        .await
+        .unwrap();
+    assert_eq!(round_trip(&mut u, b"tmp").await, b"tmp");
+
+    drop(fwd);
+    tokio::task::yield_now().await;
+    // Once dropped, nothing listens any more (a connect is refused or reset).
+    let after = tokio::net::TcpStream::connect(&local).await;
+    if let Ok(mut s) = after {
+        let mut buf = [0u8; 1];
+        let _ = s.write_all(b"x").await;
+        assert!(matches!(s.read(&mut buf).await, Ok(0) | Err(_)));
+    }
+}
