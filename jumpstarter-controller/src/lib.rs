@@ -1,19 +1,25 @@
 //! The Jumpstarter controller: inventory, authentication and lease scheduling .
 
 pub mod admin_token;
+pub mod backup;
 pub mod cli;
 pub mod cluster_config;
 pub mod crd;
+pub mod data_dir;
 pub mod duration;
 pub mod events;
 pub mod external_auth;
 pub mod http1;
 pub mod key_secret;
 pub mod leader;
+pub mod lease_gc;
+pub mod lease_update;
+pub mod limits;
 pub mod login_service;
 pub mod metrics;
 pub mod objects;
 pub mod owner_refs;
+pub mod pending_guard;
 pub mod reconcile;
 pub mod scheduler;
 pub mod selector;

@@ -35,6 +35,23 @@ pub enum ServerError {
         /// What went wrong.
         reason: String,
     },
+    /// `store.db` is missing or empty beside the CA and keys of an earlier run.
+    #[error(
+        "the store {} is missing or empty, but {} holds the CA and keys of an earlier run: \
+         starting would forget every client, exporter and lease (their tokens would then be \
+         refused). Restore the store from a backup (`jumpstarter-controller --data-dir {} \
+         restore FILE`), or pass --accept-empty-store to start with an empty one on purpose",
+        store.display(), data_dir.display(), data_dir.display()
+    )]
+    StoreMissing {
+        /// The store file.
+        store: PathBuf,
+        /// The data directory.
+        data_dir: PathBuf,
+    },
+    /// The data directory (or its `ca/`, `server/`) is unsafe or cannot be created.
+    #[error(transparent)]
+    UnsafeDataDir(#[from] crate::data_dir::DataDirError),
     /// A listener could not be opened.
     #[error("cannot listen on {addr}: {source}")]
     Listen {
@@ -113,6 +130,16 @@ pub struct ControllerConfig {
     pub login_listen: Option<String>,
     /// The namespace `/v1/auth/config` tells clients to use.
     pub login_namespace: String,
+    /// A lease still waiting for an exporter whose client has not been heard from for this
+    /// long is ended (see [`crate::pending_guard`]); `None` never ends one.
+    pub pending_client_timeout: Option<std::time::Duration>,
+    /// Ended leases are deleted this long after they ended ([`crate::lease_gc`]); `None`
+    /// keeps them (the binary sets `None` with the Kubernetes store, which keeps them as
+    /// upstream does).
+    pub ended_lease_retention: Option<std::time::Duration>,
+    /// Start with an empty SQLite store even though the data directory holds a CA and keys
+    /// of an earlier run (which otherwise means the store was lost, and is refused).
+    pub accept_empty_store: bool,
 }
 
 impl ControllerConfig {
@@ -137,6 +164,9 @@ impl ControllerConfig {
             provisioning: false,
             login_listen: None,
             login_namespace: "default".into(),
+            pending_client_timeout: Some(crate::pending_guard::DEFAULT_TIMEOUT),
+            ended_lease_retention: Some(crate::lease_gc::DEFAULT_RETENTION),
+            accept_empty_store: false,
         }
     }
 
@@ -312,11 +342,38 @@ fn server_identity(
     }
 }
 
+/// Files that only exist after a controller ran in the data directory.
+const EARLIER_RUN_FILES: [&str; 2] = ["ca/ca.key", "signing-key.pem"];
+
+/// Refuses a missing or empty `store.db` beside the keys of an earlier run, unless `accept`.
+fn check_store_present(dir: &std::path::Path, accept: bool) -> Result<(), ServerError> {
+    let store = dir.join(crate::store::sqlite::DB_FILE);
+    let empty = std::fs::metadata(&store).map_or(true, |m| m.len() == 0);
+    let earlier_run = EARLIER_RUN_FILES.iter().any(|f| dir.join(f).exists());
+    if empty && earlier_run {
+        if accept {
+            tracing::warn!(
+                "starting with an empty store beside the keys of an earlier run \
+                 (--accept-empty-store): earlier clients and exporters are forgotten"
+            );
+            // An empty file is not a database SQLite would create over.
+            let _ = std::fs::remove_file(&store);
+            return Ok(());
+        }
+        return Err(ServerError::StoreMissing {
+            store,
+            data_dir: dir.to_path_buf(),
+        });
+    }
+    Ok(())
+}
+
 /// Starts a controller (and its router) as configured, with the SQLite store of the data
 /// directory.
 pub async fn start(config: ControllerConfig) -> Result<RunningController, ServerError> {
     let dir = &config.data_dir;
-    std::fs::create_dir_all(dir).map_err(|e| data_err(dir, e))?;
+    crate::data_dir::prepare(dir)?;
+    check_store_present(dir, config.accept_empty_store)?;
     let store = SqliteStore::open(dir.clone())
         .await
         .map_err(|e| data_err(dir, e))?;
@@ -330,7 +387,7 @@ pub async fn start_with_store<S: Store>(
     store: S,
 ) -> Result<RunningController<S>, ServerError> {
     let dir = &config.data_dir;
-    std::fs::create_dir_all(dir).map_err(|e| data_err(dir, e))?;
+    crate::data_dir::prepare(dir)?;
     // The CA is kept even when an own certificate is used, so that switching back keeps the
     // configs already handed out working.
     let ca = CertificateAuthority::load_or_create(&dir.join("ca"), "jumpstarter controller CA")
@@ -430,6 +487,7 @@ pub async fn start_with_store<S: Store>(
             s.max_tags = max;
         }
         s.external_auth = external_auth;
+        s.pending_client_timeout = config.pending_client_timeout;
     }
     let (stop, stopped) = watch::channel(false);
     let until_stopped = |mut rx: watch::Receiver<bool>| async move {
@@ -453,6 +511,14 @@ pub async fn start_with_store<S: Store>(
             tracing::error!("router stopped: {e}");
         }
     }));
+
+    if let Some(retention) = config.ended_lease_retention {
+        let gc_state = state.clone();
+        let rx = stopped.clone();
+        tasks.push(tokio::spawn(async move {
+            crate::lease_gc::run(&gc_state.store, retention, until_stopped(rx)).await;
+        }));
+    }
 
     let reconcile_state = state.clone();
     let rx = stopped.clone();

@@ -114,6 +114,14 @@ pub struct ControllerState<S: Store> {
     pub endpoint: String,
     /// Maximum number of lease tags.
     pub max_tags: usize,
+    /// A waiting lease whose client has not been heard from for this long is ended
+    /// ([`crate::pending_guard`]); `None` never ends one.
+    pub pending_client_timeout: Option<Duration>,
+    /// When each client was last heard from.
+    pub client_activity: crate::pending_guard::ClientActivity,
+    /// Set once the controller cannot go on (a damaged store): the binary then exits
+    /// non-zero with this message instead of failing every second.
+    pub fatal: watch::Sender<Option<String>>,
     /// External OIDC issuers (tried before the internal issuer) and Client provisioning.
     pub external_auth: crate::external_auth::ExternalAuth,
     /// Poked whenever something may need rescheduling.
@@ -160,6 +168,9 @@ impl<S: Store> ControllerState<S> {
             routers,
             endpoint,
             max_tags: crate::objects::DEFAULT_MAX_TAGS,
+            pending_client_timeout: Some(crate::pending_guard::DEFAULT_TIMEOUT),
+            client_activity: Default::default(),
+            fatal: watch::channel(None).0,
             external_auth: Default::default(),
             wake: Notify::new(),
             listeners: Mutex::new(HashMap::new()),
@@ -173,6 +184,27 @@ impl<S: Store> ControllerState<S> {
             events: store.event_recorder(),
             store,
         })
+    }
+
+    /// Declares the controller unable to go on, for `reason` (the first reason is kept).
+    pub fn fail(&self, reason: String) {
+        self.fatal.send_if_modified(|f| {
+            if f.is_some() {
+                return false;
+            }
+            *f = Some(reason);
+            true
+        });
+    }
+
+    /// Resolves with the reason once [`Self::fail`] was called.
+    pub async fn failed(&self) -> String {
+        let mut rx = self.fatal.subscribe();
+        match rx.wait_for(Option::is_some).await {
+            Ok(r) => r.clone().unwrap_or_default(),
+            // The sender lives as long as the state: never.
+            Err(_) => std::future::pending().await,
+        }
     }
 
     fn cache(&self) -> MutexGuard<'_, ExporterCache> {
@@ -343,6 +375,18 @@ impl<S: Store> ControllerState<S> {
     /// - Any other token must be ours: subject matching the `jumpstarter-*` metadata, object
     ///   existing with the token's uid.
     pub async fn authenticate(
+        &self,
+        md: &MetadataMap,
+        expected: ObjectKind,
+    ) -> Result<Caller, Status> {
+        let caller = self.authenticate_caller(md, expected).await?;
+        if caller.kind == ObjectKind::Client {
+            self.client_activity.note(&caller.namespace, &caller.name);
+        }
+        Ok(caller)
+    }
+
+    async fn authenticate_caller(
         &self,
         md: &MetadataMap,
         expected: ObjectKind,

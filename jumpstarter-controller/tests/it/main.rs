@@ -4,6 +4,7 @@
 
 mod admin;
 mod crds;
+mod data_dir;
 mod deploy;
 mod fake_issuer;
 mod flow;
@@ -11,8 +12,12 @@ mod flow;
 mod kube_server;
 #[cfg(feature = "kubernetes")]
 mod kube_store;
+mod limits;
 mod oidc;
+mod pending_guard;
+mod policy_update;
 mod restart;
+mod store_integrity;
 
 use jumpstarter_controller::{
     objects::{Client, ClientSpec, Exporter, ExporterSpec},
