@@ -15,7 +15,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use jiff::Timestamp;
 use jumpstarter_core::{
-    channel::{AuthChannel, ControllerAuth, TlsSettings, connect_authenticated},
+    client::channel::{AuthChannel, ControllerAuth, TlsSettings, connect_authenticated},
     config::{
         AdminConfig, ClientConfig, DriversConfig, ExporterConfig, ObjectMeta, SYSTEM_EXPORTER_DIR,
         TlsConfig, UserConfig, config_dir, encode_ca, write_private,

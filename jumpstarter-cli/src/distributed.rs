@@ -12,15 +12,17 @@ use std::{
 
 use anyhow::{Context, Result};
 use jumpstarter_core::{
+    client::{
+        direct,
+        lease::{self, ControllerClient, LeaseRequest, LeaseSource},
+        tunnel::{self, RetryPolicy},
+    },
     config::{ClientConfig, ExporterConfig},
-    direct, exporter,
-    lease::{self, ControllerClient, LeaseRequest, LeaseSource},
-    serve::local_socket_path,
-    tunnel::{self, RetryPolicy},
+    server::local_socket_path,
 };
 use tokio_util::sync::CancellationToken;
 
-use crate::shell;
+use crate::{exporter, shell};
 
 /// What `jmp shell` needs to lease an exporter.
 #[derive(Debug, Clone, Default)]

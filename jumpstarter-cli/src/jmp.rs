@@ -8,7 +8,7 @@ use jumpstarter_core::{
     Session,
     client::{ConnectOptions, ExporterSession},
     config::{ExporterConfig, exporter_config_path},
-    serve::{ServeOptions, serve_tcp},
+    server::{ServeOptions, serve_tcp},
 };
 
 use crate::shell;

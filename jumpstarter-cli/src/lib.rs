@@ -9,6 +9,7 @@ pub mod admin;
 pub mod auth;
 pub mod config_cmd;
 pub mod distributed;
+pub mod exporter;
 pub mod j;
 pub mod jmp;
 mod logging;

@@ -7,7 +7,7 @@ use anyhow::{Result, bail};
 use clap::{Args, Subcommand};
 use jiff::{Timestamp, tz::TimeZone};
 use jumpstarter_core::{
-    channel::{AuthChannel, connect_client},
+    client::channel::{AuthChannel, connect_client},
     config::{ClientConfig, UserConfig},
 };
 use jumpstarter_proto::{

@@ -16,7 +16,7 @@ use jumpstarter_core::{
     Session,
     client::{ConnectOptions, connect_channel},
     config::ExporterConfig,
-    serve::{local_socket_path, serve_unix},
+    server::{local_socket_path, serve_unix},
 };
 use jumpstarter_proto::v1::{LogSource, exporter_service_client::ExporterServiceClient};
 

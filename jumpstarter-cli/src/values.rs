@@ -88,9 +88,9 @@ pub fn join_selectors(selectors: &[String]) -> String {
 }
 
 /// Parses a lease duration in the formats upstream accepts (see
-/// [`jumpstarter_core::lease::parse_duration`]), refusing zero. Returns seconds.
+/// [`jumpstarter_core::client::lease::parse_duration`]), refusing zero. Returns seconds.
 pub fn parse_positive_duration(text: &str) -> Result<f64> {
-    let secs = jumpstarter_core::lease::parse_duration(text)?.as_secs_f64();
+    let secs = jumpstarter_core::client::lease::parse_duration(text)?.as_secs_f64();
     if secs <= 0.0 {
         bail!("invalid duration {text:?}: a lease duration must be greater than zero");
     }

@@ -16,7 +16,7 @@ use std::{
 
 use futures::{StreamExt, TryStreamExt, stream};
 use jumpstarter_core::{
-    channel::{
+    client::channel::{
         AuthChannel, ControllerAuth, GrpcChannel, TlsSettings, connect_authenticated, connect_tls,
     },
     config::AdminConfig,

@@ -9,7 +9,9 @@
 
 use std::path::Path;
 
-use jumpstarter_core::oidc::{ExternalVerifier, JwtAuthenticatorConfig, OidcError, token_issuer};
+use jumpstarter_core::oidc::{OidcError, token_issuer};
+
+use crate::auth::{ExternalVerifier, JwtAuthenticatorConfig};
 
 use crate::cluster_config::{Authentication, ClusterConfigError};
 

@@ -1,6 +1,7 @@
 //! The Jumpstarter controller: inventory, authentication and lease scheduling .
 
 pub mod admin_token;
+pub mod auth;
 pub mod backup;
 pub mod cli;
 pub mod cluster_config;

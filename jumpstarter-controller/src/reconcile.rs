@@ -520,7 +520,9 @@ pub async fn run<S: Store>(
 mod tests {
     use std::sync::Arc;
 
-    use jumpstarter_core::auth::{RouterTokenKey, TokenIssuer};
+    use jumpstarter_router::RouterTokenKey;
+
+    use crate::auth::TokenIssuer;
 
     use super::*;
     use crate::objects::{ExporterSpec, conditions as c, find_condition};

@@ -5,7 +5,7 @@
 use std::{net::SocketAddr, path::PathBuf, sync::Arc};
 
 use jumpstarter_core::{
-    auth::{CertificateAuthority, RouterTokenKey, TokenIssuer, load_identity, read_cert_pem},
+    auth::{CertificateAuthority, load_identity, read_cert_pem},
     config::AdminConfig,
 };
 use jumpstarter_proto::{
@@ -13,11 +13,13 @@ use jumpstarter_proto::{
     client_v1::client_service_server::ClientServiceServer,
     v1::controller_service_server::ControllerServiceServer,
 };
+use jumpstarter_router::RouterTokenKey;
 use tokio::{net::TcpListener, sync::watch, task::JoinHandle};
 use tonic::transport::{Identity, Server, ServerTlsConfig};
 
 use crate::{
     admin_token::{ADMIN_TOKEN_FILE, AdminToken},
+    auth::TokenIssuer,
     metrics::{RpcMetrics, RpcMetricsLayer},
     service::{admin::AdminApi, client::ClientApi, controller::ControllerApi},
     state::{ControllerState, RouterEntry},

@@ -12,7 +12,10 @@ use std::{
 
 use futures::StreamExt;
 use jiff::Timestamp;
-use jumpstarter_core::auth::{AuthMetadata, ObjectKind, RouterTokenKey, TokenIssuer};
+use jumpstarter_core::auth::ObjectKind;
+use jumpstarter_router::RouterTokenKey;
+
+use crate::auth::{AuthMetadata, TokenIssuer};
 use jumpstarter_proto::v1::ListenResponse;
 use tokio::sync::{Notify, mpsc, watch};
 use tonic::{Status, metadata::MetadataMap};
@@ -464,9 +467,9 @@ impl<S: Store> ControllerState<S> {
         if kind != expected {
             return Err(Status::invalid_argument("object kind mismatch"));
         }
-        let name = jumpstarter_core::auth::resolve_object_name(
+        let name = crate::auth::resolve_object_name(
             username,
-            jumpstarter_core::auth::INTERNAL_USERNAME_PREFIX,
+            crate::auth::INTERNAL_USERNAME_PREFIX,
             meta.name.as_deref(),
         )?;
         let namespace = meta.namespace;

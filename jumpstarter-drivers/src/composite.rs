@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use jumpstarter_core::{Driver, DriverError, driver, registry::DriverArgs};
+use jumpstarter_core::{Driver, DriverError, driver, driver::DriverArgs};
 
 /// Upstream client class of composite drivers.
 pub const COMPOSITE_CLIENT: &str = "jumpstarter_driver_composite.client.CompositeClient";

@@ -7,7 +7,7 @@ pub mod composite;
 pub mod power;
 pub mod storage;
 
-use jumpstarter_core::registry::{COMPOSITE_TYPE, DriverRegistry};
+use jumpstarter_core::driver::{COMPOSITE_TYPE, DriverRegistry};
 
 /// Every stock driver under its upstream config type name.
 pub fn stock_registry() -> DriverRegistry {

@@ -11,7 +11,7 @@
 //!   hijack a live tunnel.
 //! - Forwarding: frames are passed both ways through bounded channels, so a slow side slows
 //!   the other and nothing buffers without bound. When one side ends or fails, both end.
-//!   The RPC is spoken straight over HTTP/2 ([`jumpstarter_core::stream_rpc`]): a payload
+//!   The RPC is spoken straight over HTTP/2 ([`jumpstarter_core::wire::stream_rpc`]): a payload
 //!   leaves as a slice of the HTTP/2 frame it came in, never copied.
 
 use std::{
@@ -25,13 +25,16 @@ use std::{
 };
 
 use futures::{Stream, StreamExt};
-use jumpstarter_core::{
-    auth::{RouterTokenKey, bearer_token},
-    stream_rpc,
-};
+use jumpstarter_core::{auth::bearer_token, wire::stream_rpc};
 use jumpstarter_proto::v1::{StreamRequest, StreamResponse};
 use tokio::sync::{mpsc, oneshot};
 use tonic::{Status, body::Body, metadata::MetadataMap};
+
+mod token;
+
+pub use token::{
+    ROUTER_AUDIENCE, ROUTER_ISSUER, ROUTER_TOKEN_LIFETIME, RouterToken, RouterTokenKey,
+};
 
 /// Frames in flight per direction before the sender waits.
 const FORWARD_BUFFER: usize = 8;
@@ -339,9 +342,9 @@ pub async fn serve(
     // The same HTTP/2 windows and frame size as an exporter's own server: the router passes
     // bulk transfers along, and gRPC's 64 KiB default windows would stall them.
     let mut builder = tonic::transport::Server::builder()
-        .initial_stream_window_size(Some(jumpstarter_core::serve::STREAM_WINDOW))
-        .initial_connection_window_size(Some(jumpstarter_core::serve::CONNECTION_WINDOW))
-        .max_frame_size(Some(jumpstarter_core::frames::MAX_FRAME));
+        .initial_stream_window_size(Some(jumpstarter_core::server::STREAM_WINDOW))
+        .initial_connection_window_size(Some(jumpstarter_core::server::CONNECTION_WINDOW))
+        .max_frame_size(Some(jumpstarter_core::wire::frames::MAX_FRAME));
     if let Some(id) = tls {
         builder = builder
             .tls_config(tonic::transport::ServerTlsConfig::new().identity(id))
@@ -351,7 +354,7 @@ pub async fn serve(
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .add_service(router.service())
         .serve_with_incoming_shutdown(
-            jumpstarter_core::serve::nodelay_incoming(listener),
+            jumpstarter_core::server::nodelay_incoming(listener),
             shutdown,
         )
         .await
@@ -376,7 +379,9 @@ pub mod cli {
 
     use anyhow::{Context, Result};
     use clap::Parser;
-    use jumpstarter_core::auth::{RouterTokenKey, load_identity};
+    use jumpstarter_core::auth::load_identity;
+
+    use crate::RouterTokenKey;
 
     use crate::{Router, RouterConfig, serve};
 

@@ -12,11 +12,12 @@ use std::{
 use anyhow::{Context, Result, bail};
 use jiff::Timestamp;
 use jumpstarter_core::{
-    client::{ConnectOptions, ExporterSession},
+    client::{
+        ConnectOptions, ExporterSession, direct,
+        lease::{self, AcquiredLease, ControllerClient, LeaseSource},
+    },
     config::ClientConfig,
-    direct,
-    lease::{self, AcquiredLease, ControllerClient, LeaseSource},
-    serve::local_socket_path,
+    server::local_socket_path,
 };
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;

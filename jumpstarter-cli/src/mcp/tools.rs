@@ -10,8 +10,8 @@ use anyhow::Context;
 use futures::StreamExt;
 use jiff::Timestamp;
 use jumpstarter_core::{
+    client::lease::{LeaseRequest, LeaseSource},
     config::ClientConfig,
-    lease::{LeaseRequest, LeaseSource},
     value,
 };
 use jumpstarter_drivers::power::{POWER_CLIENT, PowerClient};

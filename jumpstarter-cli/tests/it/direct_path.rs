@@ -20,11 +20,10 @@ use jumpstarter_controller::{
 use jumpstarter_core::{
     Session,
     auth::{ObjectKind, Subject},
-    client_config::encode_ca,
-    config::ExporterConfig,
-    direct::{
+    client::direct::{
         DIRECT_CONNECT_TIMEOUT, DirectListenerSpec, DirectServer, DirectTarget, LeaseCredentials,
     },
+    config::{ExporterConfig, encode_ca},
 };
 use jumpstarter_proto::v1::{Endpoint, exporter_service_client::ExporterServiceClient};
 use tokio::{

@@ -15,7 +15,7 @@ use jumpstarter_controller::{
 };
 use jumpstarter_core::{
     auth::{ObjectKind, Subject},
-    client_config::encode_ca,
+    config::encode_ca,
 };
 use tokio::{
     io::{AsyncBufReadExt, BufReader},

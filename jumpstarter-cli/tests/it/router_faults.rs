@@ -17,6 +17,7 @@ use std::{
     time::Duration,
 };
 
+use jumpstarter_controller::auth::TokenIssuer;
 use jumpstarter_controller::{
     objects::{Client, ClientSpec, Exporter, ExporterSpec, ExporterStatusValue},
     reconcile,
@@ -25,14 +26,15 @@ use jumpstarter_controller::{
     store::{SqliteStore, Store},
 };
 use jumpstarter_core::{
-    auth::{CertificateAuthority, ObjectKind, RouterTokenKey, Subject, TokenIssuer},
-    client_config::encode_ca,
-    serve::nodelay_incoming,
+    auth::{CertificateAuthority, ObjectKind, Subject},
+    config::encode_ca,
+    server::nodelay_incoming,
 };
 use jumpstarter_proto::{
     client_v1::client_service_server::ClientServiceServer,
     v1::controller_service_server::ControllerServiceServer,
 };
+use jumpstarter_router::RouterTokenKey;
 use tokio::{
     net::{TcpListener, TcpStream},
     process::{Child, Command},

@@ -4,10 +4,7 @@ use super::*;
 use kube::CustomResourceExt;
 use serde_json::{Value, json};
 
-const CRD_DIR: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../../shared/reference/crds"
-);
+const CRD_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/reference/crds");
 
 /// The reference CRD as JSON, or `None` when the shared reference is not present (CI copies
 /// shared/ next to the checkout, so it normally is).

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use futures::StreamExt;
 use http::{Method, Request, Response};
 use http_body_util::BodyExt;
+use jumpstarter_controller::auth::TokenIssuer;
 use jumpstarter_controller::{
     objects::{Client, ClientSpec, Exporter, ExporterSpec, ExporterStatus, Lease, LeaseSpec},
     reconcile::reconcile_once,
@@ -17,7 +18,7 @@ use jumpstarter_controller::{
         KubeStore, ListParams, Store, StoreError, WatchEvent, credentials, fake_api::FakeApiServer,
     },
 };
-use jumpstarter_core::auth::{RouterTokenKey, TokenIssuer};
+use jumpstarter_router::RouterTokenKey;
 use k8s_openapi::api::core::v1::LocalObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1 as metav1;
 use kube::client::Body;

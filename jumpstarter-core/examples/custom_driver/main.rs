@@ -22,9 +22,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let tree = DriverNode::new(Arc::new(Thermostat::default())).with_child("thermostat", root);
     let session = Session::new_ready(tree, BTreeMap::new());
     let dir = tempfile::tempdir()?;
-    let socket = jumpstarter_core::serve::local_socket_path(dir.path());
+    let socket = jumpstarter_core::server::local_socket_path(dir.path());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(jumpstarter_core::serve::serve_unix(
+    let server = tokio::spawn(jumpstarter_core::server::serve_unix(
         session,
         &socket,
         async {

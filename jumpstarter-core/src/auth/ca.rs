@@ -15,7 +15,7 @@ use rcgen::{
 };
 use time::OffsetDateTime;
 
-use super::controller_token::write_secret_file;
+use super::pem::write_secret_file;
 
 /// File name of the CA certificate inside the CA directory.
 pub const CA_CERT_FILE: &str = "ca.crt";

@@ -2,6 +2,8 @@
 //! Jumpstarter uses. Claims are checked by the callers; this module only proves that the
 //! bytes were signed by the expected key with an algorithm the caller allowed.
 
+use std::time::{SystemTime, UNIX_EPOCH};
+
 use base64::{Engine, engine::general_purpose::URL_SAFE_NO_PAD};
 use ring::{hmac, rand::SystemRandom, signature};
 use serde_json::{Map, Value};
@@ -13,16 +15,22 @@ const MAX_TOKEN_LEN: usize = 16 * 1024;
 
 /// The signature algorithms accepted anywhere in Jumpstarter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Alg {
+pub enum Alg {
+    /// ECDSA P-256 with SHA-256.
     Es256,
+    /// RSA PKCS#1 v1.5 with SHA-256 (verification only).
     Rs256,
+    /// HMAC with SHA-256.
     Hs256,
+    /// HMAC with SHA-384.
     Hs384,
+    /// HMAC with SHA-512.
     Hs512,
 }
 
 impl Alg {
-    fn name(self) -> &'static str {
+    /// The `alg` header value (`ES256`, ...).
+    pub fn name(self) -> &'static str {
         match self {
             Alg::Es256 => "ES256",
             Alg::Rs256 => "RS256",
@@ -32,7 +40,8 @@ impl Alg {
         }
     }
 
-    fn from_name(name: &str) -> Option<Self> {
+    /// The algorithm of an `alg` header value; `None` for any other.
+    pub fn from_name(name: &str) -> Option<Self> {
         match name {
             "ES256" => Some(Alg::Es256),
             "RS256" => Some(Alg::Rs256),
@@ -54,7 +63,7 @@ impl Alg {
 }
 
 /// The key a token is signed or verified with.
-pub(crate) enum Key<'a> {
+pub enum Key<'a> {
     /// ES256 signing key.
     EcdsaSigner(&'a signature::EcdsaKeyPair),
     /// ES256 verification: an uncompressed P-256 point.
@@ -81,7 +90,7 @@ fn signing_input(header: &Value, claims: &Value) -> Result<String, TokenError> {
 }
 
 /// Signs `claims` with `alg`; `kid` goes in the header when given.
-pub(crate) fn encode(
+pub fn encode(
     alg: Alg,
     key: Key<'_>,
     kid: Option<&str>,
@@ -133,7 +142,7 @@ fn decode_json(part: &str, what: &str) -> Result<Map<String, Value>, TokenError>
 
 /// Verifies the signature of `token` with `key`, accepting only the algorithms in `allowed`,
 /// and returns the claims. Claim values are not checked here.
-pub(crate) fn verify(
+pub fn verify(
     token: &str,
     key: Key<'_>,
     allowed: &[Alg],
@@ -196,11 +205,11 @@ pub(crate) fn verify(
 }
 
 /// A JSON object (a JWT header or claim set).
-pub(crate) type JsonObject = Map<String, Value>;
+pub type JsonObject = Map<String, Value>;
 
 /// The header and claims of `token` WITHOUT verifying anything: only for choosing the
 /// verifier (by `iss`) and the key (by `kid`).
-pub(crate) fn peek(token: &str) -> Result<(JsonObject, JsonObject), TokenError> {
+pub fn peek(token: &str) -> Result<(JsonObject, JsonObject), TokenError> {
     if token.len() > MAX_TOKEN_LEN {
         return Err(TokenError::Malformed(format!(
             "token is {} bytes, more than {MAX_TOKEN_LEN}",
@@ -219,10 +228,11 @@ pub(crate) fn peek(token: &str) -> Result<(JsonObject, JsonObject), TokenError> 
 }
 
 /// Claim accessors with RFC 7519 types.
-pub(crate) struct Claims(pub(crate) Map<String, Value>);
+pub struct Claims(pub Map<String, Value>);
 
 impl Claims {
-    pub(crate) fn string(&self, name: &'static str) -> Result<&str, TokenError> {
+    /// A string claim; missing or of another type is [`TokenError::MissingClaim`].
+    pub fn string(&self, name: &'static str) -> Result<&str, TokenError> {
         self.0
             .get(name)
             .and_then(Value::as_str)
@@ -230,7 +240,7 @@ impl Claims {
     }
 
     /// A NumericDate claim; `None` when absent, an error when present with another type.
-    pub(crate) fn time(&self, name: &'static str) -> Result<Option<i64>, TokenError> {
+    pub fn time(&self, name: &'static str) -> Result<Option<i64>, TokenError> {
         match self.0.get(name) {
             None => Ok(None),
             Some(v) => v
@@ -243,7 +253,7 @@ impl Claims {
     }
 
     /// `aud` as a list (it may be a single string).
-    pub(crate) fn audience(&self) -> Result<Vec<String>, TokenError> {
+    pub fn audience(&self) -> Result<Vec<String>, TokenError> {
         match self.0.get("aud") {
             Some(Value::String(s)) => Ok(vec![s.clone()]),
             Some(Value::Array(items)) => items
@@ -258,7 +268,8 @@ impl Claims {
         }
     }
 
-    pub(crate) fn check_issuer(&self, expected: &str) -> Result<(), TokenError> {
+    /// `iss` must equal `expected`.
+    pub fn check_issuer(&self, expected: &str) -> Result<(), TokenError> {
         let found = self.string("iss")?;
         if found != expected {
             return Err(TokenError::Issuer {
@@ -269,7 +280,8 @@ impl Claims {
         Ok(())
     }
 
-    pub(crate) fn check_audience(&self, expected: &str) -> Result<(), TokenError> {
+    /// `aud` must include `expected`.
+    pub fn check_audience(&self, expected: &str) -> Result<(), TokenError> {
         let found = self.audience()?;
         if !found.iter().any(|a| a == expected) {
             return Err(TokenError::Audience {
@@ -281,7 +293,7 @@ impl Claims {
     }
 
     /// `exp` must be present and in the future; `nbf`, when present, reached.
-    pub(crate) fn check_times(&self, now: i64) -> Result<(), TokenError> {
+    pub fn check_times(&self, now: i64) -> Result<(), TokenError> {
         let exp = self.time("exp")?.ok_or(TokenError::MissingClaim("exp"))?;
         if now >= exp {
             return Err(TokenError::Expired { exp, now });
@@ -292,6 +304,14 @@ impl Claims {
             return Err(TokenError::NotYetValid { nbf, now });
         }
         Ok(())
+    }
+}
+
+/// Seconds since the Unix epoch (negative before it), as JWT `iat`/`exp`/`nbf` count time.
+pub fn unix_seconds(t: SystemTime) -> i64 {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        Err(e) => -i64::try_from(e.duration().as_secs()).unwrap_or(i64::MAX),
     }
 }
 

@@ -1,45 +1,34 @@
 //! Credentials and TLS building blocks shared by the controller, the router and their clients.
 //!
-//! - [`TokenIssuer`]: the controller's ES256 tokens for Clients and Exporters (upstream's
-//!   internal OIDC issuer: iss `https://localhost:8085`, aud `jumpstarter`, sub
-//!   `client:<ns>:<name>:<uid>`), with a P-256 key kept as a PEM file.
-//! - [`RouterTokenKey`]: the HS256 tokens that pair the two halves of a router stream.
 //! - [`CertificateAuthority`]: a small ECDSA P-256 CA kept in a directory, issuing server
 //!   and client certificates; [`read_cert_pem`], [`read_key_pem`], [`load_identity`] read PEM
 //!   files with errors that name the file.
-//! - [`AuthMetadata`]: the `authorization` / `jumpstarter-*` metadata of controller RPCs,
-//!   parsed with upstream's status codes and messages.
+//! - [`jwt`]: compact JWS encoding and verification over `ring`, on which the controller's
+//!   tokens (in `jumpstarter-controller`) and the router's tokens (in `jumpstarter-router`)
+//!   are built; [`Subject`] and [`TokenError`] are theirs.
+//! - [`bearer_token`] and the `jumpstarter-*` metadata keys of controller RPCs.
 //!
 //! JWTs are encoded and verified here over `ring` (already in the tree through TLS) rather
 //! than through a JWT crate, to avoid a second crypto stack; only ES256 and HS256/384/512
 //! are accepted, and the algorithm a key expects is fixed by the verifier, never by the
 //! token header.
 
+mod bearer;
 mod ca;
-mod controller_token;
-pub(crate) mod jwt;
-mod metadata;
-mod pem;
-mod router_token;
+pub mod jwt;
+pub mod pem;
 
 use std::fmt;
 
+pub use bearer::{KIND_KEY, NAME_KEY, NAMESPACE_KEY, bearer_token};
 pub use ca::{
     CA_CERT_FILE, CA_KEY_FILE, CertificateAuthority, IssuedCert, TlsError, load_identity,
     read_cert_pem, read_key_pem,
 };
-pub(crate) use controller_token::unix_seconds as unix_seconds_of;
-pub use controller_token::{
-    DEFAULT_AUDIENCE, DEFAULT_ISSUER, DEFAULT_TOKEN_LIFETIME, INTERNAL_USERNAME_PREFIX,
-    IssuedToken, TokenIssuer,
-};
-pub use metadata::{
-    AuthMetadata, KIND_KEY, NAME_KEY, NAMESPACE_KEY, bearer_token, derive_object_name,
-    resolve_object_name,
-};
-pub use router_token::{
-    ROUTER_AUDIENCE, ROUTER_ISSUER, ROUTER_TOKEN_LIFETIME, RouterToken, RouterTokenKey,
-};
+
+/// `iss` of the controller's own tokens (upstream's internal issuer URL); `jmp login` tells
+/// them from external issuers' tokens by it.
+pub const DEFAULT_ISSUER: &str = "https://localhost:8085";
 
 /// A token could not be issued, loaded or verified.
 ///

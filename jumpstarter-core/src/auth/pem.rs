@@ -1,19 +1,21 @@
 //! A small PEM (RFC 7468) reader: enough for certificates and PKCS#8 keys, with errors that
 //! say what is wrong so callers can name the file.
 
+use std::path::Path;
+
 use base64::{Engine, engine::general_purpose::STANDARD};
 
 /// One `-----BEGIN <label>-----` … `-----END <label>-----` block.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct PemBlock {
+pub struct PemBlock {
     /// The label, e.g. `CERTIFICATE` or `PRIVATE KEY`.
-    pub(crate) label: String,
+    pub label: String,
     /// The decoded contents.
-    pub(crate) der: Vec<u8>,
+    pub der: Vec<u8>,
 }
 
 /// All PEM blocks of `text`, in order; text outside blocks is ignored, as RFC 7468 allows.
-pub(crate) fn parse(text: &str) -> Result<Vec<PemBlock>, String> {
+pub fn parse(text: &str) -> Result<Vec<PemBlock>, String> {
     let mut blocks = Vec::new();
     let mut current: Option<(String, String, usize)> = None;
     for (index, raw) in text.lines().enumerate() {
@@ -55,6 +57,42 @@ pub(crate) fn parse(text: &str) -> Result<Vec<PemBlock>, String> {
         ));
     }
     Ok(blocks)
+}
+
+/// `der` as one PEM block labelled `label`, 64 base64 characters a line.
+pub fn pem_encode(label: &str, der: &[u8]) -> String {
+    let b64 = STANDARD.encode(der);
+    let mut out = format!("-----BEGIN {label}-----\n");
+    for chunk in b64.as_bytes().chunks(64) {
+        out.push_str(&String::from_utf8_lossy(chunk));
+        out.push('\n');
+    }
+    out.push_str(&format!("-----END {label}-----\n"));
+    out
+}
+
+/// Writes `contents` to `path` with mode 0600, via a temporary file and a rename, so a crash
+/// never leaves a half-written secret.
+pub fn write_secret_file(path: &Path, contents: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    let mut tmp_name = path.as_os_str().to_owned();
+    tmp_name.push(format!(".tmp{}", std::process::id()));
+    let tmp = std::path::PathBuf::from(tmp_name);
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.mode(0o600);
+    }
+    let mut f = opts.open(&tmp)?;
+    f.write_all(contents)?;
+    f.sync_all()?;
+    drop(f);
+    std::fs::rename(&tmp, path)
 }
 
 #[cfg(test)]

@@ -3,7 +3,9 @@
 
 use base64::{Engine, engine::general_purpose::URL_SAFE_NO_PAD};
 use ring::rand::SecureRandom;
-use serde_json::Value;
+use serde_json::{Map, Value};
+
+use crate::auth::{TokenError, jwt};
 
 use super::{HttpsClient, OidcError, http::snippet};
 
@@ -215,6 +217,20 @@ pub fn random_state() -> Result<String, OidcError> {
     random_b64(16)
 }
 
+/// The claims of `token` WITHOUT verification (for display, or to pick a verifier).
+pub fn unverified_claims(token: &str) -> Result<Map<String, Value>, TokenError> {
+    jwt::peek(token).map(|(_, claims)| claims)
+}
+
+/// The `iss` of `token` WITHOUT verification; `None` when it is not a JWT with an issuer.
+pub fn token_issuer(token: &str) -> Option<String> {
+    unverified_claims(token)
+        .ok()?
+        .get("iss")?
+        .as_str()
+        .map(str::to_owned)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -228,5 +244,16 @@ mod tests {
         assert_eq!(c, expected);
         assert_ne!(pkce_pair().unwrap().0, v);
         assert_ne!(random_state().unwrap(), random_state().unwrap());
+    }
+
+    #[test]
+    fn issuer_of_a_token_is_read_without_verification() {
+        let t = format!(
+            "{}.{}.x",
+            URL_SAFE_NO_PAD.encode("{}"),
+            URL_SAFE_NO_PAD.encode(r#"{"iss":"https://a"}"#)
+        );
+        assert_eq!(token_issuer(&t).as_deref(), Some("https://a"));
+        assert_eq!(token_issuer("garbage"), None);
     }
 }

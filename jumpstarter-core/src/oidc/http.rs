@@ -70,7 +70,7 @@ impl HttpsClient {
         let mut config = if insecure {
             builder
                 .dangerous()
-                .with_custom_certificate_verifier(Arc::new(crate::channel::AnyServer))
+                .with_custom_certificate_verifier(Arc::new(crate::client::channel::AnyServer))
                 .with_no_client_auth()
         } else {
             let mut roots = rustls::RootCertStore::empty();

@@ -1,24 +1,19 @@
-//! External OpenID Connect: verifying tokens of external issuers at the controller
-//! ([`ExternalVerifier`], configured by Kubernetes `JWTAuthenticator` documents), and the
-//! client side of `jmp login` / `jmp auth refresh` ([`discover`], the token grants, PKCE).
+//! External OpenID Connect: the client side of `jmp login` / `jmp auth refresh`
+//! ([`discover`], the token grants, PKCE), and the HTTPS client and errors the controller's
+//! verifier of external issuers' tokens (in `jumpstarter-controller`) shares.
 //!
 //! Discovery documents, JWKS and token endpoints are reached with [`HttpsClient`] (HTTPS with
 //! the system roots plus an optional CA; plain HTTP only to loopback hosts).
 
 mod client;
 mod http;
-mod verify;
 
 pub use client::{
     Discovery, TokenResponse, code_grant, discover, password_grant, pkce_pair, random_state,
-    refresh_grant, token_exchange_grant,
+    refresh_grant, token_exchange_grant, token_issuer, unverified_claims,
 };
 pub use http::{
     HttpResponse, HttpsClient, form_decode, form_encode, is_loopback_host, url_decode, url_encode,
-};
-pub use verify::{
-    ClaimMappings, ClaimValidationRule, ExternalVerifier, IssuerConfig, JwtAuthenticatorConfig,
-    UsernameMapping, token_issuer, unverified_claims,
 };
 
 use crate::auth::TokenError;

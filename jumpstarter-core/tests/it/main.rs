@@ -14,7 +14,7 @@ use std::{collections::BTreeMap, path::PathBuf, sync::Arc};
 use jumpstarter_core::{
     DriverNode, Session,
     client::{ConnectOptions, ExporterSession, SessionChannel, connect_channel},
-    serve::{local_socket_path, serve_unix},
+    server::{local_socket_path, serve_unix},
 };
 
 /// A session served on a Unix socket for the duration of a test.

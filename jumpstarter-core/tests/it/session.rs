@@ -262,7 +262,7 @@ async fn raw_stream_rpc_refuses_what_it_cannot_serve() {
             }
             let req = req.body(tonic::body::Body::empty()).unwrap();
             let resp = tower::ServiceExt::oneshot(channel, req).await.unwrap();
-            jumpstarter_core::stream_rpc::status_from_headers(resp.headers())
+            jumpstarter_core::wire::stream_rpc::status_from_headers(resp.headers())
                 .expect("a trailers-only status")
         }
     };

@@ -5,7 +5,7 @@ use std::{collections::BTreeMap, sync::Arc};
 use jumpstarter_core::{
     ClientError, Session,
     client::{ConnectOptions, ExporterSession},
-    serve::{ServeOptions, serve_tcp},
+    server::{ServeOptions, serve_tcp},
 };
 
 use crate::{thermostat::ThermostatStatus, tree};

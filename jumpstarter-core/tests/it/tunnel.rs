@@ -12,9 +12,11 @@ use std::{
 use futures::{StreamExt, stream::BoxStream};
 use jumpstarter_core::{
     ClientError,
-    channel::TlsSettings,
-    client::ExporterSession,
-    tunnel::{self, RetryPolicy, TicketError, TicketSource, TunnelTicket},
+    client::{
+        ExporterSession,
+        channel::TlsSettings,
+        tunnel::{self, RetryPolicy, TicketError, TicketSource, TunnelTicket},
+    },
 };
 use jumpstarter_proto::v1::{
     StreamRequest, StreamResponse,
@@ -110,7 +112,7 @@ async fn start_router() -> (String, TlsSettings) {
         .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
         .unwrap()
         .add_service(RouterServiceServer::new(PairRouter::default()));
-    tokio::spawn(server.serve_with_incoming(jumpstarter_core::serve::nodelay_incoming(listener)));
+    tokio::spawn(server.serve_with_incoming(jumpstarter_core::server::nodelay_incoming(listener)));
     (
         format!("localhost:{port}"),
         TlsSettings {

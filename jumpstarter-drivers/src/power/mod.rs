@@ -13,7 +13,7 @@ use std::sync::{
 };
 
 use futures::{StreamExt, stream::BoxStream};
-use jumpstarter_core::{CallContext, Driver, DriverError, driver, registry::DriverArgs};
+use jumpstarter_core::{CallContext, Driver, DriverError, driver, driver::DriverArgs};
 use serde::{Deserialize, Serialize};
 
 pub use client::{PowerClient, cli};

@@ -7,7 +7,7 @@ use futures::{StreamExt, TryStreamExt, stream::BoxStream};
 use jumpstarter_core::{
     ClientError,
     client::{DriverClient, UploadSource},
-    resource::{ContentEncoding, FileWriter, ResourceHandle, decoder, file_chunks},
+    wire::resource::{ContentEncoding, FileWriter, ResourceHandle, decoder, file_chunks},
 };
 use tokio::io::AsyncReadExt;
 use uuid::Uuid;

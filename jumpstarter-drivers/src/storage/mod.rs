@@ -8,7 +8,7 @@
 //! - [`StorageMuxClient`] and [`OpendalClient`]: the client halves, and [`mux_cli`] /
 //!   [`opendal_cli`] the `j storage ...` commands.
 //!
-//! Bytes travel as resource streams (see `jumpstarter_core::resource`): written to a
+//! Bytes travel as resource streams (see `jumpstarter_core::wire::resource`): written to a
 //! temporary file and renamed into place only when the whole transfer arrived, so a broken
 //! transfer never leaves a half-written file that looks complete.
 

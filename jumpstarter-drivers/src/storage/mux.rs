@@ -7,8 +7,8 @@ use std::{
 
 use jumpstarter_core::{
     CallContext, Driver, DriverError, driver,
-    registry::DriverArgs,
-    resource::{ResourceHandle, ResourceStream},
+    driver::DriverArgs,
+    wire::resource::{ResourceHandle, ResourceStream},
 };
 use serde::Deserialize;
 use tokio::io::{AsyncSeekExt, AsyncWriteExt};

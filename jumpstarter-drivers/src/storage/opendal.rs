@@ -15,7 +15,7 @@ use std::{
 
 use futures::{StreamExt, TryStreamExt, stream::BoxStream};
 use jumpstarter_core::{
-    CallContext, Driver, DriverError, driver, registry::DriverArgs, resource::ResourceHandle,
+    CallContext, Driver, DriverError, driver, driver::DriverArgs, wire::resource::ResourceHandle,
 };
 use opendal::Operator;
 use serde::{Deserialize, Serialize};

@@ -9,7 +9,7 @@ use std::{
 };
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use jumpstarter_core::resource::ChunkWrite;
+use jumpstarter_core::wire::resource::ChunkWrite;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// How often plain progress lines are printed.

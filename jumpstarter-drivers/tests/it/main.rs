@@ -11,7 +11,7 @@ use std::{collections::BTreeMap, path::PathBuf, sync::Arc};
 use jumpstarter_core::{
     Driver, DriverNode, Session,
     client::{ConnectOptions, ExporterSession},
-    serve::{local_socket_path, serve_unix},
+    server::{local_socket_path, serve_unix},
 };
 use jumpstarter_drivers::composite::Composite;
 

@@ -11,7 +11,7 @@ use std::{
     sync::Arc,
 };
 
-use jumpstarter_core::{ClientError, DriverError, resource::ContentEncoding};
+use jumpstarter_core::{ClientError, DriverError, wire::resource::ContentEncoding};
 use jumpstarter_drivers::storage::{
     HashAlgo, Opendal, OpendalClient, PresignedRequest, TransferOptions,
 };

@@ -7,7 +7,7 @@ use jumpstarter_core::{
     CallContext, ClientError, DriverError,
     client::UploadSource,
     driver,
-    resource::{ContentEncoding, ResourceHandle, encoder},
+    wire::resource::{ContentEncoding, ResourceHandle, encoder},
 };
 use jumpstarter_drivers::storage::{
     HashAlgo, MockStorageMux, MockStorageMuxFlasher, Opendal, OpendalClient, StorageMuxClient,
@@ -219,7 +219,7 @@ async fn each_encoding_arrives_decompressed_and_dumps_compressed() {
     let dir = tempfile::tempdir().unwrap();
     let medium = dir.path().join("medium.img");
     let flasher: Arc<dyn jumpstarter_core::Driver> =
-        MockStorageMuxFlasher::from_args(&jumpstarter_core::registry::DriverArgs {
+        MockStorageMuxFlasher::from_args(&jumpstarter_core::driver::DriverArgs {
             config: serde_json::json!({"file": medium}),
         })
         .unwrap();

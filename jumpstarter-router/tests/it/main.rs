@@ -7,13 +7,13 @@ use std::time::{Duration, SystemTime};
 
 use futures::StreamExt;
 use jumpstarter_core::{
-    auth::{CertificateAuthority, RouterTokenKey},
+    auth::CertificateAuthority,
     client::{ConnectOptions, connect_channel},
 };
 use jumpstarter_proto::v1::{
     FrameType, StreamRequest, StreamResponse, router_service_client::RouterServiceClient,
 };
-use jumpstarter_router::{Router, RouterConfig, serve};
+use jumpstarter_router::{Router, RouterConfig, RouterTokenKey, serve};
 use tokio::sync::mpsc;
 use tonic::{Code, Request, Status, Streaming};
 

@@ -7,10 +7,33 @@ use std::{
 };
 
 use http_body_util::BodyExt;
-use jumpstarter_core::auth::{ObjectKind, Subject, TokenIssuer};
+use jumpstarter_core::auth::{
+    DEFAULT_ISSUER,
+    jwt::{self, Alg, Key, unix_seconds},
+};
 use tonic::{Code, Status};
 
 use crate::{End, TestRouter, data, next, open, start};
+
+/// A token shaped as the controller issues them to clients (ES256, the controller's issuer
+/// and audience, a client subject): a good credential, but not a router token.
+fn controller_token() -> String {
+    use ring::signature::{ECDSA_P256_SHA256_FIXED_SIGNING, EcdsaKeyPair};
+    let rng = ring::rand::SystemRandom::new();
+    let doc = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &rng).unwrap();
+    let pair =
+        EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, doc.as_ref(), &rng).unwrap();
+    let now = unix_seconds(SystemTime::now());
+    let claims = serde_json::json!({"iss": DEFAULT_ISSUER, "aud": ["jumpstarter"],
+        "sub": "client:default:c:uid-1", "iat": now, "nbf": now, "exp": now + 3600});
+    jwt::encode(
+        Alg::Es256,
+        Key::EcdsaSigner(&pair),
+        Some("default"),
+        &claims,
+    )
+    .unwrap()
+}
 
 /// The status a refused stream ends with, whether the router refuses at once or as the
 /// first response item.
@@ -40,11 +63,7 @@ async fn expired_and_foreign_tokens_are_refused_with_a_message() {
     let long_ago = SystemTime::now() - Duration::from_secs(2 * 3600);
     let expired = r.key.issue_at("stream-expired", long_ago).unwrap().token;
     // A perfectly good controller token (a client's credential), but not a router token.
-    let issuer = TokenIssuer::generate().unwrap();
-    let controller_token = issuer
-        .issue(&Subject::new(ObjectKind::Client, "default", "c", "uid-1"))
-        .unwrap()
-        .token;
+    let controller_token = controller_token();
     for (what, token) in [
         ("expired", expired.as_str()),
         ("controller token", controller_token.as_str()),
@@ -171,7 +190,12 @@ async fn malformed_messages_end_their_tunnel_and_the_router_goes_on() {
     for (what, body) in cases {
         let token = r.key.issue().unwrap().token;
         let mut a = open(&r, &token).await.unwrap();
-        let raw = raw_call(&r, jumpstarter_core::stream_rpc::STREAM_PATH, &token, body);
+        let raw = raw_call(
+            &r,
+            jumpstarter_core::wire::stream_rpc::STREAM_PATH,
+            &token,
+            body,
+        );
         let peer = async { next(&mut a).await };
         let (raw, peer) = tokio::join!(raw, peer);
         assert_ne!(raw.code(), Code::Ok, "{what}: {raw:?}");

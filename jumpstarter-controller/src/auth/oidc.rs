@@ -5,12 +5,14 @@ use std::time::{Duration, Instant, SystemTime};
 
 use base64::{Engine, engine::general_purpose::URL_SAFE_NO_PAD};
 use serde::Deserialize;
-use serde_json::{Map, Value};
+use serde_json::Value;
 
-use super::{HttpsClient, OidcError};
-use crate::auth::{
-    TokenError,
-    jwt::{self, Alg, Claims, Key},
+use jumpstarter_core::{
+    auth::{
+        TokenError,
+        jwt::{self, Alg, Claims, Key, unix_seconds},
+    },
+    oidc::{HttpsClient, OidcError, is_loopback_host},
 };
 
 /// Tolerated clock difference for `nbf` and `iat`.
@@ -176,20 +178,6 @@ fn parse_jwks(doc: &Value, url: &str) -> Result<Vec<Jwk>, OidcError> {
     Ok(out)
 }
 
-/// The claims of `token` WITHOUT verification (for display, or to pick a verifier).
-pub fn unverified_claims(token: &str) -> Result<Map<String, Value>, TokenError> {
-    jwt::peek(token).map(|(_, claims)| claims)
-}
-
-/// The `iss` of `token` WITHOUT verification; `None` when it is not a JWT with an issuer.
-pub fn token_issuer(token: &str) -> Option<String> {
-    unverified_claims(token)
-        .ok()?
-        .get("iss")?
-        .as_str()
-        .map(str::to_owned)
-}
-
 #[derive(Default)]
 struct KeyCache {
     keys: Vec<Jwk>,
@@ -230,7 +218,7 @@ impl ExternalVerifier {
             .ok()
             .filter(|u| u.scheme_str() == Some("http"))
             .and_then(|u| u.host().map(|h| h.trim_matches(['[', ']']).to_owned()))
-            .is_some_and(|h| super::is_loopback_host(&h));
+            .is_some_and(|h| is_loopback_host(&h));
         if !issuer.starts_with("https://") && !loopback_http {
             return Err(bad("issuer.url", "must be an https:// URL"));
         }
@@ -409,7 +397,7 @@ impl ExternalVerifier {
             }
         }
         let claims = Claims(claims.ok_or(last)?);
-        self.check_claims(&claims, crate::auth::unix_seconds_of(now))
+        self.check_claims(&claims, unix_seconds(now))
     }
 
     fn check_claims(&self, claims: &Claims, now: i64) -> Result<String, OidcError> {
@@ -699,16 +687,5 @@ mod tests {
         .unwrap_err();
         assert!(e.contains("/nonexistent/ca.pem"), "{e}");
         assert!(JwtAuthenticatorConfig::from_value(&serde_json::json!({"issuer": 3})).is_err());
-    }
-
-    #[test]
-    fn issuer_of_a_token_is_read_without_verification() {
-        let t = format!(
-            "{}.{}.x",
-            URL_SAFE_NO_PAD.encode("{}"),
-            URL_SAFE_NO_PAD.encode(r#"{"iss":"https://a"}"#)
-        );
-        assert_eq!(token_issuer(&t).as_deref(), Some("https://a"));
-        assert_eq!(token_issuer("garbage"), None);
     }
 }

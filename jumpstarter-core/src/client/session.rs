@@ -33,16 +33,18 @@ use tonic::{
 
 use crate::{
     DriverError,
-    channel::GrpcChannel,
-    frames::{AbortOnDrop, CHUNK, EndOfStream, Frame, splice_with},
-    resource::{
-        ChunkWrite, ContentEncoding, PipeReader, PipeWriter, ResourceHandle, StreamRequestMetadata,
-        decoder, encoder, pipe,
-    },
-    serve::{CONNECTION_WINDOW, PASSPHRASE_METADATA, STREAM_WINDOW},
-    stream_rpc,
-    tree::{CLIENT_LABEL, NAME_LABEL},
+    client::channel::GrpcChannel,
+    driver::{CLIENT_LABEL, NAME_LABEL},
+    server::{CONNECTION_WINDOW, PASSPHRASE_METADATA, STREAM_WINDOW},
     value::{self, Value},
+    wire::{
+        frames::{AbortOnDrop, CHUNK, EndOfStream, Frame, splice_with},
+        resource::{
+            ChunkWrite, ContentEncoding, PipeReader, PipeWriter, ResourceHandle,
+            StreamRequestMetadata, decoder, encoder, pipe,
+        },
+        stream_rpc,
+    },
 };
 
 /// Why a client operation failed.
@@ -223,7 +225,7 @@ pub async fn connect_channel(
             let endpoint = Endpoint::from_static("http://localhost")
                 .initial_stream_window_size(STREAM_WINDOW)
                 .initial_connection_window_size(CONNECTION_WINDOW)
-                .max_frame_size(crate::frames::MAX_FRAME);
+                .max_frame_size(crate::wire::frames::MAX_FRAME);
             endpoint
                 .connect_with_connector(tower::service_fn(move |_: Uri| {
                     let path = path.clone();
@@ -242,7 +244,7 @@ pub async fn connect_channel(
                 .tcp_nodelay(true)
                 .initial_stream_window_size(STREAM_WINDOW)
                 .initial_connection_window_size(CONNECTION_WINDOW)
-                .max_frame_size(crate::frames::MAX_FRAME)
+                .max_frame_size(crate::wire::frames::MAX_FRAME)
                 .http2_keep_alive_interval(std::time::Duration::from_secs(20))
                 .keep_alive_while_idle(true);
             if !opts.insecure {
@@ -921,9 +923,9 @@ impl UploadSource {
     }
 
     /// A local file from where it stands, read by a blocking thread straight into the
-    /// chunks sent ([`crate::resource::file_chunks`]): the fastest way to send a file.
+    /// chunks sent ([`crate::wire::resource::file_chunks`]): the fastest way to send a file.
     pub fn file(file: std::fs::File) -> Self {
-        Self::chunks(crate::resource::file_chunks(file))
+        Self::chunks(crate::wire::resource::file_chunks(file))
     }
 }
 

@@ -1,20 +1,14 @@
 //! The authentication metadata of controller RPCs, parsed with upstream's codes and messages.
 
+use jumpstarter_core::auth::{KIND_KEY, NAME_KEY, NAMESPACE_KEY, bearer_token};
 use tonic::{Status, metadata::MetadataMap};
-
-/// Metadata key of the object kind ("Client" / "Exporter").
-pub const KIND_KEY: &str = "jumpstarter-kind";
-/// Metadata key of the object namespace.
-pub const NAMESPACE_KEY: &str = "jumpstarter-namespace";
-/// Metadata key of the object name.
-pub const NAME_KEY: &str = "jumpstarter-name";
 
 /// What a caller of a controller RPC claims to be, before its token is verified.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AuthMetadata {
     /// The bearer token (without `Bearer `).
     pub token: String,
-    /// `jumpstarter-kind`, verbatim. Use [`super::ObjectKind::from_metadata`]; upstream's
+    /// `jumpstarter-kind`, verbatim. Use [`jumpstarter_core::auth::ObjectKind::from_metadata`]; upstream's
     /// authorizer denies unknown kinds.
     pub kind: String,
     /// `jumpstarter-namespace`.
@@ -67,26 +61,6 @@ fn single(md: &MetadataMap, key: &str) -> Result<Option<String>, Status> {
         .to_str()
         .map(|v| Some(v.to_owned()))
         .map_err(|_| Status::invalid_argument(format!("invalid metadata: {key}")))
-}
-
-/// The bearer token of `authorization` (see [`AuthMetadata::from_metadata`] for the errors).
-/// The router uses this alone: it needs no other metadata.
-pub fn bearer_token(md: &MetadataMap) -> Result<String, Status> {
-    let mut values = md.get_all("authorization").iter();
-    let Some(value) = values.next() else {
-        return Err(Status::unauthenticated("missing authorization header"));
-    };
-    if values.next().is_some() {
-        return Err(Status::invalid_argument("multiple authorization headers"));
-    }
-    let malformed = || Status::invalid_argument("malformed authorization header");
-    let value = value.to_str().map_err(|_| malformed())?;
-    match (value.get(..7), value.get(7..)) {
-        (Some(scheme), Some(token)) if scheme.eq_ignore_ascii_case("Bearer ") => {
-            Ok(token.to_owned())
-        }
-        _ => Err(malformed()),
-    }
 }
 
 /// The object name upstream derives from an external OIDC username: drop the provider prefix

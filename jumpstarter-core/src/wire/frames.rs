@@ -48,7 +48,7 @@ pub trait Frame: Send + 'static {
 
 // Both message types are built and taken apart through `RawFrame`, which the hand-written
 // codec needs anyway (it keeps unknown frame types as numbers).
-impl<T: crate::stream_rpc::RawFrame> Frame for T {
+impl<T: crate::wire::stream_rpc::RawFrame> Frame for T {
     fn new(payload: Vec<u8>, frame_type: FrameType) -> Self {
         Self::from_bytes(Bytes::from(payload), frame_type)
     }
@@ -351,7 +351,7 @@ impl<T> Stream for ReceiverStream<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::resource::pipe;
+    use crate::wire::resource::pipe;
     use jumpstarter_proto::v1::{StreamRequest, StreamResponse};
 
     #[tokio::test]

@@ -45,14 +45,14 @@ use crate::{
     Session,
     auth::{CertificateAuthority, IssuedCert, TlsError},
     client::{CallMetadata, ClientError, SessionChannel, error_chain},
-    serve::{CONNECTION_WINDOW, STREAM_WINDOW, Severable},
+    server::{CONNECTION_WINDOW, STREAM_WINDOW, Severable},
 };
 
 /// How long a client waits for an advertised endpoint before staying on the router.
 pub const DIRECT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Buffer per direction when a local connection is forwarded over the direct path.
-pub const DIRECT_COPY_BUFFER: usize = crate::frames::CHUNK;
+pub const DIRECT_COPY_BUFFER: usize = crate::wire::frames::CHUNK;
 
 /// How long a direct client may take to finish its TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -334,14 +334,14 @@ impl DirectServer {
             .tcp_nodelay(true)
             .initial_stream_window_size(Some(STREAM_WINDOW))
             .initial_connection_window_size(Some(CONNECTION_WINDOW))
-            .max_frame_size(Some(crate::frames::MAX_FRAME))
+            .max_frame_size(Some(crate::wire::frames::MAX_FRAME))
             .tls_config(creds.server_tls())
             .map_err(|e| DirectError::Certificates {
                 host: self.advertise_host.clone(),
                 source: TlsError::Generate(error_chain(&e)),
             })?
             .add_service(ExporterServiceServer::new(svc.clone()))
-            .add_service(crate::session::StreamService(svc));
+            .add_service(crate::server::StreamService(svc));
         session.set_alternative_endpoints(vec![creds.endpoint(&self.advertised_endpoint())]);
         if let Some(old) = self.slot().replace(ActiveLease {
             queue,
@@ -420,7 +420,7 @@ impl DirectTarget {
             endpoint: ep.endpoint.clone(),
             reason,
         };
-        let (host, _port) = crate::channel::split_host_port(&ep.endpoint)
+        let (host, _port) = crate::client::channel::split_host_port(&ep.endpoint)
             .ok_or_else(|| bad("expected host:port".into()))?;
         let server_name = ServerName::try_from(host.to_string())
             .map_err(|e| bad(format!("bad host name {host:?}: {e}")))?;
@@ -479,7 +479,7 @@ impl DirectTarget {
             .connect_timeout(DIRECT_CONNECT_TIMEOUT)
             .initial_stream_window_size(STREAM_WINDOW)
             .initial_connection_window_size(CONNECTION_WINDOW)
-            .max_frame_size(crate::frames::MAX_FRAME)
+            .max_frame_size(crate::wire::frames::MAX_FRAME)
             .connect_with_connector(tower::service_fn(move |_: Uri| {
                 let target = target.clone();
                 async move { target.connect_stream().await.map(TokioIo::new) }
@@ -490,7 +490,7 @@ impl DirectTarget {
                 message: error_chain(&e),
             })?;
         Ok(tonic::service::interceptor::InterceptedService::new(
-            crate::channel::GrpcChannel::new(channel),
+            crate::client::channel::GrpcChannel::new(channel),
             CallMetadata::default(),
         ))
     }

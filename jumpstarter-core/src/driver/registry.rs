@@ -7,7 +7,7 @@ use serde::de::DeserializeOwned;
 use crate::{
     Driver, DriverError,
     config::{ConfigError, DriverInstance, ExporterConfig},
-    tree::DriverNode,
+    driver::DriverNode,
 };
 
 /// The config type of the implicit root (and of nodes that only have children).

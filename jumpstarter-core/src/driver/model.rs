@@ -38,9 +38,9 @@ use serde::Serialize;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::{
-    resource::{ResourceHandle, ResourceRegistry, ResourceStream},
-    session::LogSink,
+    server::LogSink,
     value::{self, Value},
+    wire::resource::{ResourceHandle, ResourceRegistry, ResourceStream},
 };
 
 /// A boxed, sendable future, as driver dispatch returns.

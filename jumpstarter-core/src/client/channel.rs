@@ -6,7 +6,7 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), jumpstarter_core::ClientError> {
-//! use jumpstarter_core::channel::{ControllerAuth, TlsSettings, connect_authenticated};
+//! use jumpstarter_core::client::channel::{ControllerAuth, TlsSettings, connect_authenticated};
 //! let tls = TlsSettings { ca_pem: None, insecure: true };
 //! let auth = ControllerAuth::client("default", "hello", "token");
 //! let channel = connect_authenticated("localhost:8082", &tls, &auth).await?;
@@ -246,9 +246,9 @@ pub async fn connect_tls_with(
                     .http2_keep_alive_interval(keepalive.interval)
                     .keep_alive_timeout(keepalive.timeout)
                     .keep_alive_while_idle(true)
-                    .initial_stream_window_size(crate::serve::STREAM_WINDOW)
-                    .initial_connection_window_size(crate::serve::CONNECTION_WINDOW)
-                    .max_frame_size(crate::frames::MAX_FRAME)
+                    .initial_stream_window_size(crate::server::STREAM_WINDOW)
+                    .initial_connection_window_size(crate::server::CONNECTION_WINDOW)
+                    .max_frame_size(crate::wire::frames::MAX_FRAME)
             })
             .map_err(|e| connect_err(error_chain(&e)))
     };

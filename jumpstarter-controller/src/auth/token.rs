@@ -2,25 +2,21 @@
 
 use std::{
     path::Path,
-    time::{Duration, SystemTime, UNIX_EPOCH},
+    time::{Duration, SystemTime},
 };
 
-use base64::{
-    Engine,
-    engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD},
-};
+use base64::{Engine, engine::general_purpose::URL_SAFE_NO_PAD};
 use ring::{
     rand::SystemRandom,
     signature::{self, EcdsaKeyPair, KeyPair},
 };
 
-use super::{
-    Subject, TokenError,
-    jwt::{self, Alg, Claims, Key},
+use jumpstarter_core::auth::{
+    DEFAULT_ISSUER, Subject, TokenError,
+    jwt::{self, Alg, Claims, Key, unix_seconds},
+    pem::{pem_encode, write_secret_file},
 };
 
-/// `iss` of controller tokens (upstream's internal issuer URL).
-pub const DEFAULT_ISSUER: &str = "https://localhost:8085";
 /// `aud` of controller tokens.
 pub const DEFAULT_AUDIENCE: &str = "jumpstarter";
 /// Default token lifetime: 365 days, as upstream.
@@ -60,48 +56,6 @@ impl std::fmt::Debug for TokenIssuer {
             .field("lifetime", &self.lifetime)
             .finish_non_exhaustive()
     }
-}
-
-pub(crate) fn unix_seconds(t: SystemTime) -> i64 {
-    match t.duration_since(UNIX_EPOCH) {
-        Ok(d) => i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
-        Err(e) => -i64::try_from(e.duration().as_secs()).unwrap_or(i64::MAX),
-    }
-}
-
-pub(super) fn pem_encode(label: &str, der: &[u8]) -> String {
-    let b64 = STANDARD.encode(der);
-    let mut out = format!("-----BEGIN {label}-----\n");
-    for chunk in b64.as_bytes().chunks(64) {
-        out.push_str(&String::from_utf8_lossy(chunk));
-        out.push('\n');
-    }
-    out.push_str(&format!("-----END {label}-----\n"));
-    out
-}
-
-/// Writes `contents` to `path` with mode 0600, via a temporary file and a rename, so a crash
-/// never leaves a half-written secret.
-pub(super) fn write_secret_file(path: &Path, contents: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir)?;
-    }
-    let mut tmp_name = path.as_os_str().to_owned();
-    tmp_name.push(format!(".tmp{}", std::process::id()));
-    let tmp = std::path::PathBuf::from(tmp_name);
-    let mut opts = std::fs::OpenOptions::new();
-    opts.write(true).create(true).truncate(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        opts.mode(0o600);
-    }
-    let mut f = opts.open(&tmp)?;
-    f.write_all(contents)?;
-    f.sync_all()?;
-    drop(f);
-    std::fs::rename(&tmp, path)
 }
 
 impl TokenIssuer {
@@ -144,7 +98,7 @@ impl TokenIssuer {
             path: origin.to_owned(),
             reason,
         };
-        let blocks = super::pem::parse(pem).map_err(key_err)?;
+        let blocks = jumpstarter_core::auth::pem::parse(pem).map_err(key_err)?;
         if let Some(block) = blocks.iter().find(|b| b.label == "PRIVATE KEY") {
             return Self::from_pkcs8(block.der.clone(), origin);
         }
@@ -263,11 +217,6 @@ impl TokenIssuer {
         Subject::parse(claims.string("sub")?)
     }
 
-    #[cfg(test)]
-    pub(crate) fn signing_pair(&self) -> &EcdsaKeyPair {
-        &self.pair
-    }
-
     /// The public key as a JWK Set (what upstream serves at `/jwks`), for external verifiers.
     pub fn jwks(&self) -> serde_json::Value {
         // An uncompressed P-256 point is 0x04 || X (32 bytes) || Y (32 bytes).
@@ -287,8 +236,11 @@ impl TokenIssuer {
 
 #[cfg(test)]
 mod tests {
+    use std::time::UNIX_EPOCH;
+
+    use jumpstarter_core::auth::ObjectKind;
+
     use super::*;
-    use crate::auth::ObjectKind;
 
     fn subject() -> Subject {
         Subject::new(ObjectKind::Client, "lab", "alice", "0b6e-uid")

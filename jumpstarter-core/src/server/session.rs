@@ -1,7 +1,7 @@
 //! The exporter session: `ExporterService` and `RouterService` over a driver tree.
 //!
 //! One [`Session`] serves one driver tree. Serve it on a Unix socket, on TCP (plaintext or
-//! TLS, optionally behind a passphrase), or on any connection with [`crate::serve`].
+//! TLS, optionally behind a passphrase), or on any connection with [`crate::server`].
 
 use std::{
     collections::BTreeMap,
@@ -22,10 +22,12 @@ use uuid::Uuid;
 
 use crate::{
     CallContext, Driver, DriverError,
-    frames::{EndOfStream, splice, splice_with},
-    resource::{ContentEncoding, ResourceRegistry, StreamRequestMetadata},
-    stream_rpc,
-    tree::DriverNode,
+    driver::DriverNode,
+    wire::{
+        frames::{EndOfStream, splice, splice_with},
+        resource::{ContentEncoding, ResourceRegistry, StreamRequestMetadata},
+        stream_rpc,
+    },
 };
 
 /// How many log records a `LogStream` subscriber may lag behind before it skips some.
@@ -191,7 +193,7 @@ impl Session {
     }
 
     /// Sets the endpoints `GetReport` advertises besides the current connection (the
-    /// direct path, see [`crate::direct`]).
+    /// direct path, see [`crate::client::direct`]).
     pub fn set_alternative_endpoints(&self, endpoints: Vec<Endpoint>) {
         *self
             .alternative_endpoints
@@ -380,7 +382,7 @@ impl ExporterService for SessionService {
 }
 
 /// `RouterService` (its one RPC, `Stream`) served straight over HTTP/2 by
-/// [`crate::stream_rpc`], which spares bulk transfers tonic's per-message copies.
+/// [`crate::wire::stream_rpc`], which spares bulk transfers tonic's per-message copies.
 ///
 /// Add it to a tonic server beside `ExporterServiceServer` (wrap it in
 /// `tonic::service::interceptor::InterceptedService` to check requests first).

@@ -24,11 +24,6 @@ use indexmap::IndexMap;
 use serde::{Deserialize, Serialize};
 use serde_saphyr::Spanned;
 
-pub use crate::client_config::{
-    AdminConfig, ClientConfig, DriversConfig, LeasesConfig, ShellConfig, UserConfig,
-    UserConfigBody, decode_ca, encode_ca, write_private,
-};
-
 /// The API version of every config file.
 pub const API_VERSION: &str = "jumpstarter.dev/v1alpha1";
 
@@ -217,7 +212,7 @@ pub struct ExporterConfig {
     #[serde(rename = "failureDetection", default)]
     pub failure_detection: FailureDetection,
     /// Direct path (ours, not upstream): serve leased clients on this `[HOST:]PORT` too, over
-    /// per-lease mutual TLS (see [`crate::direct`]). Absent: router only.
+    /// per-lease mutual TLS (see [`crate::client::direct`]). Absent: router only.
     #[serde(
         rename = "directListener",
         default,

@@ -27,6 +27,7 @@ use std::{
     task::{Context, Poll, ready},
 };
 
+#[cfg(feature = "compression")]
 use async_compression::tokio::{bufread, write};
 use bytes::{Buf, Bytes, BytesMut};
 use futures::Stream;
@@ -37,7 +38,7 @@ use uuid::Uuid;
 
 use crate::{
     DriverError,
-    frames::{FrameSink, FrameSource},
+    wire::frames::{FrameSink, FrameSource},
 };
 
 /// How many chunks a pipe holds before its writer waits (backpressure).
@@ -98,9 +99,11 @@ impl ContentEncoding {
             .map(|(_, e)| e)
     }
 
-    /// Whether this exporter accepts encodings (`JMP_DISABLE_COMPRESSION` is not `1`).
+    /// Whether this exporter accepts encodings (`JMP_DISABLE_COMPRESSION` is not `1`, and
+    /// the crate was built with its `compression` feature).
     pub fn exporter_accepts() -> bool {
-        std::env::var(DISABLE_COMPRESSION_ENV).map_or(true, |v| v != "1")
+        cfg!(feature = "compression")
+            && std::env::var(DISABLE_COMPRESSION_ENV).map_or(true, |v| v != "1")
     }
 }
 
@@ -116,6 +119,10 @@ pub type BoxBufRead = Pin<Box<dyn AsyncBufRead + Send>>;
 pub type BoxWrite = Pin<Box<dyn AsyncWrite + Send>>;
 
 /// Wraps `reader` so that reading yields the bytes decoded from `encoding`.
+///
+/// Without the crate's `compression` feature, reading a `Some` encoding fails with
+/// [`io::ErrorKind::Unsupported`].
+#[cfg(feature = "compression")]
 pub fn decoder<R: AsyncBufRead + Send + 'static>(
     reader: R,
     encoding: Option<ContentEncoding>,
@@ -150,6 +157,10 @@ pub fn decoder<R: AsyncBufRead + Send + 'static>(
 
 /// Wraps `writer` so that what is written goes out encoded with `encoding` (shut it down
 /// to write the trailer).
+///
+/// Without the crate's `compression` feature, writing a `Some` encoding fails with
+/// [`io::ErrorKind::Unsupported`].
+#[cfg(feature = "compression")]
 pub fn encoder<W: AsyncWrite + Send + 'static>(
     writer: W,
     encoding: Option<ContentEncoding>,
@@ -160,6 +171,82 @@ pub fn encoder<W: AsyncWrite + Send + 'static>(
         Some(ContentEncoding::Xz) => Box::pin(write::XzEncoder::new(writer)),
         Some(ContentEncoding::Bz2) => Box::pin(write::BzEncoder::new(writer)),
         Some(ContentEncoding::Zstd) => Box::pin(write::ZstdEncoder::new(writer)),
+    }
+}
+
+/// See the `compression` build of [`decoder`].
+#[cfg(not(feature = "compression"))]
+pub fn decoder<R: AsyncBufRead + Send + 'static>(
+    reader: R,
+    encoding: Option<ContentEncoding>,
+) -> BoxBufRead {
+    match encoding {
+        None => Box::pin(reader),
+        Some(e) => Box::pin(Unsupported(e)),
+    }
+}
+
+/// See the `compression` build of [`encoder`].
+#[cfg(not(feature = "compression"))]
+pub fn encoder<W: AsyncWrite + Send + 'static>(
+    writer: W,
+    encoding: Option<ContentEncoding>,
+) -> BoxWrite {
+    match encoding {
+        None => Box::pin(writer),
+        Some(e) => Box::pin(Unsupported(e)),
+    }
+}
+
+/// A reader and writer that fails: an encoding this build cannot decode or encode.
+#[cfg(not(feature = "compression"))]
+struct Unsupported(ContentEncoding);
+
+#[cfg(not(feature = "compression"))]
+impl Unsupported {
+    fn error(&self) -> io::Error {
+        io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!(
+                "{} content encoding: jumpstarter-core was built without its `compression` feature",
+                self.0
+            ),
+        )
+    }
+}
+
+#[cfg(not(feature = "compression"))]
+impl AsyncRead for Unsupported {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        _: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Poll::Ready(Err(self.error()))
+    }
+}
+
+#[cfg(not(feature = "compression"))]
+impl AsyncBufRead for Unsupported {
+    fn poll_fill_buf(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<&[u8]>> {
+        Poll::Ready(Err(self.error()))
+    }
+
+    fn consume(self: Pin<&mut Self>, _: usize) {}
+}
+
+#[cfg(not(feature = "compression"))]
+impl AsyncWrite for Unsupported {
+    fn poll_write(self: Pin<&mut Self>, _: &mut Context<'_>, _: &[u8]) -> Poll<io::Result<usize>> {
+        Poll::Ready(Err(self.error()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Err(self.error()))
     }
 }
 
@@ -377,7 +464,7 @@ impl Drop for PipeWriter {
 }
 
 /// The common part of writing to a channel of chunks: queues a copy of up to
-/// [`crate::frames::CHUNK`] bytes of `buf` once there is room. `Some(n)` when queued,
+/// [`crate::wire::frames::CHUNK`] bytes of `buf` once there is room. `Some(n)` when queued,
 /// `None` when the receiving side is gone, an error after shutdown (`tx` taken).
 fn poll_queue_copy(
     tx: &mut Option<PollSender<Bytes>>,
@@ -393,7 +480,7 @@ fn poll_queue_copy(
     if ready!(tx.poll_reserve(cx)).is_err() {
         return Poll::Ready(Ok(None));
     }
-    let n = buf.len().min(crate::frames::CHUNK);
+    let n = buf.len().min(crate::wire::frames::CHUNK);
     Poll::Ready(Ok(tx
         .send_item(Bytes::copy_from_slice(&buf[..n]))
         .ok()
@@ -542,7 +629,7 @@ impl FrameSource for PipeReader {
 /// ([`file_chunks`], [`FileWriter`]).
 pub const FILE_QUEUE: usize = 8;
 
-/// A local file read as a stream of chunks of at most [`crate::frames::CHUNK`] bytes.
+/// A local file read as a stream of chunks of at most [`crate::wire::frames::CHUNK`] bytes.
 ///
 /// A blocking thread reads the file straight into the chunks it hands over, so the bytes
 /// are not copied again after the kernel's copy out of the page cache; at most
@@ -567,7 +654,7 @@ pub fn file_chunks(file: std::fs::File) -> FileChunks {
     FileChunks { rx }
 }
 
-/// Reads `file` to its end in chunks of [`crate::frames::CHUNK`] bytes (from recycled
+/// Reads `file` to its end in chunks of [`crate::wire::frames::CHUNK`] bytes (from recycled
 /// buffers) handed to `send`; returns how many bytes, or the first error of either.
 fn read_file_chunks(
     file: &mut std::fs::File,
@@ -575,7 +662,7 @@ fn read_file_chunks(
 ) -> io::Result<u64> {
     let mut buffers = Recycler::default();
     let mut n = 0u64;
-    while let Some(chunk) = read_chunk(file, buffers.take(crate::frames::CHUNK))? {
+    while let Some(chunk) = read_chunk(file, buffers.take(crate::wire::frames::CHUNK))? {
         buffers.track(&chunk);
         n += chunk.len() as u64;
         send(chunk)?;
@@ -832,7 +919,7 @@ impl ResourceStream {
     }
 
     /// Sends bytes to the client (encoded if an encoding was negotiated, otherwise as they
-    /// are, without a copy, in pieces of at most [`crate::frames::CHUNK`] bytes), waiting
+    /// are, without a copy, in pieces of at most [`crate::wire::frames::CHUNK`] bytes), waiting
     /// while the client is behind.
     pub async fn write_chunk(&mut self, data: Bytes) -> io::Result<()> {
         self.write.write_chunk(data).await
@@ -865,7 +952,7 @@ impl StreamRead {
         match self {
             StreamRead::Plain(r) => r.chunk().await,
             StreamRead::Decoded(r) => {
-                let mut buf = bytes::BytesMut::with_capacity(crate::frames::CHUNK);
+                let mut buf = bytes::BytesMut::with_capacity(crate::wire::frames::CHUNK);
                 let n = tokio::io::AsyncReadExt::read_buf(r, &mut buf).await?;
                 Ok((n > 0).then(|| buf.freeze()))
             }
@@ -877,8 +964,8 @@ impl StreamWrite {
     async fn write_chunk(&mut self, mut data: Bytes) -> io::Result<()> {
         match self {
             StreamWrite::Plain(w) => {
-                while data.len() > crate::frames::CHUNK {
-                    w.send(data.split_to(crate::frames::CHUNK)).await?;
+                while data.len() > crate::wire::frames::CHUNK {
+                    w.send(data.split_to(crate::wire::frames::CHUNK)).await?;
                 }
                 w.send(data).await
             }
@@ -1196,7 +1283,7 @@ mod tests {
 
     #[tokio::test]
     async fn file_chunks_yield_the_file_in_full_chunks_then_the_rest() {
-        let chunk = crate::frames::CHUNK;
+        let chunk = crate::wire::frames::CHUNK;
         for len in [0, 1, chunk - 1, chunk, chunk + 1, 3 * chunk + 17] {
             let mut f = tempfile::tempfile().unwrap();
             let data = patterned(len);
@@ -1276,7 +1363,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("out");
         let mut w = FileWriter::new(std::fs::File::create(&path).unwrap());
-        let data = patterned(3 * crate::frames::CHUNK + 5);
+        let data = patterned(3 * crate::wire::frames::CHUNK + 5);
         for piece in data.chunks(100_000) {
             w.write_all(piece).await.unwrap();
         }
@@ -1290,9 +1377,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("out");
         let mut w = FileWriter::new(std::fs::File::create(&path).unwrap());
-        let data = patterned(5 * crate::frames::CHUNK + 3);
+        let data = patterned(5 * crate::wire::frames::CHUNK + 3);
         // Chunks mixed with plain writes, an empty chunk among them.
-        for (i, piece) in data.chunks(crate::frames::CHUNK).enumerate() {
+        for (i, piece) in data.chunks(crate::wire::frames::CHUNK).enumerate() {
             if i % 2 == 0 {
                 w.write_chunk(Bytes::copy_from_slice(piece)).await.unwrap();
                 w.write_chunk(Bytes::new()).await.unwrap();
@@ -1338,7 +1425,7 @@ mod tests {
         let (_to_driver, reader) = pipe();
         let (writer, mut from_driver) = pipe();
         let mut stream = ResourceStream::new(reader, writer, None);
-        let data = patterned(2 * crate::frames::CHUNK + 9);
+        let data = patterned(2 * crate::wire::frames::CHUNK + 9);
         let mut f = tempfile::tempfile().unwrap();
         std::io::Write::write_all(&mut f, &data).unwrap();
         std::io::Seek::rewind(&mut f).unwrap();
@@ -1354,7 +1441,7 @@ mod tests {
     #[tokio::test]
     async fn copy_to_file_takes_everything_or_reports_the_cut() {
         let dir = tempfile::tempdir().unwrap();
-        let data = patterned(2 * crate::frames::CHUNK + 3);
+        let data = patterned(2 * crate::wire::frames::CHUNK + 3);
         // Whole.
         let (mut to_driver, reader) = pipe();
         let (writer, _from_driver) = pipe();

@@ -7,14 +7,14 @@
 //! 2. hold the `Status` stream; when it says `leased` with a lease name, start a fresh
 //!    [`Session`], open `Listen{lease_name}`, report `LEASE_READY`, and serve the session
 //!    on every `ListenResponse`'s router stream (handed to the session's server in memory,
-//!    see [`crate::tunnel_conn`]; upstream's exporter connects each to a Unix socket);
+//!    see [`jumpstarter_core::server::tunnel_conn`]; upstream's exporter connects each to a Unix socket);
 //! 3. when the lease ends, end its tunnels and session and report `AVAILABLE` again;
 //! 4. after any drop of the controller connection, reconnect with a capped, jittered backoff
 //!    (a lease in progress keeps being served meanwhile);
 //! 5. on shutdown, report `OFFLINE` and `Unregister` (within 10 s).
 //!
 //! With a direct listener ([`ExporterOptions::direct`]), each lease's session is also served
-//! there, over mutual TLS with credentials only that lease's client gets ([`crate::direct`]).
+//! there, over mutual TLS with credentials only that lease's client gets ([`jumpstarter_core::client::direct`]).
 
 use std::{collections::BTreeMap, future::Future, sync::Arc, time::Duration};
 
@@ -28,16 +28,16 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, Status};
 
-use crate::{
-    Session,
-    channel::{AuthChannel, ControllerAuth, TlsSettings, connect_authenticated},
-    client::ClientError,
+use jumpstarter_core::{
+    DriverNode, Session,
+    client::{
+        ClientError,
+        channel::{AuthChannel, ControllerAuth, TlsSettings, connect_authenticated},
+        direct::{DirectError, DirectListenerSpec, DirectServer},
+        tunnel,
+    },
     config::ExporterConfig,
-    direct::{DirectError, DirectListenerSpec, DirectServer},
-    serve::serve_tunnels,
-    tree::DriverNode,
-    tunnel,
-    tunnel_conn::{TunnelConn, tunnel_conn},
+    server::{TunnelConn, serve_tunnels, tunnel_conn},
 };
 
 /// Why the exporter runtime stopped (it retries everything else).

@@ -11,10 +11,10 @@
 //!
 //! ```
 //! # async fn demo() {
-//! use jumpstarter_core::tunnel_conn::tunnel_conn;
+//! use jumpstarter_core::server::tunnel_conn;
 //! let (conn, mut sink, mut source) = tunnel_conn();
 //! // `sink` takes the peer's bytes, `source` yields the server's; `conn` goes to the server
-//! // (see `serve::serve_tunnels`).
+//! // (see `server::serve_tunnels`).
 //! # let _ = (conn, &mut sink, &mut source);
 //! # }
 //! ```
@@ -29,9 +29,11 @@ use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::{
-    frames::CHUNK,
-    h2_authority::AuthorityRewriter,
-    resource::{PipeReader, PipeWriter, pipe},
+    server::h2_authority::AuthorityRewriter,
+    wire::{
+        frames::CHUNK,
+        resource::{PipeReader, PipeWriter, pipe},
+    },
 };
 
 /// Creates a connection and the two ends a tunnel drives it with: `sink` takes the bytes
@@ -231,7 +233,7 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     use super::*;
-    use crate::{
+    use crate::wire::{
         frames::{FrameSink, FrameSource},
         resource::PIPE_CHUNKS,
     };

@@ -5,15 +5,15 @@
 //! tunnel; the exporter serves its session on each tunnel it is told of. Upstream's exporter
 //! splices each tunnel to a connection to a session socket (what [`attach`] does with any
 //! byte stream); ours hands the tunnel to its session's server in memory
-//! ([`attach_frames`] with a [`crate::tunnel_conn`]).
+//! ([`attach_frames`] with a [`crate::server::tunnel_conn`]).
 //!
 //! ```no_run
-//! # async fn demo() -> Result<(), jumpstarter_core::tunnel::TunnelError> {
-//! use jumpstarter_core::{channel::TlsSettings, tunnel, tunnel_conn::tunnel_conn};
+//! # async fn demo() -> Result<(), jumpstarter_core::client::tunnel::TunnelError> {
+//! use jumpstarter_core::{client::{channel::TlsSettings, tunnel}, server::tunnel_conn};
 //! // What our exporter does with a ListenResponse{router_endpoint, router_token}:
 //! let (conn, sink, source) = tunnel_conn();
 //! tunnel::attach_frames("router.example.com:443", &TlsSettings::default(), "jwt", sink, source, std::future::pending()).await?;
-//! // ...and `conn` goes to `serve::serve_tunnels`.
+//! // ...and `conn` goes to `server::serve_tunnels`.
 //! # drop(conn);
 //! # Ok(()) }
 //! ```
@@ -39,11 +39,17 @@ use tonic::{
 };
 
 use crate::{
-    channel::{AuthChannel, ControllerAuth, Keepalive, TlsSettings, connect_authenticated_with},
-    client::{CallMetadata, ClientError, SessionChannel},
-    frames::{CHUNK, EndOfStream, FrameSink, FrameSource, IoSink, IoSource, splice_with},
-    serve::{CONNECTION_WINDOW, STREAM_WINDOW},
-    stream_rpc,
+    client::{
+        CallMetadata, ClientError, SessionChannel,
+        channel::{
+            AuthChannel, ControllerAuth, Keepalive, TlsSettings, connect_authenticated_with,
+        },
+    },
+    server::{CONNECTION_WINDOW, STREAM_WINDOW},
+    wire::{
+        frames::{CHUNK, EndOfStream, FrameSink, FrameSource, IoSink, IoSource, splice_with},
+        stream_rpc,
+    },
 };
 
 /// Bytes buffered between a [`open`]ed tunnel and its user, per direction.
@@ -407,7 +413,7 @@ impl RouterLink {
 
     /// Like [`RouterLink::splice`], with the peer's bytes going to `sink` and the bytes for
     /// the peer coming from `source` rather than an I/O object (see
-    /// [`crate::tunnel_conn`]). When the router link breaks, `sink` is failed and `source`
+    /// [`crate::server::tunnel_conn`]). When the router link breaks, `sink` is failed and `source`
     /// dropped.
     pub fn splice_frames<Snk: FrameSink, Src: FrameSource>(
         self,
@@ -586,7 +592,7 @@ where
 
 /// [`attach`] with the peer's bytes going to `sink` and the bytes for it coming from
 /// `source` (see [`RouterLink::splice_frames`]): what the exporter does with each
-/// `ListenResponse`, `sink` and `source` being a [`crate::tunnel_conn`] to its session.
+/// `ListenResponse`, `sink` and `source` being a [`crate::server::tunnel_conn`] to its session.
 pub async fn attach_frames<Snk: FrameSink, Src: FrameSource>(
     endpoint: &str,
     tls: &TlsSettings,
@@ -778,7 +784,7 @@ pub async fn session_channel_with<S: TicketSource>(
                 .unwrap_or_else(|| crate::client::error_chain(&e)),
         })?;
     Ok(tonic::service::interceptor::InterceptedService::new(
-        crate::channel::GrpcChannel::new(channel),
+        crate::client::channel::GrpcChannel::new(channel),
         CallMetadata::default(),
     ))
 }

@@ -2,9 +2,9 @@
 //! through the router.
 //!
 //! ```no_run
-//! # async fn demo(cfg: jumpstarter_core::config::ClientConfig) -> Result<(), jumpstarter_core::lease::LeaseError> {
+//! # async fn demo(cfg: jumpstarter_core::config::ClientConfig) -> Result<(), jumpstarter_core::client::lease::LeaseError> {
 //! use std::time::Duration;
-//! use jumpstarter_core::{client::ExporterSession, lease::*};
+//! use jumpstarter_core::client::{ExporterSession, lease::*};
 //! let controller = ControllerClient::connect(&cfg).await?;
 //! let request = LeaseRequest::new("board=rpi4", Duration::from_secs(1800));
 //! let lease = acquire(&controller, LeaseSource::Create(request), Duration::from_secs(600), |name, why| {
@@ -35,11 +35,13 @@ use tokio_util::sync::CancellationToken;
 use tonic::Code;
 
 use crate::{
-    channel::{AuthChannel, TlsSettings, client_credentials, connect_authenticated},
-    client::{ClientError, SessionChannel},
+    client::{
+        ClientError, SessionChannel,
+        channel::{AuthChannel, TlsSettings, client_credentials, connect_authenticated},
+        direct::{self, DIRECT_CONNECT_TIMEOUT, DIRECT_COPY_BUFFER, DirectTarget},
+        tunnel::{self, RetryPolicy, TicketError, TicketSource, TunnelTicket},
+    },
     config::ClientConfig,
-    direct::{self, DIRECT_CONNECT_TIMEOUT, DIRECT_COPY_BUFFER, DirectTarget},
-    tunnel::{self, RetryPolicy, TicketError, TicketSource, TunnelTicket},
 };
 
 /// Why leasing or reaching an exporter failed.
@@ -527,7 +529,7 @@ impl AcquiredLease {
 
     /// Finds a direct path to the exporter: reads the session's report through the router
     /// and returns the first advertised endpoint that answers for the same session within
-    /// `timeout` ([`crate::direct`]); `None` when there is none (stay on the router).
+    /// `timeout` ([`crate::client::direct`]); `None` when there is none (stay on the router).
     pub async fn find_direct(&self, timeout: Duration) -> Result<Option<DirectTarget>, LeaseError> {
         let channel = self.session_channel().await?;
         let report = ExporterServiceClient::new(channel)

@@ -3,10 +3,9 @@
 
 use std::time::{Duration, SystemTime};
 
-use super::{
+use jumpstarter_core::auth::{
     TokenError,
-    controller_token::unix_seconds,
-    jwt::{self, Alg, Claims, Key},
+    jwt::{self, Alg, Claims, Key, unix_seconds},
 };
 
 /// `iss` of router tokens.
@@ -169,21 +168,19 @@ mod tests {
             key().verify(&sign(Alg::Hs512, claims.clone())).unwrap(),
             "s"
         );
-        let issuer = crate::auth::TokenIssuer::generate().unwrap();
-        let es = jwt::encode(
-            Alg::Es256,
-            Key::EcdsaSigner(issuer_pair(&issuer)),
-            None,
-            &claims,
-        );
+        let pair = es256_pair();
+        let es = jwt::encode(Alg::Es256, Key::EcdsaSigner(&pair), None, &claims);
         assert!(matches!(
             key().verify(&es.unwrap()),
             Err(TokenError::Algorithm(_))
         ));
     }
 
-    fn issuer_pair(issuer: &crate::auth::TokenIssuer) -> &ring::signature::EcdsaKeyPair {
-        issuer.signing_pair()
+    fn es256_pair() -> ring::signature::EcdsaKeyPair {
+        use ring::signature::{ECDSA_P256_SHA256_FIXED_SIGNING, EcdsaKeyPair};
+        let rng = ring::rand::SystemRandom::new();
+        let doc = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &rng).unwrap();
+        EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, doc.as_ref(), &rng).unwrap()
     }
 
     #[test]

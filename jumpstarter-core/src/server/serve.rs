@@ -23,7 +23,7 @@ use tonic::{
     transport::{Identity, Server, ServerTlsConfig, server::Connected},
 };
 
-use crate::{CoreError, Session, tunnel_conn::TunnelConn};
+use crate::{CoreError, Session, server::TunnelConn};
 
 /// HTTP/2 stream flow-control window of our servers and clients.
 pub const STREAM_WINDOW: u32 = 4 * 1024 * 1024;
@@ -80,7 +80,7 @@ fn router(
         .tcp_nodelay(true)
         .initial_stream_window_size(Some(STREAM_WINDOW))
         .initial_connection_window_size(Some(CONNECTION_WINDOW))
-        .max_frame_size(Some(crate::frames::MAX_FRAME));
+        .max_frame_size(Some(crate::wire::frames::MAX_FRAME));
     if let Some((cert, key)) = &opts.tls {
         builder = builder
             .tls_config(ServerTlsConfig::new().identity(Identity::from_pem(cert, key)))
@@ -92,7 +92,7 @@ fn router(
             check.clone(),
         ))
         .add_service(tonic::service::interceptor::InterceptedService::new(
-            crate::session::StreamService(svc),
+            crate::server::StreamService(svc),
             check,
         )))
 }
@@ -143,7 +143,7 @@ pub fn serve_unix(
 }
 
 /// Serves `session` on each connection `tunnels` yields (an exporter's router tunnels,
-/// handed over in memory, see [`crate::tunnel_conn`]) until `shutdown` resolves.
+/// handed over in memory, see [`crate::server::tunnel_conn`]) until `shutdown` resolves.
 pub async fn serve_tunnels(
     session: Arc<Session>,
     tunnels: impl futures::Stream<Item = TunnelConn> + Send + 'static,

@@ -1,0 +1,21 @@
+//! Who is calling: the controller's own tokens for Clients and Exporters ([`TokenIssuer`]),
+//! the authentication metadata of controller RPCs ([`AuthMetadata`]) and the verification
+//! of external OIDC issuers' tokens ([`ExternalVerifier`], configured by Kubernetes
+//! `JWTAuthenticator` documents).
+//!
+//! The building blocks (JWS over `ring`, [`Subject`](jumpstarter_core::auth::Subject), the
+//! CA) are in [`jumpstarter_core::auth`]; the router's tokens are
+//! [`jumpstarter_router::RouterTokenKey`].
+
+mod metadata;
+mod oidc;
+mod token;
+
+pub use metadata::{AuthMetadata, derive_object_name, resolve_object_name};
+pub use oidc::{
+    ClaimMappings, ClaimValidationRule, ExternalVerifier, IssuerConfig, JwtAuthenticatorConfig,
+    UsernameMapping,
+};
+pub use token::{
+    DEFAULT_AUDIENCE, DEFAULT_TOKEN_LIFETIME, INTERNAL_USERNAME_PREFIX, IssuedToken, TokenIssuer,
+};

@@ -1,0 +1,16 @@
+//! The client side: connect to an exporter session and call its drivers
+//! ([`ExporterSession`], [`DriverClient`]); reach controllers and routers ([`channel`]);
+//! lease an exporter ([`lease`]), reach it through a router tunnel ([`tunnel`]) or directly
+//! ([`direct`]).
+
+pub mod channel;
+pub mod direct;
+pub mod lease;
+mod session;
+pub mod tunnel;
+
+pub use session::{
+    CallMetadata, ClientError, ClientNode, ClientResource, ConnectOptions, DriverClient,
+    ExporterSession, IntoArgs, RouterStreamEnds, SessionChannel, Target, UploadSource,
+    connect_channel, error_chain,
+};

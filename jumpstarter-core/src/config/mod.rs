@@ -1,0 +1,14 @@
+//! Config files, in upstream's format: exporter configs ([`ExporterConfig`]), client and user
+//! configs ([`ClientConfig`], [`UserConfig`]) and our admin config ([`AdminConfig`]).
+
+mod client;
+mod exporter;
+
+pub use client::{
+    AdminConfig, ClientConfig, DriversConfig, LeasesConfig, ShellConfig, UserConfig,
+    UserConfigBody, decode_ca, encode_ca, write_private,
+};
+pub use exporter::{
+    API_VERSION, ConfigError, DriverInstance, ExporterConfig, FailureDetection, Hook, Hooks,
+    ObjectMeta, SYSTEM_EXPORTER_DIR, TlsConfig, config_dir, exporter_config_path,
+};

@@ -1,0 +1,18 @@
+//! Drivers: the [`Driver`] trait and how it is called ([`model`](self#reexports)), the driver
+//! tree of an exporter ([`DriverNode`]), the registry from config `type:` names to drivers
+//! ([`DriverRegistry`]) and the [`value`] codec of call arguments and results.
+//!
+//! A driver is a value implementing [`Driver`]. Nobody writes that trait by hand: put
+//! `#[driver(client = "...")]` on an `impl` block and mark the callable methods, see
+//! [`macro@crate::driver`] and the crate's `examples/custom_driver`.
+
+mod model;
+mod registry;
+mod tree;
+pub mod value;
+
+pub use model::{
+    BoxDuplex, BoxFuture, CallContext, Driver, DriverError, Duplex, ValueStream, encode_stream,
+};
+pub use registry::{COMPOSITE_TYPE, Constructor, DriverArgs, DriverRegistry};
+pub use tree::{CLIENT_LABEL, DriverNode, NAME_LABEL};

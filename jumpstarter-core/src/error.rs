@@ -1,0 +1,20 @@
+//! The errors of the session server.
+
+/// Errors of the session server.
+#[derive(Debug, thiserror::Error)]
+pub enum CoreError {
+    /// A listener could not be opened.
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        /// The address or socket path.
+        addr: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The TLS settings are unusable.
+    #[error("TLS configuration: {0}")]
+    Tls(String),
+    /// The server stopped with an error.
+    #[error("server error: {0}")]
+    Serve(String),
+}

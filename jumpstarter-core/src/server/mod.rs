@@ -1,0 +1,19 @@
+//! The exporter side: a [`Session`] serves a driver tree (`ExporterService` and
+//! `RouterService`), on a Unix socket, TCP or router tunnels ([`serve_unix`], [`serve_tcp`],
+//! [`serve_tunnels`]); a tunnel is handed to the server in memory ([`tunnel_conn`]), its
+//! HTTP/2 header blocks fixed on the way ([`h2_authority`]).
+
+pub mod h2_authority;
+mod serve;
+mod session;
+mod tunnel_conn;
+
+pub(crate) use serve::Severable;
+pub use serve::{
+    CONNECTION_WINDOW, PASSPHRASE_METADATA, SHUTDOWN_GRACE, STREAM_WINDOW, ServeOptions,
+    local_socket_path, nodelay_incoming, serve_tcp, serve_tunnels, serve_unix,
+};
+pub use session::{
+    LogSink, SESSION_END_TIMEOUT, Session, SessionService, StatusState, StreamService,
+};
+pub use tunnel_conn::{TunnelConn, tunnel_conn};
