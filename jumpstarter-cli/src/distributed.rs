@@ -118,6 +118,9 @@ pub async fn shell(opts: ShellLease, command: &[String]) -> Result<i32> {
                 selector,
                 exporter_name: opts.name.clone(),
                 duration,
+                // Named here, so that a signal arriving while it is being created or queued
+                // can still release it.
+                lease_id: Some(uuid::Uuid::now_v7().to_string()),
                 ..LeaseRequest::default()
             })
         }
@@ -141,14 +144,32 @@ pub async fn shell(opts: ShellLease, command: &[String]) -> Result<i32> {
     // Only a lease this shell created is ended (`EndSession`) when the command exits, as
     // upstream: an existing lease stays ready for the next shell.
     let end_session = matches!(source, LeaseSource::Create(_));
+    // From here on SIGINT, SIGTERM and SIGHUP no longer end the process on their own: every
+    // stage below releases the lease it created first (upstream's "Releasing Lease").
+    let mut stop = Box::pin(crate::signals::watch(&crate::signals::STOP));
+    let ours = match &source {
+        LeaseSource::Create(req) => req.lease_id.clone(),
+        LeaseSource::Existing(_) => None,
+    };
     let controller = ControllerClient::connect(&cfg)
         .await
         .map_err(|e| crate::hints::controller_error(&cfg, e.into()))?;
     let waiting = QuietWait::new(WAIT_NOTICE_DELAY);
-    let acquired = lease::acquire(&controller, source, timeout, |name, why| {
-        waiting.say(format!("Waiting for lease {name}: {why}"));
-    })
-    .await;
+    let acquired = tokio::select! {
+        r = lease::acquire(&controller, source, timeout, |name, why| {
+            waiting.say(format!("Waiting for lease {name}: {why}"));
+        }) => r,
+        sig = &mut stop => {
+            waiting.stop();
+            if let Some(name) = &ours {
+                eprintln!("Releasing lease {name}");
+                if let Err(e) = controller.release_lease(name).await {
+                    eprintln!("Warning: could not release lease {name}: {e}");
+                }
+            }
+            return Ok(128 + sig);
+        }
+    };
     waiting.stop();
     let mut lease = acquired?;
     lease.set_retry(RetryPolicy::new(retry).with_events(retry_events(retry)));
@@ -165,22 +186,29 @@ pub async fn shell(opts: ShellLease, command: &[String]) -> Result<i32> {
         let cancel = CancellationToken::new();
         // The exporter is reached once before the command starts: a router that stays
         // unreachable (past --retry-timeout) is one clear error here, not one per command.
-        let direct = if opts.no_direct {
-            if let Err(e) = lease.session_channel().await {
-                return Err(unreachable(e, retry));
-            }
-            None
-        } else {
-            match lease.find_direct(direct::DIRECT_CONNECT_TIMEOUT).await {
-                Ok(d) => d,
-                Err(e @ lease::LeaseError::Connect(_)) => return Err(unreachable(e, retry)),
-                // The tunnel works but the report is unreadable: the commands in the shell
-                // will report the problem.
-                Err(e) => {
-                    tracing::warn!("cannot read the exporter's report: {e}");
-                    None
+        let connect = async {
+            if opts.no_direct {
+                if let Err(e) = lease.session_channel().await {
+                    return Err(unreachable(e, retry));
+                }
+                Ok(None)
+            } else {
+                match lease.find_direct(direct::DIRECT_CONNECT_TIMEOUT).await {
+                    Ok(d) => Ok(d),
+                    Err(e @ lease::LeaseError::Connect(_)) => Err(unreachable(e, retry)),
+                    // The tunnel works but the report is unreadable: the commands in the
+                    // shell will report the problem.
+                    Err(e) => {
+                        tracing::warn!("cannot read the exporter's report: {e}");
+                        Ok(None)
+                    }
                 }
             }
+        };
+        // A signal while connecting ends the shell; the lease is released below.
+        let direct = tokio::select! {
+            d = connect => d?,
+            sig = &mut stop => return Ok(128 + sig),
         };
         match &direct {
             Some(d) => eprintln!(

@@ -29,6 +29,35 @@ pub async fn shutdown_signal() {
     first_of(&[libc::SIGINT, libc::SIGTERM]).await;
 }
 
+/// The signals that stop `jmp shell` at any stage (Ctrl-C, `timeout`/CI cancellation, a
+/// closed terminal).
+pub const STOP: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+
+/// Watches `signals` from now on (unlike [`first_of`], whose handlers exist only once it is
+/// first polled): the returned future resolves with the first one delivered after this call.
+/// Once watched, a signal no longer ends the process by itself: the caller must act on it.
+pub fn watch(signals: &[libc::c_int]) -> impl Future<Output = libc::c_int> + Send + 'static {
+    let mut watched = Vec::new();
+    for &n in signals {
+        match signal(SignalKind::from_raw(n)) {
+            Ok(s) => watched.push((n, s)),
+            Err(e) => tracing::debug!("cannot watch signal {n}: {e}"),
+        }
+    }
+    async move {
+        if watched.is_empty() {
+            return std::future::pending().await;
+        }
+        let waits = watched.iter_mut().map(|(n, s)| {
+            Box::pin(async move {
+                s.recv().await;
+                *n
+            })
+        });
+        select_all(waits).await.0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -20,6 +20,18 @@ pub enum StoreKind {
     Kubernetes,
 }
 
+/// A duration that may be switched off ("0", "off").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OptionalDuration(pub Option<Duration>);
+
+fn parse_optional_duration(s: &str) -> Result<OptionalDuration, String> {
+    let t = s.trim();
+    if t == "0" || t.eq_ignore_ascii_case("off") {
+        return Ok(OptionalDuration(None));
+    }
+    parse_duration(t).map(|d| OptionalDuration(Some(d)))
+}
+
 fn parse_duration(s: &str) -> Result<Duration, String> {
     let d = crate::duration::GoDuration::parse(s).map_err(|e| e.to_string())?;
     u64::try_from(d.as_nanos())
@@ -143,9 +155,53 @@ pub struct Args {
     /// Leader election: how long the Lease stays valid without renewal.
     #[arg(long, default_value = "15s", value_parser = parse_duration, value_name = "DURATION")]
     pub leader_lease_duration: Duration,
+    /// End a lease still waiting for an exporter when its client has not been heard from
+    /// (no call at all, e.g. a `jmp shell` killed while queued) for this long; "0" or "off"
+    /// never ends one.
+    #[arg(
+        long,
+        default_value = "10m",
+        value_parser = parse_optional_duration,
+        value_name = "DURATION",
+        env = "JUMPSTARTER_PENDING_LEASE_CLIENT_TIMEOUT"
+    )]
+    pub pending_lease_client_timeout: OptionalDuration,
+    /// With the SQLite store: delete an ended lease this long after it ended; "0" or "off"
+    /// keeps them all. (With --store kubernetes ended leases stay as objects, as upstream.)
+    #[arg(
+        long,
+        default_value = "168h",
+        value_parser = parse_optional_duration,
+        value_name = "DURATION",
+        env = "JUMPSTARTER_ENDED_LEASE_RETENTION"
+    )]
+    pub ended_lease_retention: OptionalDuration,
+    /// Start with an empty store although the data directory holds the CA and keys of an
+    /// earlier run (refused otherwise: it means store.db was lost; restore a backup instead).
+    #[arg(long)]
+    pub accept_empty_store: bool,
     /// Leader election: how often the holder renews (and standbys retry).
     #[arg(long, default_value = "2s", value_parser = parse_duration, value_name = "DURATION")]
     pub leader_renew_period: Duration,
+    /// Instead of serving: back up or restore the SQLite store of --data-dir.
+    #[command(subcommand)]
+    pub command: Option<StoreCommand>,
+}
+
+/// Store maintenance (SQLite store of --data-dir).
+#[derive(clap::Subcommand, Debug, Clone)]
+pub enum StoreCommand {
+    /// Write a consistent copy of the store to FILE (a new file); the controller may run.
+    Backup {
+        /// The backup file to create.
+        file: PathBuf,
+    },
+    /// Replace the store by the backup FILE (checked first); stop the controller first. The
+    /// old store is kept beside it as store.db.before-restore-<time>.
+    Restore {
+        /// The backup file.
+        file: PathBuf,
+    },
 }
 
 impl Args {
@@ -190,6 +246,12 @@ impl Args {
             provisioning: self.provisioning,
             login_listen: self.login_listen.clone(),
             login_namespace: self.namespace.clone(),
+            pending_client_timeout: self.pending_lease_client_timeout.0,
+            accept_empty_store: self.accept_empty_store,
+            ended_lease_retention: match self.store {
+                StoreKind::Sqlite => self.ended_lease_retention.0,
+                StoreKind::Kubernetes => None,
+            },
         }
     }
 
@@ -256,6 +318,25 @@ async fn stop_signal() {
 
 async fn run(args: Args) -> Result<std::process::ExitCode, String> {
     let mut config = args.config();
+    if let Some(cmd) = args.command.clone() {
+        let data = config.data_dir.clone();
+        let done = tokio::task::spawn_blocking(move || match cmd {
+            StoreCommand::Backup { file } => crate::backup::backup(&data, &file).map(|()| {
+                format!(
+                    "Store of {} backed up to {}",
+                    data.display(),
+                    file.display()
+                )
+            }),
+            StoreCommand::Restore { file } => crate::backup::restore(&data, &file)
+                .map(|db| format!("Store {} restored from {}", db.display(), file.display())),
+        })
+        .await
+        .map_err(|e| format!("store task failed: {e}"))?
+        .map_err(|e| e.to_string())?;
+        eprintln!("{done}");
+        return Ok(std::process::ExitCode::SUCCESS);
+    }
     if let Some(path) = &args.routers {
         config.routers =
             Some(crate::cluster_config::routers_from_file(path).map_err(|e| e.to_string())?);
@@ -379,8 +460,13 @@ async fn serve<S: Store>(
     if let Some(a) = running.login_addr {
         eprintln!("Easy login served at https://{a}/v1/auth/config");
     }
+    let state = running.state.clone();
     let code = tokio::select! {
         _ = stop_signal() => std::process::ExitCode::SUCCESS,
+        reason = state.failed() => {
+            eprintln!("Error: {reason}");
+            std::process::ExitCode::FAILURE
+        }
         e = lost => {
             tracing::error!("{e}; stopping so that the new leader serves alone");
             std::process::ExitCode::FAILURE

@@ -175,6 +175,16 @@ impl From<GoDuration> for prost_types::Duration {
 impl TryFrom<&prost_types::Duration> for GoDuration {
     type Error = DurationError;
     fn try_from(d: &prost_types::Duration) -> Result<Self, Self::Error> {
+        // google.protobuf.Duration: nanos within ±999,999,999, of the same sign as seconds.
+        if !(-999_999_999..=999_999_999).contains(&d.nanos)
+            || (d.seconds > 0 && d.nanos < 0)
+            || (d.seconds < 0 && d.nanos > 0)
+        {
+            return Err(DurationError {
+                input: format!("{}s {}ns", d.seconds, d.nanos),
+                reason: "nanos must be within ±999999999 and of the same sign as seconds".into(),
+            });
+        }
         let nanos = i128::from(d.seconds) * NANOS_PER_SEC + i128::from(d.nanos);
         if nanos.unsigned_abs() > i64::MAX as u128 {
             return Err(DurationError {
@@ -285,5 +295,22 @@ mod tests {
             nanos: 0,
         };
         assert!(GoDuration::try_from(&huge).is_err());
+    }
+
+    #[test]
+    fn proto_nanos_out_of_range_are_refused() {
+        for (seconds, nanos) in [
+            (0, 1_000_000_000),
+            (0, -1_000_000_000),
+            (1, i32::MAX),
+            (5, -1),
+            (-5, 1),
+        ] {
+            let e = GoDuration::try_from(&prost_types::Duration { seconds, nanos }).unwrap_err();
+            assert!(e.to_string().contains("nanos"), "{seconds}s {nanos}ns: {e}");
+        }
+        for (seconds, nanos) in [(0, 999_999_999), (0, -999_999_999), (-1, -5), (1, 5)] {
+            assert!(GoDuration::try_from(&prost_types::Duration { seconds, nanos }).is_ok());
+        }
     }
 }

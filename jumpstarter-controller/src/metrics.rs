@@ -27,9 +27,61 @@ use jumpstarter_core::sync::LockExt;
 const BUCKETS: [f64; 12] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
 ];
-/// Distinct method labels kept; calls to further (unknown) paths are counted as `other`, so a
-/// caller inventing paths cannot grow the table without bound.
-const MAX_METHODS: usize = 128;
+/// The `method` label of every path that is not a method the controller serves: a caller
+/// inventing paths (even unauthenticated) adds at most this one label.
+pub const UNKNOWN_METHOD: &str = "unknown";
+/// Methods served beside the Jumpstarter and admin services (health, reflection).
+const OTHER_METHODS: [&str; 4] = [
+    "/grpc.health.v1.Health/Check",
+    "/grpc.health.v1.Health/Watch",
+    "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+    "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+];
+
+/// Every gRPC path the controller serves (`/package.Service/Method`), from the compiled
+/// descriptor sets.
+fn known_methods() -> &'static std::collections::HashSet<String> {
+    static KNOWN: std::sync::OnceLock<std::collections::HashSet<String>> =
+        std::sync::OnceLock::new();
+    KNOWN.get_or_init(|| {
+        use prost::Message as _;
+        let mut out: std::collections::HashSet<String> =
+            OTHER_METHODS.iter().map(|m| m.to_string()).collect();
+        for set in [
+            jumpstarter_proto::FILE_DESCRIPTOR_SET,
+            jumpstarter_proto::ADMIN_DESCRIPTOR_SET,
+        ] {
+            // Compiled into the binary; a set that does not decode only makes its methods
+            // count as unknown.
+            let Ok(fds) = prost_types::FileDescriptorSet::decode(set) else {
+                continue;
+            };
+            for file in &fds.file {
+                for service in &file.service {
+                    for method in &service.method {
+                        out.insert(format!(
+                            "/{}.{}/{}",
+                            file.package(),
+                            service.name(),
+                            method.name()
+                        ));
+                    }
+                }
+            }
+        }
+        out
+    })
+}
+
+/// The `method` label for request path `path`: the path when the controller serves it, else
+/// [`UNKNOWN_METHOD`].
+pub fn method_label(path: &str) -> &str {
+    if known_methods().contains(path) {
+        path
+    } else {
+        UNKNOWN_METHOD
+    }
+}
 /// Scrapes served at once.
 const MAX_CONNECTIONS: usize = 8;
 /// A scrape that takes longer is cut.
@@ -49,15 +101,12 @@ pub struct RpcMetrics {
 }
 
 impl RpcMetrics {
-    /// Records one call of `method` that took `elapsed`.
+    /// Records one call of `method` (a request path; unknown ones are counted together as
+    /// [`UNKNOWN_METHOD`]) that took `elapsed`.
     pub fn observe(&self, method: &str, elapsed: Duration) {
         let secs = elapsed.as_secs_f64();
         let mut m = self.methods.lock_or_recover();
-        let key = if m.contains_key(method) || m.len() < MAX_METHODS {
-            method
-        } else {
-            "other"
-        };
+        let key = method_label(method);
         let h = m.entry(key.to_string()).or_default();
         for (i, le) in BUCKETS.iter().enumerate() {
             if secs <= *le {
@@ -271,35 +320,64 @@ mod tests {
     #[test]
     fn histogram_counts_cumulatively() {
         let m = RpcMetrics::default();
-        m.observe("/a.B/C", Duration::from_millis(3));
-        m.observe("/a.B/C", Duration::from_secs(20));
+        m.observe(
+            "/jumpstarter.v1.ControllerService/Dial",
+            Duration::from_millis(3),
+        );
+        m.observe(
+            "/jumpstarter.v1.ControllerService/Dial",
+            Duration::from_secs(20),
+        );
         let text = m.prometheus();
         assert!(text.contains(
-            "jumpstarter_controller_rpc_duration_seconds_bucket{method=\"/a.B/C\",le=\"0.005\"} 1"
+            "jumpstarter_controller_rpc_duration_seconds_bucket{method=\"/jumpstarter.v1.ControllerService/Dial\",le=\"0.005\"} 1"
         ));
         assert!(text.contains(
-            "jumpstarter_controller_rpc_duration_seconds_bucket{method=\"/a.B/C\",le=\"10\"} 1"
+            "jumpstarter_controller_rpc_duration_seconds_bucket{method=\"/jumpstarter.v1.ControllerService/Dial\",le=\"10\"} 1"
         ));
         assert!(text.contains(
-            "jumpstarter_controller_rpc_duration_seconds_bucket{method=\"/a.B/C\",le=\"+Inf\"} 2"
+            "jumpstarter_controller_rpc_duration_seconds_bucket{method=\"/jumpstarter.v1.ControllerService/Dial\",le=\"+Inf\"} 2"
         ));
         assert!(
-            text.contains("jumpstarter_controller_rpc_duration_seconds_count{method=\"/a.B/C\"} 2")
+            text.contains("jumpstarter_controller_rpc_duration_seconds_count{method=\"/jumpstarter.v1.ControllerService/Dial\"} 2")
         );
     }
 
     #[test]
     fn method_labels_are_bounded_and_escaped() {
         let m = RpcMetrics::default();
-        for i in 0..(MAX_METHODS + 50) {
+        for i in 0..500 {
             m.observe(&format!("/x/{i}"), Duration::from_millis(1));
         }
         m.observe("/x/\"q", Duration::from_millis(1));
+        let real = "/jumpstarter.client.v1.ClientService/ListExporters";
+        m.observe(real, Duration::from_millis(1));
+        m.observe(
+            "/jumpstarter.admin.v1.AdminService/CreateClient",
+            Duration::from_millis(1),
+        );
+        m.observe("/grpc.health.v1.Health/Check", Duration::from_millis(1));
+        m.observe(
+            "/jumpstarter.v1.ControllerService/Register",
+            Duration::from_millis(1),
+        );
         let text = m.prometheus();
-        assert!(text.contains("method=\"other\""));
+        assert!(
+            text.contains(
+                "jumpstarter_controller_rpc_duration_seconds_count{method=\"unknown\"} 501"
+            ),
+            "{text}"
+        );
+        // Junk paths took one slot; the real methods are still counted under their names.
+        assert!(
+            text.contains(&format!(
+                "jumpstarter_controller_rpc_duration_seconds_count{{method=\"{real}\"}} 1"
+            )),
+            "{text}"
+        );
         let methods = m.methods.lock().unwrap().len();
-        assert_eq!(methods, MAX_METHODS + 1);
-        assert!(!text.contains("/x/\"q"));
+        assert_eq!(methods, 5);
+        assert!(!text.contains("/x/"));
     }
 
     #[tokio::test]

@@ -76,13 +76,22 @@ pub async fn reconcile_once<S: Store>(
     let policies: Vec<ExporterAccessPolicy> = list_all(store).await?;
     let clients: Vec<Client> = list_all(store).await?;
     let now = Timestamp::now();
-    let decisions = schedule(&Snapshot {
+    let mut decisions = schedule(&Snapshot {
         leases: &leases,
         exporters,
         policies: &policies,
         clients: &clients,
         now,
     });
+    if let Some(timeout) = state.pending_client_timeout {
+        crate::pending_guard::end_abandoned(
+            &mut decisions,
+            &leases,
+            |ns, client| state.auth.client_activity.last_heard(ns, client),
+            timeout,
+            now,
+        );
+    }
     let mut next: Option<Timestamp> = None;
     let leases_written =
         write_leases(store, &leases, &decisions, exporters, now, &mut next).await?;
@@ -431,6 +440,15 @@ pub async fn run<S: Store>(
                 })
                 .unwrap_or(MAX_SLEEP)
                 .min(MAX_SLEEP),
+            Err(e) if e.is_corruption() => {
+                let reason = format!(
+                    "the store is damaged: {e}; {}",
+                    crate::store::sqlite::RECOVERY_STEPS
+                );
+                tracing::error!("{reason}");
+                state.fail(reason);
+                return;
+            }
             Err(e) => {
                 tracing::warn!("reconcile failed: {e}");
                 Duration::from_secs(1)

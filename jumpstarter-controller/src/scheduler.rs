@@ -557,6 +557,84 @@ fn pending_deadline(l: &Lease) -> Option<Timestamp> {
 
 type Terminal = (&'static str, &'static str, String);
 
+/// Why a lease change was refused: the condition a direct request with the same client,
+/// selector, exporter and duration would end with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AccessDenied {
+    /// The condition type (`Unsatisfiable` or `Invalid`).
+    pub type_: &'static str,
+    /// The condition reason (e.g. `NoAccess`).
+    pub reason: &'static str,
+    /// The condition message.
+    pub message: String,
+}
+
+impl std::fmt::Display for AccessDenied {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.reason, self.message)
+    }
+}
+
+/// The duration the access policies judge: the requested one, and for a lease that holds
+/// an exporter at least the time from its begin to its expiry (so a later end time cannot
+/// stretch a granted lease past a policy's `maximumDuration`).
+pub fn policy_duration(lease: &Lease) -> Option<SignedDuration> {
+    let requested = lease.requested_duration();
+    let held = lease
+        .status
+        .as_ref()
+        .and_then(|s| s.begin_time.as_ref())
+        .zip(lease.expiration())
+        .map(|(begun, end)| end.duration_since(begun.0));
+    match (requested, held) {
+        (Some(r), Some(h)) => Some(r.max(h)),
+        (r, h) => r.or(h),
+    }
+}
+
+/// Checks `lease` (as it would be after a change: its client, selector, pinned exporter and
+/// duration) with the ExporterAccessPolicy evaluation of a new request. A lease that holds an
+/// exporter is judged as a request pinned to that exporter; a waiting lease as a request
+/// with its own selector. `exporters`, `policies` and `clients` may span namespaces.
+pub fn check_access(
+    lease: &Lease,
+    exporters: &[Exporter],
+    policies: &[ExporterAccessPolicy],
+    clients: &[Client],
+) -> Result<(), AccessDenied> {
+    let ns = namespace_of(&lease.metadata);
+    let exporters: Vec<&Exporter> = exporters
+        .iter()
+        .filter(|e| namespace_of(&e.metadata) == ns)
+        .collect();
+    let policies: Vec<&ExporterAccessPolicy> = policies
+        .iter()
+        .filter(|p| namespace_of(&p.metadata) == ns)
+        .collect();
+    let client = clients
+        .iter()
+        .find(|c| {
+            namespace_of(&c.metadata) == ns && name_of(&c.metadata) == lease.spec.client_ref.name
+        })
+        .and_then(|c| c.metadata.labels.clone())
+        .unwrap_or_default();
+    let mut probe = lease.clone();
+    if let Some(held) = lease.assigned_exporter().filter(|_| !lease.is_ended()) {
+        probe.spec.exporter_ref = Some(LocalObjectReference {
+            name: held.to_string(),
+        });
+        // A running lease keeps its exporter even if it was disabled meanwhile.
+        probe.spec.allow_disabled = true;
+    }
+    evaluate(&probe, &exporters, &policies, &client)
+        .map(|_| ())
+        .map_err(|(type_, reason, message)| AccessDenied {
+            type_,
+            reason,
+            message,
+        })
+}
+
 /// Steps 2–4: the exporters this lease may use, with the granting rule's priority and spot flag,
 /// or a terminal `Invalid`/`Unsatisfiable` condition.
 fn evaluate<'a>(
@@ -680,7 +758,7 @@ fn approve<'a>(
     policies: &[&ExporterAccessPolicy],
     client_labels: &BTreeMap<String, String>,
 ) -> Result<Vec<Approved<'a>>, Terminal> {
-    let requested = lease.requested_duration();
+    let requested = policy_duration(lease);
     let mut approved = Vec::new();
     let mut descriptions: BTreeSet<String> = BTreeSet::new();
     for &e in candidates {

@@ -43,6 +43,23 @@ pub enum ServerError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// `store.db` is missing or empty beside the CA and keys of an earlier run.
+    #[error(
+        "the store {} is missing or empty, but {} holds the CA and keys of an earlier run: \
+         starting would forget every client, exporter and lease (their tokens would then be \
+         refused). Restore the store from a backup (`jumpstarter-controller --data-dir {} \
+         restore FILE`), or pass --accept-empty-store to start with an empty one on purpose",
+        store.display(), data_dir.display(), data_dir.display()
+    )]
+    StoreMissing {
+        /// The store file.
+        store: PathBuf,
+        /// The data directory.
+        data_dir: PathBuf,
+    },
+    /// The data directory (or its `ca/`, `server/`) is unsafe or cannot be created.
+    #[error(transparent)]
+    UnsafeDataDir(#[from] crate::data_dir::DataDirError),
     /// A listener could not be opened.
     #[error("cannot listen on {addr}: {source}")]
     Listen {
@@ -125,6 +142,16 @@ pub struct ControllerConfig {
     pub login_listen: Option<String>,
     /// The namespace `/v1/auth/config` tells clients to use.
     pub login_namespace: String,
+    /// A lease still waiting for an exporter whose client has not been heard from for this
+    /// long is ended (see [`crate::pending_guard`]); `None` never ends one.
+    pub pending_client_timeout: Option<std::time::Duration>,
+    /// Ended leases are deleted this long after they ended ([`crate::lease_gc`]); `None`
+    /// keeps them (the binary sets `None` with the Kubernetes store, which keeps them as
+    /// upstream does).
+    pub ended_lease_retention: Option<std::time::Duration>,
+    /// Start with an empty SQLite store even though the data directory holds a CA and keys
+    /// of an earlier run (which otherwise means the store was lost, and is refused).
+    pub accept_empty_store: bool,
 }
 
 impl ControllerConfig {
@@ -149,6 +176,9 @@ impl ControllerConfig {
             provisioning: false,
             login_listen: None,
             login_namespace: "default".into(),
+            pending_client_timeout: Some(crate::pending_guard::DEFAULT_TIMEOUT),
+            ended_lease_retention: Some(crate::lease_gc::DEFAULT_RETENTION),
+            accept_empty_store: false,
         }
     }
 
@@ -329,13 +359,40 @@ fn server_identity(
     }
 }
 
+/// Files that only exist after a controller ran in the data directory.
+const EARLIER_RUN_FILES: [&str; 2] = ["ca/ca.key", "signing-key.pem"];
+
+/// Refuses a missing or empty `store.db` beside the keys of an earlier run, unless `accept`.
+fn check_store_present(dir: &std::path::Path, accept: bool) -> Result<(), ServerError> {
+    let store = dir.join(crate::store::sqlite::DB_FILE);
+    let empty = std::fs::metadata(&store).map_or(true, |m| m.len() == 0);
+    let earlier_run = EARLIER_RUN_FILES.iter().any(|f| dir.join(f).exists());
+    if empty && earlier_run {
+        if accept {
+            tracing::warn!(
+                "starting with an empty store beside the keys of an earlier run \
+                 (--accept-empty-store): earlier clients and exporters are forgotten"
+            );
+            // An empty file is not a database SQLite would create over.
+            let _ = std::fs::remove_file(&store);
+            return Ok(());
+        }
+        return Err(ServerError::StoreMissing {
+            store,
+            data_dir: dir.to_path_buf(),
+        });
+    }
+    Ok(())
+}
+
 /// Starts a controller (and its router) as configured, with the SQLite store of the data
 /// directory.
 /// One controller per data directory: a second one is refused, naming the PID of the first.
 pub async fn start(config: ControllerConfig) -> Result<RunningController, ServerError> {
     let dir = &config.data_dir;
-    std::fs::create_dir_all(dir).map_err(|e| data_err(dir, e))?;
+    crate::data_dir::prepare(dir)?;
     let lock = lock_data_dir(dir)?;
+    check_store_present(dir, config.accept_empty_store)?;
     let store = SqliteStore::open(dir.clone())
         .await
         .map_err(|e| data_err(dir, e))?;
@@ -349,7 +406,7 @@ pub async fn start_with_store<S: Store>(
     store: S,
 ) -> Result<RunningController<S>, ServerError> {
     let dir = &config.data_dir;
-    std::fs::create_dir_all(dir).map_err(|e| data_err(dir, e))?;
+    crate::data_dir::prepare(dir)?;
     let lock = lock_data_dir(dir)?;
     start_locked(config, store, lock).await
 }
@@ -449,6 +506,7 @@ async fn start_locked<S: Store>(
             s.max_tags = max;
         }
         s.auth.external_auth = external_auth;
+        s.pending_client_timeout = config.pending_client_timeout;
     }
 
     let (stop, stopped) = watch::channel(false);
@@ -461,6 +519,14 @@ async fn start_locked<S: Store>(
         secrets.identity.clone(),
         stopped.clone(),
     ));
+
+    if let Some(retention) = config.ended_lease_retention {
+        let gc_state = state.clone();
+        let rx = stopped.clone();
+        tasks.push(tokio::spawn(async move {
+            crate::lease_gc::run(&gc_state.store, retention, until_stopped(rx)).await;
+        }));
+    }
     tasks.push(tokio::spawn(crate::reconcile::run(
         state.clone(),
         until_stopped(stopped.clone()),

@@ -6,12 +6,12 @@ mod authenticate;
 mod exporters;
 mod listen;
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
 use jumpstarter_router::RouterTokenKey;
 
 use crate::auth::TokenIssuer;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 use tonic::Status;
 
 pub use self::{
@@ -43,6 +43,12 @@ pub struct ControllerState<S: Store> {
     pub endpoint: String,
     /// Maximum number of lease tags.
     pub max_tags: usize,
+    /// A waiting lease whose client has not been heard from for this long is ended
+    /// ([`crate::pending_guard`]); `None` never ends one.
+    pub pending_client_timeout: Option<Duration>,
+    /// Set once the controller cannot go on (a damaged store): the binary then exits
+    /// non-zero with this message instead of failing every second.
+    pub fatal: watch::Sender<Option<String>>,
     /// Poked whenever something may need rescheduling.
     pub wake: Notify,
     /// The reconcile loop's own copy of the exporters, updated from the cache's changes.
@@ -76,10 +82,33 @@ impl<S: Store> ControllerState<S> {
             routers,
             endpoint,
             max_tags: crate::objects::DEFAULT_MAX_TAGS,
+            pending_client_timeout: Some(crate::pending_guard::DEFAULT_TIMEOUT),
+            fatal: watch::channel(None).0,
             wake: Notify::new(),
             exporter_view: tokio::sync::Mutex::new(None),
             store,
         })
+    }
+
+    /// Declares the controller unable to go on, for `reason` (the first reason is kept).
+    pub fn fail(&self, reason: String) {
+        self.fatal.send_if_modified(|f| {
+            if f.is_some() {
+                return false;
+            }
+            *f = Some(reason);
+            true
+        });
+    }
+
+    /// Resolves with the reason once [`Self::fail`] was called.
+    pub async fn failed(&self) -> String {
+        let mut rx = self.fatal.subscribe();
+        match rx.wait_for(Option::is_some).await {
+            Ok(r) => r.clone().unwrap_or_default(),
+            // The sender lives as long as the state: never.
+            Err(_) => std::future::pending().await,
+        }
     }
 
     /// Starts (once) the task that keeps the exporter cache from the store's watch.

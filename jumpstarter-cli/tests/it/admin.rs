@@ -1021,3 +1021,131 @@ fn upstream_command_paths_and_aliases_parse() {
         assert!(Cli::try_parse_from(args).is_err(), "{args:?}");
     }
 }
+
+/// Issue 22 item 4: a `jmp shell` stopped by SIGINT, SIGTERM or SIGHUP while it waits in
+/// the queue for a busy exporter releases its lease (upstream's "Releasing Lease").
+#[test]
+fn a_signalled_shell_waiting_in_the_queue_releases_its_lease() {
+    let lab = Lab::new();
+    let path = lab.seed_objects();
+    let _cleanup = Cleanup(path);
+    let _exporter = crate::Running(
+        lab.cmd()
+            .args(["run", "--exporter", "example-distributed"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    // Keep the only exporter busy.
+    let busy = lab
+        .ok(&[
+            "create",
+            "lease",
+            "-l",
+            "foo=bar",
+            "--duration",
+            "5m",
+            "-o",
+            "name",
+        ])
+        .trim()
+        .to_string();
+    let mut in_use = false;
+    for _ in 0..100 {
+        if lab
+            .ok(&["describe", "lease", &busy])
+            .contains("Status:                In-Use")
+        {
+            in_use = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(in_use, "the first lease was never granted");
+
+    for name in ["INT", "TERM", "HUP"] {
+        let mut shell = lab
+            .cmd()
+            .args(["shell", "-l", "foo=bar", "--duration", "5m", "--", "true"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = shell.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut seen = Vec::new();
+        let queued = loop {
+            match rx.recv_timeout(std::time::Duration::from_secs(30)) {
+                Ok(l) => {
+                    let waiting = l.starts_with("Waiting for lease");
+                    seen.push(l);
+                    if waiting {
+                        break true;
+                    }
+                }
+                Err(_) => break false,
+            }
+        };
+        if !queued {
+            let _ = shell.kill();
+            let _ = shell.wait();
+            panic!("SIG{name}: the shell never queued: {seen:?}");
+        }
+        // Both leases are active now: the busy one and the queued one.
+        let active = lab.ok(&["get", "leases", "-o", "name"]);
+        assert_eq!(active.lines().count(), 2, "SIG{name}: {active}");
+
+        let sent = std::process::Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(shell.id().to_string())
+            .status()
+            .unwrap();
+        assert!(sent.success());
+        let mut exited = None;
+        for _ in 0..200 {
+            if let Some(st) = shell.try_wait().unwrap() {
+                exited = Some(st);
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let Some(status) = exited else {
+            let _ = shell.kill();
+            let _ = shell.wait();
+            panic!("SIG{name}: the shell did not stop");
+        };
+        assert!(!status.success(), "SIG{name}: {status:?}");
+        while let Ok(l) = rx.recv_timeout(std::time::Duration::from_secs(5)) {
+            seen.push(l);
+        }
+        assert!(
+            seen.iter().any(|l| l.starts_with("Releasing lease")),
+            "SIG{name}: {seen:?}"
+        );
+        // Only the busy lease is left.
+        let mut left = String::new();
+        for _ in 0..50 {
+            left = lab.ok(&["get", "leases", "-o", "name"]);
+            if left.lines().count() == 1 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        assert_eq!(
+            left,
+            format!("{busy}\n"),
+            "SIG{name}: a lease was left behind"
+        );
+    }
+    lab.ok(&["delete", "leases", &busy]);
+}

@@ -25,6 +25,7 @@ use tonic::{Request, Response, Status, metadata::MetadataMap};
 use crate::{
     admin_token::AdminToken,
     duration::GoDuration,
+    limits::{self, MAX_LABELS, MAX_RULES, MAX_SELECTOR, MAX_TEXT},
     objects::{
         Client, ClientSpec, Exporter, ExporterAccessPolicy, ExporterAccessPolicySpec, ExporterSpec,
         Lease, Policy, PolicyFrom, RESERVED_LABEL_PREFIX, conditions, exporter_status_to_proto,
@@ -156,6 +157,7 @@ impl<S: Store> AdminApi<S> {
                 .map_err(|e| Status::invalid_argument(format!("namespace: {e}")))?;
             Some(req.namespace.as_str())
         };
+        limits::check_len("selector", &req.selector, MAX_SELECTOR)?;
         let sel = LabelSelector::parse(&req.selector)
             .map_err(|e| Status::invalid_argument(format!("selector {:?}: {e}", req.selector)))?;
         Ok(self
@@ -262,6 +264,11 @@ fn labels(
     labels: &std::collections::HashMap<String, String>,
     reserved: bool,
 ) -> Result<BTreeMap<String, String>, Status> {
+    limits::check_count(
+        &format!("{what} {ns}/{name}: labels"),
+        labels.len(),
+        MAX_LABELS,
+    )?;
     let mut out = BTreeMap::new();
     for (k, v) in labels {
         validate_qualified_name(k).map_err(|e| {
@@ -391,6 +398,28 @@ pub fn policy_from_admin(p: &AccessPolicy) -> Result<ExporterAccessPolicy, Statu
     let bad = |field: String, e: String| {
         Status::invalid_argument(format!("access policy {ns}/{name}: {field}: {e}"))
     };
+    let too_big =
+        |e: Status| Status::invalid_argument(format!("access policy {ns}/{name}: {}", e.message()));
+    limits::check_len("exporter_selector", &p.exporter_selector, MAX_SELECTOR).map_err(too_big)?;
+    limits::check_count("rules", p.rules.len(), MAX_RULES).map_err(too_big)?;
+    for (i, r) in p.rules.iter().enumerate() {
+        limits::check_len(&format!("rules[{i}].description"), &r.description, MAX_TEXT)
+            .map_err(too_big)?;
+        limits::check_count(
+            &format!("rules[{i}].from_client_selectors"),
+            r.from_client_selectors.len(),
+            MAX_RULES,
+        )
+        .map_err(too_big)?;
+        for (j, sel) in r.from_client_selectors.iter().enumerate() {
+            limits::check_len(
+                &format!("rules[{i}].from_client_selectors[{j}]"),
+                sel,
+                MAX_SELECTOR,
+            )
+            .map_err(too_big)?;
+        }
+    }
     let exporter_selector = LabelSelector::parse(&p.exporter_selector)
         .map_err(|e| bad("exporter_selector".into(), e.to_string()))?;
     let mut policies = Vec::new();
@@ -440,8 +469,9 @@ pub fn policy_from_admin(p: &AccessPolicy) -> Result<ExporterAccessPolicy, Statu
     Ok(obj)
 }
 
-fn username(u: &str) -> Option<String> {
-    (!u.trim().is_empty()).then(|| u.trim().to_string())
+fn username(u: &str) -> Result<Option<String>, Status> {
+    limits::check_len("username", u, MAX_TEXT)?;
+    Ok((!u.trim().is_empty()).then(|| u.trim().to_string()))
 }
 
 #[tonic::async_trait]
@@ -460,7 +490,7 @@ impl<S: Store> AdminService for AdminApi<S> {
         let mut obj = Client::new(
             &name,
             ClientSpec {
-                username: username(&c.username),
+                username: username(&c.username)?,
             },
         );
         obj.metadata = meta(&ns, &name, labels);
@@ -547,7 +577,7 @@ impl<S: Store> AdminService for AdminApi<S> {
         let mut obj = Exporter::new(
             &name,
             ExporterSpec {
-                username: username(&e.username),
+                username: username(&e.username)?,
                 enabled: None,
             },
         );

@@ -15,12 +15,13 @@ use jumpstarter_proto::client_v1::{
 use tonic::{Request, Response, Status};
 
 use crate::{
-    duration::GoDuration,
+    lease_update::{AccessView, LeaseChange, apply_change},
+    limits::{self, MAX_IDENTIFIER, MAX_LABEL_TEXT, MAX_NAME, MAX_SELECTOR, MAX_TEXT},
     objects::{
         Client, Exporter, LEASE_ENDED_LABEL, Lease, TAG_LABEL_PREFIX, exporter_to_proto,
-        lease_from_proto, lease_labels, lease_times_from_proto, lease_to_proto,
+        lease_from_proto, lease_times_from_proto, lease_to_proto,
     },
-    selector::LabelSelector,
+    selector::{LabelSelector, validate_dns1123_subdomain},
     service::controller::update_lease,
     state::{Caller, ControllerState, store_status},
     store::{ListParams, Store},
@@ -74,6 +75,33 @@ fn selector(s: &str) -> Result<LabelSelector, Status> {
     LabelSelector::parse(s).map_err(|e| Status::invalid_argument(format!("invalid selector: {e}")))
 }
 
+/// The size limits of a lease message from a client ([`crate::limits`]).
+fn check_lease_limits(pb: &PbLease) -> Result<(), Status> {
+    limits::check_len("lease.name", &pb.name, MAX_IDENTIFIER)?;
+    limits::check_len("lease.selector", &pb.selector, MAX_SELECTOR)?;
+    for (field, v) in [
+        ("lease.client", &pb.client),
+        ("lease.exporter", &pb.exporter),
+        ("lease.exporter_name", &pb.exporter_name),
+    ] {
+        limits::check_len(field, v.as_deref().unwrap_or_default(), MAX_IDENTIFIER)?;
+    }
+    limits::check_labels("lease.tags", pb.tags.iter(), MAX_LABEL_TEXT)?;
+    limits::check_labels(
+        "lease.deprecated_labels",
+        pb.deprecated_labels.iter(),
+        MAX_LABEL_TEXT,
+    )?;
+    limits::check_count("lease.conditions", pb.conditions.len(), limits::MAX_LABELS)
+}
+
+/// The size limits of a list request's parent, filter and page token.
+fn check_list_limits(parent: &str, filter: &str, page_token: &str) -> Result<(), Status> {
+    limits::check_len("parent", parent, MAX_IDENTIFIER)?;
+    limits::check_len("filter", filter, MAX_SELECTOR)?;
+    limits::check_len("page_token", page_token, MAX_TEXT)
+}
+
 fn page(size: i32, token: &str) -> ListParams {
     ListParams {
         limit: usize::try_from(size).ok().filter(|s| *s > 0),
@@ -112,6 +140,7 @@ impl<S: Store> ClientService for ClientApi<S> {
     ) -> Result<Response<PbExporter>, Status> {
         let caller = self.client(request.metadata()).await?;
         let req = request.into_inner();
+        limits::check_len("name", &req.name, MAX_IDENTIFIER)?;
         let (ns, name) = object_name(&req.name, "exporters")?;
         check_namespace(&caller, ns)?;
         let e: Exporter = self
@@ -130,6 +159,7 @@ impl<S: Store> ClientService for ClientApi<S> {
     ) -> Result<Response<ListExportersResponse>, Status> {
         let caller = self.client(request.metadata()).await?;
         let req = request.into_inner();
+        check_list_limits(&req.parent, &req.filter, &req.page_token)?;
         let ns = parent_namespace(&req.parent)?;
         check_namespace(&caller, ns)?;
         let list = self
@@ -153,7 +183,9 @@ impl<S: Store> ClientService for ClientApi<S> {
         request: Request<GetLeaseRequest>,
     ) -> Result<Response<PbLease>, Status> {
         let caller = self.client(request.metadata()).await?;
-        let lease = self.own_lease(&caller, &request.into_inner().name).await?;
+        let name = request.into_inner().name;
+        limits::check_len("name", &name, MAX_IDENTIFIER)?;
+        let lease = self.own_lease(&caller, &name).await?;
         Ok(Response::new(lease_to_proto(&lease, Timestamp::now())))
     }
 
@@ -163,6 +195,8 @@ impl<S: Store> ClientService for ClientApi<S> {
     ) -> Result<Response<ListLeasesResponse>, Status> {
         let caller = self.client(request.metadata()).await?;
         let req = request.into_inner();
+        check_list_limits(&req.parent, &req.filter, &req.page_token)?;
+        limits::check_len("tag_filter", &req.tag_filter, MAX_SELECTOR)?;
         let ns = parent_namespace(&req.parent)?;
         check_namespace(&caller, ns)?;
         let mut parts: Vec<String> = Vec::new();
@@ -206,6 +240,11 @@ impl<S: Store> ClientService for ClientApi<S> {
     ) -> Result<Response<PbLease>, Status> {
         let caller = self.client(request.metadata()).await?;
         let req = request.into_inner();
+        limits::check_len("parent", &req.parent, MAX_IDENTIFIER)?;
+        limits::check_len("lease_id", &req.lease_id, MAX_NAME)?;
+        if let Some(pb) = &req.lease {
+            check_lease_limits(pb)?;
+        }
         let ns = parent_namespace(&req.parent)?;
         check_namespace(&caller, ns)?;
         let pb = req
@@ -214,6 +253,10 @@ impl<S: Store> ClientService for ClientApi<S> {
         let name = if req.lease_id.is_empty() {
             uuid::Uuid::now_v7().to_string()
         } else {
+            // The lease's object name: refused here, not by the store (which said INTERNAL).
+            validate_dns1123_subdomain(&req.lease_id).map_err(|e| {
+                Status::invalid_argument(format!("lease_id {:?}: {e}", req.lease_id))
+            })?;
             req.lease_id.clone()
         };
         let lease =
@@ -240,6 +283,7 @@ impl<S: Store> ClientService for ClientApi<S> {
         let pb = req
             .lease
             .ok_or_else(|| Status::invalid_argument("lease is required"))?;
+        check_lease_limits(&pb)?;
         let current = self.own_lease(&caller, &pb.name).await?;
         let (ns, name) = object_name(&pb.name, "leases")?;
         let times_given = pb.begin_time.is_some() || pb.duration.is_some() || pb.end_time.is_some();
@@ -271,38 +315,14 @@ impl<S: Store> ClientService for ClientApi<S> {
             _ => None,
         };
         let _ = current;
+        let change = LeaseChange { times, new_client };
+        let view = AccessView::load(&self.0.store, ns).await?;
         let updated = update_lease(&self.0.store, ns, name, |l| {
-            if let Some(t) = &times {
-                let started = l.assigned_exporter().is_some();
-                if let Some(b) = t.begin
-                    && started
-                    && l.spec.begin_time.as_ref().map(|x| x.0) != Some(b)
-                {
-                    return Err(Status::invalid_argument(
-                        "cannot update BeginTime: lease has already started",
-                    ));
-                }
-                if !started {
-                    l.spec.begin_time = t
-                        .begin
-                        .map(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time);
-                }
-                l.spec.duration = t.duration.map(GoDuration);
-                l.spec.end_time = t
-                    .end
-                    .map(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time);
+            if l.spec.client_ref.name != caller.name {
+                // Transferred away meanwhile: no longer the caller's to change.
+                return Err(Status::not_found(format!("lease {name} not found")));
             }
-            if let Some(c) = &new_client {
-                if l.assigned_exporter().is_none() || l.is_ended() {
-                    return Err(Status::failed_precondition(
-                        "only an active lease can be transferred",
-                    ));
-                }
-                l.spec.client_ref.name = c.clone();
-            }
-            let labels = lease_labels(l);
-            l.metadata.labels = (!labels.is_empty()).then_some(labels);
-            Ok(true)
+            apply_change(l, &change, &view)
         })
         .await?;
         self.0.wake.notify_one();
@@ -315,6 +335,7 @@ impl<S: Store> ClientService for ClientApi<S> {
     ) -> Result<Response<()>, Status> {
         let caller = self.client(request.metadata()).await?;
         let name = request.into_inner().name;
+        limits::check_len("name", &name, MAX_IDENTIFIER)?;
         let lease = self.own_lease(&caller, &name).await?;
         let (ns, lease_name) = object_name(&name, "leases")?;
         if lease.spec.release {
@@ -340,6 +361,7 @@ impl<S: Store> ClientService for ClientApi<S> {
     ) -> Result<Response<RotateTokenResponse>, Status> {
         let caller = self.client(request.metadata()).await?;
         let req = request.into_inner();
+        limits::check_len("parent", &req.parent, MAX_IDENTIFIER)?;
         let ns = parent_namespace(&req.parent)?;
         check_namespace(&caller, ns)?;
         let subject = jumpstarter_core::auth::Subject::new(

@@ -17,6 +17,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1 as metav1;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::{
+    limits::{self, MAX_IDENTIFIER, MAX_LABEL_TEXT, MAX_REPORTS, MAX_SELECTOR, MAX_TEXT},
     objects::{
         Device, Exporter, ExporterStatus, ExporterStatusValue, LEASE_ENDED_LABEL, Lease,
         RESERVED_LABEL_PREFIX, condition_to_proto, conditions, set_condition, timestamp_to_proto,
@@ -157,6 +158,31 @@ impl<S: Store> ControllerService for ControllerApi<S> {
     ) -> Result<Response<RegisterResponse>, Status> {
         let caller = self.exporter(request.metadata()).await?;
         let req = request.into_inner();
+        limits::check_labels("labels", req.labels.iter(), MAX_LABEL_TEXT)?;
+        limits::check_count("reports", req.reports.len(), MAX_REPORTS)?;
+        for (i, r) in req.reports.iter().enumerate() {
+            limits::check_len(&format!("reports[{i}].uuid"), &r.uuid, MAX_IDENTIFIER)?;
+            limits::check_len(
+                &format!("reports[{i}].parent_uuid"),
+                r.parent_uuid.as_deref().unwrap_or_default(),
+                MAX_IDENTIFIER,
+            )?;
+            limits::check_labels(
+                &format!("reports[{i}].labels"),
+                r.labels.iter(),
+                MAX_LABEL_TEXT,
+            )?;
+            limits::check_len(
+                &format!("reports[{i}].description"),
+                r.description.as_deref().unwrap_or_default(),
+                MAX_TEXT,
+            )?;
+            limits::check_labels(
+                &format!("reports[{i}].methods_description"),
+                r.methods_description.iter(),
+                MAX_TEXT,
+            )?;
+        }
         // Only `jumpstarter.dev/` labels come from the exporter; admins own the rest.
         let reported: BTreeMap<String, String> = req
             .labels
@@ -235,6 +261,11 @@ impl<S: Store> ControllerService for ControllerApi<S> {
     ) -> Result<Response<ReportStatusResponse>, Status> {
         let caller = self.exporter(request.metadata()).await?;
         let req = request.into_inner();
+        limits::check_len(
+            "message",
+            req.message.as_deref().unwrap_or_default(),
+            MAX_TEXT,
+        )?;
         let status = PbStatus::try_from(req.status).map_err(|_| {
             Status::invalid_argument(format!("unknown exporter status {}", req.status))
         })?;
@@ -305,6 +336,7 @@ impl<S: Store> ControllerService for ControllerApi<S> {
     ) -> Result<Response<Self::ListenStream>, Status> {
         let caller = self.exporter(request.metadata()).await?;
         let lease_name = request.into_inner().lease_name;
+        limits::check_len("lease_name", &lease_name, MAX_IDENTIFIER)?;
         if lease_name.is_empty() {
             return Err(Status::unknown("empty lease name"));
         }
@@ -430,6 +462,7 @@ impl<S: Store> ControllerService for ControllerApi<S> {
             .authenticate(request.metadata(), ObjectKind::Client)
             .await?;
         let lease_name = request.into_inner().lease_name;
+        limits::check_len("lease_name", &lease_name, MAX_IDENTIFIER)?;
         let lease = get_lease(&self.0.store, &caller.namespace, &lease_name).await?;
         if lease.spec.client_ref.name != caller.name {
             return Err(Status::unknown("permission denied"));
@@ -525,6 +558,7 @@ impl<S: Store> ControllerService for ControllerApi<S> {
             .authenticate(request.metadata(), ObjectKind::Client)
             .await?;
         let name = request.into_inner().name;
+        limits::check_len("name", &name, MAX_IDENTIFIER)?;
         let lease = get_lease(&self.0.store, &caller.namespace, &name).await?;
         if lease.spec.client_ref.name != caller.name {
             return Err(Status::unknown("GetLease permission denied"));
@@ -580,6 +614,16 @@ impl<S: Store> ControllerService for ControllerApi<S> {
             .await?;
         let req = request.into_inner();
         let sel = req.selector.unwrap_or_default();
+        limits::check_labels(
+            "selector.match_labels",
+            sel.match_labels.iter(),
+            MAX_SELECTOR,
+        )?;
+        limits::check_count(
+            "selector.match_expressions",
+            sel.match_expressions.len(),
+            limits::MAX_LABELS,
+        )?;
         let mut parts: Vec<String> = sel
             .match_labels
             .iter()
@@ -599,8 +643,10 @@ impl<S: Store> ControllerService for ControllerApi<S> {
                 }
             });
         }
+        let selector = parts.join(",");
+        limits::check_len("selector", &selector, MAX_SELECTOR)?;
         let lease = jumpstarter_proto::client_v1::Lease {
-            selector: parts.join(","),
+            selector,
             duration: req.duration,
             ..Default::default()
         };
@@ -624,6 +670,7 @@ impl<S: Store> ControllerService for ControllerApi<S> {
     ) -> Result<Response<ReleaseLeaseResponse>, Status> {
         let md = request.metadata().clone();
         let name = request.into_inner().name;
+        limits::check_len("name", &name, MAX_IDENTIFIER)?;
         let kind = md
             .get("jumpstarter-kind")
             .and_then(|v| v.to_str().ok())

@@ -35,6 +35,8 @@ pub struct Authenticator<S: Store> {
     pub issuer: Arc<TokenIssuer>,
     /// External OIDC issuers (tried before the internal issuer) and Client provisioning.
     pub external_auth: ExternalAuth,
+    /// When each client was last heard from (every authenticated client call notes it).
+    pub client_activity: crate::pending_guard::ClientActivity,
 }
 
 impl<S: Store> Authenticator<S> {
@@ -44,6 +46,7 @@ impl<S: Store> Authenticator<S> {
             store,
             issuer,
             external_auth: ExternalAuth::default(),
+            client_activity: Default::default(),
         }
     }
 
@@ -55,6 +58,18 @@ impl<S: Store> Authenticator<S> {
     /// - Any other token must be ours: subject matching the `jumpstarter-*` metadata, object
     ///   existing with the token's uid.
     pub async fn authenticate(
+        &self,
+        md: &MetadataMap,
+        expected: ObjectKind,
+    ) -> Result<Caller, Status> {
+        let caller = self.authenticate_caller(md, expected).await?;
+        if caller.kind == ObjectKind::Client {
+            self.client_activity.note(&caller.namespace, &caller.name);
+        }
+        Ok(caller)
+    }
+
+    async fn authenticate_caller(
         &self,
         md: &MetadataMap,
         expected: ObjectKind,

@@ -194,6 +194,18 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// Whether the database file itself is damaged (SQLite's "database disk image is
+    /// malformed", "file is not a database"): no retry can help, the store must be restored.
+    pub fn is_corruption(&self) -> bool {
+        match self {
+            StoreError::Database { reason, .. } => {
+                let r = reason.to_ascii_lowercase();
+                r.contains("malformed") || r.contains("not a database") || r.contains("is damaged")
+            }
+            _ => false,
+        }
+    }
+
     /// Whether this is [`StoreError::NotFound`].
     pub fn is_not_found(&self) -> bool {
         matches!(self, StoreError::NotFound { .. })

@@ -663,6 +663,7 @@ impl SqliteStore {
         writer
             .execute_batch("PRAGMA synchronous = FULL;")
             .map_err(|e| err(e.to_string()))?;
+        check_integrity(&writer).map_err(err)?;
         migrate(&mut writer).map_err(err)?;
         let revision: i64 = writer
             .query_row("SELECT value FROM meta WHERE key = 'revision'", [], |row| {
@@ -703,6 +704,29 @@ impl SqliteStore {
             .await
             .map_err(|e| self.inner.db_err(format!("store task failed: {e}")))?
     }
+}
+
+/// What to do about a damaged store (in every refusal's message).
+pub const RECOVERY_STEPS: &str = "stop the controller, move store.db (and store.db-wal, \
+     store.db-shm) aside, and restore the last backup with `jumpstarter-controller restore \
+     FILE` (see docs/security.md)";
+
+/// `PRAGMA quick_check`: refuses a damaged database with what SQLite found.
+fn check_integrity(conn: &Connection) -> Result<(), String> {
+    let mut stmt = conn
+        .prepare("PRAGMA quick_check(20)")
+        .map_err(|e| format!("the database is damaged ({e}); {RECOVERY_STEPS}"))?;
+    let found: Vec<String> = stmt
+        .query_map([], |row| row.get::<_, String>(0))
+        .and_then(|rows| rows.collect())
+        .map_err(|e| format!("the database is damaged ({e}); {RECOVERY_STEPS}"))?;
+    if found.len() == 1 && found[0] == "ok" {
+        return Ok(());
+    }
+    Err(format!(
+        "the database is damaged (PRAGMA quick_check: {}); {RECOVERY_STEPS}",
+        found.join("; ")
+    ))
 }
 
 /// Creates or checks the schema.

@@ -4,14 +4,19 @@
 
 mod admin;
 mod crds;
+mod data_dir;
 mod deploy;
 mod flow;
 #[cfg(feature = "kubernetes")]
 mod kube_server;
 #[cfg(feature = "kubernetes")]
 mod kube_store;
+mod limits;
 mod oidc;
+mod pending_guard;
+mod policy_update;
 mod restart;
+mod store_integrity;
 
 use jumpstarter_controller::{
     ControllerConfig, RunningController,

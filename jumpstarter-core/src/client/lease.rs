@@ -222,6 +222,19 @@ impl ControllerClient {
             .map_err(|s| LeaseError::rpc("CreateLease", s))
     }
 
+    /// Releases lease `name` (short or `namespaces/NS/leases/NAME`), e.g. one whose
+    /// [`acquire`] was interrupted; a lease that does not exist (never created, or already
+    /// gone) is not an error.
+    pub async fn release_lease(&self, name: &str) -> Result<(), LeaseError> {
+        match self.delete_lease(&self.lease_resource(name)).await {
+            Err(LeaseError::Rpc {
+                code: Code::NotFound,
+                ..
+            }) => Ok(()),
+            other => other,
+        }
+    }
+
     async fn delete_lease(&self, resource: &str) -> Result<(), LeaseError> {
         ClientServiceClient::new(self.channel.clone())
             .delete_lease(DeleteLeaseRequest {

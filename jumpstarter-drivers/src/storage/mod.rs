@@ -217,6 +217,91 @@ fn partial_path(target: &Path) -> PathBuf {
     target.with_file_name(format!(".{name}.partial-{}", uuid::Uuid::new_v4().simple()))
 }
 
+/// Whether `name` is one of our partial-write names (`.<name>.partial-<32 hex digits>`, as
+/// [`partial_path`] and the Opendal driver's staging paths make them); with `of`, only the
+/// partial files of that file name.
+pub(crate) fn is_partial_name(name: &str, of: Option<&str>) -> bool {
+    let Some(rest) = name.strip_prefix('.') else {
+        return false;
+    };
+    let Some((base, id)) = rest.rsplit_once(".partial-") else {
+        return false;
+    };
+    !base.is_empty()
+        && id.len() == 32
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        && of.is_none_or(|of| of == base)
+}
+
+/// At most this many directories are visited when looking for leftover partial files.
+const PARTIAL_SCAN_DIRS: usize = 100_000;
+
+/// Removes what an earlier process (killed midway through a write) left of our partial files
+/// in `dir` (and below it with `recursive`; symbolic links are not followed), logging each;
+/// with `of`, only those of that file name. Returns the paths removed. A directory that
+/// cannot be read is skipped with a warning: this is housekeeping, never a reason to fail.
+pub(crate) fn remove_leftover_partials(
+    dir: &Path,
+    recursive: bool,
+    of: Option<&str>,
+) -> Vec<PathBuf> {
+    let mut removed = Vec::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    let mut visited = 0;
+    while let Some(d) = dirs.pop() {
+        visited += 1;
+        if visited > PARTIAL_SCAN_DIRS {
+            tracing::warn!(
+                "stopped looking for leftover partial files under {} after {PARTIAL_SCAN_DIRS} directories",
+                dir.display()
+            );
+            break;
+        }
+        let entries = match std::fs::read_dir(&d) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => {
+                tracing::warn!(
+                    "cannot look for leftover partial files in {}: {e}",
+                    d.display()
+                );
+                continue;
+            }
+        };
+        for entry in entries.flatten() {
+            let Ok(kind) = entry.file_type() else {
+                continue;
+            };
+            let path = entry.path();
+            if kind.is_dir() {
+                if recursive {
+                    dirs.push(path);
+                }
+                continue;
+            }
+            if !kind.is_file() || !is_partial_name(&entry.file_name().to_string_lossy(), of) {
+                continue;
+            }
+            match std::fs::remove_file(&path) {
+                Ok(()) => {
+                    tracing::info!(
+                        "removed {}: a partial write left by an earlier run (it crashed or was killed midway)",
+                        path.display()
+                    );
+                    removed.push(path);
+                }
+                Err(e) => tracing::warn!(
+                    "cannot remove leftover partial file {}: {e}",
+                    path.display()
+                ),
+            }
+        }
+    }
+    removed
+}
+
 /// How a local path receives a whole new content.
 #[derive(Debug, PartialEq)]
 pub(crate) enum WriteTarget {
@@ -351,6 +436,48 @@ mod tests {
             .unwrap();
         assert_eq!(n, 6);
         assert!(h.starts_with("5891b5b5"));
+    }
+
+    #[test]
+    fn partial_names_are_recognised_and_leftovers_removed() {
+        let p = partial_path(Path::new("/a/b/disk.img"));
+        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(is_partial_name(&name, None));
+        assert!(is_partial_name(&name, Some("disk.img")));
+        assert!(!is_partial_name(&name, Some("other.img")));
+        for not_ours in [
+            "disk.img",
+            ".disk.img",
+            ".disk.img.partial-",
+            ".disk.img.partial-xyz",
+            "disk.img.partial-0123456789abcdef0123456789abcdef",
+            "..partial-0123456789abcdef0123456789abcdef",
+            ".disk.img.partial-0123456789ABCDEF0123456789ABCDEF",
+        ] {
+            assert!(!is_partial_name(not_ours, None), "{not_ours}");
+        }
+
+        let dir = tempfile::tempdir().unwrap();
+        let sub = dir.path().join("sub");
+        std::fs::create_dir(&sub).unwrap();
+        let top = partial_path(&dir.path().join("disk.img"));
+        let deep = partial_path(&sub.join("x.bin"));
+        std::fs::write(&top, b"half").unwrap();
+        std::fs::write(&deep, b"half").unwrap();
+        std::fs::write(dir.path().join("disk.img"), b"keep").unwrap();
+        std::fs::write(dir.path().join(".hidden"), b"keep").unwrap();
+        // Only the named file's partials, only in the directory itself.
+        assert!(remove_leftover_partials(dir.path(), false, Some("other")).is_empty());
+        assert_eq!(
+            remove_leftover_partials(dir.path(), false, None),
+            vec![top.clone()]
+        );
+        assert!(deep.exists());
+        assert_eq!(
+            remove_leftover_partials(dir.path(), true, None),
+            vec![deep.clone()]
+        );
+        assert_eq!(names_in(dir.path()), [".hidden", "disk.img", "sub"]);
     }
 
     #[test]

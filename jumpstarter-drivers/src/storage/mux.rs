@@ -14,7 +14,8 @@ use serde::Deserialize;
 use tokio::io::{AsyncSeekExt, AsyncWriteExt};
 
 use super::{
-    HashAlgo, Partial, StorageError, WriteTarget, hash_reader, open_in_place, write_target,
+    HashAlgo, Partial, StorageError, WriteTarget, hash_reader, open_in_place,
+    remove_leftover_partials, write_target,
 };
 
 /// Config of [`MockStorageMux`] (all optional).
@@ -25,6 +26,27 @@ struct MuxConfig {
     /// device is written in place.
     #[serde(default)]
     file: Option<PathBuf>,
+}
+
+/// Removes the partial writes an earlier run left beside the medium `path` (and beside the
+/// file it links to, where a write goes).
+fn clean_partials_of(path: &Path) {
+    let mut targets = vec![path.to_path_buf()];
+    if let Ok(real) = std::fs::canonicalize(path)
+        && real != path
+    {
+        targets.push(real);
+    }
+    for t in targets {
+        if let (Some(dir), Some(name)) = (t.parent(), t.file_name()) {
+            let dir = if dir.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                dir
+            };
+            remove_leftover_partials(dir, false, Some(&name.to_string_lossy()));
+        }
+    }
 }
 
 /// The medium of a mock storage mux: a file that reads back what was written.
@@ -38,7 +60,10 @@ pub struct Medium {
 impl Medium {
     fn new(file: Option<PathBuf>) -> Result<Self, DriverError> {
         match file {
-            Some(path) => Ok(Self { path, _temp: None }),
+            Some(path) => {
+                clean_partials_of(&path);
+                Ok(Self { path, _temp: None })
+            }
             None => {
                 let temp = tempfile::Builder::new()
                     .prefix("jmp-storage-mux-")
@@ -274,6 +299,21 @@ mod tests {
         };
         let e = MockStorageMux::from_args(&args).err().unwrap();
         assert!(e.to_string().contains("flie"), "{e}");
+    }
+
+    #[test]
+    fn leftover_partials_of_the_medium_are_removed_at_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let medium = dir.path().join("mux1.img");
+        std::fs::write(&medium, b"old").unwrap();
+        let left = super::super::partial_path(&medium);
+        std::fs::write(&left, b"half written").unwrap();
+        let other = super::super::partial_path(&dir.path().join("other.img"));
+        std::fs::write(&other, b"not ours to judge").unwrap();
+        let _mux = MockStorageMux::new(Some(medium.clone())).unwrap();
+        assert!(!left.exists(), "the leftover partial file is still there");
+        assert!(other.exists(), "another file's partial was removed");
+        assert_eq!(std::fs::read(&medium).unwrap(), b"old");
     }
 
     #[test]

@@ -9,6 +9,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
+    path::{Path, PathBuf},
     sync::{Arc, Mutex as StdMutex},
     time::Duration,
 };
@@ -201,6 +202,40 @@ pub fn normalize_path(path: &str) -> Result<String, StorageError> {
     Ok(out)
 }
 
+/// Refuses `rel` (a [`normalize_path`] result) when a component of it, below `root`, is a
+/// symbolic link that resolves outside `root`, or one that dangles (where it leads cannot be
+/// checked, and writing through it would create the target). Links that stay inside `root`
+/// are followed. The walk stops at the first component that does not exist: nothing below
+/// it exists either.
+pub async fn check_beneath(root: &Path, rel: &str) -> Result<(), StorageError> {
+    let root = match tokio::fs::canonicalize(root).await {
+        Ok(r) => r,
+        // No root yet: nothing under it can lead anywhere.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(StorageError::file("resolving the storage root", root)(e)),
+    };
+    let outside = || StorageError::OutsideRoot(rel.to_string());
+    let mut cur = root.clone();
+    for part in rel.split('/').filter(|p| !p.is_empty()) {
+        let next = cur.join(part);
+        match tokio::fs::symlink_metadata(&next).await {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(StorageError::file("checking", &next)(e)),
+            Ok(m) if m.file_type().is_symlink() => {
+                let Ok(resolved) = tokio::fs::canonicalize(&next).await else {
+                    return Err(outside());
+                };
+                if !resolved.starts_with(&root) {
+                    return Err(outside());
+                }
+                cur = resolved;
+            }
+            Ok(_) => cur = next,
+        }
+    }
+    Ok(())
+}
+
 enum OpenFile {
     Read {
         path: String,
@@ -229,6 +264,9 @@ pub struct Opendal {
     files: StdMutex<HashMap<Uuid, FileSlot>>,
     created: Arc<StdMutex<BTreeSet<String>>>,
     remove_created_on_close: bool,
+    /// The `fs` service's root directory: paths are checked against it so that no symbolic
+    /// link leads out of it.
+    fs_root: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for Opendal {
@@ -297,7 +335,7 @@ impl Opendal {
     /// every write succeeded.
     #[export]
     async fn open(&self, path: String, mode: Mode) -> Result<Uuid, DriverError> {
-        let path = normalize_path(&path)?;
+        let path = self.resolve(&path).await?;
         let file = match mode {
             Mode::Read => {
                 let meta = self.op.stat(&path).await.map_err(od("stat", &path))?;
@@ -546,7 +584,7 @@ impl Opendal {
     /// Metadata of `path`.
     #[export]
     async fn stat(&self, path: String) -> Result<Metadata, DriverError> {
-        let path = normalize_path(&path)?;
+        let path = self.resolve(&path).await?;
         let m = self.op.stat(&path).await.map_err(od("stat", &path))?;
         Ok(metadata(&m))
     }
@@ -555,7 +593,7 @@ impl Opendal {
     /// the exporter.
     #[export]
     async fn hash(&self, path: String, algo: Option<HashAlgo>) -> Result<String, DriverError> {
-        let path = normalize_path(&path)?;
+        let path = self.resolve(&path).await?;
         let meta = self.op.stat(&path).await.map_err(od("stat", &path))?;
         let reader = self.op.reader(&path).await.map_err(od("open", &path))?;
         let mut chunks = reader
@@ -572,7 +610,7 @@ impl Opendal {
     /// Copies `source` to `target`.
     #[export]
     async fn copy(&self, source: String, target: String) -> Result<(), DriverError> {
-        let (s, t) = (normalize_path(&source)?, normalize_path(&target)?);
+        let (s, t) = (self.resolve(&source).await?, self.resolve(&target).await?);
         self.op.copy(&s, &t).await.map_err(od("copy", &s))?;
         Ok(())
     }
@@ -580,7 +618,7 @@ impl Opendal {
     /// Renames `source` to `target`.
     #[export]
     async fn rename(&self, source: String, target: String) -> Result<(), DriverError> {
-        let (s, t) = (normalize_path(&source)?, normalize_path(&target)?);
+        let (s, t) = (self.resolve(&source).await?, self.resolve(&target).await?);
         self.op.rename(&s, &t).await.map_err(od("rename", &s))?;
         Ok(())
     }
@@ -588,7 +626,7 @@ impl Opendal {
     /// Removes `path` and everything under it.
     #[export]
     async fn remove_all(&self, path: String) -> Result<(), DriverError> {
-        let path = normalize_path(&path)?;
+        let path = self.resolve(&path).await?;
         if path == "/" {
             return Err(DriverError::InvalidArgument(
                 "refusing to remove the whole storage root".into(),
@@ -605,7 +643,7 @@ impl Opendal {
     /// Creates directory `path` (which must end with `/`).
     #[export]
     async fn create_dir(&self, path: String) -> Result<(), DriverError> {
-        let path = normalize_path(&path)?;
+        let path = self.resolve(&path).await?;
         self.op
             .create_dir(&path)
             .await
@@ -616,7 +654,7 @@ impl Opendal {
     /// Deletes file `path` (no error if it does not exist).
     #[export]
     async fn delete(&self, path: String) -> Result<(), DriverError> {
-        let path = normalize_path(&path)?;
+        let path = self.resolve(&path).await?;
         self.op.delete(&path).await.map_err(od("delete", &path))?;
         Ok(())
     }
@@ -624,7 +662,7 @@ impl Opendal {
     /// Whether `path` exists.
     #[export]
     async fn exists(&self, path: String) -> Result<bool, DriverError> {
-        let path = normalize_path(&path)?;
+        let path = self.resolve(&path).await?;
         Ok(self.op.exists(&path).await.map_err(od("exists", &path))?)
     }
 
@@ -711,7 +749,7 @@ impl Opendal {
     /// `remove_created_on_close` is set).
     #[export]
     async fn register_path(&self, path: String) -> Result<(), DriverError> {
-        let path = normalize_path(&path)?;
+        let path = self.resolve(&path).await?;
         self.created.lock_or_recover().insert(path);
         Ok(())
     }
@@ -761,6 +799,12 @@ impl Opendal {
         opendal::init_default_registry();
         #[cfg(feature = "storage-s3")]
         install_http_client();
+        let fs_root = (scheme == "fs")
+            .then(|| kwargs.get("root").map(PathBuf::from))
+            .flatten();
+        if let Some(root) = &fs_root {
+            super::remove_leftover_partials(root, true, None);
+        }
         let op = Operator::via_iter(scheme, kwargs).map_err(|e| StorageError::Opendal {
             op: "configure",
             path: scheme.to_string(),
@@ -772,6 +816,7 @@ impl Opendal {
             files: StdMutex::default(),
             created: Arc::default(),
             remove_created_on_close,
+            fs_root,
         })
     }
 
@@ -794,6 +839,16 @@ impl Opendal {
             kwargs,
             cfg.remove_created_on_close,
         )?))
+    }
+
+    /// `path` normalized ([`normalize_path`]) and, on the `fs` service, checked so that no
+    /// existing component of it is a symbolic link leading out of the root.
+    async fn resolve(&self, path: &str) -> Result<String, StorageError> {
+        let rel = normalize_path(path)?;
+        if let Some(root) = &self.fs_root {
+            check_beneath(root, &rel).await?;
+        }
+        Ok(rel)
     }
 
     fn file(&self, fd: Uuid) -> Result<FileSlot, DriverError> {
@@ -864,17 +919,32 @@ impl Opendal {
         path: String,
         recursive: bool,
     ) -> Result<BoxStream<'static, Result<String, DriverError>>, DriverError> {
-        let path = normalize_path(&path)?;
+        let path = self.resolve(&path).await?;
         let lister = self
             .op
             .lister_with(&path)
             .recursive(recursive)
             .await
             .map_err(od("list", &path))?;
+        let root = self.fs_root.clone();
         Ok(lister
             .map(move |e| {
                 e.map(|e| e.path().to_string())
                     .map_err(|source| DriverError::from(od("list", &path)(source)))
+            })
+            // Entries reached through a link that leads out of the root are left out.
+            .filter_map(move |e| {
+                let root = root.clone();
+                async move {
+                    match (&e, root) {
+                        (Ok(p), Some(root)) => match check_beneath(&root, p).await {
+                            Ok(()) => Some(e),
+                            Err(StorageError::OutsideRoot(_)) => None,
+                            Err(err) => Some(Err(err.into())),
+                        },
+                        _ => Some(e),
+                    }
+                }
             })
             .boxed())
     }
@@ -939,6 +1009,24 @@ mod tests {
         assert!(e.to_string().contains("\"nosuch\""), "{e}");
         assert!(e.to_string().contains("fs"), "{e}");
         assert!(Opendal::new("memory", BTreeMap::new(), false).is_ok());
+    }
+
+    #[test]
+    fn leftover_staging_files_are_removed_at_start() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("d")).unwrap();
+        let top = dir.path().join(staging_path("disk.img"));
+        let deep = dir.path().join(staging_path("d/x.bin"));
+        std::fs::write(&top, b"half").unwrap();
+        std::fs::write(&deep, b"half").unwrap();
+        std::fs::write(dir.path().join("disk.img"), b"keep").unwrap();
+        let kwargs = BTreeMap::from([(
+            "root".to_string(),
+            dir.path().to_string_lossy().into_owned(),
+        )]);
+        let _d = Opendal::new("fs", kwargs, false).unwrap();
+        assert!(!top.exists() && !deep.exists());
+        assert!(dir.path().join("disk.img").exists());
     }
 
     #[test]
