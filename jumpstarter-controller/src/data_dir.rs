@@ -7,8 +7,11 @@ use std::{
     path::{Path, PathBuf},
 };
 
+/// Where the CA-issued server certificate is kept (in the data directory).
+pub const SERVER_CERT_DIR: &str = "server";
+
 /// The subdirectories holding keys.
-pub const KEY_DIRS: [&str; 2] = ["ca", crate::server::SERVER_CERT_DIR];
+pub const KEY_DIRS: [&str; 2] = ["ca", SERVER_CERT_DIR];
 
 /// Why the data directory cannot be used.
 #[derive(Debug, thiserror::Error)]

@@ -256,8 +256,7 @@ async fn bind(addr: &str) -> Result<TcpListener, ServerError> {
         })
 }
 
-/// Where the CA-issued server certificate is kept (in the data directory).
-pub const SERVER_CERT_DIR: &str = "server";
+use crate::data_dir::SERVER_CERT_DIR;
 /// A kept server certificate is re-issued once it is this old (it is valid for a year).
 const SERVER_CERT_RENEW_AFTER: std::time::Duration =
     std::time::Duration::from_secs(300 * 24 * 3600);

@@ -3,6 +3,7 @@
 //! store's watch delivers them) and [`ListenQueues`] (the exporters' Listen queues).
 
 mod authenticate;
+mod errors;
 mod exporters;
 mod listen;
 
@@ -12,18 +13,15 @@ use jumpstarter_router::RouterTokenKey;
 
 use crate::auth::TokenIssuer;
 use tokio::sync::{Notify, watch};
-use tonic::Status;
 
 pub use self::{
     authenticate::{Authenticator, Caller},
+    errors::store_status,
     exporters::{ExporterCache, ExporterChanges},
     listen::ListenQueues,
 };
 pub use crate::cluster_config::RouterEntry;
-use crate::{
-    exporter_view::ExporterView,
-    store::{Store, StoreError},
-};
+use crate::{exporter_view::ExporterView, store::Store};
 
 /// The state shared by the controller's services.
 pub struct ControllerState<S: Store> {
@@ -53,16 +51,6 @@ pub struct ControllerState<S: Store> {
     pub wake: Notify,
     /// The reconcile loop's own copy of the exporters, updated from the cache's changes.
     pub(crate) exporter_view: tokio::sync::Mutex<Option<ExporterView>>,
-}
-
-/// Maps a store error to the status upstream's Kubernetes errors become.
-pub fn store_status(e: StoreError) -> Status {
-    match &e {
-        StoreError::NotFound { .. } => Status::not_found(e.to_string()),
-        StoreError::AlreadyExists { .. } => Status::already_exists(e.to_string()),
-        StoreError::Conflict { .. } => Status::aborted(e.to_string()),
-        _ => Status::internal(e.to_string()),
-    }
 }
 
 impl<S: Store> ControllerState<S> {

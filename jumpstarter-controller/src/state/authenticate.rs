@@ -8,7 +8,7 @@ use jumpstarter_core::auth::ObjectKind;
 use crate::auth::{AuthMetadata, TokenIssuer};
 use tonic::{Status, metadata::MetadataMap};
 
-use super::store_status;
+use super::errors::store_status;
 use crate::{
     external_auth::ExternalAuth,
     objects::{Client, Exporter},

@@ -199,14 +199,7 @@ impl http_body::Body for ScrubbedBody {
     }
 }
 
-/// HTTP/2 keepalive of a channel: how often to ping, how long to wait for the answer.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Keepalive {
-    /// Time between pings.
-    pub interval: Duration,
-    /// How long an unanswered ping may wait before the connection is closed.
-    pub timeout: Duration,
-}
+pub use crate::client::grpc_options::Keepalive;
 
 /// What upstream clients use towards controllers (20 s pings, 180 s patience).
 pub const CONTROLLER_KEEPALIVE: Keepalive = Keepalive {

@@ -12,8 +12,6 @@
 
 use std::{collections::BTreeMap, time::Duration};
 
-use crate::client::channel::Keepalive;
-
 /// A `grpcOptions` entry that cannot be applied.
 #[derive(Debug, thiserror::Error)]
 #[error("grpcOptions.{key}: {message}")]
@@ -82,6 +80,15 @@ pub fn keepalive(
         }
     }
     Ok(k)
+}
+
+/// HTTP/2 keepalive of a channel: how often to ping, how long to wait for the answer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Keepalive {
+    /// Time between pings.
+    pub interval: Duration,
+    /// How long an unanswered ping may wait before the connection is closed.
+    pub timeout: Duration,
 }
 
 #[cfg(test)]
