@@ -131,7 +131,7 @@ fn next_check(lease: &Lease, now: jiff::Timestamp) -> Duration {
 
 /// Resolves when the lease has ended (expired, released or deleted by someone else), with
 /// when and why; checks with the controller around the lease's end time and every
-/// [`CHECK_INTERVAL`] besides. A controller that cannot be reached for a while is no end.
+/// `CHECK_INTERVAL` besides. A controller that cannot be reached for a while is no end.
 pub async fn watch(lease: &AcquiredLease) -> LeaseEnd {
     loop {
         let now = jiff::Timestamp::now();

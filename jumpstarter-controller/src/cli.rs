@@ -197,7 +197,7 @@ pub enum StoreCommand {
         file: PathBuf,
     },
     /// Replace the store by the backup FILE (checked first); stop the controller first. The
-    /// old store is kept beside it as store.db.before-restore-<time>.
+    /// old store is kept beside it as `store.db.before-restore-<time>`.
     Restore {
         /// The backup file.
         file: PathBuf,

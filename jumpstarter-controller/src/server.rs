@@ -143,9 +143,9 @@ pub struct ControllerConfig {
     /// The namespace `/v1/auth/config` tells clients to use.
     pub login_namespace: String,
     /// A lease still waiting for an exporter whose client has not been heard from for this
-    /// long is ended (see [`crate::pending_guard`]); `None` never ends one.
+    /// long is ended (see the `pending_guard` module); `None` never ends one.
     pub pending_client_timeout: Option<std::time::Duration>,
-    /// Ended leases are deleted this long after they ended ([`crate::lease_gc`]); `None`
+    /// Ended leases are deleted this long after they ended (the `lease_gc` module); `None`
     /// keeps them (the binary sets `None` with the Kubernetes store, which keeps them as
     /// upstream does).
     pub ended_lease_retention: Option<std::time::Duration>,

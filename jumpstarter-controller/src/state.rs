@@ -42,7 +42,7 @@ pub struct ControllerState<S: Store> {
     /// Maximum number of lease tags.
     pub max_tags: usize,
     /// A waiting lease whose client has not been heard from for this long is ended
-    /// ([`crate::pending_guard`]); `None` never ends one.
+    /// (the `pending_guard` module); `None` never ends one.
     pub pending_client_timeout: Option<Duration>,
     /// Set once the controller cannot go on (a damaged store): the binary then exits
     /// non-zero with this message instead of failing every second.

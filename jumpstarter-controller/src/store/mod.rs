@@ -339,7 +339,7 @@ pub trait Store: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<WatchStream<K>, StoreError>> + Send;
 
     /// Where Kubernetes Events about exporters go: nowhere, unless the backend is a cluster
-    /// (see [`crate::events`]). Called once per controller.
+    /// (see the `events` module). Called once per controller.
     fn event_recorder(&self) -> crate::events::EventRecorder {
         crate::events::EventRecorder::disabled()
     }
