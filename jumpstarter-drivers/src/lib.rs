@@ -1,6 +1,15 @@
 //! Stock Jumpstarter drivers: their exporter halves, mocks, client halves and `j` commands,
 //! and the registry mapping config `type:` names (upstream's Python class paths, so upstream
 //! configs work unchanged) to constructors.
+//!
+//! Entry points: [`stock_registry`] (hand it to the exporter runtime to build drivers from a
+//! config), and per driver one module holding its exporter half and its client half:
+//! [`power`] (`MockPower`, `PowerClient`), [`serial`] (`PySerial`, `PySerialClient`, `Pty`),
+//! [`network`] (`TcpNetwork`, `UdpNetwork`, `UnixNetwork`, `NetworkClient`), [`storage`]
+//! (`Opendal`, the storage muxes and their clients) and [`composite`]. [`cli`] builds the
+//! `j` command tree from a lease's driver reports. The modules stay public because each is
+//! the API of one driver, as upstream's one package per driver; helpers shared between
+//! drivers stay private.
 
 pub mod cli;
 mod command;

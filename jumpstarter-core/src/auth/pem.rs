@@ -72,27 +72,9 @@ pub fn pem_encode(label: &str, der: &[u8]) -> String {
 }
 
 /// Writes `contents` to `path` with mode 0600, via a temporary file and a rename, so a crash
-/// never leaves a half-written secret.
+/// never leaves a half-written secret (see [`crate::private_file::write_private_file`]).
 pub fn write_secret_file(path: &Path, contents: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir)?;
-    }
-    let mut tmp_name = path.as_os_str().to_owned();
-    tmp_name.push(format!(".tmp{}", std::process::id()));
-    let tmp = std::path::PathBuf::from(tmp_name);
-    let mut opts = std::fs::OpenOptions::new();
-    opts.write(true).create(true).truncate(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        opts.mode(0o600);
-    }
-    let mut f = opts.open(&tmp)?;
-    f.write_all(contents)?;
-    f.sync_all()?;
-    drop(f);
-    std::fs::rename(&tmp, path)
+    crate::private_file::write_private_file(path, contents)
 }
 
 #[cfg(test)]

@@ -11,7 +11,6 @@
 
 use std::{
     collections::BTreeMap,
-    io::Write,
     path::{Path, PathBuf},
 };
 
@@ -484,39 +483,13 @@ fn save_yaml<T: Serialize>(value: &T, path: &Path) -> Result<(), ConfigError> {
     write_private(path, text.as_bytes())
 }
 
-/// Writes a file atomically (temporary file in the same directory, then rename) with mode
-/// 0600, creating the directory if needed.
+/// Writes a file atomically with mode 0600, creating the directory if needed (see
+/// [`crate::private_file::write_private_file`]).
 pub fn write_private(path: &Path, contents: &[u8]) -> Result<(), ConfigError> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let err = |source: std::io::Error| ConfigError::Write {
+    crate::private_file::write_private_file(path, contents).map_err(|source| ConfigError::Write {
         path: path.to_path_buf(),
         source,
-    };
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(err)?;
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-    let result = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        f.write_all(contents)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result.map_err(err)
+    })
 }
 
 #[cfg(test)]

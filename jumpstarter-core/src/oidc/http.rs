@@ -8,7 +8,10 @@ use http::{HeaderMap, Method, Request, StatusCode, Uri, header};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::rt::TokioIo;
 use serde_json::Value;
-use tokio_rustls::rustls::{self, pki_types::ServerName};
+use tokio_rustls::rustls::{
+    self,
+    pki_types::{CertificateDer, ServerName, pem::PemObject},
+};
 
 use super::OidcError;
 
@@ -81,7 +84,7 @@ impl HttpsClient {
             }
             if let Some(pem) = extra_ca_pem {
                 let mut added = 0;
-                for cert in rustls_pemfile::certs(&mut pem.as_bytes()) {
+                for cert in CertificateDer::pem_slice_iter(pem.as_bytes()) {
                     let cert = cert.map_err(|e| {
                         OidcError::Tls(format!("certificate authority is not PEM: {e}"))
                     })?;
