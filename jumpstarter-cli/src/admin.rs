@@ -978,7 +978,17 @@ fn list_request(a: &GetArgs) -> ListRequest {
     }
 }
 
-fn print_objects(mode: OutputMode, views: Vec<ObjectView>, table: Table) -> Result<()> {
+/// Prints `views` in `mode`. With `one` (a NAME was asked for), JSON/YAML is
+/// the object itself, as `kubectl get KIND NAME -o yaml` prints it; without,
+/// a list under `items`.
+fn print_objects(mode: OutputMode, views: Vec<ObjectView>, table: Table, one: bool) -> Result<()> {
+    match (mode, views.as_slice()) {
+        (OutputMode::Json | OutputMode::Yaml, [view]) if one => print_structured(mode, view),
+        _ => print_listing(mode, views, table),
+    }
+}
+
+fn print_listing(mode: OutputMode, views: Vec<ObjectView>, table: Table) -> Result<()> {
     match mode {
         OutputMode::Json | OutputMode::Yaml => {
             #[derive(Serialize)]
@@ -1039,7 +1049,7 @@ async fn get_clients(a: GetArgs) -> Result<i32> {
             age(v.created, now),
         ]);
     }
-    print_objects(mode, views, t)?;
+    print_objects(mode, views, t, a.name.is_some())?;
     Ok(0)
 }
 
@@ -1070,6 +1080,7 @@ async fn get_exporters(a: GetArgs) -> Result<i32> {
     let mode = OutputMode::from_flag(a.output.as_deref())?;
     let mut api = AdminApi::connect(&a.connect, false).await?;
     let exporters = list_exporters(&mut api, &a).await?;
+    let named = a.name.as_ref().is_some_and(|n| !n.is_empty());
     let now = Timestamp::now();
     let mut t = Table::new([
         "NAMESPACE",
@@ -1086,7 +1097,7 @@ async fn get_exporters(a: GetArgs) -> Result<i32> {
         for (v, e) in views.iter_mut().zip(&exporters) {
             v.devices = Some(e.devices.iter().map(device_view).collect());
         }
-        print_objects(mode, views, devices_table(&exporters))?;
+        print_objects(mode, views, devices_table(&exporters), named)?;
         return Ok(0);
     }
     for v in &views {
@@ -1101,7 +1112,7 @@ async fn get_exporters(a: GetArgs) -> Result<i32> {
             age(v.created, now),
         ]);
     }
-    print_objects(mode, views, t)?;
+    print_objects(mode, views, t, named)?;
     Ok(0)
 }
 
@@ -1174,7 +1185,10 @@ async fn get_leases(a: GetArgs) -> Result<i32> {
             struct Items {
                 items: Vec<LeaseItem>,
             }
-            print_structured(mode, &Items { items })?;
+            match (&lease_name, items.as_slice()) {
+                (Some(_), [one]) => print_structured(mode, one)?,
+                _ => print_structured(mode, &Items { items })?,
+            }
         }
         OutputMode::Name => {
             for i in &items {

@@ -339,8 +339,30 @@ Lease:  <none>
         "json",
     ]))
     .unwrap();
-    let devices = j["items"][0]["devices"].as_array().unwrap();
+    // With a NAME the object itself, not a one-item list.
+    assert!(j.get("items").is_none(), "{j}");
+    assert_eq!(j["name"], "example-distributed", "{j}");
+    let devices = j["devices"].as_array().unwrap();
     assert_eq!(devices.len(), 3, "{j}");
+    let y = lab.ok(&[
+        "admin",
+        "get",
+        "exporter",
+        "example-distributed",
+        "-o",
+        "yaml",
+    ]);
+    assert!(!y.contains("items:"), "{y}");
+    assert!(y.lines().any(|l| l == "name: example-distributed"), "{y}");
+    // Without a NAME still a list under `items`.
+    let all: serde_json::Value =
+        serde_json::from_str(&lab.ok(&["admin", "get", "exporters", "-o", "json"])).unwrap();
+    assert!(
+        all["items"]
+            .as_array()
+            .is_some_and(|i| i.iter().any(|e| e["name"] == "example-distributed")),
+        "{all}"
+    );
     assert!(
         devices
             .iter()
