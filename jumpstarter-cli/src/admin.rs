@@ -782,145 +782,193 @@ fn note(mode: OutputMode, text: &str) {
 }
 
 async fn create_exporter(a: CreateExporterArgs) -> Result<i32> {
-    let mode = OutputMode::from_flag(a.output.as_deref())?;
-    check_name(&a.name, "exporter")?;
-    let labels = parse_key_values(&a.label, "label")?;
-    if labels.is_empty() {
-        bail!("an exporter needs at least one label: --label key=value");
-    }
-    let target = match (&a.out, a.save) {
-        (Some(p), _) => Some(p.clone()),
-        (None, true) => Some(exporter_save_path(&a.name)),
-        (None, false) => None,
+    let insecure = a.insecure_tls;
+    let common = CreateCommon {
+        connect: &a.connect,
+        name: &a.name,
+        namespace: a.kube.namespace(),
+        label: &a.label,
+        insecure_tls: a.insecure_tls,
+        oidc_username: a.oidc_username.as_deref(),
+        output: a.output.as_deref(),
+        out: a.out.as_deref(),
+        save: a.save,
     };
-    if let Some(p) = &target {
-        prepare_output(p)?;
-    }
-    let mut api = AdminApi::connect(&a.connect, a.insecure_tls).await?;
-    let resp = api
-        .rpc
-        .create_exporter(CreateExporterRequest {
-            exporter: Some(Exporter {
-                namespace: a.kube.namespace(),
-                name: a.name.clone(),
-                labels: labels.into_iter().collect(),
-                username: a.oidc_username.clone().unwrap_or_default(),
-                enabled: true,
-                ..Default::default()
-            }),
-        })
-        .await
-        .map_err(|s| rpc_error(&format!("cannot create exporter {:?}", a.name), s))?
-        .into_inner();
-    let cred = resp
-        .credentials
-        .context("the controller returned no credentials for the new exporter")?;
-    let exporter = resp.exporter.unwrap_or_else(|| Exporter {
-        namespace: cred.namespace.clone(),
-        name: cred.name.clone(),
-        ..Default::default()
-    });
-    note(
-        mode,
-        &format!(
-            "Created exporter \"{}\" in namespace \"{}\"",
-            exporter.name, exporter.namespace
-        ),
-    );
-    let cfg = exporter_config(&cred, a.insecure_tls);
-    let yaml = cfg.to_yaml()?;
-    if let Some(p) = &target
-        && let Err(e) = write_private(p, yaml.as_bytes())
-    {
-        // Undo, so a failed save leaves nothing behind.
-        let _ = api
-            .rpc
-            .delete_exporter(ObjectRef {
-                namespace: exporter.namespace.clone(),
-                name: exporter.name.clone(),
-            })
-            .await;
-        return Err(e).context("the exporter was not kept");
-    }
-    if let Some(p) = &target {
-        note(
-            mode,
-            &format!("Exporter configuration saved to {}", p.display()),
-        );
-    }
-    report_object(mode, exporter_view(&exporter), target.as_deref(), &yaml)?;
-    Ok(0)
+    create(Kind::Exporter, common, |cred| {
+        NewConfig::Exporter(exporter_config(cred, insecure))
+    })
+    .await
 }
 
 async fn create_client(a: CreateClientArgs) -> Result<i32> {
-    let mode = OutputMode::from_flag(a.output.as_deref())?;
-    check_name(&a.name, "client")?;
-    let labels = parse_key_values(&a.label, "label")?;
-    let target = match (&a.out, a.save) {
-        (Some(p), _) => Some(p.clone()),
-        (None, true) => Some(ClientConfig::path_for(&a.name)?),
+    let (insecure, allow, allow_unsafe) = (a.insecure_tls, a.allow.as_deref(), a.allow_unsafe);
+    let common = CreateCommon {
+        connect: &a.connect,
+        name: &a.name,
+        namespace: a.kube.namespace(),
+        label: &a.label,
+        insecure_tls: a.insecure_tls,
+        oidc_username: a.oidc_username.as_deref(),
+        output: a.output.as_deref(),
+        out: a.out.as_deref(),
+        save: a.save,
+    };
+    create(Kind::Client, common, |cred| {
+        NewConfig::Client(client_config(cred, insecure, allow, allow_unsafe))
+    })
+    .await
+}
+
+/// The flags `jmp admin create client` and `create exporter` share.
+struct CreateCommon<'a> {
+    connect: &'a AdminConnect,
+    name: &'a str,
+    namespace: String,
+    label: &'a [String],
+    insecure_tls: bool,
+    oidc_username: Option<&'a str>,
+    output: Option<&'a str>,
+    out: Option<&'a Path>,
+    save: bool,
+}
+
+/// The config file a create produces from the new object's credentials.
+enum NewConfig {
+    Exporter(ExporterConfig),
+    Client(ClientConfig),
+}
+
+/// `jmp admin create client|exporter`: creates the object, prints or saves its config (the
+/// only copy of its token), and deletes the object again when the config cannot be saved.
+async fn create(
+    kind: Kind,
+    a: CreateCommon<'_>,
+    config: impl FnOnce(&Credentials) -> NewConfig,
+) -> Result<i32> {
+    let mode = OutputMode::from_flag(a.output)?;
+    let word = kind.word();
+    check_name(a.name, word)?;
+    let labels = parse_key_values(a.label, "label")?;
+    if kind == Kind::Exporter && labels.is_empty() {
+        bail!("an exporter needs at least one label: --label key=value");
+    }
+    let target = match (a.out, a.save) {
+        (Some(p), _) => Some(p.to_owned()),
+        (None, true) => Some(match kind {
+            Kind::Exporter => exporter_save_path(a.name),
+            Kind::Client => ClientConfig::path_for(a.name)?,
+        }),
         (None, false) => None,
     };
     if let Some(p) = &target {
         prepare_output(p)?;
     }
-    let mut api = AdminApi::connect(&a.connect, a.insecure_tls).await?;
-    let resp = api
-        .rpc
-        .create_client(CreateClientRequest {
-            client: Some(Client {
-                namespace: a.kube.namespace(),
-                name: a.name.clone(),
-                labels: labels.into_iter().collect(),
-                username: a.oidc_username.clone().unwrap_or_default(),
+    let mut api = AdminApi::connect(a.connect, a.insecure_tls).await?;
+    let failed = |s| rpc_error(&format!("cannot create {word} {:?}", a.name), s);
+    let no_credentials = || format!("the controller returned no credentials for the new {word}");
+    let labels = labels.into_iter().collect();
+    let username = a.oidc_username.unwrap_or_default().to_owned();
+    let (cred, view) = match kind {
+        Kind::Exporter => {
+            let resp = api
+                .rpc
+                .create_exporter(CreateExporterRequest {
+                    exporter: Some(Exporter {
+                        namespace: a.namespace,
+                        name: a.name.to_owned(),
+                        labels,
+                        username,
+                        enabled: true,
+                        ..Default::default()
+                    }),
+                })
+                .await
+                .map_err(failed)?
+                .into_inner();
+            let cred = resp.credentials.with_context(no_credentials)?;
+            let exporter = resp.exporter.unwrap_or_else(|| Exporter {
+                namespace: cred.namespace.clone(),
+                name: cred.name.clone(),
                 ..Default::default()
-            }),
-        })
-        .await
-        .map_err(|s| rpc_error(&format!("cannot create client {:?}", a.name), s))?
-        .into_inner();
-    let cred = resp
-        .credentials
-        .context("the controller returned no credentials for the new client")?;
-    let client = resp.client.unwrap_or_else(|| Client {
-        namespace: cred.namespace.clone(),
-        name: cred.name.clone(),
-        ..Default::default()
-    });
+            });
+            (cred, exporter_view(&exporter))
+        }
+        Kind::Client => {
+            let resp = api
+                .rpc
+                .create_client(CreateClientRequest {
+                    client: Some(Client {
+                        namespace: a.namespace,
+                        name: a.name.to_owned(),
+                        labels,
+                        username,
+                        ..Default::default()
+                    }),
+                })
+                .await
+                .map_err(failed)?
+                .into_inner();
+            let cred = resp.credentials.with_context(no_credentials)?;
+            let client = resp.client.unwrap_or_else(|| Client {
+                namespace: cred.namespace.clone(),
+                name: cred.name.clone(),
+                ..Default::default()
+            });
+            (cred, client_view(&client))
+        }
+    };
     note(
         mode,
         &format!(
-            "Created client \"{}\" in namespace \"{}\"",
-            client.name, client.namespace
+            "Created {word} \"{}\" in namespace \"{}\"",
+            view.name, view.namespace
         ),
     );
-    let cfg = client_config(&cred, a.insecure_tls, a.allow.as_deref(), a.allow_unsafe);
-    let yaml = serde_saphyr::to_string(&cfg).context("cannot encode the client config")?;
+    let cfg = config(&cred);
+    let yaml = match &cfg {
+        NewConfig::Exporter(c) => c.to_yaml()?,
+        NewConfig::Client(c) => {
+            serde_saphyr::to_string(c).context("cannot encode the client config")?
+        }
+    };
     if let Some(p) = &target {
-        match save_client(&cfg, p) {
+        let saved = match &cfg {
+            NewConfig::Exporter(_) => write_private(p, yaml.as_bytes())
+                .map(|()| false)
+                .map_err(anyhow::Error::from),
+            NewConfig::Client(c) => save_client(c, p),
+        };
+        match saved {
             Ok(current) => {
                 note(
                     mode,
-                    &format!("Client configuration saved to {}", p.display()),
+                    &format!("{} configuration saved to {}", view.kind, p.display()),
                 );
                 if current {
                     note(mode, &format!("Current client set to \"{}\"", a.name));
                 }
             }
             Err(e) => {
-                let _ = api
-                    .rpc
-                    .delete_client(ObjectRef {
-                        namespace: client.namespace.clone(),
-                        name: client.name.clone(),
-                    })
-                    .await;
-                return Err(e).context("the client was not kept");
+                // Undo, so a failed save leaves nothing behind.
+                let r = ObjectRef {
+                    namespace: view.namespace.clone(),
+                    name: view.name.clone(),
+                };
+                let _ = delete_object(&mut api, kind, r).await;
+                return Err(e).context(format!("the {word} was not kept"));
             }
         }
     }
-    report_object(mode, client_view(&client), target.as_deref(), &yaml)?;
+    report_object(mode, view, target.as_deref(), &yaml)?;
     Ok(0)
+}
+
+/// Deletes a client or an exporter on the controller.
+async fn delete_object(api: &mut AdminApi, kind: Kind, r: ObjectRef) -> Result<(), tonic::Status> {
+    match kind {
+        Kind::Client => api.rpc.delete_client(r).await.map(drop),
+        Kind::Exporter => api.rpc.delete_exporter(r).await.map(drop),
+    }
 }
 
 async fn delete(a: DeleteArgs, kind: Kind) -> Result<i32> {
@@ -932,11 +980,9 @@ async fn delete(a: DeleteArgs, kind: Kind) -> Result<i32> {
         name: a.name.clone(),
     };
     let what = format!("cannot delete {} {:?}", kind.word(), a.name);
-    match kind {
-        Kind::Client => api.rpc.delete_client(r).await,
-        Kind::Exporter => api.rpc.delete_exporter(r).await,
-    }
-    .map_err(|s| rpc_error(&what, s))?;
+    delete_object(&mut api, kind, r)
+        .await
+        .map_err(|s| rpc_error(&what, s))?;
     match mode {
         OutputMode::Name => println!("{}.jumpstarter.dev/{}", kind.word(), a.name),
         _ => println!("Deleted {} \"{}\"", kind.word(), a.name),

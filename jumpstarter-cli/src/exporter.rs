@@ -262,30 +262,9 @@ const GOODBYE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a lease's session may take to stop once its tunnels are cut.
 const SESSION_STOP_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Runs the exporter of `cfg` (its driver tree already built as `tree`) in controller mode
-/// until `shutdown` resolves; then ends any lease session, reports `OFFLINE` and
-/// unregisters. Returns an error only for what retrying cannot fix (bad config, refused
-/// credentials).
-pub async fn run(
-    cfg: &ExporterConfig,
-    tree: DriverNode,
-    shutdown: impl Future<Output = ()>,
-) -> Result<(), ExporterError> {
-    let target = ControllerTarget::from_config(cfg)?;
-    let options = ExporterOptions::from_config(cfg)?;
-    run_with_options(target, tree, options, shutdown).await
-}
-
-/// [`run`] with the controller target given directly.
-pub async fn run_with(
-    target: ControllerTarget,
-    tree: DriverNode,
-    shutdown: impl Future<Output = ()>,
-) -> Result<(), ExporterError> {
-    run_with_options(target, tree, ExporterOptions::default(), shutdown).await
-}
-
-/// [`run_with`] plus optional features (the direct listener).
+/// Runs the exporter (its driver tree already built as `tree`) in controller mode until
+/// `shutdown` resolves; then ends any lease session, reports `OFFLINE` and unregisters.
+/// Returns an error only for what retrying cannot fix (bad config, refused credentials).
 pub async fn run_with_options(
     target: ControllerTarget,
     tree: DriverNode,

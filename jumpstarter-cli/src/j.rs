@@ -34,7 +34,7 @@ pub fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        let matches = match jumpstarter_drivers::cli::j_command(&session).try_get_matches() {
+        let matches = match jumpstarter_drivers::j_command(&session).try_get_matches() {
             Ok(m) => m,
             Err(e) => {
                 let _ = e.print();
@@ -44,7 +44,7 @@ pub fn main() -> ExitCode {
         // Interrupted, the command is dropped before exiting, so that what it was writing
         // (a download's partial file) is removed rather than left behind.
         tokio::select! {
-            r = jumpstarter_drivers::cli::run(session.root(), matches) => match r {
+            r = jumpstarter_drivers::run_j_command(session.root(), matches) => match r {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("Error: {e}");

@@ -1,26 +1,31 @@
 //! The `jmp` and `j` command-line tools, as a library: the binaries only call
-//! [`jmp::main`] and [`j::main`].
+//! [`jmp_main`] and [`j_main`]; [`Cli`] is `jmp`'s argument parser (for tests and for tools
+//! that generate completions or docs). Everything else (the exporter runtime, `jmp shell`,
+//! `jmp admin`, the MCP server) is private to the binaries.
 
 // The doc comments of clap arguments are the commands' `--help` text, written as upstream
 // prints it (`[default]`, `[client-name@]host`), not as links.
 #![allow(rustdoc::broken_intra_doc_links)]
 
-pub mod admin;
-pub mod auth;
-pub mod config_cmd;
-pub mod distributed;
-pub mod exporter;
+mod admin;
+mod auth;
+mod config_cmd;
+mod distributed;
+mod exporter;
 mod hints;
-pub mod j;
-pub mod jmp;
-pub mod lease_end;
-pub mod lifecycle;
+mod j;
+mod jmp;
+mod lease_end;
+mod lifecycle;
 mod logging;
-pub mod login;
-pub mod mcp;
-pub mod output;
-pub mod pipe;
-pub mod resources;
-pub mod shell;
+mod login;
+mod mcp;
+mod output;
+mod pipe;
+mod resources;
+mod shell;
 mod signals;
-pub mod values;
+mod values;
+
+pub use j::main as j_main;
+pub use jmp::{Cli, main as jmp_main};

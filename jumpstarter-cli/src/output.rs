@@ -233,11 +233,6 @@ pub fn format_time(ts: Timestamp, tz: &TimeZone) -> String {
         .to_string()
 }
 
-/// A timestamp in the local time zone.
-pub fn format_local(ts: Timestamp) -> String {
-    format_time(ts, &TimeZone::system())
-}
-
 /// A timestamp in UTC: `2026-08-31 14:04:36 UTC`.
 pub fn format_utc(ts: Timestamp) -> String {
     format_time(ts, &TimeZone::UTC)

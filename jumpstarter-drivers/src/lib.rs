@@ -2,22 +2,46 @@
 //! and the registry mapping config `type:` names (upstream's Python class paths, so upstream
 //! configs work unchanged) to constructors.
 //!
-//! Entry points: [`stock_registry`] (hand it to the exporter runtime to build drivers from a
-//! config), and per driver one module holding its exporter half and its client half:
-//! [`power`] (`MockPower`, `PowerClient`), [`serial`] (`PySerial`, `PySerialClient`, `Pty`),
-//! [`network`] (`TcpNetwork`, `UdpNetwork`, `UnixNetwork`, `NetworkClient`), [`storage`]
-//! (`Opendal`, the storage muxes and their clients) and [`composite`]. [`cli`] builds the
-//! `j` command tree from a lease's driver reports. The modules stay public because each is
-//! the API of one driver, as upstream's one package per driver; helpers shared between
-//! drivers stay private.
+//! An embedder uses three things, all re-exported here:
+//! - [`stock_registry`]: hand it to the exporter runtime to build drivers from a config;
+//! - the drivers (exporter halves) and their clients, one pair per upstream package:
+//!   power ([`MockPower`], [`PowerClient`]), storage ([`Opendal`], [`OpendalClient`],
+//!   [`MockStorageMux`], [`MockStorageMuxFlasher`], [`StorageMuxClient`]), serial
+//!   ([`PySerial`], [`PySerialClient`], the expect API [`Console`]), network
+//!   ([`TcpNetwork`], [`UdpNetwork`], [`UnixNetwork`], [`EchoNetwork`], [`NetworkClient`])
+//!   and [`Composite`], with the types their methods take and return;
+//! - [`j_command`] and [`run_j_command`]: the `j` command tree built from a lease's driver
+//!   reports, and running what the user chose.
+//!
+//! The modules are private: helpers shared between drivers, and each driver's `j`
+//! subcommands, are not part of the API.
 
-pub mod cli;
+mod cli;
 mod command;
-pub mod composite;
-pub mod network;
-pub mod power;
-pub mod serial;
-pub mod storage;
+mod composite;
+mod network;
+mod power;
+mod serial;
+mod storage;
+
+pub use cli::{j_command, run as run_j_command};
+pub use command::CliFuture;
+pub use composite::{COMPOSITE_CLIENT, Composite};
+pub use network::{
+    EchoNetwork, Forwarder, NETWORK_CLIENT, NetworkClient, TcpNetwork, UdpNetwork, UdpStream,
+    UnixNetwork,
+};
+pub use power::{MockPower, POWER_CLIENT, PowerClient, PowerReading};
+pub use serial::{
+    Console, ExpectError, LineSettings, Match, PYSERIAL_CLIENT, Pty, PySerial, PySerialClient,
+    SerialUrl, TtyStream,
+};
+pub use storage::{
+    Capability, EntryMode, HashAlgo, Metadata, MockStorageMux, MockStorageMuxFlasher,
+    OPENDAL_CLIENT, Opendal, OpendalClient, OpendalFile, PresignedRequest, Progress,
+    ProgressReader, ProgressWriter, STORAGE_MUX_CLIENT, STORAGE_MUX_FLASHER_CLIENT, StorageError,
+    StorageMuxClient, TransferOptions, detect_encoding, hash_reader,
+};
 
 use jumpstarter_core::driver::{COMPOSITE_TYPE, DriverRegistry};
 

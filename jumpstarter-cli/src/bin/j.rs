@@ -5,5 +5,5 @@
 static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 fn main() -> std::process::ExitCode {
-    jumpstarter_cli::j::main()
+    jumpstarter_cli::j_main()
 }

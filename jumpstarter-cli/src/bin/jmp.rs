@@ -8,5 +8,5 @@
 static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 fn main() -> std::process::ExitCode {
-    jumpstarter_cli::jmp::main()
+    jumpstarter_cli::jmp_main()
 }

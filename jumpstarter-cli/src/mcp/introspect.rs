@@ -6,7 +6,9 @@
 
 use clap::{Arg, Command};
 use jumpstarter_core::client::{ClientNode, ExporterSession};
-use jumpstarter_drivers::{composite::COMPOSITE_CLIENT, power::POWER_CLIENT, storage};
+use jumpstarter_drivers::{
+    COMPOSITE_CLIENT, OPENDAL_CLIENT, POWER_CLIENT, STORAGE_MUX_CLIENT, STORAGE_MUX_FLASHER_CLIENT,
+};
 use serde_json::{Value, json};
 
 /// How a method is called.
@@ -194,8 +196,8 @@ const OPENDAL: &[MethodInfo] = &[
 pub fn known_methods(client_class: &str) -> Option<&'static [MethodInfo]> {
     match client_class {
         POWER_CLIENT => Some(POWER),
-        storage::STORAGE_MUX_CLIENT | storage::STORAGE_MUX_FLASHER_CLIENT => Some(STORAGE_MUX),
-        storage::OPENDAL_CLIENT => Some(OPENDAL),
+        STORAGE_MUX_CLIENT | STORAGE_MUX_FLASHER_CLIENT => Some(STORAGE_MUX),
+        OPENDAL_CLIENT => Some(OPENDAL),
         COMPOSITE_CLIENT => Some(&[]),
         _ => None,
     }
@@ -266,7 +268,7 @@ pub fn driver_methods(
             })
             .collect::<Vec<_>>()
     });
-    let j = jumpstarter_drivers::cli::j_command(session);
+    let j = jumpstarter_drivers::j_command(session);
     let cli = find_command(&j, path).ok().map(command_tree);
     let mut out = json!({
         "path": dotted,

@@ -14,7 +14,7 @@ use jumpstarter_core::{
     config::ClientConfig,
     value,
 };
-use jumpstarter_drivers::power::{POWER_CLIENT, PowerClient};
+use jumpstarter_drivers::{POWER_CLIENT, PowerClient};
 use jumpstarter_proto::client_v1::{CreateLeaseRequest, DeleteLeaseRequest, Lease};
 use serde_json::{Map, Value, json};
 use tokio::io::{AsyncRead, AsyncReadExt};
@@ -758,7 +758,7 @@ impl Tools {
         };
         let cfg = self.config()?;
         let conn = self.connections.open(&cfg, source, timeout).await?;
-        let j = jumpstarter_drivers::cli::j_command(&conn.session);
+        let j = jumpstarter_drivers::j_command(&conn.session);
         Ok(json!({
             "connection_id": conn.id,
             "lease_name": conn.lease_name,
@@ -844,7 +844,7 @@ impl Tools {
 
     async fn explore(&self, a: &Arguments<'_>) -> Result<Value, ToolError> {
         let conn = self.conn(a).await?;
-        let j = jumpstarter_drivers::cli::j_command(&conn.session);
+        let j = jumpstarter_drivers::j_command(&conn.session);
         let path = a.list("command_path").unwrap_or_default();
         let cmd = introspect::find_command(&j, &path).map_err(ToolError::Failed)?;
         Ok(introspect::command_tree(cmd))

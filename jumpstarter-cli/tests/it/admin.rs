@@ -820,7 +820,7 @@ fn config_exporter_create_edit_list_delete() {
 #[test]
 fn upstream_command_paths_and_aliases_parse() {
     use clap::Parser;
-    use jumpstarter_cli::jmp::Cli;
+    use jumpstarter_cli::Cli;
     let paths = [
         "admin create client",
         "admin create cluster",

@@ -7,7 +7,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use jumpstarter_drivers::serial::Pty;
+use jumpstarter_drivers::Pty;
 use rustix::termios::LocalModes;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

@@ -109,7 +109,7 @@ impl NetworkClient {
     /// driver's `connect`; returns once listening. Upstream's `TcpPortforwardAdapter`.
     ///
     /// ```no_run
-    /// # async fn f(net: jumpstarter_drivers::network::NetworkClient) -> Result<(), jumpstarter_core::ClientError> {
+    /// # async fn f(net: jumpstarter_drivers::NetworkClient) -> Result<(), jumpstarter_core::ClientError> {
     /// let fwd = net.forward_tcp("127.0.0.1:0".parse().unwrap()).await?;
     /// println!("ssh -p {} root@127.0.0.1", fwd.local_address().rsplit(':').next().unwrap_or(""));
     /// # Ok(()) }

@@ -22,7 +22,7 @@ use std::{net::IpAddr, path::PathBuf, sync::Arc};
 use jumpstarter_core::{CallContext, Driver, DriverError, driver, driver::DriverArgs};
 use serde::Deserialize;
 
-pub use client::{Forwarder, NetworkClient, cli, format_host_port, strip_scheme};
+pub use client::{Forwarder, NetworkClient, cli, format_host_port};
 pub use udp::UdpStream;
 
 /// Upstream client class of network drivers.

@@ -6,7 +6,7 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use jumpstarter_drivers::serial::{Console, PySerialClient};
+//! use jumpstarter_drivers::{Console, PySerialClient};
 //!
 //! # async fn login(serial: PySerialClient) -> Result<(), Box<dyn std::error::Error>> {
 //! let mut console = serial.console().await?.with_timeout(Duration::from_secs(30));

@@ -15,7 +15,7 @@ use jumpstarter_core::{
     client::{ConnectOptions, ExporterSession},
     server::{local_socket_path, serve_unix},
 };
-use jumpstarter_drivers::composite::Composite;
+use jumpstarter_drivers::Composite;
 
 /// A session served on a Unix socket for the duration of a test.
 pub struct Served {

@@ -3,9 +3,7 @@
 use std::{path::Path, sync::Arc};
 
 use jumpstarter_core::{ClientError, DriverError};
-use jumpstarter_drivers::network::{
-    EchoNetwork, NetworkClient, TcpNetwork, UdpNetwork, UnixNetwork,
-};
+use jumpstarter_drivers::{EchoNetwork, NetworkClient, TcpNetwork, UdpNetwork, UnixNetwork};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::Served;

@@ -12,9 +12,7 @@ use std::{
 };
 
 use jumpstarter_core::{ClientError, DriverError, wire::resource::ContentEncoding};
-use jumpstarter_drivers::storage::{
-    HashAlgo, Opendal, OpendalClient, PresignedRequest, TransferOptions,
-};
+use jumpstarter_drivers::{HashAlgo, Opendal, OpendalClient, PresignedRequest, TransferOptions};
 
 use crate::Served;
 use crate::storage::{MIB, compress, cut_opendal_upload, list_sorted, random_file, sha256_of};

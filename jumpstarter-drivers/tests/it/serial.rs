@@ -2,7 +2,7 @@
 
 use std::{path::Path, sync::Arc, time::Duration};
 
-use jumpstarter_drivers::serial::{Pty, PySerial, PySerialClient, SerialUrl};
+use jumpstarter_drivers::{Pty, PySerial, PySerialClient, SerialUrl};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::Served;

@@ -9,7 +9,7 @@ use jumpstarter_core::{
     driver,
     wire::resource::{ContentEncoding, ResourceHandle, encoder},
 };
-use jumpstarter_drivers::storage::{
+use jumpstarter_drivers::{
     HashAlgo, MockStorageMux, MockStorageMuxFlasher, Opendal, OpendalClient, StorageMuxClient,
     TransferOptions, hash_reader,
 };
@@ -575,7 +575,7 @@ async fn compression_is_not_guessed_from_a_pipe() {
     let fifo = dir.path().join("image.fifo");
     mkfifo(&fifo);
     // Peeking would take the first bytes away from the transfer: refused, without opening.
-    let e = jumpstarter_drivers::storage::detect_encoding(&fifo)
+    let e = jumpstarter_drivers::detect_encoding(&fifo)
         .await
         .unwrap_err()
         .to_string();
@@ -747,7 +747,7 @@ async fn j_storage_commands_are_offered_with_help() {
     let (mux, _) = mux_with_file(dir.path());
     let served = Served::start(vec![("storage", mux)]);
     let session = served.client().await;
-    let mut cmd = jumpstarter_drivers::cli::j_command(&session);
+    let mut cmd = jumpstarter_drivers::j_command(&session);
     let storage = cmd.find_subcommand_mut("storage").unwrap();
     for sub in [
         "host",
@@ -779,12 +779,12 @@ async fn j_storage_switch_commands_run() {
     let served = Served::start(vec![("storage", mux)]);
     let session = served.client().await;
     for sub in ["host", "dut", "off"] {
-        let matches = jumpstarter_drivers::cli::j_command(&session)
+        let matches = jumpstarter_drivers::j_command(&session)
             .try_get_matches_from(["j", "storage", sub])
             .unwrap();
         let (name, m) = matches.subcommand().unwrap();
         let client = session.driver(name).unwrap();
-        jumpstarter_drivers::cli::run(client, m.clone())
+        jumpstarter_drivers::run_j_command(client, m.clone())
             .await
             .unwrap_or_else(|e| panic!("j storage {sub}: {e}"));
     }
@@ -810,11 +810,11 @@ async fn j_opendal_commands_run() {
             let argv = ["j".to_string(), "opendal".to_string()]
                 .into_iter()
                 .chain(args.clone());
-            let matches = jumpstarter_drivers::cli::j_command(session)
+            let matches = jumpstarter_drivers::j_command(session)
                 .try_get_matches_from(argv)
                 .unwrap_or_else(|e| panic!("j opendal {args:?}: {e}"));
             let (name, m) = matches.subcommand().unwrap();
-            jumpstarter_drivers::cli::run(session.driver(name).unwrap(), m.clone()).await
+            jumpstarter_drivers::run_j_command(session.driver(name).unwrap(), m.clone()).await
         }
     };
     let a = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
