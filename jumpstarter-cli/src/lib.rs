@@ -11,6 +11,7 @@ pub mod config_cmd;
 pub mod distributed;
 pub mod exporter;
 mod hints;
+pub mod hooks;
 pub mod j;
 pub mod jmp;
 pub mod lease_end;
