@@ -64,6 +64,10 @@ pub enum AdminCommand {
     /// Rotate credentials for Jumpstarter objects
     #[command(subcommand)]
     Rotate(AdminRotate),
+    /// End an exporter's quarantine (ours): lease it again after its health check or hooks
+    /// failed too often in a row
+    #[command(subcommand)]
+    ClearHealth(AdminClearHealth),
     /// Get the current Jumpstarter version
     #[command(alias = "ver", alias = "v")]
     Version(crate::config_cmd::VersionArgs),
@@ -441,6 +445,27 @@ pub struct RotateClientArgs {
     output: Option<String>,
 }
 
+/// `jmp admin clear-health`.
+#[derive(Subcommand, Debug)]
+pub enum AdminClearHealth {
+    /// Clear the quarantine of an exporter
+    #[command(alias = "exporters", alias = "e")]
+    Exporter(ClearHealthArgs),
+}
+
+/// `jmp admin clear-health exporter NAME`.
+#[derive(Args, Debug)]
+pub struct ClearHealthArgs {
+    #[command(flatten)]
+    connect: AdminConnect,
+    /// Name of the exporter
+    name: String,
+    #[command(flatten)]
+    kube: KubeFlags,
+    #[arg(short, long, value_parser = ["name"], help = OUTPUT_HELP)]
+    output: Option<String>,
+}
+
 /// A connection to the AdminService.
 struct AdminApi {
     rpc: AdminServiceClient<AuthChannel>,
@@ -486,6 +511,7 @@ pub async fn run(cmd: AdminCommand) -> Result<i32> {
         AdminCommand::Import(AdminImport::Client(a)) => import_client(a).await,
         AdminCommand::Import(AdminImport::Exporter(a)) => import_exporter(a).await,
         AdminCommand::Rotate(AdminRotate::Client(a)) => rotate_client(a).await,
+        AdminCommand::ClearHealth(AdminClearHealth::Exporter(a)) => clear_health(a).await,
         AdminCommand::Version(a) => crate::config_cmd::version(a),
     }
 }
@@ -598,6 +624,7 @@ fn blank_exporter_config() -> ExporterConfig {
         export: Default::default(),
         hooks: Default::default(),
         failure_detection: Default::default(),
+        health_check: None,
         direct_listener: None,
         direct_advertise: None,
         path: None,
@@ -735,7 +762,11 @@ fn exporter_view(e: &Exporter) -> ObjectView {
         username: Some(e.username.clone()).filter(|u| !u.is_empty()),
         enabled: Some(e.enabled),
         online: Some(e.online),
-        status: Some(status_name(e.status)),
+        status: Some(if e.unhealthy {
+            "UNHEALTHY".into()
+        } else {
+            status_name(e.status)
+        }),
         lease: Some(e.lease.clone()).filter(|l| !l.is_empty()),
         created: created(&e.created),
         endpoint: None,
@@ -969,6 +1000,34 @@ async fn delete_object(api: &mut AdminApi, kind: Kind, r: ObjectRef) -> Result<(
         Kind::Client => api.rpc.delete_client(r).await.map(drop),
         Kind::Exporter => api.rpc.delete_exporter(r).await.map(drop),
     }
+}
+
+/// `jmp admin clear-health exporter NAME`: the exporter is leased again.
+async fn clear_health(a: ClearHealthArgs) -> Result<i32> {
+    let mode = OutputMode::from_flag(a.output.as_deref())?;
+    check_name(&a.name, "exporter")?;
+    let mut api = AdminApi::connect(&a.connect, false).await?;
+    let r = ObjectRef {
+        namespace: a.kube.namespace(),
+        name: a.name.clone(),
+    };
+    let what = format!("cannot clear the health of exporter {:?}", a.name);
+    let before = api
+        .rpc
+        .get_exporter(r.clone())
+        .await
+        .map_err(|s| rpc_error(&what, s))?
+        .into_inner();
+    api.rpc
+        .clear_exporter_health(r)
+        .await
+        .map_err(|s| rpc_error(&what, s))?;
+    match mode {
+        OutputMode::Name => println!("exporter.jumpstarter.dev/{}", a.name),
+        _ if before.unhealthy => println!("Cleared the health of exporter \"{}\"", a.name),
+        _ => println!("Exporter \"{}\" was not unhealthy", a.name),
+    }
+    Ok(0)
 }
 
 async fn delete(a: DeleteArgs, kind: Kind) -> Result<i32> {

@@ -40,11 +40,14 @@ use jumpstarter_core::{
         tunnel,
     },
     config::ExporterConfig,
-    hooks::{
-        LeaseHooks,
-        lifecycle::{LeaseHookRun, StatusSink, Verdict},
-    },
     server::{TunnelConn, serve_tunnels, tunnel_conn},
+};
+
+use crate::hooks::{
+    HookKind, LeaseHooks,
+    health::{self, HealthPolicy, HealthTracker},
+    lifecycle::{LeaseHookRun, StatusSink, Verdict},
+    process::Outcome,
 };
 
 /// Why the exporter runtime stopped (it retries everything else).
@@ -165,13 +168,16 @@ pub struct ExporterOptions {
     /// Also serve each lease on this direct listener (clients on the exporter's network
     /// then bypass the router).
     pub direct: Option<DirectListenerSpec>,
-    /// The config's lease hooks (see [`jumpstarter_core::hooks`]).
+    /// The config's lease hooks (see [`crate::hooks`]).
     pub hooks: Option<Arc<LeaseHooks>>,
     /// The controller channel's keepalive from `grpcOptions` (default: upstream's).
     pub keepalive: Option<Keepalive>,
     /// `failureDetection`: (`maxRapidFailures`, `rapidFailureWindow` seconds); `None`:
     /// retry forever.
     pub failure_detection: Option<(u32, u32)>,
+    /// `healthCheck` (ours): health checks between leases and quarantine (see
+    /// [`crate::hooks::health`]).
+    pub health: Option<HealthPolicy>,
 }
 
 impl ExporterOptions {
@@ -188,6 +194,12 @@ impl ExporterOptions {
         let hooks = LeaseHooks::from_config(&cfg.hooks)
             .map_err(|e| config_error(e.to_string()))?
             .map(Arc::new);
+        let health = cfg
+            .health_check
+            .as_ref()
+            .map(HealthPolicy::from_config)
+            .transpose()
+            .map_err(|e| config_error(e.to_string()))?;
         let keepalive = jumpstarter_core::client::grpc_options::keepalive(
             &cfg.grpc_options,
             CONTROLLER_KEEPALIVE,
@@ -211,6 +223,7 @@ impl ExporterOptions {
         Ok(Self {
             direct,
             hooks,
+            health,
             keepalive: Some(keepalive),
             failure_detection: Some((
                 cfg.failure_detection.max_rapid_failures,
@@ -287,6 +300,15 @@ pub async fn run_with_options(
     let mut rt = Runtime {
         keepalive: options.keepalive.unwrap_or(CONTROLLER_KEEPALIVE),
         hooks: options.hooks.clone(),
+        health: options
+            .health
+            .as_ref()
+            .map(|h| Arc::new(HealthTracker::new(h.threshold))),
+        health_check: options
+            .health
+            .as_ref()
+            .and_then(|h| h.check.clone().map(|c| (c, h.interval))),
+        next_check: tokio::time::Instant::now(),
         exit: exit_tx,
         direct,
         reports: Session::new(tree.clone(), BTreeMap::new()).report().reports,
@@ -383,6 +405,12 @@ struct ActiveLease {
 struct Runtime {
     keepalive: Keepalive,
     hooks: Option<Arc<LeaseHooks>>,
+    /// Failures in a row, with `healthCheck`.
+    health: Option<Arc<HealthTracker>>,
+    /// The health-check script and its interval.
+    health_check: Option<(crate::hooks::HookSpec, Duration)>,
+    /// When the next health check is due (while no lease is active).
+    next_check: tokio::time::Instant,
     /// Set (with the reason) when a hook failed with `onFailure: exit`.
     exit: tokio::sync::watch::Sender<Option<String>>,
     direct: Option<DirectServer>,
@@ -463,12 +491,58 @@ impl Runtime {
                 report_status(&channel, ExporterStatus::LeaseReady, "Ready for commands").await
             }
         }
+        // A health check runs only between leases; a lease that starts stops it (its
+        // process group is killed) and it does not count.
+        let mut check: Option<futures::future::BoxFuture<'static, Outcome>> = None;
         loop {
-            match status.next().await {
-                Some(Ok(msg)) => self.on_status(msg, &channel).await,
-                Some(Err(s)) => return Err(self.refused(&s)),
-                None => return Ok(()),
+            let due = match &self.health_check {
+                Some(_) if self.lease.is_none() && check.is_none() => Some(self.next_check),
+                _ => None,
+            };
+            tokio::select! {
+                msg = status.next() => match msg {
+                    Some(Ok(msg)) => {
+                        self.on_status(msg, &channel).await;
+                        if self.lease.is_some() && check.take().is_some() {
+                            tracing::info!("health check stopped: a lease started");
+                        }
+                    }
+                    Some(Err(s)) => return Err(self.refused(&s)),
+                    None => return Ok(()),
+                },
+                outcome = async { check.as_mut().expect("guarded by the branch condition").await },
+                    if check.is_some() => {
+                    check = None;
+                    self.health_checked(&outcome, &channel).await;
+                }
+                _ = tokio::time::sleep_until(due.unwrap_or_else(tokio::time::Instant::now)),
+                    if due.is_some() => {
+                    if let Some((spec, _)) = &self.health_check {
+                        let (spec, tree) = (spec.clone(), self.tree.clone());
+                        tracing::info!("running health check");
+                        check = Some(Box::pin(async move { health::run_check(&spec, tree).await }));
+                    }
+                }
             }
+        }
+    }
+
+    /// A health check ended: count it, schedule the next one, and tell the controller when
+    /// the exporter became unhealthy.
+    async fn health_checked(&mut self, outcome: &Outcome, channel: &AuthChannel) {
+        if let Some((_, interval)) = &self.health_check {
+            self.next_check = tokio::time::Instant::now() + *interval;
+        }
+        match &outcome.result {
+            Ok(()) => tracing::info!("health check passed"),
+            Err(e) => tracing::warn!("health check failed: {e}"),
+        }
+        let Some(tracker) = &self.health else {
+            return;
+        };
+        if let Some(message) = tracker.record(health::HEALTH_CHECK, outcome) {
+            tracing::error!("exporter unhealthy: {message}");
+            report_status(channel, ExporterStatus::Available, &message).await;
         }
     }
 
@@ -520,6 +594,7 @@ impl Runtime {
             tls: self.target.tls.clone(),
             cancel: cancel.clone(),
             hooks: hooks.clone(),
+            health: self.health.clone(),
             exit: self.exit.clone(),
         }));
         self.lease = Some(ActiveLease {
@@ -540,7 +615,10 @@ impl Runtime {
             // The afterLease hook runs while the session is still served (once: it may
             // have run already after `EndSession`).
             run.mark_lease_ended();
-            let sink = ControllerSink(channel.clone());
+            let sink = ControllerSink {
+                channel: channel.clone(),
+                health: self.health.clone(),
+            };
             let verdict = run.after_lease(&sink).await;
             if !report {
                 // Shutting down: nobody else will release the lease.
@@ -560,6 +638,9 @@ impl Runtime {
         }
         lease.session.close().await;
         tracing::info!("lease {} ended", lease.name);
+        if let Some((_, interval)) = &self.health_check {
+            self.next_check = tokio::time::Instant::now() + *interval;
+        }
         let exiting = self.exit.borrow().is_some();
         if report
             && !exiting
@@ -582,11 +663,15 @@ struct LeaseContext {
     tls: TlsSettings,
     cancel: CancellationToken,
     hooks: Option<Arc<LeaseHookRun>>,
+    health: Option<Arc<HealthTracker>>,
     exit: tokio::sync::watch::Sender<Option<String>>,
 }
 
-/// Statuses of a lease's hooks, to the controller.
-struct ControllerSink(AuthChannel);
+/// Statuses of a lease's hooks, to the controller; hook failures counted for health.
+struct ControllerSink {
+    channel: AuthChannel,
+    health: Option<Arc<HealthTracker>>,
+}
 
 impl StatusSink for ControllerSink {
     fn report<'a>(
@@ -594,7 +679,23 @@ impl StatusSink for ControllerSink {
         status: ExporterStatus,
         message: &'a str,
     ) -> futures::future::BoxFuture<'a, ()> {
-        Box::pin(report_status(&self.0, status, message))
+        Box::pin(report_status(&self.channel, status, message))
+    }
+
+    fn hook_outcome<'a>(
+        &'a self,
+        kind: HookKind,
+        outcome: &'a Outcome,
+    ) -> futures::future::BoxFuture<'a, ()> {
+        Box::pin(async move {
+            let Some(tracker) = &self.health else {
+                return;
+            };
+            if let Some(message) = tracker.record(kind.key(), outcome) {
+                tracing::error!("exporter unhealthy: {message}");
+                report_status(&self.channel, kind.running(), &message).await;
+            }
+        })
     }
 }
 
@@ -678,6 +779,7 @@ async fn serve_lease(cx: LeaseContext) {
         tls,
         cancel,
         hooks,
+        health,
         exit,
     } = cx;
     let (tunnels, tunnels_rx) = tokio::sync::mpsc::channel(4);
@@ -705,14 +807,18 @@ async fn serve_lease(cx: LeaseContext) {
                         // After `Listen`, so that clients can dial in while the hook runs.
                         Some(run) => {
                             let run = Arc::clone(run);
-                            let (name, session, channel, exit) = (
+                            let (name, session, channel, exit, health) = (
                                 name.clone(),
                                 Arc::clone(&session),
                                 channel.clone(),
                                 exit.clone(),
+                                health.clone(),
                             );
                             tokio::spawn(async move {
-                                let sink = ControllerSink(channel.clone());
+                                let sink = ControllerSink {
+                                    channel: channel.clone(),
+                                    health,
+                                };
                                 let verdict = run.before_lease(&sink).await;
                                 after_verdict(
                                     verdict, &run, &name, &session, &channel, &exit, false,
@@ -739,7 +845,7 @@ async fn serve_lease(cx: LeaseContext) {
                         _ = cancel.cancelled() => break 'listen,
                         _ = &mut end_session => {
                             end_session = session.on_end_session();
-                            on_end_session(&name, &session, &channel, hooks.as_ref(), &exit).await;
+                            on_end_session(&name, &session, &channel, hooks.as_ref(), health.as_ref(), &exit).await;
                         }
                         msg = stream.next() => match msg {
                             Some(Ok(resp)) => {
@@ -789,6 +895,7 @@ async fn on_end_session(
     session: &Arc<Session>,
     channel: &AuthChannel,
     hooks: Option<&Arc<LeaseHookRun>>,
+    health: Option<&Arc<HealthTracker>>,
     exit: &tokio::sync::watch::Sender<Option<String>>,
 ) {
     tracing::info!("lease {name}: the client ended the session");
@@ -806,14 +913,18 @@ async fn on_end_session(
         return;
     };
     let run = Arc::clone(run);
-    let (name, session, channel, exit) = (
+    let (name, session, channel, exit, health) = (
         name.to_string(),
         Arc::clone(session),
         channel.clone(),
         exit.clone(),
+        health.cloned(),
     );
     tokio::spawn(async move {
-        let sink = ControllerSink(channel.clone());
+        let sink = ControllerSink {
+            channel: channel.clone(),
+            health,
+        };
         let verdict = run.after_lease(&sink).await;
         after_verdict(verdict, &run, &name, &session, &channel, &exit, true).await;
     });

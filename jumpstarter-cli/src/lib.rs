@@ -13,6 +13,7 @@ mod config_cmd;
 mod distributed;
 mod exporter;
 mod hints;
+mod hooks;
 mod j;
 mod jmp;
 mod lease_end;

@@ -13,14 +13,15 @@ use jumpstarter_core::{
     DriverNode, Session,
     client::SessionChannel,
     config::ExporterConfig,
-    hooks::{
-        LeaseHooks,
-        lifecycle::{LeaseHookRun, NoController, Verdict},
-        wait::{self, Ended, HOOK_WAIT, Ready},
-    },
+    hooks::wait::{self, Ended, HOOK_WAIT, Ready},
 };
 use jumpstarter_proto::v1::{LogSource, exporter_service_client::ExporterServiceClient};
 use tokio::task::JoinHandle;
+
+use crate::hooks::{
+    LeaseHooks,
+    lifecycle::{LeaseHookRun, NoController, Verdict},
+};
 
 /// How often the log follower (re)opens `LogStream`, as upstream.
 const LOG_STREAM_ATTEMPTS: u32 = 10;

@@ -232,9 +232,12 @@ impl ExporterView {
             labels: e.labels.clone().into_iter().collect(),
             deprecated_labels: e.deprecated_labels.clone().into_iter().collect(),
             online: Some(e.online),
-            // A never-connected exporter has no status yet; it is offline.
+            // A never-connected exporter has no status yet; it is offline. A quarantined one
+            // says so in its message (the `[UNHEALTHY]` convention of `docs/hooks.md`).
             status: Some(
-                if e.status == ExporterStatus::Unspecified as i32 && !e.online {
+                if jumpstarter_core::hooks::Unhealthy::parse(&e.status_message).is_some() {
+                    "UNHEALTHY".into()
+                } else if e.status == ExporterStatus::Unspecified as i32 && !e.online {
                     status_name(ExporterStatus::Offline as i32)
                 } else {
                     status_name(e.status)
@@ -509,6 +512,29 @@ pub fn describe_exporter(v: &ExporterView, tz: &TimeZone) -> String {
     .any(|s| *s as i32 == v.raw_status);
     if failed && !v.status_message.is_empty() {
         d.fields(0, &[("Status Message", v.status_message.clone())]);
+    }
+    if let Some(u) = jumpstarter_core::hooks::Unhealthy::parse(&v.status_message) {
+        let what = if u.kind.is_empty() {
+            u.reason.to_string()
+        } else {
+            format!("{}: {}", u.kind, u.reason)
+        };
+        d.fields(
+            0,
+            &[
+                (
+                    "Health",
+                    "Unhealthy (leased to nobody until an admin clears it)".into(),
+                ),
+                ("Health Reason", what),
+            ],
+        );
+        if !u.output.is_empty() {
+            d.line(0, "Last Output:");
+            for line in u.output.lines() {
+                d.line(2, line);
+            }
+        }
     }
     match &v.lease {
         None if v.leased_by_someone_else() => {
@@ -1438,6 +1464,33 @@ Lease:  <none>
         );
         let json = crate::output::to_json(&view).unwrap();
         assert!(json.starts_with("{\n    \"namespace\": \"jumpstarter-lab\",\n    \"name\": \"example-distributed\",\n    \"labels\": {\n        \"foo\": \"bar\"\n    },"), "{json}");
+    }
+
+    #[test]
+    fn an_unhealthy_exporter_shows_its_reason_and_last_output() {
+        let mut e = seed_exporter();
+        e.status_message =
+            "[UNHEALTHY] healthCheck: failed 3 times in a row (last: Hook failed with exit code 1)\nno answer\npower rail low"
+                .into();
+        let view = ExporterView::from_proto(&e);
+        assert_eq!(view.status.as_deref(), Some("UNHEALTHY"));
+        assert_eq!(
+            describe_exporter(&view, &TimeZone::UTC),
+            "Name:       example-distributed
+Namespace:  jumpstarter-lab
+Labels:
+  foo=bar
+Online:   yes
+Status:   UNHEALTHY
+Enabled:  yes
+Health:         Unhealthy (leased to nobody until an admin clears it)
+Health Reason:  healthCheck: failed 3 times in a row (last: Hook failed with exit code 1)
+Last Output:
+  no answer
+  power rail low
+Lease:  <none>
+"
+        );
     }
 
     #[test]

@@ -51,6 +51,8 @@ pub mod conditions {
     pub const REASON_NOT_AVAILABLE: &str = "NotAvailable";
     /// `Pending`: free exporters are still cleaning up after a previous lease.
     pub const REASON_NOT_READY: &str = "NotReady";
+    /// `Pending`: every approved, online and free exporter is unhealthy (quarantined).
+    pub const REASON_UNHEALTHY: &str = "Unhealthy";
     /// `Ready=True`: an exporter was acquired.
     pub const REASON_READY: &str = "Ready";
     /// `Ready=False`: the lease was released.
@@ -70,6 +72,18 @@ pub mod conditions {
     pub const REASON_REGISTER: &str = "Register";
     /// `Registered=False`.
     pub const REASON_UNREGISTER: &str = "Unregister";
+    /// Exporter condition (ours, not upstream's): `False` once the exporter reported itself
+    /// unhealthy (`[UNHEALTHY] ...` status message, see `docs/hooks.md`); the scheduler
+    /// leases it to nobody until an admin clears it. Absent: healthy.
+    pub const HEALTHY: &str = "Healthy";
+    /// `Healthy=False`: the health check failed too often in a row.
+    pub const REASON_HEALTH_CHECK_FAILED: &str = "HealthCheckFailed";
+    /// `Healthy=False`: the lease hooks failed too often in a row.
+    pub const REASON_HOOK_FAILED: &str = "HookFailed";
+    /// `Healthy=False`: the exporter said it is unhealthy, for another reason.
+    pub const REASON_REPORTED_UNHEALTHY: &str = "ReportedUnhealthy";
+    /// `Healthy=True`: an admin cleared the quarantine.
+    pub const REASON_CLEARED: &str = "Cleared";
 
     /// Condition status `True`.
     pub const TRUE: &str = "True";
@@ -338,6 +352,14 @@ impl Exporter {
         self.status
             .as_ref()
             .is_some_and(|s| condition_is_true(&s.conditions, type_))
+    }
+
+    /// The `Healthy=False` condition of a quarantined exporter (`None`: healthy).
+    pub fn unhealthy(&self) -> Option<&metav1::Condition> {
+        self.status
+            .as_ref()
+            .and_then(|s| find_condition(&s.conditions, conditions::HEALTHY))
+            .filter(|c| c.status == conditions::FALSE)
     }
 }
 
@@ -780,7 +802,12 @@ pub fn exporter_to_proto(e: &Exporter) -> client_v1::Exporter {
         labels: e.labels().into_iter().collect(),
         online: e.condition_is_true(conditions::ONLINE),
         status: exporter_status_to_proto(status.and_then(|s| s.exporter_status)) as i32,
-        status_message: status.map(|s| s.status_message.clone()).unwrap_or_default(),
+        // A quarantined exporter's message says so (the `[UNHEALTHY]` convention of
+        // `docs/hooks.md`): the client API has no field for it.
+        status_message: match e.unhealthy() {
+            Some(c) => format!("{}{}", jumpstarter_core::hooks::UNHEALTHY_PREFIX, c.message),
+            None => status.map(|s| s.status_message.clone()).unwrap_or_default(),
+        },
         enabled: Some(e.is_enabled()),
         deprecated_labels: HashMap::new(),
     }

@@ -892,6 +892,21 @@ fn pick<'a>(q: &Candidate<'a>, busy: &BTreeMap<String, String>, now: Timestamp) 
             ),
         );
     }
+    // Quarantine (ours, `docs/hooks.md`): an unhealthy exporter is leased to nobody.
+    let free_names = names_of(free.iter().map(|a| a.exporter));
+    let free_count = free.len();
+    let free: Vec<Approved<'a>> = free
+        .into_iter()
+        .filter(|a| a.exporter.unhealthy().is_none())
+        .collect();
+    if free.is_empty() {
+        return Pick::Wait(
+            c::REASON_UNHEALTHY,
+            format!(
+                "There are {free_count} approved and free exporters, (i.e. {free_names}) but all of them are unhealthy (an admin clears that with `jmp admin clear-health exporter NAME`)"
+            ),
+        );
+    }
     match free.iter().find(|a| exporter_is_ready(a.exporter)) {
         Some(a) => Pick::Grant(*a),
         None => Pick::Wait(

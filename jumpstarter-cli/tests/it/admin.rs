@@ -1171,3 +1171,75 @@ fn a_signalled_shell_waiting_in_the_queue_releases_its_lease() {
     }
     lab.ok(&["delete", "leases", &busy]);
 }
+
+#[test]
+fn quarantined_exporters_are_shown_and_cleared_by_an_admin() {
+    use jumpstarter_controller::{
+        objects::{Exporter, conditions, set_condition},
+        store::Store,
+    };
+    let lab = Lab::new();
+    let exporter_path = lab.seed_objects();
+    let _cleanup = Cleanup(exporter_path);
+    let store = &lab.controller.as_ref().unwrap().state.store;
+    // What the controller records when the exporter reports `[UNHEALTHY] ...`.
+    lab.rt.block_on(async {
+        let mut e: Exporter = store
+            .get("default", "example-distributed")
+            .await
+            .unwrap()
+            .unwrap();
+        let st = e.status.get_or_insert_with(Default::default);
+        set_condition(
+            &mut st.conditions,
+            conditions::HEALTHY,
+            false,
+            conditions::REASON_HEALTH_CHECK_FAILED,
+            "healthCheck: failed 3 times in a row (last: Hook failed with exit code 3)\nprobe: no answer",
+            None,
+            jiff::Timestamp::now(),
+        );
+        store.update_status(&e).await.unwrap();
+    });
+    let table = lab.ok(&["get", "exporters", "--with", "status"]);
+    assert!(table.contains("UNHEALTHY"), "{table}");
+    let d = lab.ok(&["describe", "exporter", "example-distributed"]);
+    assert!(
+        d.contains(
+            "Health Reason:  healthCheck: failed 3 times in a row (last: Hook failed with exit code 3)"
+        ),
+        "{d}"
+    );
+    assert!(d.contains("Last Output:\n  probe: no answer\n"), "{d}");
+    let admin = lab.ok(&["admin", "get", "exporter", "example-distributed"]);
+    assert!(admin.contains("UNHEALTHY"), "{admin}");
+
+    assert_eq!(
+        lab.ok(&["admin", "clear-health", "exporter", "example-distributed"]),
+        "Cleared the health of exporter \"example-distributed\"\n"
+    );
+    let healthy = lab.rt.block_on(async {
+        let e: Exporter = store
+            .get("default", "example-distributed")
+            .await
+            .unwrap()
+            .unwrap();
+        e.unhealthy().is_none()
+    });
+    assert!(healthy);
+    let table = lab.ok(&["get", "exporters", "--with", "status"]);
+    assert!(!table.contains("UNHEALTHY"), "{table}");
+    assert!(
+        !lab.ok(&["describe", "exporter", "example-distributed"])
+            .contains("Health")
+    );
+    // Clearing again changes nothing and says so; bad and unknown names are one line.
+    assert_eq!(
+        lab.ok(&["admin", "clear-health", "exporter", "example-distributed"]),
+        "Exporter \"example-distributed\" was not unhealthy\n"
+    );
+    let e = lab.fails(&["admin", "clear-health", "exporter", "no-such-exporter"]);
+    assert!(e.contains("no-such-exporter"), "{e}");
+    let e = lab.fails(&["admin", "clear-health", "exporter", "Bad_Name"]);
+    assert!(e.contains("invalid exporter name"), "{e}");
+}

@@ -525,3 +525,162 @@ fn failure_detection_ends_jmp_run_after_rapid_controller_failures() {
         "{stderr}"
     );
 }
+
+/// Waits (bounded) until the controller has quarantined exporter `name`; returns the
+/// condition's reason and message.
+async fn wait_unhealthy(lab: &crate::distributed::Lab, name: &str, log: &str) -> (String, String) {
+    use jumpstarter_controller::{objects::Exporter, store::Store};
+    for _ in 0..300 {
+        let e: Option<Exporter> = lab.ctl().state.store.get("default", name).await.unwrap();
+        if let Some(c) = e.as_ref().and_then(|e| e.unhealthy()) {
+            return (c.reason.clone(), c.message.clone());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{name} was not quarantined\n{}", lab.log(log));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn distributed_failing_health_checks_quarantine_the_exporter() {
+    let lab = lab().await;
+    let broken = lab.path("broken");
+    std::fs::write(&broken, "").unwrap();
+    let cfg = lab.exporter("hq1", &[("hooks", "hq1")]).await;
+    let yaml = std::fs::read_to_string(&cfg).unwrap()
+        + &format!(
+            "healthCheck:\n  script: |\n    j power on\n    if [ -e {b} ]; then echo probe: no answer; exit 3; fi\n  \
+             interval: 1\n  timeout: 20\n  threshold: 2\n",
+            b = broken.display()
+        );
+    std::fs::write(&cfg, yaml).unwrap();
+    let client = lab.client("erin").await;
+    let _exporter = lab.run_exporter(&cfg, "hq1.log");
+    let (reason, message) = wait_unhealthy(&lab, "hq1", "hq1.log").await;
+    assert_eq!(reason, "HealthCheckFailed");
+    assert_eq!(
+        message,
+        "healthCheck: failed 2 times in a row (last: Hook failed with exit code 3)\nprobe: no answer"
+    );
+    // Clients see it; its ordinary status is unchanged.
+    let out = lab
+        .cmd(JMP)
+        .args(["get", "exporters", "--with", "status", "--client-config"])
+        .arg(&client)
+        .output()
+        .await
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(stdout.contains("UNHEALTHY"), "{stdout}{stderr}");
+    let out = lab
+        .cmd(JMP)
+        .args(["describe", "exporter", "hq1", "--client-config"])
+        .arg(&client)
+        .output()
+        .await
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(
+        stdout.contains("Last Output:\n  probe: no answer"),
+        "{stdout}{stderr}"
+    );
+    // A lease for it waits, naming the reason.
+    let out = lab
+        .cmd(JMP)
+        .args([
+            "create",
+            "lease",
+            "-l",
+            "hooks=hq1",
+            "--duration",
+            "1m",
+            "-o",
+            "name",
+            "--client-config",
+        ])
+        .arg(&client)
+        .output()
+        .await
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    let lease_name = stdout.trim().rsplit('/').next().unwrap().to_string();
+    let mut pending = String::new();
+    for _ in 0..100 {
+        let l = lab.lease(&lease_name).await;
+        let st = l.status.clone().unwrap_or_default();
+        if let Some(c) = st.conditions.iter().find(|c| c.type_ == "Pending") {
+            pending = format!("{} {}", c.reason, c.message);
+            if c.reason == "Unhealthy" {
+                break;
+            }
+        }
+        assert!(
+            st.exporter_ref.is_none(),
+            "an unhealthy exporter was leased"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(pending.starts_with("Unhealthy "), "{pending}");
+    // Repaired and cleared (as `jmp admin clear-health` does): the lease gets it.
+    std::fs::remove_file(&broken).unwrap();
+    {
+        use jumpstarter_controller::{
+            objects::{Exporter, conditions, set_condition},
+            store::Store,
+        };
+        let store = &lab.ctl().state.store;
+        let mut e: Exporter = store.get("default", "hq1").await.unwrap().unwrap();
+        let st = e.status.as_mut().unwrap();
+        set_condition(
+            &mut st.conditions,
+            conditions::HEALTHY,
+            true,
+            conditions::REASON_CLEARED,
+            "Cleared by an admin",
+            None,
+            jiff::Timestamp::now(),
+        );
+        store.update_status(&e).await.unwrap();
+        lab.ctl().state.wake.notify_one();
+    }
+    let mut leased = false;
+    for _ in 0..300 {
+        let l = lab.lease(&lease_name).await;
+        if l.status.and_then(|s| s.exporter_ref).is_some() {
+            leased = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(leased, "{}", lab.log("hq1.log"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn distributed_failing_hooks_quarantine_the_exporter() {
+    let lab = lab().await;
+    let cfg = lab_exporter(
+        &lab,
+        "hq2",
+        "  beforeLease:\n    script: |\n      echo relay stuck\n      exit 6\n    onFailure: warn\n",
+    )
+    .await;
+    std::fs::write(
+        &cfg,
+        std::fs::read_to_string(&cfg).unwrap() + "healthCheck:\n  threshold: 1\n",
+    )
+    .unwrap();
+    let client = lab.client("frank").await;
+    let _exporter = lab.run_exporter(&cfg, "hq2.log");
+    lab.wait_status("hq2", ExporterStatusValue::Available).await;
+    let child = shell(&lab, &client, &["-l", "hooks=hq2"], "echo ran");
+    let (code, stdout, stderr) = finish(child).await;
+    // warn: the command still runs.
+    assert_eq!(code, 0, "{stdout}{stderr}\n{}", lab.log("hq2.log"));
+    assert!(stdout.contains("ran"), "{stdout}");
+    let (reason, message) = wait_unhealthy(&lab, "hq2", "hq2.log").await;
+    assert_eq!(reason, "HookFailed");
+    assert_eq!(
+        message,
+        "beforeLease: failed 1 times in a row (last: Hook failed with exit code 6)\nrelay stuck"
+    );
+}

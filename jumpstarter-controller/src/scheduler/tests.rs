@@ -893,3 +893,58 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn unhealthy_exporters_are_leased_to_nobody_until_cleared() {
+    let sel = "board=rpi4";
+    let quarantine = |e: &mut Exporter, healthy: bool| {
+        let st = e.status.as_mut().unwrap();
+        crate::objects::set_condition(
+            &mut st.conditions,
+            c::HEALTHY,
+            healthy,
+            if healthy {
+                c::REASON_CLEARED
+            } else {
+                c::REASON_HEALTH_CHECK_FAILED
+            },
+            "healthCheck: failed 3 times in a row",
+            None,
+            now(),
+        );
+    };
+    let mut sick = exporter("e1", &[("board", "rpi4")]);
+    quarantine(&mut sick, false);
+    let w = World {
+        leases: vec![lease("l1", sel, 0)],
+        exporters: vec![sick.clone()],
+        ..Default::default()
+    };
+    assert_waiting(
+        &w.one("l1"),
+        c::REASON_UNHEALTHY,
+        "There are 1 approved and free exporters, (i.e. e1) but all of them are unhealthy",
+        1,
+    );
+    // A healthy one beside it is chosen.
+    let w = World {
+        leases: vec![lease("l1", sel, 0)],
+        exporters: vec![sick.clone(), exporter("e2", &[("board", "rpi4")])],
+        ..Default::default()
+    };
+    assert_eq!(
+        w.one("l1").action,
+        Action::Assigned {
+            exporter: "e2".into(),
+            priority: 0
+        }
+    );
+    // Cleared: leased again.
+    quarantine(&mut sick, true);
+    let w = World {
+        leases: vec![lease("l1", sel, 0)],
+        exporters: vec![sick],
+        ..Default::default()
+    };
+    assert!(matches!(w.one("l1").action, Action::Assigned { .. }));
+}

@@ -34,7 +34,7 @@ use crate::{
     selector::{
         LabelSelector, validate_dns1123_subdomain, validate_label_value, validate_qualified_name,
     },
-    service::controller::update_lease,
+    service::controller::{update_exporter, update_lease},
     state::{ControllerState, store_status},
     store::{ListParams, Store, StoreObject},
 };
@@ -334,6 +334,9 @@ pub fn exporter_to_admin(e: &Exporter) -> PbExporter {
         online: e.condition_is_true(conditions::ONLINE),
         status: exporter_status_to_proto(status.and_then(|s| s.exporter_status)) as i32,
         status_message: status.map(|s| s.status_message.clone()).unwrap_or_default(),
+        unhealthy: e.unhealthy().is_some(),
+        health_reason: e.unhealthy().map(|c| c.reason.clone()).unwrap_or_default(),
+        health_message: e.unhealthy().map(|c| c.message.clone()).unwrap_or_default(),
         lease: status
             .and_then(|s| s.lease_ref.as_ref())
             .map(|r| r.name.clone())
@@ -640,6 +643,37 @@ impl<S: Store> AdminService for AdminApi<S> {
         tracing::info!("admin: deleted exporter {ns}/{name} (released {released} lease(s))");
         self.state.wake.notify_one();
         Ok(Response::new(()))
+    }
+
+    async fn clear_exporter_health(
+        &self,
+        request: Request<ObjectRef>,
+    ) -> Result<Response<PbExporter>, Status> {
+        self.authorize(request.metadata())?;
+        let (ns, name, _) = self
+            .get_object::<Exporter>("exporter", request.get_ref())
+            .await?;
+        let e = update_exporter(&self.state.store, &ns, &name, true, |e| {
+            if e.unhealthy().is_none() {
+                return false;
+            }
+            let Some(st) = e.status.as_mut() else {
+                return false;
+            };
+            crate::objects::set_condition(
+                &mut st.conditions,
+                conditions::HEALTHY,
+                true,
+                conditions::REASON_CLEARED,
+                "Cleared by an admin",
+                None,
+                jiff::Timestamp::now(),
+            )
+        })
+        .await?;
+        tracing::info!("admin: cleared the health of exporter {ns}/{name}");
+        self.state.wake.notify_one();
+        Ok(Response::new(exporter_to_admin(&e)))
     }
 
     async fn rotate_exporter(

@@ -271,9 +271,38 @@ impl<S: Store> ControllerService for ControllerApi<S> {
         })?;
         let value = ExporterStatusValue::from(status);
         let message = req.message.clone().unwrap_or_default();
+        let unhealthy = jumpstarter_core::hooks::Unhealthy::parse(&message);
         let e = update_exporter(&self.0.store, &caller.namespace, &caller.name, true, |e| {
             let t = now();
             let s = status_mut(e);
+            if let Some(u) = &unhealthy {
+                // Quarantine (ours, `docs/hooks.md`): the status itself is unchanged.
+                let reason = match u.kind {
+                    "healthCheck" => conditions::REASON_HEALTH_CHECK_FAILED,
+                    "beforeLease" | "afterLease" => conditions::REASON_HOOK_FAILED,
+                    _ => conditions::REASON_REPORTED_UNHEALTHY,
+                };
+                let text = message
+                    .strip_prefix(jumpstarter_core::hooks::UNHEALTHY_PREFIX)
+                    .unwrap_or(&message);
+                set_condition(
+                    &mut s.conditions,
+                    conditions::HEALTHY,
+                    false,
+                    reason,
+                    text,
+                    None,
+                    t,
+                );
+                s.last_seen = Some(metav1::Time(t));
+                tracing::warn!(
+                    "exporter {}/{} is unhealthy: {}",
+                    caller.namespace,
+                    caller.name,
+                    u.reason
+                );
+                return true;
+            }
             s.exporter_status = Some(value);
             s.status_message = message.clone();
             s.last_seen = Some(metav1::Time(t));

@@ -759,4 +759,58 @@ store_suite!(
     bad_keys_are_rejected_without_writing,
     controller_kinds_round_trip_with_status,
     status_batch_writes_each_object_on_its_own,
+    exporter_health_condition_persists,
 );
+
+/// The quarantine of an exporter (its `Healthy` condition, ours) is status like any other:
+/// kept by every backend, and shown to clients as an `[UNHEALTHY]` status message.
+async fn exporter_health_condition_persists<S: Store>(store: S) {
+    use crate::objects::{
+        Exporter, ExporterSpec, ExporterStatus, conditions, exporter_to_proto, set_condition,
+    };
+    let mut e = Exporter::new("board-2", ExporterSpec::default());
+    e.metadata.namespace = Some("lab".into());
+    let mut e = store.create(&e).await.unwrap();
+    let mut st = ExporterStatus {
+        status_message: "Available for new lease".into(),
+        ..Default::default()
+    };
+    set_condition(
+        &mut st.conditions,
+        conditions::HEALTHY,
+        false,
+        conditions::REASON_HEALTH_CHECK_FAILED,
+        "healthCheck: failed 3 times in a row\nno answer",
+        None,
+        jiff::Timestamp::UNIX_EPOCH,
+    );
+    e.status = Some(st);
+    store.update_status(&e).await.unwrap();
+    let got: Exporter = store.get("lab", "board-2").await.unwrap().unwrap();
+    let c = got.unhealthy().expect("still unhealthy after a round trip");
+    assert_eq!(c.reason, conditions::REASON_HEALTH_CHECK_FAILED);
+    assert_eq!(c.message, "healthCheck: failed 3 times in a row\nno answer");
+    assert_eq!(
+        exporter_to_proto(&got).status_message,
+        "[UNHEALTHY] healthCheck: failed 3 times in a row\nno answer"
+    );
+    // Cleared: healthy again, and the ordinary message is back.
+    let mut cleared = got.clone();
+    let st = cleared.status.as_mut().unwrap();
+    set_condition(
+        &mut st.conditions,
+        conditions::HEALTHY,
+        true,
+        conditions::REASON_CLEARED,
+        "Cleared by an admin",
+        None,
+        jiff::Timestamp::UNIX_EPOCH,
+    );
+    store.update_status(&cleared).await.unwrap();
+    let got: Exporter = store.get("lab", "board-2").await.unwrap().unwrap();
+    assert!(got.unhealthy().is_none());
+    assert_eq!(
+        exporter_to_proto(&got).status_message,
+        "Available for new lease"
+    );
+}

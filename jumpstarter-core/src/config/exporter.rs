@@ -169,6 +169,36 @@ pub struct Hooks {
     pub after_lease: Option<Hook>,
 }
 
+/// `healthCheck` of an exporter config (ours, not upstream's; see `docs/hooks.md`): a script
+/// run between leases every `interval` seconds, and the quarantine threshold: after
+/// `threshold` failures in a row (of the health check or of a lease hook) the exporter tells
+/// the controller it is unhealthy and is leased to nobody until an admin clears it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HealthCheck {
+    /// Interpreter to run the script with (auto-detected as for hooks when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exec: Option<String>,
+    /// The script, inline or a file path; absent: only hook failures count.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub script: Option<String>,
+    /// Seconds between two runs (counted from the end of the previous run or lease).
+    #[serde(default = "default_health_interval")]
+    pub interval: u64,
+    /// Seconds before a run is stopped (and counts as failed).
+    #[serde(default = "default_hook_timeout")]
+    pub timeout: u64,
+    /// Failures in a row that make the exporter unhealthy.
+    #[serde(default = "default_health_threshold")]
+    pub threshold: u32,
+}
+
+fn default_health_interval() -> u64 {
+    300
+}
+fn default_health_threshold() -> u32 {
+    3
+}
+
 /// `failureDetection` of an exporter config.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FailureDetection {
@@ -257,6 +287,13 @@ pub struct ExporterConfig {
     /// `jmp run` restart policy.
     #[serde(rename = "failureDetection", default)]
     pub failure_detection: FailureDetection,
+    /// Health checks and quarantine (ours, not upstream): see [`HealthCheck`].
+    #[serde(
+        rename = "healthCheck",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub health_check: Option<HealthCheck>,
     /// Direct path (ours, not upstream): serve leased clients on this `[HOST:]PORT` too, over
     /// per-lease mutual TLS (see [`crate::client::direct`]). Absent: router only.
     #[serde(

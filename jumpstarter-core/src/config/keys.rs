@@ -28,6 +28,10 @@ const FAILURE_DETECTION: Schema = Schema {
     keys: &["maxRapidFailures", "rapidFailureWindow"],
     sections: &[],
 };
+const HEALTH_CHECK: Schema = Schema {
+    keys: &["exec", "script", "interval", "timeout", "threshold"],
+    sections: &[],
+};
 const EXPORTER: Schema = Schema {
     keys: &[
         "apiVersion",
@@ -41,6 +45,7 @@ const EXPORTER: Schema = Schema {
         "export",
         "hooks",
         "failureDetection",
+        "healthCheck",
         "directListener",
         "directAdvertise",
     ],
@@ -49,6 +54,7 @@ const EXPORTER: Schema = Schema {
         ("tls", &TLS),
         ("hooks", &HOOKS),
         ("failureDetection", &FAILURE_DETECTION),
+        ("healthCheck", &HEALTH_CHECK),
     ],
 };
 const DRIVERS: Schema = Schema {

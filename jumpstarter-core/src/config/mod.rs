@@ -10,6 +10,7 @@ pub use client::{
     UserConfigBody, decode_ca, encode_ca, write_private,
 };
 pub use exporter::{
-    API_VERSION, ConfigError, DriverInstance, EMPTY_EXPORT, ExporterConfig, FailureDetection, Hook,
-    Hooks, ObjectMeta, SYSTEM_EXPORTER_DIR, TlsConfig, config_dir, exporter_config_path,
+    API_VERSION, ConfigError, DriverInstance, EMPTY_EXPORT, ExporterConfig, FailureDetection,
+    HealthCheck, Hook, Hooks, ObjectMeta, SYSTEM_EXPORTER_DIR, TlsConfig, config_dir,
+    exporter_config_path,
 };

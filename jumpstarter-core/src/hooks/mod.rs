@@ -1,205 +1,52 @@
-//! Lease hooks (`hooks.beforeLease` / `hooks.afterLease` of an exporter config), as upstream
-//! 0.9.0 runs them.
+//! The client side of the lease hooks (`hooks.beforeLease` / `hooks.afterLease` of an
+//! exporter config, `docs/hooks.md`), as upstream 0.9.0's client sees them.
 //!
-//! - [`HookSpec`]: one hook, checked (`script` inline or a file path, `exec`, `timeout`,
-//!   `onFailure: warn | endLease | exit`).
-//! - [`process`]: runs one hook in a PTY with upstream's environment, its output line by
-//!   line to the session's `LogStream` (source `BEFORE_LEASE_HOOK` / `AFTER_LEASE_HOOK`);
-//!   its process group is killed on timeout, when the run is dropped and when the exporter
-//!   dies (a watcher process, see [`process`]).
-//! - [`lifecycle`]: the statuses around the hooks (`BEFORE_LEASE_HOOK`, `LEASE_READY`,
-//!   `AFTER_LEASE_HOOK`, the `*_FAILED` states, `AVAILABLE`) and what each `onFailure` does.
-//! - [`wait`]: the client side: wait for `LEASE_READY`, `EndSession` and wait for the
-//!   afterLease hook.
+//! - [`wait`]: wait for `LEASE_READY`, `EndSession` and wait for the afterLease hook.
+//! - [`HOOK_WARNING_PREFIX`]: the status-message convention both ends share.
+//!
+//! The exporter side (running the hooks, their statuses) lives in the CLI's exporter runtime
+//! (`jumpstarter-cli/src/hooks/`).
 
-pub mod lifecycle;
-pub mod process;
 pub mod wait;
-
-use std::{path::Path, time::Duration};
-
-use jumpstarter_proto::v1::{ExporterStatus, LogSource};
-
-use crate::config::{Hook, Hooks};
 
 /// Prefix of a status message that carries a hook warning (`onFailure: warn`); clients
 /// print what follows it as a warning, as upstream.
 pub const HOOK_WARNING_PREFIX: &str = "[HOOK_WARNING] ";
 
-/// A bad `hooks` section.
-#[derive(Debug, thiserror::Error)]
-pub enum HookConfigError {
-    /// `onFailure` is none of `warn`, `endLease`, `exit`.
-    #[error("hooks.{hook}.onFailure: {value:?} is not one of warn, endLease, exit")]
-    OnFailure {
-        /// `beforeLease` or `afterLease`.
-        hook: &'static str,
-        /// What the config says.
-        value: String,
-    },
-    /// `timeout` is zero.
-    #[error("hooks.{hook}.timeout: must be at least 1 second")]
-    Timeout {
-        /// `beforeLease` or `afterLease`.
-        hook: &'static str,
-    },
+/// Prefix of a status message that says the exporter is unhealthy (ours, not upstream's;
+/// `docs/hooks.md`): `[UNHEALTHY] KIND: REASON`, then on the next lines the last output of
+/// what failed. `KIND` is `healthCheck`, `beforeLease` or `afterLease`. An exporter sends it
+/// with `ReportStatus` (its status unchanged) once its health check or hooks failed
+/// `healthCheck.threshold` times in a row; our controller then marks it unhealthy (the
+/// `Healthy` condition) and shows clients its status message with this prefix. Upstream's
+/// controller just shows the message.
+pub const UNHEALTHY_PREFIX: &str = "[UNHEALTHY] ";
+
+/// What an `[UNHEALTHY] ...` status message says (see [`UNHEALTHY_PREFIX`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unhealthy<'a> {
+    /// `healthCheck`, `beforeLease` or `afterLease` (or what the sender wrote).
+    pub kind: &'a str,
+    /// The first line after the kind: why.
+    pub reason: &'a str,
+    /// The rest: the last output of what failed (may be empty).
+    pub output: &'a str,
 }
 
-/// What a failed hook does to the lease and the exporter.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OnFailure {
-    /// Log a warning and go on as if the hook succeeded.
-    Warn,
-    /// End the lease (a failed beforeLease hook also skips the afterLease hook).
-    EndLease,
-    /// End the lease and shut the exporter down with exit code 1.
-    Exit,
-}
-
-impl OnFailure {
-    /// The config spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            OnFailure::Warn => "warn",
-            OnFailure::EndLease => "endLease",
-            OnFailure::Exit => "exit",
-        }
-    }
-}
-
-/// Which hook.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HookKind {
-    /// `beforeLease`.
-    BeforeLease,
-    /// `afterLease`.
-    AfterLease,
-}
-
-impl HookKind {
-    /// The config key (`beforeLease` / `afterLease`).
-    pub fn key(self) -> &'static str {
-        match self {
-            HookKind::BeforeLease => "beforeLease",
-            HookKind::AfterLease => "afterLease",
-        }
-    }
-
-    /// The `LogStream` source its output carries.
-    pub fn log_source(self) -> LogSource {
-        match self {
-            HookKind::BeforeLease => LogSource::BeforeLeaseHook,
-            HookKind::AfterLease => LogSource::AfterLeaseHook,
-        }
-    }
-
-    /// The status while it runs.
-    pub fn running(self) -> ExporterStatus {
-        match self {
-            HookKind::BeforeLease => ExporterStatus::BeforeLeaseHook,
-            HookKind::AfterLease => ExporterStatus::AfterLeaseHook,
-        }
-    }
-
-    /// The status when it failed with `endLease` / `exit`.
-    pub fn failed(self) -> ExporterStatus {
-        match self {
-            HookKind::BeforeLease => ExporterStatus::BeforeLeaseHookFailed,
-            HookKind::AfterLease => ExporterStatus::AfterLeaseHookFailed,
-        }
-    }
-}
-
-/// One checked hook.
-#[derive(Debug, Clone, PartialEq)]
-pub struct HookSpec {
-    /// The interpreter (`exec`); `None`: auto-detected as upstream.
-    pub exec: Option<String>,
-    /// The script, inline or a file path.
-    pub script: String,
-    /// How long it may run.
-    pub timeout: Duration,
-    /// What a failure does.
-    pub on_failure: OnFailure,
-}
-
-impl HookSpec {
-    /// Checks one hook of the config.
-    pub fn from_config(kind: HookKind, hook: &Hook) -> Result<Self, HookConfigError> {
-        let on_failure = match hook.on_failure.as_str() {
-            "warn" => OnFailure::Warn,
-            "endLease" => OnFailure::EndLease,
-            "exit" => OnFailure::Exit,
-            other => {
-                return Err(HookConfigError::OnFailure {
-                    hook: kind.key(),
-                    value: other.to_string(),
-                });
-            }
+impl<'a> Unhealthy<'a> {
+    /// Parses a status message; `None` when it does not start with [`UNHEALTHY_PREFIX`].
+    pub fn parse(message: &'a str) -> Option<Self> {
+        let rest = message.strip_prefix(UNHEALTHY_PREFIX)?;
+        let (first, output) = rest.split_once('\n').unwrap_or((rest, ""));
+        let (kind, reason) = match first.split_once(": ") {
+            Some((k, r)) if !k.is_empty() && !k.contains(' ') => (k, r),
+            _ => ("", first),
         };
-        if hook.timeout == 0 {
-            return Err(HookConfigError::Timeout { hook: kind.key() });
-        }
-        Ok(Self {
-            exec: hook.exec.clone().filter(|e| !e.trim().is_empty()),
-            script: hook.script.clone(),
-            timeout: Duration::from_secs(hook.timeout),
-            on_failure,
+        Some(Self {
+            kind,
+            reason: reason.trim(),
+            output: output.trim_end(),
         })
-    }
-
-    /// The command line, as upstream builds it: a single-line script naming an existing
-    /// file runs that file (interpreter from `exec`, else `python3` for `.py` and `/bin/sh`
-    /// for anything else); otherwise the interpreter (`exec` or `/bin/sh`) gets `-c SCRIPT`.
-    pub fn command_line(&self) -> Vec<String> {
-        let stripped = self.script.trim();
-        let is_file = !stripped.contains('\n') && Path::new(stripped).is_file();
-        if is_file {
-            let interpreter = self.exec.clone().unwrap_or_else(|| {
-                let py = Path::new(stripped)
-                    .extension()
-                    .is_some_and(|e| e.eq_ignore_ascii_case("py"));
-                if py { "python3" } else { "/bin/sh" }.to_string()
-            });
-            vec![interpreter, stripped.to_string()]
-        } else {
-            let interpreter = self.exec.clone().unwrap_or_else(|| "/bin/sh".into());
-            vec![interpreter, "-c".into(), self.script.clone()]
-        }
-    }
-}
-
-/// Both hooks of an exporter, checked.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct LeaseHooks {
-    /// `beforeLease`.
-    pub before: Option<HookSpec>,
-    /// `afterLease`.
-    pub after: Option<HookSpec>,
-}
-
-impl LeaseHooks {
-    /// Checks the `hooks` section; `None` when it configures no hook.
-    pub fn from_config(hooks: &Hooks) -> Result<Option<Self>, HookConfigError> {
-        let before = hooks
-            .before_lease
-            .as_ref()
-            .map(|h| HookSpec::from_config(HookKind::BeforeLease, h))
-            .transpose()?;
-        let after = hooks
-            .after_lease
-            .as_ref()
-            .map(|h| HookSpec::from_config(HookKind::AfterLease, h))
-            .transpose()?;
-        Ok((before.is_some() || after.is_some()).then_some(Self { before, after }))
-    }
-
-    /// The hook of `kind`.
-    pub fn get(&self, kind: HookKind) -> Option<&HookSpec> {
-        match kind {
-            HookKind::BeforeLease => self.before.as_ref(),
-            HookKind::AfterLease => self.after.as_ref(),
-        }
     }
 }
 
@@ -207,62 +54,17 @@ impl LeaseHooks {
 mod tests {
     use super::*;
 
-    fn hook(script: &str, exec: Option<&str>, on_failure: &str, timeout: u64) -> Hook {
-        Hook {
-            exec: exec.map(String::from),
-            script: script.into(),
-            timeout,
-            on_failure: on_failure.into(),
-        }
-    }
-
     #[test]
-    fn bad_on_failure_and_timeout_name_the_key() {
-        let e = HookSpec::from_config(HookKind::BeforeLease, &hook("true", None, "panic", 5))
-            .unwrap_err()
-            .to_string();
-        assert_eq!(
-            e,
-            "hooks.beforeLease.onFailure: \"panic\" is not one of warn, endLease, exit"
-        );
-        let e = HookSpec::from_config(HookKind::AfterLease, &hook("true", None, "warn", 0))
-            .unwrap_err()
-            .to_string();
-        assert_eq!(e, "hooks.afterLease.timeout: must be at least 1 second");
-    }
-
-    #[test]
-    fn command_line_detects_files_and_interpreters_as_upstream() {
-        let dir = tempfile::tempdir().unwrap();
-        let py = dir.path().join("prep.py");
-        std::fs::write(&py, "print(1)\n").unwrap();
-        let sh = dir.path().join("prep.sh");
-        std::fs::write(&sh, "echo 1\n").unwrap();
-        let spec = |script: &str, exec: Option<&str>| {
-            HookSpec::from_config(HookKind::BeforeLease, &hook(script, exec, "warn", 1)).unwrap()
-        };
-        let py_s = py.to_string_lossy().to_string();
-        let sh_s = sh.to_string_lossy().to_string();
-        assert_eq!(spec(&py_s, None).command_line(), ["python3", py_s.as_str()]);
-        assert_eq!(spec(&sh_s, None).command_line(), ["/bin/sh", sh_s.as_str()]);
-        assert_eq!(
-            spec(&format!("  {sh_s}\n"), Some("/bin/bash")).command_line(),
-            ["/bin/bash", sh_s.as_str()]
-        );
-        // Not a file, or more than one line: inline.
-        assert_eq!(
-            spec("echo hi", None).command_line(),
-            ["/bin/sh", "-c", "echo hi"]
-        );
-        let two = format!("{sh_s}\necho more");
-        assert_eq!(
-            spec(&two, Some("/bin/bash")).command_line(),
-            ["/bin/bash", "-c", two.as_str()]
-        );
-    }
-
-    #[test]
-    fn no_hooks_is_none() {
-        assert_eq!(LeaseHooks::from_config(&Hooks::default()).unwrap(), None);
+    fn unhealthy_messages_parse() {
+        let u =
+            Unhealthy::parse("[UNHEALTHY] healthCheck: failed 3 times in a row\nline 1\nline 2\n")
+                .unwrap();
+        assert_eq!(u.kind, "healthCheck");
+        assert_eq!(u.reason, "failed 3 times in a row");
+        assert_eq!(u.output, "line 1\nline 2");
+        let u = Unhealthy::parse("[UNHEALTHY] something odd").unwrap();
+        assert_eq!((u.kind, u.reason, u.output), ("", "something odd", ""));
+        assert_eq!(Unhealthy::parse("Available for new lease"), None);
+        assert_eq!(Unhealthy::parse(""), None);
     }
 }

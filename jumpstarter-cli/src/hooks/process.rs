@@ -28,8 +28,10 @@ use rustix::{
 };
 use tokio::io::unix::AsyncFd;
 
+use jumpstarter_core::Session;
+use jumpstarter_proto::v1::LogSource;
+
 use super::{HookKind, HookSpec};
-use crate::Session;
 
 /// How long a timed-out hook gets between `SIGTERM` and `SIGKILL`.
 const TERM_GRACE: Duration = Duration::from_secs(5);
@@ -68,27 +70,73 @@ impl HookEnv {
     }
 }
 
-/// Runs `spec` for `kind`; its output goes to `session`'s `LogStream` (and the exporter's
-/// log). `Err` carries upstream's failure message (`Hook failed with exit code N`,
-/// `Hook timed out after N seconds`, `Error executing hook: ...`).
-pub async fn run(
-    spec: &HookSpec,
-    kind: HookKind,
-    env: &HookEnv,
-    session: &Arc<Session>,
-) -> Result<(), String> {
-    if spec.script.trim().is_empty() {
-        tracing::debug!("{} hook script is empty; skipped", kind.key());
-        return Ok(());
+/// What one run of a hook left: upstream's verdict and the last lines of its output.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    /// `Err` carries upstream's failure message (`Hook failed with exit code N`,
+    /// `Hook timed out after N seconds`, `Error executing hook: ...`).
+    pub result: Result<(), String>,
+    /// The last lines of its output (at most [`TAIL_LINES`] lines, [`TAIL_BYTES`] bytes).
+    pub last_output: String,
+}
+
+impl Outcome {
+    fn failed(message: String) -> Self {
+        Self {
+            result: Err(message),
+            last_output: String::new(),
+        }
     }
+}
+
+/// Lines of output an [`Outcome`] keeps.
+pub const TAIL_LINES: usize = 20;
+/// Bytes of output an [`Outcome`] keeps.
+pub const TAIL_BYTES: usize = 2048;
+
+/// Where a hook's output goes: which hook it is (`key`, for the exporter's log) and the
+/// `LogStream` source its lines carry in `session`.
+#[derive(Clone)]
+pub struct OutputTo {
+    /// `beforeLease`, `afterLease` or `healthCheck`.
+    pub key: &'static str,
+    /// The `LogStream` source.
+    pub source: LogSource,
+    /// The session whose `LogStream` gets the lines.
+    pub session: Arc<Session>,
+}
+
+impl OutputTo {
+    /// The output of lease hook `kind`, to `session`.
+    pub fn hook(kind: HookKind, session: &Arc<Session>) -> Self {
+        Self {
+            key: kind.key(),
+            source: kind.log_source(),
+            session: Arc::clone(session),
+        }
+    }
+}
+
+/// Runs `spec`; its output goes to `out` (and the exporter's log).
+pub async fn run(spec: &HookSpec, out: OutputTo, env: &HookEnv) -> Outcome {
+    if spec.script.trim().is_empty() {
+        tracing::debug!("{} hook script is empty; skipped", out.key);
+        return Outcome {
+            result: Ok(()),
+            last_output: String::new(),
+        };
+    }
+    let key = out.key;
     let argv = spec.command_line();
-    let (master, mut child) =
-        spawn(&argv, env).map_err(|e| format!("Error executing hook: {}: {e}", argv[0]))?;
+    let (master, mut child) = match spawn(&argv, env) {
+        Ok(x) => x,
+        Err(e) => return Outcome::failed(format!("Error executing hook: {}: {e}", argv[0])),
+    };
     let Some(pid) = child.id().and_then(|id| Pid::from_raw(id as i32)) else {
-        return Err("Error executing hook: the hook process vanished at once".into());
+        return Outcome::failed("Error executing hook: the hook process vanished at once".into());
     };
     let mut group = GroupGuard::new(pid);
-    let reader = tokio::spawn(forward_output(master, Arc::clone(session), kind));
+    let reader = tokio::spawn(forward_output(master, out));
     let result = match tokio::time::timeout(spec.timeout, child.wait()).await {
         Ok(Ok(status)) => {
             group.disarm().await;
@@ -97,7 +145,7 @@ pub async fn run(
         Ok(Err(e)) => Err(format!("Error executing hook: {e}")),
         Err(_) => {
             let msg = format!("Hook timed out after {} seconds", spec.timeout.as_secs());
-            tracing::error!("{} hook: {msg}", kind.key());
+            tracing::error!("{key} hook: {msg}");
             group.signal(Signal::TERM);
             if tokio::time::timeout(TERM_GRACE, child.wait())
                 .await
@@ -110,13 +158,18 @@ pub async fn run(
         }
     };
     let mut reader = reader;
-    if tokio::time::timeout(DRAIN_TIMEOUT, &mut reader)
-        .await
-        .is_err()
-    {
-        reader.abort();
+    let last_output = match tokio::time::timeout(DRAIN_TIMEOUT, &mut reader).await {
+        Ok(Ok(tail)) => tail,
+        Ok(Err(_)) => String::new(),
+        Err(_) => {
+            reader.abort();
+            String::new()
+        }
+    };
+    Outcome {
+        result,
+        last_output,
     }
-    result
 }
 
 fn exit_result(status: std::process::ExitStatus) -> Result<(), String> {
@@ -169,8 +222,9 @@ fn spawn(argv: &[String], env: &HookEnv) -> io::Result<(OwnedFd, tokio::process:
 }
 
 /// Reads the PTY master until EOF, passing each non-empty line to the session's `LogStream`
-/// and the exporter's log.
-async fn forward_output(master: OwnedFd, session: Arc<Session>, kind: HookKind) {
+/// and the exporter's log; returns the last lines.
+async fn forward_output(master: OwnedFd, out: OutputTo) -> String {
+    let mut tail = Tail::default();
     // `AsyncFd::new` is deprecated for fds it does not own; here it owns the `OwnedFd` for
     // the whole registration, which is what I/O safety asks (the safe-by-construction
     // alternative, `register`, is `unsafe`).
@@ -179,18 +233,19 @@ async fn forward_output(master: OwnedFd, session: Arc<Session>, kind: HookKind) 
     let master = match master {
         Ok(m) => m,
         Err(e) => {
-            tracing::warn!("{} hook: cannot read its output: {e}", kind.key());
-            return;
+            tracing::warn!("{} hook: cannot read its output: {e}", out.key);
+            return String::new();
         }
     };
     let mut pending: Vec<u8> = Vec::new();
     let mut buf = vec![0u8; 4096];
-    let emit = |line: &[u8]| {
+    let mut emit = |line: &[u8]| {
         let text = String::from_utf8_lossy(line);
         let text = text.trim_end();
         if !text.is_empty() {
-            tracing::info!(target: "hook", "[{}] {text}", kind.key());
-            session.hook_log(kind.log_source(), "INFO", text.to_string());
+            tracing::info!(target: "hook", "[{}] {text}", out.key);
+            out.session.hook_log(out.source, "INFO", text.to_string());
+            tail.push(text);
         }
     };
     loop {
@@ -216,6 +271,43 @@ async fn forward_output(master: OwnedFd, session: Arc<Session>, kind: HookKind) 
         }
     }
     emit(&pending);
+    tail.text()
+}
+
+/// The last lines of a hook's output (bounded: [`TAIL_LINES`], [`TAIL_BYTES`]).
+#[derive(Default)]
+struct Tail {
+    lines: std::collections::VecDeque<String>,
+    bytes: usize,
+}
+
+impl Tail {
+    fn push(&mut self, line: &str) {
+        let mut line = line.to_string();
+        if line.len() > TAIL_BYTES {
+            let mut cut = line.len() - TAIL_BYTES;
+            while !line.is_char_boundary(cut) {
+                cut += 1;
+            }
+            line.drain(..cut);
+        }
+        self.bytes += line.len() + 1;
+        self.lines.push_back(line);
+        while self.lines.len() > TAIL_LINES || self.bytes > TAIL_BYTES {
+            match self.lines.pop_front() {
+                Some(l) => self.bytes -= l.len() + 1,
+                None => break,
+            }
+        }
+    }
+
+    fn text(&self) -> String {
+        self.lines
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
 }
 
 /// Kills the hook's process group when dropped (and, through its watcher, when the exporter
@@ -287,4 +379,25 @@ fn start_watcher(pgid: Pid) -> io::Result<(tokio::process::Child, std::io::PipeW
         .process_group(0)
         .spawn()?;
     Ok((child, writer))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tail_keeps_the_last_lines_within_bounds() {
+        let mut t = Tail::default();
+        for i in 0..50 {
+            t.push(&format!("line {i}"));
+        }
+        let text = t.text();
+        assert!(text.starts_with("line 30\n"), "{text}");
+        assert!(text.ends_with("line 49"), "{text}");
+        let mut t = Tail::default();
+        t.push(&"é".repeat(3000));
+        assert!(t.text().len() <= TAIL_BYTES);
+        t.push("last");
+        assert_eq!(t.text(), "last");
+    }
 }

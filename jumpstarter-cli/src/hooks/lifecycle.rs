@@ -19,16 +19,26 @@ use jumpstarter_proto::v1::ExporterStatus;
 use tokio::sync::{OnceCell, watch};
 use tokio_util::sync::CancellationToken;
 
+use jumpstarter_core::{DriverNode, Session, hooks::HOOK_WARNING_PREFIX, server as serve};
+
 use super::{
-    HOOK_WARNING_PREFIX, HookKind, LeaseHooks, OnFailure,
+    HookKind, LeaseHooks, OnFailure,
     process::{self, HookEnv},
 };
-use crate::{DriverNode, Session, server as serve};
 
 /// Where status changes go besides the session (the controller, in controller mode).
 pub trait StatusSink: Send + Sync {
     /// Reports `status` with `message`; must not fail (log instead).
     fn report<'a>(&'a self, status: ExporterStatus, message: &'a str) -> BoxFuture<'a, ()>;
+
+    /// A hook of `kind` ran (for health tracking); by default nothing happens.
+    fn hook_outcome<'a>(
+        &'a self,
+        _kind: HookKind,
+        _outcome: &'a process::Outcome,
+    ) -> BoxFuture<'a, ()> {
+        Box::pin(async {})
+    }
 }
 
 /// A sink for exporters without a controller (standalone): statuses stay in the session.
@@ -70,34 +80,26 @@ pub enum HookSocketError {
         dir: PathBuf,
         /// Why.
         #[source]
-        source: crate::CoreError,
+        source: jumpstarter_core::CoreError,
     },
 }
 
-/// The hooks of one lease: the dedicated socket their `j` uses, and each hook's run.
-pub struct LeaseHookRun {
-    hooks: Arc<LeaseHooks>,
+/// A private Unix socket serving a driver tree to a hook's `j` (`JUMPSTARTER_HOST`); removed
+/// when dropped.
+pub struct HookSocket {
     session: Arc<Session>,
-    env: HookEnv,
+    path: PathBuf,
     dir: PathBuf,
     stop: CancellationToken,
-    before_done: watch::Sender<bool>,
-    after: OnceCell<Verdict>,
-    skip_after: std::sync::atomic::AtomicBool,
-    lease_ended: std::sync::atomic::AtomicBool,
-    exiting: std::sync::atomic::AtomicBool,
 }
 
-impl LeaseHookRun {
-    /// Prepares the hooks of lease `lease_name` (held by `client_name`) over `session`:
-    /// serves the same drivers (`tree`) on a private Unix socket for the hooks' `j`.
+impl HookSocket {
+    /// Serves `tree` (always ready: whatever the clients' session says) with `labels` on a
+    /// socket in a fresh 0700 directory under `$XDG_RUNTIME_DIR` (or the temp directory).
     pub fn start(
-        hooks: Arc<LeaseHooks>,
         tree: DriverNode,
-        session: Arc<Session>,
-        lease_name: &str,
-        client_name: &str,
-    ) -> Result<Arc<Self>, HookSocketError> {
+        labels: std::collections::BTreeMap<String, String>,
+    ) -> Result<Self, HookSocketError> {
         let base = std::env::var_os("XDG_RUNTIME_DIR")
             .filter(|d| !d.is_empty() && std::path::Path::new(d).is_dir())
             .map(PathBuf::from)
@@ -116,31 +118,86 @@ impl LeaseHookRun {
                     source,
                 })?;
         }
-        let socket = serve::local_socket_path(&dir);
-        // A session of its own over the same driver instances: always ready for the hook,
-        // whatever the clients' session says.
-        let hook_session = Session::new_ready(tree, session.labels().clone());
+        let path = serve::local_socket_path(&dir);
+        let hook_session = Session::new_ready(tree, labels);
         let stop = CancellationToken::new();
-        let server = serve::serve_unix(hook_session, &socket, stop.clone().cancelled_owned())
-            .map_err(|source| HookSocketError::Serve {
-                dir: dir.clone(),
-                source,
-            })?;
+        let server = match serve::serve_unix(
+            Arc::clone(&hook_session),
+            &path,
+            stop.clone().cancelled_owned(),
+        ) {
+            Ok(server) => server,
+            Err(source) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(HookSocketError::Serve { dir, source });
+            }
+        };
         tokio::spawn(async move {
             if let Err(e) = server.await {
                 tracing::warn!("hook socket: {e}");
             }
         });
+        Ok(Self {
+            session: hook_session,
+            path,
+            dir,
+            stop,
+        })
+    }
+
+    /// The session the socket serves.
+    pub fn session(&self) -> &Arc<Session> {
+        &self.session
+    }
+
+    /// The socket's path.
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+}
+
+impl Drop for HookSocket {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The hooks of one lease: the dedicated socket their `j` uses, and each hook's run.
+pub struct LeaseHookRun {
+    hooks: Arc<LeaseHooks>,
+    session: Arc<Session>,
+    env: HookEnv,
+    _socket: HookSocket,
+    before_done: watch::Sender<bool>,
+    after: OnceCell<Verdict>,
+    skip_after: std::sync::atomic::AtomicBool,
+    lease_ended: std::sync::atomic::AtomicBool,
+    exiting: std::sync::atomic::AtomicBool,
+}
+
+impl LeaseHookRun {
+    /// Prepares the hooks of lease `lease_name` (held by `client_name`) over `session`:
+    /// serves the same drivers (`tree`) on a private Unix socket for the hooks' `j`.
+    pub fn start(
+        hooks: Arc<LeaseHooks>,
+        tree: DriverNode,
+        session: Arc<Session>,
+        lease_name: &str,
+        client_name: &str,
+    ) -> Result<Arc<Self>, HookSocketError> {
+        // A session of its own over the same driver instances: always ready for the hook,
+        // whatever the clients' session says.
+        let socket = HookSocket::start(tree, session.labels().clone())?;
         Ok(Arc::new(Self {
             hooks,
             session,
             env: HookEnv {
                 lease_name: lease_name.to_string(),
                 client_name: client_name.to_string(),
-                socket,
+                socket: socket.path().to_path_buf(),
             },
-            dir,
-            stop,
+            _socket: socket,
             before_done: watch::channel(false).0,
             after: OnceCell::new(),
             skip_after: std::sync::atomic::AtomicBool::new(false),
@@ -202,8 +259,15 @@ impl LeaseHookRun {
             "Executing before-lease hook for lease {}",
             self.env.lease_name
         );
-        let result = process::run(&spec, kind, &self.env, &self.session).await;
+        let outcome = process::run(
+            &spec,
+            process::OutputTo::hook(kind, &self.session),
+            &self.env,
+        )
+        .await;
         self.session.block_driver_calls(false);
+        sink.hook_outcome(kind, &outcome).await;
+        let result = outcome.result;
         let ended = self.lease_ended.load(std::sync::atomic::Ordering::SeqCst);
         let msg = match result {
             Ok(()) if ended => {
@@ -315,7 +379,14 @@ impl LeaseHookRun {
             "Executing after-lease hook for lease {}",
             self.env.lease_name
         );
-        let msg = match process::run(&spec, kind, &self.env, &self.session).await {
+        let outcome = process::run(
+            &spec,
+            process::OutputTo::hook(kind, &self.session),
+            &self.env,
+        )
+        .await;
+        sink.hook_outcome(kind, &outcome).await;
+        let msg = match outcome.result {
             Ok(()) => {
                 self.set(sink, ExporterStatus::Available, "Available for new lease")
                     .await;
@@ -355,12 +426,5 @@ impl LeaseHookRun {
                 Verdict::Exit
             }
         }
-    }
-}
-
-impl Drop for LeaseHookRun {
-    fn drop(&mut self) {
-        self.stop.cancel();
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
