@@ -414,12 +414,18 @@ fn drivers_allow(cfg: &ClientConfig) -> String {
 
 /// `jmp run` without a listener: register with the controller of `cfg` and serve leases
 /// until SIGINT/SIGTERM.
-pub async fn run_exporter(cfg: &ExporterConfig) -> Result<i32> {
+pub async fn run_exporter(
+    cfg: &ExporterConfig,
+    limits: jumpstarter_core::server::listener::ConnectionLimits,
+) -> Result<i32> {
     let target = exporter::ControllerTarget::from_config(cfg)?;
     let tree = jumpstarter_drivers::stock_registry()
         .build(cfg)
         .with_context(|| format!("exporter {}", cfg.metadata.name))?;
-    let options = exporter::ExporterOptions::from_config(cfg)?;
+    let mut options = exporter::ExporterOptions::from_config(cfg)?;
+    if let Some(direct) = options.direct.as_mut() {
+        direct.limits = limits;
+    }
     exporter::run_with_options(target, tree, options, crate::signals::shutdown_signal()).await?;
     Ok(0)
 }

@@ -1,13 +1,17 @@
 //! `jmp`: the Jumpstarter CLI.
 
-use std::{path::PathBuf, process::ExitCode, sync::Arc};
+use std::{path::PathBuf, process::ExitCode, sync::Arc, time::Duration};
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use jumpstarter_core::{
     client::{ConnectOptions, ExporterSession},
     config::{ExporterConfig, exporter_config_path},
-    server::{ServeOptions, serve_tcp},
+    server::{
+        ServeOptions,
+        listener::{ConnectionLimits, DEFAULT_MAX_CONNECTIONS},
+        serve_tcp,
+    },
 };
 
 use crate::shell;
@@ -214,6 +218,29 @@ struct RunArgs {
     /// machine's name when it listens on all addresses).
     #[arg(long, value_name = "HOST", conflicts_with = "tls_grpc_listener")]
     direct_advertise: Option<String>,
+    /// Concurrent connections on --tls-grpc-listener or --direct-listener (established or
+    /// handshaking); more are closed at once, with a warning in the log.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_CONNECTIONS,
+          env = "JMP_MAX_CONNECTIONS")]
+    max_connections: usize,
+    /// Seconds a connection to --tls-grpc-listener or --direct-listener may take for its
+    /// TLS handshake, and again to send the HTTP/2 preface after it.
+    #[arg(long, value_name = "SECONDS", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    handshake_timeout: u64,
+}
+
+impl RunArgs {
+    /// The bounds of the exporter's network listener.
+    fn limits(&self) -> ConnectionLimits {
+        let t = Duration::from_secs(self.handshake_timeout);
+        ConnectionLimits {
+            max_connections: self.max_connections,
+            handshake_timeout: t,
+            first_frame_timeout: t,
+            ..ConnectionLimits::default()
+        }
+    }
 }
 
 /// Entry point of the `jmp` binary.
@@ -363,7 +390,7 @@ async fn run_exporter(args: RunArgs) -> Result<i32> {
         if args.direct_advertise.is_some() {
             cfg.direct_advertise = args.direct_advertise.clone();
         }
-        return crate::distributed::run_exporter(&cfg).await;
+        return crate::distributed::run_exporter(&cfg, args.limits()).await;
     };
     let tls = match (&args.tls_cert, &args.tls_key, args.tls_grpc_insecure) {
         (Some(_), Some(_), true) => {
@@ -391,6 +418,7 @@ async fn run_exporter(args: RunArgs) -> Result<i32> {
     let opts = ServeOptions {
         tls,
         passphrase: args.passphrase.clone(),
+        limits: args.limits(),
     };
     let stop = async {
         match hooks.as_mut() {

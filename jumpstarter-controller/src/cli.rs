@@ -3,6 +3,7 @@
 use std::{path::PathBuf, time::Duration};
 
 use clap::{Parser, ValueEnum};
+use jumpstarter_core::server::listener::{ConnectionLimits, DEFAULT_MAX_CONNECTIONS};
 
 use crate::{
     server::{ControllerConfig, RunningController, start},
@@ -180,6 +181,27 @@ pub struct Args {
     /// earlier run (refused otherwise: it means store.db was lost; restore a backup instead).
     #[arg(long)]
     pub accept_empty_store: bool,
+    /// Concurrent connections on each of the gRPC and router listeners (established or
+    /// handshaking); more are closed at once, counted in
+    /// `jumpstarter_listener_refused_total` and logged.
+    #[arg(long, default_value_t = DEFAULT_MAX_CONNECTIONS, env = "JUMPSTARTER_MAX_CONNECTIONS")]
+    pub max_connections: usize,
+    /// Time a connection may take to finish its TLS handshake.
+    #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "DURATION",
+          env = "JUMPSTARTER_HANDSHAKE_TIMEOUT")]
+    pub handshake_timeout: Duration,
+    /// Time after the TLS handshake within which a connection must send the HTTP/2 preface.
+    #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "DURATION",
+          env = "JUMPSTARTER_FIRST_FRAME_TIMEOUT")]
+    pub first_frame_timeout: Duration,
+    /// Interval of the HTTP/2 keepalive pings the listeners send.
+    #[arg(long, default_value = "30s", value_parser = parse_duration, value_name = "DURATION",
+          env = "JUMPSTARTER_KEEPALIVE_INTERVAL")]
+    pub keepalive_interval: Duration,
+    /// A connection whose keepalive ping is unanswered this long is closed.
+    #[arg(long, default_value = "20s", value_parser = parse_duration, value_name = "DURATION",
+          env = "JUMPSTARTER_KEEPALIVE_TIMEOUT")]
+    pub keepalive_timeout: Duration,
     /// Leader election: how often the holder renews (and standbys retry).
     #[arg(long, default_value = "2s", value_parser = parse_duration, value_name = "DURATION")]
     pub leader_renew_period: Duration,
@@ -248,6 +270,13 @@ impl Args {
             login_namespace: self.namespace.clone(),
             pending_client_timeout: self.pending_lease_client_timeout.0,
             accept_empty_store: self.accept_empty_store,
+            connection_limits: ConnectionLimits {
+                max_connections: self.max_connections,
+                handshake_timeout: self.handshake_timeout,
+                first_frame_timeout: self.first_frame_timeout,
+                keepalive_interval: self.keepalive_interval,
+                keepalive_timeout: self.keepalive_timeout,
+            },
             ended_lease_retention: match self.store {
                 StoreKind::Sqlite => self.ended_lease_retention.0,
                 StoreKind::Kubernetes => None,

@@ -11,6 +11,7 @@ use std::{
 use jumpstarter_core::{
     auth::{CertificateAuthority, load_identity, read_cert_pem},
     config::AdminConfig,
+    server::listener::{ConnectionGuard, ConnectionLimits, ListenerStats, tls_acceptor},
 };
 use jumpstarter_proto::{
     admin_v1::admin_service_server::AdminServiceServer,
@@ -19,7 +20,7 @@ use jumpstarter_proto::{
 };
 use jumpstarter_router::RouterTokenKey;
 use tokio::{net::TcpListener, sync::watch, task::JoinHandle};
-use tonic::transport::{Identity, Server, ServerTlsConfig};
+use tonic::transport::{Identity, Server};
 
 use crate::{
     admin_token::{ADMIN_TOKEN_FILE, AdminToken},
@@ -152,6 +153,9 @@ pub struct ControllerConfig {
     /// Start with an empty SQLite store even though the data directory holds a CA and keys
     /// of an earlier run (which otherwise means the store was lost, and is refused).
     pub accept_empty_store: bool,
+    /// Bounds of each of the gRPC and router listeners: concurrent connections, TLS
+    /// handshake and first-frame timeouts, HTTP/2 keepalive.
+    pub connection_limits: ConnectionLimits,
 }
 
 impl ControllerConfig {
@@ -179,6 +183,7 @@ impl ControllerConfig {
             pending_client_timeout: Some(crate::pending_guard::DEFAULT_TIMEOUT),
             ended_lease_retention: Some(crate::lease_gc::DEFAULT_RETENTION),
             accept_empty_store: false,
+            connection_limits: ConnectionLimits::default(),
         }
     }
 
@@ -512,10 +517,14 @@ async fn start_locked<S: Store>(
     let mut tasks = Vec::new();
     let router = jumpstarter_router::Router::new(secrets.router_key, Default::default());
     let router_stats = router.stats();
+    let grpc_guard = ConnectionGuard::new("controller", config.connection_limits);
+    let router_guard = ConnectionGuard::new("router", config.connection_limits);
+    let listener_stats = [grpc_guard.stats(), router_guard.stats()];
     tasks.push(spawn_router(
         router,
         listeners.router,
-        secrets.identity.clone(),
+        secrets.identity_pem.clone(),
+        router_guard,
         stopped.clone(),
     ));
 
@@ -532,7 +541,12 @@ async fn start_locked<S: Store>(
     )));
     let rpc_metrics = Arc::new(RpcMetrics::default());
     if let Some(l) = listeners.metrics {
-        let render = metrics_render(state.clone(), rpc_metrics.clone(), router_stats);
+        let render = metrics_render(
+            state.clone(),
+            rpc_metrics.clone(),
+            router_stats,
+            listener_stats,
+        );
         tasks.push(tokio::spawn(crate::metrics::serve(
             l,
             render,
@@ -553,17 +567,15 @@ async fn start_locked<S: Store>(
         &state,
         &secrets.admin_token,
         &secrets.ca_pem,
-        secrets.identity,
         rpc_metrics,
     )
     .await?;
-    let grpc_listener = listeners.grpc;
+    let tls =
+        tls_acceptor(&secrets.identity_pem, None).map_err(|e| ServerError::Tls(e.to_string()))?;
+    let incoming = grpc_guard.incoming(listeners.grpc, Some(tls));
     tasks.push(tokio::spawn(async move {
         if let Err(e) = grpc
-            .serve_with_incoming_shutdown(
-                tokio_stream::wrappers::TcpListenerStream::new(grpc_listener),
-                until_stopped(stopped),
-            )
+            .serve_with_incoming_shutdown(incoming, until_stopped(stopped))
             .await
         {
             tracing::error!("controller server stopped: {e}");
@@ -593,11 +605,9 @@ async fn start_locked<S: Store>(
 
 /// What the data directory keeps (created on first start).
 struct Secrets {
-    /// The gRPC and router servers' certificate and key.
-    identity: Identity,
     /// PEM of the CA clients must trust (empty: system roots).
     ca_pem: String,
-    /// The server certificate and key as PEM (for the login listener).
+    /// The gRPC, router and login servers' certificate and key (PEM).
     identity_pem: jumpstarter_core::auth::IssuedCert,
     /// Mints and verifies client and exporter tokens.
     issuer: TokenIssuer,
@@ -616,14 +626,15 @@ fn load_secrets(config: &ControllerConfig) -> Result<Secrets, ServerError> {
     // configs already handed out working.
     let ca = CertificateAuthority::load_or_create(&dir.join("ca"), "jumpstarter controller CA")
         .map_err(|e| data_err(dir.join("ca"), e))?;
-    let (identity, ca_pem, identity_pem) = server_identity(config, &ca)?;
+    // The tonic identity is not served (the listeners do TLS themselves), but loading it
+    // checks that the certificate and key belong together.
+    let (_identity, ca_pem, identity_pem) = server_identity(config, &ca)?;
     let issuer = TokenIssuer::load_or_generate(&dir.join("signing-key.pem"))
         .map_err(|e| data_err(dir.join("signing-key.pem"), e))?;
     let admin_token = AdminToken::load_or_create(&dir.join(ADMIN_TOKEN_FILE))
         .map_err(|e| data_err(dir.join(ADMIN_TOKEN_FILE), e))?;
     let router_key = load_router_key(&dir.join("router-key"))?;
     Ok(Secrets {
-        identity,
         ca_pem,
         identity_pem,
         issuer,
@@ -685,13 +696,19 @@ async fn until_stopped(mut rx: watch::Receiver<bool>) {
 fn spawn_router(
     router: jumpstarter_router::Router,
     listener: TcpListener,
-    identity: Identity,
+    identity: jumpstarter_core::auth::IssuedCert,
+    guard: ConnectionGuard,
     stopped: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
-        if let Err(e) =
-            jumpstarter_router::serve(router, listener, Some(identity), until_stopped(stopped))
-                .await
+        if let Err(e) = jumpstarter_router::serve(
+            router,
+            listener,
+            Some(&identity),
+            guard,
+            until_stopped(stopped),
+        )
+        .await
         {
             tracing::error!("router stopped: {e}");
         }
@@ -703,13 +720,19 @@ fn metrics_render<S: Store>(
     state: Arc<ControllerState<S>>,
     rpc: Arc<RpcMetrics>,
     router: Arc<jumpstarter_router::RouterStats>,
+    listeners: [Arc<ListenerStats>; 2],
 ) -> crate::metrics::Render {
     Arc::new(move || {
         let (state, rpc, router) = (state.clone(), rpc.clone(), router.clone());
+        let listeners = listeners.clone();
         Box::pin(async move {
             let mut text = crate::metrics::object_metrics(&state).await;
             text.push_str(&rpc.prometheus());
             text.push_str(&router.prometheus());
+            text.push_str(&jumpstarter_core::server::listener::prometheus(&[
+                &listeners[0],
+                &listeners[1],
+            ]));
             text
         })
     })
@@ -721,7 +744,6 @@ async fn grpc_server<S: Store>(
     state: &Arc<ControllerState<S>>,
     admin_token: &AdminToken,
     ca_pem: &str,
-    identity: Identity,
     rpc_metrics: Arc<RpcMetrics>,
 ) -> Result<
     (
@@ -748,11 +770,10 @@ async fn grpc_server<S: Store>(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()
         .map_err(|e| ServerError::Other(format!("reflection: {e}")))?;
-    let server = Server::builder()
-        .tls_config(ServerTlsConfig::new().identity(identity))
-        .map_err(|e| ServerError::Tls(e.to_string()))?
-        // Clients ping every 20 s without calls (upstream channel defaults).
-        .http2_keepalive_interval(Some(std::time::Duration::from_secs(60)))
+    // TLS is done by the listener's guard (with its handshake timeout), not by tonic.
+    let server = config
+        .connection_limits
+        .keepalive(Server::builder())
         .layer(RpcMetricsLayer(rpc_metrics))
         .add_service(ControllerServiceServer::new(ControllerApi(state.clone())))
         .add_service(ClientServiceServer::new(ClientApi(state.clone())))

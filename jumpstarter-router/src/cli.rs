@@ -4,7 +4,10 @@ use std::{path::PathBuf, time::Duration};
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use jumpstarter_core::auth::load_identity;
+use jumpstarter_core::{
+    auth::{IssuedCert, read_cert_pem, read_key_pem},
+    server::listener::{ConnectionGuard, ConnectionLimits, DEFAULT_MAX_CONNECTIONS},
+};
 
 use crate::{
     router::{Router, RouterConfig, serve},
@@ -31,6 +34,36 @@ pub struct Args {
     /// Seconds the first stream of a pair waits for its peer.
     #[arg(long, default_value_t = 120)]
     pub pair_timeout: u64,
+    /// Concurrent connections (established or handshaking); more are closed at once, with
+    /// a warning in the log.
+    #[arg(long, default_value_t = DEFAULT_MAX_CONNECTIONS, env = "ROUTER_MAX_CONNECTIONS")]
+    pub max_connections: usize,
+    /// Seconds a connection may take to finish its TLS handshake.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    pub handshake_timeout: u64,
+    /// Seconds after the TLS handshake within which a connection must send the HTTP/2
+    /// preface.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    pub first_frame_timeout: u64,
+    /// Seconds between HTTP/2 keepalive pings.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    pub keepalive_interval: u64,
+    /// Seconds a keepalive ping may stay unanswered before the connection is closed.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
+    pub keepalive_timeout: u64,
+}
+
+impl Args {
+    /// The listener's bounds these arguments describe.
+    pub fn limits(&self) -> ConnectionLimits {
+        ConnectionLimits {
+            max_connections: self.max_connections,
+            handshake_timeout: Duration::from_secs(self.handshake_timeout),
+            first_frame_timeout: Duration::from_secs(self.first_frame_timeout),
+            keepalive_interval: Duration::from_secs(self.keepalive_interval),
+            keepalive_timeout: Duration::from_secs(self.keepalive_timeout),
+        }
+    }
 }
 
 /// Entry point of the binary.
@@ -59,8 +92,13 @@ pub fn main() -> std::process::ExitCode {
 }
 
 async fn run(args: Args) -> Result<()> {
+    let limits = args.limits();
     let key = RouterTokenKey::new(args.router_key.into_bytes())?;
-    let identity = load_identity(&args.tls_cert, &args.tls_key)?;
+    let identity = IssuedCert {
+        cert_pem: read_cert_pem(&args.tls_cert)?,
+        key_pem: read_key_pem(&args.tls_key)?,
+    };
+    let guard = ConnectionGuard::new("router", limits);
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
@@ -71,7 +109,7 @@ async fn run(args: Args) -> Result<()> {
             pair_timeout: Duration::from_secs(args.pair_timeout),
         },
     );
-    serve(router, listener, Some(identity), async {
+    serve(router, listener, Some(&identity), guard, async {
         let _ = tokio::signal::ctrl_c().await;
     })
     .await?;

@@ -12,7 +12,7 @@ use std::{
 
 use futures::{Stream, StreamExt};
 use jumpstarter_core::sync::LockExt;
-use jumpstarter_core::{auth::bearer_token, wire::stream_rpc};
+use jumpstarter_core::{auth::bearer_token, server::listener::ConnectionGuard, wire::stream_rpc};
 use jumpstarter_proto::v1::{StreamRequest, StreamResponse};
 use tokio::sync::{mpsc, oneshot};
 use tonic::{Status, body::Body, metadata::MetadataMap};
@@ -310,31 +310,29 @@ async fn pipe(
 }
 
 /// Serves the router on an already bound listener (TLS when an identity is given) until
-/// `shutdown` resolves.
+/// `shutdown` resolves, accepting through `guard` (connection limit, handshake and
+/// first-frame timeouts, keepalive).
 pub async fn serve(
     router: Router,
     listener: tokio::net::TcpListener,
-    tls: Option<tonic::transport::Identity>,
+    tls: Option<&jumpstarter_core::auth::IssuedCert>,
+    guard: ConnectionGuard,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), RouterError> {
+    let tls = tls
+        .map(|id| jumpstarter_core::server::listener::tls_acceptor(id, None))
+        .transpose()
+        .map_err(RouterError::Tls)?;
     // The same HTTP/2 windows and frame size as an exporter's own server: the router passes
     // bulk transfers along, and gRPC's 64 KiB default windows would stall them.
-    let mut builder = tonic::transport::Server::builder()
+    guard
+        .limits()
+        .keepalive(tonic::transport::Server::builder())
         .initial_stream_window_size(Some(jumpstarter_core::server::STREAM_WINDOW))
         .initial_connection_window_size(Some(jumpstarter_core::server::CONNECTION_WINDOW))
-        .max_frame_size(Some(jumpstarter_core::wire::frames::MAX_FRAME));
-    if let Some(id) = tls {
-        builder = builder
-            .tls_config(tonic::transport::ServerTlsConfig::new().identity(id))
-            .map_err(RouterError::Tls)?;
-    }
-    builder
-        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .max_frame_size(Some(jumpstarter_core::wire::frames::MAX_FRAME))
         .add_service(router.service())
-        .serve_with_incoming_shutdown(
-            jumpstarter_core::server::nodelay_incoming(listener),
-            shutdown,
-        )
+        .serve_with_incoming_shutdown(guard.incoming(listener, tls), shutdown)
         .await
         .map_err(RouterError::Serve)
 }
@@ -344,7 +342,7 @@ pub async fn serve(
 pub enum RouterError {
     /// The TLS settings are unusable.
     #[error("TLS configuration: {0}")]
-    Tls(#[source] tonic::transport::Error),
+    Tls(#[source] jumpstarter_core::auth::TlsError),
     /// The server stopped with an error.
     #[error("router server error: {0}")]
     Serve(#[source] tonic::transport::Error),

@@ -164,10 +164,7 @@ impl Drop for Lab {
 async fn lab() -> Lab {
     let dir = tempfile::tempdir().unwrap();
     let ca = CertificateAuthority::generate("router faults CA").unwrap();
-    let identity = ca
-        .issue_server_cert(&["localhost", "127.0.0.1"])
-        .unwrap()
-        .identity();
+    let identity = ca.issue_server_cert(&["localhost", "127.0.0.1"]).unwrap();
     let (key, _) = RouterTokenKey::generate().unwrap();
     let mut tasks = Vec::new();
 
@@ -180,7 +177,8 @@ async fn lab() -> Lab {
         let _ = jumpstarter_router::serve(
             router,
             router_listener,
-            Some(router_identity),
+            Some(&router_identity),
+            jumpstarter_core::server::listener::ConnectionGuard::new("router", Default::default()),
             std::future::pending(),
         )
         .await;
@@ -206,7 +204,7 @@ async fn lab() -> Lab {
         std::future::pending(),
     )));
     let server = Server::builder()
-        .tls_config(ServerTlsConfig::new().identity(identity))
+        .tls_config(ServerTlsConfig::new().identity(identity.identity()))
         .unwrap()
         .add_service(ControllerServiceServer::new(ControllerApi(state.clone())))
         .add_service(ClientServiceServer::new(ClientApi(state.clone())));

@@ -7,6 +7,7 @@ mod crds;
 mod data_dir;
 mod deploy;
 mod flow;
+mod idle_connections;
 #[cfg(feature = "kubernetes")]
 mod kube_server;
 #[cfg(feature = "kubernetes")]

@@ -30,6 +30,7 @@ use tokio::{
     sync::mpsc,
     task::JoinHandle,
 };
+use tokio_rustls::TlsAcceptor;
 use tokio_rustls::{
     TlsConnector,
     client::TlsStream,
@@ -39,13 +40,16 @@ use tokio_rustls::{
     },
 };
 use tokio_util::sync::CancellationToken;
-use tonic::transport::{Certificate, Server, ServerTlsConfig, Uri};
+use tonic::transport::{Server, Uri};
 
 use crate::{
     Session,
     auth::{CertificateAuthority, IssuedCert, TlsError},
     client::{CallMetadata, ClientError, SessionChannel, error_chain},
-    server::{CONNECTION_WINDOW, STREAM_WINDOW, Severable},
+    server::{
+        CONNECTION_WINDOW, STREAM_WINDOW, Severable,
+        listener::{ConnectionGuard, ConnectionLimits, GuardedConn, ListenerStats, tls_acceptor},
+    },
 };
 
 /// How long a client waits for an advertised endpoint before staying on the router.
@@ -54,8 +58,6 @@ pub const DIRECT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// Buffer per direction when a local connection is forwarded over the direct path.
 pub const DIRECT_COPY_BUFFER: usize = crate::wire::frames::CHUNK;
 
-/// How long a direct client may take to finish its TLS handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Accepted connections waiting for the lease's server (more are refused).
 const ACCEPT_QUEUE: usize = 16;
 
@@ -103,6 +105,8 @@ pub struct DirectListenerSpec {
     pub bind: String,
     /// Host clients connect to; goes into the server certificate.
     pub advertise_host: String,
+    /// Connection limit, handshake and first-frame timeouts, keepalive.
+    pub limits: ConnectionLimits,
 }
 
 impl DirectListenerSpec {
@@ -155,6 +159,7 @@ impl DirectListenerSpec {
         Ok(Self {
             bind,
             advertise_host,
+            limits: ConnectionLimits::default(),
         })
     }
 }
@@ -231,12 +236,8 @@ impl LeaseCredentials {
     }
 
     /// Server TLS that requires a client certificate issued by this lease's CA.
-    fn server_tls(&self) -> ServerTlsConfig {
-        ServerTlsConfig::new()
-            .identity(self.server.identity())
-            .client_ca_root(Certificate::from_pem(&self.ca_pem))
-            .client_auth_optional(false)
-            .timeout(HANDSHAKE_TIMEOUT)
+    fn server_tls(&self) -> Result<TlsAcceptor, TlsError> {
+        tls_acceptor(&self.server, Some(&self.ca_pem))
     }
 }
 
@@ -244,9 +245,10 @@ impl LeaseCredentials {
 /// graceful HTTP/2 shutdown would wait for long streams).
 type LeaseBound = Severable<TcpStream>;
 
-/// The lease currently served: where accepted connections go, and its end.
+/// The lease currently served: where accepted connections go, its TLS, and its end.
 struct ActiveLease {
-    queue: mpsc::Sender<LeaseBound>,
+    queue: mpsc::Sender<GuardedConn<LeaseBound>>,
+    tls: TlsAcceptor,
     ended: CancellationToken,
 }
 
@@ -256,6 +258,7 @@ pub struct DirectServer {
     addr: SocketAddr,
     advertise_host: String,
     current: Arc<Mutex<Option<ActiveLease>>>,
+    guard: ConnectionGuard,
     accept: JoinHandle<()>,
 }
 
@@ -294,11 +297,13 @@ impl DirectServer {
                 source,
             })?;
         let current: Arc<Mutex<Option<ActiveLease>>> = Arc::default();
-        let accept = tokio::spawn(accept_loop(listener, current.clone()));
+        let guard = ConnectionGuard::new("direct", spec.limits);
+        let accept = tokio::spawn(accept_loop(listener, current.clone(), guard.clone()));
         Ok(Self {
             addr,
             advertise_host: spec.advertise_host.clone(),
             current,
+            guard,
             accept,
         })
     }
@@ -306,6 +311,11 @@ impl DirectServer {
     /// The bound address.
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The listener's connection counters.
+    pub fn stats(&self) -> Arc<ListenerStats> {
+        self.guard.stats()
     }
 
     /// What clients are told to connect to (`host:port`).
@@ -328,23 +338,28 @@ impl DirectServer {
         ended: CancellationToken,
     ) -> Result<JoinHandle<()>, DirectError> {
         let creds = LeaseCredentials::issue(lease, &self.advertise_host)?;
-        let (queue, incoming) = mpsc::channel::<LeaseBound>(ACCEPT_QUEUE);
+        let (queue, incoming) = mpsc::channel::<GuardedConn<LeaseBound>>(ACCEPT_QUEUE);
+        let tls = creds
+            .server_tls()
+            .map_err(|source| DirectError::Certificates {
+                host: self.advertise_host.clone(),
+                source,
+            })?;
         let svc = session.services();
-        let server = Server::builder()
+        let server = self
+            .guard
+            .limits()
+            .keepalive(Server::builder())
             .tcp_nodelay(true)
             .initial_stream_window_size(Some(STREAM_WINDOW))
             .initial_connection_window_size(Some(CONNECTION_WINDOW))
             .max_frame_size(Some(crate::wire::frames::MAX_FRAME))
-            .tls_config(creds.server_tls())
-            .map_err(|e| DirectError::Certificates {
-                host: self.advertise_host.clone(),
-                source: TlsError::Generate(error_chain(&e)),
-            })?
             .add_service(ExporterServiceServer::new(svc.clone()))
             .add_service(crate::server::StreamService(svc));
         session.set_alternative_endpoints(vec![creds.endpoint(&self.advertised_endpoint())]);
         if let Some(old) = self.slot().replace(ActiveLease {
             queue,
+            tls,
             ended: ended.clone(),
         }) {
             old.ended.cancel();
@@ -368,7 +383,11 @@ impl DirectServer {
     }
 }
 
-async fn accept_loop(listener: TcpListener, current: Arc<Mutex<Option<ActiveLease>>>) {
+async fn accept_loop(
+    listener: TcpListener,
+    current: Arc<Mutex<Option<ActiveLease>>>,
+    guard: ConnectionGuard,
+) {
     loop {
         let (conn, peer) = match listener.accept().await {
             Ok(c) => c,
@@ -383,16 +402,29 @@ async fn accept_loop(listener: TcpListener, current: Arc<Mutex<Option<ActiveLeas
             let slot = current.lock().unwrap_or_else(|p| p.into_inner());
             slot.as_ref()
                 .filter(|l| !l.ended.is_cancelled())
-                .map(|l| (l.queue.clone(), l.ended.clone()))
+                .map(|l| (l.queue.clone(), l.tls.clone(), l.ended.clone()))
         };
-        let Some((queue, ended)) = target else {
+        let Some((queue, tls, ended)) = target else {
             tracing::debug!("direct listener: refused {peer}: no lease is being served");
             continue;
         };
         let conn = Severable::new(conn, ended, "the lease of this direct connection ended");
-        if queue.try_send(conn).is_err() {
-            tracing::debug!("direct listener: refused {peer}: too many pending connections");
-        }
+        let Some(admitted) = guard.admit(conn, Some(peer)) else {
+            continue;
+        };
+        let guard = guard.clone();
+        tokio::spawn(async move {
+            match guard.establish(admitted, Some(&tls)).await {
+                Ok(conn) => {
+                    if queue.try_send(conn).is_err() {
+                        tracing::debug!(
+                            "direct listener: refused {peer}: too many pending connections"
+                        );
+                    }
+                }
+                Err(e) => tracing::debug!("direct listener: closed {peer}: {e}"),
+            }
+        });
     }
 }
 

@@ -1,9 +1,12 @@
 //! The exporter side: a [`Session`] serves a driver tree (`ExporterService` and
 //! `RouterService`), on a Unix socket, TCP or router tunnels ([`serve_unix`], [`serve_tcp`],
 //! [`serve_tunnels`]); a tunnel is handed to the server in memory ([`tunnel_conn`]), its
-//! HTTP/2 header blocks fixed on the way ([`h2_authority`]).
+//! HTTP/2 header blocks fixed on the way ([`h2_authority`]). Network listeners that serve
+//! gRPC accept through [`listener::ConnectionGuard`] (connection limit, handshake and
+//! first-frame timeouts).
 
 pub mod h2_authority;
+pub mod listener;
 mod serve;
 mod session;
 mod tunnel_conn;

@@ -20,10 +20,16 @@ use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tonic::{
     Request, Status,
-    transport::{Identity, Server, ServerTlsConfig, server::Connected},
+    transport::{Server, server::Connected},
 };
 
-use crate::{CoreError, Session, server::TunnelConn};
+use crate::{
+    CoreError, Session,
+    server::{
+        TunnelConn,
+        listener::{ConnectionGuard, ConnectionLimits, tls_acceptor},
+    },
+};
 
 /// HTTP/2 stream flow-control window of our servers and clients.
 pub const STREAM_WINDOW: u32 = 4 * 1024 * 1024;
@@ -45,6 +51,8 @@ pub struct ServeOptions {
     pub tls: Option<(Vec<u8>, Vec<u8>)>,
     /// A passphrase every RPC must carry in `x-jumpstarter-passphrase`.
     pub passphrase: Option<String>,
+    /// Connection limit, handshake and first-frame timeouts, keepalive of the listener.
+    pub limits: ConnectionLimits,
 }
 
 /// Checks the passphrase of every request, in constant time.
@@ -72,7 +80,8 @@ impl tonic::service::Interceptor for PassphraseCheck {
 fn router(
     session: &Arc<Session>,
     opts: &ServeOptions,
-) -> Result<tonic::transport::server::Router, CoreError> {
+    keepalive: Option<&ConnectionLimits>,
+) -> tonic::transport::server::Router {
     let check = PassphraseCheck(opts.passphrase.as_ref().map(|p| Arc::from(p.as_bytes())));
     let svc = session.services();
     // Larger HTTP/2 windows keep bulk transfers (flashing images) flowing at line rate.
@@ -81,12 +90,10 @@ fn router(
         .initial_stream_window_size(Some(STREAM_WINDOW))
         .initial_connection_window_size(Some(CONNECTION_WINDOW))
         .max_frame_size(Some(crate::wire::frames::MAX_FRAME));
-    if let Some((cert, key)) = &opts.tls {
-        builder = builder
-            .tls_config(ServerTlsConfig::new().identity(Identity::from_pem(cert, key)))
-            .map_err(|e| CoreError::Tls(e.to_string()))?;
+    if let Some(limits) = keepalive {
+        builder = limits.keepalive(builder);
     }
-    Ok(builder
+    builder
         .add_service(ExporterServiceServer::with_interceptor(
             svc.clone(),
             check.clone(),
@@ -94,7 +101,7 @@ fn router(
         .add_service(tonic::service::interceptor::InterceptedService::new(
             crate::server::StreamService(svc),
             check,
-        )))
+        ))
 }
 
 /// Accepted connections with Nagle's algorithm off. `Server::tcp_nodelay` only applies to
@@ -134,7 +141,7 @@ pub fn serve_unix(
         addr: path.display().to_string(),
         source: e,
     })?;
-    let router = router(&session, &ServeOptions::default())?;
+    let router = router(&session, &ServeOptions::default(), None);
     Ok(serve_bounded(
         router,
         UnixListenerStream::new(listener),
@@ -150,7 +157,7 @@ pub async fn serve_tunnels(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), CoreError> {
     use futures::StreamExt;
-    router(&session, &ServeOptions::default())?
+    router(&session, &ServeOptions::default(), None)
         .serve_with_incoming_shutdown(tunnels.map(Ok::<_, io::Error>), shutdown)
         .await
         .map_err(|e| CoreError::Serve(e.to_string()))
@@ -163,9 +170,24 @@ pub async fn serve_tcp(
     opts: ServeOptions,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), CoreError> {
+    let tls = match &opts.tls {
+        None => None,
+        Some((cert, key)) => {
+            let pem = |b: &[u8], what: &str| {
+                String::from_utf8(b.to_vec())
+                    .map_err(|_| CoreError::Tls(format!("the TLS {what} is not PEM text")))
+            };
+            let identity = crate::auth::IssuedCert {
+                cert_pem: pem(cert, "certificate")?,
+                key_pem: pem(key, "key")?,
+            };
+            Some(tls_acceptor(&identity, None).map_err(|e| CoreError::Tls(e.to_string()))?)
+        }
+    };
+    let guard = ConnectionGuard::new("exporter", opts.limits);
     serve_bounded(
-        router(&session, &opts)?,
-        nodelay_incoming(listener),
+        router(&session, &opts, Some(&opts.limits)),
+        guard.incoming(listener, tls),
         shutdown,
     )
     .await
