@@ -7,7 +7,9 @@
 
 pub mod admin;
 pub mod auth;
+pub mod completion;
 pub mod config_cmd;
+pub mod direct_certs;
 pub mod distributed;
 pub mod exporter;
 mod hints;
