@@ -19,6 +19,9 @@ const PROTO_FILES: [&str; 5] = [
 /// Our own admin API (not upstream).
 const ADMIN_FILE: &str = "jumpstarter/admin/v1/admin.proto";
 
+/// Our own extensions of the client API (not upstream), compiled with the admin API.
+const EXT_FILE: &str = "jumpstarter/ext/v1/ext.proto";
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let manifest_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?);
     let proto_dir = manifest_dir.join("proto");
@@ -50,12 +53,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Our own admin API, compiled into its own descriptor set so the upstream one above
     // stays exactly the five upstream files. It refers to jumpstarter.v1 types, which the
     // generated code reaches through `super::super::super::v1` (see lib.rs nesting).
-    println!(
-        "cargo:rerun-if-changed={}",
-        proto_dir.join(ADMIN_FILE).display()
-    );
-    let admin =
-        protox::compile([ADMIN_FILE], [&proto_dir]).map_err(|e| format!("protox: {e:?}"))?;
+    for file in [ADMIN_FILE, EXT_FILE] {
+        println!("cargo:rerun-if-changed={}", proto_dir.join(file).display());
+    }
+    let admin = protox::compile([ADMIN_FILE, EXT_FILE], [&proto_dir])
+        .map_err(|e| format!("protox: {e:?}"))?;
     std::fs::write(out_dir.join("admin_descriptor.bin"), admin.encode_to_vec())?;
     tonic_prost_build::configure()
         .build_server(true)

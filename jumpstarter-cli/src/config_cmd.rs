@@ -68,6 +68,9 @@ pub enum ConfigCommand {
     /// Modify jumpstarter exporter config files
     #[command(subcommand, alias = "exporters", alias = "e")]
     Exporter(ExporterCommand),
+    /// Files for direct mode (`jmp run --tls-grpc-listener`, `jmp shell --tls-grpc`)
+    #[command(subcommand)]
+    Direct(crate::direct_certs::DirectCommand),
 }
 
 /// `jmp config client`.
@@ -94,7 +97,7 @@ pub enum ExporterCommand {
     Create(CreateExporterArgs),
     /// Delete an exporter config.
     #[command(alias = "del", alias = "d", alias = "rm")]
-    Delete(NamedArgs),
+    Delete(ExporterNamedArgs),
     /// Edit an exporter config.
     Edit(EditArgs),
     /// List exporter configs.
@@ -165,10 +168,21 @@ pub struct CreateExporterArgs {
     output: Option<String>,
 }
 
-/// Commands taking one alias.
+/// Client commands taking one alias.
 #[derive(Args, Debug)]
 pub struct NamedArgs {
     /// Alias of the config
+    #[arg(add = crate::completion::client_aliases())]
+    name: String,
+    #[arg(short, long, value_parser = ["path"], help = PATH_HELP)]
+    output: Option<String>,
+}
+
+/// Exporter commands taking one alias.
+#[derive(Args, Debug)]
+pub struct ExporterNamedArgs {
+    /// Alias of the config
+    #[arg(add = crate::completion::exporter_aliases())]
     name: String,
     #[arg(short, long, value_parser = ["path"], help = PATH_HELP)]
     output: Option<String>,
@@ -178,6 +192,7 @@ pub struct NamedArgs {
 #[derive(Args, Debug)]
 pub struct EditArgs {
     /// Alias of the config
+    #[arg(add = crate::completion::exporter_aliases())]
     alias: String,
 }
 
@@ -203,6 +218,7 @@ pub async fn run(cmd: ConfigCommand) -> Result<i32> {
             ExporterCommand::Edit(a) => exporter_edit(a).await,
             ExporterCommand::List(a) => exporter_list(a),
         },
+        ConfigCommand::Direct(c) => crate::direct_certs::run(c),
     }
 }
 
@@ -437,7 +453,7 @@ fn yaml_str(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_else(|_| "''".into())
 }
 
-fn exporter_delete(a: NamedArgs) -> Result<i32> {
+fn exporter_delete(a: ExporterNamedArgs) -> Result<i32> {
     let path = exporter_config_path(&a.name)?;
     if path.starts_with(SYSTEM_EXPORTER_DIR) {
         bail!(

@@ -14,7 +14,7 @@ use jumpstarter_core::{
     },
 };
 
-use crate::shell;
+use crate::{completion::CompletionShell, shell};
 
 /// The Jumpstarter CLI
 #[derive(Parser, Debug)]
@@ -80,25 +80,12 @@ enum Command {
     },
 }
 
-/// Shells `jmp completion` writes scripts for.
-#[derive(clap::ValueEnum, Clone, Copy, Debug)]
-enum CompletionShell {
-    Bash,
-    Zsh,
-    Fish,
-}
-
 /// Writes the completion script of `jmp` for `shell` to stdout (quietly stopping when stdout
-/// is closed: `jmp completion bash | head -1`).
+/// is closed: `jmp completion bash | head -1`). The script asks `jmp` for the words to offer
+/// (`crate::completion`), so names of clients, exporters and leases complete too.
 fn completion(shell: CompletionShell) -> Result<i32> {
-    use clap::CommandFactory;
-    let shell = match shell {
-        CompletionShell::Bash => clap_complete::Shell::Bash,
-        CompletionShell::Zsh => clap_complete::Shell::Zsh,
-        CompletionShell::Fish => clap_complete::Shell::Fish,
-    };
-    let mut script = Vec::new();
-    clap_complete::generate(shell, &mut Cli::command(), "jmp", &mut script);
+    let script = crate::completion::script(shell, "jmp", &crate::completion::program_path())
+        .context("cannot write the completion script")?;
     crate::pipe::write_stdout(&script).context("cannot write the completion script")?;
     Ok(0)
 }
@@ -110,7 +97,8 @@ struct ExporterSelect {
     #[arg(long, value_name = "PATH")]
     exporter_config: Option<PathBuf>,
     /// Alias of exporter config
-    #[arg(long, value_name = "TEXT", conflicts_with = "exporter_config")]
+    #[arg(long, value_name = "TEXT", conflicts_with = "exporter_config",
+          add = crate::completion::exporter_aliases())]
     exporter: Option<String>,
 }
 
@@ -149,17 +137,19 @@ struct ShellArgs {
     #[arg(long, value_name = "PATH")]
     client_config: Option<PathBuf>,
     /// Alias of client config
-    #[arg(long, value_name = "TEXT", conflicts_with = "client_config")]
+    #[arg(long, value_name = "TEXT", conflicts_with = "client_config",
+          add = crate::completion::client_aliases())]
     client: Option<String>,
     /// Use this existing lease (also JMP_LEASE); it is not released on exit.
-    #[arg(long, value_name = "TEXT")]
+    #[arg(long, value_name = "TEXT", add = crate::completion::lease_names())]
     lease: Option<String>,
     /// Selector (label query) to filter on, supports '=', '==', and '!=' (e.g. -l
     /// key1=value1,key2=value2). Can be specified multiple times.
     #[arg(short = 'l', long = "selector", value_name = "TEXT")]
     selector: Vec<String>,
     /// Target a specific exporter/device name directly.
-    #[arg(short = 'n', long = "name", value_name = "TEXT")]
+    #[arg(short = 'n', long = "name", value_name = "TEXT",
+          add = crate::completion::exporter_names())]
     name: Option<String>,
     /// Lease duration: 30m, 3h30m, 1d, 1d3h40m, PT1H30M, 01:30:00, 2 days, 01:30:00.
     #[arg(long, value_name = "DURATION", default_value = "00:30:00")]
@@ -246,6 +236,7 @@ impl RunArgs {
 /// Entry point of the `jmp` binary.
 pub fn main() -> ExitCode {
     crate::pipe::exit_quietly_on_closed_stdout();
+    crate::completion::answer_if_asked(<Cli as clap::CommandFactory>::command);
     let cli = Cli::parse();
     crate::logging::init(cli.log_level.as_deref());
     let rt = match tokio::runtime::Builder::new_multi_thread()

@@ -9,7 +9,9 @@
 
 mod admin;
 mod auth;
+mod completion;
 mod config_cmd;
+mod direct_certs;
 mod distributed;
 mod exporter;
 mod hints;

@@ -16,6 +16,10 @@ use jumpstarter_proto::{
         Lease, ListExportersRequest, ListLeasesRequest, UpdateLeaseRequest,
         client_service_client::ClientServiceClient,
     },
+    ext_v1::{
+        ExporterDevices, GetExporterDevicesRequest,
+        client_extension_service_client::ClientExtensionServiceClient,
+    },
     v1::{Condition, ExporterStatus},
 };
 use serde::Serialize;
@@ -39,7 +43,8 @@ pub struct ClientSelect {
     #[arg(long, value_name = "PATH")]
     pub client_config: Option<PathBuf>,
     /// Alias of client config
-    #[arg(long, value_name = "TEXT", conflicts_with = "client_config")]
+    #[arg(long, value_name = "TEXT", conflicts_with = "client_config",
+          add = crate::completion::client_aliases())]
     pub client: Option<String>,
 }
 
@@ -65,6 +70,8 @@ pub struct ClientApi {
     pub namespace: String,
     /// The client's name.
     pub name: String,
+    /// The channel, for our extension API ([`ClientExtensionServiceClient`]).
+    pub channel: AuthChannel,
 }
 
 impl ClientApi {
@@ -75,7 +82,8 @@ impl ClientApi {
             .await
             .map_err(|e| crate::hints::controller_error(&cfg, e.into()))?;
         Ok(Self {
-            rpc: ClientServiceClient::new(channel),
+            rpc: ClientServiceClient::new(channel.clone()),
+            channel,
             namespace: cfg
                 .metadata
                 .namespace
@@ -192,6 +200,13 @@ pub struct ExporterView {
     /// The lease holding it (with `--with leases`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lease: Option<LeaseView>,
+    /// Its drivers from its last registration (`describe exporter`, from a controller of
+    /// ours; `None` when the controller does not say).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub drivers: Option<Vec<DriverView>>,
+    /// Why `drivers` is `None` (`describe exporter`).
+    #[serde(skip)]
+    pub drivers_note: Option<String>,
     #[serde(skip)]
     status_message: String,
     /// The wire status, for telling a lease we cannot see (another client's).
@@ -245,10 +260,53 @@ impl ExporterView {
             ),
             enabled: Some(e.enabled.unwrap_or(true)),
             lease: None,
+            drivers: None,
+            drivers_note: None,
             status_message: e.status_message.clone(),
             raw_status: e.status,
         }
     }
+}
+
+/// One driver instance of an exporter as `describe exporter` shows it.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct DriverView {
+    /// Its path in the driver tree (`power`, `storage`, `serial.console`); empty for the root.
+    pub path: String,
+    /// Its client class (label `jumpstarter.dev/client`).
+    pub client: String,
+    /// Its other labels.
+    pub labels: BTreeMap<String, String>,
+    /// Its uuid (fresh each time the exporter starts).
+    pub uuid: String,
+}
+
+/// The drivers of a registration, parents before children, each named by its path.
+pub fn driver_views(reg: &ExporterDevices) -> Vec<DriverView> {
+    use jumpstarter_core::driver::{CLIENT_LABEL, NAME_LABEL};
+    let mut paths: BTreeMap<&str, String> = BTreeMap::new();
+    let mut out = Vec::new();
+    for d in &reg.devices {
+        let name = d.labels.get(NAME_LABEL).cloned().unwrap_or_default();
+        // Reports list parents first; a child of an unknown parent keeps its own name.
+        let path = match paths.get(d.parent_uuid.as_str()) {
+            Some(parent) if !parent.is_empty() => format!("{parent}.{name}"),
+            _ => name,
+        };
+        paths.insert(&d.uuid, path.clone());
+        out.push(DriverView {
+            path,
+            client: d.labels.get(CLIENT_LABEL).cloned().unwrap_or_default(),
+            labels: d
+                .labels
+                .iter()
+                .filter(|(k, _)| *k != CLIENT_LABEL && *k != NAME_LABEL)
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            uuid: d.uuid.clone(),
+        });
+    }
+    out
 }
 
 /// A lease condition as `-o json` shows it.
@@ -536,6 +594,37 @@ pub fn describe_exporter(v: &ExporterView, tz: &TimeZone) -> String {
             }
         }
     }
+    describe_lease_of_exporter(&mut d, v, tz);
+    match (&v.drivers, &v.drivers_note) {
+        (Some(drivers), _) if !drivers.is_empty() => {
+            d.line(0, "Drivers:");
+            let mut t = Table::new(["Name", "Client", "Labels"]);
+            for dr in drivers {
+                t.row([
+                    if dr.path.is_empty() {
+                        "(root)".to_string()
+                    } else {
+                        dr.path.clone()
+                    },
+                    dr.client.clone(),
+                    if dr.labels.is_empty() {
+                        "<none>".to_string()
+                    } else {
+                        labels_text(&dr.labels)
+                    },
+                ]);
+            }
+            d.raw(&t.render_underlined(2));
+        }
+        (Some(_), _) => d.fields(0, &[("Drivers", "<none>".into())]),
+        (None, Some(note)) => d.fields(0, &[("Drivers", format!("<unknown> ({note})"))]),
+        (None, None) => {}
+    }
+    d.finish()
+}
+
+/// The `Lease` part of `describe exporter`.
+fn describe_lease_of_exporter(d: &mut Describe, v: &ExporterView, tz: &TimeZone) {
     match &v.lease {
         None if v.leased_by_someone_else() => {
             d.fields(0, &[("Lease", "held by another client".into())])
@@ -555,7 +644,6 @@ pub fn describe_exporter(v: &ExporterView, tz: &TimeZone) -> String {
             );
         }
     }
-    d.finish()
 }
 
 /// What `describe client` reports about a local client config.
@@ -726,6 +814,19 @@ pub fn describe_client(v: &ClientView) -> String {
 const OUTPUT_HELP: &str =
     "Output mode. Use \"-o name\" for shorter output (the names, one per line).";
 
+/// `-o` of `jmp get`: also `wide`, as kubectl's.
+const GET_OUTPUT_HELP: &str = "Output mode. Use \"-o name\" for shorter output (the names, one per \
+     line), \"-o wide\" for more columns (exporters: online, status and the lease; leases: \
+     status, begin time and duration).";
+
+/// The output mode of a `jmp get` command and whether `-o wide` asked for more columns.
+fn get_mode(flag: Option<&str>) -> Result<(OutputMode, bool)> {
+    match flag {
+        Some("wide") => Ok((OutputMode::Plain, true)),
+        other => Ok((OutputMode::from_flag(other)?, false)),
+    }
+}
+
 /// `jmp get`.
 #[derive(Subcommand, Debug)]
 pub enum GetCommand {
@@ -746,7 +847,7 @@ pub struct GetExportersArgs {
     /// key1=value1,key2=value2). Can be specified multiple times.
     #[arg(short = 'l', long = "selector", value_name = "TEXT")]
     selector: Vec<String>,
-    #[arg(short, long, value_parser = ["json", "yaml", "name"], help = OUTPUT_HELP)]
+    #[arg(short, long, value_parser = ["json", "yaml", "name", "wide"], help = GET_OUTPUT_HELP)]
     output: Option<String>,
     /// Include fields: leases, online, status (comma-separated or repeated)
     #[arg(long = "with", value_name = "TEXT")]
@@ -768,7 +869,7 @@ pub struct GetLeasesArgs {
     /// key1=value1,key2=value2). Can be specified multiple times.
     #[arg(short = 'l', long = "selector", value_name = "TEXT")]
     selector: Vec<String>,
-    #[arg(short, long, value_parser = ["json", "yaml", "name"], help = OUTPUT_HELP)]
+    #[arg(short, long, value_parser = ["json", "yaml", "name", "wide"], help = GET_OUTPUT_HELP)]
     output: Option<String>,
     /// Include expired leases
     #[arg(short = 'a', long)]
@@ -784,23 +885,37 @@ pub struct GetLeasesArgs {
 /// `jmp describe`.
 #[derive(Subcommand, Debug)]
 pub enum DescribeCommand {
-    /// Show one exporter in full: labels, status and the lease holding it
+    /// Show one exporter in full: labels, status, the lease holding it and its drivers
     #[command(alias = "exporters", alias = "e")]
-    Exporter(DescribeArgs),
+    Exporter(DescribeExporterArgs),
     /// Show one lease in full, with its conditions
     #[command(alias = "leases", alias = "l")]
-    Lease(DescribeArgs),
+    Lease(DescribeLeaseArgs),
     /// Show a local client config: endpoint, TLS, drivers and token expiry
     #[command(alias = "clients", alias = "c")]
     Client(DescribeClientArgs),
 }
 
-/// `jmp describe exporter|lease NAME`.
+/// `jmp describe exporter NAME`.
 #[derive(Args, Debug)]
-pub struct DescribeArgs {
+pub struct DescribeExporterArgs {
     #[command(flatten)]
     client: ClientSelect,
     /// Name of the resource
+    #[arg(add = crate::completion::exporter_names())]
+    name: String,
+    /// Output mode
+    #[arg(short, long, value_parser = ["json", "yaml"])]
+    output: Option<String>,
+}
+
+/// `jmp describe lease NAME`.
+#[derive(Args, Debug)]
+pub struct DescribeLeaseArgs {
+    #[command(flatten)]
+    client: ClientSelect,
+    /// Name of the resource
+    #[arg(add = crate::completion::lease_names())]
     name: String,
     /// Output mode
     #[arg(short, long, value_parser = ["json", "yaml"])]
@@ -811,6 +926,7 @@ pub struct DescribeArgs {
 #[derive(Args, Debug)]
 pub struct DescribeClientArgs {
     /// Alias of the client config (default: the current client)
+    #[arg(add = crate::completion::client_aliases())]
     name: Option<String>,
     /// Path to client config
     #[arg(long, value_name = "PATH", conflicts_with = "name")]
@@ -839,7 +955,7 @@ pub struct CreateLeaseArgs {
     #[arg(short = 'l', long = "selector", value_name = "TEXT")]
     selector: Vec<String>,
     /// Target a specific exporter/device name directly.
-    #[arg(short = 'n', long, value_name = "TEXT")]
+    #[arg(short = 'n', long, value_name = "TEXT", add = crate::completion::exporter_names())]
     name: Option<String>,
     /// Lease duration: 30m, 3h30m, 1d, PT1H30M, 01:30:00, ...
     #[arg(long, value_name = "DURATION", required = true)]
@@ -876,6 +992,7 @@ pub struct UpdateLeaseArgs {
     #[command(flatten)]
     client: ClientSelect,
     /// The lease
+    #[arg(add = crate::completion::lease_names())]
     name: String,
     /// New lease duration: 30m, 3h30m, 1d, PT1H30M, 01:30:00, ...
     #[arg(long, value_name = "DURATION")]
@@ -904,6 +1021,7 @@ pub struct DeleteLeasesArgs {
     #[command(flatten)]
     client: ClientSelect,
     /// Names of the leases
+    #[arg(add = crate::completion::lease_names())]
     names: Vec<String>,
     /// Selector (label query) to filter on, supports '=', '==', and '!=' (e.g. -l
     /// key1=value1,key2=value2). Can be specified multiple times.
@@ -969,8 +1087,14 @@ struct LeaseList {
 }
 
 async fn get_exporters(args: GetExportersArgs) -> Result<i32> {
-    let mode = OutputMode::from_flag(args.output.as_deref())?;
+    let (mode, wide) = get_mode(args.output.as_deref())?;
     let (with_leases, with_online, with_status) = parse_with(&args.with)?;
+    // `-o wide` shows every optional column (it changes the table only).
+    let (with_leases, with_online, with_status) = (
+        with_leases || wide,
+        with_online || wide,
+        with_status || wide,
+    );
     let mut api = ClientApi::connect(&args.client).await?;
     let filter = join_selectors(&args.selector);
     let exporters = api.list_exporters(&filter, args.show_hidden_labels).await?;
@@ -1084,9 +1208,10 @@ pub fn exporters_table(
     t
 }
 
-/// The `get leases` table: `NAME SELECTOR EXPIRES AT REMAINING CLIENT EXPORTER TAGS`.
-pub fn leases_table(views: &[LeaseView], now: Timestamp, tz: &TimeZone) -> Table {
-    let mut t = Table::new([
+/// The `get leases` table: `NAME SELECTOR EXPIRES AT REMAINING CLIENT EXPORTER TAGS`, and
+/// with `wide` also `STATUS BEGIN TIME DURATION`.
+pub fn leases_table(views: &[LeaseView], now: Timestamp, tz: &TimeZone, wide: bool) -> Table {
+    let mut headers = vec![
         "NAME",
         "SELECTOR",
         "EXPIRES AT",
@@ -1094,7 +1219,11 @@ pub fn leases_table(views: &[LeaseView], now: Timestamp, tz: &TimeZone) -> Table
         "CLIENT",
         "EXPORTER",
         "TAGS",
-    ]);
+    ];
+    if wide {
+        headers.extend(["STATUS", "BEGIN TIME", "DURATION"]);
+    }
+    let mut t = Table::new(headers);
     for v in views {
         let end = v.expected_end();
         let remaining = match end {
@@ -1103,7 +1232,7 @@ pub fn leases_table(views: &[LeaseView], now: Timestamp, tz: &TimeZone) -> Table
             }
             _ => String::new(),
         };
-        t.row([
+        let mut row = vec![
             v.name.clone(),
             v.selector_text(),
             end.map(|t| format_time(t, tz)).unwrap_or_default(),
@@ -1111,12 +1240,24 @@ pub fn leases_table(views: &[LeaseView], now: Timestamp, tz: &TimeZone) -> Table
             v.client.clone(),
             v.exporter.clone(),
             labels_text(&v.tags),
-        ]);
+        ];
+        if wide {
+            row.push(v.status.clone());
+            // When it began, else when it was asked to begin.
+            row.push(
+                v.effective_begin_time
+                    .or(v.begin_time)
+                    .map(|t| format_time(t, tz))
+                    .unwrap_or_default(),
+            );
+            row.push(v.duration.map(format_timedelta).unwrap_or_default());
+        }
+        t.row(row);
     }
     t
 }
 
-fn print_leases(mode: OutputMode, views: Vec<LeaseView>, now: Timestamp) -> Result<()> {
+fn print_leases(mode: OutputMode, views: Vec<LeaseView>, now: Timestamp, wide: bool) -> Result<()> {
     match mode {
         OutputMode::Json | OutputMode::Yaml => print_structured(mode, &LeaseList { leases: views }),
         OutputMode::Name => {
@@ -1132,7 +1273,7 @@ fn print_leases(mode: OutputMode, views: Vec<LeaseView>, now: Timestamp) -> Resu
         _ => {
             print!(
                 "{}",
-                leases_table(&views, now, &TimeZone::system()).render(0)
+                leases_table(&views, now, &TimeZone::system(), wide).render(0)
             );
             Ok(())
         }
@@ -1142,12 +1283,12 @@ fn print_leases(mode: OutputMode, views: Vec<LeaseView>, now: Timestamp) -> Resu
 fn print_lease(mode: OutputMode, view: LeaseView, now: Timestamp) -> Result<()> {
     match mode {
         OutputMode::Json | OutputMode::Yaml => print_structured(mode, &view),
-        _ => print_leases(mode, vec![view], now),
+        _ => print_leases(mode, vec![view], now, false),
     }
 }
 
 async fn get_leases(args: GetLeasesArgs) -> Result<i32> {
-    let mode = OutputMode::from_flag(args.output.as_deref())?;
+    let (mode, wide) = get_mode(args.output.as_deref())?;
     let mut api = ClientApi::connect(&args.client).await?;
     let filter = join_selectors(&args.selector);
     let leases = api
@@ -1159,7 +1300,7 @@ async fn get_leases(args: GetLeasesArgs) -> Result<i32> {
         .filter(|l| args.all_clients || api.owns(l))
         .map(|l| LeaseView::from_proto(l, now))
         .collect();
-    print_leases(mode, views, now)?;
+    print_leases(mode, views, now, wide)?;
     Ok(0)
 }
 
@@ -1184,6 +1325,23 @@ pub async fn describe(cmd: DescribeCommand) -> Result<i32> {
             // the status (LEASE_READY) but not here.
             let leases = api.list_leases("", true, "").await.unwrap_or_default();
             view.lease = leases_by_exporter(&leases, now).remove(&view.name);
+            // The drivers come from our extension API; an upstream controller does not have
+            // it, and describing the rest must not fail for want of them.
+            match ClientExtensionServiceClient::new(api.channel.clone())
+                .get_exporter_devices(GetExporterDevicesRequest {
+                    name: api.exporter_name(&args.name),
+                })
+                .await
+            {
+                Ok(reg) if reg.get_ref().registered => {
+                    view.drivers = Some(driver_views(reg.get_ref()))
+                }
+                Ok(_) => view.drivers_note = Some("the exporter has not registered yet".into()),
+                Err(s) if s.code() == tonic::Code::Unimplemented => {
+                    view.drivers_note = Some("the controller does not report drivers".into())
+                }
+                Err(s) => view.drivers_note = Some(format!("cannot get them: {}", s.message())),
+            }
             match mode {
                 OutputMode::Plain => print!("{}", describe_exporter(&view, &TimeZone::system())),
                 m => print_structured(m, &view)?,
@@ -1555,10 +1713,110 @@ Lease:  <none>
         lease.tags.insert("build".into(), "7".into());
         let view = LeaseView::from_proto(&lease, now);
         assert_eq!(
-            leases_table(&[view], now, &TimeZone::UTC).render(0),
+            leases_table(&[view.clone()], now, &TimeZone::UTC, false).render(0),
             "NAME                                  SELECTOR  EXPIRES AT               REMAINING  CLIENT  EXPORTER             TAGS
 01a05822-e378-71cc-a98c-a216ad4a9432  foo=bar   2026-08-31 14:09:36 UTC  0h 4m      hello   example-distributed  build=7
 "
+        );
+    }
+
+    #[test]
+    fn wide_lease_table_adds_status_begin_and_duration() {
+        let now: Timestamp = "2026-08-31T14:05:36Z".parse().unwrap();
+        let view = LeaseView::from_proto(&seed_lease(), now);
+        insta::assert_snapshot!(
+            leases_table(&[view], now, &TimeZone::UTC, true).render(0),
+            @r"
+        NAME                                  SELECTOR  EXPIRES AT               REMAINING  CLIENT  EXPORTER             TAGS  STATUS  BEGIN TIME               DURATION
+        01a05822-e378-71cc-a98c-a216ad4a9432  foo=bar   2026-08-31 14:09:36 UTC  0h 4m      hello   example-distributed        In-Use  2026-08-31 14:04:36 UTC  0:05:00
+        "
+        );
+    }
+
+    #[test]
+    fn describe_exporter_lists_the_drivers_by_path_with_their_client_classes() {
+        use jumpstarter_proto::ext_v1::Device;
+        let device = |uuid: &str, parent: &str, labels: &[(&str, &str)]| Device {
+            uuid: uuid.into(),
+            parent_uuid: parent.into(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        };
+        let reg = ExporterDevices {
+            name: "namespaces/jumpstarter-lab/exporters/example-distributed".into(),
+            registered: true,
+            devices: vec![
+                device(
+                    "u0",
+                    "",
+                    &[(
+                        "jumpstarter.dev/client",
+                        "jumpstarter_driver_composite.client.CompositeClient",
+                    )],
+                ),
+                device(
+                    "u1",
+                    "u0",
+                    &[
+                        (
+                            "jumpstarter.dev/client",
+                            "jumpstarter_driver_power.client.PowerClient",
+                        ),
+                        ("jumpstarter.dev/name", "power"),
+                    ],
+                ),
+                device(
+                    "u2",
+                    "u0",
+                    &[
+                        (
+                            "jumpstarter.dev/client",
+                            "jumpstarter_driver_composite.client.CompositeClient",
+                        ),
+                        ("jumpstarter.dev/name", "serial"),
+                    ],
+                ),
+                device(
+                    "u3",
+                    "u2",
+                    &[
+                        (
+                            "jumpstarter.dev/client",
+                            "jumpstarter_driver_pyserial.client.PySerialClient",
+                        ),
+                        ("jumpstarter.dev/name", "console"),
+                        ("baud", "115200"),
+                    ],
+                ),
+            ],
+        };
+        let mut view = ExporterView::from_proto(&seed_exporter());
+        view.drivers = Some(driver_views(&reg));
+        insta::assert_snapshot!(describe_exporter(&view, &TimeZone::UTC), @r"
+        Name:       example-distributed
+        Namespace:  jumpstarter-lab
+        Labels:
+          foo=bar
+        Online:   yes
+        Status:   AVAILABLE
+        Enabled:  yes
+        Lease:  <none>
+        Drivers:
+          Name            Client                                               Labels
+          ----            ------                                               ------
+          (root)          jumpstarter_driver_composite.client.CompositeClient  <none>
+          power           jumpstarter_driver_power.client.PowerClient          <none>
+          serial          jumpstarter_driver_composite.client.CompositeClient  <none>
+          serial.console  jumpstarter_driver_pyserial.client.PySerialClient    baud=115200
+        ");
+        // An upstream controller: the rest is described, and why the drivers are not.
+        view.drivers = None;
+        view.drivers_note = Some("the controller does not report drivers".into());
+        assert!(
+            describe_exporter(&view, &TimeZone::UTC)
+                .ends_with("Drivers:  <unknown> (the controller does not report drivers)\n")
         );
     }
 

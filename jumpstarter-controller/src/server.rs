@@ -16,6 +16,7 @@ use jumpstarter_core::{
 use jumpstarter_proto::{
     admin_v1::admin_service_server::AdminServiceServer,
     client_v1::client_service_server::ClientServiceServer,
+    ext_v1::client_extension_service_server::ClientExtensionServiceServer,
     v1::controller_service_server::ControllerServiceServer,
 };
 use jumpstarter_router::RouterTokenKey;
@@ -27,7 +28,9 @@ use crate::{
     auth::TokenIssuer,
     metrics::{RpcMetrics, RpcMetricsLayer},
     pid_lock::{LockError, PidLock},
-    service::{admin::AdminApi, client::ClientApi, controller::ControllerApi},
+    service::{
+        admin::AdminApi, client::ClientApi, controller::ControllerApi, devices::ClientExtApi,
+    },
     state::{ControllerState, RouterEntry},
     store::{SqliteStore, Store},
 };
@@ -764,6 +767,9 @@ async fn grpc_server<S: Store>(
     health
         .set_serving::<AdminServiceServer<AdminApi<S>>>()
         .await;
+    health
+        .set_serving::<ClientExtensionServiceServer<ClientExtApi<S>>>()
+        .await;
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(jumpstarter_proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(jumpstarter_proto::ADMIN_DESCRIPTOR_SET)
@@ -777,6 +783,9 @@ async fn grpc_server<S: Store>(
         .layer(RpcMetricsLayer(rpc_metrics))
         .add_service(ControllerServiceServer::new(ControllerApi(state.clone())))
         .add_service(ClientServiceServer::new(ClientApi(state.clone())))
+        .add_service(ClientExtensionServiceServer::new(ClientExtApi(
+            state.clone(),
+        )))
         .add_service(AdminServiceServer::new(
             AdminApi::new(state.clone(), admin_token.clone(), ca_pem.to_owned())
                 .with_credential_secrets(config.credential_secrets),

@@ -44,6 +44,15 @@ pub mod jumpstarter {
         }
     }
 
+    /// Our own extensions of the client API (`jumpstarter.ext.v1`, not part of upstream).
+    pub mod ext {
+        /// Version 1.
+        #[allow(missing_docs, clippy::all)]
+        pub mod v1 {
+            include!(concat!(env!("OUT_DIR"), "/jumpstarter.ext.v1.rs"));
+        }
+    }
+
     /// Package `jumpstarter.v1`: controller, exporter and router services.
     pub mod v1 {
         #![allow(missing_docs)]
@@ -75,7 +84,11 @@ pub const FILE_DESCRIPTOR_SET: &[u8] =
 /// Our admin API (`jumpstarter.admin.v1`).
 pub use jumpstarter::admin::v1 as admin_v1;
 
-/// The encoded `FileDescriptorSet` of our admin API (for reflection).
+/// Our extensions of the client API (`jumpstarter.ext.v1`): `ClientExtensionService`.
+pub use jumpstarter::ext::v1 as ext_v1;
+
+/// The encoded `FileDescriptorSet` of our admin API and our client API extensions
+/// (`jumpstarter.admin.v1`, `jumpstarter.ext.v1`), for reflection.
 pub const ADMIN_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/admin_descriptor.bin"));
 

@@ -162,8 +162,9 @@ export:
     type: jumpstarter_driver_opendal.driver.MockStorageMux
 ";
 
-/// Runs every scenario whose name contains `filter`.
-pub fn run(filter: Option<&str>) -> Result<()> {
+/// Runs every scenario whose name contains `filter`; returns how many passed of how many
+/// ran (all of them, or it fails).
+pub fn run(filter: Option<&str>) -> Result<(usize, usize)> {
     let venv = ensure_venv()?;
     crate::cargo(&["build", "--quiet", "-p", "jumpstarter-cli", "--bins"])?;
     let bin = target_dir().join("debug");
@@ -274,7 +275,7 @@ pub fn run(filter: Option<&str>) -> Result<()> {
     if failed > 0 {
         bail!("interop scenarios failed: {}", failures.join("; "));
     }
-    Ok(())
+    Ok((passed, passed + failed))
 }
 
 fn conformance(env: &Env) -> Result<()> {

@@ -6,6 +6,7 @@ mod bench_controller;
 mod bench_direct;
 mod bench_startup;
 mod bench_storage;
+mod ci_summary;
 mod conformance;
 mod crds;
 mod interop;
@@ -20,7 +21,7 @@ fn main() -> std::process::ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("ci") => ci(),
         Some("arch") => arch::run(),
-        Some("interop") => interop::run(args.get(1).map(String::as_str)),
+        Some("interop") => interop::run(args.get(1).map(String::as_str)).map(|_| ()),
         Some("bench") => bench(&args[1..]),
         // Hidden: the controller scale part of `bench` alone (`--quick`: 100 and 1,000).
         Some("bench-controller") => bench_controller::run(&args[1..]),
@@ -109,6 +110,7 @@ fn bench(args: &[String]) -> Result<()> {
 }
 
 fn ci() -> Result<()> {
+    let started = std::time::Instant::now();
     println!("== cargo fmt --check");
     cargo(&["fmt", "--all", "--", "--check"])?;
     println!("== architecture (cargo xtask arch)");
@@ -128,8 +130,13 @@ fn ci() -> Result<()> {
         &[("RUSTDOCFLAGS", "-D warnings")],
     )?;
     println!("== cargo test");
-    cargo(&["test", "--workspace"])?;
+    let tests = ci_summary::cargo_test(&["test", "--workspace"])?;
     s3::run()?;
     println!("== interop with upstream 0.9.0");
-    interop::run(None)
+    let interop = interop::run(None)?;
+    println!(
+        "{}",
+        ci_summary::pass_line(tests, interop, started.elapsed())
+    );
+    Ok(())
 }

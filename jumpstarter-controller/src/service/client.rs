@@ -44,14 +44,14 @@ fn parse_name(name: &str, segments: usize) -> Result<Vec<&str>, Status> {
     Ok(parts)
 }
 
-fn check_namespace(caller: &Caller, ns: &str) -> Result<(), Status> {
+pub(super) fn check_namespace(caller: &Caller, ns: &str) -> Result<(), Status> {
     if caller.namespace != ns {
         return Err(Status::permission_denied("namespace mismatch"));
     }
     Ok(())
 }
 
-fn object_name<'a>(name: &'a str, kind: &str) -> Result<(&'a str, &'a str), Status> {
+pub(super) fn object_name<'a>(name: &'a str, kind: &str) -> Result<(&'a str, &'a str), Status> {
     let parts = parse_name(name, 2)?;
     if parts[0] != "namespaces" || parts[2] != kind || parts[1].is_empty() || parts[3].is_empty() {
         return Err(Status::invalid_argument(format!(

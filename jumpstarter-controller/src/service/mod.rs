@@ -3,3 +3,4 @@
 pub mod admin;
 pub mod client;
 pub mod controller;
+pub mod devices;

@@ -13,6 +13,7 @@ mod kube_server;
 #[cfg(feature = "kubernetes")]
 mod kube_store;
 mod limits;
+mod log_output;
 mod oidc;
 mod pending_guard;
 mod policy_update;

@@ -1,0 +1,66 @@
+//! `jumpstarter.ext.v1.ClientExtensionService` (ours, not upstream's): what `jmp describe
+//! exporter` needs beyond the client API, without adding fields to upstream's messages.
+
+use std::sync::Arc;
+
+use jumpstarter_core::auth::ObjectKind;
+use jumpstarter_proto::ext_v1::{
+    Device as PbDevice, ExporterDevices, GetExporterDevicesRequest,
+    client_extension_service_server::ClientExtensionService,
+};
+use tonic::{Request, Response, Status};
+
+use crate::{
+    limits::{self, MAX_IDENTIFIER},
+    objects::Exporter,
+    service::client::{check_namespace, object_name},
+    state::{ControllerState, store_status},
+    store::Store,
+};
+
+/// The ClientExtensionService implementation.
+pub struct ClientExtApi<S: Store>(pub Arc<ControllerState<S>>);
+
+/// The devices of an exporter as the extension API shows them.
+pub fn exporter_devices(e: &Exporter, name: String) -> ExporterDevices {
+    let devices = e.status.as_ref().and_then(|s| s.devices.as_ref());
+    ExporterDevices {
+        name,
+        registered: devices.is_some(),
+        devices: devices
+            .into_iter()
+            .flatten()
+            .map(|d| PbDevice {
+                uuid: d.uuid.clone(),
+                parent_uuid: d.parent_uuid.clone().unwrap_or_default(),
+                labels: d.labels.clone().into_iter().collect(),
+            })
+            .collect(),
+    }
+}
+
+#[tonic::async_trait]
+impl<S: Store> ClientExtensionService for ClientExtApi<S> {
+    async fn get_exporter_devices(
+        &self,
+        request: Request<GetExporterDevicesRequest>,
+    ) -> Result<Response<ExporterDevices>, Status> {
+        let caller = self
+            .0
+            .auth
+            .authenticate(request.metadata(), ObjectKind::Client)
+            .await?;
+        let req = request.into_inner();
+        limits::check_len("name", &req.name, MAX_IDENTIFIER)?;
+        let (ns, name) = object_name(&req.name, "exporters")?;
+        check_namespace(&caller, ns)?;
+        let e: Exporter = self
+            .0
+            .store
+            .get(ns, name)
+            .await
+            .map_err(store_status)?
+            .ok_or_else(|| Status::not_found(format!("exporter {name} not found")))?;
+        Ok(Response::new(exporter_devices(&e, req.name)))
+    }
+}
