@@ -1,14 +1,14 @@
 //! Network drivers: a byte stream to a TCP, UDP or Unix socket reachable from the exporter.
 //!
 //! Upstream's `jumpstarter_driver_network.driver.{TcpNetwork, UdpNetwork, UnixNetwork,
-//! EchoNetwork}`, with the same config fields and the client class
+//! EchoNetwork, WebsocketNetwork}`, with the same config fields and the client class
 //! `jumpstarter_driver_network.client.NetworkClient`:
 //!
 //! - `connect` (`@exportstream`): opens a connection from the exporter and relays its bytes;
-//!   for UDP each DATA frame is one datagram each way;
-//! - `address` (unary, TCP and UDP): `tcp://HOST:PORT` / `udp://HOST:PORT` with the host
-//!   name resolved on the exporter (IPv6 in brackets), or an `INVALID_ARGUMENT` error when
-//!   the config says `enable_address: false`.
+//!   for UDP each DATA frame is one datagram each way, for WebSocket one message;
+//! - `address` (unary, TCP, UDP and WebSocket): `tcp://HOST:PORT` / `udp://HOST:PORT` with
+//!   the host name resolved on the exporter (IPv6 in brackets), the configured `url` for
+//!   WebSocket, or an `INVALID_ARGUMENT` error when the config says `enable_address: false`.
 //!
 //! [`NetworkClient`] is the client half: port forwarding ([`NetworkClient::forward_tcp`],
 //! [`NetworkClient::forward_unix`]) and the `j NAME forward-tcp|forward-unix|address`
@@ -16,6 +16,7 @@
 
 mod client;
 mod udp;
+mod websocket;
 
 use std::{net::IpAddr, path::PathBuf, sync::Arc};
 
@@ -24,6 +25,7 @@ use serde::Deserialize;
 
 pub use client::{Forwarder, NetworkClient, cli, format_host_port};
 pub use udp::UdpStream;
+pub use websocket::{WebsocketNetwork, WebsocketStream};
 
 /// Upstream client class of network drivers.
 pub const NETWORK_CLIENT: &str = "jumpstarter_driver_network.client.NetworkClient";

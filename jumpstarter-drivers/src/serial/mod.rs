@@ -11,7 +11,9 @@
 //! Methods (client class `jumpstarter_driver_pyserial.client.PySerialClient`):
 //! `connect` (`@exportstream`, the console's bytes), `close` (ends every open `connect`),
 //! `set_dtr` / `set_rts` (no-ops on `loop://` and `socket://` as in pyserial; on a device
-//! they report UNIMPLEMENTED: modem lines need an ioctl this exporter does not issue yet).
+//! they open it afresh, set the line and close it again, as upstream: see [`modem`]; a
+//! device without modem lines, such as a pseudo-terminal, fails the call naming the device
+//! and the line).
 //!
 //! A device that goes away while connected (a USB adapter unplugged) ends the stream with
 //! an error naming the device; the next `connect` opens it afresh.
@@ -19,6 +21,8 @@
 pub mod client;
 pub mod device;
 pub mod expect;
+pub mod modem;
+pub mod nvdemux;
 
 use std::{
     io,
@@ -201,13 +205,13 @@ impl PySerial {
     /// Sets the DTR line (see the module docs for what each URL kind does).
     #[export]
     async fn set_dtr(&self, value: bool) -> Result<(), DriverError> {
-        self.modem_line("set_dtr", value)
+        self.modem_line(modem::ModemLine::Dtr, value).await
     }
 
     /// Sets the RTS line (see the module docs for what each URL kind does).
     #[export]
     async fn set_rts(&self, value: bool) -> Result<(), DriverError> {
-        self.modem_line("set_rts", value)
+        self.modem_line(modem::ModemLine::Rts, value).await
     }
 }
 
@@ -293,14 +297,20 @@ impl PySerial {
         *current = CancellationToken::new();
     }
 
-    fn modem_line(&self, method: &str, _value: bool) -> Result<(), DriverError> {
+    async fn modem_line(&self, line: modem::ModemLine, value: bool) -> Result<(), DriverError> {
         match &self.url {
             // pyserial ignores modem lines on these URLs.
             SerialUrl::Loop | SerialUrl::Socket { .. } => Ok(()),
-            SerialUrl::Device(path) => Err(DriverError::Unimplemented(format!(
-                "{method}: setting modem control lines of {} is not supported by this exporter",
-                path.display()
-            ))),
+            SerialUrl::Device(path) => {
+                let path = path.clone();
+                let baudrate = self.settings.baudrate;
+                tokio::task::spawn_blocking(move || {
+                    modem::set_modem_line(&path, baudrate, line, value)
+                })
+                .await
+                .map_err(|e| DriverError::failed(format!("setting {line:?} failed: {e}")))?
+                .map_err(|e| DriverError::failed(e))
+            }
         }
     }
 }
@@ -550,15 +560,32 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn modem_lines_are_no_ops_on_urls_and_refused_on_devices() {
+    async fn modem_lines_are_no_ops_on_urls_and_clear_errors_on_devices_without_them() {
         let lp = PySerial::new(SerialUrl::Loop);
         assert!(lp.set_dtr(true).await.is_ok());
         assert!(lp.set_rts(false).await.is_ok());
-        let dev = PySerial::new(SerialUrl::Device("/dev/ttyS0".into()));
-        assert!(matches!(
-            dev.set_dtr(true).await,
-            Err(DriverError::Unimplemented(_))
-        ));
+        let missing = PySerial::new(SerialUrl::Device("/dev/no-such-serial-device".into()));
+        let e = missing.set_dtr(true).await.err().unwrap().to_string();
+        assert!(
+            e.contains("cannot open serial device /dev/no-such-serial-device"),
+            "{e}"
+        );
+        // A pseudo-terminal opens like a serial port but has no modem lines: Linux refuses
+        // the request (ENOTTY), and the error says which device and line, and why.
+        let pty = Pty::open().unwrap();
+        let path = pty.device_path.display().to_string();
+        let dev = PySerial::new(SerialUrl::Device(pty.device_path.clone()));
+        for (what, r) in [
+            ("DTR", dev.set_dtr(true).await),
+            ("RTS", dev.set_rts(false).await),
+        ] {
+            let e = r.err().unwrap().to_string();
+            assert!(
+                e.contains(&format!("serial device {path} refused to set {what}"))
+                    && e.contains("cannot set DTR/RTS"),
+                "{e}"
+            );
+        }
     }
 
     #[tokio::test]

@@ -222,3 +222,110 @@ async fn tcp_and_unix_port_forwards_relay_each_connection() {
         assert!(matches!(s.read(&mut buf).await, Ok(0) | Err(_)));
     }
 }
+
+/// What the WebSocket echo server does with each message.
+const WS_BYE: &[u8] = b"close please";
+
+/// A real WebSocket server on loopback: binary messages come back as they are, `text:X`
+/// comes back as the text message `X`, [`WS_BYE`] makes it close the connection. Each
+/// connection's path is sent first, as a text message.
+async fn ws_echo() -> u16 {
+    use futures::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::{
+        Message,
+        handshake::server::{Request, Response},
+    };
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((c, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let mut path = String::new();
+                let Ok(mut ws) = tokio_tungstenite::accept_hdr_async(c, |req: &Request, resp| {
+                    path = req.uri().path().to_string();
+                    Ok::<Response, _>(resp)
+                })
+                .await
+                else {
+                    return;
+                };
+                let _ = ws.send(Message::text(format!("path {path}"))).await;
+                while let Some(Ok(m)) = ws.next().await {
+                    let reply = match m {
+                        Message::Binary(b) if b.as_ref() == WS_BYE => {
+                            let _ = ws.close(None).await;
+                            return;
+                        }
+                        Message::Binary(b) => match b.strip_prefix(b"text:") {
+                            Some(t) => Message::text(String::from_utf8_lossy(t).to_string()),
+                            None => Message::Binary(b),
+                        },
+                        Message::Close(_) => return,
+                        _ => continue,
+                    };
+                    if ws.send(reply).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+#[tokio::test]
+async fn websocket_frames_are_messages_to_a_real_server() {
+    use jumpstarter_drivers::network::WebsocketNetwork;
+    let port = ws_echo().await;
+    let url = format!("ws://127.0.0.1:{port}/echo");
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let served = Served::start(vec![
+        ("ws", Arc::new(WebsocketNetwork::new(&url, true).unwrap())),
+        (
+            "nobody",
+            Arc::new(WebsocketNetwork::new(&format!("ws://127.0.0.1:{closed}/"), false).unwrap()),
+        ),
+    ]);
+    let ws = net_client(&served, "ws").await;
+    assert_eq!(ws.address().await.unwrap(), url);
+    let mut s = ws.connect().await.unwrap();
+    let mut buf = vec![0u8; 1 << 20];
+    let n = s.read(&mut buf).await.unwrap();
+    assert_eq!(&buf[..n], b"path /echo", "the URL's path reaches the server");
+    // One write, one message, one frame back.
+    s.write_all(b"hello").await.unwrap();
+    let n = s.read(&mut buf).await.unwrap();
+    assert_eq!(&buf[..n], b"hello");
+    // A text message arrives as its UTF-8 bytes.
+    s.write_all("text:grüß".as_bytes()).await.unwrap();
+    let n = s.read(&mut buf).await.unwrap();
+    assert_eq!(&buf[..n], "grüß".as_bytes());
+    // A message bigger than one DATA frame arrives whole, in order.
+    let big: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+    s.write_all(&big).await.unwrap();
+    let mut got = vec![0u8; big.len()];
+    s.read_exact(&mut got).await.unwrap();
+    assert!(got == big, "200 kB came back changed");
+    // The server closing the connection ends the stream.
+    s.write_all(WS_BYE).await.unwrap();
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest).await;
+    assert!(rest.is_empty(), "{rest:?}");
+
+    let nobody = net_client(&served, "nobody").await;
+    let e = nobody.connect().await.err().unwrap().to_string();
+    assert!(
+        e.contains("cannot connect to WebSocket") && e.contains(&closed.to_string()),
+        "{e}"
+    );
+    match nobody.address().await {
+        Err(ClientError::Call {
+            error: DriverError::InvalidArgument(m),
+            ..
+        }) => assert!(m.contains("enable_address"), "{m}"),
+        other => panic!("{:?}", other.map(|_| ())),
+    }
+}
