@@ -16,6 +16,7 @@ mod command;
 pub mod composite;
 pub mod network;
 pub mod power;
+pub mod qemu;
 pub mod serial;
 pub mod storage;
 
@@ -64,6 +65,7 @@ pub fn stock_registry() -> DriverRegistry {
         .register(
             "jumpstarter_driver_pyserial.driver.PySerial",
             serial::PySerial::from_args,
-        );
+        )
+        .register("jumpstarter_driver_qemu.driver.Qemu", qemu::Qemu::from_args);
     r
 }
