@@ -12,7 +12,7 @@ use jumpstarter_core::{
     value,
 };
 
-use crate::{composite::COMPOSITE_CLIENT, network, power, serial, storage};
+use crate::{composite::COMPOSITE_CLIENT, network, power, qemu, serial, storage};
 
 pub use crate::command::{CliFuture, DriverCommand};
 
@@ -26,6 +26,8 @@ pub fn command_for(client_class: &str) -> Option<DriverCommand> {
         storage::OPENDAL_CLIENT => Some(storage::opendal_cli()),
         network::NETWORK_CLIENT => Some(network::cli()),
         serial::PYSERIAL_CLIENT => Some(serial::cli()),
+        qemu::QEMU_CLIENT => Some(qemu::cli()),
+        qemu::QEMU_FLASHER_CLIENT => Some(qemu::flasher_cli()),
         _ => None,
     }
 }
@@ -44,7 +46,13 @@ fn group(name: String, client: &DriverClient) -> Command {
         }
         cmd
     } else if let Some(dc) = command_for(&class) {
-        (dc.build)(Command::new(name).about(dc.about)).subcommand(open_stream_command())
+        // A class with commands of its own may have children too (a board): both.
+        let mut cmd =
+            (dc.build)(Command::new(name).about(dc.about)).subcommand(open_stream_command());
+        for (child_name, child) in client.children() {
+            cmd = cmd.subcommand(group(child_name, &child));
+        }
+        cmd
     } else {
         generic(Command::new(name).about(format!("Driver {class} (generic commands)")))
             .subcommand(open_stream_command())
@@ -143,6 +151,11 @@ pub fn run(client: DriverClient, matches: ArgMatches) -> CliFuture {
             return run_open_stream(client, m).await;
         }
         if let Some(dc) = command_for(&class) {
+            if let Some((name, sub)) = matches.subcommand()
+                && let Some(child) = client.child(name)
+            {
+                return run(child, sub.clone()).await;
+            }
             return (dc.run)(client, matches).await;
         }
         let Some((name, sub)) = matches.subcommand() else {

@@ -21,6 +21,7 @@ mod command;
 mod composite;
 mod network;
 mod power;
+mod qemu;
 mod serial;
 mod storage;
 
@@ -29,7 +30,11 @@ pub use command::CliFuture;
 pub use composite::{COMPOSITE_CLIENT, Composite};
 pub use network::{
     EchoNetwork, Forwarder, NETWORK_CLIENT, NetworkClient, TcpNetwork, UdpNetwork, UdpStream,
-    UnixNetwork,
+    UnixNetwork, WebsocketNetwork,
+};
+pub use qemu::{
+    Accel, Hostfwd, QEMU_CLIENT, QEMU_FLASHER_CLIENT, Qemu, QemuClient, QemuFlasher, QemuFlasherClient,
+    QemuPower,
 };
 pub use power::{MockPower, POWER_CLIENT, PowerClient, PowerReading};
 pub use serial::{
@@ -90,6 +95,7 @@ pub fn stock_registry() -> DriverRegistry {
         .register(
             "jumpstarter_driver_pyserial.driver.PySerial",
             serial::PySerial::from_args,
-        );
+        )
+        .register("jumpstarter_driver_qemu.driver.Qemu", qemu::Qemu::from_args);
     r
 }

@@ -11,6 +11,7 @@ mod conformance;
 mod crds;
 mod interop;
 mod procs;
+mod qemu_board;
 mod quickstart;
 mod s3;
 
@@ -34,6 +35,7 @@ fn main() -> std::process::ExitCode {
         Some("crds") => crds::run(&args[1..]),
         Some("quickstart") => quickstart::run(&args[1..]),
         Some("s3") => s3::run(),
+        Some("qemu-board") => qemu_board::run(),
         Some("venv") => interop::ensure_venv().map(|p| println!("{}", p.display())),
         _ => {
             eprintln!(
@@ -46,6 +48,7 @@ fn main() -> std::process::ExitCode {
                  crds      [--out DIR | --check DIR] our CRD YAML (stdout), written, or compared\n  \
                  quickstart  the whole lab on one machine: controller, mock exporter, client, jmp shell\n  \
                  s3        the Opendal driver's S3 service (feature storage-s3) against moto's S3 on loopback\n  \
+                 qemu-board  install QEMU and build the test board image (cached); print its path\n  \
                  venv      create the pinned upstream venv and print its path"
             );
             return std::process::ExitCode::from(2);
@@ -129,6 +132,8 @@ fn ci() -> Result<()> {
         &["doc", "--workspace", "--no-deps", "--quiet"],
         &[("RUSTDOCFLAGS", "-D warnings")],
     )?;
+    println!("== QEMU test board (cargo xtask qemu-board)");
+    qemu_board::prepare()?;
     println!("== cargo test");
     let tests = ci_summary::cargo_test(&["test", "--workspace"])?;
     s3::run()?;

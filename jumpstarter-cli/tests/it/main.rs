@@ -12,6 +12,7 @@ mod lease_end;
 mod local;
 mod login;
 mod mcp;
+mod qemu;
 mod router_faults;
 mod storage;
 
