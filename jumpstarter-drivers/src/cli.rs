@@ -12,7 +12,7 @@ use jumpstarter_core::{
     value,
 };
 
-use crate::{composite::COMPOSITE_CLIENT, network, power, serial, storage};
+use crate::{composite::COMPOSITE_CLIENT, network, power, serial, shell, storage};
 
 pub use crate::command::{CliFuture, DriverCommand};
 
@@ -26,6 +26,7 @@ pub fn command_for(client_class: &str) -> Option<DriverCommand> {
         storage::OPENDAL_CLIENT => Some(storage::opendal_cli()),
         network::NETWORK_CLIENT => Some(network::cli()),
         serial::PYSERIAL_CLIENT => Some(serial::cli()),
+        shell::SHELL_CLIENT => Some(shell::cli()),
         _ => None,
     }
 }
@@ -44,7 +45,14 @@ fn group(name: String, client: &DriverClient) -> Command {
         }
         cmd
     } else if let Some(dc) = command_for(&class) {
-        (dc.build)(Command::new(name).about(dc.about)).subcommand(open_stream_command())
+        let cmd = (dc.build)(Command::new(name).about(dc.about));
+        // A shell's commands are its configured methods, listed in its report.
+        let cmd = if class == shell::SHELL_CLIENT {
+            shell::add_methods(cmd, node)
+        } else {
+            cmd
+        };
+        cmd.subcommand(open_stream_command())
     } else {
         generic(Command::new(name).about(format!("Driver {class} (generic commands)")))
             .subcommand(open_stream_command())

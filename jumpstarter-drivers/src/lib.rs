@@ -17,6 +17,7 @@ pub mod composite;
 pub mod network;
 pub mod power;
 pub mod serial;
+pub mod shell;
 pub mod storage;
 
 use jumpstarter_core::driver::{COMPOSITE_TYPE, DriverRegistry};
@@ -64,6 +65,10 @@ pub fn stock_registry() -> DriverRegistry {
         .register(
             "jumpstarter_driver_pyserial.driver.PySerial",
             serial::PySerial::from_args,
+        )
+        .register(
+            "jumpstarter_driver_shell.driver.Shell",
+            shell::Shell::from_args,
         );
     r
 }
