@@ -12,7 +12,7 @@ use jumpstarter_core::{
     value,
 };
 
-use crate::{composite::COMPOSITE_CLIENT, network, power, qemu, serial, storage};
+use crate::{composite::COMPOSITE_CLIENT, network, power, qemu, serial, shell, storage};
 
 pub use crate::command::{CliFuture, DriverCommand};
 
@@ -28,6 +28,7 @@ pub fn command_for(client_class: &str) -> Option<DriverCommand> {
         serial::PYSERIAL_CLIENT => Some(serial::cli()),
         qemu::QEMU_CLIENT => Some(qemu::cli()),
         qemu::QEMU_FLASHER_CLIENT => Some(qemu::flasher_cli()),
+        shell::SHELL_CLIENT => Some(shell::cli()),
         _ => None,
     }
 }
@@ -47,8 +48,12 @@ fn group(name: String, client: &DriverClient) -> Command {
         cmd
     } else if let Some(dc) = command_for(&class) {
         // A class with commands of its own may have children too (a board): both.
-        let mut cmd =
-            (dc.build)(Command::new(name).about(dc.about)).subcommand(open_stream_command());
+        let mut cmd = (dc.build)(Command::new(name).about(dc.about));
+        // A shell's commands are its configured methods, listed in its report.
+        if class == shell::SHELL_CLIENT {
+            cmd = shell::add_methods(cmd, node);
+        }
+        let mut cmd = cmd.subcommand(open_stream_command());
         for (child_name, child) in client.children() {
             cmd = cmd.subcommand(group(child_name, &child));
         }

@@ -23,6 +23,7 @@ mod network;
 mod power;
 mod qemu;
 mod serial;
+mod shell;
 mod storage;
 
 pub use cli::{j_command, run as run_j_command};
@@ -41,6 +42,7 @@ pub use serial::{
     Console, ExpectError, LineSettings, Match, PYSERIAL_CLIENT, Pty, PySerial, PySerialClient,
     SerialUrl, TtyStream,
 };
+pub use shell::{SHELL_CLIENT, Shell, ShellClient, ShellOutput};
 pub use storage::{
     Capability, EntryMode, HashAlgo, Metadata, MockStorageMux, MockStorageMuxFlasher,
     OPENDAL_CLIENT, Opendal, OpendalClient, OpendalFile, PresignedRequest, Progress,
@@ -96,6 +98,10 @@ pub fn stock_registry() -> DriverRegistry {
             "jumpstarter_driver_pyserial.driver.PySerial",
             serial::PySerial::from_args,
         )
-        .register("jumpstarter_driver_qemu.driver.Qemu", qemu::Qemu::from_args);
+        .register("jumpstarter_driver_qemu.driver.Qemu", qemu::Qemu::from_args)
+        .register(
+            "jumpstarter_driver_shell.driver.Shell",
+            shell::Shell::from_args,
+        );
     r
 }

@@ -113,6 +113,20 @@ pub trait Driver: Send + Sync + 'static {
         BTreeMap::new()
     }
 
+    /// Help texts of the driver's `j` commands, by command name, reported in the instance's
+    /// `methods_description`; they win over the config's `methods_description` (as upstream,
+    /// where a driver fills it after the config). Default: none.
+    fn methods_description(&self) -> BTreeMap<String, String> {
+        BTreeMap::new()
+    }
+
+    /// Fallback help texts, reported for commands that neither
+    /// [`Driver::methods_description`] nor the config describes (so that a client can list
+    /// every command from the report). Default: none.
+    fn default_methods_description(&self) -> BTreeMap<String, String> {
+        BTreeMap::new()
+    }
+
     /// Built-in children (besides those a config gives).
     fn children(&self) -> Vec<(String, Arc<dyn Driver>)> {
         Vec::new()

@@ -126,7 +126,14 @@ impl DriverRegistry {
         .map_err(|e| invalid(line, format!("{field}.config"), e.to_string()))?;
         let mut node = DriverNode::new(driver);
         node.description = inst.description.clone();
-        node.methods_description = inst.methods_description.clone();
+        // The driver's fallbacks, the config's `methods_description`, then what the driver
+        // itself describes (a Shell's per-method `description`, as upstream's
+        // `__post_init__` fills it after the config).
+        node.methods_description = node.driver.default_methods_description();
+        node.methods_description
+            .extend(inst.methods_description.clone());
+        node.methods_description
+            .extend(node.driver.methods_description());
         for (name, child) in &inst.children {
             let child_field = if field == "export" {
                 format!("export.{name}")

@@ -30,19 +30,22 @@ pub struct DriverNode {
 }
 
 impl DriverNode {
-    /// A node for `driver` with a fresh uuid; built-in children of the driver are added.
+    /// A node for `driver` with a fresh uuid and the driver's own method descriptions;
+    /// built-in children of the driver are added.
     pub fn new(driver: Arc<dyn Driver>) -> Self {
         let children = driver
             .children()
             .into_iter()
             .map(|(name, d)| (name, DriverNode::new(d)))
             .collect();
+        let mut methods_description = driver.default_methods_description();
+        methods_description.extend(driver.methods_description());
         Self {
             uuid: Uuid::new_v4(),
             driver,
             labels: BTreeMap::new(),
             description: None,
-            methods_description: BTreeMap::new(),
+            methods_description,
             children,
         }
     }

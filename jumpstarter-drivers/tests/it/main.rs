@@ -6,6 +6,7 @@ mod network;
 #[cfg(feature = "storage-s3")]
 mod s3;
 mod serial;
+mod shell;
 mod storage;
 
 use std::{collections::BTreeMap, path::PathBuf, sync::Arc};
