@@ -109,10 +109,11 @@ fn qemu_pids(scratch: &Path) -> Vec<u32> {
                 .next()
                 .is_some_and(|r| r.trim_start().starts_with('Z'))
         });
-        if cmdline.starts_with("qemu-system") || cmdline.contains("/qemu-system-") {
-            if cmdline.contains(&needle) && !zombie {
-                pids.push(pid);
-            }
+        if (cmdline.starts_with("qemu-system") || cmdline.contains("/qemu-system-"))
+            && cmdline.contains(&needle)
+            && !zombie
+        {
+            pids.push(pid);
         }
     }
     pids
