@@ -33,7 +33,7 @@
 //!
 //! Every QEMU runs in a process group of its own, killed with the board's `off`, at the end
 //! of the session, when the driver is dropped, and, through a watcher process, when the
-//! exporter is killed (see [`process`]).
+//! exporter is killed (a watcher process, as the exporter's hooks have).
 
 mod board;
 mod client;
