@@ -156,7 +156,11 @@ fn fetch_kernel(dir: &Path) -> Result<Kernel> {
         .context("apt-cache depends linux-image-amd64 names no kernel package")?;
     let version = package.trim_start_matches("linux-image-").to_string();
     println!("== apt-get download {package}");
-    run_cmd(Command::new("apt-get").args(["download", &package]).current_dir(dir))?;
+    run_cmd(
+        Command::new("apt-get")
+            .args(["download", &package])
+            .current_dir(dir),
+    )?;
     let deb = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .find(|p| p.extension().is_some_and(|x| x == "deb"))
@@ -233,7 +237,11 @@ fn build_disk(dir: &Path, vmlinuz: &Path, initrd: &Path, img: &Path) -> Result<(
     drop(f);
     run_cmd(Command::new("mkfs.fat").args(["-n", "JSBOARD"]).arg(img))?;
     run_cmd(Command::new("syslinux").arg("--install").arg(img))?;
-    for (file, name) in [(vmlinuz, "vmlinuz"), (initrd, "initrd.gz"), (&cfg, "syslinux.cfg")] {
+    for (file, name) in [
+        (vmlinuz, "vmlinuz"),
+        (initrd, "initrd.gz"),
+        (&cfg, "syslinux.cfg"),
+    ] {
         run_cmd(
             Command::new("mcopy")
                 .arg("-i")

@@ -118,4 +118,3 @@ pub fn check_readable(path: &Path) -> std::io::Result<()> {
     }
     Ok(())
 }
-

@@ -71,7 +71,8 @@ impl QemuFlasherClient {
         let r = self
             .0
             .upload(UploadSource::chunks(chunks), encoding, |h| async move {
-                this.call::<serde_json::Value>("flash", (h, partition)).await
+                this.call::<serde_json::Value>("flash", (h, partition))
+                    .await
             })
             .await;
         finish(progress, &r);
@@ -252,7 +253,9 @@ fn run_flasher(client: DriverClient, matches: ArgMatches) -> CliFuture {
                     .dump(&file, part.as_deref(), &Progress::stderr("dump", None))
                     .await
             }
-            other => Err(ClientError::Value(format!("unknown flasher command {other}"))),
+            other => Err(ClientError::Value(format!(
+                "unknown flasher command {other}"
+            ))),
         }
     })
 }

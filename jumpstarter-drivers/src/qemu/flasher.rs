@@ -125,7 +125,10 @@ fn resource_handle(v: serde_json::Value) -> Result<ResourceHandle, DriverError> 
 
 /// Writes the stream to `path`, expanding it when its first bytes are a compression format's
 /// magic; returns the bytes written.
-async fn write_expanded(mut stream: ResourceStream, path: &std::path::Path) -> std::io::Result<u64> {
+async fn write_expanded(
+    mut stream: ResourceStream,
+    path: &std::path::Path,
+) -> std::io::Result<u64> {
     let Some(first) = stream.chunk().await? else {
         std::fs::File::create(path)?;
         return Ok(0);

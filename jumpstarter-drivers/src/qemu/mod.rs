@@ -33,7 +33,7 @@
 //!
 //! Every QEMU runs in a process group of its own, killed with the board's `off`, at the end
 //! of the session, when the driver is dropped, and, through a watcher process, when the
-//! exporter is killed (see [`process`]).
+//! exporter is killed (a watcher process, as the exporter's hooks have).
 
 mod board;
 mod client;
@@ -223,9 +223,7 @@ impl Qemu {
                 "OCI flashing with fls is not supported by this exporter",
             ));
         }
-        let arch = c
-            .arch
-            .unwrap_or_else(|| std::env::consts::ARCH.to_string());
+        let arch = c.arch.unwrap_or_else(|| std::env::consts::ARCH.to_string());
         if arch.is_empty()
             || !arch
                 .chars()
@@ -250,7 +248,10 @@ impl Qemu {
             if !PARTITIONS.contains(&name.as_str()) {
                 return Err(invalid(
                     &format!("default_partitions.{name}"),
-                    format!("unknown partition (expected one of {})", PARTITIONS.join(", ")),
+                    format!(
+                        "unknown partition (expected one of {})",
+                        PARTITIONS.join(", ")
+                    ),
                 ));
             }
             if path.as_os_str().is_empty() {
@@ -305,7 +306,9 @@ impl Qemu {
         let dir = tempfile::Builder::new()
             .prefix("jumpstarter-qemu-")
             .tempdir()
-            .map_err(|e| DriverError::failed(format!("cannot create the board's directory: {e}")))?;
+            .map_err(|e| {
+                DriverError::failed(format!("cannot create the board's directory: {e}"))
+            })?;
         let settings = Settings {
             arch,
             cpu: c.cpu,
@@ -379,7 +382,10 @@ mod tests {
         let s = &q.shared.settings;
         assert_eq!(s.arch, std::env::consts::ARCH);
         assert_eq!((s.smp, s.hostname.as_str()), (2, "demo"));
-        assert_eq!((s.username.as_str(), s.password.as_str()), ("jumpstarter", "password"));
+        assert_eq!(
+            (s.username.as_str(), s.password.as_str()),
+            ("jumpstarter", "password")
+        );
         assert_eq!(q.shared.mem(), "512M");
         assert_eq!(s.accel, Accel::Auto);
         let names: Vec<_> = q.children.iter().map(|(n, _)| n.as_str()).collect();
@@ -422,8 +428,13 @@ mod tests {
                 "hostfwd.a.protocol",
             ),
         ] {
-            let e = build(cfg.clone()).err().unwrap_or_else(|| panic!("{cfg} accepted"));
-            assert!(e.to_string().starts_with(&format!("{field}:")), "{cfg}: {e}");
+            let e = build(cfg.clone())
+                .err()
+                .unwrap_or_else(|| panic!("{cfg} accepted"));
+            assert!(
+                e.to_string().starts_with(&format!("{field}:")),
+                "{cfg}: {e}"
+            );
         }
         let e = build(serde_json::json!({"memory": "1G"})).err().unwrap();
         assert!(e.to_string().contains("memory"), "{e}");
@@ -431,16 +442,22 @@ mod tests {
 
     #[test]
     fn partitions_fall_back_to_defaults_only_when_never_flashed() {
-        let q = build(serde_json::json!({"default_partitions": {"root": "/images/root.img"}}))
-            .unwrap();
+        let q =
+            build(serde_json::json!({"default_partitions": {"root": "/images/root.img"}})).unwrap();
         let s = &q.shared;
         assert_eq!(
             s.partition_path(None, true).unwrap(),
             PathBuf::from("/images/root.img")
         );
-        assert_eq!(s.partition_path(None, false).unwrap(), s.dir.path().join("root"));
+        assert_eq!(
+            s.partition_path(None, false).unwrap(),
+            s.dir.path().join("root")
+        );
         std::fs::write(s.dir.path().join("root"), b"x").unwrap();
-        assert_eq!(s.partition_path(Some("root"), true).unwrap(), s.dir.path().join("root"));
+        assert_eq!(
+            s.partition_path(Some("root"), true).unwrap(),
+            s.dir.path().join("root")
+        );
         assert!(s.partition_path(Some("boot"), true).is_err());
     }
 

@@ -257,11 +257,12 @@ impl QemuPower {
         ]);
 
         let log_path = sh.dir.path().join("qemu.log");
-        let log = std::fs::File::create(&log_path)
-            .map_err(|e| DriverError::failed(format!("cannot create {}: {e}", log_path.display())))?;
-        let log2 = log
-            .try_clone()
-            .map_err(|e| DriverError::failed(format!("cannot share {}: {e}", log_path.display())))?;
+        let log = std::fs::File::create(&log_path).map_err(|e| {
+            DriverError::failed(format!("cannot create {}: {e}", log_path.display()))
+        })?;
+        let log2 = log.try_clone().map_err(|e| {
+            DriverError::failed(format!("cannot share {}: {e}", log_path.display()))
+        })?;
         ctx.log_info(format!(
             "starting {} with {}",
             binary.display(),
@@ -486,7 +487,10 @@ mod tests {
     #[test]
     fn a_missing_qemu_names_the_arch_field() {
         let e = qemu_binary("no-such-arch").unwrap_err().to_string();
-        assert!(e.starts_with("arch: qemu-system-no-such-arch is not installed"), "{e}");
+        assert!(
+            e.starts_with("arch: qemu-system-no-such-arch is not installed"),
+            "{e}"
+        );
     }
 
     #[test]

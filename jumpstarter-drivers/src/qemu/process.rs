@@ -71,7 +71,10 @@ impl ProcessGroup {
     /// `SIGTERM` to the group, `SIGKILL` after `grace`; waits for the leader.
     pub async fn stop(mut self, grace: Duration) {
         self.signal(Signal::TERM);
-        if tokio::time::timeout(grace, self.child.wait()).await.is_err() {
+        if tokio::time::timeout(grace, self.child.wait())
+            .await
+            .is_err()
+        {
             self.signal(Signal::KILL);
             let _ = self.child.wait().await;
         }
@@ -124,12 +127,13 @@ mod tests {
     use super::*;
 
     fn alive(pid: u32) -> bool {
-        rustix::process::test_kill_process(
-            Pid::from_raw(i32::try_from(pid).unwrap()).unwrap(),
-        )
-        .is_ok()
-            && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .is_ok_and(|s| s.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('Z')))
+        rustix::process::test_kill_process(Pid::from_raw(i32::try_from(pid).unwrap()).unwrap())
+            .is_ok()
+            && !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+                s.rsplit(')')
+                    .next()
+                    .is_some_and(|r| r.trim_start().starts_with('Z'))
+            })
     }
 
     async fn gone_within(pid: u32) -> bool {
@@ -147,17 +151,23 @@ mod tests {
         // A leader with a child of its own that ignores SIGTERM.
         let script = "trap '' TERM; sleep 600 & echo $!; wait";
         let mut cmd = tokio::process::Command::new("/bin/sh");
-        cmd.args(["-c", script]).stdout(std::process::Stdio::piped());
+        cmd.args(["-c", script])
+            .stdout(std::process::Stdio::piped());
         let mut g = ProcessGroup::spawn(&mut cmd).unwrap();
         let leader = g.pid().unwrap();
         let mut out = tokio::io::BufReader::new(g.child.stdout.take().unwrap());
         let mut line = String::new();
-        tokio::io::AsyncBufReadExt::read_line(&mut out, &mut line).await.unwrap();
+        tokio::io::AsyncBufReadExt::read_line(&mut out, &mut line)
+            .await
+            .unwrap();
         let grandchild: u32 = line.trim().parse().unwrap();
         assert!(alive(grandchild));
         g.stop(Duration::from_millis(200)).await;
         assert!(gone_within(leader).await);
-        assert!(gone_within(grandchild).await, "the group's other member survived stop");
+        assert!(
+            gone_within(grandchild).await,
+            "the group's other member survived stop"
+        );
 
         let mut cmd = tokio::process::Command::new("/bin/sh");
         cmd.args(["-c", "sleep 600"]);

@@ -62,10 +62,12 @@ impl Qmp {
     /// Connects to the socket at `path`, reads the greeting and negotiates capabilities.
     pub async fn connect(path: &Path) -> Result<Self, QmpError> {
         let p = path.display().to_string();
-        let stream = UnixStream::connect(path).await.map_err(|source| QmpError::Io {
-            path: p.clone(),
-            source,
-        })?;
+        let stream = UnixStream::connect(path)
+            .await
+            .map_err(|source| QmpError::Io {
+                path: p.clone(),
+                source,
+            })?;
         Self::handshake(p, stream).await
     }
 
@@ -143,7 +145,9 @@ impl Qmp {
             .await
             .map_err(|source| self.io(source))?;
         if n == 0 {
-            return Err(QmpError::Protocol("the server closed the connection".into()));
+            return Err(QmpError::Protocol(
+                "the server closed the connection".into(),
+            ));
         }
         if line.len() > MAX_LINE {
             return Err(QmpError::Protocol(format!(

@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 mod network;
+mod qemu;
 #[cfg(feature = "storage-s3")]
 mod s3;
 mod serial;
