@@ -1713,7 +1713,7 @@ Lease:  <none>
         lease.tags.insert("build".into(), "7".into());
         let view = LeaseView::from_proto(&lease, now);
         assert_eq!(
-            leases_table(&[view.clone()], now, &TimeZone::UTC, false).render(0),
+            leases_table(std::slice::from_ref(&view), now, &TimeZone::UTC, false).render(0),
             "NAME                                  SELECTOR  EXPIRES AT               REMAINING  CLIENT  EXPORTER             TAGS
 01a05822-e378-71cc-a98c-a216ad4a9432  foo=bar   2026-08-31 14:09:36 UTC  0h 4m      hello   example-distributed  build=7
 "

@@ -213,6 +213,7 @@ Online:   no
 Status:   OFFLINE
 Enabled:  yes
 Lease:  <none>
+Drivers:  <unknown> (the exporter has not registered yet)
 "
     );
     let y = lab.ok(&["describe", "exporter", "example-distributed", "-o", "yaml"]);
@@ -306,6 +307,12 @@ Online:   yes
 Status:   AVAILABLE
 Enabled:  yes
 Lease:  <none>
+Drivers:
+  Name     Client                                               Labels
+  ----     ------                                               ------
+  (root)   jumpstarter_driver_composite.client.CompositeClient  <none>
+  storage  jumpstarter_driver_opendal.client.StorageMuxClient   <none>
+  power    jumpstarter_driver_power.client.PowerClient          <none>
 ";
     let mut last = String::new();
     for _ in 0..100 {

@@ -220,16 +220,28 @@ fn exporter_logs_are_printed_only_when_asked() {
 fn completion_scripts_for_each_shell() {
     let s = Scratch::new();
     for (shell, marker) in [
-        ("bash", "complete -F"),
+        ("bash", "-F _clap_complete_jmp jmp"),
         ("zsh", "#compdef jmp"),
-        ("fish", "complete -c jmp"),
+        ("fish", "complete --keep-order --exclusive --command jmp"),
     ] {
         let out = s.cmd(JMP).args(["completion", shell]).output().unwrap();
         let (stdout, stderr) = text(&out);
         assert!(out.status.success(), "{shell}: {stderr}");
         assert!(stdout.contains(marker), "{shell}: {stdout}");
-        // Subcommands deep in the tree are offered.
-        assert!(stdout.contains("exporters"), "{shell}");
+        // The script asks this jmp for the words (names included, see first_hour.rs).
+        assert!(stdout.contains("JMP_COMPLETE"), "{shell}: {stdout}");
+        assert!(stdout.contains(JMP), "{shell}: {stdout}");
+        // Subcommands deep in the tree are offered, in each shell's format.
+        let out = s
+            .cmd(JMP)
+            .env("JMP_COMPLETE", shell)
+            .env("_CLAP_COMPLETE_INDEX", "2")
+            .args(["--", "jmp", "get", "ex"])
+            .output()
+            .unwrap();
+        let (stdout, stderr) = text(&out);
+        assert!(out.status.success(), "{shell}: {stderr}");
+        assert!(stdout.starts_with("exporters"), "{shell}: {stdout}");
     }
     let out = s
         .cmd(JMP)
