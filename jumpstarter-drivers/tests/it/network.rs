@@ -296,7 +296,11 @@ async fn websocket_frames_are_messages_to_a_real_server() {
     let mut s = ws.connect().await.unwrap();
     let mut buf = vec![0u8; 1 << 20];
     let n = s.read(&mut buf).await.unwrap();
-    assert_eq!(&buf[..n], b"path /echo", "the URL's path reaches the server");
+    assert_eq!(
+        &buf[..n],
+        b"path /echo",
+        "the URL's path reaches the server"
+    );
     // One write, one message, one frame back.
     s.write_all(b"hello").await.unwrap();
     let n = s.read(&mut buf).await.unwrap();
