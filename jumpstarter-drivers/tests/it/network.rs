@@ -231,6 +231,8 @@ const WS_BYE: &[u8] = b"close please";
 /// A real WebSocket server on loopback: binary messages come back as they are, `text:X`
 /// comes back as the text message `X`, [`WS_BYE`] makes it close the connection. Each
 /// connection's path is sent first, as a text message.
+// The handshake callback's error type is the library's (an HTTP response).
+#[allow(clippy::result_large_err)]
 async fn ws_echo() -> u16 {
     use futures::{SinkExt, StreamExt};
     use tokio_tungstenite::tungstenite::{
