@@ -92,7 +92,10 @@ pub fn stock_registry() -> DriverRegistry {
             "jumpstarter_driver_network.driver.EchoNetwork",
             network::EchoNetwork::from_args,
         )
-        .register("jumpstarter_driver_network.driver.WebsocketNetwork", network::WebsocketNetwork::from_args)
+        .register(
+            "jumpstarter_driver_network.driver.WebsocketNetwork",
+            network::WebsocketNetwork::from_args,
+        )
         .register(serial::nvdemux::NVDEMUX_TYPE, serial::nvdemux::refuse)
         .register(
             "jumpstarter_driver_pyserial.driver.PySerial",

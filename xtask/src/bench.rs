@@ -63,7 +63,7 @@ fn release_dir() -> PathBuf {
 }
 
 /// Starts a `jmp run` (ours or upstream) on loopback; returns it with its port.
-fn start_exporter(
+pub(crate) fn start_exporter(
     jmp: &PathBuf,
     config: &PathBuf,
     ours: bool,

@@ -26,13 +26,17 @@ const EXPORT: &str = "export:
     type: jumpstarter_driver_opendal.driver.MockStorageMux
 ";
 
-struct Lab {
-    rel: PathBuf,
-    work: crate::interop::tempfile_dir::Dir,
+/// Release binaries and a scratch directory for a distributed-mode lab on loopback.
+pub(crate) struct Lab {
+    /// The release binaries' directory.
+    pub(crate) rel: PathBuf,
+    /// Configs and data.
+    pub(crate) work: crate::interop::tempfile_dir::Dir,
 }
 
 impl Lab {
-    fn jmp(&self) -> Command {
+    /// Our `jmp` with this lab's config directories and our binaries first on `PATH`.
+    pub(crate) fn jmp(&self) -> Command {
         let mut c = Command::new(self.rel.join("jmp"));
         c.env("JMP_CLIENT_CONFIG_HOME", self.work.path().join("config"))
             .env("XDG_CONFIG_HOME", self.work.path())
@@ -52,7 +56,8 @@ impl Lab {
         c
     }
 
-    fn admin_create(&self, kind: &str, name: &str, args: &[&str]) -> Result<PathBuf> {
+    /// `jmp admin create KIND NAME ARGS... --out FILE`: the file.
+    pub(crate) fn admin_create(&self, kind: &str, name: &str, args: &[&str]) -> Result<PathBuf> {
         let out = self.work.path().join(format!("{name}.{kind}.yaml"));
         let mut c = self.jmp();
         c.args(["admin", "create", kind, name, "--nointeractive", "--out"])
@@ -61,6 +66,21 @@ impl Lab {
         let o = procs::run(c, Duration::from_secs(60))?;
         ensure!(o.code == 0, "jmp admin create {kind} {name}: {}", o.stderr);
         Ok(out)
+    }
+
+    /// Our controller (with its router) on loopback, its admin config in this lab.
+    pub(crate) fn start_controller(&self) -> Result<Background> {
+        let mut ctl = Command::new(self.rel.join("jumpstarter-controller"));
+        ctl.arg("--data-dir")
+            .arg(self.work.path().join("data"))
+            .args(["--listen", "127.0.0.1:0", "--router-listen", "127.0.0.1:0"])
+            .args(["--metrics-listen", "off"])
+            .arg("--admin-config")
+            .arg(self.work.path().join("config").join("admin.yaml"))
+            .env("RUST_LOG", "warn");
+        let mut controller = Background::start("jumpstarter-controller", ctl)?;
+        controller.wait_for_line(READY_LINE, Duration::from_secs(60))?;
+        Ok(controller)
     }
 
     /// `jmp shell -l board=direct [--no-direct] -- sh -c SCRIPT`: its stdout.
@@ -118,16 +138,7 @@ pub fn run(args: &[String]) -> Result<()> {
         rel: crate::target_dir().join("release"),
         work: crate::interop::tempfile_dir::Dir::new("jmp-bench-direct")?,
     };
-    let mut ctl = Command::new(lab.rel.join("jumpstarter-controller"));
-    ctl.arg("--data-dir")
-        .arg(lab.work.path().join("data"))
-        .args(["--listen", "127.0.0.1:0", "--router-listen", "127.0.0.1:0"])
-        .args(["--metrics-listen", "off"])
-        .arg("--admin-config")
-        .arg(lab.work.path().join("config").join("admin.yaml"))
-        .env("RUST_LOG", "warn");
-    let mut controller = Background::start("jumpstarter-controller", ctl)?;
-    controller.wait_for_line(READY_LINE, Duration::from_secs(60))?;
+    let controller = lab.start_controller()?;
 
     let exporter = lab.admin_create("exporter", "bench-direct", &["-l", "board=direct"])?;
     let text = std::fs::read_to_string(&exporter)?;

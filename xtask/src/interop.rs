@@ -240,6 +240,14 @@ pub fn run(filter: Option<&str>) -> Result<(usize, usize)> {
             console::our_j_to_py_exporter,
         ),
         (
+            "console: python PySerialClient.pexpect() + TcpPortforwardAdapter -> our exporter, our controller+router",
+            console::py_client_to_our_exporter_routed,
+        ),
+        (
+            "console: our jmp shell + j net address/forward-tcp + serial pipe -> python exporter, our controller+router",
+            console::our_j_to_py_exporter_routed,
+        ),
+        (
             "controller: python jmp run + jmp get/create/delete leases, shell -> our controller",
             controller::py_tools_against_our_controller,
         ),

@@ -5,7 +5,7 @@ use std::{path::PathBuf, process::Command, time::Duration};
 
 use anyhow::{Context, Result, ensure};
 
-use super::{CALL_TIMEOUT, Env, check, path_with_venv};
+use super::{CALL_TIMEOUT, Env, check, distributed, path_with_venv};
 use crate::procs::{self, Background};
 
 const START: Duration = Duration::from_secs(60);
@@ -50,7 +50,17 @@ metadata:
   name: {name}
 endpoint: \"\"
 token: \"\"
-export:
+{}",
+            console_export(board)
+        ),
+    )?;
+    Ok(path)
+}
+
+/// The `export:` mapping of [`console_config`].
+fn console_export(board: &Board) -> String {
+    format!(
+        "export:
   serial:
     type: jumpstarter_driver_pyserial.driver.PySerial
     config:
@@ -62,11 +72,9 @@ export:
       host: 127.0.0.1
       port: {}
 ",
-            board.link.display(),
-            board.echo_port
-        ),
-    )?;
-    Ok(path)
+        board.link.display(),
+        board.echo_port
+    )
 }
 
 /// Upstream `PySerialClient.pexpect()` and `TcpPortforwardAdapter` in our `jmp shell`.
@@ -161,4 +169,102 @@ pub fn our_j_to_py_exporter(env: &Env) -> Result<()> {
     pipe.wait_for_line("pipe-ok", START)?;
     pipe.stop();
     Ok(())
+}
+
+/// Upstream `PySerialClient.pexpect()` and `TcpPortforwardAdapter` in upstream's
+/// `jmp shell`, leasing our exporter through our controller and router.
+pub fn py_client_to_our_exporter_routed(env: &Env) -> Result<()> {
+    let _controller = super::controller::start_controller(env, "dist-console-rs-exporter-data")?.0;
+    let board = start_board(env, "dist-py-client")?;
+    let exporter = distributed::exporter_config_with(
+        env,
+        "rs-console-exporter",
+        "rs-console",
+        &console_export(&board),
+    )?;
+    let client = distributed::client_config(env, "py-console-client")?;
+    let mut c = env.ours(&env.jmp);
+    c.arg("run").arg("--exporter-config").arg(&exporter);
+    let mut our_exporter = Background::start("jmp run", c)?;
+    our_exporter.wait_for_line("registered with controller", START)?;
+
+    let python = env.venv.join("bin/python");
+    let script = env.scripts.join("console_client.py");
+    let out = distributed::py_shell(env, &client, "rs-console", &[&python, &script])?;
+    check(
+        &out,
+        "(python) jmp shell -l board=rs-console -- python console_client.py",
+    )?;
+    ensure!(
+        out.stdout.contains("python console ok")
+            && out
+                .stdout
+                .contains(&format!("address: tcp://127.0.0.1:{}", board.echo_port)),
+        "{}",
+        out.stdout
+    );
+    Ok(())
+}
+
+/// Our `jmp shell` and `j` (address, forward-tcp, serial pipe) leasing upstream's exporter
+/// through our controller and router.
+pub fn our_j_to_py_exporter_routed(env: &Env) -> Result<()> {
+    let _controller = super::controller::start_controller(env, "dist-console-py-exporter-data")?.0;
+    let board = start_board(env, "dist-rs-client")?;
+    let exporter = distributed::exporter_config_with(
+        env,
+        "py-console-exporter",
+        "py-console",
+        &console_export(&board),
+    )?;
+    let client = distributed::client_config(env, "rs-console-client")?;
+    let mut c = env.upstream("jmp");
+    c.arg("run").arg("--exporter-config").arg(&exporter);
+    let mut py_exporter = Background::start("(python) jmp run", c)?;
+    py_exporter.wait_for_line("Currently not leased", START)?;
+
+    // forward-tcp and pipe run in the background of the shell's script; each is waited for
+    // (at most 30 s) by polling its output file, then stopped.
+    let w = env.work.path().join("dist-console");
+    std::fs::create_dir_all(&w)?;
+    let script = format!(
+        r#"set -e
+W={w}
+wait_for() {{ i=0; until grep -q "$1" "$2"; do i=$((i+1)); if [ $i -gt 300 ]; then echo "no $1 in $2:"; cat "$2"; return 1; fi; sleep 0.1; done; }}
+echo "address $(j net address)"
+j net forward-tcp 0 > "$W/fwd.out" 2>&1 &
+F=$!
+wait_for '^127.0.0.1:' "$W/fwd.out"
+{python} {check} "$(grep '^127.0.0.1:' "$W/fwd.out" | head -n 1)" 'routed by our j'
+kill $F
+printf '
+root
+echo pipe-ok
+' | j serial pipe > "$W/pipe.out" 2>&1 &
+P=$!
+wait_for 'pipe-ok' "$W/pipe.out"
+grep -q 'Welcome to the board' "$W/pipe.out"
+kill $P
+echo "routed console ok"
+"#,
+        w = quoted(&w),
+        python = quoted(&env.venv.join("bin/python")),
+        check = quoted(&env.scripts.join("forward_check.py")),
+    );
+    let out = distributed::our_shell(env, &client, "py-console", &script)?;
+    check(&out, "jmp shell -l board=py-console -- j net/serial ...")?;
+    distributed::no_tunnel_lost(&out)?;
+    ensure!(
+        out.stdout
+            .contains(&format!("address 127.0.0.1:{}", board.echo_port))
+            && out.stdout.contains("forward ok")
+            && out.stdout.contains("routed console ok"),
+        "{}",
+        out.stdout
+    );
+    Ok(())
+}
+
+fn quoted(p: &std::path::Path) -> String {
+    format!("'{}'", p.display().to_string().replace('\'', "'\\''"))
 }

@@ -44,6 +44,17 @@ fn admin_create(env: &Env, kind: &str, name: &str, args: &[&str]) -> Result<Path
 
 /// An exporter object labelled `board=<board>` and its config, serving [`EXPORT`].
 fn exporter_config(env: &Env, name: &str, board: &str) -> Result<PathBuf> {
+    exporter_config_with(env, name, board, EXPORT)
+}
+
+/// An exporter object labelled `board=<board>` and its config, serving `export` (an
+/// `export:` mapping).
+pub(super) fn exporter_config_with(
+    env: &Env,
+    name: &str,
+    board: &str,
+    export: &str,
+) -> Result<PathBuf> {
     let path = admin_create(env, "exporter", name, &["-l", &format!("board={board}")])?;
     let text = std::fs::read_to_string(&path)?;
     ensure!(
@@ -51,12 +62,12 @@ fn exporter_config(env: &Env, name: &str, board: &str) -> Result<PathBuf> {
         "{} has no empty `export:` to fill:\n{text}",
         path.display()
     );
-    std::fs::write(&path, text.replace("\nexport:\n", &format!("\n{EXPORT}")))?;
+    std::fs::write(&path, text.replace("\nexport:\n", &format!("\n{export}")))?;
     Ok(path)
 }
 
 /// A client object allowed every driver, and its config.
-fn client_config(env: &Env, name: &str) -> Result<PathBuf> {
+pub(super) fn client_config(env: &Env, name: &str) -> Result<PathBuf> {
     admin_create(env, "client", name, &["--unsafe"])
 }
 
@@ -70,7 +81,12 @@ fn path_with_ours(env: &Env) -> Result<String> {
 }
 
 /// Our `jmp shell --client-config CLIENT -l board=BOARD -- sh -c SCRIPT`.
-fn our_shell(env: &Env, client: &Path, board: &str, script: &str) -> Result<procs::Output> {
+pub(super) fn our_shell(
+    env: &Env,
+    client: &Path,
+    board: &str,
+    script: &str,
+) -> Result<procs::Output> {
     let mut c = env.ours(&env.jmp);
     c.env("PATH", path_with_ours(env)?)
         .arg("shell")
@@ -81,7 +97,7 @@ fn our_shell(env: &Env, client: &Path, board: &str, script: &str) -> Result<proc
 }
 
 /// Each `j` in our shell ended its tunnel cleanly: the shell reported none lost.
-fn no_tunnel_lost(out: &procs::Output) -> Result<()> {
+pub(super) fn no_tunnel_lost(out: &procs::Output) -> Result<()> {
     ensure!(
         !out.stderr.contains("Lost the connection"),
         "jmp shell reported a tunnel lost:\n{}",
@@ -91,7 +107,12 @@ fn no_tunnel_lost(out: &procs::Output) -> Result<()> {
 }
 
 /// Upstream `jmp shell --client-config CLIENT -l board=BOARD -- COMMAND...`.
-fn py_shell(env: &Env, client: &Path, board: &str, command: &[&Path]) -> Result<procs::Output> {
+pub(super) fn py_shell(
+    env: &Env,
+    client: &Path,
+    board: &str,
+    command: &[&Path],
+) -> Result<procs::Output> {
     let mut c = env.upstream("jmp");
     c.env("PATH", path_with_venv(env))
         .arg("shell")

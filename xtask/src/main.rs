@@ -2,6 +2,7 @@
 
 mod arch;
 mod bench;
+mod bench_console;
 mod bench_controller;
 mod bench_direct;
 mod bench_startup;
@@ -26,6 +27,8 @@ fn main() -> std::process::ExitCode {
         Some("bench") => bench(&args[1..]),
         // Hidden: the controller scale part of `bench` alone (`--quick`: 100 and 1,000).
         Some("bench-controller") => bench_controller::run(&args[1..]),
+        // Hidden: the console and port-forwarding part of `bench` alone (`--quick`: small).
+        Some("bench-console") => bench_console::run(&args[1..]),
         // Hidden: the direct-path-vs-router part of `bench` alone (`--quick`: 64 MiB).
         Some("bench-direct") => bench_direct::run(&args[1..]),
         // Hidden: the `jmp` start-up part of `bench` alone (`--quick`: 3 runs each).
@@ -109,6 +112,7 @@ fn bench(args: &[String]) -> Result<()> {
     };
     bench_storage::run(&storage_args)?;
     bench_direct::run(args)?;
+    bench_console::run(args)?;
     bench_controller::run(args)
 }
 

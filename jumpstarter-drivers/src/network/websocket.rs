@@ -56,9 +56,10 @@ impl std::fmt::Debug for WebsocketStream {
 fn io_error(e: tungstenite::Error) -> io::Error {
     match e {
         tungstenite::Error::Io(e) => e,
-        tungstenite::Error::ConnectionClosed | tungstenite::Error::AlreadyClosed => {
-            io::Error::new(io::ErrorKind::BrokenPipe, "the WebSocket connection is closed")
-        }
+        tungstenite::Error::ConnectionClosed | tungstenite::Error::AlreadyClosed => io::Error::new(
+            io::ErrorKind::BrokenPipe,
+            "the WebSocket connection is closed",
+        ),
         other => io::Error::other(other),
     }
 }
@@ -120,7 +121,8 @@ impl AsyncWrite for WebsocketStream {
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match ready!(self.get_mut().ws.poll_close_unpin(cx)) {
-            Ok(()) | Err(tungstenite::Error::ConnectionClosed | tungstenite::Error::AlreadyClosed) => {
+            Ok(())
+            | Err(tungstenite::Error::ConnectionClosed | tungstenite::Error::AlreadyClosed) => {
                 Poll::Ready(Ok(()))
             }
             Err(e) => Poll::Ready(Err(io_error(e))),
@@ -329,12 +331,11 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(e.contains("url"), "{e}");
-        let e = WebsocketNetwork::from_args(&args(
-            serde_json::json!({"url": "ws://h/", "colour": 1}),
-        ))
-        .err()
-        .unwrap()
-        .to_string();
+        let e =
+            WebsocketNetwork::from_args(&args(serde_json::json!({"url": "ws://h/", "colour": 1})))
+                .err()
+                .unwrap()
+                .to_string();
         assert!(e.contains("colour"), "{e}");
         assert!(
             WebsocketNetwork::from_args(&args(

@@ -309,7 +309,7 @@ impl PySerial {
                 })
                 .await
                 .map_err(|e| DriverError::failed(format!("setting {line:?} failed: {e}")))?
-                .map_err(|e| DriverError::failed(e))
+                .map_err(DriverError::failed)
             }
         }
     }

@@ -229,6 +229,8 @@ const WS_BYE: &[u8] = b"close please";
 /// A real WebSocket server on loopback: binary messages come back as they are, `text:X`
 /// comes back as the text message `X`, [`WS_BYE`] makes it close the connection. Each
 /// connection's path is sent first, as a text message.
+// The handshake callback's error type is the library's (an HTTP response).
+#[allow(clippy::result_large_err)]
 async fn ws_echo() -> u16 {
     use futures::{SinkExt, StreamExt};
     use tokio_tungstenite::tungstenite::{
@@ -294,7 +296,11 @@ async fn websocket_frames_are_messages_to_a_real_server() {
     let mut s = ws.connect().await.unwrap();
     let mut buf = vec![0u8; 1 << 20];
     let n = s.read(&mut buf).await.unwrap();
-    assert_eq!(&buf[..n], b"path /echo", "the URL's path reaches the server");
+    assert_eq!(
+        &buf[..n],
+        b"path /echo",
+        "the URL's path reaches the server"
+    );
     // One write, one message, one frame back.
     s.write_all(b"hello").await.unwrap();
     let n = s.read(&mut buf).await.unwrap();

@@ -1,0 +1,343 @@
+//! `cargo xtask bench` part (alone: `cargo xtask bench-console [--quick]`): serial consoles
+//! and port forwarding, ours next to upstream's in the same run.
+//!
+//! - Console: bytes per second through `connect` on `loop://` and on a pty (the
+//!   `bench_console pty-echo` example on the other side sends back what it gets), and the
+//!   round trip of one 16-byte line. Ours: the `bench_console console` example against our
+//!   `jmp run`; upstream: `interop/bench_console.py` (its `stream()` API) against upstream's
+//!   `jmp run`. Both exporters are local, on loopback TCP.
+//! - Port forwarding: `j net forward-tcp 0` to a local sink (`bench_console sink`), timed by
+//!   `bench_console send`, as a fraction of plain loopback TCP to the same sink in the same
+//!   run: ours and upstream's `j` against their local exporters, and ours in distributed
+//!   mode (our controller and router, our exporter) on the direct path and via the router.
+
+use std::{path::Path, process::Command, time::Duration};
+
+use anyhow::{Context, Result, bail, ensure};
+
+use crate::{
+    bench::json_number,
+    bench_direct::Lab,
+    procs::{self, Background},
+};
+
+const START: Duration = Duration::from_secs(60);
+
+/// The exporter config: `loop` and `pty` consoles, `net` to the sink.
+fn config(pty_link: &Path, sink_port: u16) -> String {
+    format!(
+        "apiVersion: jumpstarter.dev/v1alpha1
+kind: ExporterConfig
+metadata: {{namespace: default, name: bench-console}}
+endpoint: \"\"
+token: \"\"
+export:
+{}",
+        export(pty_link, sink_port)
+    )
+}
+
+fn export(pty_link: &Path, sink_port: u16) -> String {
+    format!(
+        "  loop:
+    type: jumpstarter_driver_pyserial.driver.PySerial
+    config:
+      url: loop://
+  pty:
+    type: jumpstarter_driver_pyserial.driver.PySerial
+    config:
+      url: {}
+  net:
+    type: jumpstarter_driver_network.driver.TcpNetwork
+    config:
+      host: 127.0.0.1
+      port: {sink_port}
+",
+        pty_link.display()
+    )
+}
+
+/// Console figures.
+#[derive(Debug, Clone, Copy)]
+struct Console {
+    mib_per_sec: f64,
+    rtt_p50_us: f64,
+    rtt_p99_us: f64,
+}
+
+fn parse_console(out: &procs::Output, what: &str) -> Result<Console> {
+    if out.code != 0 {
+        bail!("{what} failed: {}{}", out.stdout, out.stderr);
+    }
+    let line = out
+        .stdout
+        .lines()
+        .find(|l| l.starts_with('{'))
+        .with_context(|| format!("{what} printed no figures: {}", out.stdout))?;
+    Ok(Console {
+        mib_per_sec: json_number(line, "mib_per_sec")?,
+        rtt_p50_us: json_number(line, "rtt_p50_us")?,
+        rtt_p99_us: json_number(line, "rtt_p99_us")?,
+    })
+}
+
+/// `bench_console send ADDR MIB`: MiB/s.
+fn send(example: &Path, addr: &str, mib: u64) -> Result<f64> {
+    let mut c = Command::new(example);
+    c.args(["send", addr, &mib.to_string()]);
+    let out = procs::run(c, Duration::from_secs(600))?;
+    ensure!(out.code == 0, "bench_console send {addr}: {}", out.stderr);
+    json_number(out.stdout.trim(), "mib_per_sec")
+}
+
+/// Starts `cmd` (a `j ... forward-tcp 0`, its stdout sent to stderr) and waits for the
+/// local address it prints.
+/// When `first` is given, a line containing it must come before the address.
+fn start_forward(name: &str, cmd: Command, first: Option<&str>) -> Result<(Background, String)> {
+    let mut fwd = Background::start(name, cmd)?;
+    if let Some(first) = first {
+        fwd.wait_for_line(first, START)?;
+    }
+    // The address is a line of its own (other lines may name loopback addresses too).
+    for _ in 0..100 {
+        let line = fwd.wait_for_line("127.0.0.1:", START)?;
+        let line = line.trim();
+        if line.starts_with("127.0.0.1:") && !line.contains(' ') {
+            return Ok((fwd, line.to_string()));
+        }
+    }
+    bail!("{name} printed no address line")
+}
+
+/// `sh -c 'exec J net forward-tcp 0 1>&2'` against `host`.
+fn forward_cmd(j: &Path, host: &str, work: &Path) -> Command {
+    let mut c = Command::new("sh");
+    c.env("JUMPSTARTER_HOST", host)
+        .env("JMP_GRPC_INSECURE", "1")
+        .env("JMP_DRIVERS_ALLOW", "UNSAFE")
+        .env("JMP_CLIENT_CONFIG_HOME", work.join("config"))
+        .env("JMP_LOG", "warn")
+        .arg("-c")
+        .arg(r#"exec "$0" net forward-tcp 0 1>&2"#)
+        .arg(j);
+    c
+}
+
+/// Runs the console and forwarding benchmarks (`--quick`: 8 MiB, 200 lines, 128 MiB).
+pub fn run(args: &[String]) -> Result<()> {
+    let quick = args.iter().any(|a| a == "--quick");
+    let (mib, lines, fwd_mib): (usize, usize, u64) = if quick {
+        (8, 200, 128)
+    } else {
+        (64, 2000, 1024)
+    };
+    crate::cargo(&[
+        "build",
+        "--release",
+        "--quiet",
+        "-p",
+        "jumpstarter-cli",
+        "-p",
+        "jumpstarter-controller",
+        "--bins",
+    ])?;
+    crate::cargo(&[
+        "build",
+        "--release",
+        "--quiet",
+        "-p",
+        "jumpstarter-cli",
+        "--example",
+        "bench_console",
+    ])?;
+    let venv = crate::interop::ensure_venv()?;
+    let rel = crate::target_dir().join("release");
+    let example = rel.join("examples/bench_console");
+    let work = crate::interop::tempfile_dir::Dir::new("jmp-bench-console")?;
+
+    let link = work.path().join("pty-tty");
+    let mut c = Command::new(&example);
+    c.arg("pty-echo").arg(&link);
+    let mut pty = Background::start("bench_console pty-echo", c)?;
+    pty.wait_for_line("pty ready", START)?;
+    let mut c = Command::new(&example);
+    c.arg("sink");
+    let mut sink = Background::start("bench_console sink", c)?;
+    let line = sink.wait_for_line("sink port ", START)?;
+    let sink_port: u16 = line
+        .rsplit(' ')
+        .next()
+        .and_then(|p| p.trim().parse().ok())
+        .with_context(|| format!("the sink printed {line:?}"))?;
+    let sink_addr = format!("127.0.0.1:{sink_port}");
+    let cfg = work.path().join("exporter.yaml");
+    std::fs::write(&cfg, config(&link, sink_port))?;
+
+    // Plain loopback TCP first and last: the forwards are measured against their mean.
+    let plain_before = send(&example, &sink_addr, fwd_mib)?;
+
+    let (ours_exporter, port) =
+        crate::bench::start_exporter(&rel.join("jmp"), &cfg, true, work.path())?;
+    let host = format!("127.0.0.1:{port}");
+    let ours_console = |driver: &str| -> Result<Console> {
+        let mut c = Command::new(&example);
+        c.args([
+            "console",
+            &host,
+            driver,
+            &mib.to_string(),
+            &lines.to_string(),
+        ])
+        .env("JMP_GRPC_INSECURE", "1");
+        parse_console(
+            &procs::run(c, Duration::from_secs(600))?,
+            &format!("bench_console console {driver}"),
+        )
+    };
+    let ours_loop = ours_console("loop")?;
+    let ours_pty = ours_console("pty")?;
+    let (fwd, addr) = start_forward(
+        "our j net forward-tcp",
+        forward_cmd(&rel.join("j"), &host, work.path()),
+        None,
+    )?;
+    let ours_fwd = send(&example, &addr, fwd_mib)?;
+    drop(fwd);
+    drop(ours_exporter);
+
+    let (py_exporter, py_port) =
+        crate::bench::start_exporter(&venv.join("bin/jmp"), &cfg, false, work.path())?;
+    let py_host = format!("127.0.0.1:{py_port}");
+    let py_console = |driver: &str| -> Result<Console> {
+        let mut c = Command::new(venv.join("bin/python"));
+        c.arg(crate::workspace_root().join("xtask/interop/bench_console.py"))
+            .args([driver, &mib.to_string(), &lines.to_string()])
+            .env("JUMPSTARTER_HOST", &py_host)
+            .env("JMP_GRPC_INSECURE", "1")
+            .env("JMP_DRIVERS_ALLOW", "UNSAFE");
+        parse_console(
+            &procs::run(c, Duration::from_secs(1200))?,
+            &format!("bench_console.py {driver}"),
+        )
+    };
+    let py_loop = py_console("loop")?;
+    let py_pty = py_console("pty")?;
+    let (fwd, addr) = start_forward(
+        "(python) j net forward-tcp",
+        forward_cmd(&venv.join("bin/j"), &py_host, work.path()),
+        None,
+    )?;
+    let py_fwd = send(&example, &addr, fwd_mib)?;
+    drop(fwd);
+    drop(py_exporter);
+
+    let (direct_fwd, routed_fwd) = distributed(&rel, &link, sink_port, &example, fwd_mib)?;
+    let plain_after = send(&example, &sink_addr, fwd_mib)?;
+    let plain = (plain_before + plain_after) / 2.0;
+    drop(pty);
+    drop(sink);
+
+    println!(
+        "== serial consoles: `connect` on loop:// and a pty, {mib} MiB each way at once; one 16-byte line round trip ({lines} lines)"
+    );
+    println!(
+        "{:<46} {:>10} {:>14} {:>14}",
+        "", "MiB/s", "rtt p50 (µs)", "rtt p99 (µs)"
+    );
+    for (name, f) in [
+        ("ours, loop:// (Rust client -> Rust exporter)", ours_loop),
+        ("upstream, loop:// (Python -> Python)", py_loop),
+        ("ours, pty", ours_pty),
+        ("upstream, pty", py_pty),
+    ] {
+        println!(
+            "{:<46} {:>10.2} {:>14.1} {:>14.1}",
+            name, f.mib_per_sec, f.rtt_p50_us, f.rtt_p99_us
+        );
+    }
+    println!(
+        "ratio: loop:// {:.1}x throughput, {:.1}x lower p50 round trip; pty {:.1}x throughput, {:.1}x lower p50 round trip",
+        ours_loop.mib_per_sec / py_loop.mib_per_sec.max(0.001),
+        py_loop.rtt_p50_us / ours_loop.rtt_p50_us.max(0.001),
+        ours_pty.mib_per_sec / py_pty.mib_per_sec.max(0.001),
+        py_pty.rtt_p50_us / ours_pty.rtt_p50_us.max(0.001),
+    );
+    println!("targets: >= 10x upstream's throughput, < half its latency");
+    println!(
+        "== port forwarding: j net forward-tcp 0 -> TcpNetwork -> a local sink, {fwd_mib} MiB one way"
+    );
+    println!("{:<52} {:>10} {:>12}", "", "MiB/s", "of loopback");
+    for (name, v) in [
+        ("plain loopback TCP to the sink (no forward)", plain),
+        ("ours, local exporter (TCP)", ours_fwd),
+        ("upstream, local exporter (TCP)", py_fwd),
+        ("ours, distributed, direct path", direct_fwd),
+        ("ours, distributed, via router", routed_fwd),
+    ] {
+        println!(
+            "{:<52} {:>10.0} {:>11.0}%",
+            name,
+            v,
+            100.0 * v / plain.max(0.001)
+        );
+    }
+    println!("target: ours direct >= 50% of loopback");
+    Ok(())
+}
+
+/// Our controller (in-process router), our exporter serving the bench drivers with its
+/// direct listener, and `j net forward-tcp 0` in `jmp shell`, direct and `--no-direct`.
+fn distributed(
+    rel: &Path,
+    link: &Path,
+    sink_port: u16,
+    example: &Path,
+    mib: u64,
+) -> Result<(f64, f64)> {
+    let lab = Lab {
+        rel: rel.to_path_buf(),
+        work: crate::interop::tempfile_dir::Dir::new("jmp-bench-console-dist")?,
+    };
+    let mut controller = lab.start_controller()?;
+    let exporter = lab.admin_create("exporter", "bench-console", &["-l", "board=console"])?;
+    let text = std::fs::read_to_string(&exporter)?;
+    ensure!(
+        text.contains("\nexport:\n"),
+        "{} has no empty `export:`:\n{text}",
+        exporter.display()
+    );
+    std::fs::write(
+        &exporter,
+        text.replace(
+            "\nexport:\n",
+            &format!("\nexport:\n{}", export(link, sink_port)),
+        ),
+    )?;
+    let client = lab.admin_create("client", "bench-console-client", &["--unsafe"])?;
+    let mut run = lab.jmp();
+    run.args(["run", "--exporter-config"])
+        .arg(&exporter)
+        .args(["--direct-listener", "127.0.0.1:0"])
+        .env("JMP_LOG", "info");
+    let mut exporter = Background::start("jmp run", run)?;
+    exporter.wait_for_line("registered with controller", START)?;
+    let measure = |no_direct: bool| -> Result<f64> {
+        let mut c = lab.jmp();
+        c.arg("shell").arg("--client-config").arg(&client);
+        c.args(["-l", "board=console"]);
+        if no_direct {
+            c.arg("--no-direct");
+        }
+        c.args(["--", "sh", "-c", "exec j net forward-tcp 0 1>&2"]);
+        let want = if no_direct { "via router" } else { "directly" };
+        let (mut fwd, addr) = start_forward("jmp shell -- j net forward-tcp", c, Some(want))?;
+        let v = send(example, &addr, mib)?;
+        fwd.stop();
+        Ok(v)
+    };
+    let direct = measure(false)?;
+    let routed = measure(true)?;
+    drop(exporter);
+    controller.stop();
+    Ok((direct, routed))
+}
