@@ -338,7 +338,7 @@ impl DirectServer {
             .tls_config(creds.server_tls())
             .map_err(|e| DirectError::Certificates {
                 host: self.advertise_host.clone(),
-                source: TlsError::Generate(error_chain(&e)),
+                source: TlsError::Config(e),
             })?
             .add_service(ExporterServiceServer::new(svc.clone()))
             .add_service(crate::server::StreamService(svc));

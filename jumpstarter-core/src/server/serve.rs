@@ -84,7 +84,7 @@ fn router(
     if let Some((cert, key)) = &opts.tls {
         builder = builder
             .tls_config(ServerTlsConfig::new().identity(Identity::from_pem(cert, key)))
-            .map_err(|e| CoreError::Tls(e.to_string()))?;
+            .map_err(CoreError::Tls)?;
     }
     Ok(builder
         .add_service(ExporterServiceServer::with_interceptor(
@@ -153,7 +153,7 @@ pub async fn serve_tunnels(
     router(&session, &ServeOptions::default())?
         .serve_with_incoming_shutdown(tunnels.map(Ok::<_, io::Error>), shutdown)
         .await
-        .map_err(|e| CoreError::Serve(e.to_string()))
+        .map_err(CoreError::Serve)
 }
 
 /// Serves `session` on an already bound TCP listener until `shutdown` resolves.
@@ -214,7 +214,7 @@ where
             }
         },
     };
-    r.map_err(|e| CoreError::Serve(e.to_string()))
+    r.map_err(CoreError::Serve)
 }
 
 /// A connection that fails (`ConnectionAborted`, saying `why`) as soon as `cut` is
