@@ -826,7 +826,7 @@ async fn create_exporter(a: CreateExporterArgs) -> Result<i32> {
         save: a.save,
     };
     create(Kind::Exporter, common, |cred| {
-        NewConfig::Exporter(exporter_config(cred, insecure))
+        NewConfig::Exporter(Box::new(exporter_config(cred, insecure)))
     })
     .await
 }
@@ -845,7 +845,7 @@ async fn create_client(a: CreateClientArgs) -> Result<i32> {
         save: a.save,
     };
     create(Kind::Client, common, |cred| {
-        NewConfig::Client(client_config(cred, insecure, allow, allow_unsafe))
+        NewConfig::Client(Box::new(client_config(cred, insecure, allow, allow_unsafe)))
     })
     .await
 }
@@ -865,8 +865,8 @@ struct CreateCommon<'a> {
 
 /// The config file a create produces from the new object's credentials.
 enum NewConfig {
-    Exporter(ExporterConfig),
-    Client(ClientConfig),
+    Exporter(Box<ExporterConfig>),
+    Client(Box<ClientConfig>),
 }
 
 /// `jmp admin create client|exporter`: creates the object, prints or saves its config (the

@@ -60,13 +60,16 @@ pub enum ClusterConfigError {
         /// What is wrong.
         reason: String,
     },
-    /// The routers file cannot be read.
-    #[error("cannot read the routers file {path}: {reason}")]
+    /// The routers file (or the authentication file) cannot be read.
+    #[error("cannot read {what} {path}: {source}")]
     Read {
+        /// `the routers file` or `the authentication file`.
+        what: &'static str,
         /// The file.
         path: String,
         /// Why.
-        reason: String,
+        #[source]
+        source: std::io::Error,
     },
     /// The ConfigMap cannot be read from the store.
     #[error("ConfigMap {namespace}/{name}: {source}")]
@@ -316,9 +319,10 @@ pub fn from_config_map(cm: &ConfigMap) -> Result<ClusterConfig, ClusterConfigErr
 /// (whose `data.router` is used).
 pub fn routers_from_file(path: &std::path::Path) -> Result<Vec<RouterEntry>, ClusterConfigError> {
     let source_name = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| ClusterConfigError::Read {
+    let text = std::fs::read_to_string(path).map_err(|source| ClusterConfigError::Read {
+        what: "the routers file",
         path: source_name.clone(),
-        reason: e.to_string(),
+        source,
     })?;
     let value: serde_json::Value =
         serde_saphyr::from_str(&text).map_err(|e| yaml_err(&source_name, "file", e))?;

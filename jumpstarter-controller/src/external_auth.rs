@@ -82,9 +82,10 @@ impl ExternalAuth {
 /// plus `jwt`). Returns the section and `provisioning.enabled` (false when absent).
 pub fn read_authentication_file(path: &Path) -> Result<(Authentication, bool), ClusterConfigError> {
     let source_name = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| ClusterConfigError::Read {
+    let text = std::fs::read_to_string(path).map_err(|source| ClusterConfigError::Read {
+        what: "the authentication file",
         path: source_name.clone(),
-        reason: e.to_string(),
+        source,
     })?;
     let yaml_err = |e: String| ClusterConfigError::Yaml {
         source_name: source_name.clone(),

@@ -75,6 +75,24 @@ pub enum ServerError {
     /// The TLS settings are unusable (files, or a certificate without its key).
     #[error("TLS: {0}")]
     Tls(String),
+    /// A certificate or key file is unusable, or the server certificate cannot be issued.
+    #[error("TLS: {what}{source}")]
+    TlsFile {
+        /// What was being done (`server certificate: `), or empty.
+        what: &'static str,
+        /// Why.
+        #[source]
+        source: jumpstarter_core::auth::TlsError,
+    },
+    /// The gRPC server rejects the TLS identity.
+    #[error("TLS: {0}")]
+    TlsConfig(#[source] tonic::transport::Error),
+    /// The listener's address cannot be read.
+    #[error("cannot read the listener's address: {0}")]
+    LocalAddr(#[source] std::io::Error),
+    /// The reflection service cannot be built.
+    #[error("reflection: {0}")]
+    Reflection(#[source] tonic_reflection::server::Error),
     /// The login listener's certificate or key is unusable.
     #[error(transparent)]
     LoginTls(#[from] crate::login_service::AcceptorError),
@@ -307,7 +325,10 @@ fn server_cert(
     }
     let cert = ca
         .issue_server_cert(sans)
-        .map_err(|e| ServerError::Tls(format!("server certificate: {e}")))?;
+        .map_err(|source| ServerError::TlsFile {
+            what: "server certificate: ",
+            source,
+        })?;
     std::fs::create_dir_all(dir).map_err(|e| data_err(dir, e))?;
     // The stamp goes last: a crash in between leaves a certificate that is not reused.
     let _ = std::fs::remove_file(&stamp_path);
@@ -324,7 +345,7 @@ fn server_identity(
     config: &ControllerConfig,
     ca: &CertificateAuthority,
 ) -> Result<(Identity, String, jumpstarter_core::auth::IssuedCert), ServerError> {
-    let tls = |e: jumpstarter_core::auth::TlsError| ServerError::Tls(e.to_string());
+    let tls = |source| ServerError::TlsFile { what: "", source };
     match (&config.tls_cert, &config.tls_key) {
         (Some(cert), Some(key)) => {
             let identity = load_identity(cert, key).map_err(tls)?;
@@ -686,8 +707,7 @@ impl Listeners {
 }
 
 fn local_addr(l: &TcpListener) -> Result<SocketAddr, ServerError> {
-    l.local_addr()
-        .map_err(|e| ServerError::Other(e.to_string()))
+    l.local_addr().map_err(ServerError::LocalAddr)
 }
 
 /// Resolves once `stop` says true (or its sender is gone).
@@ -775,7 +795,7 @@ async fn grpc_server<S: Store>(
         .register_encoded_file_descriptor_set(jumpstarter_proto::ADMIN_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()
-        .map_err(|e| ServerError::Other(format!("reflection: {e}")))?;
+        .map_err(ServerError::Reflection)?;
     // TLS is done by the listener's guard (with its handshake timeout), not by tonic.
     let server = config
         .connection_limits

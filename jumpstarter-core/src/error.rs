@@ -13,8 +13,8 @@ pub enum CoreError {
     },
     /// The TLS settings are unusable.
     #[error("TLS configuration: {0}")]
-    Tls(String),
+    Tls(#[source] tonic::transport::Error),
     /// The server stopped with an error.
     #[error("server error: {0}")]
-    Serve(String),
+    Serve(#[source] tonic::transport::Error),
 }

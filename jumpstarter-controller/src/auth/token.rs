@@ -98,25 +98,26 @@ impl TokenIssuer {
             path: origin.to_owned(),
             reason,
         };
-        let blocks = jumpstarter_core::auth::pem::parse(pem).map_err(key_err)?;
-        if let Some(block) = blocks.iter().find(|b| b.label == "PRIVATE KEY") {
-            return Self::from_pkcs8(block.der.clone(), origin);
-        }
-        Err(key_err(
-            if blocks.iter().any(|b| b.label.ends_with("PRIVATE KEY")) {
+        use jumpstarter_core::auth::pem::{self, PemError, PemObject};
+        use tokio_rustls::rustls::pki_types::PrivatePkcs8KeyDer;
+        match PrivatePkcs8KeyDer::from_pem_slice(pem.as_bytes()) {
+            Ok(key) => Self::from_pkcs8(key.secret_pkcs8_der().to_vec(), origin),
+            Err(PemError::NoItemsFound) => Err(key_err(if pem::private_key(pem).is_ok() {
                 "expected a PKCS#8 \"PRIVATE KEY\" block (convert with `openssl pkcs8 -topk8 -nocrypt`)"
                     .into()
             } else {
                 "no \"PRIVATE KEY\" PEM block".into()
-            },
-        ))
+            })),
+            Err(e) => Err(key_err(format!("not valid PEM: {e}"))),
+        }
     }
 
     /// Reads the key from a PEM file.
     pub fn load(path: &Path) -> Result<Self, TokenError> {
-        let pem = std::fs::read_to_string(path).map_err(|e| TokenError::Key {
+        let pem = std::fs::read_to_string(path).map_err(|source| TokenError::KeyFile {
             path: path.display().to_string(),
-            reason: e.to_string(),
+            what: "cannot read",
+            source,
         })?;
         Self::from_pem(&pem, &path.display().to_string())
     }
@@ -134,9 +135,10 @@ impl TokenIssuer {
 
     /// Writes the key as PKCS#8 PEM with mode 0600.
     pub fn save(&self, path: &Path) -> Result<(), TokenError> {
-        write_secret_file(path, self.to_pem().as_bytes()).map_err(|e| TokenError::Key {
+        write_secret_file(path, self.to_pem().as_bytes()).map_err(|source| TokenError::KeyFile {
             path: path.display().to_string(),
-            reason: format!("cannot write: {e}"),
+            what: "cannot write",
+            source,
         })
     }
 

@@ -47,7 +47,16 @@ pub enum TlsError {
         /// Why.
         source: std::io::Error,
     },
-    /// A file does not hold what it should (PEM syntax, missing block, wrong key).
+    /// A PEM file or text cannot be parsed.
+    #[error("{path}: not valid PEM: {source}")]
+    Pem {
+        /// The file (or `<memory>`).
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: super::pem::PemError,
+    },
+    /// A file does not hold what it should (missing block, wrong key).
     #[error("{path}: {reason}")]
     Invalid {
         /// The file (or `<memory>`).
@@ -70,11 +79,28 @@ pub enum TlsError {
     SubjectAltName(String),
     /// Key or certificate generation failed.
     #[error("certificate generation failed: {0}")]
-    Generate(String),
+    Generate(#[source] rcgen::Error),
+    /// The system's random number generator failed.
+    #[error("certificate generation failed: the random number generator failed")]
+    Random,
+    /// A TLS configuration could not be built from generated certificates.
+    #[error("TLS configuration: {0}")]
+    Config(#[source] tonic::transport::Error),
+    /// A CA key or certificate PEM cannot be used.
+    #[error("{path}: {what}: {source}")]
+    Unusable {
+        /// The file (or `<memory>`).
+        path: PathBuf,
+        /// What cannot be used, and why in words.
+        what: &'static str,
+        /// Why.
+        #[source]
+        source: rcgen::Error,
+    },
 }
 
 fn generate_err(e: rcgen::Error) -> TlsError {
-    TlsError::Generate(e.to_string())
+    TlsError::Generate(e)
 }
 
 /// A certificate with its private key, both PEM.
@@ -126,7 +152,7 @@ fn write_public_file(path: &Path, contents: &[u8]) -> Result<(), TlsError> {
 fn random_serial() -> Result<SerialNumber, TlsError> {
     let mut bytes = [0u8; 16];
     ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes)
-        .map_err(|_| TlsError::Generate("random number generator failed".into()))?;
+        .map_err(|_| TlsError::Random)?;
     // Positive and non-zero, as RFC 5280 requires.
     bytes[0] = (bytes[0] & 0x7f) | 0x01;
     Ok(SerialNumber::from_slice(&bytes))
@@ -182,13 +208,18 @@ impl CertificateAuthority {
             path: origin.to_owned(),
             reason,
         };
-        let key = KeyPair::from_pem(key_pem)
-            .map_err(|e| invalid(format!("CA key is not a usable PKCS#8 key: {e}")))?;
-        let blocks = super::pem::parse(cert_pem).map_err(invalid)?;
-        let cert_der = blocks
-            .iter()
-            .find(|b| b.label == "CERTIFICATE")
-            .map(|b| b.der.clone())
+        let key = KeyPair::from_pem(key_pem).map_err(|source| TlsError::Unusable {
+            path: origin.to_owned(),
+            what: "CA key is not a usable PKCS#8 key",
+            source,
+        })?;
+        let cert_der = super::pem::certificates(cert_pem)
+            .map_err(|source| TlsError::Pem {
+                path: origin.to_owned(),
+                source,
+            })?
+            .into_iter()
+            .next()
             .ok_or_else(|| invalid("no CERTIFICATE PEM block".into()))?;
         // The certificate embeds the public key bytes of its key pair: a cheap check that the
         // two belong together, so a mix-up fails here and not at every TLS handshake.
@@ -198,8 +229,12 @@ impl CertificateAuthority {
                 "the CA key does not belong to the CA certificate".into(),
             ));
         }
-        let issuer = Issuer::from_ca_cert_der(&cert_der.into(), key)
-            .map_err(|e| invalid(format!("CA certificate cannot be parsed: {e}")))?;
+        let issuer =
+            Issuer::from_ca_cert_der(&cert_der, key).map_err(|source| TlsError::Unusable {
+                path: origin.to_owned(),
+                what: "CA certificate cannot be parsed",
+                source,
+            })?;
         Ok(CertificateAuthority {
             cert_pem: cert_pem.to_owned(),
             issuer,
@@ -319,22 +354,21 @@ fn valid_san(name: &str) -> bool {
         })
 }
 
-fn read_pem_file(path: &Path) -> Result<(String, Vec<super::pem::PemBlock>), TlsError> {
-    let text = std::fs::read_to_string(path).map_err(|source| TlsError::Read {
+fn read_pem_file(path: &Path) -> Result<String, TlsError> {
+    std::fs::read_to_string(path).map_err(|source| TlsError::Read {
         path: path.to_owned(),
         source,
-    })?;
-    let blocks = super::pem::parse(&text).map_err(|reason| TlsError::Invalid {
-        path: path.to_owned(),
-        reason,
-    })?;
-    Ok((text, blocks))
+    })
 }
 
 /// Reads a PEM file that must hold at least one `CERTIFICATE` block (a certificate or chain).
 pub fn read_cert_pem(path: &Path) -> Result<String, TlsError> {
-    let (text, blocks) = read_pem_file(path)?;
-    if !blocks.iter().any(|b| b.label == "CERTIFICATE") {
+    let text = read_pem_file(path)?;
+    let certs = super::pem::certificates(&text).map_err(|source| TlsError::Pem {
+        path: path.to_owned(),
+        source,
+    })?;
+    if certs.is_empty() {
         return Err(TlsError::Invalid {
             path: path.to_owned(),
             reason: "no CERTIFICATE PEM block".into(),
@@ -346,14 +380,18 @@ pub fn read_cert_pem(path: &Path) -> Result<String, TlsError> {
 /// Reads a PEM file that must hold a private key block (`PRIVATE KEY`, `EC PRIVATE KEY` or
 /// `RSA PRIVATE KEY`).
 pub fn read_key_pem(path: &Path) -> Result<String, TlsError> {
-    let (text, blocks) = read_pem_file(path)?;
-    if !blocks.iter().any(|b| b.label.ends_with("PRIVATE KEY")) {
-        return Err(TlsError::Invalid {
+    let text = read_pem_file(path)?;
+    match super::pem::private_key(&text) {
+        Ok(_) => Ok(text),
+        Err(super::pem::PemError::NoItemsFound) => Err(TlsError::Invalid {
             path: path.to_owned(),
             reason: "no PRIVATE KEY PEM block".into(),
-        });
+        }),
+        Err(source) => Err(TlsError::Pem {
+            path: path.to_owned(),
+            source,
+        }),
     }
-    Ok(text)
 }
 
 /// A tonic TLS identity from a certificate file and a key file (e.g. upstream's
@@ -369,7 +407,10 @@ mod tests {
     use super::*;
 
     fn leaf_der(pem: &str) -> Vec<u8> {
-        super::super::pem::parse(pem).unwrap().remove(0).der
+        super::super::pem::certificates(pem)
+            .unwrap()
+            .remove(0)
+            .to_vec()
     }
 
     #[test]
@@ -537,5 +578,33 @@ mod tests {
         leaf.save(&cert, &key).unwrap();
         assert!(load_identity(&cert, &key).is_ok());
         assert!(load_identity(&key, &cert).is_err());
+
+        // Broken PEM names the file and keeps the parser's error as its source.
+        let broken = dir.path().join("broken.pem");
+        std::fs::write(&broken, "-----BEGIN CERTIFICATE-----\nAAAA\n").unwrap();
+        for err in [
+            read_cert_pem(&broken).unwrap_err(),
+            CertificateAuthority::from_pem(
+                "-----BEGIN CERTIFICATE-----\nAAAA\n",
+                &ca.issuer.key().serialize_pem(),
+                &broken,
+            )
+            .unwrap_err(),
+        ] {
+            assert!(matches!(err, TlsError::Pem { .. }), "{err}");
+            let text = err.to_string();
+            assert!(
+                text.contains("broken.pem") && text.contains("PEM"),
+                "{text}"
+            );
+            assert!(std::error::Error::source(&err).is_some(), "{text}");
+        }
+        std::fs::write(
+            &broken,
+            "-----BEGIN PRIVATE KEY-----\n!!!!\n-----END PRIVATE KEY-----\n",
+        )
+        .unwrap();
+        let err = read_key_pem(&broken).unwrap_err();
+        assert!(matches!(err, TlsError::Pem { .. }), "{err}");
     }
 }

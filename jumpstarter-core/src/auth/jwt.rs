@@ -80,8 +80,8 @@ pub enum Key<'a> {
 }
 
 fn signing_input(header: &Value, claims: &Value) -> Result<String, TokenError> {
-    let h = serde_json::to_vec(header).map_err(|e| TokenError::Sign(e.to_string()))?;
-    let c = serde_json::to_vec(claims).map_err(|e| TokenError::Sign(e.to_string()))?;
+    let h = serde_json::to_vec(header).map_err(TokenError::Encode)?;
+    let c = serde_json::to_vec(claims).map_err(TokenError::Encode)?;
     Ok(format!(
         "{}.{}",
         URL_SAFE_NO_PAD.encode(h),

@@ -100,9 +100,23 @@ pub enum TokenError {
         /// What went wrong.
         reason: String,
     },
+    /// The signing key file could not be read or written.
+    #[error("signing key {path}: {what}: {source}")]
+    KeyFile {
+        /// The key file.
+        path: String,
+        /// `cannot read` or `cannot write`.
+        what: &'static str,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
     /// Signing failed (crypto backend error).
     #[error("cannot sign token: {0}")]
     Sign(String),
+    /// The header or claims could not be encoded as JSON.
+    #[error("cannot sign token: {0}")]
+    Encode(#[source] serde_json::Error),
 }
 
 impl TokenError {

@@ -1,62 +1,22 @@
-//! A small PEM (RFC 7468) reader: enough for certificates and PKCS#8 keys, with errors that
-//! say what is wrong so callers can name the file.
+//! PEM files: read through `rustls-pki-types`' [`PemObject`] (the one PEM reader of the
+//! workspace), written by [`pem_encode`], secrets stored with mode 0600.
 
 use std::path::Path;
 
 use base64::{Engine, engine::general_purpose::STANDARD};
+pub use tokio_rustls::rustls::pki_types::pem::{Error as PemError, PemObject};
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-/// One `-----BEGIN <label>-----` … `-----END <label>-----` block.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PemBlock {
-    /// The label, e.g. `CERTIFICATE` or `PRIVATE KEY`.
-    pub label: String,
-    /// The decoded contents.
-    pub der: Vec<u8>,
+/// The certificates of `pem` (one certificate or a chain), in order; blocks of other kinds
+/// and text around the blocks are skipped.
+pub fn certificates(pem: &str) -> Result<Vec<CertificateDer<'static>>, PemError> {
+    CertificateDer::pem_slice_iter(pem.as_bytes()).collect()
 }
 
-/// All PEM blocks of `text`, in order; text outside blocks is ignored, as RFC 7468 allows.
-pub fn parse(text: &str) -> Result<Vec<PemBlock>, String> {
-    let mut blocks = Vec::new();
-    let mut current: Option<(String, String, usize)> = None;
-    for (index, raw) in text.lines().enumerate() {
-        let line = raw.trim();
-        let line_no = index + 1;
-        match current.take() {
-            None => {
-                if let Some(label) = line
-                    .strip_prefix("-----BEGIN ")
-                    .and_then(|l| l.strip_suffix("-----"))
-                {
-                    current = Some((label.to_owned(), String::new(), line_no));
-                }
-            }
-            Some((label, mut body, start)) => {
-                if let Some(end) = line
-                    .strip_prefix("-----END ")
-                    .and_then(|l| l.strip_suffix("-----"))
-                {
-                    if end != label {
-                        return Err(format!(
-                            "line {line_no}: END {end:?} does not match BEGIN {label:?} of line {start}"
-                        ));
-                    }
-                    let der = STANDARD.decode(body.as_bytes()).map_err(|e| {
-                        format!("PEM block {label:?} starting at line {start} is not base64: {e}")
-                    })?;
-                    blocks.push(PemBlock { label, der });
-                } else {
-                    body.extend(line.chars().filter(|c| !c.is_whitespace()));
-                    current = Some((label, body, start));
-                }
-            }
-        }
-    }
-    if let Some((label, _, start)) = current {
-        return Err(format!(
-            "PEM block {label:?} starting at line {start} has no END line"
-        ));
-    }
-    Ok(blocks)
+/// The first private key of `pem` (`PRIVATE KEY`, `EC PRIVATE KEY` or `RSA PRIVATE KEY`);
+/// [`PemError::NoItemsFound`] when there is none.
+pub fn private_key(pem: &str) -> Result<PrivateKeyDer<'static>, PemError> {
+    PrivateKeyDer::from_pem_slice(pem.as_bytes())
 }
 
 /// `der` as one PEM block labelled `label`, 64 base64 characters a line.
@@ -82,34 +42,36 @@ mod tests {
     use super::*;
 
     #[test]
-    fn parses_blocks_and_ignores_text_around_them() {
-        let text = "subject=foo\n-----BEGIN CERTIFICATE-----\nAAEC\nAw==\n-----END CERTIFICATE-----\n\
-                    junk\n-----BEGIN PRIVATE KEY-----\nBAU=\n-----END PRIVATE KEY-----\n";
-        let blocks = parse(text).unwrap();
-        assert_eq!(blocks.len(), 2);
-        assert_eq!(blocks[0].label, "CERTIFICATE");
-        assert_eq!(blocks[0].der, vec![0, 1, 2, 3]);
-        assert_eq!(blocks[1].label, "PRIVATE KEY");
-        assert_eq!(blocks[1].der, vec![4, 5]);
-        assert!(parse("nothing here").unwrap().is_empty());
+    fn reads_blocks_and_ignores_text_around_them() {
+        let text = format!(
+            "subject=foo\n{}junk\n{}{}",
+            pem_encode("CERTIFICATE", &[0, 1, 2, 3]),
+            pem_encode("PRIVATE KEY", &[4, 5]),
+            pem_encode("CERTIFICATE", &[6]),
+        );
+        let certs = certificates(&text).unwrap();
+        assert_eq!(certs.len(), 2);
+        assert_eq!(certs[0].as_ref(), [0, 1, 2, 3]);
+        assert_eq!(certs[1].as_ref(), [6]);
+        assert_eq!(private_key(&text).unwrap().secret_der(), [4, 5]);
+        assert!(certificates("nothing here").unwrap().is_empty());
+        assert!(matches!(
+            private_key("nothing here"),
+            Err(PemError::NoItemsFound)
+        ));
     }
 
     #[test]
     fn bad_pem_is_an_error() {
+        assert!(matches!(
+            certificates("-----BEGIN CERTIFICATE-----\nAAAA\n"),
+            Err(PemError::MissingSectionEnd { .. })
+        ));
         assert!(
-            parse("-----BEGIN X-----\nAAAA\n")
-                .unwrap_err()
-                .contains("no END")
+            certificates("-----BEGIN CERTIFICATE-----\n!!!!\n-----END CERTIFICATE-----\n").is_err()
         );
         assert!(
-            parse("-----BEGIN X-----\nAAAA\n-----END Y-----\n")
-                .unwrap_err()
-                .contains("does not match")
-        );
-        assert!(
-            parse("-----BEGIN X-----\n!!!!\n-----END X-----\n")
-                .unwrap_err()
-                .contains("not base64")
+            private_key("-----BEGIN PRIVATE KEY-----\n!!!!\n-----END PRIVATE KEY-----\n").is_err()
         );
     }
 }

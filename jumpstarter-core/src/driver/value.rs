@@ -20,7 +20,7 @@ use super::error::DriverError;
 pub enum ValueError {
     /// The value does not have the shape the target type expects.
     #[error("{0}")]
-    Shape(String),
+    Shape(#[source] serde_json::Error),
 }
 
 impl From<ValueError> for DriverError {
@@ -31,13 +31,13 @@ impl From<ValueError> for DriverError {
 
 /// Encodes any serde value as a `google.protobuf.Value`.
 pub fn to_value<T: Serialize + ?Sized>(v: &T) -> Result<Value, ValueError> {
-    let json = serde_json::to_value(v).map_err(|e| ValueError::Shape(e.to_string()))?;
+    let json = serde_json::to_value(v).map_err(ValueError::Shape)?;
     Ok(from_json(json))
 }
 
 /// Decodes a `google.protobuf.Value` into a serde type.
 pub fn from_value<T: DeserializeOwned>(v: Value) -> Result<T, ValueError> {
-    serde_json::from_value(to_json(v)).map_err(|e| ValueError::Shape(e.to_string()))
+    serde_json::from_value(to_json(v)).map_err(ValueError::Shape)
 }
 
 /// Converts JSON into a `google.protobuf.Value` (numbers become doubles).

@@ -34,9 +34,9 @@ pub struct HttpResponse {
 impl HttpResponse {
     /// The body as JSON; `url` names the source in errors.
     pub fn json(&self, url: &str) -> Result<Value, OidcError> {
-        serde_json::from_slice(&self.body).map_err(|e| OidcError::Json {
+        serde_json::from_slice(&self.body).map_err(|source| OidcError::NotJson {
             url: url.to_owned(),
-            reason: e.to_string(),
+            source,
         })
     }
 }
@@ -69,7 +69,7 @@ impl HttpsClient {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
-            .map_err(|e| OidcError::Tls(e.to_string()))?;
+            .map_err(|e| tls_err("protocol versions", e))?;
         let mut config = if insecure {
             builder
                 .dangerous()
@@ -85,12 +85,10 @@ impl HttpsClient {
             if let Some(pem) = extra_ca_pem {
                 let mut added = 0;
                 for cert in CertificateDer::pem_slice_iter(pem.as_bytes()) {
-                    let cert = cert.map_err(|e| {
-                        OidcError::Tls(format!("certificate authority is not PEM: {e}"))
-                    })?;
-                    roots.add(cert).map_err(|e| {
-                        OidcError::Tls(format!("certificate authority is unusable: {e}"))
-                    })?;
+                    let cert = cert.map_err(|e| tls_err("certificate authority is not PEM", e))?;
+                    roots
+                        .add(cert)
+                        .map_err(|e| tls_err("certificate authority is unusable", e))?;
                     added += 1;
                 }
                 if added == 0 {
@@ -151,9 +149,7 @@ impl HttpsClient {
         url: &str,
         form: Option<String>,
     ) -> Result<HttpResponse, OidcError> {
-        let uri: Uri = url
-            .parse()
-            .map_err(|e| http_err(url, format!("not a URL: {e}")))?;
+        let uri: Uri = url.parse().map_err(|e| transfer_err(url, "not a URL", e))?;
         let host = uri
             .host()
             .ok_or_else(|| http_err(url, "no host".into()))?
@@ -192,17 +188,17 @@ impl HttpsClient {
         }
         let req = builder
             .body(Full::new(Bytes::from(form.unwrap_or_default())))
-            .map_err(|e| http_err(url, e.to_string()))?;
+            .map_err(|e| transfer_err(url, "cannot build the request", e))?;
         let tcp = tokio::net::TcpStream::connect((host.as_str(), port))
             .await
-            .map_err(|e| http_err(url, format!("cannot connect: {e}")))?;
+            .map_err(|e| transfer_err(url, "cannot connect", e))?;
         if https {
             let name = ServerName::try_from(host.clone())
-                .map_err(|e| http_err(url, format!("bad host name: {e}")))?;
+                .map_err(|e| transfer_err(url, "bad host name", e))?;
             let tls = tokio_rustls::TlsConnector::from(self.tls.clone())
                 .connect(name, tcp)
                 .await
-                .map_err(|e| http_err(url, format!("TLS: {e}")))?;
+                .map_err(|e| transfer_err(url, "TLS", e))?;
             exchange(TokioIo::new(tls), req, url).await
         } else {
             exchange(TokioIo::new(tcp), req, url).await
@@ -216,18 +212,18 @@ where
 {
     let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
         .await
-        .map_err(|e| http_err(url, e.to_string()))?;
+        .map_err(|e| transfer_err(url, "HTTP handshake", e))?;
     let driver = tokio::spawn(conn);
     let result = async {
         let resp = sender
             .send_request(req)
             .await
-            .map_err(|e| http_err(url, e.to_string()))?;
+            .map_err(|e| transfer_err(url, "HTTP request", e))?;
         let (parts, body) = resp.into_parts();
         let body = Limited::new(body, MAX_BODY)
             .collect()
             .await
-            .map_err(|e| http_err(url, format!("reading the response: {e}")))?
+            .map_err(|e| transfer_err(url, "reading the response", e))?
             .to_bytes();
         Ok(HttpResponse {
             status: parts.status,
@@ -238,6 +234,28 @@ where
     .await;
     driver.abort();
     result
+}
+
+fn transfer_err(
+    url: &str,
+    what: &'static str,
+    source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+) -> OidcError {
+    OidcError::Transfer {
+        url: url.to_owned(),
+        what,
+        source: source.into(),
+    }
+}
+
+fn tls_err(
+    what: &'static str,
+    source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+) -> OidcError {
+    OidcError::TlsConfig {
+        what,
+        source: source.into(),
+    }
 }
 
 fn http_err(url: &str, reason: String) -> OidcError {

@@ -29,6 +29,35 @@ pub enum OidcError {
         /// What failed.
         reason: String,
     },
+    /// An HTTP exchange failed for a reason another error gives (connect, TLS, protocol).
+    #[error("{url}: {what}: {source}")]
+    Transfer {
+        /// The URL.
+        url: String,
+        /// The step that failed (`cannot connect`, `TLS`, ...).
+        what: &'static str,
+        /// Why.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A response body is not JSON.
+    #[error("{url}: unexpected response: {source}")]
+    NotJson {
+        /// The URL.
+        url: String,
+        /// Why.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The TLS settings are unusable for a reason rustls gives (a CA that is not PEM...).
+    #[error("TLS settings: {what}: {source}")]
+    TlsConfig {
+        /// What is unusable.
+        what: &'static str,
+        /// Why.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// An HTTP request got an unexpected status.
     #[error("{url}: HTTP {status}: {body}")]
     Status {

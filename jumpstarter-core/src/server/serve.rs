@@ -160,7 +160,7 @@ pub async fn serve_tunnels(
     router(&session, &ServeOptions::default(), None)
         .serve_with_incoming_shutdown(tunnels.map(Ok::<_, io::Error>), shutdown)
         .await
-        .map_err(|e| CoreError::Serve(e.to_string()))
+        .map_err(CoreError::Serve)
 }
 
 /// Serves `session` on an already bound TCP listener until `shutdown` resolves.
@@ -236,7 +236,7 @@ where
             }
         },
     };
-    r.map_err(|e| CoreError::Serve(e.to_string()))
+    r.map_err(CoreError::Serve)
 }
 
 /// A connection that fails (`ConnectionAborted`, saying `why`) as soon as `cut` is
