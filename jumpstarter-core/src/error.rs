@@ -14,6 +14,12 @@ pub enum CoreError {
     /// The TLS settings are unusable.
     #[error("TLS configuration: {0}")]
     Tls(#[source] tonic::transport::Error),
+    /// The TLS certificate or key given to the listener is unusable.
+    #[error("TLS certificate or key: {0}")]
+    TlsIdentity(#[source] crate::auth::TlsError),
+    /// The TLS certificate or key given to the listener is not PEM text.
+    #[error("the TLS {0} is not PEM text")]
+    NotPem(&'static str),
     /// The server stopped with an error.
     #[error("server error: {0}")]
     Serve(#[source] tonic::transport::Error),

@@ -16,7 +16,7 @@ use std::{
 };
 
 use jumpstarter_core::client::{ConnectOptions, ExporterSession};
-use jumpstarter_drivers::serial::PySerialClient;
+use jumpstarter_drivers::PySerialClient;
 
 use crate::{J, JMP, Running, Scratch, start_exporter, text};
 

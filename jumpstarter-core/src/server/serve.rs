@@ -173,15 +173,14 @@ pub async fn serve_tcp(
     let tls = match &opts.tls {
         None => None,
         Some((cert, key)) => {
-            let pem = |b: &[u8], what: &str| {
-                String::from_utf8(b.to_vec())
-                    .map_err(|_| CoreError::Tls(format!("the TLS {what} is not PEM text")))
+            let pem = |b: &[u8], what: &'static str| {
+                String::from_utf8(b.to_vec()).map_err(|_| CoreError::NotPem(what))
             };
             let identity = crate::auth::IssuedCert {
                 cert_pem: pem(cert, "certificate")?,
                 key_pem: pem(key, "key")?,
             };
-            Some(tls_acceptor(&identity, None).map_err(|e| CoreError::Tls(e.to_string()))?)
+            Some(tls_acceptor(&identity, None).map_err(CoreError::TlsIdentity)?)
         }
     };
     let guard = ConnectionGuard::new("exporter", opts.limits);

@@ -25,7 +25,7 @@ use serde::Deserialize;
 
 pub use client::{Forwarder, NetworkClient, cli, format_host_port};
 pub use udp::UdpStream;
-pub use websocket::{WebsocketNetwork, WebsocketStream};
+pub use websocket::WebsocketNetwork;
 
 /// Upstream client class of network drivers.
 pub const NETWORK_CLIENT: &str = "jumpstarter_driver_network.client.NetworkClient";

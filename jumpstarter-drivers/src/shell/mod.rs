@@ -28,7 +28,7 @@ use jumpstarter_core::{
 use serde_json::Value as Json;
 
 pub(crate) use client::add_methods;
-pub use client::{ShellClient, ShellOutput, cli, exit_status, method_command};
+pub use client::{ShellClient, ShellOutput, cli};
 
 /// Upstream client class of the shell driver.
 pub const SHELL_CLIENT: &str = "jumpstarter_driver_shell.client.ShellClient";

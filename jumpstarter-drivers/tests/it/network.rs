@@ -277,7 +277,7 @@ async fn ws_echo() -> u16 {
 
 #[tokio::test]
 async fn websocket_frames_are_messages_to_a_real_server() {
-    use jumpstarter_drivers::network::WebsocketNetwork;
+    use jumpstarter_drivers::WebsocketNetwork;
     let port = ws_echo().await;
     let url = format!("ws://127.0.0.1:{port}/echo");
     let closed = {

@@ -6,10 +6,7 @@ use jumpstarter_core::{
     driver::DriverArgs,
     wire::resource::{ContentEncoding, encoder},
 };
-use jumpstarter_drivers::{
-    qemu::{Qemu, QemuClient, QemuFlasherClient},
-    storage::Progress,
-};
+use jumpstarter_drivers::{Progress, Qemu, QemuClient, QemuFlasherClient};
 use tokio::io::AsyncWriteExt;
 
 use crate::{Served, storage::random_file};

@@ -5,7 +5,7 @@ use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use futures::StreamExt;
 use jumpstarter_core::{ClientError, Driver, driver::DriverArgs};
-use jumpstarter_drivers::shell::{Shell, ShellClient, ShellOutput};
+use jumpstarter_drivers::{Shell, ShellClient, ShellOutput};
 use serde_json::json;
 
 use crate::Served;
@@ -258,7 +258,7 @@ async fn j_lists_each_method_with_its_description() {
         }})),
     )]);
     let session = served.client().await;
-    let mut j = jumpstarter_drivers::cli::j_command(&session);
+    let mut j = jumpstarter_drivers::j_command(&session);
     let sh = j.find_subcommand_mut("sh").unwrap();
     let help = sh.render_help().to_string();
     assert!(
@@ -270,17 +270,17 @@ async fn j_lists_each_method_with_its_description() {
         "{help}"
     );
     // A successful method through j's own runner.
-    let matches = jumpstarter_drivers::cli::j_command(&session)
+    let matches = jumpstarter_drivers::j_command(&session)
         .try_get_matches_from(["j", "sh", "plain", "-e", "A=1", "x"])
         .unwrap();
-    jumpstarter_drivers::cli::run(session.root(), matches)
+    jumpstarter_drivers::run_j_command(session.root(), matches)
         .await
         .unwrap();
     // A bad --env is refused before anything runs.
-    let matches = jumpstarter_drivers::cli::j_command(&session)
+    let matches = jumpstarter_drivers::j_command(&session)
         .try_get_matches_from(["j", "sh", "plain", "-e", "NOEQUALS"])
         .unwrap();
-    let e = jumpstarter_drivers::cli::run(session.root(), matches)
+    let e = jumpstarter_drivers::run_j_command(session.root(), matches)
         .await
         .unwrap_err();
     assert!(
