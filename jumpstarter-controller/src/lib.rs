@@ -31,6 +31,8 @@ mod duration;
 mod events;
 mod exporter_view;
 mod external_auth;
+#[cfg(test)]
+mod fuzz_tests;
 mod http1;
 mod leader;
 mod lease_gc;

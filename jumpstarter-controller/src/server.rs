@@ -727,7 +727,7 @@ fn spawn_router(
         if let Err(e) = jumpstarter_router::serve(
             router,
             listener,
-            Some(&identity),
+            Some(identity),
             guard,
             until_stopped(stopped),
         )

@@ -21,6 +21,9 @@ pub mod server;
 pub mod sync;
 pub mod wire;
 
+#[cfg(test)]
+mod fuzz_tests;
+
 pub use client::ClientError;
 pub use driver::{CallContext, Driver, DriverError, DriverNode, value};
 pub use error::CoreError;

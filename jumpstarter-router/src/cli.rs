@@ -109,7 +109,7 @@ async fn run(args: Args) -> Result<()> {
             pair_timeout: Duration::from_secs(args.pair_timeout),
         },
     );
-    serve(router, listener, Some(&identity), guard, async {
+    serve(router, listener, Some(identity), guard, async {
         let _ = tokio::signal::ctrl_c().await;
     })
     .await?;

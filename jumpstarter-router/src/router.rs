@@ -315,12 +315,12 @@ async fn pipe(
 pub async fn serve(
     router: Router,
     listener: tokio::net::TcpListener,
-    tls: Option<&jumpstarter_core::auth::IssuedCert>,
+    tls: Option<jumpstarter_core::auth::IssuedCert>,
     guard: ConnectionGuard,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), RouterError> {
     let tls = tls
-        .map(|id| jumpstarter_core::server::listener::tls_acceptor(id, None))
+        .map(|id| jumpstarter_core::server::listener::tls_acceptor(&id, None))
         .transpose()
         .map_err(RouterError::Tls)?;
     // The same HTTP/2 windows and frame size as an exporter's own server: the router passes

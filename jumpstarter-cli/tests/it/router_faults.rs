@@ -177,7 +177,7 @@ async fn lab() -> Lab {
         let _ = jumpstarter_router::serve(
             router,
             router_listener,
-            Some(&router_identity),
+            Some(router_identity),
             jumpstarter_core::server::listener::ConnectionGuard::new("router", Default::default()),
             std::future::pending(),
         )

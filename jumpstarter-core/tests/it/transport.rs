@@ -34,6 +34,7 @@ async fn plaintext_with_passphrase() {
     let (addr, _stop) = serve_tcp_session(ServeOptions {
         tls: None,
         passphrase: Some("s3cret".into()),
+        ..Default::default()
     })
     .await;
     let good = ConnectOptions {
@@ -65,6 +66,7 @@ async fn tls_with_our_ca() {
     let (addr, _stop) = serve_tcp_session(ServeOptions {
         tls: Some((cert.pem().into_bytes(), key.serialize_pem().into_bytes())),
         passphrase: None,
+        ..Default::default()
     })
     .await;
     let port = addr.rsplit(':').next().unwrap();

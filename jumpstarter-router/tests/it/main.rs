@@ -36,7 +36,8 @@ async fn start(pair_timeout: Duration) -> TestRouter {
     tokio::spawn(serve(
         router.clone(),
         listener,
-        Some(cert.identity()),
+        Some(cert),
+        jumpstarter_core::server::listener::ConnectionGuard::new("router", Default::default()),
         async {
             let _ = stopped.await;
         },
