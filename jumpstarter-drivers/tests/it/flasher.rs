@@ -53,6 +53,18 @@ async fn partitions_flash_and_dump_back_identical() {
     );
 }
 
+#[test]
+fn upstream_type_names_are_registered() {
+    let r = jumpstarter_drivers::stock_registry();
+    let types: Vec<&str> = r.types().collect();
+    for t in [
+        "jumpstarter_driver_opendal.driver.MockFlasher",
+        "jumpstarter_driver_shell.driver.Shell",
+    ] {
+        assert!(types.contains(&t), "{t} not registered");
+    }
+}
+
 #[tokio::test]
 async fn bad_partitions_and_sources_are_refused_and_change_nothing() {
     let dir = tempfile::tempdir().unwrap();
