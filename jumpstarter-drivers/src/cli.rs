@@ -24,6 +24,7 @@ pub fn command_for(client_class: &str) -> Option<DriverCommand> {
             Some(storage::mux_cli())
         }
         storage::OPENDAL_CLIENT => Some(storage::opendal_cli()),
+        storage::FLASHER_CLIENT => Some(storage::flasher_cli()),
         network::NETWORK_CLIENT => Some(network::cli()),
         serial::PYSERIAL_CLIENT => Some(serial::cli()),
         qemu::QEMU_CLIENT => Some(qemu::cli()),

@@ -105,6 +105,10 @@ pub fn stock_registry() -> DriverRegistry {
         .register(
             "jumpstarter_driver_shell.driver.Shell",
             shell::Shell::from_args,
+        )
+        .register(
+            "jumpstarter_driver_opendal.driver.MockFlasher",
+            storage::MockFlasher::from_args,
         );
     r
 }

@@ -14,6 +14,8 @@ use anyhow::{Context, Result, bail, ensure};
 
 use crate::procs::{self, Background};
 
+#[path = "interop_boards.rs"]
+mod boards;
 #[path = "interop_console.rs"]
 mod console;
 #[path = "interop_controller.rs"]
@@ -30,6 +32,7 @@ pub const REQUIREMENTS: &[&str] = &[
     "jumpstarter-driver-composite==0.9.0",
     "jumpstarter-driver-pyserial==0.9.0",
     "jumpstarter-driver-network==0.9.0",
+    "jumpstarter-driver-shell==0.9.0",
 ];
 
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
@@ -246,6 +249,14 @@ pub fn run(filter: Option<&str>) -> Result<(usize, usize)> {
         (
             "console: our jmp shell + j net address/forward-tcp + serial pipe -> python exporter, our controller+router",
             console::our_j_to_py_exporter_routed,
+        ),
+        (
+            "shell: python j sh METHOD (exit code, env, args, --help) -> our Shell exporter",
+            boards::py_j_to_our_shell,
+        ),
+        (
+            "shell: our j sh METHOD -> python Shell exporter, unix socket",
+            boards::our_j_to_py_shell,
         ),
         (
             "controller: python jmp run + jmp get/create/delete leases, shell -> our controller",

@@ -2,6 +2,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 mod admin;
+mod boards;
 mod console;
 mod direct;
 mod direct_path;

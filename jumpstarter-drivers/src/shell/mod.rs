@@ -29,6 +29,7 @@ use serde_json::Value as Json;
 
 pub(crate) use client::add_methods;
 pub use client::{ShellClient, ShellOutput, cli};
+pub use run::TIMEOUT_EXIT_CODE;
 
 /// Upstream client class of the shell driver.
 pub const SHELL_CLIENT: &str = "jumpstarter_driver_shell.client.ShellClient";
@@ -49,9 +50,6 @@ const BLOCKED_ENV_PREFIXES: &[&str] = &["LD_", "BASH_FUNC_"];
 
 /// Upstream's default timeout of a method, in seconds.
 const DEFAULT_TIMEOUT: u64 = 300;
-
-/// The exit code upstream reports when a method's timeout expired.
-pub const TIMEOUT_EXIT_CODE: i64 = 199;
 
 /// One configured method.
 #[derive(Debug, Clone, PartialEq)]

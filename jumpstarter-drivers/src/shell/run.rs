@@ -12,7 +12,8 @@ use tokio::{
     time::Instant,
 };
 
-use super::TIMEOUT_EXIT_CODE;
+/// The exit code upstream reports when a method's timeout expired.
+pub const TIMEOUT_EXIT_CODE: i64 = 199;
 
 /// Bytes read from a pipe at a time.
 const CHUNK: usize = 8192;

@@ -28,7 +28,7 @@ fn io_err(what: &str, path: &Path, e: std::io::Error) -> ClientError {
     ))
 }
 
-async fn open_local(path: &Path) -> Result<(tokio::fs::File, u64), ClientError> {
+pub(super) async fn open_local(path: &Path) -> Result<(tokio::fs::File, u64), ClientError> {
     let f = tokio::fs::File::open(path)
         .await
         .map_err(|e| io_err("opening", path, e))?;
@@ -45,7 +45,7 @@ async fn open_local(path: &Path) -> Result<(tokio::fs::File, u64), ClientError> 
 /// The size of a regular file, for progress; none for a pipe or device (or a path that
 /// cannot be read, reported when it is opened). Found without opening the file: a FIFO
 /// opened twice loses what its writer sent in between.
-async fn local_size(path: &Path) -> Option<u64> {
+pub(super) async fn local_size(path: &Path) -> Option<u64> {
     tokio::fs::metadata(path)
         .await
         .ok()
@@ -54,7 +54,7 @@ async fn local_size(path: &Path) -> Option<u64> {
 }
 
 /// An opened local file as an upload source, counted by `progress` as it is read.
-async fn file_source(file: tokio::fs::File, progress: &Progress) -> UploadSource {
+pub(super) async fn file_source(file: tokio::fs::File, progress: &Progress) -> UploadSource {
     let progress = progress.clone();
     let chunks = file_chunks(file.into_std().await)
         .inspect_ok(move |chunk| progress.inc(chunk.len() as u64));
@@ -95,7 +95,10 @@ pub async fn detect_encoding(path: &Path) -> Result<Option<ContentEncoding>, Cli
 /// A symbolic link is followed (the file it names is replaced, the link stays), and a
 /// device, pipe or socket that exists (`/dev/null`, `/dev/stdout`, a FIFO) is written
 /// directly: there is no file to put in place, and renaming over it would replace it.
-async fn write_local_atomically<T, F, Fut>(path: &Path, body: F) -> Result<T, ClientError>
+pub(super) async fn write_local_atomically<T, F, Fut>(
+    path: &Path,
+    body: F,
+) -> Result<T, ClientError>
 where
     F: FnOnce(FileWriter) -> Fut,
     Fut: std::future::Future<Output = Result<T, ClientError>>,
@@ -496,7 +499,7 @@ impl OpendalClient {
 
 // ------------------------------------------------------------------------------- CLI
 
-fn compression_arg() -> Arg {
+pub(super) fn compression_arg() -> Arg {
     Arg::new("compression")
         .long("compression")
         .value_parser(["gzip", "xz", "bz2", "zstd", "auto"])
@@ -507,7 +510,10 @@ fn compression_arg() -> Arg {
         )
 }
 
-async fn encoding_for(m: &ArgMatches, path: &Path) -> Result<Option<ContentEncoding>, ClientError> {
+pub(super) async fn encoding_for(
+    m: &ArgMatches,
+    path: &Path,
+) -> Result<Option<ContentEncoding>, ClientError> {
     match m.get_one::<String>("compression").map(String::as_str) {
         None => Ok(None),
         Some("auto") => detect_encoding(path).await,
@@ -515,7 +521,7 @@ async fn encoding_for(m: &ArgMatches, path: &Path) -> Result<Option<ContentEncod
     }
 }
 
-fn file_arg(help: &'static str) -> Arg {
+pub(super) fn file_arg(help: &'static str) -> Arg {
     Arg::new("file")
         .required(true)
         .value_parser(value_parser!(PathBuf))

@@ -4,6 +4,8 @@
 //! Upstream package `jumpstarter_driver_opendal`:
 //! - [`MockStorageMux`] / [`MockStorageMuxFlasher`]: a storage mux backed by a file
 //!   (`host`, `dut`, `off`, `write(handle)`, `read(handle)`, plus our `hash`);
+//! - [`MockFlasher`]: a flasher whose partitions are files (`flash(handle, partition)`,
+//!   `dump(handle, partition)`), with [`FlasherClient`] and [`flasher_cli`];
 //! - [`Opendal`]: file operations on a configured opendal service (`scheme` + `kwargs`);
 //! - [`StorageMuxClient`] and [`OpendalClient`]: the client halves, and [`mux_cli`] /
 //!   [`opendal_cli`] the `j storage ...` commands.
@@ -13,6 +15,8 @@
 //! transfer never leaves a half-written file that looks complete.
 
 mod client;
+mod flasher;
+mod flasher_client;
 mod mux;
 mod opendal;
 mod progress;
@@ -27,6 +31,8 @@ pub use client::{
     OpendalClient, OpendalFile, StorageMuxClient, TransferOptions, detect_encoding, mux_cli,
     opendal_cli,
 };
+pub use flasher::{DEFAULT_PARTITION, MockFlasher};
+pub use flasher_client::{FlasherClient, flasher_cli};
 pub use mux::{MockStorageMux, MockStorageMuxFlasher};
 pub use opendal::{Capability, EntryMode, Metadata, Opendal, PresignedRequest};
 pub use progress::{Progress, ProgressReader, ProgressWriter};
@@ -36,6 +42,8 @@ pub const STORAGE_MUX_CLIENT: &str = "jumpstarter_driver_opendal.client.StorageM
 /// Upstream client class of storage muxes that flash (`flash`, `dump`).
 pub const STORAGE_MUX_FLASHER_CLIENT: &str =
     "jumpstarter_driver_opendal.client.StorageMuxFlasherClient";
+/// Upstream client class of flashers (`flash`, `dump` with a partition).
+pub const FLASHER_CLIENT: &str = "jumpstarter_driver_opendal.client.FlasherClient";
 /// Upstream client class of the Opendal driver.
 pub const OPENDAL_CLIENT: &str = "jumpstarter_driver_opendal.client.OpendalClient";
 

@@ -58,7 +58,7 @@ pub struct Medium {
 }
 
 impl Medium {
-    fn new(file: Option<PathBuf>) -> Result<Self, DriverError> {
+    pub(super) fn new(file: Option<PathBuf>) -> Result<Self, DriverError> {
         match file {
             Some(path) => {
                 clean_partials_of(&path);
@@ -88,7 +88,11 @@ impl Medium {
     /// Replaces the medium's content with the resource's bytes; a file changes only if the
     /// whole transfer arrived, a device is written in place. Returns the number of bytes
     /// stored.
-    async fn write(&self, ctx: &CallContext, src: &ResourceHandle) -> Result<u64, DriverError> {
+    pub(super) async fn write(
+        &self,
+        ctx: &CallContext,
+        src: &ResourceHandle,
+    ) -> Result<u64, DriverError> {
         let mut stream = ctx.resource(src)?;
         let n = match write_target(&self.path).await? {
             WriteTarget::Replace(target) => self.replace(&mut stream, &target).await?,
@@ -143,7 +147,11 @@ impl Medium {
     }
 
     /// Sends the medium's content into the resource.
-    async fn read(&self, ctx: &CallContext, dst: &ResourceHandle) -> Result<u64, DriverError> {
+    pub(super) async fn read(
+        &self,
+        ctx: &CallContext,
+        dst: &ResourceHandle,
+    ) -> Result<u64, DriverError> {
         let mut stream = ctx.resource(dst)?;
         let file = self.open().await?;
         let n = stream.copy_from_file(file.into_std().await).await?;
