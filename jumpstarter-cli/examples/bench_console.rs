@@ -98,7 +98,7 @@ async fn console<S: AsyncRead + AsyncWrite + Send + Unpin + 'static>(
 }
 
 async fn pty_echo(link: &str) -> Result<()> {
-    let pty = jumpstarter_drivers::serial::Pty::open()?;
+    let pty = jumpstarter_drivers::Pty::open()?;
     let _ = std::fs::remove_file(link);
     std::os::unix::fs::symlink(&pty.device_path, link)
         .with_context(|| format!("cannot link {link}"))?;

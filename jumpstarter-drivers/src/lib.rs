@@ -42,8 +42,9 @@ pub use serial::{
     Console, ExpectError, LineSettings, Match, PYSERIAL_CLIENT, Pty, PySerial, PySerialClient,
     SerialUrl, TtyStream,
 };
-pub use shell::{SHELL_CLIENT, Shell, ShellClient, ShellOutput};
+pub use shell::{SHELL_CLIENT, Shell, ShellClient, ShellOutput, TIMEOUT_EXIT_CODE};
 pub use storage::{
+    DEFAULT_PARTITION, FlasherClient, MockFlasher,
     Capability, EntryMode, HashAlgo, Metadata, MockStorageMux, MockStorageMuxFlasher,
     OPENDAL_CLIENT, Opendal, OpendalClient, OpendalFile, PresignedRequest, Progress,
     ProgressReader, ProgressWriter, STORAGE_MUX_CLIENT, STORAGE_MUX_FLASHER_CLIENT, StorageError,

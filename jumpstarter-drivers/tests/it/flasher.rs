@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use jumpstarter_core::wire::resource::ContentEncoding;
-use jumpstarter_drivers::storage::{FlasherClient, MockFlasher, Progress, TransferOptions};
+use jumpstarter_drivers::{FlasherClient, MockFlasher, Progress, TransferOptions};
 
 use crate::{
     Served,
@@ -119,10 +119,10 @@ async fn j_flash_with_targets_and_dump() {
     let run = |args: Vec<String>| {
         let session = &session;
         async move {
-            let m = jumpstarter_drivers::cli::j_command(session)
+            let m = jumpstarter_drivers::j_command(session)
                 .try_get_matches_from(args)
                 .unwrap();
-            jumpstarter_drivers::cli::run(session.root(), m).await
+            jumpstarter_drivers::run_j_command(session.root(), m).await
         }
     };
     let s = |p: &std::path::Path| p.to_string_lossy().into_owned();
