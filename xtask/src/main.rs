@@ -127,8 +127,13 @@ fn ci() -> Result<()> {
         &["doc", "--workspace", "--no-deps", "--quiet"],
         &[("RUSTDOCFLAGS", "-D warnings")],
     )?;
+    // Tests with upstream's Python client in a hook need the pinned venv.
+    let venv = interop::ensure_venv()?;
     println!("== cargo test");
-    cargo(&["test", "--workspace"])?;
+    cargo_with_env(
+        &["test", "--workspace"],
+        &[("JUMPSTARTER_UPSTREAM_VENV", &venv.to_string_lossy())],
+    )?;
     s3::run()?;
     println!("== interop with upstream 0.9.0");
     interop::run(None)
