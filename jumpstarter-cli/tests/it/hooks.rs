@@ -676,7 +676,7 @@ async fn distributed_failing_health_checks_quarantine_the_exporter() {
     assert_eq!(reason, "HealthCheckFailed");
     assert_eq!(
         message,
-        "healthCheck: failed 2 times in a row (last: Hook failed with exit code 3)\nprobe: no answer"
+        "healthCheck: failed 2 times in a row (last: Hook failed with exit code 3)\nPowered on\nprobe: no answer"
     );
     // Clients see it; its ordinary status is unchanged.
     let out = lab
@@ -697,7 +697,7 @@ async fn distributed_failing_health_checks_quarantine_the_exporter() {
         .unwrap();
     let (stdout, stderr) = text(&out);
     assert!(
-        stdout.contains("Last Output:\n  probe: no answer"),
+        stdout.contains("Last Output:\n  Powered on\n  probe: no answer\n"),
         "{stdout}{stderr}"
     );
     // A lease for it waits, naming the reason.
