@@ -218,7 +218,21 @@ const HOOK_LINES: [&str; 3] = [
 /// An exporter config as [`exporter_config`] writes it, with [`HOOKS`].
 fn exporter_config_with_hooks(env: &Env, name: &str, board: &str) -> Result<PathBuf> {
     let path = exporter_config(env, name, board)?;
-    let text = std::fs::read_to_string(&path)?;
+    // Our `jmp admin create` writes an empty `hooks:` section: replace it.
+    let mut text = String::new();
+    let mut in_hooks = false;
+    for line in std::fs::read_to_string(&path)?.lines() {
+        if line.starts_with("hooks:") {
+            in_hooks = true;
+            continue;
+        }
+        if in_hooks && (line.is_empty() || line.starts_with(' ')) {
+            continue;
+        }
+        in_hooks = false;
+        text.push_str(line);
+        text.push('\n');
+    }
     std::fs::write(&path, format!("{text}{HOOKS}"))?;
     Ok(path)
 }
