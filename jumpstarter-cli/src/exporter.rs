@@ -510,8 +510,12 @@ impl Runtime {
                     Some(Err(s)) => return Err(self.refused(&s)),
                     None => return Ok(()),
                 },
-                outcome = async { check.as_mut().expect("guarded by the branch condition").await },
-                    if check.is_some() => {
+                outcome = async {
+                    match check.as_mut() {
+                        Some(running) => running.await,
+                        None => std::future::pending().await,
+                    }
+                }, if check.is_some() => {
                     check = None;
                     self.health_checked(&outcome, &channel).await;
                 }

@@ -44,10 +44,11 @@ impl TestCounts {
 
 /// Runs `cargo ARGS` from the workspace root with its output passed through (stdout line by
 /// line, as it comes), counting the tests; fails on a non-zero exit.
-pub fn cargo_test(args: &[&str]) -> Result<TestCounts> {
+pub fn cargo_test(args: &[&str], env: &[(&str, &str)]) -> Result<TestCounts> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut child = Command::new(cargo)
         .args(args)
+        .envs(env.iter().copied())
         .current_dir(crate::workspace_root())
         .stdout(Stdio::piped())
         .spawn()

@@ -270,6 +270,14 @@ pub fn run(filter: Option<&str>) -> Result<(usize, usize)> {
             "distributed: python jmp shell + j (power, 64 MiB storage) -> our exporter, our controller+router",
             distributed::py_client_to_our_exporter,
         ),
+        (
+            "hooks: our jmp shell -> python exporter with beforeLease/afterLease, output in order",
+            distributed::our_client_to_py_exporter_with_hooks,
+        ),
+        (
+            "hooks: python jmp shell -> our exporter with beforeLease/afterLease, output in order",
+            distributed::py_client_to_our_exporter_with_hooks,
+        ),
     ];
     let (mut passed, mut failed) = (0, 0);
     let mut failures = Vec::new();

@@ -213,3 +213,103 @@ pub(super) fn py_client_to_our_exporter(env: &Env) -> Result<()> {
     );
     storage_same_files(&src, &dst)
 }
+
+/// The hooks both exporters get in the hook cases: output lines whose order the clients must
+/// keep.
+const HOOKS: &str = "hooks:
+  beforeLease:
+    script: |
+      echo interop-hook before one
+      echo interop-hook before two
+    timeout: 60
+    onFailure: endLease
+  afterLease:
+    script: |
+      echo interop-hook after one
+    timeout: 60
+";
+
+/// The hook lines, in the order they must appear.
+const HOOK_LINES: [&str; 3] = [
+    "interop-hook before one",
+    "interop-hook before two",
+    "interop-hook after one",
+];
+
+/// An exporter config as [`exporter_config`] writes it, with [`HOOKS`].
+fn exporter_config_with_hooks(env: &Env, name: &str, board: &str) -> Result<PathBuf> {
+    let path = exporter_config(env, name, board)?;
+    // Our `jmp admin create` writes an empty `hooks:` section: replace it.
+    let mut text = String::new();
+    let mut in_hooks = false;
+    for line in std::fs::read_to_string(&path)?.lines() {
+        if line.starts_with("hooks:") {
+            in_hooks = true;
+            continue;
+        }
+        if in_hooks && (line.is_empty() || line.starts_with(' ')) {
+            continue;
+        }
+        in_hooks = false;
+        text.push_str(line);
+        text.push('\n');
+    }
+    std::fs::write(&path, format!("{text}{HOOKS}"))?;
+    Ok(path)
+}
+
+/// Every hook line appears in one of the client's output streams, in order.
+fn hook_output_in_order(out: &procs::Output, what: &str) -> Result<()> {
+    let in_order = |text: &str| {
+        let mut from = 0;
+        HOOK_LINES.iter().all(|line| match text[from..].find(line) {
+            Some(i) => {
+                from += i + line.len();
+                true
+            }
+            None => false,
+        })
+    };
+    ensure!(
+        in_order(&out.stderr) || in_order(&out.stdout),
+        "{what}: the hook output is missing or out of order (want {HOOK_LINES:?})\nstdout:\n{}\nstderr:\n{}",
+        out.stdout,
+        out.stderr
+    );
+    Ok(())
+}
+
+/// The upstream exporter with hooks, driven by our `jmp shell`: the beforeLease output
+/// before the command, the afterLease output before the shell returns.
+pub(super) fn our_client_to_py_exporter_with_hooks(env: &Env) -> Result<()> {
+    let _controller = super::controller::start_controller(env, "hooks-py-exporter-data")?.0;
+    let exporter = exporter_config_with_hooks(env, "py-hooks-exporter", "pyhooks")?;
+    let client = client_config(env, "rs-hooks-client")?;
+    let mut c = env.upstream("jmp");
+    c.arg("run").arg("--exporter-config").arg(&exporter);
+    let mut py_exporter = Background::start("(python) jmp run", c)?;
+    py_exporter.wait_for_line("Currently not leased", Duration::from_secs(60))?;
+    let out = our_shell(env, &client, "pyhooks", "j power on")?;
+    check(&out, "jmp shell -l board=pyhooks -- j power on")?;
+    hook_output_in_order(&out, "jmp shell -l board=pyhooks")
+}
+
+/// Our exporter with hooks, driven by the upstream `jmp shell`.
+pub(super) fn py_client_to_our_exporter_with_hooks(env: &Env) -> Result<()> {
+    let _controller = super::controller::start_controller(env, "hooks-rs-exporter-data")?.0;
+    let exporter = exporter_config_with_hooks(env, "rs-hooks-exporter", "rshooks")?;
+    let client = client_config(env, "py-hooks-client")?;
+    let mut c = env.ours(&env.jmp);
+    c.arg("run").arg("--exporter-config").arg(&exporter);
+    let mut our_exporter = Background::start("jmp run", c)?;
+    our_exporter.wait_for_line("registered with controller", Duration::from_secs(60))?;
+    let j = env.venv.join("bin").join("j");
+    let out = py_shell(
+        env,
+        &client,
+        "rshooks",
+        &[&j, Path::new("power"), Path::new("on")],
+    )?;
+    check(&out, "(python) jmp shell -l board=rshooks -- j power on")?;
+    hook_output_in_order(&out, "(python) jmp shell -l board=rshooks")
+}

@@ -138,8 +138,13 @@ fn ci() -> Result<()> {
     )?;
     println!("== QEMU test board (cargo xtask qemu-board)");
     qemu_board::prepare()?;
+    // Tests with upstream's Python client in a hook need the pinned venv.
+    let venv = interop::ensure_venv()?;
     println!("== cargo test");
-    let tests = ci_summary::cargo_test(&["test", "--workspace"])?;
+    let tests = ci_summary::cargo_test(
+        &["test", "--workspace"],
+        &[("JUMPSTARTER_UPSTREAM_VENV", &venv.to_string_lossy())],
+    )?;
     s3::run()?;
     println!("== interop with upstream 0.9.0");
     let interop = interop::run(None)?;

@@ -41,9 +41,17 @@ fn block(script: &str, indent: usize) -> String {
 /// Starts the standalone exporter of `s` (plaintext) and returns it, its address and the
 /// receiver of its stderr lines.
 fn standalone(s: &Scratch) -> (Running, String, std::sync::mpsc::Receiver<String>) {
+    standalone_with_path(s, &path_with_j())
+}
+
+/// [`standalone`] with the hooks' `PATH`.
+fn standalone_with_path(
+    s: &Scratch,
+    path: &str,
+) -> (Running, String, std::sync::mpsc::Receiver<String>) {
     use std::io::{BufRead, BufReader};
     let mut c = s.cmd(JMP);
-    c.env("PATH", path_with_j())
+    c.env("PATH", path)
         .args(["run", "--exporter-config"])
         .arg(s.path("exporter.yaml"))
         .args(["--tls-grpc-listener", "127.0.0.1:0", "--tls-grpc-insecure"])
@@ -266,6 +274,115 @@ fn script_file_and_exec_bash() {
     assert!(out.status.success(), "{stdout}{stderr}");
     assert!(stderr.contains("[beforeLease] from the file"), "{stderr}");
     assert_eq!(read(&out_file), "bash\n");
+}
+
+/// The pinned upstream venv (`cargo xtask venv`): `$JUMPSTARTER_UPSTREAM_VENV`, else
+/// `target/interop-venv` beside the binaries under test. `None` (the test is skipped) when
+/// it is missing outside CI; in CI (`CI=true`) a missing venv fails the test.
+fn upstream_venv() -> Option<PathBuf> {
+    let venv = std::env::var_os("JUMPSTARTER_UPSTREAM_VENV")
+        .map(PathBuf::from)
+        .or_else(|| {
+            Path::new(J)
+                .parent()
+                .and_then(Path::parent)
+                .map(|t| t.join("interop-venv"))
+        })?;
+    if venv.join("bin/python3").exists() && venv.join("bin/j").exists() {
+        return Some(venv);
+    }
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "the upstream Python venv is missing at {} (create it with `cargo xtask venv`)",
+        venv.display()
+    );
+    eprintln!(
+        "skipped: no upstream venv at {} (create it with `cargo xtask venv`)",
+        venv.display()
+    );
+    None
+}
+
+#[test]
+fn a_python_hook_drives_the_board_with_the_upstream_client() {
+    let Some(venv) = upstream_venv() else {
+        return;
+    };
+    let s = Scratch::new();
+    let hook = s.write(
+        "power_on.py",
+        "import os, subprocess\n\
+         from jumpstarter.utils.env import env\n\
+         with env() as client:\n\
+         \x20   client.power.on()\n\
+         print('python hook: power on for', os.environ['JMP_DRIVERS_ALLOW'])\n\
+         subprocess.run(['j', 'power', 'off'], check=True)\n\
+         print('python hook: upstream j ran')\n",
+    );
+    s.write(
+        "exporter.yaml",
+        &hooks_yaml(&format!(
+            "  beforeLease:\n    script: {}\n    timeout: 120\n    onFailure: endLease\n",
+            hook.display()
+        )),
+    );
+    // The venv first: `python3` (auto-detected for `.py`) and `j` are upstream's.
+    let path = format!(
+        "{}:{}",
+        venv.join("bin").display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let (_exporter, addr, log) = standalone_with_path(&s, &path);
+    let out = direct_shell(&s, &addr, "echo command ran")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    let log: Vec<String> = log.try_iter().collect();
+    assert!(out.status.success(), "{stdout}{stderr}\n{}", log.join("\n"));
+    assert!(stdout.contains("command ran"), "{stdout}");
+    assert!(
+        stderr.contains("[beforeLease] python hook: power on for UNSAFE"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("[beforeLease] python hook: upstream j ran"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_local_shell_says_it_does_not_run_hooks_and_runs_the_command() {
+    let s = Scratch::new();
+    let ran = s.path("ran");
+    s.write(
+        "exporter.yaml",
+        &hooks_yaml(&format!(
+            "  beforeLease:\n    script: touch {}\n    onFailure: exit\n",
+            ran.display()
+        )),
+    );
+    let out = s
+        .cmd(JMP)
+        .env("PATH", path_with_j())
+        .args([
+            "shell",
+            "--exporter-config",
+            "exporter.yaml",
+            "--",
+            "j",
+            "power",
+            "on",
+        ])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    // As upstream: hooks run around leases of `jmp run`, not in a local shell; ours says so.
+    assert!(
+        stderr.contains("Warning: `hooks` of the exporter config are not run by a local shell"),
+        "{stderr}"
+    );
+    assert!(!ran.exists());
 }
 
 #[test]
@@ -559,7 +676,7 @@ async fn distributed_failing_health_checks_quarantine_the_exporter() {
     assert_eq!(reason, "HealthCheckFailed");
     assert_eq!(
         message,
-        "healthCheck: failed 2 times in a row (last: Hook failed with exit code 3)\nprobe: no answer"
+        "healthCheck: failed 2 times in a row (last: Hook failed with exit code 3)\nPowered on\nprobe: no answer"
     );
     // Clients see it; its ordinary status is unchanged.
     let out = lab
@@ -580,7 +697,7 @@ async fn distributed_failing_health_checks_quarantine_the_exporter() {
         .unwrap();
     let (stdout, stderr) = text(&out);
     assert!(
-        stdout.contains("Last Output:\n  probe: no answer"),
+        stdout.contains("Last Output:\n  Powered on\n  probe: no answer\n"),
         "{stdout}{stderr}"
     );
     // A lease for it waits, naming the reason.
@@ -683,4 +800,69 @@ async fn distributed_failing_hooks_quarantine_the_exporter() {
         message,
         "beforeLease: failed 1 times in a row (last: Hook failed with exit code 6)\nrelay stuck"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn distributed_sigkill_during_before_lease_leaves_no_hook_child_and_the_lease_ends() {
+    let lab = lab().await;
+    let pid = lab.path("hook.pid");
+    let cfg = lab_exporter(
+        &lab,
+        "hk9",
+        &format!(
+            "  beforeLease:\n    script: |\n      echo powering on\n      sleep 300 &\n      \
+             echo $! > {}\n      wait\n    timeout: 300\n",
+            pid.display()
+        ),
+    )
+    .await;
+    let client = lab.client("grace").await;
+    let mut exporter = lab.run_exporter(&cfg, "hk9.log");
+    lab.wait_status("hk9", ExporterStatusValue::Available).await;
+    let child = shell(
+        &lab,
+        &client,
+        &["-l", "hooks=hk9", "--duration", "5s"],
+        "echo ran",
+    );
+    let mut hook_pid = String::new();
+    for _ in 0..600 {
+        hook_pid = read(&pid).trim().to_string();
+        if !hook_pid.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        !hook_pid.is_empty(),
+        "the hook did not start\n{}",
+        lab.log("hk9.log")
+    );
+    exporter.start_kill().unwrap(); // SIGKILL
+    exporter.wait().await.unwrap();
+    assert!(
+        gone(&hook_pid),
+        "hook child {hook_pid} outlived the exporter"
+    );
+    // The client's command never runs; the shell ends by itself (the lease expires).
+    let (_code, stdout, stderr) = finish(child).await;
+    assert!(!stdout.contains("ran"), "{stdout}{stderr}");
+    // The lease is not left assigned forever.
+    use jumpstarter_controller::{objects::Lease, store::Store};
+    let mut ended = false;
+    for _ in 0..300 {
+        let leases = lab
+            .ctl()
+            .state
+            .store
+            .list::<Lease>(Some("default"), &Default::default(), &Default::default())
+            .await
+            .unwrap();
+        if !leases.items.is_empty() && leases.items.iter().all(|l| l.is_ended()) {
+            ended = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(ended, "the lease of a killed exporter stayed assigned");
 }
