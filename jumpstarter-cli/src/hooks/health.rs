@@ -230,9 +230,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_check_runs_with_j_on_its_socket_and_keeps_its_output() {
-        let tree = DriverNode::new(std::sync::Arc::new(
-            jumpstarter_drivers::Composite,
-        ));
+        let tree = DriverNode::new(std::sync::Arc::new(jumpstarter_drivers::Composite));
         let spec = HookSpec {
             exec: None,
             script: "echo checking; test -S \"$JUMPSTARTER_HOST\" && echo socket-ok; exit 4".into(),

@@ -61,17 +61,6 @@ pub enum OnFailure {
     Exit,
 }
 
-impl OnFailure {
-    /// The config spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            OnFailure::Warn => "warn",
-            OnFailure::EndLease => "endLease",
-            OnFailure::Exit => "exit",
-        }
-    }
-}
-
 /// Which hook.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HookKind {
@@ -197,14 +186,6 @@ impl LeaseHooks {
             .map(|h| HookSpec::from_config(HookKind::AfterLease, h))
             .transpose()?;
         Ok((before.is_some() || after.is_some()).then_some(Self { before, after }))
-    }
-
-    /// The hook of `kind`.
-    pub fn get(&self, kind: HookKind) -> Option<&HookSpec> {
-        match kind {
-            HookKind::BeforeLease => self.before.as_ref(),
-            HookKind::AfterLease => self.after.as_ref(),
-        }
     }
 }
 
