@@ -33,22 +33,22 @@ pub use network::{
     EchoNetwork, Forwarder, NETWORK_CLIENT, NetworkClient, TcpNetwork, UdpNetwork, UdpStream,
     UnixNetwork, WebsocketNetwork,
 };
-pub use qemu::{
-    Accel, Hostfwd, QEMU_CLIENT, QEMU_FLASHER_CLIENT, Qemu, QemuClient, QemuFlasher, QemuFlasherClient,
-    QemuPower,
-};
 pub use power::{MockPower, POWER_CLIENT, PowerClient, PowerReading};
+pub use qemu::{
+    Accel, Hostfwd, QEMU_CLIENT, QEMU_FLASHER_CLIENT, Qemu, QemuClient, QemuFlasher,
+    QemuFlasherClient, QemuPower,
+};
 pub use serial::{
     Console, ExpectError, LineSettings, Match, PYSERIAL_CLIENT, Pty, PySerial, PySerialClient,
     SerialUrl, TtyStream,
 };
 pub use shell::{SHELL_CLIENT, Shell, ShellClient, ShellOutput, TIMEOUT_EXIT_CODE};
 pub use storage::{
-    DEFAULT_PARTITION, FlasherClient, MockFlasher,
-    Capability, EntryMode, HashAlgo, Metadata, MockStorageMux, MockStorageMuxFlasher,
-    OPENDAL_CLIENT, Opendal, OpendalClient, OpendalFile, PresignedRequest, Progress,
-    ProgressReader, ProgressWriter, STORAGE_MUX_CLIENT, STORAGE_MUX_FLASHER_CLIENT, StorageError,
-    StorageMuxClient, TransferOptions, detect_encoding, hash_reader,
+    Capability, DEFAULT_PARTITION, EntryMode, FlasherClient, HashAlgo, Metadata, MockFlasher,
+    MockStorageMux, MockStorageMuxFlasher, OPENDAL_CLIENT, Opendal, OpendalClient, OpendalFile,
+    PresignedRequest, Progress, ProgressReader, ProgressWriter, STORAGE_MUX_CLIENT,
+    STORAGE_MUX_FLASHER_CLIENT, StorageError, StorageMuxClient, TransferOptions, detect_encoding,
+    hash_reader,
 };
 
 use jumpstarter_core::driver::{COMPOSITE_TYPE, DriverRegistry};
