@@ -172,7 +172,18 @@ pub async fn shell(opts: ShellLease, command: &[String]) -> Result<i32> {
     };
     waiting.stop();
     let mut lease = acquired?;
-    lease.set_retry(RetryPolicy::new(retry).with_events(retry_events(retry)));
+    // `grpcOptions` apply to the router channels too, as upstream's client applies them
+    // (already checked when the controller channel was opened).
+    let router_keepalive = jumpstarter_core::client::grpc_options::keepalive(
+        &cfg.grpc_options,
+        tunnel::ROUTER_KEEPALIVE,
+    )
+    .unwrap_or(tunnel::ROUTER_KEEPALIVE);
+    lease.set_retry(
+        RetryPolicy::new(retry)
+            .with_events(retry_events(retry))
+            .with_keepalive(router_keepalive),
+    );
     tracing::info!(
         "lease {} acquired (exporter {})",
         lease.name,

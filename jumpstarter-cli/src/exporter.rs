@@ -172,6 +172,9 @@ pub struct ExporterOptions {
     pub hooks: Option<Arc<LeaseHooks>>,
     /// The controller channel's keepalive from `grpcOptions` (default: upstream's).
     pub keepalive: Option<Keepalive>,
+    /// The router channels' keepalive from `grpcOptions` (default
+    /// [`tunnel::ROUTER_KEEPALIVE`]): upstream's exporter applies `grpcOptions` to both.
+    pub router_keepalive: Option<Keepalive>,
     /// `failureDetection`: (`maxRapidFailures`, `rapidFailureWindow` seconds); `None`:
     /// retry forever.
     pub failure_detection: Option<(u32, u32)>,
@@ -205,6 +208,11 @@ impl ExporterOptions {
             CONTROLLER_KEEPALIVE,
         )
         .map_err(|e| config_error(e.to_string()))?;
+        let router_keepalive = jumpstarter_core::client::grpc_options::keepalive(
+            &cfg.grpc_options,
+            tunnel::ROUTER_KEEPALIVE,
+        )
+        .map_err(|e| config_error(e.to_string()))?;
         let direct = match cfg.direct_listener.as_deref() {
             Some(spec) => Some(
                 DirectListenerSpec::parse(spec, cfg.direct_advertise.as_deref()).map_err(|e| {
@@ -225,6 +233,7 @@ impl ExporterOptions {
             hooks,
             health,
             keepalive: Some(keepalive),
+            router_keepalive: Some(router_keepalive),
             failure_detection: Some((
                 cfg.failure_detection.max_rapid_failures,
                 cfg.failure_detection.rapid_failure_window,
@@ -299,6 +308,7 @@ pub async fn run_with_options(
     let (exit_tx, mut exit_rx) = tokio::sync::watch::channel(None::<String>);
     let mut rt = Runtime {
         keepalive: options.keepalive.unwrap_or(CONTROLLER_KEEPALIVE),
+        router_keepalive: options.router_keepalive.unwrap_or(tunnel::ROUTER_KEEPALIVE),
         hooks: options.hooks.clone(),
         health: options
             .health
@@ -404,6 +414,7 @@ struct ActiveLease {
 
 struct Runtime {
     keepalive: Keepalive,
+    router_keepalive: Keepalive,
     hooks: Option<Arc<LeaseHooks>>,
     /// Failures in a row, with `healthCheck`.
     health: Option<Arc<HealthTracker>>,
@@ -596,6 +607,7 @@ impl Runtime {
             session: Arc::clone(&session),
             channel: channel.clone(),
             tls: self.target.tls.clone(),
+            router_keepalive: self.router_keepalive,
             cancel: cancel.clone(),
             hooks: hooks.clone(),
             health: self.health.clone(),
@@ -665,6 +677,8 @@ struct LeaseContext {
     session: Arc<Session>,
     channel: AuthChannel,
     tls: TlsSettings,
+    /// `grpcOptions` applied to the router channels.
+    router_keepalive: Keepalive,
     cancel: CancellationToken,
     hooks: Option<Arc<LeaseHookRun>>,
     health: Option<Arc<HealthTracker>>,
@@ -781,6 +795,7 @@ async fn serve_lease(cx: LeaseContext) {
         session,
         channel,
         tls,
+        router_keepalive,
         cancel,
         hooks,
         health,
@@ -858,7 +873,7 @@ async fn serve_lease(cx: LeaseContext) {
                                 let cancel = cancel.clone();
                                 let name = name.clone();
                                 tokio::spawn(async move {
-                                    if let Err(e) = connect_tunnel(&tunnels, &resp.router_endpoint, &resp.router_token, &tls, cancel).await {
+                                    if let Err(e) = connect_tunnel(&tunnels, &resp.router_endpoint, &resp.router_token, &tls, router_keepalive, cancel).await {
                                         tracing::warn!("lease {name}: tunnel failed: {e}");
                                     }
                                 });
@@ -940,10 +955,20 @@ async fn connect_tunnel(
     endpoint: &str,
     token: &str,
     tls: &TlsSettings,
+    keepalive: Keepalive,
     cancel: CancellationToken,
 ) -> Result<(), tunnel::TunnelError> {
     let (conn, sink, source) = tunnel_conn();
-    tunnel::attach_frames(endpoint, tls, token, sink, source, cancel.cancelled_owned()).await?;
+    tunnel::attach_frames_with(
+        endpoint,
+        tls,
+        token,
+        keepalive,
+        sink,
+        source,
+        cancel.cancelled_owned(),
+    )
+    .await?;
     if tunnels.send(conn).await.is_err() {
         tracing::debug!("tunnel from {endpoint} arrived after the session ended");
     }
@@ -1019,5 +1044,34 @@ mod tests {
         let t = ControllerTarget::from_config(&cfg).unwrap();
         assert_eq!(t.auth.kind, Some("Exporter"));
         assert_eq!(t.auth.name, "e");
+    }
+
+    fn options(extra: &str) -> Result<ExporterOptions, ExporterError> {
+        let text = format!(
+            "apiVersion: jumpstarter.dev/v1alpha1\nkind: ExporterConfig\nmetadata:\n  namespace: default\n  name: e\nendpoint: localhost:1\ntoken: t\n{extra}"
+        );
+        let cfg = ExporterConfig::parse(&text, Path::new("/x/e.yaml")).unwrap();
+        ExporterOptions::from_config(&cfg)
+    }
+
+    #[test]
+    fn grpc_options_apply_to_the_controller_and_router_channels() {
+        let o = options("").unwrap();
+        assert_eq!(o.keepalive, Some(CONTROLLER_KEEPALIVE));
+        assert_eq!(o.router_keepalive, Some(tunnel::ROUTER_KEEPALIVE));
+        let o = options(
+            "grpcOptions:\n  grpc.keepalive_time_ms: 7000\n  grpc.keepalive_timeout_ms: 3000\n",
+        )
+        .unwrap();
+        let want = Keepalive {
+            interval: Duration::from_secs(7),
+            timeout: Duration::from_secs(3),
+        };
+        assert_eq!(o.keepalive, Some(want));
+        assert_eq!(o.router_keepalive, Some(want));
+        let e = options("grpcOptions:\n  grpc.keepalive_time_ms: -1\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("grpc.keepalive_time_ms"), "{e}");
     }
 }

@@ -221,12 +221,15 @@ pub enum TunnelEvent<'a> {
 pub type TunnelEvents = Arc<dyn Fn(TunnelEvent<'_>) + Send + Sync>;
 
 /// How [`connect_retrying`] handles transient failures.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct RetryPolicy {
     /// How long to keep trying (zero: fail at the first error).
     pub timeout: Duration,
     /// Told about retries, reconnections and lost tunnels.
     pub events: Option<TunnelEvents>,
+    /// HTTP/2 keepalive of the router channels (a client config's `grpcOptions`; default
+    /// [`ROUTER_KEEPALIVE`]).
+    pub keepalive: Keepalive,
 }
 
 impl std::fmt::Debug for RetryPolicy {
@@ -234,7 +237,15 @@ impl std::fmt::Debug for RetryPolicy {
         f.debug_struct("RetryPolicy")
             .field("timeout", &self.timeout)
             .field("events", &self.events.is_some())
+            .field("keepalive", &self.keepalive)
             .finish()
+    }
+}
+
+impl Default for RetryPolicy {
+    /// No retries, [`ROUTER_KEEPALIVE`].
+    fn default() -> Self {
+        Self::new(Duration::ZERO)
     }
 }
 
@@ -244,7 +255,14 @@ impl RetryPolicy {
         Self {
             timeout,
             events: None,
+            keepalive: ROUTER_KEEPALIVE,
         }
+    }
+
+    /// Use `keepalive` on the router channels (a client config's `grpcOptions`).
+    pub fn with_keepalive(mut self, keepalive: Keepalive) -> Self {
+        self.keepalive = keepalive;
+        self
     }
 
     /// Also report [`TunnelEvent`]s to `events`.
@@ -281,17 +299,24 @@ pub async fn connect(
     tls: &TlsSettings,
     token: &str,
 ) -> Result<RouterLink, TunnelError> {
-    let channel = connect_authenticated_with(
-        endpoint,
-        tls,
-        &ControllerAuth::bearer(token),
-        ROUTER_KEEPALIVE,
-    )
-    .await
-    .map_err(|source| TunnelError::Router {
-        endpoint: endpoint.to_string(),
-        source,
-    })?;
+    connect_with(endpoint, tls, token, ROUTER_KEEPALIVE).await
+}
+
+/// [`connect`] with the given HTTP/2 keepalive (an exporter's `grpcOptions` apply to its
+/// router channels too, as upstream's exporter applies them).
+pub async fn connect_with(
+    endpoint: &str,
+    tls: &TlsSettings,
+    token: &str,
+    keepalive: Keepalive,
+) -> Result<RouterLink, TunnelError> {
+    let channel =
+        connect_authenticated_with(endpoint, tls, &ControllerAuth::bearer(token), keepalive)
+            .await
+            .map_err(|source| TunnelError::Router {
+                endpoint: endpoint.to_string(),
+                source,
+            })?;
     Ok(RouterLink {
         endpoint: endpoint.to_string(),
         channel,
@@ -317,7 +342,14 @@ pub async fn connect_retrying<S: TicketSource + ?Sized>(
             Ok(ticket) => {
                 let ticket_deadline = Instant::now() + SAME_TICKET_WINDOW;
                 loop {
-                    match connect(&ticket.router_endpoint, tls, &ticket.router_token).await {
+                    match connect_with(
+                        &ticket.router_endpoint,
+                        tls,
+                        &ticket.router_token,
+                        policy.keepalive,
+                    )
+                    .await
+                    {
                         Ok(link) => break Ok(link),
                         Err(e) => {
                             let now = Instant::now();
@@ -585,7 +617,7 @@ where
     IO: AsyncRead + AsyncWrite + Send + 'static,
 {
     let mut cancel = Box::pin(cancel);
-    let link = reach(endpoint, tls, token, &mut cancel).await?;
+    let link = reach(endpoint, tls, token, ROUTER_KEEPALIVE, &mut cancel).await?;
     link.splice(io, cancel, None);
     Ok(())
 }
@@ -601,8 +633,22 @@ pub async fn attach_frames<Snk: FrameSink, Src: FrameSource>(
     source: Src,
     cancel: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), TunnelError> {
+    attach_frames_with(endpoint, tls, token, ROUTER_KEEPALIVE, sink, source, cancel).await
+}
+
+/// [`attach_frames`] with the given HTTP/2 keepalive on the router channel (the exporter's
+/// `grpcOptions`).
+pub async fn attach_frames_with<Snk: FrameSink, Src: FrameSource>(
+    endpoint: &str,
+    tls: &TlsSettings,
+    token: &str,
+    keepalive: Keepalive,
+    sink: Snk,
+    source: Src,
+    cancel: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), TunnelError> {
     let mut cancel = Box::pin(cancel);
-    let link = reach(endpoint, tls, token, &mut cancel).await?;
+    let link = reach(endpoint, tls, token, keepalive, &mut cancel).await?;
     link.splice_frames(sink, source, cancel);
     Ok(())
 }
@@ -613,12 +659,13 @@ async fn reach(
     endpoint: &str,
     tls: &TlsSettings,
     token: &str,
+    keepalive: Keepalive,
     cancel: &mut Pin<Box<impl Future<Output = ()> + Send + 'static>>,
 ) -> Result<RouterLink, TunnelError> {
     let deadline = Instant::now() + ATTACH_RETRY;
     let mut delay = FIRST_DELAY;
     loop {
-        match connect(endpoint, tls, token).await {
+        match connect_with(endpoint, tls, token, keepalive).await {
             Ok(link) => return Ok(link),
             Err(e) => {
                 if !e.is_transient() || Instant::now() + delay > deadline {
