@@ -200,6 +200,31 @@ pub async fn wait_lease(
     panic!("lease {name} never reached the expected state");
 }
 
+/// Waits (bounded) until the admin API shows exporter `name` held by lease `lease` (a bare
+/// name). The reconcile pass writes the lease's Ready condition before the exporter's
+/// `leaseRef`, so a reader can see one without the other for a moment, as upstream's can.
+pub async fn wait_exporter_lease(
+    admin: &mut AdminServiceClient<SessionChannel>,
+    token: &str,
+    name: &str,
+    lease: &str,
+) -> jumpstarter_proto::admin_v1::Exporter {
+    let mut last = String::new();
+    for _ in 0..100 {
+        let got = admin
+            .get_exporter(admin_req(token, obj(name)))
+            .await
+            .unwrap()
+            .into_inner();
+        if got.lease == lease {
+            return got;
+        }
+        last = got.lease;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("exporter {name} never showed lease {lease:?} (last: {last:?})");
+}
+
 pub fn is_ready(l: &Lease) -> bool {
     condition(l, "Ready").is_some_and(|(s, _)| s == "True")
 }
@@ -287,14 +312,15 @@ async fn created_credentials_work_on_the_other_services() {
         .unwrap()
         .into_inner();
     assert!(none.clients.is_empty());
-    let got = admin
-        .get_exporter(admin_req(&token, obj("rpi-1")))
-        .await
-        .unwrap()
-        .into_inner();
+    let got = wait_exporter_lease(
+        &mut admin,
+        &token,
+        "rpi-1",
+        lease.name.rsplit('/').next().unwrap(),
+    )
+    .await;
     assert!(got.online);
     assert!(got.enabled);
-    assert_eq!(got.lease, lease.name.rsplit('/').next().unwrap());
     assert_eq!(got.labels.get("board").map(String::as_str), Some("rpi4"));
     let got = admin
         .get_client(admin_req(&token, obj("alice")))

@@ -22,7 +22,7 @@ use jumpstarter_proto::{
 use crate::{
     admin::{
         admin_req, bring_online, create_client, create_exporter, create_lease, identity, is_ready,
-        wait_lease,
+        wait_exporter_lease, wait_lease,
     },
     req,
 };
@@ -135,6 +135,14 @@ async fn binary_survives_kill_9_with_leases_intact() {
     let status = bring_online(&ch, &ex).await;
     let active = create_lease(&ch, &alice, "k=v").await;
     let active = wait_lease(&ch, &alice, &active.name, is_ready).await;
+    // The exporter's leaseRef is written just after the lease's Ready condition.
+    wait_exporter_lease(
+        &mut admin,
+        &cfg.token,
+        "ex",
+        active.name.rsplit('/').next().unwrap(),
+    )
+    .await;
     let pending = create_lease(&ch, &alice, "k=v").await;
     drop(status);
     drop(admin);
