@@ -300,8 +300,22 @@ fn lease_state(lease: &Lease) -> LeaseState {
     }
 }
 
-/// How often a waiting lease is polled.
+/// The first poll of a waiting lease comes this soon after the request: the controller
+/// schedules a lease for a free exporter within milliseconds of `CreateLease`, so a fixed
+/// one-second poll made every `jmp shell` wait a second for nothing.
+const FIRST_POLL: Duration = Duration::from_millis(10);
+
+/// Polls of a waiting lease back off (doubling) up to this interval.
 const POLL_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The generic "waiting" line is only shown once a lease has waited this long; a `Pending`
+/// condition from the controller (the place in the queue) is shown at once.
+const QUIET_WAIT: Duration = Duration::from_millis(500);
+
+/// The next poll interval after `current`: doubled, at most [`POLL_INTERVAL`].
+fn next_poll(current: Duration) -> Duration {
+    (current * 2).min(POLL_INTERVAL)
+}
 
 /// Creates (or looks up) a lease and waits until it is ready, calling `on_wait(lease, why)`
 /// whenever the reason for waiting changes (the `Pending` condition's message, which says
@@ -377,8 +391,11 @@ async fn wait_ready(
     timeout: Duration,
     on_wait: &mut impl FnMut(&str, &str),
 ) -> Result<Lease, LeaseError> {
-    let deadline = tokio::time::Instant::now() + timeout;
+    let start = tokio::time::Instant::now();
+    let deadline = start + timeout;
     let mut last = String::new();
+    let mut latest = String::new();
+    let mut interval = FIRST_POLL;
     loop {
         let lease = controller.get_lease(resource).await?;
         match lease_state(&lease) {
@@ -391,20 +408,24 @@ async fn wait_ready(
                 });
             }
             LeaseState::Waiting(why) => {
-                if why != last {
+                let from_controller =
+                    condition(&lease, "Pending").is_some_and(|c| is_true(Some(c)));
+                if why != last && (from_controller || start.elapsed() >= QUIET_WAIT) {
                     on_wait(name, &why);
-                    last = why;
+                    last.clone_from(&why);
                 }
+                latest = why;
             }
         }
-        if tokio::time::Instant::now() + POLL_INTERVAL > deadline {
+        if tokio::time::Instant::now() + interval > deadline {
             return Err(LeaseError::Timeout {
                 lease: name.to_string(),
                 secs: timeout.as_secs(),
-                last,
+                last: latest,
             });
         }
-        tokio::time::sleep(POLL_INTERVAL).await;
+        tokio::time::sleep(interval).await;
+        interval = next_poll(interval);
     }
 }
 
@@ -771,6 +792,23 @@ mod tests {
 
     fn secs(s: &str) -> u64 {
         parse_duration(s).unwrap().as_secs()
+    }
+
+    #[test]
+    fn polls_start_fast_and_back_off_to_the_interval() {
+        let mut d = FIRST_POLL;
+        let mut waited = Duration::ZERO;
+        let mut polls = 0;
+        while d < POLL_INTERVAL {
+            waited += d;
+            polls += 1;
+            d = next_poll(d);
+        }
+        assert_eq!(d, POLL_INTERVAL);
+        assert_eq!(next_poll(POLL_INTERVAL), POLL_INTERVAL);
+        // A handful of extra polls in the first second, then once a second as before.
+        assert!(polls <= 7, "{polls} polls before reaching the interval");
+        assert!(waited < Duration::from_millis(1300), "{waited:?}");
     }
 
     #[test]
