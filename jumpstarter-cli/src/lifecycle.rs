@@ -6,7 +6,13 @@
 //! Also `jmp run --tls-grpc-listener` (standalone) with hooks: the beforeLease hook runs once
 //! at start, the afterLease hook at shutdown, as upstream.
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
 
 use anyhow::{Result, anyhow};
 use jumpstarter_core::{
@@ -27,6 +33,8 @@ use crate::hooks::{
 const LOG_STREAM_ATTEMPTS: u32 = 10;
 /// How long the last log records get to arrive once the afterLease hook is over.
 const LOG_DRAIN: Duration = Duration::from_millis(300);
+/// The follower stops once no record has come for this long.
+const LOG_QUIET: Duration = Duration::from_millis(50);
 
 /// The label of a log record's source.
 fn source_label(source: Option<i32>) -> (&'static str, bool) {
@@ -40,8 +48,11 @@ fn source_label(source: Option<i32>) -> (&'static str, bool) {
 
 /// Prints the exporter's log records on stderr until aborted: hook output always, the rest
 /// only when `all` (`--exporter-logs`).
-pub fn follow_logs(channel: SessionChannel, all: bool) -> JoinHandle<()> {
-    tokio::spawn(async move {
+pub fn follow_logs(channel: SessionChannel, all: bool) -> LogFollower {
+    let started = Instant::now();
+    let last = Arc::new(AtomicU64::new(0));
+    let seen = last.clone();
+    let task = tokio::spawn(async move {
         for _ in 0..LOG_STREAM_ATTEMPTS {
             match ExporterServiceClient::new(channel.clone())
                 .log_stream(())
@@ -50,6 +61,8 @@ pub fn follow_logs(channel: SessionChannel, all: bool) -> JoinHandle<()> {
                 Ok(response) => {
                     let mut records = response.into_inner();
                     while let Ok(Some(r)) = records.message().await {
+                        let at = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+                        seen.store(at.max(1), Ordering::Relaxed);
                         let (label, hook) = source_label(r.source);
                         if hook || all {
                             if hook && r.severity == "INFO" {
@@ -65,7 +78,28 @@ pub fn follow_logs(channel: SessionChannel, all: bool) -> JoinHandle<()> {
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
-    })
+    });
+    LogFollower {
+        task,
+        started,
+        last,
+    }
+}
+
+/// The log follower of one session (see [`follow_logs`]).
+pub struct LogFollower {
+    task: JoinHandle<()>,
+    started: Instant,
+    /// When the last record arrived, in milliseconds since `started` (0: none yet).
+    last: Arc<AtomicU64>,
+}
+
+impl LogFollower {
+    /// How long the stream has been quiet.
+    fn quiet_for(&self) -> Duration {
+        let last = Duration::from_millis(self.last.load(Ordering::Relaxed));
+        self.started.elapsed().saturating_sub(last)
+    }
 }
 
 /// Waits for `LEASE_READY` before the command starts. `Ok(None)`: go on; `Ok(Some(code))`:
@@ -103,10 +137,20 @@ pub async fn after_command(channel: SessionChannel) -> Result<()> {
     Ok(())
 }
 
-/// Stops the log follower after letting the last records arrive.
-pub async fn stop_logs(logs: JoinHandle<()>) {
-    tokio::time::sleep(LOG_DRAIN).await;
-    logs.abort();
+/// Stops the log follower after letting the last records arrive: once the stream has been
+/// quiet for [`LOG_QUIET`], at most [`LOG_DRAIN`] after the call. (A fixed drain added
+/// 300 ms to every `jmp shell`, hooks or not.)
+pub async fn stop_logs(logs: LogFollower) {
+    let deadline = Instant::now() + LOG_DRAIN;
+    loop {
+        let quiet = logs.quiet_for();
+        let now = Instant::now();
+        if quiet >= LOG_QUIET || now >= deadline {
+            break;
+        }
+        tokio::time::sleep((LOG_QUIET - quiet).min(deadline - now)).await;
+    }
+    logs.task.abort();
 }
 
 /// The hooks of a standalone exporter (`jmp run --tls-grpc-listener`).

@@ -394,11 +394,10 @@ async fn wait_ready(
     let start = tokio::time::Instant::now();
     let deadline = start + timeout;
     let mut last = String::new();
-    let mut latest = String::new();
     let mut interval = FIRST_POLL;
     loop {
         let lease = controller.get_lease(resource).await?;
-        match lease_state(&lease) {
+        let why = match lease_state(&lease) {
             LeaseState::Ready => return Ok(lease),
             LeaseState::Failed(state, message) => {
                 return Err(LeaseError::Failed {
@@ -407,21 +406,18 @@ async fn wait_ready(
                     message,
                 });
             }
-            LeaseState::Waiting(why) => {
-                let from_controller =
-                    condition(&lease, "Pending").is_some_and(|c| is_true(Some(c)));
-                if why != last && (from_controller || start.elapsed() >= QUIET_WAIT) {
-                    on_wait(name, &why);
-                    last.clone_from(&why);
-                }
-                latest = why;
-            }
+            LeaseState::Waiting(why) => why,
+        };
+        let from_controller = condition(&lease, "Pending").is_some_and(|c| is_true(Some(c)));
+        if why != last && (from_controller || start.elapsed() >= QUIET_WAIT) {
+            on_wait(name, &why);
+            last.clone_from(&why);
         }
         if tokio::time::Instant::now() + interval > deadline {
             return Err(LeaseError::Timeout {
                 lease: name.to_string(),
                 secs: timeout.as_secs(),
-                last: latest,
+                last: why,
             });
         }
         tokio::time::sleep(interval).await;

@@ -16,8 +16,16 @@ use tonic::Code;
 use super::HOOK_WARNING_PREFIX;
 use crate::client::SessionChannel;
 
-/// How often the status is polled while waiting, as upstream.
+/// How often the status is polled while waiting, as upstream, once a wait has lasted.
 const POLL_INTERVAL: Duration = Duration::from_millis(300);
+/// The first re-poll comes this soon: without hooks the exporter changes state within
+/// milliseconds, and a fixed 300 ms poll added up to 600 ms to every `jmp shell`.
+const FIRST_POLL: Duration = Duration::from_millis(5);
+
+/// The next interval after `current`: doubled, at most [`POLL_INTERVAL`].
+fn next_poll(current: Duration) -> Duration {
+    (current * 2).min(POLL_INTERVAL)
+}
 /// How long one `GetStatus` may take before the connection counts as lost.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a hook may keep the client waiting, as upstream.
@@ -87,6 +95,7 @@ pub async fn wait_ready(channel: SessionChannel, limit: Duration) -> Ready {
     let deadline = tokio::time::Instant::now() + limit;
     let mut last = String::new();
     let mut hook_seen = false;
+    let mut interval = FIRST_POLL;
     loop {
         match poll(&mut client).await {
             Poll::Unimplemented => return Ready::Ready { warning: None },
@@ -119,7 +128,8 @@ pub async fn wait_ready(channel: SessionChannel, limit: Duration) -> Ready {
                 format!("Timeout waiting for beforeLease hook ({last})")
             });
         }
-        tokio::time::sleep(POLL_INTERVAL).await;
+        tokio::time::sleep(interval).await;
+        interval = next_poll(interval);
     }
 }
 
@@ -135,6 +145,7 @@ pub async fn end_session(channel: SessionChannel, limit: Duration) -> Ended {
         Ok(Err(_)) | Err(_) => return Ended::LeaseEnded,
     }
     let deadline = tokio::time::Instant::now() + limit;
+    let mut interval = FIRST_POLL;
     loop {
         match poll(&mut client).await {
             Poll::Unimplemented => return Ended::Unsupported,
@@ -156,6 +167,7 @@ pub async fn end_session(channel: SessionChannel, limit: Duration) -> Ended {
         if tokio::time::Instant::now() >= deadline {
             return Ended::TimedOut;
         }
-        tokio::time::sleep(POLL_INTERVAL).await;
+        tokio::time::sleep(interval).await;
+        interval = next_poll(interval);
     }
 }
