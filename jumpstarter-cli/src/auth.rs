@@ -54,7 +54,7 @@ pub enum DriverCommand {
 pub fn driver(cmd: DriverCommand) -> Result<i32> {
     match cmd {
         DriverCommand::List => {
-            for t in jumpstarter_drivers::stock_registry().types() {
+            for t in crate::toolkit::current().registry().types() {
                 println!("{t}");
             }
         }

@@ -532,7 +532,7 @@ async fn exporter_edit(a: EditArgs) -> Result<i32> {
 fn check_exporter_config(text: &str, path: &Path) -> Result<()> {
     let mut cfg = ExporterConfig::parse(text, path)?;
     cfg.path = Some(path.to_path_buf());
-    drop(jumpstarter_drivers::stock_registry().build(&cfg)?);
+    drop(crate::toolkit::current().registry().build(&cfg)?);
     Ok(())
 }
 

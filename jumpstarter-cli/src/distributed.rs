@@ -430,7 +430,8 @@ pub async fn run_exporter(
     limits: jumpstarter_core::server::listener::ConnectionLimits,
 ) -> Result<i32> {
     let target = exporter::ControllerTarget::from_config(cfg)?;
-    let tree = jumpstarter_drivers::stock_registry()
+    let tree = crate::toolkit::current()
+        .registry()
         .build(cfg)
         .with_context(|| format!("exporter {}", cfg.metadata.name))?;
     let mut options = exporter::ExporterOptions::from_config(cfg)?;

@@ -4,8 +4,15 @@ use std::process::ExitCode;
 
 use jumpstarter_core::client::{ClientError, ConnectOptions, ExporterSession};
 
-/// Entry point of the `j` binary.
+/// Entry point of the `j` binary: the stock drivers' commands.
 pub fn main() -> ExitCode {
+    main_with(crate::Toolkit::stock())
+}
+
+/// Entry point of a lab's own `j`: the commands of `toolkit`'s command table (for driver
+/// classes it lacks, the generic `call`/`stream-call`), and everything else as `j`.
+pub fn main_with(toolkit: crate::Toolkit) -> ExitCode {
+    let commands = std::sync::Arc::clone(toolkit.commands());
     crate::pipe::exit_quietly_on_closed_stdout();
     let Some(host) = std::env::var("JUMPSTARTER_HOST")
         .ok()
@@ -34,7 +41,7 @@ pub fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        let matches = match jumpstarter_drivers::j_command(&session).try_get_matches() {
+        let matches = match jumpstarter_drivers::j_command_with(&session, &commands).try_get_matches() {
             Ok(m) => m,
             Err(e) => {
                 let _ = e.print();
@@ -44,7 +51,7 @@ pub fn main() -> ExitCode {
         // Interrupted, the command is dropped before exiting, so that what it was writing
         // (a download's partial file) is removed rather than left behind.
         tokio::select! {
-            r = jumpstarter_drivers::run_j_command(session.root(), matches) => match r {
+            r = jumpstarter_drivers::run_j_command_with(session.root(), matches, commands) => match r {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("Error: {e}");

@@ -233,8 +233,16 @@ impl RunArgs {
     }
 }
 
-/// Entry point of the `jmp` binary.
+/// Entry point of the `jmp` binary: the stock drivers.
 pub fn main() -> ExitCode {
+    main_with(crate::Toolkit::stock())
+}
+
+/// Entry point of a lab's own `jmp`: every command and flag of `jmp`, with the drivers of
+/// `toolkit` (`jmp run`, local `jmp shell`, `jmp driver list`, the config check of
+/// `jmp config exporter edit`) and its `j` commands and `j` program (`jmp mcp`).
+pub fn main_with(toolkit: crate::Toolkit) -> ExitCode {
+    crate::toolkit::install(toolkit);
     crate::pipe::exit_quietly_on_closed_stdout();
     crate::completion::answer_if_asked(<Cli as clap::CommandFactory>::command);
     let cli = Cli::parse();
@@ -394,7 +402,7 @@ async fn run_exporter(args: RunArgs) -> Result<i32> {
         (None, None, true) => None,
         _ => bail!("--tls-grpc-listener needs --tls-cert and --tls-key, or --tls-grpc-insecure"),
     };
-    let tree = jumpstarter_drivers::stock_registry().build(&cfg)?;
+    let tree = crate::toolkit::current().registry().build(&cfg)?;
     let (session, mut hooks) = crate::lifecycle::standalone(&cfg, tree)?;
     let addr = listen_addr(spec)?;
     let listener = tokio::net::TcpListener::bind(&addr)

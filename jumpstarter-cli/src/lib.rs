@@ -1,5 +1,7 @@
 //! The `jmp` and `j` command-line tools, as a library: the binaries only call
-//! [`jmp_main`] and [`j_main`]; [`Cli`] is `jmp`'s argument parser (for tests and for tools
+//! [`jmp_main`] and [`j_main`]; a lab's own binaries call [`jmp_main_with`] and
+//! [`j_main_with`] with a [`Toolkit`] (the stock drivers and `j` commands plus its own);
+//! [`Cli`] is `jmp`'s argument parser (for tests and for tools
 //! that generate completions or docs). Everything else (the exporter runtime, `jmp shell`,
 //! `jmp admin`, the MCP server) is private to the binaries.
 
@@ -28,7 +30,9 @@ mod pipe;
 mod resources;
 mod shell;
 mod signals;
+mod toolkit;
 mod values;
 
-pub use j::main as j_main;
-pub use jmp::{Cli, main as jmp_main};
+pub use j::{main as j_main, main_with as j_main_with};
+pub use jmp::{Cli, main as jmp_main, main_with as jmp_main_with};
+pub use toolkit::Toolkit;

@@ -4,6 +4,8 @@
 //! children, and drivers whose class we do not know get generic `call` / `stream-call`
 //! commands taking JSON arguments.
 
+use std::sync::Arc;
+
 use clap::{Arg, ArgAction, ArgMatches, Command};
 use futures::StreamExt;
 use jumpstarter_core::{
@@ -14,40 +16,38 @@ use jumpstarter_core::{
 
 use crate::{composite::COMPOSITE_CLIENT, network, power, qemu, serial, shell, storage};
 
-pub use crate::command::{CliFuture, DriverCommand};
+pub use crate::command::{CliFuture, CommandTable, DriverCommand};
 
-/// The commands for a client class, if we know it.
-pub fn command_for(client_class: &str) -> Option<DriverCommand> {
-    match client_class {
-        power::POWER_CLIENT => Some(power::cli()),
-        storage::STORAGE_MUX_CLIENT | storage::STORAGE_MUX_FLASHER_CLIENT => {
-            Some(storage::mux_cli())
-        }
-        storage::OPENDAL_CLIENT => Some(storage::opendal_cli()),
-        storage::FLASHER_CLIENT => Some(storage::flasher_cli()),
-        network::NETWORK_CLIENT => Some(network::cli()),
-        serial::PYSERIAL_CLIENT => Some(serial::cli()),
-        qemu::QEMU_CLIENT => Some(qemu::cli()),
-        qemu::QEMU_FLASHER_CLIENT => Some(qemu::flasher_cli()),
-        shell::SHELL_CLIENT => Some(shell::cli()),
-        _ => None,
-    }
+/// The `j` commands of the stock drivers' client classes.
+pub fn stock_commands() -> CommandTable {
+    let mut t = CommandTable::new();
+    t.insert(power::POWER_CLIENT, power::cli())
+        .insert(storage::STORAGE_MUX_CLIENT, storage::mux_cli())
+        .insert(storage::STORAGE_MUX_FLASHER_CLIENT, storage::mux_cli())
+        .insert(storage::OPENDAL_CLIENT, storage::opendal_cli())
+        .insert(storage::FLASHER_CLIENT, storage::flasher_cli())
+        .insert(network::NETWORK_CLIENT, network::cli())
+        .insert(serial::PYSERIAL_CLIENT, serial::cli())
+        .insert(qemu::QEMU_CLIENT, qemu::cli())
+        .insert(qemu::QEMU_FLASHER_CLIENT, qemu::flasher_cli())
+        .insert(shell::SHELL_CLIENT, shell::cli());
+    t
 }
 
-fn group(name: String, client: &DriverClient) -> Command {
+fn group(name: String, client: &DriverClient, table: &CommandTable) -> Command {
     let node = client.node();
     let class = node.client_class().to_string();
     let mut cmd = if class == COMPOSITE_CLIENT
-        || (!node.children.is_empty() && command_for(&class).is_none())
+        || (!node.children.is_empty() && table.get(&class).is_none())
     {
         let mut cmd = Command::new(name)
             .about("Generic composite device")
             .subcommand_required(true);
         for (child_name, child) in client.children() {
-            cmd = cmd.subcommand(group(child_name, &child));
+            cmd = cmd.subcommand(group(child_name, &child, table));
         }
         cmd
-    } else if let Some(dc) = command_for(&class) {
+    } else if let Some(dc) = table.get(&class) {
         // A class with commands of its own may have children too (a board): both.
         let mut cmd = (dc.build)(Command::new(name).about(dc.about));
         // A shell's commands are its configured methods, listed in its report.
@@ -56,7 +56,7 @@ fn group(name: String, client: &DriverClient) -> Command {
         }
         let mut cmd = cmd.subcommand(open_stream_command());
         for (child_name, child) in client.children() {
-            cmd = cmd.subcommand(group(child_name, &child));
+            cmd = cmd.subcommand(group(child_name, &child, table));
         }
         cmd
     } else {
@@ -128,10 +128,15 @@ fn open_stream_command() -> Command {
         )
 }
 
-/// The whole `j` command for a session.
+/// The whole `j` command for a session, with the stock drivers' commands.
 pub fn j_command(session: &ExporterSession) -> Command {
+    j_command_with(session, &stock_commands())
+}
+
+/// The whole `j` command for a session, with the commands of `table`.
+pub fn j_command_with(session: &ExporterSession, table: &CommandTable) -> Command {
     let root = session.root();
-    let mut cmd = group("j".into(), &root)
+    let mut cmd = group("j".into(), &root, table)
         .about(
             root.node()
                 .description
@@ -151,16 +156,21 @@ pub fn j_command(session: &ExporterSession) -> Command {
 
 /// Runs what the user chose in [`j_command`].
 pub fn run(client: DriverClient, matches: ArgMatches) -> CliFuture {
+    run_with(client, matches, Arc::new(stock_commands()))
+}
+
+/// Runs what the user chose in [`j_command_with`] (`table` as given to it).
+pub fn run_with(client: DriverClient, matches: ArgMatches, table: Arc<CommandTable>) -> CliFuture {
     Box::pin(async move {
         let class = client.node().client_class().to_string();
         if let Some(("open-stream", m)) = matches.subcommand() {
             return run_open_stream(client, m).await;
         }
-        if let Some(dc) = command_for(&class) {
+        if let Some(dc) = table.get(&class) {
             if let Some((name, sub)) = matches.subcommand()
                 && let Some(child) = client.child(name)
             {
-                return run(child, sub.clone()).await;
+                return run_with(child, sub.clone(), table).await;
             }
             return (dc.run)(client, matches).await;
         }
@@ -168,7 +178,7 @@ pub fn run(client: DriverClient, matches: ArgMatches) -> CliFuture {
             return Err(ClientError::Value("missing command".into()));
         };
         if let Some(child) = client.child(name) {
-            return run(child, sub.clone()).await;
+            return run_with(child, sub.clone(), table).await;
         }
         run_generic(client, name, sub).await
     })

@@ -11,7 +11,9 @@
 //!   ([`TcpNetwork`], [`UdpNetwork`], [`UnixNetwork`], [`EchoNetwork`], [`NetworkClient`])
 //!   and [`Composite`], with the types their methods take and return;
 //! - [`j_command`] and [`run_j_command`]: the `j` command tree built from a lease's driver
-//!   reports, and running what the user chose.
+//!   reports, and running what the user chose; [`j_command_with`] and
+//!   [`run_j_command_with`] do the same with a [`CommandTable`] of one's own
+//!   ([`stock_commands`] plus a lab's [`DriverCommand`]s, see `docs/writing-a-driver.md`).
 //!
 //! The modules are private: helpers shared between drivers, and each driver's `j`
 //! subcommands, are not part of the API.
@@ -26,8 +28,10 @@ mod serial;
 mod shell;
 mod storage;
 
-pub use cli::{j_command, run as run_j_command};
-pub use command::CliFuture;
+pub use cli::{
+    j_command, j_command_with, run as run_j_command, run_with as run_j_command_with, stock_commands,
+};
+pub use command::{CliFuture, CommandTable, DriverCommand};
 pub use composite::{COMPOSITE_CLIENT, Composite};
 pub use network::{
     EchoNetwork, Forwarder, NETWORK_CLIENT, NetworkClient, TcpNetwork, UdpNetwork, UdpStream,

@@ -20,6 +20,8 @@ mod boards;
 mod console;
 #[path = "interop_controller.rs"]
 mod controller;
+#[path = "interop_custom.rs"]
+mod custom;
 #[path = "interop_distributed.rs"]
 mod distributed;
 
@@ -269,6 +271,10 @@ pub fn run(filter: Option<&str>) -> Result<(usize, usize)> {
         (
             "distributed: python jmp shell + j (power, 64 MiB storage) -> our exporter, our controller+router",
             distributed::py_client_to_our_exporter,
+        ),
+        (
+            "custom driver: python client class + j -> example my-jmp (Rust Chamber), our controller+router",
+            custom::py_client_to_custom_driver,
         ),
         (
             "hooks: our jmp shell -> python exporter with beforeLease/afterLease, output in order",

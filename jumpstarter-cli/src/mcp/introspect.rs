@@ -268,7 +268,7 @@ pub fn driver_methods(
             })
             .collect::<Vec<_>>()
     });
-    let j = jumpstarter_drivers::j_command(session);
+    let j = jumpstarter_drivers::j_command_with(session, crate::toolkit::current().commands());
     let cli = find_command(&j, path).ok().map(command_tree);
     let mut out = json!({
         "path": dotted,

@@ -758,7 +758,10 @@ impl Tools {
         };
         let cfg = self.config()?;
         let conn = self.connections.open(&cfg, source, timeout).await?;
-        let j = jumpstarter_drivers::j_command(&conn.session);
+        let j = jumpstarter_drivers::j_command_with(
+            &conn.session,
+            crate::toolkit::current().commands(),
+        );
         Ok(json!({
             "connection_id": conn.id,
             "lease_name": conn.lease_name,
@@ -844,7 +847,10 @@ impl Tools {
 
     async fn explore(&self, a: &Arguments<'_>) -> Result<Value, ToolError> {
         let conn = self.conn(a).await?;
-        let j = jumpstarter_drivers::j_command(&conn.session);
+        let j = jumpstarter_drivers::j_command_with(
+            &conn.session,
+            crate::toolkit::current().commands(),
+        );
         let path = a.list("command_path").unwrap_or_default();
         let cmd = introspect::find_command(&j, &path).map_err(ToolError::Failed)?;
         Ok(introspect::command_tree(cmd))
@@ -997,13 +1003,14 @@ fn timedelta_text(secs: f64) -> String {
     }
 }
 
-/// The `j` next to this `jmp`, else `j` from `PATH`.
+/// The `j` next to this `jmp`, else `j` from `PATH` (a lab's `jmp` names its own, see
+/// `Toolkit::with_j_program`).
 fn j_program() -> PathBuf {
     std::env::current_exe()
         .ok()
-        .map(|exe| exe.with_file_name("j"))
+        .map(|exe| exe.with_file_name(crate::toolkit::current().j_program()))
         .filter(|j| j.is_file())
-        .unwrap_or_else(|| PathBuf::from("j"))
+        .unwrap_or_else(|| PathBuf::from(crate::toolkit::current().j_program()))
 }
 
 /// The environment a `j` command of `conn` gets, as inside `jmp shell`.

@@ -1,0 +1,1 @@
+"""The Python client of the example chamber driver (examples/custom-driver)."""
