@@ -12,14 +12,14 @@ use jumpstarter_core::{
     value,
 };
 
-use crate::{composite::COMPOSITE_CLIENT, network, power, qemu, serial, shell, storage};
+use crate::{composite::COMPOSITE_CLIENT, network, power, qemu, serial, shell, snmp, storage};
 
 pub use crate::command::{CliFuture, DriverCommand};
 
 /// The commands for a client class, if we know it.
 pub fn command_for(client_class: &str) -> Option<DriverCommand> {
     match client_class {
-        power::POWER_CLIENT => Some(power::cli()),
+        power::POWER_CLIENT | snmp::SNMP_CLIENT => Some(power::cli()),
         storage::STORAGE_MUX_CLIENT | storage::STORAGE_MUX_FLASHER_CLIENT => {
             Some(storage::mux_cli())
         }
