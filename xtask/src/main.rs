@@ -15,6 +15,7 @@ mod procs;
 mod qemu_board;
 mod quickstart;
 mod s3;
+mod snmpd;
 
 use anyhow::{Result, bail};
 
@@ -138,6 +139,7 @@ fn ci() -> Result<()> {
     )?;
     println!("== QEMU test board (cargo xtask qemu-board)");
     qemu_board::prepare()?;
+    snmpd::prepare()?;
     // Tests with upstream's Python client in a hook need the pinned venv.
     let venv = interop::ensure_venv()?;
     println!("== cargo test");
