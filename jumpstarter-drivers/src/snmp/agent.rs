@@ -9,8 +9,8 @@ use std::{
 use tokio::net::UdpSocket;
 
 use super::{
-    SnmpError,
     ber::{self, Reader},
+    error::SnmpError,
     usm::{self, AUTH_PARAMS_LEN, AuthProto, PrivProto},
 };
 

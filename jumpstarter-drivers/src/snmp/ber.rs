@@ -1,7 +1,7 @@
 //! The few BER (X.690) encodings SNMPv3 messages use: INTEGER, OCTET STRING, NULL, OBJECT
 //! IDENTIFIER, SEQUENCE and the context-tagged PDUs, with definite lengths only.
 
-use super::SnmpError;
+use super::error::SnmpError;
 
 /// INTEGER.
 pub const INTEGER: u8 = 0x02;

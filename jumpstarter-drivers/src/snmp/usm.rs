@@ -7,7 +7,7 @@ use des::cipher::{BlockDecrypt, BlockEncrypt, KeyInit, generic_array::GenericArr
 use md5::{Digest, Md5};
 use sha1::Sha1;
 
-use super::SnmpError;
+use super::error::SnmpError;
 
 /// Length of the truncated HMAC in `msgAuthenticationParameters`.
 pub const AUTH_PARAMS_LEN: usize = 12;
