@@ -2,6 +2,7 @@
 
 mod arch;
 mod bench;
+mod bench_boards;
 mod bench_console;
 mod bench_controller;
 mod bench_direct;
@@ -36,6 +37,8 @@ fn main() -> std::process::ExitCode {
         Some("bench-startup") => bench_startup::run(&args[1..]),
         // Hidden: the storage part of `bench` alone (`--size-mib N`, `--ours-only`).
         Some("bench-storage") => bench_storage::run(&args[1..]),
+        // Hidden: the QEMU board part of `bench` alone (`--size-mib N`, `--quick`).
+        Some("bench-boards") => bench_boards::run(&args[1..]),
         Some("crds") => crds::run(&args[1..]),
         Some("quickstart") => quickstart::run(&args[1..]),
         Some("s3") => s3::run(),
@@ -114,6 +117,7 @@ fn bench(args: &[String]) -> Result<()> {
     bench_storage::run(&storage_args)?;
     bench_direct::run(args)?;
     bench_console::run(args)?;
+    bench_boards::run(args)?;
     bench_controller::run(args)
 }
 
