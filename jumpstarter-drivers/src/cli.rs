@@ -14,7 +14,7 @@ use jumpstarter_core::{
     value,
 };
 
-use crate::{composite::COMPOSITE_CLIENT, network, power, qemu, serial, shell, storage};
+use crate::{composite::COMPOSITE_CLIENT, network, power, qemu, serial, shell, snmp, storage};
 
 pub use crate::command::{CliFuture, CommandTable, DriverCommand};
 
@@ -22,6 +22,7 @@ pub use crate::command::{CliFuture, CommandTable, DriverCommand};
 pub fn stock_commands() -> CommandTable {
     let mut t = CommandTable::new();
     t.insert(power::POWER_CLIENT, power::cli())
+        .insert(snmp::SNMP_CLIENT, power::cli())
         .insert(storage::STORAGE_MUX_CLIENT, storage::mux_cli())
         .insert(storage::STORAGE_MUX_FLASHER_CLIENT, storage::mux_cli())
         .insert(storage::OPENDAL_CLIENT, storage::opendal_cli())

@@ -21,11 +21,13 @@
 mod cli;
 mod command;
 mod composite;
+mod http_power;
 mod network;
 mod power;
 mod qemu;
 mod serial;
 mod shell;
+mod snmp;
 mod storage;
 
 pub use cli::{
@@ -33,6 +35,7 @@ pub use cli::{
 };
 pub use command::{CliFuture, CommandTable, DriverCommand};
 pub use composite::{COMPOSITE_CLIENT, Composite};
+pub use http_power::{HttpError, HttpPower};
 pub use network::{
     EchoNetwork, Forwarder, NETWORK_CLIENT, NetworkClient, TcpNetwork, UdpNetwork, UdpStream,
     UnixNetwork, WebsocketNetwork,
@@ -47,6 +50,7 @@ pub use serial::{
     SerialUrl, TtyStream,
 };
 pub use shell::{SHELL_CLIENT, Shell, ShellClient, ShellOutput, TIMEOUT_EXIT_CODE};
+pub use snmp::{SNMP_CLIENT, SnmpError, SnmpServer};
 pub use storage::{
     Capability, DEFAULT_PARTITION, EntryMode, FlasherClient, HashAlgo, Metadata, MockFlasher,
     MockStorageMux, MockStorageMuxFlasher, OPENDAL_CLIENT, Opendal, OpendalClient, OpendalFile,
@@ -110,6 +114,14 @@ pub fn stock_registry() -> DriverRegistry {
         .register(
             "jumpstarter_driver_shell.driver.Shell",
             shell::Shell::from_args,
+        )
+        .register(
+            "jumpstarter_driver_snmp.driver.SNMPServer",
+            snmp::SnmpServer::from_args,
+        )
+        .register(
+            "jumpstarter_driver_http_power.driver.HttpPower",
+            http_power::HttpPower::from_args,
         )
         .register(
             "jumpstarter_driver_opendal.driver.MockFlasher",

@@ -24,6 +24,10 @@ mod controller;
 mod custom;
 #[path = "interop_distributed.rs"]
 mod distributed;
+#[path = "interop_qemu.rs"]
+mod qemu;
+#[path = "interop_snmp.rs"]
+mod snmp;
 
 /// The upstream packages, pinned.
 pub const REQUIREMENTS: &[&str] = &[
@@ -35,6 +39,8 @@ pub const REQUIREMENTS: &[&str] = &[
     "jumpstarter-driver-pyserial==0.9.0",
     "jumpstarter-driver-network==0.9.0",
     "jumpstarter-driver-shell==0.9.0",
+    "jumpstarter-driver-qemu==0.9.0",
+    "jumpstarter-driver-snmp==0.9.0",
 ];
 
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
@@ -259,6 +265,18 @@ pub fn run(filter: Option<&str>) -> Result<(usize, usize)> {
         (
             "shell: our j sh METHOD -> python Shell exporter, unix socket",
             boards::our_j_to_py_shell,
+        ),
+        (
+            "qemu: python QemuClient flash, power, console.pexpect() to the prompt -> our Qemu exporter",
+            qemu::py_client_to_our_qemu,
+        ),
+        (
+            "snmp: python j pdu on/off/cycle -> our SNMPServer exporter -> snmpd (SHA/AES)",
+            snmp::py_j_to_our_snmp,
+        ),
+        (
+            "snmp: our j pdu on/off -> python SNMPServer exporter -> snmpd (SHA/AES)",
+            snmp::our_j_to_py_snmp,
         ),
         (
             "controller: python jmp run + jmp get/create/delete leases, shell -> our controller",

@@ -2,6 +2,7 @@
 
 mod arch;
 mod bench;
+mod bench_boards;
 mod bench_console;
 mod bench_controller;
 mod bench_direct;
@@ -15,6 +16,7 @@ mod procs;
 mod qemu_board;
 mod quickstart;
 mod s3;
+mod snmpd;
 
 use anyhow::{Result, bail};
 
@@ -35,6 +37,8 @@ fn main() -> std::process::ExitCode {
         Some("bench-startup") => bench_startup::run(&args[1..]),
         // Hidden: the storage part of `bench` alone (`--size-mib N`, `--ours-only`).
         Some("bench-storage") => bench_storage::run(&args[1..]),
+        // Hidden: the QEMU board part of `bench` alone (`--size-mib N`, `--quick`).
+        Some("bench-boards") => bench_boards::run(&args[1..]),
         Some("crds") => crds::run(&args[1..]),
         Some("quickstart") => quickstart::run(&args[1..]),
         Some("s3") => s3::run(),
@@ -113,6 +117,7 @@ fn bench(args: &[String]) -> Result<()> {
     bench_storage::run(&storage_args)?;
     bench_direct::run(args)?;
     bench_console::run(args)?;
+    bench_boards::run(args)?;
     bench_controller::run(args)
 }
 
@@ -138,6 +143,7 @@ fn ci() -> Result<()> {
     )?;
     println!("== QEMU test board (cargo xtask qemu-board)");
     qemu_board::prepare()?;
+    snmpd::prepare()?;
     // Tests with upstream's Python client in a hook need the pinned venv.
     let venv = interop::ensure_venv()?;
     println!("== cargo test");

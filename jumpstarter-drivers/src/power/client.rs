@@ -14,14 +14,17 @@ use crate::command::{CliFuture, DriverCommand};
 pub struct PowerClient(pub DriverClient);
 
 impl PowerClient {
-    /// Turns power on.
+    /// Turns power on. What the driver returns is ignored, as upstream's client does (its
+    /// SNMP driver answers with a message).
     pub async fn on(&self) -> Result<(), ClientError> {
-        self.0.call("on", ()).await
+        let _: serde::de::IgnoredAny = self.0.call("on", ()).await?;
+        Ok(())
     }
 
-    /// Turns power off.
+    /// Turns power off (what the driver returns is ignored, as for [`PowerClient::on`]).
     pub async fn off(&self) -> Result<(), ClientError> {
-        self.0.call("off", ()).await
+        let _: serde::de::IgnoredAny = self.0.call("off", ()).await?;
+        Ok(())
     }
 
     /// Off, wait, on.

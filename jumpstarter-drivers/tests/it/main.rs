@@ -4,6 +4,7 @@
 
 mod flasher;
 mod network;
+mod power;
 mod qemu;
 #[cfg(feature = "storage-s3")]
 mod s3;
