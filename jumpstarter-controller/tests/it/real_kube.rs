@@ -179,7 +179,7 @@ async fn real_exporter_events_are_accepted() {
     reasons_found.sort();
     assert_eq!(
         reasons_found,
-        [reasons::ONLINE, reasons::OFFLINE],
+        [reasons::OFFLINE, reasons::ONLINE],
         "events posted (see the controller log for refusals): {found:?}"
     );
     assert_eq!(recorder.dropped(), 0);
