@@ -186,7 +186,7 @@ pub fn core_event(exporter: &Exporter, event: &ExporterEvent, now: Timestamp) ->
     while prefix.ends_with(['-', '.']) {
         prefix.pop();
     }
-    let host = std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty());
+    let host = host_name();
     Some(Event {
         metadata: ObjectMeta {
             name: Some(format!("{prefix}.{:x}", unique_suffix(now))),
@@ -207,7 +207,7 @@ pub fn core_event(exporter: &Exporter, event: &ExporterEvent, now: Timestamp) ->
             field_path: None,
         },
         reason: Some(event.reason.to_owned()),
-        message: Some(event.message.clone()),
+        message: Some(truncated(&event.message, MESSAGE_LIMIT)),
         type_: Some(event.type_.as_str().to_owned()),
         source: Some(EventSource {
             component: Some(COMPONENT.to_owned()),
@@ -217,12 +217,58 @@ pub fn core_event(exporter: &Exporter, event: &ExporterEvent, now: Timestamp) ->
         last_timestamp: Some(Time(now)),
         event_time: Some(MicroTime(now)),
         count: Some(1),
+        // An Event with `eventTime` must name the action and who reported it (the API server
+        // refuses it with 422 otherwise).
         reporting_component: Some(COMPONENT.to_owned()),
-        reporting_instance: host,
-        action: None,
+        reporting_instance: Some(reporting_instance(host.as_deref())),
+        action: Some(action_of(event.reason).to_owned()),
         related: None,
         series: None,
     })
+}
+
+/// At most this many bytes of an event's message are posted (the API server's limit).
+pub const MESSAGE_LIMIT: usize = 1024;
+/// At most this many bytes of `reportingInstance` (the API server's limit).
+const REPORTING_INSTANCE_LIMIT: usize = 128;
+
+/// The action an event of `reason` reports (`action` of a core/v1 Event that has an
+/// `eventTime`).
+pub fn action_of(reason: &str) -> &'static str {
+    match reason {
+        reasons::REGISTERED => "Register",
+        reasons::UNREGISTERED => "Unregister",
+        reasons::ONLINE => "Connect",
+        reasons::OFFLINE => "Disconnect",
+        _ => "Update",
+    }
+}
+
+/// This host's name: `HOSTNAME` (the pod name in a cluster), else the kernel's.
+fn host_name() -> Option<String> {
+    std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+}
+
+/// `jumpstarter-controller-<host>` (as client-go's recorder names an instance), at most 128
+/// bytes; the component alone without a host name.
+fn reporting_instance(host: Option<&str>) -> String {
+    match host {
+        Some(h) => truncated(&format!("{COMPONENT}-{h}"), REPORTING_INSTANCE_LIMIT),
+        None => COMPONENT.to_owned(),
+    }
+}
+
+/// `text` cut to at most `limit` bytes on a character boundary.
+fn truncated(text: &str, limit: usize) -> String {
+    let mut end = text.len().min(limit);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_owned()
 }
 
 struct Queue {
@@ -491,6 +537,21 @@ mod tests {
             ev.source.and_then(|s| s.component).as_deref(),
             Some(COMPONENT)
         );
+        // What the API server requires of an Event with an eventTime.
+        assert!(ev.event_time.is_some());
+        assert_eq!(ev.action.as_deref(), Some("Connect"));
+        assert_eq!(ev.reporting_component.as_deref(), Some(COMPONENT));
+        let instance = ev.reporting_instance.as_deref().unwrap();
+        assert!(instance.starts_with(COMPONENT) && instance.len() <= 128);
+        // A long status message is cut to the server's limit.
+        let long_message = ExporterEvent {
+            message: "é".repeat(1000),
+            ..what.clone()
+        };
+        let cut = core_event(&e, &long_message, now).unwrap().message.unwrap();
+        assert!(cut.len() <= MESSAGE_LIMIT && cut.len() >= MESSAGE_LIMIT - 1);
+        assert_eq!(reporting_instance(Some(&"h".repeat(300))).len(), 128);
+        assert_eq!(reporting_instance(None), COMPONENT);
         // Same instant, still distinct names.
         let again = core_event(&e, &what, now).unwrap();
         assert_ne!(again.metadata.name, ev.metadata.name);

@@ -12,6 +12,8 @@ mod ci_summary;
 mod conformance;
 mod crds;
 mod interop;
+mod kube;
+mod kube_e2e;
 mod procs;
 mod qemu_board;
 mod quickstart;
@@ -42,6 +44,9 @@ fn main() -> std::process::ExitCode {
         Some("crds") => crds::run(&args[1..]),
         Some("quickstart") => quickstart::run(&args[1..]),
         Some("s3") => s3::run(),
+        Some("kube-up") => kube::run_up(),
+        Some("kube-down") => kube::run_down(),
+        Some("kube-e2e") => kube_e2e::run(),
         Some("qemu-board") => qemu_board::run(),
         Some("venv") => interop::ensure_venv().map(|p| println!("{}", p.display())),
         _ => {
@@ -55,6 +60,9 @@ fn main() -> std::process::ExitCode {
                  crds      [--out DIR | --check DIR] our CRD YAML (stdout), written, or compared\n  \
                  quickstart  the whole lab on one machine: controller, mock exporter, client, jmp shell\n  \
                  s3        the Opendal driver's S3 service (feature storage-s3) against moto's S3 on loopback\n  \
+                 kube-up   a real kube-apiserver + etcd on loopback (built from Go modules, cached)\n  \
+                 kube-down stop what kube-up started\n  \
+                 kube-e2e  the Kubernetes store and controller against that real API server\n  \
                  qemu-board  install QEMU and build the test board image (cached); print its path\n  \
                  venv      create the pinned upstream venv and print its path"
             );
@@ -152,6 +160,7 @@ fn ci() -> Result<()> {
         &[("JUMPSTARTER_UPSTREAM_VENV", &venv.to_string_lossy())],
     )?;
     s3::run()?;
+    kube_e2e::run()?;
     println!("== interop with upstream 0.9.0");
     let interop = interop::run(None)?;
     println!(

@@ -145,6 +145,16 @@ fn next_steps(bin: &str, exporter_config: &str) -> String {
 
 /// Runs the quickstart.
 pub fn run(_args: &[String]) -> Result<()> {
+    walkthrough(&home(), &[], &[])
+}
+
+/// The quickstart with its lab in `home`, the controller started with `controller_extra`
+/// arguments and `controller_env` (e.g. `--store kubernetes` and a `KUBECONFIG`).
+pub fn walkthrough(
+    home: &Path,
+    controller_extra: &[&str],
+    controller_env: &[(&str, &str)],
+) -> Result<()> {
     println!(
         "== building jumpstarter-controller, jmp and j (a first build compiles about 450 \
          crates: 10-15 minutes on 2 cores; later runs take seconds)"
@@ -159,7 +169,7 @@ pub fn run(_args: &[String]) -> Result<()> {
     ])?;
     let lab = Lab {
         bin: crate::target_dir().join("debug"),
-        home: home(),
+        home: home.to_path_buf(),
     };
     if lab.home.exists() {
         std::fs::remove_dir_all(&lab.home)
@@ -186,12 +196,20 @@ pub fn run(_args: &[String]) -> Result<()> {
         "--admin-config",
         admin.as_str(),
     ];
+    let shown_args: Vec<&str> = controller_args
+        .iter()
+        .chain(controller_extra)
+        .copied()
+        .collect();
     println!(
         "$ {} &",
-        command_line("jumpstarter-controller", &controller_args)
+        command_line("jumpstarter-controller", &shown_args)
     );
     let mut controller = lab.command("jumpstarter-controller");
-    controller.args(controller_args);
+    controller
+        .args(controller_args)
+        .args(controller_extra)
+        .envs(controller_env.iter().copied());
     let _controller = Background::start("jumpstarter-controller", controller)?;
     wait_path(&lab.admin_config(), Duration::from_secs(60))
         .context("the controller did not write its admin config")?;

@@ -8,7 +8,9 @@
 //!   [`StoreError::Conflict`]); the `uid` is left for the server to keep, as the trait
 //!   promises that server-owned fields come from the stored object; `update_status` is a PUT
 //!   to the `status` subresource;
-//! - `delete` sends the `resourceVersion` as a precondition;
+//! - `delete` reads the object, then deletes it with its `resourceVersion` and `uid` as
+//!   preconditions and returns what it read: a real API server answers the delete of a custom
+//!   resource or a Secret with `Status{Success}`, not the object;
 //! - `watch` is the raw watch API, re-issued from the last seen `resourceVersion` (bookmarks
 //!   included) whenever the server closes it; `410 Gone` becomes
 //!   [`StoreError::WatchLagged`]. Without `since`, a one-item list gives the current
@@ -34,6 +36,12 @@ pub const WATCH_TIMEOUT_SECS: u32 = 290;
 /// A watch request that ends sooner than this without any event waits this long before the
 /// next one, so a server that closes watches at once is not hammered.
 const REWATCH_PAUSE: Duration = Duration::from_millis(500);
+/// How many status writes of one `update_status_many` are in flight at once (each is its own
+/// request: the API has no batch write).
+pub const STATUS_WRITES_IN_FLIGHT: usize = 16;
+/// How often `delete` without a caller's version re-reads an object that changed between its
+/// read and its delete.
+const DELETE_ATTEMPTS: usize = 5;
 
 /// The Kubernetes-backed [`Store`]; cloning gives another handle on the same client.
 #[derive(Clone)]
@@ -308,6 +316,19 @@ impl Store for KubeStore {
             .map_err(|e| t.error(e, Some(&rv)))
     }
 
+    /// The Kubernetes API has no batch write: the PUTs go out concurrently, at most
+    /// [`STATUS_WRITES_IN_FLIGHT`] at a time, and the results come back in order.
+    async fn update_status_many<K: StoreObject>(
+        &self,
+        objects: Vec<K>,
+    ) -> Result<Vec<Result<K, StoreError>>, StoreError> {
+        Ok(futures::stream::iter(objects)
+            .map(|object| async move { self.update_status(&object).await })
+            .buffered(STATUS_WRITES_IN_FLIGHT)
+            .collect()
+            .await)
+    }
+
     async fn delete<K: StoreObject>(
         &self,
         namespace: &str,
@@ -316,23 +337,52 @@ impl Store for KubeStore {
     ) -> Result<K, StoreError> {
         let t = Target::new::<K>("delete", namespace, name);
         t.check_key(true)?;
-        let dp = DeleteParams {
-            preconditions: resource_version.map(|rv| Preconditions {
-                resource_version: Some(rv.to_owned()),
-                uid: None,
-            }),
-            ..DeleteParams::default()
-        };
-        self.api::<K>(Some(namespace))
-            .delete(name, &dp)
-            .await
-            .map_err(|e| t.error(e, resource_version))?
-            .either(Ok, |status| {
-                Err(t.kubernetes(format!(
-                    "deleted, but the API server answered with a Status ({}) instead of the object",
-                    status.message
-                )))
-            })
+        let api = self.api::<K>(Some(namespace));
+        // A real API server answers the immediate delete of a custom resource or a Secret with
+        // `Status{Success}`, not the object; only some built-in kinds return it. So the object
+        // is read first and deleted on the precondition that it is still that version (and
+        // uid): what was read is then exactly its last state. When the caller gave no version
+        // and somebody writes in between, read again (bounded).
+        for _ in 0..DELETE_ATTEMPTS {
+            let Some(current) = api.get_opt(name).await.map_err(|e| t.error(e, None))? else {
+                return Err(StoreError::NotFound {
+                    kind: t.kind.clone(),
+                    namespace: t.namespace.clone(),
+                    name: t.name.clone(),
+                });
+            };
+            let current_rv = current.meta().resource_version.clone().unwrap_or_default();
+            if let Some(given) = resource_version
+                && given != current_rv
+            {
+                return Err(StoreError::Conflict {
+                    kind: t.kind.clone(),
+                    namespace: t.namespace.clone(),
+                    name: t.name.clone(),
+                    given: given.to_owned(),
+                    current: current_rv,
+                });
+            }
+            let dp = DeleteParams {
+                preconditions: Some(Preconditions {
+                    resource_version: Some(current_rv.clone()),
+                    uid: current.meta().uid.clone(),
+                }),
+                ..DeleteParams::default()
+            };
+            match api.delete(name, &dp).await {
+                Ok(answer) => return Ok(answer.left_or(current)),
+                Err(kube::Error::Api(status))
+                    if status.code == 409 && resource_version.is_none() =>
+                {
+                    continue;
+                }
+                Err(e) => return Err(t.error(e, resource_version)),
+            }
+        }
+        Err(t.kubernetes(format!(
+            "the object changed during each of {DELETE_ATTEMPTS} attempts to delete it"
+        )))
     }
 
     async fn watch<K: StoreObject>(

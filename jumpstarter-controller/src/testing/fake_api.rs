@@ -11,7 +11,8 @@
 //!   (label selectors, `limit`/`continue` in (namespace, name) order), replace (PUT, 409 on a
 //!   stale resourceVersion, status kept, generation bumped on spec changes, no-op writes not
 //!   stored), replace of the `status` subresource, delete (resourceVersion/uid
-//!   preconditions; answers the last state at the deletion's revision);
+//!   preconditions; answers `Status{Success}`, as a real server does for custom resources and
+//!   Secrets, while the watch's `DELETED` event carries the last state);
 //! - watch (`watch=true`, from a resourceVersion, with `labelSelector` and `timeoutSeconds`):
 //!   the last [`HISTORY`] events per resource are kept; an older resourceVersion gets
 //!   `410 Gone`, and a watcher that falls [`WATCH_BUFFER`] events behind has its
@@ -326,6 +327,30 @@ fn spec_part(v: &Value) -> Value {
     }
 }
 
+/// What a real API server finds missing in a core/v1 Event that sets `eventTime` (such events
+/// must name the action and who reported it), in its words; `None` when nothing is.
+fn event_missing_fields(event: &Value) -> Option<String> {
+    let set = |field: &str| {
+        event
+            .get(field)
+            .and_then(Value::as_str)
+            .is_some_and(|v| !v.is_empty())
+    };
+    if !set("eventTime") {
+        return None;
+    }
+    let missing: Vec<String> = [
+        ("reportingComponent", "reportingComponent"),
+        ("reportingInstance", "reportingInstance"),
+        ("action", "action"),
+    ]
+    .into_iter()
+    .filter(|(field, _)| !set(field))
+    .map(|(_, label)| format!("{label}: Required value"))
+    .collect();
+    (!missing.is_empty()).then(|| format!("[{}]", missing.join(", ")))
+}
+
 fn parse_object(body: &[u8]) -> Result<Value, Box<Response<FakeBody>>> {
     match serde_json::from_slice::<Value>(body) {
         Ok(v) if v.get("metadata").is_some_and(Value::is_object) => Ok(v),
@@ -489,6 +514,12 @@ impl FakeApiServer {
         };
         if let Err(e) = validate_dns1123_subdomain(&name) {
             return invalid(format!("metadata.name: Invalid value: \"{name}\": {e}"));
+        }
+        if route.group.is_empty()
+            && route.plural == "events"
+            && let Some(missing) = event_missing_fields(&object)
+        {
+            return invalid(format!("Event \"{name}\" is invalid: {missing}"));
         }
         let key = (ns.clone(), name.clone());
         if st
@@ -681,13 +712,30 @@ impl FakeApiServer {
         set_meta(&mut last, "resourceVersion", json!(revision.to_string()));
         let res = st.resources.entry(route.key()).or_default();
         res.objects.remove(&key);
+        let uid = meta_str(&last, "uid").unwrap_or_default().to_owned();
         res.publish(Event {
             kind: "DELETED",
             namespace: ns,
             revision,
-            object: last.clone(),
+            object: last,
         });
-        json_response(StatusCode::OK, &last)
+        // As a real server answers an immediate delete of a custom resource or a Secret (only
+        // a few built-in kinds return the deleted object).
+        json_response(
+            StatusCode::OK,
+            &json!({
+                "kind": "Status",
+                "apiVersion": "v1",
+                "metadata": {},
+                "status": "Success",
+                "details": {
+                    "name": name,
+                    "group": route.group,
+                    "kind": route.plural,
+                    "uid": uid,
+                },
+            }),
+        )
     }
 
     fn watch(
@@ -830,6 +878,52 @@ mod tests {
         assert_eq!(q["limit"], "2");
         assert_eq!(q["watch"], "");
         assert_eq!(query_pairs("x=%zz%4")["x"], "%zz%4");
+    }
+
+    #[test]
+    fn events_with_an_event_time_need_action_and_reporter() {
+        let s = FakeApiServer::new();
+        let path = "/api/v1/namespaces/lab/events";
+        let bare =
+            br#"{"metadata":{"name":"e1"},"eventTime":"2026-01-01T00:00:00.000000Z","reason":"R"}"#;
+        let resp = s.handle(&Method::POST, path, "", bare);
+        assert_eq!(resp.status(), StatusCode::UNPROCESSABLE_ENTITY);
+        // Legacy events (no eventTime) need none of them.
+        let legacy = br#"{"metadata":{"name":"e2"},"reason":"R"}"#;
+        assert_eq!(
+            s.handle(&Method::POST, path, "", legacy).status(),
+            StatusCode::CREATED
+        );
+        let full = br#"{"metadata":{"name":"e3"},"eventTime":"2026-01-01T00:00:00.000000Z","reason":"R","action":"Connect","reportingComponent":"c","reportingInstance":"c-h"}"#;
+        assert_eq!(
+            s.handle(&Method::POST, path, "", full).status(),
+            StatusCode::CREATED
+        );
+        assert_eq!(
+            event_missing_fields(&serde_json::from_slice(bare).unwrap()).as_deref(),
+            Some(
+                "[reportingComponent: Required value, reportingInstance: Required value, action: Required value]"
+            )
+        );
+    }
+
+    #[tokio::test]
+    async fn deletes_answer_a_success_status_as_a_real_server() {
+        let s = FakeApiServer::new();
+        let path = "/apis/g.dev/v1/namespaces/lab/things";
+        let created = s.handle(&Method::POST, path, "", br#"{"metadata":{"name":"x"}}"#);
+        assert_eq!(created.status(), StatusCode::CREATED);
+        let resp = s.handle(&Method::DELETE, &format!("{path}/x"), "", b"");
+        assert_eq!(resp.status(), StatusCode::OK);
+        let body = http_body_util::BodyExt::collect(resp.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["kind"], "Status");
+        assert_eq!(v["status"], "Success");
+        assert_eq!(v["details"]["name"], "x");
+        assert_eq!(v["details"]["kind"], "things");
     }
 
     #[test]

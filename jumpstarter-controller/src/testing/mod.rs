@@ -12,3 +12,10 @@ pub mod fake_issuer;
 
 pub use fake_api::{FakeApiServer, FakeBody};
 pub use fake_issuer::FakeIssuer;
+
+/// The exporter event recorder and leader election, for the tests against a real API server
+/// (`tests/it/real_kube.rs`).
+pub mod internals {
+    pub use crate::events::{EventRecorder, EventType, ExporterEvent, reasons};
+    pub use crate::leader::{LeaderConfig, LeaderElector};
+}

@@ -1,7 +1,7 @@
 //! The Kubernetes store: requests checked one by one against a scripted API server (the
 //! kube-rs `ApiServerVerifier` pattern with tower-test), the lease flow over the in-memory
-//! fake API server, and the same flow against a real cluster (`#[ignore]`d; run with
-//! `KUBECONFIG=... cargo test -p jumpstarter-controller --test it kube_store:: -- --ignored`).
+//! fake API server (the same flow against a real API server is in `real_kube`, feature
+//! `kube-e2e`).
 
 use std::sync::Arc;
 
@@ -82,7 +82,7 @@ fn exporter_json(rv: &str, enabled: bool) -> Value {
     })
 }
 
-fn exporter(name: &str, labels: &[(&str, &str)]) -> Exporter {
+pub(crate) fn exporter(name: &str, labels: &[(&str, &str)]) -> Exporter {
     let mut e = Exporter::new(name, ExporterSpec::default());
     e.metadata.namespace = Some("lab".into());
     e.metadata.labels = Some(
@@ -301,6 +301,9 @@ async fn mock_errors_name_the_object_and_map_to_store_errors() {
             403,
             &status(403, "Forbidden", "exporters is forbidden"),
         );
+        // A delete reads the object first, then deletes that version of it.
+        let (_, send) = expect(&mut handle, Method::GET, &format!("{EXPORTERS}/e1"), None).await;
+        respond(send, 200, &exporter_json("3", true));
         let (body, send) = expect(
             &mut handle,
             Method::DELETE,
@@ -362,7 +365,11 @@ async fn mock_errors_name_the_object_and_map_to_store_errors() {
 
 /// A Client, an online registered Exporter and a Lease for it in `namespace`; then
 /// reconcile passes until the lease, watched through the store, goes Pending -> Ready.
-async fn lease_goes_pending_then_ready<S: Store>(store: S, namespace: &str, suffix: &str) {
+pub(crate) async fn lease_goes_pending_then_ready<S: Store>(
+    store: S,
+    namespace: &str,
+    suffix: &str,
+) {
     let (client_name, exporter_name, lease_name) = (
         format!("alice{suffix}"),
         format!("board{suffix}"),
@@ -576,99 +583,4 @@ async fn sqlite_lease_flow_pending_to_ready() {
         .await
         .unwrap();
     lease_goes_pending_then_ready(store, "lab", "").await;
-}
-
-/// Whether a real cluster is configured; prints why the test skips otherwise.
-fn cluster_configured() -> bool {
-    let ok = std::env::var_os("KUBECONFIG").is_some()
-        || std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
-    if !ok {
-        eprintln!("skipping: set KUBECONFIG to a cluster to run this test");
-    }
-    ok
-}
-
-/// Installs (or updates) our CRDs and waits until the API serves them.
-async fn install_crds(client: &kube::Client) {
-    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    use kube::api::{Patch, PatchParams};
-    let api: kube::Api<CustomResourceDefinition> = kube::Api::all(client.clone());
-    for crd in jumpstarter_controller::crd::crds().unwrap() {
-        let name = crd.metadata.name.clone().unwrap();
-        api.patch(
-            &name,
-            &PatchParams::apply("jumpstarter-controller-tests").force(),
-            &Patch::Apply(&crd),
-        )
-        .await
-        .unwrap();
-    }
-    let leases: kube::Api<Lease> = kube::Api::all(client.clone());
-    for _ in 0..60 {
-        if leases
-            .list(&kube::api::ListParams::default().limit(1))
-            .await
-            .is_ok()
-        {
-            return;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    }
-    panic!("the Lease CRD never became served");
-}
-
-#[tokio::test]
-#[ignore = "needs a cluster: KUBECONFIG=... cargo test -p jumpstarter-controller --test it kube_store:: -- --ignored"]
-async fn cluster_lease_flow_pending_to_ready() {
-    if !cluster_configured() {
-        return;
-    }
-    let store = KubeStore::from_env().await.unwrap();
-    install_crds(store.client()).await;
-    let namespace = std::env::var("JMP_TEST_NAMESPACE").unwrap_or_else(|_| "default".into());
-    let suffix = format!("-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-    lease_goes_pending_then_ready(store, &namespace, &suffix).await;
-}
-
-#[tokio::test]
-#[ignore = "needs a cluster: KUBECONFIG=... cargo test -p jumpstarter-controller --test it kube_store:: -- --ignored"]
-async fn cluster_conflicts_and_secrets() {
-    if !cluster_configured() {
-        return;
-    }
-    let store = KubeStore::from_env().await.unwrap();
-    install_crds(store.client()).await;
-    let namespace = std::env::var("JMP_TEST_NAMESPACE").unwrap_or_else(|_| "default".into());
-    let name = format!(
-        "conflict-{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..8]
-    );
-    let mut e = exporter(&name, &[]);
-    e.metadata.namespace = Some(namespace.clone());
-    let created = store.create(&e).await.unwrap();
-    let mut a = created.clone();
-    a.spec.enabled = Some(false);
-    store.update(&a).await.unwrap();
-    let mut stale = created.clone();
-    stale.spec.username = Some("x".into());
-    assert!(store.update(&stale).await.unwrap_err().is_conflict());
-    credentials::put_credential(&store, &created, "tok")
-        .await
-        .unwrap();
-    let secret_name = credentials::secret_name(&created);
-    assert_eq!(
-        credentials::read_credential(&store, &namespace, &secret_name)
-            .await
-            .unwrap()
-            .as_deref(),
-        Some("tok")
-    );
-    store
-        .delete::<Exporter>(&namespace, &name, None)
-        .await
-        .unwrap();
-    // The Secret is garbage-collected with its owner; delete it in case GC is slow.
-    let _ = store
-        .delete::<k8s_openapi::api::core::v1::Secret>(&namespace, &secret_name, None)
-        .await;
 }

@@ -17,6 +17,8 @@ mod log_output;
 mod oidc;
 mod pending_guard;
 mod policy_update;
+#[cfg(feature = "kube-e2e")]
+mod real_kube;
 mod restart;
 mod store_integrity;
 
