@@ -51,6 +51,10 @@ pub struct Args {
     /// Seconds a keepalive ping may stay unanswered before the connection is closed.
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
     pub keepalive_timeout: u64,
+    /// Prometheus metrics listen address (`GET /metrics`: the router's and its listener's
+    /// counters, e.g. `jumpstarter_listener_refused_total`); "off" or "" disables.
+    #[arg(long, default_value = "off", env = "ROUTER_METRICS_LISTEN")]
+    pub metrics_listen: String,
 }
 
 impl Args {
@@ -64,6 +68,12 @@ impl Args {
             keepalive_timeout: Duration::from_secs(self.keepalive_timeout),
         }
     }
+
+    /// The metrics listen address, unless switched off.
+    pub fn metrics_addr(&self) -> Option<&str> {
+        let a = self.metrics_listen.trim();
+        (!a.is_empty() && !a.eq_ignore_ascii_case("off")).then_some(a)
+    }
 }
 
 /// Entry point of the binary.
@@ -74,6 +84,10 @@ pub fn main() -> std::process::ExitCode {
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
+        // Logs go with the other messages to stderr (stdout stays free), coloured only
+        // for a person at a terminal.
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
@@ -93,7 +107,7 @@ pub fn main() -> std::process::ExitCode {
 
 async fn run(args: Args) -> Result<()> {
     let limits = args.limits();
-    let key = RouterTokenKey::new(args.router_key.into_bytes())?;
+    let key = RouterTokenKey::new(args.router_key.as_bytes().to_vec())?;
     let identity = IssuedCert {
         cert_pem: read_cert_pem(&args.tls_cert)?,
         key_pem: read_key_pem(&args.tls_key)?,
@@ -102,13 +116,30 @@ async fn run(args: Args) -> Result<()> {
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
-    eprintln!("Router listening on {}", listener.local_addr()?);
+    let metrics = match args.metrics_addr() {
+        Some(a) => Some(
+            tokio::net::TcpListener::bind(a)
+                .await
+                .with_context(|| format!("--metrics-listen: cannot listen on {a}"))?,
+        ),
+        None => None,
+    };
     let router = Router::new(
         key,
         RouterConfig {
             pair_timeout: Duration::from_secs(args.pair_timeout),
         },
     );
+    if let Some(m) = metrics {
+        eprintln!("Router metrics on http://{}/metrics", m.local_addr()?);
+        tokio::spawn(crate::metrics::serve(
+            m,
+            router.stats(),
+            guard.stats(),
+            std::future::pending(),
+        ));
+    }
+    eprintln!("Router listening on {}", listener.local_addr()?);
     serve(router, listener, Some(identity), guard, async {
         let _ = tokio::signal::ctrl_c().await;
     })

@@ -20,6 +20,7 @@
 //! [`cli::main`] is the `jumpstarter-router` binary.
 
 pub mod cli;
+mod metrics;
 mod router;
 mod token;
 

@@ -1,6 +1,7 @@
 //! Router tests: a real TLS router on loopback, raw streams as the client and exporter.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+mod binary;
 mod refusals;
 
 use std::time::{Duration, SystemTime};
