@@ -12,7 +12,9 @@ use jumpstarter_core::{
     value,
 };
 
-use crate::{composite::COMPOSITE_CLIENT, network, power, qemu, serial, shell, storage};
+use crate::{
+    composite::COMPOSITE_CLIENT, http_server, network, power, qemu, serial, shell, storage, tftp,
+};
 
 pub use crate::command::{CliFuture, DriverCommand};
 
@@ -30,6 +32,8 @@ pub fn command_for(client_class: &str) -> Option<DriverCommand> {
         qemu::QEMU_CLIENT => Some(qemu::cli()),
         qemu::QEMU_FLASHER_CLIENT => Some(qemu::flasher_cli()),
         shell::SHELL_CLIENT => Some(shell::cli()),
+        http_server::HTTP_SERVER_CLIENT => Some(http_server::cli()),
+        tftp::TFTP_CLIENT => Some(tftp::cli()),
         _ => None,
     }
 }

@@ -19,16 +19,19 @@
 mod cli;
 mod command;
 mod composite;
+mod http_server;
 mod network;
 mod power;
 mod qemu;
 mod serial;
 mod shell;
 mod storage;
+mod tftp;
 
 pub use cli::{j_command, run as run_j_command};
 pub use command::CliFuture;
 pub use composite::{COMPOSITE_CLIENT, Composite};
+pub use http_server::{HTTP_SERVER_CLIENT, HttpServer, HttpServerClient};
 pub use network::{
     EchoNetwork, Forwarder, NETWORK_CLIENT, NetworkClient, TcpNetwork, UdpNetwork, UdpStream,
     UnixNetwork, WebsocketNetwork,
@@ -43,6 +46,7 @@ pub use serial::{
     SerialUrl, TtyStream,
 };
 pub use shell::{SHELL_CLIENT, Shell, ShellClient, ShellOutput, TIMEOUT_EXIT_CODE};
+pub use storage::Presign;
 pub use storage::{
     Capability, DEFAULT_PARTITION, EntryMode, FlasherClient, HashAlgo, Metadata, MockFlasher,
     MockStorageMux, MockStorageMuxFlasher, OPENDAL_CLIENT, Opendal, OpendalClient, OpendalFile,
@@ -50,6 +54,7 @@ pub use storage::{
     STORAGE_MUX_FLASHER_CLIENT, StorageError, StorageMuxClient, TransferOptions, detect_encoding,
     hash_reader,
 };
+pub use tftp::{TFTP_CLIENT, Tftp, TftpServerClient};
 
 use jumpstarter_core::driver::{COMPOSITE_TYPE, DriverRegistry};
 
@@ -110,6 +115,11 @@ pub fn stock_registry() -> DriverRegistry {
         .register(
             "jumpstarter_driver_opendal.driver.MockFlasher",
             storage::MockFlasher::from_args,
-        );
+        )
+        .register(
+            "jumpstarter_driver_http.driver.HttpServer",
+            http_server::HttpServer::from_args,
+        )
+        .register("jumpstarter_driver_tftp.driver.Tftp", tftp::Tftp::from_args);
     r
 }
