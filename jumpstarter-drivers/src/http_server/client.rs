@@ -104,9 +104,18 @@ fn run(client: DriverClient, matches: ArgMatches) -> CliFuture {
         match matches.subcommand() {
             Some(("start", _)) => c.start().await,
             Some(("stop", _)) => c.stop().await,
-            Some(("get-url", _)) => Ok(println!("{}", c.get_url().await?)),
-            Some(("get-host", _)) => Ok(println!("{}", c.get_host().await?)),
-            Some(("get-port", _)) => Ok(println!("{}", c.get_port().await?)),
+            Some(("get-url", _)) => {
+                println!("{}", c.get_url().await?);
+                Ok(())
+            }
+            Some(("get-host", _)) => {
+                println!("{}", c.get_host().await?);
+                Ok(())
+            }
+            Some(("get-port", _)) => {
+                println!("{}", c.get_port().await?);
+                Ok(())
+            }
             Some(("put-file", m)) => {
                 let dst = m.get_one::<String>("dst").cloned().unwrap_or_default();
                 let src = m

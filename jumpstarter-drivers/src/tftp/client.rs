@@ -67,8 +67,14 @@ fn run(client: DriverClient, matches: ArgMatches) -> CliFuture {
         match matches.subcommand() {
             Some(("start", _)) => c.start().await,
             Some(("stop", _)) => c.stop().await,
-            Some(("get-host", _)) => Ok(println!("{}", c.get_host().await?)),
-            Some(("get-port", _)) => Ok(println!("{}", c.get_port().await?)),
+            Some(("get-host", _)) => {
+                println!("{}", c.get_host().await?);
+                Ok(())
+            }
+            Some(("get-port", _)) => {
+                println!("{}", c.get_port().await?);
+                Ok(())
+            }
             _ => Err(ClientError::Value("missing TFTP server command".into())),
         }
     })

@@ -138,7 +138,7 @@ fn parse_request(p: &[u8]) -> Result<ReadRequest, (u16, String)> {
         return Err(illegal("malformed request"));
     }
     let fields: Vec<&[u8]> = body[..body.len() - 1].split(|b| *b == 0).collect();
-    if fields.len() < 2 || fields.len() % 2 != 0 {
+    if fields.len() < 2 || !fields.len().is_multiple_of(2) {
         return Err(illegal("malformed request"));
     }
     let text = |b: &[u8]| std::str::from_utf8(b).map(str::to_string);
