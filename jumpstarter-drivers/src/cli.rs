@@ -14,7 +14,10 @@ use jumpstarter_core::{
     value,
 };
 
-use crate::{composite::COMPOSITE_CLIENT, network, power, qemu, serial, shell, snmp, storage};
+use crate::{
+    composite::COMPOSITE_CLIENT, http_server, network, power, qemu, serial, shell, snmp, storage,
+    tftp,
+};
 
 pub use crate::command::{CliFuture, CommandTable, DriverCommand};
 
@@ -31,7 +34,9 @@ pub fn stock_commands() -> CommandTable {
         .insert(serial::PYSERIAL_CLIENT, serial::cli())
         .insert(qemu::QEMU_CLIENT, qemu::cli())
         .insert(qemu::QEMU_FLASHER_CLIENT, qemu::flasher_cli())
-        .insert(shell::SHELL_CLIENT, shell::cli());
+        .insert(shell::SHELL_CLIENT, shell::cli())
+        .insert(http_server::HTTP_SERVER_CLIENT, http_server::cli())
+        .insert(tftp::TFTP_CLIENT, tftp::cli());
     t
 }
 

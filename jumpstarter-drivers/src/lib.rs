@@ -22,6 +22,7 @@ mod cli;
 mod command;
 mod composite;
 mod http_power;
+mod http_server;
 mod network;
 mod power;
 mod qemu;
@@ -29,6 +30,7 @@ mod serial;
 mod shell;
 mod snmp;
 mod storage;
+mod tftp;
 
 pub use cli::{
     j_command, j_command_with, run as run_j_command, run_with as run_j_command_with, stock_commands,
@@ -36,6 +38,7 @@ pub use cli::{
 pub use command::{CliFuture, CommandTable, DriverCommand};
 pub use composite::{COMPOSITE_CLIENT, Composite};
 pub use http_power::{HttpError, HttpPower};
+pub use http_server::{HTTP_SERVER_CLIENT, HttpServer, HttpServerClient};
 pub use network::{
     EchoNetwork, Forwarder, NETWORK_CLIENT, NetworkClient, TcpNetwork, UdpNetwork, UdpStream,
     UnixNetwork, WebsocketNetwork,
@@ -51,6 +54,7 @@ pub use serial::{
 };
 pub use shell::{SHELL_CLIENT, Shell, ShellClient, ShellOutput, TIMEOUT_EXIT_CODE};
 pub use snmp::{SNMP_CLIENT, SnmpError, SnmpServer};
+pub use storage::Presign;
 pub use storage::{
     Capability, DEFAULT_PARTITION, EntryMode, FlasherClient, HashAlgo, Metadata, MockFlasher,
     MockStorageMux, MockStorageMuxFlasher, OPENDAL_CLIENT, Opendal, OpendalClient, OpendalFile,
@@ -58,6 +62,7 @@ pub use storage::{
     STORAGE_MUX_FLASHER_CLIENT, StorageError, StorageMuxClient, TransferOptions, detect_encoding,
     hash_reader,
 };
+pub use tftp::{TFTP_CLIENT, Tftp, TftpServerClient};
 
 use jumpstarter_core::driver::{COMPOSITE_TYPE, DriverRegistry};
 
@@ -126,6 +131,11 @@ pub fn stock_registry() -> DriverRegistry {
         .register(
             "jumpstarter_driver_opendal.driver.MockFlasher",
             storage::MockFlasher::from_args,
-        );
+        )
+        .register(
+            "jumpstarter_driver_http.driver.HttpServer",
+            http_server::HttpServer::from_args,
+        )
+        .register("jumpstarter_driver_tftp.driver.Tftp", tftp::Tftp::from_args);
     r
 }

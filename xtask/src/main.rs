@@ -8,6 +8,7 @@ mod bench_controller;
 mod bench_direct;
 mod bench_startup;
 mod bench_storage;
+mod boot_tools;
 mod ci_summary;
 mod conformance;
 mod crds;
@@ -152,6 +153,7 @@ fn ci() -> Result<()> {
     println!("== QEMU test board (cargo xtask qemu-board)");
     qemu_board::prepare()?;
     snmpd::prepare()?;
+    boot_tools::ensure()?;
     // Tests with upstream's Python client in a hook need the pinned venv.
     let venv = interop::ensure_venv()?;
     println!("== cargo test");

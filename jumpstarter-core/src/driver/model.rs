@@ -40,7 +40,10 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use super::{error::DriverError, log::LogSink};
 use crate::{
     value::{self, Value},
-    wire::resource::{ResourceHandle, ResourceRegistry, ResourceStream},
+    wire::{
+        presigned,
+        resource::{ResourceHandle, ResourceRegistry, ResourceStream},
+    },
 };
 
 /// A boxed, sendable future, as driver dispatch returns.
@@ -87,8 +90,25 @@ impl CallContext {
     /// Opens the resource stream a client passed by handle: read it to get the client's
     /// bytes (already decompressed when an encoding was negotiated), write it and shut it
     /// down to send bytes back. Each handle opens once.
+    ///
+    /// A presigned request (an HTTP(S) URL the client passed instead of bytes) is fetched
+    /// (or, for `PUT`, uploaded to) by the exporter itself, with progress in this driver's
+    /// log: see [`crate::wire::presigned`].
     pub fn resource(&self, handle: &ResourceHandle) -> Result<ResourceStream, DriverError> {
-        self.resources.open(handle)
+        match handle {
+            ResourceHandle::PresignedRequest {
+                headers,
+                url,
+                method,
+            } => {
+                let logs = self.logs.clone();
+                let driver = self.driver_name.clone();
+                let progress: presigned::ProgressFn =
+                    Arc::new(move |line| logs.emit(&driver, "INFO", line));
+                presigned::open(url, method, headers, progress)
+            }
+            ResourceHandle::ClientStream { .. } => self.resources.open(handle),
+        }
     }
 }
 

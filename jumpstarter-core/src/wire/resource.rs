@@ -860,6 +860,8 @@ impl AsyncWrite for FileWriter {
 pub struct ResourceStream {
     read: StreamRead,
     write: StreamWrite,
+    /// A presigned `PUT`'s answer, awaited when the writing side is shut down.
+    put_done: Option<tokio::sync::oneshot::Receiver<io::Result<()>>>,
 }
 
 /// The writing side: chunks handed to the session as they are, or encoded.
@@ -885,6 +887,22 @@ impl ResourceStream {
                 None => StreamWrite::Plain(writer.finish_if_unused()),
                 Some(_) => StreamWrite::Encoded(encoder(writer.finish_if_unused(), encoding)),
             },
+            put_done: None,
+        }
+    }
+
+    /// A presigned request's stream (see [`crate::wire::presigned`]): `reader` gives the
+    /// downloaded bytes, `writer` takes the bytes to upload, and shutting the stream down
+    /// waits for `put_done`, the upload's answer, when there is one.
+    pub(crate) fn presigned(
+        reader: PipeReader,
+        writer: PipeWriter,
+        put_done: Option<tokio::sync::oneshot::Receiver<io::Result<()>>>,
+    ) -> Self {
+        Self {
+            read: StreamRead::Plain(reader),
+            write: StreamWrite::Plain(writer.finish_if_unused()),
+            put_done,
         }
     }
 
@@ -1023,10 +1041,21 @@ impl AsyncWrite for ResourceStream {
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match &mut self.write {
+        ready!(match &mut self.write {
             StreamWrite::Plain(w) => Pin::new(w).poll_shutdown(cx),
             StreamWrite::Encoded(w) => w.as_mut().poll_shutdown(cx),
-        }
+        })?;
+        let Some(done) = self.put_done.as_mut() else {
+            return Poll::Ready(Ok(()));
+        };
+        let answer = ready!(Pin::new(done).poll(cx)).unwrap_or_else(|_| {
+            Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "presigned HTTP PUT ended without an answer",
+            ))
+        });
+        self.put_done = None;
+        Poll::Ready(answer)
     }
 }
 
@@ -1104,12 +1133,11 @@ impl ResourceRegistry {
                     p.accepted,
                 ))
             }
-            ResourceHandle::PresignedRequest { url, .. } => {
-                Err(DriverError::Unimplemented(format!(
-                    "presigned requests are not supported by this exporter ({})",
-                    url.split('?').next().unwrap_or_default()
-                )))
-            }
+            // Opened by `CallContext::resource` (crate::wire::presigned), which logs progress.
+            ResourceHandle::PresignedRequest { url, .. } => Err(DriverError::Failed(format!(
+                "a presigned request ({}) is opened through CallContext::resource",
+                url.split('?').next().unwrap_or_default()
+            ))),
         }
     }
 }

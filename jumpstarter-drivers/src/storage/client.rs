@@ -15,7 +15,7 @@ use uuid::Uuid;
 use super::{
     HashAlgo, Metadata, Partial, StorageError, WriteTarget, hash_reader, is_a_directory,
     open_in_place,
-    opendal::Capability,
+    opendal::{Capability, PresignedRequest},
     progress::{Progress, ProgressWriter},
     write_target,
 };
@@ -51,6 +51,48 @@ pub(super) async fn local_size(path: &Path) -> Option<u64> {
         .ok()
         .filter(|m| m.is_file())
         .map(|m| m.len())
+}
+
+/// A "local path" that is an `http://` or `https://` URL: the exporter fetches it itself
+/// (upstream's client passes such a path as a presigned `GET` request, so the image goes
+/// from the server to the exporter without passing through the client).
+pub fn url_of(path: &Path) -> Option<String> {
+    let s = path.to_str()?;
+    (s.starts_with("http://") || s.starts_with("https://")).then(|| s.to_string())
+}
+
+/// The resource handle that makes the exporter `GET` `url` itself.
+pub fn presigned_get(url: String) -> ResourceHandle {
+    ResourceHandle::PresignedRequest {
+        headers: Default::default(),
+        url,
+        method: "GET".into(),
+    }
+}
+
+/// Refuses a content encoding with a URL: the exporter takes the URL's bytes as they are.
+pub(super) fn no_encoding_with_url(
+    url: &str,
+    encoding: Option<ContentEncoding>,
+) -> Result<(), ClientError> {
+    match encoding {
+        Some(e) => Err(ClientError::Value(format!(
+            "compression ({e}) is not supported with an http(s) URL ({}): the exporter \
+             fetches the URL's bytes as they are",
+            url.split('?').next().unwrap_or_default()
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// The progress display of a transfer from `file`: none for a URL (the exporter fetches
+/// it and logs its progress, which `jmp shell` shows).
+pub(super) async fn progress_for(label: &'static str, file: &Path) -> Progress {
+    if url_of(file).is_some() {
+        Progress::hidden()
+    } else {
+        Progress::stderr(label, local_size(file).await)
+    }
 }
 
 /// An opened local file as an upload source, counted by `progress` as it is read.
@@ -193,6 +235,11 @@ impl StorageMuxClient {
         path: &Path,
         opts: &TransferOptions,
     ) -> Result<u64, ClientError> {
+        if let Some(url) = url_of(path) {
+            no_encoding_with_url(&url, opts.encoding)?;
+            self.write(presigned_get(url)).await?;
+            return Ok(0);
+        }
         let (file, len) = open_local(path).await?;
         let source = file_source(file, &opts.progress).await;
         let this = self.clone();
@@ -273,6 +320,13 @@ impl StorageMuxClient {
         path: &Path,
         encoding: Option<ContentEncoding>,
     ) -> Result<(), ClientError> {
+        if let Some(url) = url_of(path) {
+            return Err(ClientError::Value(format!(
+                "cannot verify against a URL ({}): download the image and verify with the \
+                 local file",
+                url.split('?').next().unwrap_or_default()
+            )));
+        }
         let (file, _) = open_local(path).await?;
         let plain = decoder(tokio::io::BufReader::with_capacity(1 << 20, file), encoding);
         let (local, len) = hash_reader(plain, HashAlgo::Sha256, None)
@@ -320,6 +374,28 @@ impl OpendalFile {
     }
 }
 
+/// The operations `presign_*` sign.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Presign {
+    /// `presign_stat` (HEAD).
+    Stat,
+    /// `presign_read` (GET).
+    Read,
+    /// `presign_write` (PUT).
+    Write,
+}
+
+impl Presign {
+    /// The driver method.
+    pub fn method(self) -> &'static str {
+        match self {
+            Presign::Stat => "presign_stat",
+            Presign::Read => "presign_read",
+            Presign::Write => "presign_write",
+        }
+    }
+}
+
 /// Typed client for `jumpstarter_driver_opendal.client.OpendalClient`.
 #[derive(Clone)]
 pub struct OpendalClient(pub DriverClient);
@@ -341,6 +417,17 @@ impl OpendalClient {
         src: &Path,
         opts: &TransferOptions,
     ) -> Result<(), ClientError> {
+        if let Some(url) = url_of(src) {
+            no_encoding_with_url(&url, opts.encoding)?;
+            let f = self.open(dst, "wb").await?;
+            let r = self
+                .0
+                .call::<()>("file_write", (f.fd, presigned_get(url)))
+                .await;
+            let closed = f.close().await;
+            r?;
+            return closed;
+        }
         let (file, _) = open_local(src).await?;
         let f = self.open(dst, "wb").await?;
         let fd = f.fd;
@@ -491,7 +578,18 @@ impl OpendalClient {
         self.0.streaming_call(method, (path,)).await
     }
 
-    /// What the service supports.
+    /// A request for `path` that the caller may send without the exporter, valid for
+    /// `expire_second` seconds (services that presign, e.g. S3).
+    pub async fn presign(
+        &self,
+        op: Presign,
+        path: &str,
+        expire_second: u64,
+    ) -> Result<PresignedRequest, ClientError> {
+        self.0.call(op.method(), (path, expire_second)).await
+    }
+
+    /// What the storage service supports.
     pub async fn capability(&self) -> Result<Capability, ClientError> {
         self.0.call("capability", ()).await
     }
@@ -514,7 +612,15 @@ pub(super) async fn encoding_for(
     m: &ArgMatches,
     path: &Path,
 ) -> Result<Option<ContentEncoding>, ClientError> {
-    match m.get_one::<String>("compression").map(String::as_str) {
+    let given = m.get_one::<String>("compression").map(String::as_str);
+    if let (Some(c), Some(url)) = (given, url_of(path)) {
+        return Err(ClientError::Value(format!(
+            "--compression {c} is not supported with an http(s) URL ({}): the exporter \
+             fetches the URL's bytes as they are",
+            url.split('?').next().unwrap_or_default()
+        )));
+    }
+    match given {
         None => Ok(None),
         Some("auto") => detect_encoding(path).await,
         Some(name) => Ok(ContentEncoding::parse(name)),
@@ -605,7 +711,7 @@ fn run_mux(client: DriverClient, matches: ArgMatches) -> CliFuture {
             "write-local-file" => {
                 let opts = TransferOptions {
                     encoding: None,
-                    progress: Progress::stderr("write", local_size(&file).await),
+                    progress: progress_for("write", &file).await,
                 };
                 mux.write_local_file(&file, &opts).await.map(|_| ())
             }
@@ -619,7 +725,7 @@ fn run_mux(client: DriverClient, matches: ArgMatches) -> CliFuture {
             "flash" => {
                 let opts = TransferOptions {
                     encoding: encoding_for(m, &file).await?,
-                    progress: Progress::stderr("flash", local_size(&file).await),
+                    progress: progress_for("flash", &file).await,
                 };
                 mux.flash(&file, &opts, m.get_flag("verify")).await?;
                 if m.get_flag("verify") {
@@ -722,7 +828,42 @@ fn build_opendal(cmd: Command) -> Command {
                 .about("Create a directory (path ends with /)")
                 .arg(p()),
         )
+        .subcommand(
+            Command::new("write-bytes")
+                .about("Write what comes on stdin into a file on the storage")
+                .arg(p()),
+        )
+        .subcommand(
+            Command::new("read-bytes")
+                .about("Write a file of the storage to stdout")
+                .arg(p()),
+        )
+        .subcommand(presign_command(
+            "presign-stat",
+            "Presign a stat (HEAD) request",
+        ))
+        .subcommand(presign_command(
+            "presign-read",
+            "Presign a read (GET) request",
+        ))
+        .subcommand(presign_command(
+            "presign-write",
+            "Presign a write (PUT) request",
+        ))
         .subcommand(Command::new("capability").about("Show what the storage service supports"))
+}
+
+fn presign_command(name: &'static str, about: &'static str) -> Command {
+    Command::new(name)
+        .about(about)
+        .arg(path_arg("path", "Path on the storage"))
+        .arg(
+            Arg::new("expire_second")
+                .long("expire-second")
+                .required(true)
+                .value_parser(value_parser!(u64))
+                .help("Seconds the request stays valid"),
+        )
 }
 
 fn json<T: serde::Serialize>(v: &T) -> Result<(), ClientError> {
@@ -756,7 +897,7 @@ fn run_opendal(client: DriverClient, matches: ArgMatches) -> CliFuture {
             "write-from-path" => {
                 let opts = TransferOptions {
                     encoding: encoding_for(m, &file).await?,
-                    progress: Progress::stderr("write", local_size(&file).await),
+                    progress: progress_for("write", &file).await,
                 };
                 c.write_from_path(&s("dst"), &file, &opts).await
             }
@@ -800,6 +941,36 @@ fn run_opendal(client: DriverClient, matches: ArgMatches) -> CliFuture {
             "remove-all" => c.remove_all(&s("path")).await,
             "create-dir" => c.create_dir(&s("path")).await,
             "capability" => json(&c.capability().await?),
+            "write-bytes" => {
+                // Upstream reads all of stdin, then writes it: these are small files.
+                let data = tokio::task::spawn_blocking(|| {
+                    let mut data = Vec::new();
+                    std::io::Read::read_to_end(&mut std::io::stdin(), &mut data).map(|_| data)
+                })
+                .await
+                .map_err(|e| ClientError::Io(std::io::Error::other(e)))?
+                .map_err(ClientError::Io)?;
+                c.write_bytes(&s("path"), data).await
+            }
+            "read-bytes" => {
+                let data = c.read_bytes(&s("path")).await?;
+                let mut out = std::io::stdout().lock();
+                std::io::Write::write_all(&mut out, &data)
+                    .and_then(|()| std::io::Write::flush(&mut out))
+                    .map_err(ClientError::Io)
+            }
+            "presign-stat" | "presign-read" | "presign-write" => {
+                let op = match name {
+                    "presign-stat" => Presign::Stat,
+                    "presign-read" => Presign::Read,
+                    _ => Presign::Write,
+                };
+                let expire = m
+                    .get_one::<u64>("expire_second")
+                    .copied()
+                    .unwrap_or_default();
+                json(&c.presign(op, &s("path"), expire).await?)
+            }
             other => Err(ClientError::Value(format!("unknown command {other}"))),
         }
     })

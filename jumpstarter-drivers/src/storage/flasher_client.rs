@@ -12,8 +12,8 @@ use jumpstarter_core::{
 use super::{
     Progress, ProgressWriter, TransferOptions,
     client::{
-        compression_arg, encoding_for, file_arg, file_source, local_size, open_local,
-        write_local_atomically,
+        compression_arg, encoding_for, file_arg, file_source, no_encoding_with_url, open_local,
+        presigned_get, progress_for, url_of, write_local_atomically,
     },
 };
 use crate::command::{CliFuture, DriverCommand};
@@ -22,27 +22,24 @@ use crate::command::{CliFuture, DriverCommand};
 #[derive(Clone)]
 pub struct FlasherClient(pub DriverClient);
 
-/// A local path that is an HTTP(S) URL, which this client does not fetch (yet).
-fn refuse_url(path: &Path) -> Result<(), ClientError> {
-    let s = path.to_string_lossy();
-    if s.starts_with("http://") || s.starts_with("https://") {
-        return Err(ClientError::Value(format!(
-            "flashing from a URL is not supported by this client yet ({s}): download it and \
-             flash the file"
-        )));
-    }
-    Ok(())
-}
-
 impl FlasherClient {
     /// Flashes a local image into `target` (the driver's default partition when `None`).
+    /// An `http://` or `https://` path is fetched by the exporter itself (a presigned `GET`,
+    /// as upstream's client passes it).
     pub async fn flash(
         &self,
         path: &Path,
         target: Option<&str>,
         opts: &TransferOptions,
     ) -> Result<(), ClientError> {
-        refuse_url(path)?;
+        if let Some(url) = url_of(path) {
+            no_encoding_with_url(&url, opts.encoding)?;
+            let target = target.map(str::to_string);
+            self.0
+                .call::<serde_json::Value>("flash", (presigned_get(url), target))
+                .await?;
+            return Ok(());
+        }
         let (file, _) = open_local(path).await?;
         let source = file_source(file, &opts.progress).await;
         let this = self.0.clone();
@@ -171,7 +168,7 @@ fn run(client: DriverClient, matches: ArgMatches) -> CliFuture {
                 for (target, file) in jobs {
                     let opts = TransferOptions {
                         encoding: encoding_for(m, &file).await?,
-                        progress: Progress::stderr("flash", local_size(&file).await),
+                        progress: progress_for("flash", &file).await,
                     };
                     flasher.flash(&file, target.as_deref(), &opts).await?;
                 }

@@ -28,8 +28,8 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
 pub use client::{
-    OpendalClient, OpendalFile, StorageMuxClient, TransferOptions, detect_encoding, mux_cli,
-    opendal_cli,
+    OpendalClient, OpendalFile, Presign, StorageMuxClient, TransferOptions, detect_encoding,
+    mux_cli, opendal_cli,
 };
 pub use flasher::{DEFAULT_PARTITION, MockFlasher};
 pub use flasher_client::{FlasherClient, flasher_cli};

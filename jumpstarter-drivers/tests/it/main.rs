@@ -2,6 +2,7 @@
 //! socket, driven through the client library.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+mod boot;
 mod flasher;
 mod network;
 mod power;
