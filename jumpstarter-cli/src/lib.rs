@@ -9,6 +9,7 @@
 
 mod admin;
 mod auth;
+mod bridge;
 mod completion;
 mod config_cmd;
 mod direct_certs;
