@@ -430,10 +430,9 @@ pub async fn run_exporter(
     limits: jumpstarter_core::server::listener::ConnectionLimits,
 ) -> Result<i32> {
     let target = exporter::ControllerTarget::from_config(cfg)?;
-    let (tree, _python) =
-        crate::bridge::build_tree(&jumpstarter_drivers::stock_registry(), cfg)
-            .await
-            .with_context(|| format!("exporter {}", cfg.metadata.name))?;
+    let (tree, _python) = crate::bridge::build_tree(&jumpstarter_drivers::stock_registry(), cfg)
+        .await
+        .with_context(|| format!("exporter {}", cfg.metadata.name))?;
     let mut options = exporter::ExporterOptions::from_config(cfg)?;
     if let Some(direct) = options.direct.as_mut() {
         direct.limits = limits;

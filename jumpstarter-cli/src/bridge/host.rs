@@ -4,7 +4,7 @@
 //! run by `$JMP_PYTHON` or `python3` from `PATH`, in its own process group. It reads its
 //! subtrees as one JSON line on stdin and keeps reading stdin afterwards: when the exporter
 //! exits (kill -9 included) the kernel closes the pipe and the child kills its process
-//! group. Dropping [`PythonDrivers`] kills the group too.
+//! group. Dropping the [`Running`] child kills the group too.
 
 use std::{
     collections::{BTreeMap, VecDeque},
@@ -16,9 +16,8 @@ use std::{
 
 use futures::StreamExt;
 use jumpstarter_core::{
-    CallContext, DriverNode,
-    client::{ClientNode, ConnectOptions, ExporterSession, SessionChannel, connect_channel},
-    driver::{CLIENT_LABEL, NAME_LABEL},
+    CallContext,
+    client::{ConnectOptions, ExporterSession, SessionChannel, connect_channel},
 };
 use jumpstarter_proto::v1::{LogSource, exporter_service_client::ExporterServiceClient};
 use tokio::{
@@ -27,7 +26,7 @@ use tokio::{
     task::JoinHandle,
 };
 
-use super::{PYTHON_ENV, Subtree, package_of, proxy::PythonDriver};
+use super::plan::{PYTHON_ENV, Subtree, package_of};
 
 /// The bootstrap script the child runs.
 const BOOTSTRAP: &str = include_str!("bootstrap.py");
@@ -133,24 +132,6 @@ pub enum StartError {
     Io(#[source] std::io::Error),
 }
 
-/// The Python drivers of an exporter: keep it while their tree is served. Dropping it kills
-/// the child and its process group.
-pub struct PythonDrivers {
-    host: Option<Arc<Host>>,
-    supervisor: Option<JoinHandle<()>>,
-}
-
-impl Drop for PythonDrivers {
-    fn drop(&mut self) {
-        if let Some(s) = self.supervisor.take() {
-            s.abort();
-        }
-        if let Some(h) = &self.host {
-            h.set(State::Down("the exporter is stopping".into()));
-        }
-    }
-}
-
 /// Whether the child serves, with its connection, or why not.
 #[derive(Clone)]
 pub(crate) enum State {
@@ -181,7 +162,7 @@ pub(crate) struct Host {
 }
 
 /// A running child and the tasks reading it.
-struct Running {
+pub(crate) struct Running {
     child: Child,
     _stdin: ChildStdin,
     tasks: Vec<JoinHandle<()>>,
@@ -192,7 +173,10 @@ impl Drop for Running {
         for t in &self.tasks {
             t.abort();
         }
-        if let Some(pid) = self.child.id().and_then(|p| rustix::process::Pid::from_raw(p as i32))
+        if let Some(pid) = self
+            .child
+            .id()
+            .and_then(|p| rustix::process::Pid::from_raw(p as i32))
         {
             let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
         }
@@ -204,19 +188,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-impl PythonDrivers {
-    /// No Python drivers.
-    pub fn none() -> Self {
-        Self {
-            host: None,
-            supervisor: None,
-        }
-    }
-
-    /// Starts the child for `subtrees`; returns the grafted nodes by config field.
-    pub(crate) async fn start(
-        subtrees: Vec<Subtree>,
-    ) -> Result<(Self, Vec<(String, DriverNode)>), StartError> {
+impl Host {
+    /// A host for `subtrees`, not started: writes the bootstrap script to a private
+    /// directory and picks the interpreter ([`PYTHON_ENV`], else `python3`).
+    pub(crate) fn new(subtrees: Vec<Subtree>) -> Result<Self, StartError> {
         let python = std::env::var(PYTHON_ENV)
             .ok()
             .filter(|p| !p.is_empty())
@@ -227,7 +202,7 @@ impl PythonDrivers {
             .map_err(StartError::Io)?;
         let script = dir.path().join("bootstrap.py");
         std::fs::write(&script, BOOTSTRAP).map_err(StartError::Io)?;
-        let host = Arc::new(Host {
+        Ok(Host {
             python,
             script,
             dir,
@@ -236,74 +211,22 @@ impl PythonDrivers {
             state: Mutex::new(State::Down("starting".into())),
             log_target: Mutex::new(None),
             stderr_tail: Arc::default(),
-        });
-        let (running, conn) = host.spawn(0).await?;
-        let root = conn.session.root();
-        let mut nodes = Vec::new();
-        for (i, st) in host.subtrees.iter().enumerate() {
-            let child = root.child(&st.key).ok_or_else(|| host.child_error(
-                format!("reported no driver for {}", st.field),
-            ))?;
-            let mut uuids = BTreeMap::new();
-            collect_uuids(child.node(), "", &mut uuids);
-            lock(&host.uuids)[i] = uuids;
-            nodes.push((st.field.clone(), graft(&host, child.node(), &st.type_name)));
+        })
+    }
+
+    /// The subtrees it serves.
+    pub(crate) fn subtrees(&self) -> &[Subtree] {
+        &self.subtrees
+    }
+
+    /// Records the uuids of subtree `i` by path, for restarts.
+    pub(crate) fn set_uuids(&self, i: usize, uuids: BTreeMap<String, String>) {
+        if let Some(slot) = lock(&self.uuids).get_mut(i) {
+            *slot = uuids;
         }
-        host.set(State::Up(conn));
-        let supervisor = tokio::spawn(supervise(host.clone(), running));
-        Ok((
-            Self {
-                host: Some(host),
-                supervisor: Some(supervisor),
-            },
-            nodes,
-        ))
     }
-}
 
-fn collect_uuids(node: &ClientNode, path: &str, out: &mut BTreeMap<String, String>) {
-    out.insert(path.to_string(), node.uuid.clone());
-    for (name, c) in &node.children {
-        let p = if path.is_empty() {
-            name.clone()
-        } else {
-            format!("{path}.{name}")
-        };
-        collect_uuids(c, &p, out);
-    }
-}
-
-/// Our node for a reported Python node (and its children): same uuid, labels, client class
-/// and descriptions; calls go to the child.
-fn graft(host: &Arc<Host>, node: &ClientNode, type_name: &str) -> DriverNode {
-    let mut labels = node.labels.clone();
-    let client_class = labels.remove(CLIENT_LABEL).unwrap_or_default();
-    labels.remove(NAME_LABEL);
-    let driver = Arc::new(PythonDriver {
-        host: host.clone(),
-        uuid: node.uuid.clone(),
-        path: node.path.clone(),
-        client_class,
-        labels,
-        type_name: type_name.to_string(),
-    });
-    let uuid = uuid::Uuid::parse_str(&node.uuid).unwrap_or_else(|_| uuid::Uuid::new_v4());
-    DriverNode {
-        uuid,
-        driver,
-        labels: BTreeMap::new(),
-        description: node.description.clone(),
-        methods_description: node.methods_description.clone(),
-        children: node
-            .children
-            .iter()
-            .map(|(name, c)| (name.clone(), graft(host, c, type_name)))
-            .collect(),
-    }
-}
-
-impl Host {
-    fn set(&self, state: State) {
+    pub(crate) fn set(&self, state: State) {
         *lock(&self.state) = state;
     }
 
@@ -341,7 +264,7 @@ impl Host {
         p.join(" ")
     }
 
-    fn child_error(&self, what: String) -> StartError {
+    pub(crate) fn child_error(&self, what: String) -> StartError {
         let tail: Vec<String> = lock(&self.stderr_tail).iter().cloned().collect();
         StartError::Child {
             python: self.python.clone(),
@@ -356,7 +279,7 @@ impl Host {
     }
 
     /// Starts one child and connects to it.
-    async fn spawn(&self, generation: u64) -> Result<(Running, Conn), StartError> {
+    pub(crate) async fn spawn(&self, generation: u64) -> Result<(Running, Conn), StartError> {
         let socket = self.dir.path().join(format!("python-{generation}.sock"));
         let uuids = lock(&self.uuids).clone();
         let spec = serde_json::json!({
@@ -414,7 +337,11 @@ impl Host {
             }
             Ok(Ok(Some(l))) => l,
             Ok(_) => {
-                let status = child.wait().await.map(|s| s.to_string()).unwrap_or_default();
+                let status = child
+                    .wait()
+                    .await
+                    .map(|s| s.to_string())
+                    .unwrap_or_default();
                 // Let the stderr reader take the last lines.
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 return Err(self.child_error(format!("exited before serving ({status})")));
@@ -454,14 +381,17 @@ impl Host {
     }
 
     fn start_error(&self, err: &serde_json::Value) -> StartError {
-        let s = |k: &str| err.get(k).and_then(|v| v.as_str()).unwrap_or("").to_string();
+        let s = |k: &str| {
+            err.get(k)
+                .and_then(|v| v.as_str())
+                .unwrap_or("")
+                .to_string()
+        };
         let type_name = s("type");
         let field = self
             .subtrees
             .iter()
-            .find(|st| {
-                st.type_name == type_name || st.instance.to_string().contains(&type_name)
-            })
+            .find(|st| st.type_name == type_name || st.instance.to_string().contains(&type_name))
             .map(|st| st.field.clone())
             .unwrap_or_default();
         match s("kind").as_str() {
@@ -512,11 +442,13 @@ impl Host {
 }
 
 /// Waits for the child to die and starts another, with the same uuids, until dropped.
-async fn supervise(host: Arc<Host>, mut running: Running) {
-    running.tasks.push(host.relay_logs(match &*lock(&host.state) {
-        State::Up(c) => c.channel.clone(),
-        State::Down(_) => return,
-    }));
+pub(crate) async fn supervise(host: Arc<Host>, mut running: Running) {
+    running
+        .tasks
+        .push(host.relay_logs(match &*lock(&host.state) {
+            State::Up(c) => c.channel.clone(),
+            State::Down(_) => return,
+        }));
     let mut generation = 0;
     let mut backoff = Duration::from_secs(1);
     loop {
@@ -528,10 +460,7 @@ async fn supervise(host: Arc<Host>, mut running: Running) {
             .map(|s| s.to_string())
             .unwrap_or_else(|e| e.to_string());
         let why = format!("exited ({status}); restarting it");
-        tracing::warn!(
-            "the Python driver host for {} {why}",
-            host.types()
-        );
+        tracing::warn!("the Python driver host for {} {why}", host.types());
         host.set(State::Down(why.clone()));
         drop(running);
         if started.elapsed() > MAX_BACKOFF {

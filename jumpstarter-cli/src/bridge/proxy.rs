@@ -129,7 +129,10 @@ impl PythonDriver {
 
 fn is_transport(status: &tonic::Status) -> bool {
     std::error::Error::source(status).is_some()
-        || matches!(status.code(), tonic::Code::Unavailable | tonic::Code::Cancelled)
+        || matches!(
+            status.code(),
+            tonic::Code::Unavailable | tonic::Code::Cancelled
+        )
 }
 
 /// Lets the copies finish what the call started (a dump's last bytes), within a bound.

@@ -141,11 +141,7 @@ fn standalone(s: &Scratch, venv: &Path) -> (Running, String) {
     let mut c = s.cmd(JMP);
     c.args(["run", "--exporter-config"])
         .arg(s.path("exporter.yaml"))
-        .args([
-            "--tls-grpc-listener",
-            "127.0.0.1:0",
-            "--tls-grpc-insecure",
-        ])
+        .args(["--tls-grpc-listener", "127.0.0.1:0", "--tls-grpc-insecure"])
         .stderr(Stdio::piped())
         .stdout(Stdio::null());
     python_env(&mut c, s, venv);
@@ -181,10 +177,16 @@ fn insecure() -> ConnectOptions {
 /// The pids of `pid`'s children.
 fn children_of(pid: u32) -> Vec<u32> {
     let mut out = Vec::new();
-    for task in std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten() {
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+    {
         let Ok(task) = task else { continue };
         let kids = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
-        out.extend(kids.split_whitespace().filter_map(|k| k.parse::<u32>().ok()));
+        out.extend(
+            kids.split_whitespace()
+                .filter_map(|k| k.parse::<u32>().ok()),
+        );
     }
     out
 }
@@ -310,7 +312,9 @@ async fn python_drivers_are_served_beside_rust_ones_in_one_tree() {
     drop(io);
 
     // A resource: 8 MiB through upstream's Python MockFlasher and back.
-    let image: Vec<u8> = (0..8 * 1024 * 1024u32).map(|i| (i * 7 % 251) as u8).collect();
+    let image: Vec<u8> = (0..8 * 1024 * 1024u32)
+        .map(|i| (i * 7 % 251) as u8)
+        .collect();
     let flasher = session.driver("flasher").unwrap();
     let caller = flasher.clone();
     let data = image.clone();
@@ -341,7 +345,10 @@ async fn python_drivers_are_served_beside_rust_ones_in_one_tree() {
         )
         .await
         .unwrap();
-    assert!(std::fs::read(&out).unwrap() == image, "dump differs from the flashed image");
+    assert!(
+        std::fs::read(&out).unwrap() == image,
+        "dump differs from the flashed image"
+    );
 }
 
 #[test]
@@ -366,8 +373,15 @@ fn j_and_upstreams_python_client_drive_python_and_rust_drivers_in_local_mode() {
         py = venv.join("bin/python3").display()
     );
     let mut c = s.cmd(JMP);
-    c.args(["shell", "--exporter-config", "exporter.yaml", "--", "sh", "-c"])
-        .arg(&script);
+    c.args([
+        "shell",
+        "--exporter-config",
+        "exporter.yaml",
+        "--",
+        "sh",
+        "-c",
+    ])
+    .arg(&script);
     python_env(&mut c, &s, &venv);
     let out = c.output().unwrap();
     let (stdout, stderr) = text(&out);
@@ -377,7 +391,10 @@ fn j_and_upstreams_python_client_drive_python_and_rust_drivers_in_local_mode() {
     assert!(stdout.contains("py: lamp on at 7"), "{stdout}");
     assert!(stdout.contains("py: flashed"), "{stdout}");
     // No native commands for the lab's class: the generic ones, and where friendly ones are.
-    assert!(stdout.contains("call") && stdout.contains("stream-call"), "{stdout}");
+    assert!(
+        stdout.contains("call") && stdout.contains("stream-call"),
+        "{stdout}"
+    );
     assert!(stdout.contains("package lab-drivers"), "{stdout}");
 }
 
@@ -499,9 +516,9 @@ fn a_python_driver_without_an_interpreter_names_the_type_and_what_to_install() {
 
 #[test]
 fn a_python_driver_that_fails_to_build_shows_pythons_error() {
-    let Some((s, venv)) = scratch(
-        "export:\n  lamp:\n    type: lab_drivers.Lamp\n    config:\n      wattage: 40\n",
-    ) else {
+    let Some((s, venv)) =
+        scratch("export:\n  lamp:\n    type: lab_drivers.Lamp\n    config:\n      wattage: 40\n")
+    else {
         return;
     };
     let mut c = s.cmd(JMP);
@@ -510,7 +527,10 @@ fn a_python_driver_that_fails_to_build_shows_pythons_error() {
     let out = c.output().unwrap();
     let (stdout, stderr) = text(&out);
     assert!(!out.status.success(), "{stdout}{stderr}");
-    assert!(stderr.contains("\"lab_drivers.Lamp\" (export.lamp)"), "{stderr}");
+    assert!(
+        stderr.contains("\"lab_drivers.Lamp\" (export.lamp)"),
+        "{stderr}"
+    );
     assert!(stderr.contains("wattage"), "{stderr}");
     assert!(stderr.contains("Traceback"), "{stderr}");
 }
