@@ -10,8 +10,10 @@
 # It exits when stdin reaches its end: the exporter died or let go of it.
 import json
 import os
+import signal
 import sys
 import threading
+import time
 import traceback
 
 
@@ -24,7 +26,7 @@ def fail(kind, type_name, message):
     answer({"error": {"kind": kind, "type": type_name, "message": message,
                       "traceback": traceback.format_exc()}})
     sys.stdout.flush()
-    os._exit(3)
+    sys.exit(3)
 
 
 def types_of(instance, out):
@@ -91,15 +93,14 @@ def main():
             while sys.stdin.buffer.read(65536):
                 pass
         finally:
-            try:
-                root.close()
-            finally:
-                # Started as a process group leader: take the drivers' own children along.
-                if os.getpgrp() == os.getpid():
-                    import signal
+            threading.Thread(target=watchdog, daemon=True).start()
+            # Unwind serve(): the session closes the drivers, then main() ends cleanly.
+            os.kill(os.getpid(), signal.SIGINT)
 
-                    os.killpg(0, signal.SIGKILL)
-                os._exit(0)
+    def watchdog():
+        time.sleep(5)
+        kill_group(signal.SIGKILL)
+        os._exit(1)
 
     threading.Thread(target=lifeline, daemon=True).start()
 
@@ -111,7 +112,23 @@ def main():
                 answer({"ready": spec["socket"]})
                 await anyio.sleep_forever()
 
-    anyio.run(serve)
+    try:
+        anyio.run(serve)
+    except KeyboardInterrupt:  # the SIGINT of lifeline()
+        pass
+    except BaseException:  # noqa: BLE001
+        traceback.print_exc()
+    finally:
+        # What the drivers started goes with us; interpreter exit then runs the drivers'
+        # finalizers (temporary directories).
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        kill_group(signal.SIGTERM)
+
+
+def kill_group(sig):
+    # Started as a process group leader by the exporter (not when run by hand).
+    if os.getpgrp() == os.getpid():
+        os.killpg(0, sig)
 
 
 if __name__ == "__main__":

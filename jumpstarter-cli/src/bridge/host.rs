@@ -37,6 +37,9 @@ const READY_TIMEOUT: Duration = Duration::from_secs(90);
 /// Lines of the child's stderr kept for error messages.
 const STDERR_TAIL: usize = 20;
 
+/// How long a stopping exporter lets the child close its drivers before killing its group.
+const STOP_GRACE: Duration = Duration::from_secs(8);
+
 /// Longest wait between two restarts.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
@@ -163,8 +166,8 @@ pub(crate) struct Host {
 
 /// A running child and the tasks reading it.
 pub(crate) struct Running {
-    child: Child,
-    _stdin: ChildStdin,
+    child: Option<Child>,
+    stdin: Option<ChildStdin>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -173,14 +176,38 @@ impl Drop for Running {
         for t in &self.tasks {
             t.abort();
         }
-        if let Some(pid) = self
-            .child
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let group = child
             .id()
-            .and_then(|p| rustix::process::Pid::from_raw(p as i32))
-        {
-            let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+            .and_then(|p| rustix::process::Pid::from_raw(p as i32));
+        let kill_group = move || {
+            if let Some(pid) = group {
+                let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+            }
+        };
+        match child.try_wait() {
+            // Alive: closing its stdin asks it to close its drivers (so that they clean up,
+            // a flasher its temporary files) and to exit with its process group; the group
+            // is killed if it has not within the grace period.
+            Ok(None) => {
+                drop(self.stdin.take());
+                std::thread::spawn(move || {
+                    let deadline = Instant::now() + STOP_GRACE;
+                    while Instant::now() < deadline {
+                        if !matches!(child.try_wait(), Ok(None)) {
+                            break;
+                        }
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                    kill_group();
+                    let _ = child.start_kill();
+                });
+            }
+            // Gone: what it left in its group goes too.
+            _ => kill_group(),
         }
-        let _ = self.child.start_kill();
     }
 }
 
@@ -372,8 +399,8 @@ impl Host {
             })?;
         Ok((
             Running {
-                child,
-                _stdin: stdin,
+                child: Some(child),
+                stdin: Some(stdin),
                 tasks: running_tasks,
             },
             Conn { channel, session },
@@ -453,12 +480,14 @@ pub(crate) async fn supervise(host: Arc<Host>, mut running: Running) {
     let mut backoff = Duration::from_secs(1);
     loop {
         let started = Instant::now();
-        let status = running
-            .child
-            .wait()
-            .await
-            .map(|s| s.to_string())
-            .unwrap_or_else(|e| e.to_string());
+        let status = match running.child.as_mut() {
+            Some(c) => c
+                .wait()
+                .await
+                .map(|s| s.to_string())
+                .unwrap_or_else(|e| e.to_string()),
+            None => "gone".into(),
+        };
         let why = format!("exited ({status}); restarting it");
         tracing::warn!("the Python driver host for {} {why}", host.types());
         host.set(State::Down(why.clone()));

@@ -534,3 +534,56 @@ fn a_python_driver_that_fails_to_build_shows_pythons_error() {
     assert!(stderr.contains("wattage"), "{stderr}");
     assert!(stderr.contains("Traceback"), "{stderr}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_exporter_lets_its_python_drivers_clean_up() {
+    let Some((s, venv)) = scratch(MIXED) else {
+        return;
+    };
+    let (mut exporter, addr) = standalone(&s, &venv);
+    let python = python_child(exporter.0.id());
+    let session = ExporterSession::connect(&addr, &insecure()).await.unwrap();
+    let flasher = session.driver("flasher").unwrap();
+    let caller = flasher.clone();
+    flasher
+        .upload(
+            UploadSource::reader(std::io::Cursor::new(vec![7u8; 100_000])),
+            None,
+            |h: ResourceHandle| async move {
+                caller
+                    .call::<serde_json::Value>("flash", (h, Option::<String>::None))
+                    .await
+            },
+        )
+        .await
+        .unwrap();
+    // upstream's MockFlasher keeps its medium in a temporary directory (under TMPDIR, the
+    // scratch directory): there while it runs.
+    let temp_dirs = || {
+        std::fs::read_dir(s.dir.path())
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("tmp") || n.starts_with("jmp-python-"))
+            .collect::<Vec<_>>()
+    };
+    assert!(!temp_dirs().is_empty());
+    drop(session);
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &exporter.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    exporter.0.wait().unwrap();
+    for _ in 0..200 {
+        if !alive(python) && temp_dirs().is_empty() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!(
+        "after the exporter stopped: Python child alive {}, left behind {:?}",
+        alive(python),
+        temp_dirs()
+    );
+}
