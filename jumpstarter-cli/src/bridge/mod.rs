@@ -16,7 +16,11 @@ mod proxy;
 use std::collections::BTreeMap;
 
 use anyhow::Result;
-use jumpstarter_core::{DriverNode, config::ExporterConfig, driver::DriverRegistry};
+use jumpstarter_core::{
+    DriverNode,
+    config::{ConfigError, ExporterConfig},
+    driver::DriverRegistry,
+};
 
 pub use drivers::PythonDrivers;
 
@@ -31,7 +35,41 @@ pub async fn build_tree(
     if subtrees.is_empty() {
         return Ok((registry.build(cfg)?, PythonDrivers::none()));
     }
-    let (drivers, nodes) = PythonDrivers::start(subtrees).await?;
+    let fields: Vec<(String, String, u64)> = subtrees
+        .iter()
+        .map(|s| (s.field.clone(), s.type_name.clone(), s.line))
+        .collect();
+    let (drivers, nodes) = match PythonDrivers::start(subtrees).await {
+        Ok(started) => started,
+        Err(e) => {
+            // Said as for any unknown type first (a typo reads as one), with where it is,
+            // then why Python cannot serve it either.
+            let failed = match &e {
+                host::StartError::Import { field, .. } => {
+                    fields.iter().find(|(f, _, _)| f == field)
+                }
+                _ => fields.first(),
+            };
+            let Some((field, type_name, line)) =
+                failed.filter(|(_, t, _)| !registry.types().any(|r| r == t))
+            else {
+                return Err(e.into());
+            };
+            return Err(ConfigError::Invalid {
+                path: cfg
+                    .path
+                    .clone()
+                    .unwrap_or_else(|| std::path::PathBuf::from("<config>")),
+                line: *line,
+                field: format!("{field}.type"),
+                message: format!(
+                    "unknown driver type {type_name:?}: no Rust driver provides it, and \
+                     Python cannot serve it (docs/python-drivers.md): {e}"
+                ),
+            }
+            .into());
+        }
+    };
     let by_field: BTreeMap<String, DriverNode> = nodes.into_iter().collect();
     let tree = registry.build_with(cfg, &|field, _| by_field.get(field).cloned())?;
     Ok((tree, drivers))

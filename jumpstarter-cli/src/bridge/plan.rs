@@ -21,6 +21,8 @@ pub struct Subtree {
     pub field: String,
     /// Its `type:`.
     pub type_name: String,
+    /// The line of its `type:` (0 when unknown).
+    pub line: u64,
     /// The instance in upstream's config shape (`type`, `config`, `children`...).
     pub instance: serde_json::Value,
 }
@@ -76,6 +78,7 @@ fn walk(
             key: out.len().to_string(),
             field: field.to_string(),
             type_name: t.value.clone(),
+            line: t.referenced.line(),
             instance: upstream_instance(inst),
         });
         return;
