@@ -430,9 +430,8 @@ pub async fn run_exporter(
     limits: jumpstarter_core::server::listener::ConnectionLimits,
 ) -> Result<i32> {
     let target = exporter::ControllerTarget::from_config(cfg)?;
-    let tree = crate::toolkit::current()
-        .registry()
-        .build(cfg)
+    let (tree, _python) = crate::bridge::build_tree(crate::toolkit::current().registry(), cfg)
+        .await
         .with_context(|| format!("exporter {}", cfg.metadata.name))?;
     let mut options = exporter::ExporterOptions::from_config(cfg)?;
     if let Some(direct) = options.direct.as_mut() {

@@ -402,7 +402,8 @@ async fn run_exporter(args: RunArgs) -> Result<i32> {
         (None, None, true) => None,
         _ => bail!("--tls-grpc-listener needs --tls-cert and --tls-key, or --tls-grpc-insecure"),
     };
-    let tree = crate::toolkit::current().registry().build(&cfg)?;
+    let (tree, _python) =
+        crate::bridge::build_tree(crate::toolkit::current().registry(), &cfg).await?;
     let (session, mut hooks) = crate::lifecycle::standalone(&cfg, tree)?;
     let addr = listen_addr(spec)?;
     let listener = tokio::net::TcpListener::bind(&addr)

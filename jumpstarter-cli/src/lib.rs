@@ -11,6 +11,7 @@
 
 mod admin;
 mod auth;
+mod bridge;
 mod completion;
 mod config_cmd;
 mod direct_certs;

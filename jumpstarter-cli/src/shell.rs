@@ -172,7 +172,8 @@ pub fn base_env(host: &str) -> ShellEnv {
 /// Builds the exporter of `cfg` in this process, serves it on a private Unix socket and runs
 /// `command` against it. Unlike upstream 0.9.0, the command's exit code is returned.
 pub async fn local(cfg: &ExporterConfig, command: &[String]) -> Result<i32> {
-    let tree = crate::toolkit::current().registry().build(cfg)?;
+    let (tree, _python) =
+        crate::bridge::build_tree(crate::toolkit::current().registry(), cfg).await?;
     let session = Session::new_ready(tree, BTreeMap::new());
     let dir = private_dir()?;
     let socket = local_socket_path(dir.path());

@@ -67,6 +67,7 @@ fn group(name: String, client: &DriverClient, table: &CommandTable) -> Command {
         cmd
     } else {
         generic(Command::new(name).about(format!("Driver {class} (generic commands)")))
+            .after_help(friendly_commands_hint(&class))
             .subcommand(open_stream_command())
     };
     if let Some(d) = &node.description {
@@ -84,6 +85,19 @@ fn group(name: String, client: &DriverClient, table: &CommandTable) -> Command {
         }
     }
     cmd
+}
+
+/// Where the friendly commands of a client class we have none for live: the upstream
+/// package of its module (`jumpstarter_driver_x.client.XClient` → `jumpstarter-driver-x`).
+fn friendly_commands_hint(client_class: &str) -> String {
+    let module = client_class.split('.').next().unwrap_or(client_class);
+    format!(
+        "This j has no commands of its own for {client_class}: use call, stream-call and \
+         open-stream with the driver's method names. Upstream's j with the package {} \
+         installed (pip install {}) has its friendly commands.",
+        module.replace('_', "-"),
+        module.replace('_', "-")
+    )
 }
 
 fn generic(cmd: Command) -> Command {

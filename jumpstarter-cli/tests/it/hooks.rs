@@ -279,7 +279,7 @@ fn script_file_and_exec_bash() {
 /// The pinned upstream venv (`cargo xtask venv`): `$JUMPSTARTER_UPSTREAM_VENV`, else
 /// `target/interop-venv` beside the binaries under test. `None` (the test is skipped) when
 /// it is missing outside CI; in CI (`CI=true`) a missing venv fails the test.
-fn upstream_venv() -> Option<PathBuf> {
+pub(crate) fn upstream_venv() -> Option<PathBuf> {
     let venv = std::env::var_os("JUMPSTARTER_UPSTREAM_VENV")
         .map(PathBuf::from)
         .or_else(|| {

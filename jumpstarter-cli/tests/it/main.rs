@@ -13,6 +13,7 @@ mod lease_end;
 mod local;
 mod login;
 mod mcp;
+mod python_drivers;
 mod qemu;
 mod router_faults;
 mod storage;

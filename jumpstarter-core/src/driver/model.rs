@@ -87,6 +87,12 @@ impl CallContext {
         self.logs.emit(&self.driver_name, "WARNING", msg.into());
     }
 
+    /// Logs at `severity` (`DEBUG`, `INFO`, `WARNING`, `ERROR`, `CRITICAL`), also sent to
+    /// `LogStream` (records relayed from drivers hosted elsewhere keep their severity).
+    pub fn log(&self, severity: &str, msg: impl Into<String>) {
+        self.logs.emit(&self.driver_name, severity, msg.into());
+    }
+
     /// Opens the resource stream a client passed by handle: read it to get the client's
     /// bytes (already decompressed when an encoding was negotiated), write it and shut it
     /// down to send bytes back. Each handle opens once.

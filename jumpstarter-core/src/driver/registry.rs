@@ -61,6 +61,18 @@ impl DriverRegistry {
     /// Builds the driver tree of an exporter config: an implicit Composite whose children
     /// are the `export` entries.
     pub fn build(&self, cfg: &ExporterConfig) -> Result<DriverNode, ConfigError> {
+        self.build_with(cfg, &|_, _| None)
+    }
+
+    /// Like [`DriverRegistry::build`], but `foreign` is asked first for every node that
+    /// names a `type:`, with the node's config field (`export.a.children.b`): a node it
+    /// returns replaces that whole subtree (a driver hosted elsewhere, such as a Python
+    /// driver served by a child process).
+    pub fn build_with(
+        &self,
+        cfg: &ExporterConfig,
+        foreign: &dyn Fn(&str, &DriverInstance) -> Option<DriverNode>,
+    ) -> Result<DriverNode, ConfigError> {
         let path = cfg
             .path
             .clone()
@@ -71,7 +83,7 @@ impl DriverRegistry {
             ..Default::default()
         };
         let mut refs = Vec::new();
-        let mut root = self.build_node(&path, "export", &root_inst, &mut refs)?;
+        let mut root = self.build_node(&path, "export", &root_inst, &mut refs, foreign)?;
         for (at, target, line) in refs {
             let found = root
                 .find(&target)
@@ -99,7 +111,13 @@ impl DriverRegistry {
         field: &str,
         inst: &DriverInstance,
         refs: &mut Vec<(String, String, u64)>,
+        foreign: &dyn Fn(&str, &DriverInstance) -> Option<DriverNode>,
     ) -> Result<DriverNode, ConfigError> {
+        if inst.driver_type.is_some()
+            && let Some(node) = foreign(field, inst)
+        {
+            return Ok(node);
+        }
         let invalid = |line: u64, field: String, message: String| ConfigError::Invalid {
             path: path.to_path_buf(),
             line,
@@ -147,7 +165,7 @@ impl DriverRegistry {
                     refs.push((dotted, r.value.clone(), r.referenced.line()));
                     DriverNode::new(ctor_placeholder(self, path, &child_field)?)
                 }
-                None => self.build_node(path, &child_field, child, refs)?,
+                None => self.build_node(path, &child_field, child, refs, foreign)?,
             };
             node.children.push((name.clone(), child_node));
         }

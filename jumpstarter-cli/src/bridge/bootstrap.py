@@ -1,0 +1,139 @@
+# The Python driver host of the Rust exporter (jumpstarter-cli/src/bridge).
+#
+# Started by the exporter with one JSON line on stdin:
+#   {"socket": PATH, "subtrees": [{"key": K, "instance": {...}, "uuids": {PATH: UUID}}]}
+# It builds each subtree with upstream's own runtime (the `export` entry model of
+# jumpstarter.config.exporter), serves them under one root on a Unix socket with
+# upstream's Session, and answers with one JSON line on stdout:
+#   {"ready": PATH}            serving
+#   {"error": {...}}           could not (kind, type, message, traceback); exit code 3
+# It exits when stdin reaches its end: the exporter died or let go of it.
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+
+
+def answer(obj):
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def fail(kind, type_name, message):
+    answer({"error": {"kind": kind, "type": type_name, "message": message,
+                      "traceback": traceback.format_exc()}})
+    sys.stdout.flush()
+    sys.exit(3)
+
+
+def types_of(instance, out):
+    t = instance.get("type")
+    if t:
+        out.append(t)
+    for child in (instance.get("children") or {}).values():
+        types_of(child, out)
+    return out
+
+
+def main():
+    spec = json.loads(sys.stdin.readline())
+    try:
+        import anyio
+        from jumpstarter.common import ExporterStatus
+        from jumpstarter.common.importlib import import_class
+        from jumpstarter.config.exporter import ExporterConfigV1Alpha1DriverInstance
+        from jumpstarter.driver import Driver
+        from jumpstarter.exporter.session import Session
+    except Exception as e:  # noqa: BLE001
+        fail("runtime", None, f"{type(e).__name__}: {e}")
+
+    for subtree in spec["subtrees"]:
+        for t in types_of(subtree["instance"], []):
+            try:
+                import_class(t, [], True)
+            except Exception as e:  # noqa: BLE001
+                cause = e.__cause__ or e
+                fail("import", t, f"{type(cause).__name__}: {cause}")
+
+    class BridgeRoot(Driver):
+        """The root the exporter's subtrees hang under (never reported to clients)."""
+
+        @classmethod
+        def client(cls):
+            return "jumpstarter_driver_composite.client.CompositeClient"
+
+    children = {}
+    for subtree in spec["subtrees"]:
+        instance = subtree["instance"]
+        try:
+            driver = ExporterConfigV1Alpha1DriverInstance.model_validate(instance).instantiate()
+        except Exception as e:  # noqa: BLE001
+            fail("build", instance.get("type"), f"{type(e).__name__}: {e}")
+        # After a restart the exporter asks for the uuids its clients already know.
+        wanted = subtree.get("uuids") or {}
+        if wanted:
+            from uuid import UUID
+
+            def walk(d, path):
+                if path in wanted:
+                    d.uuid = UUID(wanted[path])
+                for name, c in d.children.items():
+                    walk(c, f"{path}.{name}" if path else name)
+
+            walk(driver, "")
+        children[subtree["key"]] = driver
+    root = BridgeRoot(children=children)
+
+    def lifeline():
+        # The exporter holds the other end of stdin: its end (even after kill -9) ends us.
+        try:
+            while sys.stdin.buffer.read(65536):
+                pass
+        finally:
+            threading.Thread(target=watchdog, daemon=True).start()
+            # Unwind serve(): the session closes the drivers, then main() ends cleanly.
+            os.kill(os.getpid(), signal.SIGINT)
+
+    def watchdog():
+        time.sleep(5)
+        kill_group(signal.SIGKILL)
+        os._exit(1)
+
+    threading.Thread(target=lifeline, daemon=True).start()
+
+    async def serve():
+        session = Session(root_device=root)
+        with session:
+            session.update_status(ExporterStatus.LEASE_READY, "Ready for commands")
+            async with session.serve_port_async(f"unix://{spec['socket']}"):
+                answer({"ready": spec["socket"]})
+                await anyio.sleep_forever()
+
+    try:
+        anyio.run(serve)
+    except KeyboardInterrupt:  # the SIGINT of lifeline()
+        pass
+    except BaseException:  # noqa: BLE001
+        traceback.print_exc()
+    finally:
+        # What the drivers started goes with us; interpreter exit then runs the drivers'
+        # finalizers (temporary directories).
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        kill_group(signal.SIGTERM)
+
+
+def kill_group(sig):
+    # Started as a process group leader by the exporter (not when run by hand).
+    if os.getpgrp() == os.getpid():
+        os.killpg(0, sig)
+
+
+if __name__ == "__main__":
+    import logging
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(levelname)s %(name)s: %(message)s")
+    main()

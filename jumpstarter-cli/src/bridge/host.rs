@@ -1,0 +1,516 @@
+//! The Python child: started with the exporter, restarted when it dies, never left behind.
+//!
+//! The child is `bootstrap.py` (shipped in the binary, written to a private 0700 directory)
+//! run by `$JMP_PYTHON` or `python3` from `PATH`, in its own process group. It reads its
+//! subtrees as one JSON line on stdin and keeps reading stdin afterwards: when the exporter
+//! exits (kill -9 included) the kernel closes the pipe and the child kills its process
+//! group. Dropping the [`Running`] child kills the group too.
+
+use std::{
+    collections::{BTreeMap, VecDeque},
+    path::PathBuf,
+    process::Stdio,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use futures::StreamExt;
+use jumpstarter_core::{
+    CallContext,
+    client::{ConnectOptions, ExporterSession, SessionChannel, connect_channel},
+};
+use jumpstarter_proto::v1::{LogSource, exporter_service_client::ExporterServiceClient};
+use tokio::{
+    io::{AsyncBufReadExt, AsyncWriteExt, BufReader},
+    process::{Child, ChildStdin, Command},
+    task::JoinHandle,
+};
+
+use super::plan::{PYTHON_ENV, Subtree, package_of};
+
+/// The bootstrap script the child runs.
+const BOOTSTRAP: &str = include_str!("bootstrap.py");
+
+/// How long the child may take to import and build its drivers.
+const READY_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// Lines of the child's stderr kept for error messages.
+const STDERR_TAIL: usize = 20;
+
+/// How long a stopping exporter lets the child close its drivers before killing its group.
+const STOP_GRACE: Duration = Duration::from_secs(8);
+
+/// Longest wait between two restarts.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// Why the Python drivers could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// No interpreter at that name.
+    #[error(
+        "Python driver {types}: cannot run the Python interpreter {python:?} ({source}); \
+         install Python 3 with the {packages} package(s), or name an interpreter that has them \
+         with {PYTHON_ENV}=/path/to/python"
+    )]
+    NoInterpreter {
+        /// The types (and their config fields) that need Python.
+        types: String,
+        /// The interpreter tried.
+        python: String,
+        /// The packages that provide them.
+        packages: String,
+        /// Why it could not run.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A driver module is not importable.
+    #[error(
+        "driver type {type_name:?} ({field}) has no Rust implementation and the Python \
+         interpreter {python:?} cannot import it: {message}; install it there \
+         (pip install {package}) or name another interpreter with {PYTHON_ENV}"
+    )]
+    Import {
+        /// The type.
+        type_name: String,
+        /// Its config field.
+        field: String,
+        /// The interpreter tried.
+        python: String,
+        /// The package to install.
+        package: String,
+        /// Python's error.
+        message: String,
+    },
+    /// Upstream's runtime itself (`jumpstarter`) is missing.
+    #[error(
+        "Python driver {types}: the Python interpreter {python:?} cannot import upstream's \
+         driver runtime: {message}; install it there (pip install jumpstarter {packages}) or \
+         name another interpreter with {PYTHON_ENV}"
+    )]
+    Runtime {
+        /// The types that need it.
+        types: String,
+        /// The interpreter tried.
+        python: String,
+        /// The packages that provide the types.
+        packages: String,
+        /// Python's error.
+        message: String,
+    },
+    /// A driver's constructor failed.
+    #[error("Python driver {type_name:?} ({field}) failed to start: {message}\n{traceback}")]
+    Build {
+        /// The type.
+        type_name: String,
+        /// Its config field.
+        field: String,
+        /// Python's error.
+        message: String,
+        /// Python's traceback.
+        traceback: String,
+    },
+    /// The child died or misbehaved before serving.
+    #[error("the Python driver host ({python}) for {types} {what}{stderr}")]
+    Child {
+        /// The interpreter.
+        python: String,
+        /// The types it was to serve.
+        types: String,
+        /// What happened.
+        what: String,
+        /// The tail of its stderr (with a leading newline), if any.
+        stderr: String,
+    },
+    /// Reading its report or connecting to it failed.
+    #[error("the Python driver host for {types}: cannot connect to its session")]
+    Connect {
+        /// The types it serves.
+        types: String,
+        /// Why.
+        #[source]
+        source: jumpstarter_core::ClientError,
+    },
+    /// Writing the bootstrap script or spec failed.
+    #[error("cannot prepare the Python driver host")]
+    Io(#[source] std::io::Error),
+}
+
+/// Whether the child serves, with its connection, or why not.
+#[derive(Clone)]
+pub(crate) enum State {
+    Up(Conn),
+    Down(String),
+}
+
+/// A connection to the child's session.
+#[derive(Clone)]
+pub(crate) struct Conn {
+    pub channel: SessionChannel,
+    pub session: ExporterSession,
+}
+
+/// What the proxies share: the child's state and where its logs go.
+pub(crate) struct Host {
+    python: String,
+    script: PathBuf,
+    dir: tempfile::TempDir,
+    subtrees: Vec<Subtree>,
+    state: Mutex<State>,
+    /// The uuids of each subtree's nodes by path (`""` the subtree's root), asked of a
+    /// restarted child so that clients keep calling the same uuids.
+    uuids: Mutex<Vec<BTreeMap<String, String>>>,
+    /// The context of the latest call: the session whose `LogStream` gets the child's logs.
+    log_target: Mutex<Option<CallContext>>,
+    stderr_tail: Arc<Mutex<VecDeque<String>>>,
+}
+
+/// A running child and the tasks reading it.
+pub(crate) struct Running {
+    child: Option<Child>,
+    stdin: Option<ChildStdin>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let group = child
+            .id()
+            .and_then(|p| rustix::process::Pid::from_raw(p as i32));
+        let kill_group = move || {
+            if let Some(pid) = group {
+                let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+            }
+        };
+        match child.try_wait() {
+            // Alive: closing its stdin asks it to close its drivers (so that they clean up,
+            // a flasher its temporary files) and to exit with its process group; the group
+            // is killed if it has not within the grace period.
+            Ok(None) => {
+                drop(self.stdin.take());
+                std::thread::spawn(move || {
+                    let deadline = Instant::now() + STOP_GRACE;
+                    while Instant::now() < deadline {
+                        if !matches!(child.try_wait(), Ok(None)) {
+                            break;
+                        }
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                    kill_group();
+                    let _ = child.start_kill();
+                });
+            }
+            // Gone: what it left in its group goes too.
+            _ => kill_group(),
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Host {
+    /// A host for `subtrees`, not started: writes the bootstrap script to a private
+    /// directory and picks the interpreter ([`PYTHON_ENV`], else `python3`).
+    pub(crate) fn new(subtrees: Vec<Subtree>) -> Result<Self, StartError> {
+        let python = std::env::var(PYTHON_ENV)
+            .ok()
+            .filter(|p| !p.is_empty())
+            .unwrap_or_else(|| "python3".into());
+        let dir = tempfile::Builder::new()
+            .prefix("jmp-python-")
+            .tempdir()
+            .map_err(StartError::Io)?;
+        let script = dir.path().join("bootstrap.py");
+        std::fs::write(&script, BOOTSTRAP).map_err(StartError::Io)?;
+        Ok(Host {
+            python,
+            script,
+            dir,
+            uuids: Mutex::new(vec![BTreeMap::new(); subtrees.len()]),
+            subtrees,
+            state: Mutex::new(State::Down("starting".into())),
+            log_target: Mutex::new(None),
+            stderr_tail: Arc::default(),
+        })
+    }
+
+    /// The subtrees it serves.
+    pub(crate) fn subtrees(&self) -> &[Subtree] {
+        &self.subtrees
+    }
+
+    /// Records the uuids of subtree `i` by path, for restarts.
+    pub(crate) fn set_uuids(&self, i: usize, uuids: BTreeMap<String, String>) {
+        if let Some(slot) = lock(&self.uuids).get_mut(i) {
+            *slot = uuids;
+        }
+    }
+
+    pub(crate) fn set(&self, state: State) {
+        *lock(&self.state) = state;
+    }
+
+    /// The connection to the child, or the error calls get while it is down.
+    pub(crate) fn conn(&self, type_name: &str) -> Result<Conn, jumpstarter_core::DriverError> {
+        match &*lock(&self.state) {
+            State::Up(c) => Ok(c.clone()),
+            State::Down(why) => Err(jumpstarter_core::DriverError::Failed(format!(
+                "Python driver {type_name} is unavailable: its host process {why}"
+            ))),
+        }
+    }
+
+    /// Sends the child's logs to the session `ctx` belongs to from now on.
+    pub(crate) fn log_to(&self, ctx: &CallContext) {
+        *lock(&self.log_target) = Some(ctx.clone());
+    }
+
+    fn types(&self) -> String {
+        self.subtrees
+            .iter()
+            .map(|s| format!("{} ({})", s.type_name, s.field))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    fn packages(&self) -> String {
+        let mut p: Vec<String> = self
+            .subtrees
+            .iter()
+            .map(|s| package_of(&s.type_name))
+            .collect();
+        p.sort();
+        p.dedup();
+        p.join(" ")
+    }
+
+    pub(crate) fn child_error(&self, what: String) -> StartError {
+        let tail: Vec<String> = lock(&self.stderr_tail).iter().cloned().collect();
+        StartError::Child {
+            python: self.python.clone(),
+            types: self.types(),
+            what,
+            stderr: if tail.is_empty() {
+                String::new()
+            } else {
+                format!("; its stderr ends with:\n{}", tail.join("\n"))
+            },
+        }
+    }
+
+    /// Starts one child and connects to it.
+    pub(crate) async fn spawn(&self, generation: u64) -> Result<(Running, Conn), StartError> {
+        let socket = self.dir.path().join(format!("python-{generation}.sock"));
+        let uuids = lock(&self.uuids).clone();
+        let spec = serde_json::json!({
+            "socket": socket,
+            "subtrees": self.subtrees.iter().zip(uuids).map(|(s, u)| serde_json::json!({
+                "key": s.key,
+                "instance": s.instance,
+                "uuids": u,
+            })).collect::<Vec<_>>(),
+        });
+        let mut child = Command::new(&self.python)
+            .arg(&self.script)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .env("PYTHONUNBUFFERED", "1")
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|source| StartError::NoInterpreter {
+                types: self.types(),
+                python: self.python.clone(),
+                packages: self.packages(),
+                source,
+            })?;
+        let (Some(mut stdin), Some(stdout), Some(stderr)) =
+            (child.stdin.take(), child.stdout.take(), child.stderr.take())
+        else {
+            return Err(StartError::Io(std::io::Error::other("child pipes missing")));
+        };
+        let mut running_tasks = Vec::new();
+        lock(&self.stderr_tail).clear();
+        let tail = self.stderr_tail.clone();
+        running_tasks.push(tokio::spawn(async move {
+            let mut lines = BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                tracing::debug!(target: "python", "{line}");
+                let mut t = lock(&tail);
+                if t.len() == STDERR_TAIL {
+                    t.pop_front();
+                }
+                t.push_back(line);
+            }
+        }));
+        let mut line = spec.to_string();
+        line.push('\n');
+        stdin
+            .write_all(line.as_bytes())
+            .await
+            .map_err(|e| self.child_error(format!("did not take its spec ({e})")))?;
+        let mut stdout = BufReader::new(stdout).lines();
+        let first = match tokio::time::timeout(READY_TIMEOUT, stdout.next_line()).await {
+            Err(_) => {
+                return Err(self.child_error(format!("was not ready within {READY_TIMEOUT:?}")));
+            }
+            Ok(Ok(Some(l))) => l,
+            Ok(_) => {
+                let status = child
+                    .wait()
+                    .await
+                    .map(|s| s.to_string())
+                    .unwrap_or_default();
+                // Let the stderr reader take the last lines.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                return Err(self.child_error(format!("exited before serving ({status})")));
+            }
+        };
+        // Python drivers may print to stdout: keep draining it so they never block.
+        running_tasks.push(tokio::spawn(async move {
+            while let Ok(Some(line)) = stdout.next_line().await {
+                tracing::info!(target: "python", "{line}");
+            }
+        }));
+        let answer: serde_json::Value = serde_json::from_str(&first)
+            .map_err(|_| self.child_error(format!("answered {first:?}")))?;
+        if let Some(err) = answer.get("error") {
+            return Err(self.start_error(err));
+        }
+        let channel = connect_channel(&socket.to_string_lossy(), &ConnectOptions::default())
+            .await
+            .map_err(|source| StartError::Connect {
+                types: self.types(),
+                source,
+            })?;
+        let session = ExporterSession::from_channel(channel.clone())
+            .await
+            .map_err(|source| StartError::Connect {
+                types: self.types(),
+                source,
+            })?;
+        Ok((
+            Running {
+                child: Some(child),
+                stdin: Some(stdin),
+                tasks: running_tasks,
+            },
+            Conn { channel, session },
+        ))
+    }
+
+    fn start_error(&self, err: &serde_json::Value) -> StartError {
+        let s = |k: &str| {
+            err.get(k)
+                .and_then(|v| v.as_str())
+                .unwrap_or("")
+                .to_string()
+        };
+        let type_name = s("type");
+        let field = self
+            .subtrees
+            .iter()
+            .find(|st| st.type_name == type_name || st.instance.to_string().contains(&type_name))
+            .map(|st| st.field.clone())
+            .unwrap_or_default();
+        match s("kind").as_str() {
+            "import" => StartError::Import {
+                package: package_of(&type_name),
+                type_name,
+                field,
+                python: self.python.clone(),
+                message: s("message"),
+            },
+            "runtime" => StartError::Runtime {
+                types: self.types(),
+                python: self.python.clone(),
+                packages: self.packages(),
+                message: s("message"),
+            },
+            _ => StartError::Build {
+                type_name,
+                field,
+                message: s("message"),
+                traceback: s("traceback"),
+            },
+        }
+    }
+
+    /// Relays the child's `LogStream` into the session of the latest call.
+    fn relay_logs(self: &Arc<Self>, channel: SessionChannel) -> JoinHandle<()> {
+        let host = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let Ok(resp) = ExporterServiceClient::new(channel).log_stream(()).await else {
+                return;
+            };
+            let mut logs = resp.into_inner();
+            while let Some(Ok(rec)) = logs.next().await {
+                let Some(host) = host.upgrade() else { return };
+                if rec.source.is_some_and(|s| s != LogSource::Driver as i32) {
+                    tracing::debug!(target: "python", "{}: {}", rec.severity, rec.message);
+                    continue;
+                }
+                let target = lock(&host.log_target).clone();
+                match target {
+                    Some(ctx) => ctx.log(&rec.severity, rec.message),
+                    None => tracing::info!(target: "python", "{}: {}", rec.severity, rec.message),
+                }
+            }
+        })
+    }
+}
+
+/// Waits for the child to die and starts another, with the same uuids, until dropped.
+pub(crate) async fn supervise(host: Arc<Host>, mut running: Running) {
+    running
+        .tasks
+        .push(host.relay_logs(match &*lock(&host.state) {
+            State::Up(c) => c.channel.clone(),
+            State::Down(_) => return,
+        }));
+    let mut generation = 0;
+    let mut backoff = Duration::from_secs(1);
+    loop {
+        let started = Instant::now();
+        let status = match running.child.as_mut() {
+            Some(c) => c
+                .wait()
+                .await
+                .map(|s| s.to_string())
+                .unwrap_or_else(|e| e.to_string()),
+            None => "gone".into(),
+        };
+        let why = format!("exited ({status}); restarting it");
+        tracing::warn!("the Python driver host for {} {why}", host.types());
+        host.set(State::Down(why.clone()));
+        drop(running);
+        if started.elapsed() > MAX_BACKOFF {
+            backoff = Duration::from_secs(1);
+        }
+        running = loop {
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+            generation += 1;
+            match host.spawn(generation).await {
+                Ok((mut r, conn)) => {
+                    r.tasks.push(host.relay_logs(conn.channel.clone()));
+                    tracing::info!("the Python driver host for {} restarted", host.types());
+                    host.set(State::Up(conn));
+                    break r;
+                }
+                Err(e) => {
+                    tracing::warn!("restarting the Python driver host failed: {e}");
+                    host.set(State::Down(format!("{why}; restarting failed: {e}")));
+                }
+            }
+        };
+    }
+}

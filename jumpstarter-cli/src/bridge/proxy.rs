@@ -1,0 +1,265 @@
+//! A node of our tree whose driver lives in the Python child: every call is forwarded.
+//!
+//! Unary and streaming calls go to the child's `ExporterService` with the same uuid,
+//! method and arguments. Byte streams open the same method on the child's
+//! `RouterService.Stream`. A resource handle among the arguments (bytes the client streams
+//! to us) is replaced by a resource opened on the child for the same driver, and a task
+//! copies between the two as the Python driver reads or writes: HTTP/2 flow control on both
+//! hops gives backpressure and nothing is held whole.
+
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
+
+use futures::StreamExt;
+use jumpstarter_core::{
+    CallContext, ClientError, Driver, DriverError,
+    driver::{BoxDuplex, BoxFuture, ValueStream},
+    value::{self, Value},
+    wire::resource::ResourceHandle,
+};
+use jumpstarter_proto::v1::{
+    DriverCallRequest, StreamingDriverCallRequest, exporter_service_client::ExporterServiceClient,
+};
+use prost_types::value::Kind;
+use tokio::task::JoinHandle;
+
+use super::host::{Conn, Host};
+
+/// How long a resource copy may go on after the call that used it returned.
+const RESOURCE_DRAIN: Duration = Duration::from_secs(30);
+
+/// The type name our logs and errors give bridged drivers (their Python type is in the
+/// messages).
+const TYPE_NAME: &str = "PythonDriver";
+
+/// A driver served by the Python child.
+pub(crate) struct PythonDriver {
+    pub host: Arc<Host>,
+    /// Its uuid (the same in the child and in our tree).
+    pub uuid: String,
+    /// Its dotted path in the child's tree.
+    pub path: String,
+    pub client_class: String,
+    pub labels: BTreeMap<String, String>,
+    /// The config `type:` of the subtree it belongs to.
+    pub type_name: String,
+}
+
+impl PythonDriver {
+    fn conn(&self, ctx: &CallContext) -> Result<Conn, DriverError> {
+        self.host.log_to(ctx);
+        self.host.conn(&self.type_name)
+    }
+
+    /// A transport failure talking to the child says so; a driver's own error passes as is.
+    fn status_error(&self, status: &tonic::Status) -> DriverError {
+        match DriverError::from_status(status) {
+            DriverError::Failed(msg) if is_transport(status) => DriverError::Failed(format!(
+                "Python driver {} is unavailable: {msg}",
+                self.type_name
+            )),
+            other => other,
+        }
+    }
+
+    fn client_error(&self, e: ClientError) -> DriverError {
+        match e {
+            ClientError::Call { error, .. } => error,
+            other => DriverError::Failed(format!(
+                "Python driver {} is unavailable: {}",
+                self.type_name,
+                jumpstarter_core::client::error_chain(&other)
+            )),
+        }
+    }
+
+    /// Replaces client-stream resource handles among `args` with resources on the child,
+    /// and starts the copies.
+    async fn bridge_resources(
+        &self,
+        ctx: &CallContext,
+        conn: &Conn,
+        args: &mut [Value],
+    ) -> Result<Vec<JoinHandle<()>>, DriverError> {
+        let mut copies = Vec::new();
+        for arg in args.iter_mut() {
+            // Handles travel as a struct (upstream's `model_dump`), or as its JSON text.
+            let handle = match &arg.kind {
+                Some(Kind::StructValue(_)) => {
+                    serde_json::from_value::<ResourceHandle>(value::to_json(arg.clone())).ok()
+                }
+                Some(Kind::StringValue(s)) if s.starts_with('{') => {
+                    serde_json::from_str::<ResourceHandle>(s).ok()
+                }
+                _ => None,
+            };
+            let Some(handle @ ResourceHandle::ClientStream { .. }) = handle else {
+                continue;
+            };
+            let as_text = matches!(arg.kind, Some(Kind::StringValue(_)));
+            let mut local = ctx.resource(&handle)?;
+            let client = conn
+                .session
+                .driver(&self.path)
+                .map_err(|e| self.client_error(e))?;
+            let remote = client
+                .open_resource(None)
+                .await
+                .map_err(|e| self.client_error(e))?;
+            let remote_handle = if as_text {
+                let text = serde_json::to_string(&remote.handle)
+                    .map_err(|e| DriverError::failed(format!("resource handle: {e}")))?;
+                Value {
+                    kind: Some(Kind::StringValue(text)),
+                }
+            } else {
+                value::to_value(&remote.handle)
+                    .map_err(|e| DriverError::failed(format!("resource handle: {e}")))?
+            };
+            let mut ends = remote.ends;
+            copies.push(tokio::spawn(async move {
+                if let Err(e) = tokio::io::copy_bidirectional(&mut local, &mut ends).await {
+                    tracing::debug!("resource copy to the Python driver ended: {e}");
+                }
+            }));
+            *arg = remote_handle;
+        }
+        Ok(copies)
+    }
+}
+
+fn is_transport(status: &tonic::Status) -> bool {
+    std::error::Error::source(status).is_some()
+        || matches!(
+            status.code(),
+            tonic::Code::Unavailable | tonic::Code::Cancelled
+        )
+}
+
+/// Lets the copies finish what the call started (a dump's last bytes), within a bound.
+fn drain(copies: Vec<JoinHandle<()>>) {
+    if copies.is_empty() {
+        return;
+    }
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        copies.iter().for_each(JoinHandle::abort);
+        return;
+    };
+    rt.spawn(async move {
+        let aborts: Vec<_> = copies.iter().map(|c| c.abort_handle()).collect();
+        if tokio::time::timeout(RESOURCE_DRAIN, futures::future::join_all(copies))
+            .await
+            .is_err()
+        {
+            for a in aborts {
+                a.abort();
+            }
+        }
+    });
+}
+
+impl Driver for PythonDriver {
+    fn client_class(&self) -> String {
+        self.client_class.clone()
+    }
+
+    fn type_name(&self) -> &'static str {
+        TYPE_NAME
+    }
+
+    fn labels(&self) -> BTreeMap<String, String> {
+        self.labels.clone()
+    }
+
+    fn call(
+        self: Arc<Self>,
+        ctx: CallContext,
+        method: String,
+        mut args: Vec<Value>,
+    ) -> BoxFuture<Result<Value, DriverError>> {
+        Box::pin(async move {
+            let conn = self.conn(&ctx)?;
+            let copies = self.bridge_resources(&ctx, &conn, &mut args).await?;
+            let result = ExporterServiceClient::new(conn.channel.clone())
+                .driver_call(DriverCallRequest {
+                    uuid: self.uuid.clone(),
+                    method,
+                    args,
+                })
+                .await;
+            drain(copies);
+            let resp = result.map_err(|s| self.status_error(&s))?;
+            Ok(resp.into_inner().result.unwrap_or(Value {
+                kind: Some(Kind::NullValue(0)),
+            }))
+        })
+    }
+
+    fn streaming_call(
+        self: Arc<Self>,
+        ctx: CallContext,
+        method: String,
+        mut args: Vec<Value>,
+    ) -> BoxFuture<Result<ValueStream, DriverError>> {
+        Box::pin(async move {
+            let conn = self.conn(&ctx)?;
+            let copies = self.bridge_resources(&ctx, &conn, &mut args).await?;
+            let resp = ExporterServiceClient::new(conn.channel.clone())
+                .streaming_driver_call(StreamingDriverCallRequest {
+                    uuid: self.uuid.clone(),
+                    method,
+                    args,
+                })
+                .await;
+            let resp = match resp {
+                Ok(r) => r,
+                Err(s) => {
+                    drain(copies);
+                    return Err(self.status_error(&s));
+                }
+            };
+            let this = self.clone();
+            let items = resp.into_inner().map(move |item| {
+                item.map(|r| r.result.unwrap_or_default())
+                    .map_err(|s| this.status_error(&s))
+            });
+            // The copies run as long as the stream is consumed, then drain.
+            let guard = DrainOnDrop(Some(copies));
+            Ok(items
+                .map(move |i| {
+                    let _ = &guard;
+                    i
+                })
+                .boxed())
+        })
+    }
+
+    fn open_stream(
+        self: Arc<Self>,
+        ctx: CallContext,
+        method: String,
+    ) -> BoxFuture<Result<BoxDuplex, DriverError>> {
+        Box::pin(async move {
+            let conn = self.conn(&ctx)?;
+            let client = conn
+                .session
+                .driver(&self.path)
+                .map_err(|e| self.client_error(e))?;
+            let io = client
+                .open_stream(&method)
+                .await
+                .map_err(|e| self.client_error(e))?;
+            Ok(Box::new(io) as BoxDuplex)
+        })
+    }
+}
+
+/// Drains resource copies when a streaming call's results are dropped.
+struct DrainOnDrop(Option<Vec<JoinHandle<()>>>);
+
+impl Drop for DrainOnDrop {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.take() {
+            drain(c);
+        }
+    }
+}

@@ -1,0 +1,589 @@
+//! Python drivers hosted by our exporter through a child running upstream's runtime
+//! (`docs/python-drivers.md`): a lab's in-house driver module, upstream drivers forced to
+//! Python, beside Rust drivers, in one tree.
+
+use std::{
+    io::{BufRead, BufReader},
+    path::{Path, PathBuf},
+    process::Stdio,
+    time::Duration,
+};
+
+use futures::StreamExt;
+use jumpstarter_core::{
+    client::{ConnectOptions, ExporterSession, UploadSource, connect_channel},
+    wire::resource::ResourceHandle,
+};
+use jumpstarter_proto::v1::exporter_service_client::ExporterServiceClient;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::{J, JMP, Running, Scratch, hooks::upstream_venv, text};
+
+/// A lab's own Python drivers (what a lab moving to our exporter brings along).
+const LAB_DRIVERS: &str = r#"
+import os
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from anyio import create_memory_object_stream
+from anyio.streams.stapled import StapledObjectStream
+from jumpstarter.client import DriverClient
+from jumpstarter.driver import Driver, export, exportstream
+
+
+class LampClient(DriverClient):
+    def switch(self, on):
+        return self.call("switch", on)
+
+
+@dataclass(kw_only=True)
+class Lamp(Driver):
+    brightness: int = 3
+
+    @classmethod
+    def client(cls):
+        return "lab_drivers.LampClient"
+
+    @export
+    def switch(self, on: bool) -> str:
+        self.logger.info("lamp switched %s", on)
+        return f"lamp {'on' if on else 'off'} at {self.brightness}"
+
+    @export
+    async def count(self, n: int):
+        for i in range(int(n)):
+            yield i
+
+    @export
+    def fail(self):
+        raise ValueError("the bulb is broken")
+
+    @export
+    def crash(self):
+        os._exit(1)
+
+    @export
+    def pid(self) -> int:
+        return os.getpid()
+
+    @exportstream
+    @asynccontextmanager
+    async def echo(self):
+        tx, rx = create_memory_object_stream(32)
+        async with tx, rx:
+            yield StapledObjectStream(tx, rx)
+
+
+@dataclass(kw_only=True)
+class Rack(Driver):
+    @classmethod
+    def client(cls):
+        return "jumpstarter_driver_composite.client.CompositeClient"
+"#;
+
+/// Rust MockPower; a Rust Composite with a Rust and a Python child; a Python composite with
+/// a Python child; upstream's Python Shell and MockFlasher (forced to Python).
+const MIXED: &str = "apiVersion: jumpstarter.dev/v1alpha1
+kind: ExporterConfig
+metadata:
+  namespace: default
+  name: mixed
+endpoint: \"\"
+token: \"\"
+export:
+  power:
+    type: jumpstarter_driver_power.driver.MockPower
+  bench:
+    type: jumpstarter_driver_composite.driver.Composite
+    children:
+      power2:
+        type: jumpstarter_driver_power.driver.MockPower
+      lamp:
+        type: lab_drivers.Lamp
+        description: the bench lamp
+        config:
+          brightness: 7
+  rack:
+    type: lab_drivers.Rack
+    children:
+      lamp:
+        type: lab_drivers.Lamp
+  sh:
+    type: jumpstarter_driver_shell.driver.Shell
+    config:
+      methods:
+        hello: echo \"hello $1\"
+  flasher:
+    type: jumpstarter_driver_opendal.driver.MockFlasher
+";
+
+const FORCED: &str =
+    "jumpstarter_driver_shell.driver.Shell,jumpstarter_driver_opendal.driver.MockFlasher";
+
+/// A scratch dir with the lab module and `config`, and the venv's interpreter.
+fn scratch(config: &str) -> Option<(Scratch, PathBuf)> {
+    let venv = upstream_venv()?;
+    let s = Scratch::new();
+    s.write("exporter.yaml", config);
+    std::fs::create_dir_all(s.path("lab")).unwrap();
+    s.write("lab/lab_drivers.py", LAB_DRIVERS);
+    Some((s, venv))
+}
+
+fn python_env(c: &mut std::process::Command, s: &Scratch, venv: &Path) {
+    c.env("JMP_PYTHON", venv.join("bin/python3"))
+        .env("JMP_PYTHON_DRIVERS", FORCED)
+        .env("PYTHONPATH", s.path("lab"));
+}
+
+/// `jmp run --tls-grpc-listener 127.0.0.1:0 --tls-grpc-insecure` with the Python env.
+fn standalone(s: &Scratch, venv: &Path) -> (Running, String) {
+    let mut c = s.cmd(JMP);
+    c.args(["run", "--exporter-config"])
+        .arg(s.path("exporter.yaml"))
+        .args(["--tls-grpc-listener", "127.0.0.1:0", "--tls-grpc-insecure"])
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null());
+    python_env(&mut c, s, venv);
+    let mut child = c.spawn().unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let running = Running(child);
+    let mut seen = Vec::new();
+    loop {
+        let line = rx
+            .recv_timeout(Duration::from_secs(90))
+            .unwrap_or_else(|_| panic!("jmp run did not report its address: {seen:?}"));
+        if let Some(rest) = line.split("listening on ").nth(1) {
+            let addr = rest.split_whitespace().next().unwrap().to_string();
+            return (running, addr);
+        }
+        seen.push(line);
+    }
+}
+
+fn insecure() -> ConnectOptions {
+    ConnectOptions {
+        insecure: true,
+        ..Default::default()
+    }
+}
+
+/// The pids of `pid`'s children.
+fn children_of(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+    {
+        let Ok(task) = task else { continue };
+        let kids = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        out.extend(
+            kids.split_whitespace()
+                .filter_map(|k| k.parse::<u32>().ok()),
+        );
+    }
+    out
+}
+
+/// Whether `pid` is alive (not gone, not a zombie).
+fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+/// The Python child of the exporter `pid`.
+fn python_child(pid: u32) -> u32 {
+    children_of(pid)
+        .into_iter()
+        .find(|c| {
+            std::fs::read_to_string(format!("/proc/{c}/cmdline"))
+                .is_ok_and(|cmd| cmd.contains("bootstrap.py"))
+        })
+        .expect("the exporter has no Python child")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_drivers_are_served_beside_rust_ones_in_one_tree() {
+    let Some((s, venv)) = scratch(MIXED) else {
+        return;
+    };
+    let (_exporter, addr) = standalone(&s, &venv);
+    let session = ExporterSession::connect(&addr, &insecure()).await.unwrap();
+
+    // One tree: Rust and Python nodes side by side, with the Python ones' labels.
+    let lamp = session.driver("bench.lamp").unwrap();
+    assert_eq!(lamp.node().client_class(), "lab_drivers.LampClient");
+    assert_eq!(lamp.node().description.as_deref(), Some("the bench lamp"));
+    assert_eq!(
+        session.driver("rack").unwrap().node().client_class(),
+        "jumpstarter_driver_composite.client.CompositeClient"
+    );
+    assert_eq!(
+        session.driver("sh").unwrap().node().client_class(),
+        "jumpstarter_driver_shell.client.ShellClient"
+    );
+
+    // LogStream carries the Python drivers' logs.
+    let channel = connect_channel(&addr, &insecure()).await.unwrap();
+    let mut logs = ExporterServiceClient::new(channel)
+        .log_stream(())
+        .await
+        .unwrap()
+        .into_inner();
+
+    // Unary, into a Rust composite and a Python composite.
+    let r: String = lamp.call("switch", (true,)).await.unwrap();
+    assert_eq!(r, "lamp on at 7");
+    let rack_lamp = session.driver("rack.lamp").unwrap();
+    let r: String = rack_lamp.call("switch", (false,)).await.unwrap();
+    assert_eq!(r, "lamp off at 3");
+    let found = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Some(Ok(rec)) = logs.next().await {
+            if rec.message.contains("lamp switched True") {
+                return rec;
+            }
+        }
+        panic!("LogStream ended");
+    })
+    .await
+    .expect("the Python driver's log never reached LogStream");
+    assert_eq!(found.severity, "INFO");
+
+    // The Rust drivers beside them.
+    let () = session
+        .driver("bench.power2")
+        .unwrap()
+        .call("on", ())
+        .await
+        .unwrap();
+    let () = session
+        .driver("power")
+        .unwrap()
+        .call("on", ())
+        .await
+        .unwrap();
+
+    // Server streaming.
+    let items: Vec<serde_json::Value> = lamp
+        .streaming_call::<serde_json::Value>("count", (3,))
+        .await
+        .unwrap()
+        .map(|i| i.unwrap())
+        .collect()
+        .await;
+    assert_eq!(items.len(), 3, "{items:?}");
+    assert_eq!(items[2].as_f64(), Some(2.0), "{items:?}");
+
+    // A Python driver's error reaches the client with its message.
+    let err = lamp
+        .call::<serde_json::Value>("fail", ())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("the bulb is broken"), "{err}");
+    let err = lamp
+        .call::<serde_json::Value>("no_such_method", ())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("no_such_method"), "{err}");
+
+    // A byte stream.
+    let mut io = lamp.open_stream("echo").await.unwrap();
+    io.write_all(b"ping").await.unwrap();
+    io.flush().await.unwrap();
+    let mut buf = [0u8; 4];
+    tokio::time::timeout(Duration::from_secs(20), io.read_exact(&mut buf))
+        .await
+        .expect("no echo")
+        .unwrap();
+    assert_eq!(&buf, b"ping");
+    drop(io);
+
+    // A resource: 8 MiB through upstream's Python MockFlasher and back.
+    let image: Vec<u8> = (0..8 * 1024 * 1024u32)
+        .map(|i| (i * 7 % 251) as u8)
+        .collect();
+    let flasher = session.driver("flasher").unwrap();
+    let caller = flasher.clone();
+    let data = image.clone();
+    flasher
+        .upload(
+            UploadSource::reader(std::io::Cursor::new(data)),
+            None,
+            |h: ResourceHandle| async move {
+                caller
+                    .call::<serde_json::Value>("flash", (h, Option::<String>::None))
+                    .await
+            },
+        )
+        .await
+        .unwrap();
+    let out = s.path("dumped.img");
+    let caller = flasher.clone();
+    flasher
+        .download(
+            jumpstarter_core::wire::resource::FileWriter::new(std::fs::File::create(&out).unwrap()),
+            None,
+            |h: ResourceHandle| async move {
+                caller
+                    .call::<serde_json::Value>("dump", (h, Option::<String>::None))
+                    .await
+                    .map(|_| ())
+            },
+        )
+        .await
+        .unwrap();
+    assert!(
+        std::fs::read(&out).unwrap() == image,
+        "dump differs from the flashed image"
+    );
+}
+
+#[test]
+fn j_and_upstreams_python_client_drive_python_and_rust_drivers_in_local_mode() {
+    let Some((s, venv)) = scratch(MIXED) else {
+        return;
+    };
+    s.write("image.bin", &"x".repeat(100_000));
+    s.write(
+        "client.py",
+        "from jumpstarter.utils.env import env\n\
+         with env() as client:\n\
+         \x20   print('py:', client.bench.lamp.switch(True))\n\
+         \x20   client.power.on()\n\
+         \x20   client.flasher.flash('image.bin')\n\
+         \x20   print('py: flashed')\n",
+    );
+    let script = format!(
+        "set -e; {j} power on; {j} bench lamp call switch true; {j} sh hello world; \
+         {j} flasher flash image.bin; {j} bench lamp --help; {py} client.py",
+        j = J,
+        py = venv.join("bin/python3").display()
+    );
+    let mut c = s.cmd(JMP);
+    c.args([
+        "shell",
+        "--exporter-config",
+        "exporter.yaml",
+        "--",
+        "sh",
+        "-c",
+    ])
+    .arg(&script);
+    python_env(&mut c, &s, &venv);
+    let out = c.output().unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(stdout.contains("\"lamp on at 7\""), "{stdout}");
+    assert!(stdout.contains("hello world"), "{stdout}");
+    assert!(stdout.contains("py: lamp on at 7"), "{stdout}");
+    assert!(stdout.contains("py: flashed"), "{stdout}");
+    // No native commands for the lab's class: the generic ones, and where friendly ones are.
+    assert!(
+        stdout.contains("call") && stdout.contains("stream-call"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("package lab-drivers"), "{stdout}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_python_child_is_restarted_while_rust_drivers_keep_working() {
+    let Some((s, venv)) = scratch(MIXED) else {
+        return;
+    };
+    let (exporter, addr) = standalone(&s, &venv);
+    let session = ExporterSession::connect(&addr, &insecure()).await.unwrap();
+    let lamp = session.driver("bench.lamp").unwrap();
+    let before: u32 = lamp.call("pid", ()).await.unwrap();
+    assert_eq!(before, python_child(exporter.0.id()));
+
+    // The call that kills it fails, and says the Python driver is unavailable.
+    let err = lamp
+        .call::<serde_json::Value>("crash", ())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("unavailable"), "{err}");
+    // The Rust drivers do not notice.
+    let () = session
+        .driver("power")
+        .unwrap()
+        .call("on", ())
+        .await
+        .unwrap();
+    // The same uuids work again once the child is back.
+    let mut last = String::new();
+    for _ in 0..120 {
+        match lamp.call::<u32>("pid", ()).await {
+            Ok(pid) => {
+                assert_ne!(pid, before);
+                let r: String = lamp.call("switch", (true,)).await.unwrap();
+                assert_eq!(r, "lamp on at 7");
+                return;
+            }
+            Err(e) => {
+                last = e.to_string();
+                assert!(last.contains("lab_drivers.Lamp"), "{last}");
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    panic!("the Python child was not restarted: {last}");
+}
+
+#[test]
+fn the_python_child_dies_with_a_killed_exporter() {
+    let Some((s, venv)) = scratch(MIXED) else {
+        return;
+    };
+    let (mut exporter, _addr) = standalone(&s, &venv);
+    let python = python_child(exporter.0.id());
+    assert!(alive(python));
+    // kill -9: no destructor runs in the exporter.
+    exporter.0.kill().unwrap();
+    exporter.0.wait().unwrap();
+    for _ in 0..200 {
+        if !alive(python) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("the Python child {python} outlived the exporter");
+}
+
+#[test]
+fn a_missing_python_module_names_the_type_package_and_interpreter() {
+    let Some((s, venv)) = scratch(
+        "export:\n  power:\n    type: jumpstarter_driver_power.driver.MockPower\n  \
+         relay:\n    type: acme_relays.driver.Relay\n",
+    ) else {
+        return;
+    };
+    let mut c = s.cmd(JMP);
+    c.args(["shell", "--exporter-config", "exporter.yaml", "--", "true"]);
+    python_env(&mut c, &s, &venv);
+    let out = c.output().unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(!out.status.success(), "{stdout}{stderr}");
+    let python = venv.join("bin/python3");
+    for want in [
+        "\"acme_relays.driver.Relay\"",
+        "export.relay",
+        "pip install acme-relays",
+        "No module named 'acme_relays'",
+        &python.display().to_string(),
+    ] {
+        assert!(stderr.contains(want), "{want:?} missing from: {stderr}");
+    }
+}
+
+#[test]
+fn a_python_driver_without_an_interpreter_names_the_type_and_what_to_install() {
+    let s = Scratch::new();
+    s.write(
+        "exporter.yaml",
+        "export:\n  relay:\n    type: acme_relays.driver.Relay\n",
+    );
+    let out = s
+        .cmd(JMP)
+        .args(["shell", "--exporter-config", "exporter.yaml", "--", "true"])
+        .env("JMP_PYTHON", s.path("no-such-python"))
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(!out.status.success(), "{stdout}{stderr}");
+    for want in [
+        "acme_relays.driver.Relay (export.relay)",
+        "no-such-python",
+        "acme-relays",
+        "JMP_PYTHON",
+    ] {
+        assert!(stderr.contains(want), "{want:?} missing from: {stderr}");
+    }
+}
+
+#[test]
+fn a_python_driver_that_fails_to_build_shows_pythons_error() {
+    let Some((s, venv)) =
+        scratch("export:\n  lamp:\n    type: lab_drivers.Lamp\n    config:\n      wattage: 40\n")
+    else {
+        return;
+    };
+    let mut c = s.cmd(JMP);
+    c.args(["shell", "--exporter-config", "exporter.yaml", "--", "true"]);
+    python_env(&mut c, &s, &venv);
+    let out = c.output().unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(!out.status.success(), "{stdout}{stderr}");
+    assert!(
+        stderr.contains("\"lab_drivers.Lamp\" (export.lamp)"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("wattage"), "{stderr}");
+    assert!(stderr.contains("Traceback"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_exporter_lets_its_python_drivers_clean_up() {
+    let Some((s, venv)) = scratch(MIXED) else {
+        return;
+    };
+    let (mut exporter, addr) = standalone(&s, &venv);
+    let python = python_child(exporter.0.id());
+    let session = ExporterSession::connect(&addr, &insecure()).await.unwrap();
+    let flasher = session.driver("flasher").unwrap();
+    let caller = flasher.clone();
+    flasher
+        .upload(
+            UploadSource::reader(std::io::Cursor::new(vec![7u8; 100_000])),
+            None,
+            |h: ResourceHandle| async move {
+                caller
+                    .call::<serde_json::Value>("flash", (h, Option::<String>::None))
+                    .await
+            },
+        )
+        .await
+        .unwrap();
+    // upstream's MockFlasher keeps its medium in a temporary directory (under TMPDIR, the
+    // scratch directory): there while it runs.
+    let temp_dirs = || {
+        std::fs::read_dir(s.dir.path())
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("tmp") || n.starts_with("jmp-python-"))
+            .collect::<Vec<_>>()
+    };
+    assert!(!temp_dirs().is_empty());
+    drop(session);
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &exporter.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    exporter.0.wait().unwrap();
+    for _ in 0..200 {
+        if !alive(python) && temp_dirs().is_empty() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!(
+        "after the exporter stopped: Python child alive {}, left behind {:?}",
+        alive(python),
+        temp_dirs()
+    );
+}
