@@ -443,7 +443,7 @@ fn parse_header(buf: &[u8]) -> Result<Header<'_>, SnmpError> {
     let mut r = Reader::new(buf)
         .expect(ber::SEQUENCE, "an SNMP message")?
         .reader();
-    let version = r.next()?.integer()?;
+    let version = r.read()?.integer()?;
     if version != 3 {
         return Err(SnmpError::Malformed(format!(
             "SNMP version {} message (expected 3)",
@@ -451,10 +451,10 @@ fn parse_header(buf: &[u8]) -> Result<Header<'_>, SnmpError> {
         )));
     }
     let mut g = r.expect(ber::SEQUENCE, "msgGlobalData")?.reader();
-    let msg_id = g.next()?.integer()?;
-    let _max_size = g.next()?.integer()?;
-    let flags = g.next()?.octets()?.first().copied().unwrap_or(0);
-    let model = g.next()?.integer()?;
+    let msg_id = g.read()?.integer()?;
+    let _max_size = g.read()?.integer()?;
+    let flags = g.read()?.octets()?.first().copied().unwrap_or(0);
+    let model = g.read()?.integer()?;
     if model != 3 {
         return Err(SnmpError::Malformed(format!(
             "security model {model} (expected USM)"
@@ -465,13 +465,13 @@ fn parse_header(buf: &[u8]) -> Result<Header<'_>, SnmpError> {
         .reader()
         .expect(ber::SEQUENCE, "UsmSecurityParameters")?
         .reader();
-    let id = u.next()?.octets()?.to_vec();
-    let boots = u.next()?.integer()?;
-    let time = u.next()?.integer()?;
-    let _user = u.next()?.octets()?;
+    let id = u.read()?.octets()?.to_vec();
+    let boots = u.read()?.integer()?;
+    let time = u.read()?.integer()?;
+    let _user = u.read()?.octets()?;
     let auth = u.expect(ber::OCTET_STRING, "msgAuthenticationParameters")?;
-    let priv_params = u.next()?.octets()?;
-    let data = r.next()?;
+    let priv_params = u.read()?.octets()?;
+    let data = r.read()?;
     Ok(Header {
         msg_id,
         flags,
@@ -531,18 +531,18 @@ fn decode(buf: &[u8], keys: &Keys) -> Result<Option<Incoming>, SnmpError> {
         h.data
     };
     let mut s = scoped.reader();
-    let _context_engine = s.next()?.octets()?;
-    let _context_name = s.next()?.octets()?;
-    let p = s.next()?;
+    let _context_engine = s.read()?.octets()?;
+    let _context_name = s.read()?.octets()?;
+    let p = s.read()?;
     let mut pr = p.reader();
-    let request_id = pr.next()?.integer()?;
-    let error_status = pr.next()?.integer()?;
-    let error_index = pr.next()?.integer()?;
+    let request_id = pr.read()?.integer()?;
+    let error_status = pr.read()?.integer()?;
+    let error_index = pr.read()?.integer()?;
     let mut vbs = pr.expect(ber::SEQUENCE, "VarBindList")?.reader();
     let mut oids = Vec::new();
     while !vbs.is_empty() && oids.len() < 64 {
         let mut vb = vbs.expect(ber::SEQUENCE, "VarBind")?.reader();
-        oids.push(vb.next()?.oid()?);
+        oids.push(vb.read()?.oid()?);
     }
     Ok(Some(Incoming {
         msg_id: h.msg_id,

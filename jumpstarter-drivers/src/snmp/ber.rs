@@ -190,7 +190,7 @@ impl<'a> Reader<'a> {
     }
 
     /// The next TLV.
-    pub fn next(&mut self) -> Result<Tlv<'a>, SnmpError> {
+    pub fn read(&mut self) -> Result<Tlv<'a>, SnmpError> {
         let rest = &self.buf[self.pos..];
         let (&tag, rest) = rest
             .split_first()
@@ -225,7 +225,7 @@ impl<'a> Reader<'a> {
 
     /// The next TLV, which must have `tag`.
     pub fn expect(&mut self, tag: u8, what: &str) -> Result<Tlv<'a>, SnmpError> {
-        let t = self.next()?;
+        let t = self.read()?;
         if t.tag != tag {
             return Err(malformed(format!(
                 "expected {what} (tag {tag:#04x}), got tag {:#04x}",
@@ -257,7 +257,7 @@ mod tests {
             let mut out = Vec::new();
             integer(&mut out, v);
             assert_eq!(out, enc, "{v}");
-            let t = Reader::new(&out).next().unwrap();
+            let t = Reader::new(&out).read().unwrap();
             assert_eq!(t.integer().unwrap(), v);
         }
     }
@@ -268,7 +268,7 @@ mod tests {
         let mut out = Vec::new();
         oid(&mut out, &arcs);
         assert_eq!(&out[..4], &[0x06, 15, 0x2b, 6]);
-        let t = Reader::new(&out).next().unwrap();
+        let t = Reader::new(&out).read().unwrap();
         assert_eq!(t.oid().unwrap(), arcs);
     }
 
@@ -278,7 +278,7 @@ mod tests {
         let mut out = Vec::new();
         octets(&mut out, &data);
         assert_eq!(&out[..4], &[0x04, 0x82, 0x01, 0x2c]);
-        let t = Reader::new(&out).next().unwrap();
+        let t = Reader::new(&out).read().unwrap();
         assert_eq!(t.octets().unwrap(), &data[..]);
         assert_eq!(t.offset, 4);
     }
@@ -294,10 +294,10 @@ mod tests {
             &[0x02, 0x00][..],
         ] {
             let mut r = Reader::new(bad);
-            let res = r.next().and_then(|t| t.integer().map(|_| ()));
+            let res = r.read().and_then(|t| t.integer().map(|_| ()));
             assert!(res.is_err(), "{bad:?}");
         }
-        let t = Reader::new(&[0x06, 2, 0x2b, 0x86]).next().unwrap();
+        let t = Reader::new(&[0x06, 2, 0x2b, 0x86]).read().unwrap();
         assert!(t.oid().is_err());
     }
 }

@@ -147,7 +147,7 @@ pub fn decrypt(
 ) -> Result<Vec<u8>, SnmpError> {
     match proto {
         PrivProto::Des => {
-            if data.len() % 8 != 0 {
+            if !data.len().is_multiple_of(8) {
                 return Err(SnmpError::Malformed(
                     "DES-encrypted data is not a whole number of blocks".into(),
                 ));
