@@ -394,6 +394,15 @@ impl Store for KubeStore {
         if namespace.is_some() {
             t.check_key(false)?;
         }
+        // An etcd-backed server's versions are decimal revisions; anything else is refused
+        // here rather than handed to the server (which answers it unlike a bad request).
+        if let Some(s) = since.filter(|s| !s.is_empty())
+            && !s.bytes().all(|b| b.is_ascii_digit())
+        {
+            return Err(t.invalid(format!(
+                "resourceVersion {s:?} to watch from is not a revision number"
+            )));
+        }
         let api = self.api::<K>(namespace);
         let start = match since.filter(|s| !s.is_empty()) {
             Some(s) => s.to_owned(),

@@ -20,6 +20,10 @@ use crate::kube_store::{exporter, lease_goes_pending_then_ready};
 /// The namespace `kube-up` creates for the controller (as `deploy/kubernetes/base`).
 const NAMESPACE: &str = "jumpstarter";
 
+/// One test at a time: each runs reconcile passes over every namespace, which would also act
+/// on the other tests' objects.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn suffix() -> String {
     format!("-{}", &uuid::Uuid::new_v4().simple().to_string()[..8])
 }
@@ -51,12 +55,14 @@ async fn admin_client() -> kube::Client {
 
 #[tokio::test]
 async fn real_lease_flow_pending_to_ready_as_the_controller() {
+    let _serial = SERIAL.lock().await;
     let store = controller_store().await;
     lease_goes_pending_then_ready(store, NAMESPACE, &suffix()).await;
 }
 
 #[tokio::test]
 async fn real_conflicts_secrets_and_deletes_as_the_controller() {
+    let _serial = SERIAL.lock().await;
     let store = controller_store().await;
     let name = format!("conflict{}", suffix());
     let mut e = exporter(&name, &[]);
@@ -134,6 +140,7 @@ async fn real_conflicts_secrets_and_deletes_as_the_controller() {
 /// `action` and `reportingInstance`).
 #[tokio::test]
 async fn real_exporter_events_are_accepted() {
+    let _serial = SERIAL.lock().await;
     let store = controller_store().await;
     let name = format!("evt{}", suffix());
     let mut e = exporter(&name, &[]);
@@ -193,6 +200,7 @@ async fn real_exporter_events_are_accepted() {
 /// grants leader election.
 #[tokio::test]
 async fn real_rbac_is_enforced_and_leader_election_works_as_the_controller() {
+    let _serial = SERIAL.lock().await;
     let store = controller_store().await;
     let namespaces: kube::Api<Namespace> = kube::Api::all(store.client().clone());
     match namespaces.list(&kube::api::ListParams::default()).await {
@@ -217,6 +225,7 @@ async fn real_rbac_is_enforced_and_leader_election_works_as_the_controller() {
 /// writes the statuses.
 #[tokio::test]
 async fn real_upstream_style_objects_are_read_and_scheduled() {
+    let _serial = SERIAL.lock().await;
     use std::sync::Arc;
 
     use jumpstarter_controller::{
