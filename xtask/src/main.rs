@@ -162,7 +162,8 @@ fn ci() -> Result<()> {
         &[("JUMPSTARTER_UPSTREAM_VENV", &venv.to_string_lossy())],
     )?;
     s3::run()?;
-    kube_e2e::run()?;
+    // `cargo xtask kube-e2e` (a real kube-apiserver) is not part of ci yet: one of its tests
+    // fails on a reused cluster and the cold build takes most of an hour (issue 29).
     println!("== interop with upstream 0.9.0");
     let interop = interop::run(None)?;
     println!(
