@@ -61,7 +61,7 @@ class ChamberClient(DriverClient):
         def read(count):
             """Print sensor readings"""
             for r in self.read(count):
-                click.echo(f"sensor={r['sensor']} celsius={float(r['celsius'])!r}")
+                click.echo(f"sensor={int(r['sensor'])} celsius={float(r['celsius'])!r}")
 
         @base.command()
         @click.argument("line")
