@@ -45,7 +45,8 @@ use tonic::transport::{Server, Uri};
 use crate::{
     Session,
     auth::{CertificateAuthority, IssuedCert, TlsError},
-    client::{CallMetadata, ClientError, SessionChannel, error_chain},
+    client::{CallMetadata, ClientError, SessionChannel},
+    error_chain,
     server::{
         CONNECTION_WINDOW, STREAM_WINDOW, Severable,
         listener::{ConnectionGuard, ConnectionLimits, GuardedConn, ListenerStats, tls_acceptor},
@@ -517,10 +518,7 @@ impl DirectTarget {
                 async move { target.connect_stream().await.map(TokioIo::new) }
             }))
             .await
-            .map_err(|e| ClientError::Connect {
-                target: format!("exporter (direct, {})", self.endpoint),
-                message: error_chain(&e),
-            })?;
+            .map_err(|e| ClientError::connect(format!("exporter (direct, {})", self.endpoint), e))?;
         Ok(tonic::service::interceptor::InterceptedService::new(
             crate::client::channel::GrpcChannel::new(channel),
             CallMetadata::default(),

@@ -12,7 +12,7 @@ mod session;
 pub mod tunnel;
 
 pub use channel::CallMetadata;
-pub use error::{ClientError, error_chain};
+pub use error::ClientError;
 pub use session::{
     ClientNode, ClientResource, ConnectOptions, DriverClient, ExporterSession, IntoArgs,
     RouterStreamEnds, SessionChannel, Target, UploadSource, connect_channel,
