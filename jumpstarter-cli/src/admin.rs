@@ -955,10 +955,12 @@ async fn create(
                 .map_err(failed)?
                 .into_inner();
             let (cred, client) =
-                answer_parts(word, resp.credentials, resp.client, |namespace, name| Client {
-                    namespace,
-                    name,
-                    ..Default::default()
+                answer_parts(word, resp.credentials, resp.client, |namespace, name| {
+                    Client {
+                        namespace,
+                        name,
+                        ..Default::default()
+                    }
                 })?;
             (cred, client_view(&client))
         }

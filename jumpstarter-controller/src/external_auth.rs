@@ -107,8 +107,7 @@ pub fn read_authentication_file(path: &Path) -> Result<(Authentication, bool), C
     // An AuthenticationConfiguration manifest carries apiVersion/kind around the same fields.
     obj.remove("apiVersion");
     obj.remove("kind");
-    let auth: Authentication =
-        serde_json::from_value(value).map_err(|e| yaml_err(e.into()))?;
+    let auth: Authentication = serde_json::from_value(value).map_err(|e| yaml_err(e.into()))?;
     Ok((auth, false))
 }
 

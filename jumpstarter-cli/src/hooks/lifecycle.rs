@@ -274,7 +274,13 @@ impl LeaseHookRun {
         };
         self.session.block_driver_calls(true);
         let outcome = self
-            .run_hook(sink, kind, &spec, "Running beforeLease hook", "before-lease")
+            .run_hook(
+                sink,
+                kind,
+                &spec,
+                "Running beforeLease hook",
+                "before-lease",
+            )
             .await;
         self.session.block_driver_calls(false);
         sink.hook_outcome(kind, &outcome).await;

@@ -11,12 +11,12 @@ use ring::{
     signature::{self, EcdsaKeyPair, KeyPair},
 };
 
-use jumpstarter_core::{Because, BoxError};
 use jumpstarter_core::auth::{
     DEFAULT_ISSUER, Subject, TokenError,
     jwt::{self, Alg, Claims, Key, unix_seconds},
     pem::{pem_encode, write_secret_file},
 };
+use jumpstarter_core::{Because, BoxError};
 
 /// `aud` of controller tokens.
 pub const DEFAULT_AUDIENCE: &str = "jumpstarter";

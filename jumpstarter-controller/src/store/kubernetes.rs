@@ -26,7 +26,8 @@ use kube::{
 };
 
 use super::{
-    Because, BoxError, ListParams, ObjectList, Store, StoreError, StoreObject, WatchEvent, WatchStream,
+    Because, BoxError, ListParams, ObjectList, Store, StoreError, StoreObject, WatchEvent,
+    WatchStream,
 };
 use crate::selector::{LabelSelector, validate_dns1123_subdomain};
 

@@ -21,7 +21,8 @@ use serde_json::Value;
 use tokio::sync::broadcast;
 
 use super::{
-    Because, BoxError, ListParams, ObjectList, Store, StoreError, StoreObject, WATCH_BUFFER, WatchEvent, WatchStream,
+    Because, BoxError, ListParams, ObjectList, Store, StoreError, StoreObject, WATCH_BUFFER,
+    WatchEvent, WatchStream,
 };
 use crate::selector::LabelSelector;
 use jumpstarter_core::sync::LockExt;
@@ -246,8 +247,8 @@ fn prepare_replace<K: StoreObject>(object: &K) -> Result<(Target, String, Value)
         .clone()
         .filter(|rv| !rv.is_empty())
         .ok_or_else(|| t.invalid("metadata.resourceVersion must be set for an update"))?;
-    let given =
-        serde_json::to_value(object).map_err(|e| t.invalid(Because::boxed("cannot serialize", e)))?;
+    let given = serde_json::to_value(object)
+        .map_err(|e| t.invalid(Because::boxed("cannot serialize", e)))?;
     Ok((t, given_rv, given))
 }
 
@@ -528,8 +529,7 @@ impl Inner {
             {
                 return Err(t.conflict(given, current_rv));
             }
-            let mut value: Value =
-                serde_json::from_str(&body).map_err(|e| t.corrupt(e))?;
+            let mut value: Value = serde_json::from_str(&body).map_err(|e| t.corrupt(e))?;
             tx.execute(
                 "DELETE FROM objects WHERE kind = ?1 AND namespace = ?2 AND name = ?3",
                 params![t.kind, t.namespace, t.name],
@@ -648,8 +648,12 @@ impl SqliteStore {
             path: path.display().to_string(),
             source,
         };
-        std::fs::create_dir_all(data_dir)
-            .map_err(|e| err(Because::boxed(format!("cannot create {}", data_dir.display()), e)))?;
+        std::fs::create_dir_all(data_dir).map_err(|e| {
+            err(Because::boxed(
+                format!("cannot create {}", data_dir.display()),
+                e,
+            ))
+        })?;
         let mut writer = Connection::open(&path).map_err(|e| err(e.into()))?;
         writer
             .busy_timeout(std::time::Duration::from_secs(10))
@@ -658,7 +662,9 @@ impl SqliteStore {
             .query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0))
             .map_err(|e| err(e.into()))?;
         if !mode.eq_ignore_ascii_case("wal") {
-            return Err(err(format!("cannot switch to WAL journal (got {mode})").into()));
+            return Err(err(
+                format!("cannot switch to WAL journal (got {mode})").into()
+            ));
         }
         writer
             .execute_batch("PRAGMA synchronous = FULL;")
@@ -731,8 +737,7 @@ fn check_integrity(conn: &Connection) -> Result<(), String> {
 
 /// Creates or checks the schema.
 fn migrate(conn: &mut Connection) -> Result<(), BoxError> {
-    let version: i64 = conn
-        .query_row("PRAGMA user_version", [], |row| row.get(0))?;
+    let version: i64 = conn.query_row("PRAGMA user_version", [], |row| row.get(0))?;
     match version {
         0 => {
             let tx = conn.transaction()?;
