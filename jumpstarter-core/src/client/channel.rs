@@ -235,8 +235,8 @@ pub async fn connect_tls_with(
                     .http2_keep_alive_interval(keepalive.interval)
                     .keep_alive_timeout(keepalive.timeout)
                     .keep_alive_while_idle(true)
-                    .initial_stream_window_size(crate::server::STREAM_WINDOW)
-                    .initial_connection_window_size(crate::server::CONNECTION_WINDOW)
+                    .initial_stream_window_size(crate::wire::settings::STREAM_WINDOW)
+                    .initial_connection_window_size(crate::wire::settings::CONNECTION_WINDOW)
                     .max_frame_size(crate::wire::frames::MAX_FRAME)
             })
             .map_err(|e| connect_err(e.into()))
@@ -253,8 +253,9 @@ pub async fn connect_tls_with(
         let mut config = config;
         config.alpn_protocols = vec![b"h2".to_vec()];
         let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-        let server_name = ServerName::try_from(host.to_string())
-            .map_err(|e| connect_err(crate::Because::boxed(format!("bad host name {host:?}"), e)))?;
+        let server_name = ServerName::try_from(host.to_string()).map_err(|e| {
+            connect_err(crate::Because::boxed(format!("bad host name {host:?}"), e))
+        })?;
         let addr = hostport.clone();
         return base("http")?
             .connect_with_connector(tower::service_fn(move |_: Uri| {

@@ -1,7 +1,7 @@
 //! The client side: connect to an exporter session and call its drivers
 //! ([`ExporterSession`], [`DriverClient`]); reach controllers and routers ([`channel`]);
 //! lease an exporter ([`lease`]), reach it through a router tunnel ([`tunnel`]) or directly
-//! ([`direct`]).
+//! ([`direct`], whose listener is the server's `server::direct`).
 
 pub mod channel;
 pub mod direct;

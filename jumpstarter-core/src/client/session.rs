@@ -38,7 +38,6 @@ use crate::{
         error::ClientError,
     },
     driver::{CLIENT_LABEL, NAME_LABEL},
-    server::{CONNECTION_WINDOW, PASSPHRASE_METADATA, STREAM_WINDOW},
     value::{self, Value},
     wire::{
         frames::{AbortOnDrop, CHUNK, EndOfStream, Frame, splice_with},
@@ -46,6 +45,7 @@ use crate::{
             ChunkWrite, ContentEncoding, PipeReader, PipeWriter, ResourceHandle,
             StreamRequestMetadata, decoder, encoder, pipe,
         },
+        settings::{CONNECTION_WINDOW, PASSPHRASE_METADATA, STREAM_WINDOW},
         stream_rpc,
     },
 };
@@ -164,9 +164,8 @@ pub async fn connect_channel(
     let channel = GrpcChannel::new(channel);
     let mut entries = Vec::new();
     if let Some(p) = &opts.passphrase {
-        let v = MetadataValue::try_from(p.as_str()).map_err(|_| {
-            ClientError::connect(host, "the passphrase must be printable ASCII")
-        })?;
+        let v = MetadataValue::try_from(p.as_str())
+            .map_err(|_| ClientError::connect(host, "the passphrase must be printable ASCII"))?;
         entries.push((PASSPHRASE_METADATA, v));
     }
     Ok(InterceptedService::new(channel, CallMetadata::new(entries)))

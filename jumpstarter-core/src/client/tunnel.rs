@@ -45,7 +45,7 @@ use crate::{
             AuthChannel, ControllerAuth, Keepalive, TlsSettings, connect_authenticated_with,
         },
     },
-    server::{CONNECTION_WINDOW, STREAM_WINDOW},
+    wire::settings::{CONNECTION_WINDOW, STREAM_WINDOW},
     wire::{
         frames::{CHUNK, EndOfStream, FrameSink, FrameSource, IoSink, IoSource, splice_with},
         stream_rpc,

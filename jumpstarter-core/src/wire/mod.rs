@@ -1,6 +1,8 @@
 //! What both sides of a session speak: `RouterService.Stream` over HTTP/2 ([`stream_rpc`]),
-//! byte streams as its frames ([`frames`]) and resource streams ([`resource`]).
+//! byte streams as its frames ([`frames`]), resource streams ([`resource`]) and the HTTP/2
+//! settings and metadata keys both ends use ([`settings`]).
 
 pub mod frames;
 pub mod resource;
+pub mod settings;
 pub mod stream_rpc;
