@@ -869,6 +869,20 @@ enum NewConfig {
     Client(Box<ClientConfig>),
 }
 
+/// The credentials and the object of a create RPC's answer; an answer without the object
+/// (older controllers) gets one named by the credentials, made by `named(namespace, name)`.
+fn answer_parts<T>(
+    word: &str,
+    credentials: Option<Credentials>,
+    object: Option<T>,
+    named: impl FnOnce(String, String) -> T,
+) -> Result<(Credentials, T)> {
+    let cred = credentials
+        .with_context(|| format!("the controller returned no credentials for the new {word}"))?;
+    let object = object.unwrap_or_else(|| named(cred.namespace.clone(), cred.name.clone()));
+    Ok((cred, object))
+}
+
 /// `jmp admin create client|exporter`: creates the object, prints or saves its config (the
 /// only copy of its token), and deletes the object again when the config cannot be saved.
 async fn create(
@@ -896,7 +910,6 @@ async fn create(
     }
     let mut api = AdminApi::connect(a.connect, a.insecure_tls).await?;
     let failed = |s| rpc_error(&format!("cannot create {word} {:?}", a.name), s);
-    let no_credentials = || format!("the controller returned no credentials for the new {word}");
     let labels = labels.into_iter().collect();
     let username = a.oidc_username.unwrap_or_default().to_owned();
     let (cred, view) = match kind {
@@ -916,12 +929,14 @@ async fn create(
                 .await
                 .map_err(failed)?
                 .into_inner();
-            let cred = resp.credentials.with_context(no_credentials)?;
-            let exporter = resp.exporter.unwrap_or_else(|| Exporter {
-                namespace: cred.namespace.clone(),
-                name: cred.name.clone(),
-                ..Default::default()
-            });
+            let (cred, exporter) =
+                answer_parts(word, resp.credentials, resp.exporter, |namespace, name| {
+                    Exporter {
+                        namespace,
+                        name,
+                        ..Default::default()
+                    }
+                })?;
             (cred, exporter_view(&exporter))
         }
         Kind::Client => {
@@ -939,12 +954,14 @@ async fn create(
                 .await
                 .map_err(failed)?
                 .into_inner();
-            let cred = resp.credentials.with_context(no_credentials)?;
-            let client = resp.client.unwrap_or_else(|| Client {
-                namespace: cred.namespace.clone(),
-                name: cred.name.clone(),
-                ..Default::default()
-            });
+            let (cred, client) =
+                answer_parts(word, resp.credentials, resp.client, |namespace, name| {
+                    Client {
+                        namespace,
+                        name,
+                        ..Default::default()
+                    }
+                })?;
             (cred, client_view(&client))
         }
     };

@@ -36,10 +36,10 @@ use jumpstarter_core::{
             AuthChannel, CONTROLLER_KEEPALIVE, ControllerAuth, Keepalive, TlsSettings,
             connect_authenticated_with,
         },
-        direct::{DirectError, DirectListenerSpec, DirectServer},
         tunnel,
     },
     config::ExporterConfig,
+    server::direct::{DirectError, DirectListenerSpec, DirectServer},
     server::{TunnelConn, serve_tunnels, tunnel_conn},
 };
 

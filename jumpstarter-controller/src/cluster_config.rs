@@ -41,14 +41,15 @@ pub const CONFIG_MAP_NAME: &str = "jumpstarter-controller";
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterConfigError {
     /// The YAML does not parse or has fields of the wrong type / unknown fields.
-    #[error("{source_name}: key {key:?}: {reason}")]
+    #[error("{source_name}: key {key:?}: {source}")]
     Yaml {
         /// Where the text came from (ConfigMap `ns/name` or a file path).
         source_name: String,
         /// The ConfigMap key (`router`, `config`) or `file`.
         key: String,
-        /// The parser's message.
-        reason: String,
+        /// The parser's error, or a message.
+        #[source]
+        source: jumpstarter_core::BoxError,
     },
     /// A value parses but is not acceptable.
     #[error("{source_name}: {field}: {reason}")]
@@ -235,11 +236,15 @@ pub struct ClusterConfig {
     pub legacy_authentication: bool,
 }
 
-fn yaml_err(source_name: &str, key: &str, e: impl std::fmt::Display) -> ClusterConfigError {
+fn yaml_err(
+    source_name: &str,
+    key: &str,
+    e: impl Into<jumpstarter_core::BoxError>,
+) -> ClusterConfigError {
     ClusterConfigError::Yaml {
         source_name: source_name.to_owned(),
         key: key.to_owned(),
-        reason: e.to_string(),
+        source: e.into(),
     }
 }
 

@@ -38,14 +38,14 @@ impl ExternalAuth {
                 return Err(OidcError::Config {
                     issuer: v.issuer().to_owned(),
                     field: "issuer.url".into(),
-                    reason: "the same issuer is configured twice".into(),
+                    source: "the same issuer is configured twice".into(),
                 });
             }
             if v.issuer() == jumpstarter_core::auth::DEFAULT_ISSUER {
                 return Err(OidcError::Config {
                     issuer: v.issuer().to_owned(),
                     field: "issuer.url".into(),
-                    reason: "is the internal issuer's URL".into(),
+                    source: "is the internal issuer's URL".into(),
                 });
             }
             verifiers.push(v);
@@ -87,13 +87,13 @@ pub fn read_authentication_file(path: &Path) -> Result<(Authentication, bool), C
         path: source_name.clone(),
         source,
     })?;
-    let yaml_err = |e: String| ClusterConfigError::Yaml {
+    let yaml_err = |source: jumpstarter_core::BoxError| ClusterConfigError::Yaml {
         source_name: source_name.clone(),
         key: "file".into(),
-        reason: e,
+        source,
     };
     let mut value: serde_json::Value =
-        serde_saphyr::from_str(&text).map_err(|e| yaml_err(e.to_string()))?;
+        serde_saphyr::from_str(&text).map_err(|e| yaml_err(e.into()))?;
     if value.is_null() {
         return Ok((Authentication::default(), false));
     }
@@ -107,8 +107,7 @@ pub fn read_authentication_file(path: &Path) -> Result<(Authentication, bool), C
     // An AuthenticationConfiguration manifest carries apiVersion/kind around the same fields.
     obj.remove("apiVersion");
     obj.remove("kind");
-    let auth: Authentication =
-        serde_json::from_value(value).map_err(|e| yaml_err(e.to_string()))?;
+    let auth: Authentication = serde_json::from_value(value).map_err(|e| yaml_err(e.into()))?;
     Ok((auth, false))
 }
 

@@ -26,6 +26,6 @@ mod fuzz_tests;
 
 pub use client::ClientError;
 pub use driver::{CallContext, Driver, DriverError, DriverNode, value};
-pub use error::CoreError;
+pub use error::{Because, BoxError, CoreError, error_chain};
 pub use jumpstarter_macros::driver;
 pub use server::Session;

@@ -328,8 +328,8 @@ pub async fn serve(
     guard
         .limits()
         .keepalive(tonic::transport::Server::builder())
-        .initial_stream_window_size(Some(jumpstarter_core::server::STREAM_WINDOW))
-        .initial_connection_window_size(Some(jumpstarter_core::server::CONNECTION_WINDOW))
+        .initial_stream_window_size(Some(jumpstarter_core::wire::settings::STREAM_WINDOW))
+        .initial_connection_window_size(Some(jumpstarter_core::wire::settings::CONNECTION_WINDOW))
         .max_frame_size(Some(jumpstarter_core::wire::frames::MAX_FRAME))
         .add_service(router.service())
         .serve_with_incoming_shutdown(guard.incoming(listener, tls), shutdown)

@@ -44,7 +44,7 @@ impl RouterTokenKey {
         if secret.is_empty() {
             return Err(TokenError::Key {
                 path: "<router key>".into(),
-                reason: "the router key is empty".into(),
+                source: "the router key is empty".into(),
             });
         }
         Ok(RouterTokenKey { secret })
@@ -56,7 +56,7 @@ impl RouterTokenKey {
         ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes).map_err(
             |_| TokenError::Key {
                 path: "<generated>".into(),
-                reason: "random number generator failed".into(),
+                source: "random number generator failed".into(),
             },
         )?;
         let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();

@@ -131,27 +131,8 @@ pub fn run(args: &[String]) -> Result<()> {
     } else {
         (64, 2000, 1024)
     };
-    crate::cargo(&[
-        "build",
-        "--release",
-        "--quiet",
-        "-p",
-        "jumpstarter-cli",
-        "-p",
-        "jumpstarter-controller",
-        "--bins",
-    ])?;
-    crate::cargo(&[
-        "build",
-        "--release",
-        "--quiet",
-        "-p",
-        "jumpstarter-cli",
-        "--example",
-        "bench_console",
-    ])?;
+    let rel = crate::bench_direct::build_release("bench_console")?;
     let venv = crate::interop::ensure_venv()?;
-    let rel = crate::target_dir().join("release");
     let example = rel.join("examples/bench_console");
     let work = crate::interop::tempfile_dir::Dir::new("jmp-bench-console")?;
 

@@ -110,11 +110,9 @@ fn quoted(p: &Path) -> String {
     format!("'{}'", p.display().to_string().replace('\'', "'\\''"))
 }
 
-/// Runs the direct-vs-router benchmark (`--quick`: 300 calls, 64 MiB; else 5,000, 1 GiB).
-pub fn run(args: &[String]) -> Result<()> {
-    let quick = args.iter().any(|a| a == "--quick");
-    let calls = if quick { 300 } else { 5000 };
-    let mib: u64 = if quick { 64 } else { 1024 };
+/// Builds the release binaries of the CLI and the controller and the CLI's `example`;
+/// returns the release directory they are in.
+pub(crate) fn build_release(example: &str) -> Result<PathBuf> {
     crate::cargo(&[
         "build",
         "--release",
@@ -132,10 +130,19 @@ pub fn run(args: &[String]) -> Result<()> {
         "-p",
         "jumpstarter-cli",
         "--example",
-        "bench_calls",
+        example,
     ])?;
+    Ok(crate::target_dir().join("release"))
+}
+
+/// Runs the direct-vs-router benchmark (`--quick`: 300 calls, 64 MiB; else 5,000, 1 GiB).
+pub fn run(args: &[String]) -> Result<()> {
+    let quick = args.iter().any(|a| a == "--quick");
+    let calls = if quick { 300 } else { 5000 };
+    let mib: u64 = if quick { 64 } else { 1024 };
+    let rel = build_release("bench_calls")?;
     let lab = Lab {
-        rel: crate::target_dir().join("release"),
+        rel,
         work: crate::interop::tempfile_dir::Dir::new("jmp-bench-direct")?,
     };
     let controller = lab.start_controller()?;

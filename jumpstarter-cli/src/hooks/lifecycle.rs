@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use jumpstarter_core::{DriverNode, Session, hooks::HOOK_WARNING_PREFIX, server as serve};
 
 use super::{
-    HookKind, LeaseHooks, OnFailure,
+    HookKind, HookSpec, LeaseHooks, OnFailure,
     process::{self, HookEnv},
 };
 
@@ -228,6 +228,26 @@ impl LeaseHookRun {
         sink.report(status, message).await;
     }
 
+    /// Reports `kind` running (`status` is the message upstream shows), logs it and runs
+    /// `spec` to its end.
+    async fn run_hook(
+        &self,
+        sink: &dyn StatusSink,
+        kind: HookKind,
+        spec: &HookSpec,
+        status: &str,
+        name: &str,
+    ) -> process::Outcome {
+        self.set(sink, kind.running(), status).await;
+        tracing::info!("Executing {name} hook for lease {}", self.env.lease_name);
+        process::run(
+            spec,
+            process::OutputTo::hook(kind, &self.session),
+            &self.env,
+        )
+        .await
+    }
+
     fn log(&self, kind: HookKind, severity: &str, message: String) {
         self.session
             .hook_log(kind.log_source(), severity, message.clone());
@@ -253,18 +273,15 @@ impl LeaseHookRun {
             return Verdict::Proceed;
         };
         self.session.block_driver_calls(true);
-        self.set(sink, kind.running(), "Running beforeLease hook")
+        let outcome = self
+            .run_hook(
+                sink,
+                kind,
+                &spec,
+                "Running beforeLease hook",
+                "before-lease",
+            )
             .await;
-        tracing::info!(
-            "Executing before-lease hook for lease {}",
-            self.env.lease_name
-        );
-        let outcome = process::run(
-            &spec,
-            process::OutputTo::hook(kind, &self.session),
-            &self.env,
-        )
-        .await;
         self.session.block_driver_calls(false);
         sink.hook_outcome(kind, &outcome).await;
         let result = outcome.result;
@@ -373,18 +390,9 @@ impl LeaseHookRun {
                 return Verdict::Proceed;
             }
         };
-        self.set(sink, kind.running(), "Running afterLease hooks")
+        let outcome = self
+            .run_hook(sink, kind, &spec, "Running afterLease hooks", "after-lease")
             .await;
-        tracing::info!(
-            "Executing after-lease hook for lease {}",
-            self.env.lease_name
-        );
-        let outcome = process::run(
-            &spec,
-            process::OutputTo::hook(kind, &self.session),
-            &self.env,
-        )
-        .await;
         sink.hook_outcome(kind, &outcome).await;
         let msg = match outcome.result {
             Ok(()) => {

@@ -21,10 +21,9 @@ use jumpstarter_controller::{
 use jumpstarter_core::{
     Session,
     auth::{ObjectKind, Subject},
-    client::direct::{
-        DIRECT_CONNECT_TIMEOUT, DirectListenerSpec, DirectServer, DirectTarget, LeaseCredentials,
-    },
+    client::direct::{DIRECT_CONNECT_TIMEOUT, DirectTarget},
     config::{ExporterConfig, encode_ca},
+    server::direct::{DirectListenerSpec, DirectServer, LeaseCredentials},
 };
 use jumpstarter_proto::v1::{Endpoint, exporter_service_client::ExporterServiceClient};
 use tokio::{

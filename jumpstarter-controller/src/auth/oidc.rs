@@ -109,7 +109,7 @@ impl JwtAuthenticatorConfig {
                 .unwrap_or("<unknown>")
                 .to_owned(),
             field: "jwt".into(),
-            reason: e.to_string(),
+            source: e.into(),
         })
     }
 }
@@ -210,7 +210,7 @@ impl ExternalVerifier {
         let bad = |field: &str, reason: &str| OidcError::Config {
             issuer: issuer.clone(),
             field: field.to_owned(),
-            reason: reason.to_owned(),
+            source: reason.into(),
         };
         // Plain http is tolerated for loopback issuers only (local development, tests).
         let loopback_http = issuer

@@ -16,6 +16,7 @@ use jumpstarter_core::auth::{
     jwt::{self, Alg, Claims, Key, unix_seconds},
     pem::{pem_encode, write_secret_file},
 };
+use jumpstarter_core::{Because, BoxError};
 
 /// `aud` of controller tokens.
 pub const DEFAULT_AUDIENCE: &str = "jumpstarter";
@@ -67,7 +68,7 @@ impl TokenIssuer {
         )
         .map_err(|_| TokenError::Key {
             path: "<generated>".into(),
-            reason: "P-256 key generation failed".into(),
+            source: "P-256 key generation failed".into(),
         })?;
         Self::from_pkcs8(doc.as_ref().to_vec(), "<generated>")
     }
@@ -80,7 +81,8 @@ impl TokenIssuer {
         )
         .map_err(|e| TokenError::Key {
             path: origin.to_owned(),
-            reason: format!("not a PKCS#8 ECDSA P-256 key: {e}"),
+            // ring's `KeyRejected` is not a `std::error::Error` (ring is built without `std`).
+            source: format!("not a PKCS#8 ECDSA P-256 key: {e}").into(),
         })?;
         Ok(TokenIssuer {
             pair,
@@ -94,9 +96,9 @@ impl TokenIssuer {
     /// An issuer from a PKCS#8 PEM (`-----BEGIN PRIVATE KEY-----`) P-256 key; `origin` names
     /// the source in errors.
     pub fn from_pem(pem: &str, origin: &str) -> Result<Self, TokenError> {
-        let key_err = |reason: String| TokenError::Key {
+        let key_err = |source: BoxError| TokenError::Key {
             path: origin.to_owned(),
-            reason,
+            source,
         };
         use jumpstarter_core::auth::pem::{self, PemError, PemObject};
         use tokio_rustls::rustls::pki_types::PrivatePkcs8KeyDer;
@@ -108,7 +110,7 @@ impl TokenIssuer {
             } else {
                 "no \"PRIVATE KEY\" PEM block".into()
             })),
-            Err(e) => Err(key_err(format!("not valid PEM: {e}"))),
+            Err(e) => Err(key_err(Because::boxed("not valid PEM", e))),
         }
     }
 

@@ -10,7 +10,7 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::{Store, StoreError, StoreObject, controller_reference};
+use super::{Because, Store, StoreError, StoreObject, controller_reference};
 
 /// The key of the token in the Secret's data.
 pub const TOKEN_KEY: &str = "token";
@@ -23,7 +23,7 @@ fn invalid<K: StoreObject>(owner: &K, reason: &str) -> StoreError {
         kind: K::kind(&()).into_owned(),
         namespace: owner.meta().namespace.clone().unwrap_or_default(),
         name: owner.meta().name.clone().unwrap_or_default(),
-        reason: reason.to_owned(),
+        source: reason.into(),
     }
 }
 
@@ -112,7 +112,7 @@ pub async fn read_credential<S: Store>(
             kind: "Secret".into(),
             namespace: namespace.into(),
             name: name.into(),
-            reason: format!("{TOKEN_KEY} is not UTF-8: {e}"),
+            source: Because::boxed(format!("{TOKEN_KEY} is not UTF-8"), e),
         })
 }
 

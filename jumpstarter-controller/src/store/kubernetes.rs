@@ -27,7 +27,10 @@ use kube::{
     core::{Status, WatchEvent as KubeWatchEvent},
 };
 
-use super::{ListParams, ObjectList, Store, StoreError, StoreObject, WatchEvent, WatchStream};
+use super::{
+    Because, BoxError, ListParams, ObjectList, Store, StoreError, StoreObject, WatchEvent,
+    WatchStream,
+};
 use crate::selector::{LabelSelector, validate_dns1123_subdomain};
 
 /// How long one watch request may last before the server ends it (and we re-issue it), by
@@ -92,12 +95,12 @@ impl Target {
         )
     }
 
-    fn invalid(&self, reason: impl Into<String>) -> StoreError {
+    fn invalid(&self, source: impl Into<BoxError>) -> StoreError {
         StoreError::Invalid {
             kind: self.kind.clone(),
             namespace: self.namespace.clone(),
             name: self.name.clone(),
-            reason: reason.into(),
+            source: source.into(),
         }
     }
 
@@ -126,7 +129,7 @@ impl Target {
     fn error(&self, err: kube::Error, given: Option<&str>) -> StoreError {
         match err {
             kube::Error::Api(status) => self.status_error(&status, given),
-            other => self.kubernetes(other.to_string()),
+            other => self.kubernetes(other),
         }
     }
 
@@ -160,13 +163,13 @@ impl Target {
         }
     }
 
-    fn kubernetes(&self, reason: String) -> StoreError {
+    fn kubernetes(&self, source: impl Into<BoxError>) -> StoreError {
         StoreError::Kubernetes {
             operation: self.operation.to_owned(),
             kind: self.kind.clone(),
             namespace: self.namespace.clone(),
             name: self.name.clone(),
-            reason,
+            source: source.into(),
         }
     }
 }
@@ -197,8 +200,9 @@ impl KubeStore {
                 kind: "*".into(),
                 namespace: "*".into(),
                 name: "*".into(),
-                reason: format!(
-                    "no usable cluster configuration (in-cluster service account or KUBECONFIG): {e}"
+                source: Because::boxed(
+                    "no usable cluster configuration (in-cluster service account or KUBECONFIG)",
+                    e,
                 ),
             })?;
         Ok(Self::new(client))

@@ -33,6 +33,7 @@ pub mod credentials;
 pub mod kubernetes;
 pub mod sqlite;
 
+use jumpstarter_core::{Because, BoxError};
 use std::{future::Future, pin::Pin};
 
 use futures::Stream;
@@ -136,7 +137,7 @@ pub enum StoreError {
     },
     /// The request is unusable (missing or malformed name, namespace, resourceVersion,
     /// continue token, or an object that does not serialize).
-    #[error("invalid {kind} {namespace}/{name}: {reason}")]
+    #[error("invalid {kind} {namespace}/{name}: {source}")]
     Invalid {
         /// Object kind.
         kind: String,
@@ -144,11 +145,12 @@ pub enum StoreError {
         namespace: String,
         /// Name.
         name: String,
-        /// What is wrong.
-        reason: String,
+        /// What is wrong: the error that found it, or a message.
+        #[source]
+        source: BoxError,
     },
     /// A stored row cannot be decoded into the object type.
-    #[error("stored {kind} {namespace}/{name} is corrupt: {reason}")]
+    #[error("stored {kind} {namespace}/{name} is corrupt: {source}")]
     Corrupt {
         /// Object kind.
         kind: String,
@@ -156,8 +158,9 @@ pub enum StoreError {
         namespace: String,
         /// Name.
         name: String,
-        /// The decoder's message.
-        reason: String,
+        /// The decoder's error, or a message.
+        #[source]
+        source: BoxError,
     },
     /// A watch fell too far behind (or asked to start before the retained history); list
     /// again and watch from the new `resource_version`.
@@ -170,7 +173,7 @@ pub enum StoreError {
     },
     /// The Kubernetes API server could not be reached or refused the request for a reason
     /// other than the ones above (authorization, server error, unexpected answer).
-    #[error("Kubernetes API, {operation} {kind} {namespace}/{name}: {reason}")]
+    #[error("Kubernetes API, {operation} {kind} {namespace}/{name}: {source}")]
     Kubernetes {
         /// What was attempted (get, list, create, update, update_status, delete, watch).
         operation: String,
@@ -180,16 +183,18 @@ pub enum StoreError {
         namespace: String,
         /// Name (`*` for collections).
         name: String,
-        /// The API server's or client's message.
-        reason: String,
+        /// The client's error, or the API server's message.
+        #[source]
+        source: BoxError,
     },
     /// The database failed (I/O, locking, full disk, schema).
-    #[error("store database {path}: {reason}")]
+    #[error("store database {path}: {source}")]
     Database {
         /// The database file.
         path: String,
-        /// What failed.
-        reason: String,
+        /// What failed: SQLite's error, or a message.
+        #[source]
+        source: BoxError,
     },
 }
 
@@ -198,8 +203,8 @@ impl StoreError {
     /// malformed", "file is not a database"): no retry can help, the store must be restored.
     pub fn is_corruption(&self) -> bool {
         match self {
-            StoreError::Database { reason, .. } => {
-                let r = reason.to_ascii_lowercase();
+            StoreError::Database { source, .. } => {
+                let r = jumpstarter_core::error_chain(&**source).to_ascii_lowercase();
                 r.contains("malformed") || r.contains("not a database") || r.contains("is damaged")
             }
             _ => false,

@@ -21,7 +21,8 @@ use serde_json::Value;
 use tokio::sync::broadcast;
 
 use super::{
-    ListParams, ObjectList, Store, StoreError, StoreObject, WATCH_BUFFER, WatchEvent, WatchStream,
+    Because, BoxError, ListParams, ObjectList, Store, StoreError, StoreObject, WATCH_BUFFER,
+    WatchEvent, WatchStream,
 };
 use crate::selector::LabelSelector;
 use jumpstarter_core::sync::LockExt;
@@ -118,21 +119,21 @@ struct Target {
 }
 
 impl Target {
-    fn invalid(&self, reason: impl Into<String>) -> StoreError {
+    fn invalid(&self, source: impl Into<BoxError>) -> StoreError {
         StoreError::Invalid {
             kind: self.kind.clone(),
             namespace: self.namespace.clone(),
             name: self.name.clone(),
-            reason: reason.into(),
+            source: source.into(),
         }
     }
 
-    fn corrupt(&self, reason: impl Into<String>) -> StoreError {
+    fn corrupt(&self, source: impl Into<BoxError>) -> StoreError {
         StoreError::Corrupt {
             kind: self.kind.clone(),
             namespace: self.namespace.clone(),
             name: self.name.clone(),
-            reason: reason.into(),
+            source: source.into(),
         }
     }
 
@@ -155,7 +156,7 @@ impl Target {
     }
 
     fn decode<K: StoreObject>(&self, body: &str) -> Result<K, StoreError> {
-        serde_json::from_str(body).map_err(|e| self.corrupt(e.to_string()))
+        serde_json::from_str(body).map_err(|e| self.corrupt(e))
     }
 }
 
@@ -246,8 +247,8 @@ fn prepare_replace<K: StoreObject>(object: &K) -> Result<(Target, String, Value)
         .clone()
         .filter(|rv| !rv.is_empty())
         .ok_or_else(|| t.invalid("metadata.resourceVersion must be set for an update"))?;
-    let given =
-        serde_json::to_value(object).map_err(|e| t.invalid(format!("cannot serialize: {e}")))?;
+    let given = serde_json::to_value(object)
+        .map_err(|e| t.invalid(Because::boxed("cannot serialize", e)))?;
     Ok((t, given_rv, given))
 }
 
@@ -273,10 +274,10 @@ fn set_or_remove(map: &mut serde_json::Map<String, Value>, key: &str, value: Opt
 }
 
 impl Inner {
-    fn db_err(&self, e: impl std::fmt::Display) -> StoreError {
+    fn db_err(&self, e: impl Into<BoxError>) -> StoreError {
         StoreError::Database {
             path: self.path.display().to_string(),
-            reason: e.to_string(),
+            source: e.into(),
         }
     }
 
@@ -376,7 +377,7 @@ impl Inner {
             meta.creation_timestamp = Some(Time(Timestamp::now()));
             meta.generation = Some(1);
             let mut value = serde_json::to_value(&object)
-                .map_err(|e| t.invalid(format!("cannot serialize: {e}")))?;
+                .map_err(|e| t.invalid(Because::boxed("cannot serialize", e)))?;
             if let Value::Object(map) = &mut value {
                 // Status is written through update_status only (status subresource).
                 map.remove("status");
@@ -422,7 +423,7 @@ impl Inner {
         if given_rv != current_rv.to_string() {
             return Err(t.conflict(given_rv, current_rv));
         }
-        let stored: Value = serde_json::from_str(&body).map_err(|e| t.corrupt(e.to_string()))?;
+        let stored: Value = serde_json::from_str(&body).map_err(|e| t.corrupt(e))?;
         let mut next = merge(t, stored.clone(), given)?;
         if next == stored {
             // Nothing changed: no write, no event, same resourceVersion (as Kubernetes).
@@ -528,8 +529,7 @@ impl Inner {
             {
                 return Err(t.conflict(given, current_rv));
             }
-            let mut value: Value =
-                serde_json::from_str(&body).map_err(|e| t.corrupt(e.to_string()))?;
+            let mut value: Value = serde_json::from_str(&body).map_err(|e| t.corrupt(e))?;
             tx.execute(
                 "DELETE FROM objects WHERE kind = ?1 AND namespace = ?2 AND name = ?3",
                 params![t.kind, t.namespace, t.name],
@@ -637,46 +637,52 @@ impl SqliteStore {
             .await
             .map_err(|e| StoreError::Database {
                 path: shown,
-                reason: format!("open task failed: {e}"),
+                source: Because::boxed("open task failed", e),
             })?
     }
 
     /// [`SqliteStore::open`] for synchronous callers (not on an async runtime thread).
     pub fn open_blocking(data_dir: &Path) -> Result<Self, StoreError> {
         let path = data_dir.join(DB_FILE);
-        let err = |reason: String| StoreError::Database {
+        let err = |source: BoxError| StoreError::Database {
             path: path.display().to_string(),
-            reason,
+            source,
         };
-        std::fs::create_dir_all(data_dir)
-            .map_err(|e| err(format!("cannot create {}: {e}", data_dir.display())))?;
-        let mut writer = Connection::open(&path).map_err(|e| err(e.to_string()))?;
+        std::fs::create_dir_all(data_dir).map_err(|e| {
+            err(Because::boxed(
+                format!("cannot create {}", data_dir.display()),
+                e,
+            ))
+        })?;
+        let mut writer = Connection::open(&path).map_err(|e| err(e.into()))?;
         writer
             .busy_timeout(std::time::Duration::from_secs(10))
-            .map_err(|e| err(e.to_string()))?;
+            .map_err(|e| err(e.into()))?;
         let mode: String = writer
             .query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0))
-            .map_err(|e| err(e.to_string()))?;
+            .map_err(|e| err(e.into()))?;
         if !mode.eq_ignore_ascii_case("wal") {
-            return Err(err(format!("cannot switch to WAL journal (got {mode})")));
+            return Err(err(
+                format!("cannot switch to WAL journal (got {mode})").into()
+            ));
         }
         writer
             .execute_batch("PRAGMA synchronous = FULL;")
-            .map_err(|e| err(e.to_string()))?;
-        check_integrity(&writer).map_err(err)?;
+            .map_err(|e| err(e.into()))?;
+        check_integrity(&writer).map_err(|e| err(e.into()))?;
         migrate(&mut writer).map_err(err)?;
         let revision: i64 = writer
             .query_row("SELECT value FROM meta WHERE key = 'revision'", [], |row| {
                 row.get(0)
             })
-            .map_err(|e| err(e.to_string()))?;
-        let reader = Connection::open(&path).map_err(|e| err(e.to_string()))?;
+            .map_err(|e| err(e.into()))?;
+        let reader = Connection::open(&path).map_err(|e| err(e.into()))?;
         reader
             .busy_timeout(std::time::Duration::from_secs(10))
-            .map_err(|e| err(e.to_string()))?;
+            .map_err(|e| err(e.into()))?;
         reader
             .execute_batch("PRAGMA query_only = ON;")
-            .map_err(|e| err(e.to_string()))?;
+            .map_err(|e| err(e.into()))?;
         Ok(SqliteStore {
             inner: Arc::new(Inner {
                 path,
@@ -702,7 +708,7 @@ impl SqliteStore {
         let inner = self.inner.clone();
         tokio::task::spawn_blocking(move || f(&inner))
             .await
-            .map_err(|e| self.inner.db_err(format!("store task failed: {e}")))?
+            .map_err(|e| self.inner.db_err(Because::boxed("store task failed", e)))?
     }
 }
 
@@ -730,13 +736,11 @@ fn check_integrity(conn: &Connection) -> Result<(), String> {
 }
 
 /// Creates or checks the schema.
-fn migrate(conn: &mut Connection) -> Result<(), String> {
-    let version: i64 = conn
-        .query_row("PRAGMA user_version", [], |row| row.get(0))
-        .map_err(|e| e.to_string())?;
+fn migrate(conn: &mut Connection) -> Result<(), BoxError> {
+    let version: i64 = conn.query_row("PRAGMA user_version", [], |row| row.get(0))?;
     match version {
         0 => {
-            let tx = conn.transaction().map_err(|e| e.to_string())?;
+            let tx = conn.transaction()?;
             tx.execute_batch(
                 "CREATE TABLE objects (
                     kind TEXT NOT NULL,
@@ -749,14 +753,14 @@ fn migrate(conn: &mut Connection) -> Result<(), String> {
                  CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
                  INSERT INTO meta (key, value) VALUES ('revision', 0);
                  PRAGMA user_version = 1;",
-            )
-            .map_err(|e| e.to_string())?;
-            tx.commit().map_err(|e| e.to_string())
+            )?;
+            Ok(tx.commit()?)
         }
         SCHEMA_VERSION => Ok(()),
         other => Err(format!(
             "schema version {other} is not supported (this controller knows up to {SCHEMA_VERSION}); use a newer controller"
-        )),
+        )
+        .into()),
     }
 }
 
@@ -907,7 +911,7 @@ impl Store for SqliteStore {
                 kind: kind.clone(),
                 namespace: namespace.unwrap_or("*").to_owned(),
                 name: "*".into(),
-                reason: format!("resourceVersion {s:?} is not a store revision"),
+                source: format!("resourceVersion {s:?} is not a store revision").into(),
             })?),
         };
         // Subscribing and copying the retained events under the hub lock, which writers also

@@ -93,12 +93,13 @@ pub enum TokenError {
     #[error("token subject {0:?} is not <client|exporter>:<namespace>:<name>:<uid>")]
     Subject(String),
     /// The signing key could not be generated, read, parsed or written.
-    #[error("signing key {path}: {reason}")]
+    #[error("signing key {path}: {source}")]
     Key {
         /// The key file, or `<generated>` / `<memory>`.
         path: String,
-        /// What went wrong.
-        reason: String,
+        /// What went wrong: the parser's error, or a message.
+        #[source]
+        source: crate::BoxError,
     },
     /// The signing key file could not be read or written.
     #[error("signing key {path}: {what}: {source}")]

@@ -29,7 +29,7 @@ use tonic::{
 
 use crate::{
     auth::{KIND_KEY, NAME_KEY, NAMESPACE_KEY},
-    client::error::{ClientError, error_chain},
+    client::error::ClientError,
     config::{ClientConfig, ConfigError, TlsConfig, decode_ca},
 };
 
@@ -104,9 +104,8 @@ impl ControllerAuth {
     /// errors).
     pub fn call_metadata(&self, target: &str) -> Result<CallMetadata, ClientError> {
         let value = |v: &str, what: &str| {
-            MetadataValue::try_from(v).map_err(|_| ClientError::Connect {
-                target: target.into(),
-                message: format!("the {what} must be printable ASCII"),
+            MetadataValue::try_from(v).map_err(|_| {
+                ClientError::connect(target, format!("the {what} must be printable ASCII"))
             })
         };
         let mut entries = vec![(
@@ -224,10 +223,7 @@ pub async fn connect_tls_with(
         .unwrap_or(endpoint)
         .trim_end_matches('/')
         .to_string();
-    let connect_err = |message: String| ClientError::Connect {
-        target: hostport.clone(),
-        message,
-    };
+    let connect_err = |source: crate::BoxError| ClientError::connect(&hostport, source);
     let (host, _port) = split_host_port(&hostport).ok_or_else(|| {
         connect_err("expected host:port (e.g. jumpstarter.example.com:443)".into())
     })?;
@@ -239,26 +235,27 @@ pub async fn connect_tls_with(
                     .http2_keep_alive_interval(keepalive.interval)
                     .keep_alive_timeout(keepalive.timeout)
                     .keep_alive_while_idle(true)
-                    .initial_stream_window_size(crate::server::STREAM_WINDOW)
-                    .initial_connection_window_size(crate::server::CONNECTION_WINDOW)
+                    .initial_stream_window_size(crate::wire::settings::STREAM_WINDOW)
+                    .initial_connection_window_size(crate::wire::settings::CONNECTION_WINDOW)
                     .max_frame_size(crate::wire::frames::MAX_FRAME)
             })
-            .map_err(|e| connect_err(error_chain(&e)))
+            .map_err(|e| connect_err(e.into()))
     };
     if tls.insecure {
         let config = rustls::ClientConfig::builder_with_provider(Arc::new(
             rustls::crypto::ring::default_provider(),
         ))
         .with_safe_default_protocol_versions()
-        .map_err(|e| connect_err(e.to_string()))?
+        .map_err(|e| connect_err(e.into()))?
         .dangerous()
         .with_custom_certificate_verifier(Arc::new(AnyServer))
         .with_no_client_auth();
         let mut config = config;
         config.alpn_protocols = vec![b"h2".to_vec()];
         let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-        let server_name = ServerName::try_from(host.to_string())
-            .map_err(|e| connect_err(format!("bad host name {host:?}: {e}")))?;
+        let server_name = ServerName::try_from(host.to_string()).map_err(|e| {
+            connect_err(crate::Because::boxed(format!("bad host name {host:?}"), e))
+        })?;
         let addr = hostport.clone();
         return base("http")?
             .connect_with_connector(tower::service_fn(move |_: Uri| {
@@ -274,7 +271,7 @@ pub async fn connect_tls_with(
             }))
             .await
             .map(GrpcChannel)
-            .map_err(|e| connect_err(error_chain(&e)));
+            .map_err(|e| connect_err(e.into()));
     }
     let mut config = ClientTlsConfig::new()
         .with_native_roots()
@@ -284,11 +281,11 @@ pub async fn connect_tls_with(
     }
     base("https")?
         .tls_config(config)
-        .map_err(|e| connect_err(error_chain(&e)))?
+        .map_err(|e| connect_err(e.into()))?
         .connect()
         .await
         .map(GrpcChannel)
-        .map_err(|e| connect_err(error_chain(&e)))
+        .map_err(|e| connect_err(e.into()))
 }
 
 /// Opens a TLS channel whose calls carry `auth`.
@@ -317,13 +314,13 @@ pub async fn connect_client(cfg: &ClientConfig) -> Result<AuthChannel, ClientErr
     let (endpoint, tls, auth) = client_credentials(cfg)?;
     // `grpcOptions`: applied, or refused naming the option.
     let keepalive = crate::client::grpc_options::keepalive(&cfg.grpc_options, CONTROLLER_KEEPALIVE)
-        .map_err(|e| ClientError::Connect {
-            target: cfg
+        .map_err(|e| {
+            let target = cfg
                 .path
                 .as_ref()
                 .map(|p| p.display().to_string())
-                .unwrap_or_else(|| "client config".into()),
-            message: e.to_string(),
+                .unwrap_or_else(|| "client config".into());
+            ClientError::connect(target, e)
         })?;
     connect_authenticated_with(&endpoint, &tls, &auth, keepalive).await
 }
@@ -338,10 +335,7 @@ pub fn client_credentials(
         .as_ref()
         .map(|p| p.display().to_string())
         .unwrap_or_else(|| "client config".into());
-    let missing = |field: &str| ClientError::Connect {
-        target: where_.clone(),
-        message: format!("`{field}` is not set"),
-    };
+    let missing = |field: &str| ClientError::connect(&where_, format!("`{field}` is not set"));
     let endpoint = cfg
         .endpoint
         .clone()
@@ -352,12 +346,8 @@ pub fn client_credentials(
         .clone()
         .filter(|t| !t.is_empty())
         .ok_or_else(|| missing("token"))?;
-    let tls = TlsSettings::from_config(&cfg.tls, cfg.path.as_deref()).map_err(|e| {
-        ClientError::Connect {
-            target: where_.clone(),
-            message: e.to_string(),
-        }
-    })?;
+    let tls = TlsSettings::from_config(&cfg.tls, cfg.path.as_deref())
+        .map_err(|e| ClientError::connect(&where_, e))?;
     let namespace = cfg.metadata.namespace.as_deref().unwrap_or("default");
     Ok((
         endpoint,

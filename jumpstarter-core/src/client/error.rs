@@ -2,18 +2,20 @@
 
 use tonic::Status;
 
-use crate::DriverError;
+use crate::{BoxError, DriverError, error_chain};
 
 /// Why a client operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    /// The exporter could not be reached.
-    #[error("cannot connect to {target}: {message}")]
+    /// The exporter (or a controller, a router) could not be reached, or the settings to
+    /// reach it are unusable.
+    #[error("cannot connect to {target}: {}", error_chain(&**.source))]
     Connect {
-        /// The address or socket path.
+        /// The address, socket path or config file.
         target: String,
-        /// Why.
-        message: String,
+        /// Why: the transport's error, or a message where no error caused it.
+        #[source]
+        source: BoxError,
     },
     /// The exporter refused the passphrase.
     #[error("Authentication failed: {0}")]
@@ -56,6 +58,14 @@ pub enum ClientError {
 }
 
 impl ClientError {
+    /// A [`ClientError::Connect`] for `target`, caused by `source` (an error or a message).
+    pub fn connect(target: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        ClientError::Connect {
+            target: target.into(),
+            source: source.into(),
+        }
+    }
+
     pub(crate) fn rpc(rpc: &'static str, status: Status) -> Self {
         if status.code() == tonic::Code::Unauthenticated {
             return ClientError::Authentication(status.message().to_string());
@@ -65,19 +75,4 @@ impl ClientError {
             status: Box::new(status),
         }
     }
-}
-
-/// An error and its sources on one line (`a: b: c`), skipping repeats.
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut src = e.source();
-    while let Some(s) = src {
-        let text = s.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        src = s.source();
-    }
-    out
 }

@@ -476,10 +476,10 @@ impl TicketSource for LeaseDialer {
                         || (s.code() == Code::FailedPrecondition
                             && s.message().contains("not ready"));
                     if !retry || tokio::time::Instant::now() + delay > deadline {
-                        let error = ClientError::Connect {
-                            target: format!("the exporter of lease {}", self.lease),
-                            message: format!("Dial: {}", s.message()),
-                        };
+                        let error = ClientError::connect(
+                            format!("the exporter of lease {}", self.lease),
+                            format!("Dial: {}", s.message()),
+                        );
                         return Err(if dial_is_transient(&s) {
                             TicketError::transient(error)
                         } else {

@@ -1,7 +1,7 @@
 //! The client side: connect to an exporter session and call its drivers
 //! ([`ExporterSession`], [`DriverClient`]); reach controllers and routers ([`channel`]);
 //! lease an exporter ([`lease`]), reach it through a router tunnel ([`tunnel`]) or directly
-//! ([`direct`]).
+//! ([`direct`], whose listener is the server's `server::direct`).
 
 pub mod channel;
 pub mod direct;
@@ -12,7 +12,7 @@ mod session;
 pub mod tunnel;
 
 pub use channel::CallMetadata;
-pub use error::{ClientError, error_chain};
+pub use error::ClientError;
 pub use session::{
     ClientNode, ClientResource, ConnectOptions, DriverClient, ExporterSession, IntoArgs,
     RouterStreamEnds, SessionChannel, Target, UploadSource, connect_channel,

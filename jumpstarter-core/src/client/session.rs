@@ -35,10 +35,9 @@ use crate::{
     DriverError,
     client::{
         channel::{CallMetadata, GrpcChannel},
-        error::{ClientError, error_chain},
+        error::ClientError,
     },
     driver::{CLIENT_LABEL, NAME_LABEL},
-    server::{CONNECTION_WINDOW, PASSPHRASE_METADATA, STREAM_WINDOW},
     value::{self, Value},
     wire::{
         frames::{AbortOnDrop, CHUNK, EndOfStream, Frame, splice_with},
@@ -46,6 +45,7 @@ use crate::{
             ChunkWrite, ContentEncoding, PipeReader, PipeWriter, ResourceHandle,
             StreamRequestMetadata, decoder, encoder, pipe,
         },
+        settings::{CONNECTION_WINDOW, PASSPHRASE_METADATA, STREAM_WINDOW},
         stream_rpc,
     },
 };
@@ -123,10 +123,7 @@ pub async fn connect_channel(
     host: &str,
     opts: &ConnectOptions,
 ) -> Result<SessionChannel, ClientError> {
-    let connect_err = |e: &dyn std::error::Error| ClientError::Connect {
-        target: host.to_string(),
-        message: error_chain(e),
-    };
+    let connect_err = |e: tonic::transport::Error| ClientError::connect(host, e);
     let channel = match Target::parse(host) {
         Target::Unix(path) => {
             let endpoint = Endpoint::from_static("http://localhost")
@@ -142,12 +139,12 @@ pub async fn connect_channel(
                     }
                 }))
                 .await
-                .map_err(|e| connect_err(&e))?
+                .map_err(connect_err)?
         }
         Target::Tcp(addr) => {
             let scheme = if opts.insecure { "http" } else { "https" };
             let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))
-                .map_err(|e| connect_err(&e))?
+                .map_err(connect_err)?
                 .tcp_nodelay(true)
                 .initial_stream_window_size(STREAM_WINDOW)
                 .initial_connection_window_size(CONNECTION_WINDOW)
@@ -159,18 +156,16 @@ pub async fn connect_channel(
                 if let Some(ca) = &opts.ca_pem {
                     tls = tls.ca_certificate(Certificate::from_pem(ca));
                 }
-                endpoint = endpoint.tls_config(tls).map_err(|e| connect_err(&e))?;
+                endpoint = endpoint.tls_config(tls).map_err(connect_err)?;
             }
-            endpoint.connect().await.map_err(|e| connect_err(&e))?
+            endpoint.connect().await.map_err(connect_err)?
         }
     };
     let channel = GrpcChannel::new(channel);
     let mut entries = Vec::new();
     if let Some(p) = &opts.passphrase {
-        let v = MetadataValue::try_from(p.as_str()).map_err(|_| ClientError::Connect {
-            target: host.to_string(),
-            message: "the passphrase must be printable ASCII".into(),
-        })?;
+        let v = MetadataValue::try_from(p.as_str())
+            .map_err(|_| ClientError::connect(host, "the passphrase must be printable ASCII"))?;
         entries.push((PASSPHRASE_METADATA, v));
     }
     Ok(InterceptedService::new(channel, CallMetadata::new(entries)))

@@ -45,7 +45,7 @@ use crate::{
             AuthChannel, ControllerAuth, Keepalive, TlsSettings, connect_authenticated_with,
         },
     },
-    server::{CONNECTION_WINDOW, STREAM_WINDOW},
+    wire::settings::{CONNECTION_WINDOW, STREAM_WINDOW},
     wire::{
         frames::{CHUNK, EndOfStream, FrameSink, FrameSource, IoSink, IoSource, splice_with},
         stream_rpc,
@@ -122,7 +122,7 @@ pub enum TunnelError {
 /// What a connection failure says besides the endpoint (which the caller names already).
 fn connect_reason(e: &ClientError) -> String {
     match e {
-        ClientError::Connect { message, .. } => message.clone(),
+        ClientError::Connect { source, .. } => crate::error_chain(&**source),
         other => other.to_string(),
     }
 }
@@ -799,7 +799,7 @@ pub async fn session_channel_with<S: TicketSource>(
         .http2_keep_alive_interval(TUNNELED_KEEPALIVE.interval)
         .keep_alive_timeout(TUNNELED_KEEPALIVE.timeout);
     // Why the first tunnel could not be opened, for an error that says it plainly.
-    let failure: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
+    let failure: Arc<std::sync::Mutex<Option<TunnelError>>> = Arc::default();
     let failed = failure.clone();
     let channel: Channel = endpoint
         .connect_with_connector(tower::service_fn(move |_: Uri| {
@@ -811,10 +811,11 @@ pub async fn session_channel_with<S: TicketSource>(
                 let link = match connect_retrying(&*source, &tls, &policy).await {
                     Ok(link) => link,
                     Err(e) => {
+                        let reason = e.to_string();
                         if let Ok(mut f) = failed.lock() {
-                            *f = Some(e.to_string());
+                            *f = Some(e);
                         }
-                        return Err(std::io::Error::other(e));
+                        return Err(std::io::Error::other(reason));
                     }
                 };
                 let io = link.open(std::future::pending(), policy.events.clone());
@@ -822,13 +823,12 @@ pub async fn session_channel_with<S: TicketSource>(
             }
         }))
         .await
-        .map_err(|e| ClientError::Connect {
-            target: "the exporter".into(),
-            message: failure
-                .lock()
-                .ok()
-                .and_then(|mut f| f.take())
-                .unwrap_or_else(|| crate::client::error_chain(&e)),
+        .map_err(|e| {
+            let failure = failure.lock().ok().and_then(|mut f| f.take());
+            match failure {
+                Some(reason) => ClientError::connect("the exporter", reason),
+                None => ClientError::connect("the exporter", e),
+            }
         })?;
     Ok(tonic::service::interceptor::InterceptedService::new(
         crate::client::channel::GrpcChannel::new(channel),

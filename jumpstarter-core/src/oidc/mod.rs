@@ -80,14 +80,15 @@ pub enum OidcError {
     #[error("TLS settings: {0}")]
     Tls(String),
     /// A JWTAuthenticator document is unusable; names the field.
-    #[error("JWT authenticator {issuer:?}: {field}: {reason}")]
+    #[error("JWT authenticator {issuer:?}: {field}: {source}")]
     Config {
         /// The issuer URL (or `<unknown>`).
         issuer: String,
         /// The field at fault, e.g. `issuer.audiences`.
         field: String,
-        /// What is wrong.
-        reason: String,
+        /// What is wrong: the parser's error, or a message.
+        #[source]
+        source: crate::BoxError,
     },
     /// The token is not acceptable (signature, claims, expiry: "token is expired").
     #[error(transparent)]

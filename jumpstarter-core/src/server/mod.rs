@@ -3,8 +3,10 @@
 //! [`serve_tunnels`]); a tunnel is handed to the server in memory ([`tunnel_conn`]), its
 //! HTTP/2 header blocks fixed on the way ([`h2_authority`]). Network listeners that serve
 //! gRPC accept through [`listener::ConnectionGuard`] (connection limit, handshake and
-//! first-frame timeouts).
+//! first-frame timeouts). An exporter's direct listener serves each lease's session to
+//! the lease holder over TLS ([`direct`]).
 
+pub mod direct;
 pub mod h2_authority;
 pub mod listener;
 mod serve;
@@ -13,8 +15,8 @@ mod tunnel_conn;
 
 pub(crate) use serve::Severable;
 pub use serve::{
-    CONNECTION_WINDOW, PASSPHRASE_METADATA, SHUTDOWN_GRACE, STREAM_WINDOW, ServeOptions,
-    local_socket_path, nodelay_incoming, serve_tcp, serve_tunnels, serve_unix,
+    SHUTDOWN_GRACE, ServeOptions, local_socket_path, nodelay_incoming, serve_tcp, serve_tunnels,
+    serve_unix,
 };
 pub use session::{SESSION_END_TIMEOUT, Session, SessionService, StatusState, StreamService};
 pub use tunnel_conn::{TunnelConn, tunnel_conn};

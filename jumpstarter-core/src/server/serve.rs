@@ -29,20 +29,13 @@ use crate::{
         TunnelConn,
         listener::{ConnectionGuard, ConnectionLimits, tls_acceptor},
     },
+    wire::settings::{CONNECTION_WINDOW, PASSPHRASE_METADATA, STREAM_WINDOW},
 };
-
-/// HTTP/2 stream flow-control window of our servers and clients.
-pub const STREAM_WINDOW: u32 = 4 * 1024 * 1024;
-/// HTTP/2 connection flow-control window of our servers and clients.
-pub const CONNECTION_WINDOW: u32 = 8 * 1024 * 1024;
 
 /// How long a stopping server lets its connections finish what they are doing (a call, a
 /// transfer) before it cuts them: a stalled upload or an open console must not keep an
 /// exporter from stopping.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
-
-/// The metadata key carrying a direct-mode passphrase.
-pub const PASSPHRASE_METADATA: &str = "x-jumpstarter-passphrase";
 
 /// How a TCP listener is secured.
 #[derive(Clone, Default)]

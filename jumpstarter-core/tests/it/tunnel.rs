@@ -141,10 +141,7 @@ impl TicketSource for Dialer {
         self.cuts.lock().unwrap().push(cut.clone());
         tunnel::attach(&self.router, &self.tls, &token, conn, cut.cancelled_owned())
             .await
-            .map_err(|e| ClientError::Connect {
-                target: "router".into(),
-                message: e.to_string(),
-            })?;
+            .map_err(|e| ClientError::connect("router", e))?;
         Ok(TunnelTicket {
             router_endpoint: self.router.clone(),
             router_token: token,
