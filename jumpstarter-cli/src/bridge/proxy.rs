@@ -67,7 +67,7 @@ impl PythonDriver {
             other => DriverError::Failed(format!(
                 "Python driver {} is unavailable: {}",
                 self.type_name,
-                jumpstarter_core::client::error_chain(&other)
+                jumpstarter_core::error_chain(&other)
             )),
         }
     }
