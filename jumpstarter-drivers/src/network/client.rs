@@ -7,7 +7,7 @@ use std::{
 };
 
 use clap::{Arg, ArgAction, ArgMatches, Command};
-use jumpstarter_core::{ClientError, client::DriverClient};
+use jumpstarter_core::{ClientError, client::DriverClient, wire::frames::CHUNK};
 use tokio::{
     io::{AsyncRead, AsyncWrite},
     sync::Semaphore,
@@ -83,7 +83,14 @@ where
 {
     match client.open_stream(&method).await {
         Ok(mut remote) => {
-            if let Err(e) = tokio::io::copy_bidirectional(&mut conn, &mut remote).await {
+            // Buffers of a whole stream chunk each way: tokio's default of 8 KiB made every
+            // 8 KiB a message of its own, and the per-message work of the stream (channel
+            // hops, HTTP/2 frames, wake-ups on both ends) bounded forwarding at a tenth of
+            // loopback TCP.
+            let copied =
+                tokio::io::copy_bidirectional_with_sizes(&mut conn, &mut remote, CHUNK, CHUNK)
+                    .await;
+            if let Err(e) = copied {
                 tracing::debug!("forwarded connection ended: {e}");
             }
         }

@@ -223,7 +223,7 @@ impl WebsocketNetwork {
     pub fn new(url: &str, enable_address: bool) -> Result<Self, DriverError> {
         let url = WsUrl::parse(url)?;
         let tls = if url.tls {
-            Some(Arc::new(tls_config()?))
+            Some(Arc::new(tls_config([])?))
         } else {
             None
         };
@@ -232,6 +232,18 @@ impl WebsocketNetwork {
             enable_address,
             tls,
         })
+    }
+
+    /// The same driver also trusting `roots` (CA certificates, DER) for `wss://`, besides
+    /// the system's root certificates: a lab's own CA, or a test's. No effect on `ws://`.
+    pub fn with_root_certificates(
+        mut self,
+        roots: impl IntoIterator<Item = rustls::pki_types::CertificateDer<'static>>,
+    ) -> Result<Self, DriverError> {
+        if self.url.tls {
+            self.tls = Some(Arc::new(tls_config(roots)?));
+        }
+        Ok(self)
     }
 
     /// Constructor for the registry: `url`, `enable_address` (default true).
@@ -282,13 +294,20 @@ impl WebsocketNetwork {
     }
 }
 
-/// rustls (ring) trusting the system's root certificates.
-fn tls_config() -> Result<rustls::ClientConfig, DriverError> {
+/// rustls (ring) trusting the system's root certificates and `extra`.
+fn tls_config(
+    extra: impl IntoIterator<Item = rustls::pki_types::CertificateDer<'static>>,
+) -> Result<rustls::ClientConfig, DriverError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = rustls::RootCertStore::empty();
     // Unreadable system certificates are skipped, as elsewhere in the workspace.
     for cert in rustls_native_certs::load_native_certs().certs {
         let _ = roots.add(cert);
+    }
+    for cert in extra {
+        roots.add(cert).map_err(|e| {
+            DriverError::InvalidArgument(format!("not a usable CA certificate for wss://: {e}"))
+        })?;
     }
     let mut config = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()

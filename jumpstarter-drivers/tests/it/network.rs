@@ -232,6 +232,12 @@ const WS_BYE: &[u8] = b"close please";
 // The handshake callback's error type is the library's (an HTTP response).
 #[allow(clippy::result_large_err)]
 async fn ws_echo() -> u16 {
+    ws_echo_on(None).await
+}
+
+/// [`ws_echo`], over TLS with `tls` when given (a `wss://` server).
+#[allow(clippy::result_large_err)]
+async fn ws_echo_on(tls: Option<tokio_rustls::TlsAcceptor>) -> u16 {
     use futures::{SinkExt, StreamExt};
     use tokio_tungstenite::tungstenite::{
         Message,
@@ -241,7 +247,16 @@ async fn ws_echo() -> u16 {
     let port = l.local_addr().unwrap().port();
     tokio::spawn(async move {
         while let Ok((c, _)) = l.accept().await {
+            let tls = tls.clone();
             tokio::spawn(async move {
+                let c: Box<dyn jumpstarter_core::driver::Duplex> = match tls {
+                    None => Box::new(c),
+                    Some(tls) => match tls.accept(c).await {
+                        Ok(c) => Box::new(c),
+                        // A client that does not trust the certificate gives up here.
+                        Err(_) => return,
+                    },
+                };
                 let mut path = String::new();
                 let Ok(mut ws) = tokio_tungstenite::accept_hdr_async(c, |req: &Request, resp| {
                     path = req.uri().path().to_string();
@@ -334,4 +349,92 @@ async fn websocket_frames_are_messages_to_a_real_server() {
         }) => assert!(m.contains("enable_address"), "{m}"),
         other => panic!("{:?}", other.map(|_| ())),
     }
+}
+
+/// A TLS acceptor for 127.0.0.1 with a certificate of a fresh test CA; returns it and the
+/// CA's certificate.
+fn test_tls() -> (
+    tokio_rustls::TlsAcceptor,
+    tokio_rustls::rustls::pki_types::CertificateDer<'static>,
+) {
+    use jumpstarter_core::auth::{CertificateAuthority, pem};
+    use tokio_rustls::rustls;
+    let ca = CertificateAuthority::generate("wss test CA").unwrap();
+    let leaf = ca.issue_server_cert(&["127.0.0.1"]).unwrap();
+    let certs = pem::certificates(&leaf.cert_pem).unwrap();
+    let key = pem::private_key(&leaf.key_pem).unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(certs, key)
+    .unwrap();
+    let ca_der = pem::certificates(ca.cert_pem()).unwrap().remove(0);
+    (tokio_rustls::TlsAcceptor::from(Arc::new(config)), ca_der)
+}
+
+#[tokio::test]
+async fn websocket_over_tls_reaches_a_real_wss_server_and_checks_its_certificate() {
+    use jumpstarter_drivers::WebsocketNetwork;
+    let (acceptor, ca) = test_tls();
+    let port = ws_echo_on(Some(acceptor)).await;
+    let url = format!("wss://127.0.0.1:{port}/secure");
+    let served = Served::start(vec![
+        (
+            "wss",
+            Arc::new(
+                WebsocketNetwork::new(&url, true)
+                    .unwrap()
+                    .with_root_certificates([ca])
+                    .unwrap(),
+            ),
+        ),
+        // The same server, but only the system's roots: its certificate is not trusted.
+        (
+            "untrusted",
+            Arc::new(WebsocketNetwork::new(&url, true).unwrap()),
+        ),
+    ]);
+    let wss = net_client(&served, "wss").await;
+    assert_eq!(wss.address().await.unwrap(), url);
+    let mut s = wss.connect().await.unwrap();
+    let mut buf = vec![0u8; 1 << 20];
+    let n = s.read(&mut buf).await.unwrap();
+    assert_eq!(&buf[..n], b"path /secure");
+    s.write_all(b"over tls").await.unwrap();
+    let n = s.read(&mut buf).await.unwrap();
+    assert_eq!(&buf[..n], b"over tls");
+    // More than one TLS record each way, in order.
+    let big: Vec<u8> = (0..300_000u32).map(|i| (i % 253) as u8).collect();
+    s.write_all(&big).await.unwrap();
+    let mut got = vec![0u8; big.len()];
+    s.read_exact(&mut got).await.unwrap();
+    assert!(got == big, "300 kB came back changed over wss://");
+    s.write_all(WS_BYE).await.unwrap();
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest).await;
+    assert!(rest.is_empty(), "{rest:?}");
+
+    let untrusted = net_client(&served, "untrusted").await;
+    let e = untrusted.connect().await.err().unwrap().to_string();
+    assert!(
+        e.contains("cannot connect to WebSocket") && e.contains("TLS") && e.contains(&url),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_bad_extra_root_certificate_is_refused() {
+    use jumpstarter_drivers::WebsocketNetwork;
+    let e = WebsocketNetwork::new("wss://127.0.0.1:1/", true)
+        .unwrap()
+        .with_root_certificates([tokio_rustls::rustls::pki_types::CertificateDer::from(
+            b"not a certificate".to_vec(),
+        )])
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("CA certificate"), "{e}");
 }
