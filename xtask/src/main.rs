@@ -10,6 +10,7 @@ mod bench_storage;
 mod ci_summary;
 mod conformance;
 mod crds;
+mod faults;
 mod interop;
 mod procs;
 mod qemu_board;
@@ -36,6 +37,7 @@ fn main() -> std::process::ExitCode {
         // Hidden: the storage part of `bench` alone (`--size-mib N`, `--ours-only`).
         Some("bench-storage") => bench_storage::run(&args[1..]),
         Some("crds") => crds::run(&args[1..]),
+        Some("faults") => faults::run(&args[1..]),
         Some("quickstart") => quickstart::run(&args[1..]),
         Some("s3") => s3::run(),
         Some("qemu-board") => qemu_board::run(),
@@ -49,6 +51,7 @@ fn main() -> std::process::ExitCode {
                  interop   [FILTER] upstream Python 0.9.0 tools against ours (builds a venv)\n  \
                  bench     [--quick] latency/throughput, ours vs upstream Python, in one run\n  \
                  crds      [--out DIR | --check DIR] our CRD YAML (stdout), written, or compared\n  \
+                 faults    [--seed N] [--rounds N] [--quick] [--release] kill processes of a lab day at random, check nothing is lost\n  \
                  quickstart  the whole lab on one machine: controller, mock exporter, client, jmp shell\n  \
                  s3        the Opendal driver's S3 service (feature storage-s3) against moto's S3 on loopback\n  \
                  qemu-board  install QEMU and build the test board image (cached); print its path\n  \
@@ -148,6 +151,8 @@ fn ci() -> Result<()> {
     s3::run()?;
     println!("== interop with upstream 0.9.0");
     let interop = interop::run(None)?;
+    println!("== fault injection (cargo xtask faults --quick)");
+    faults::run(&["--quick".to_string()])?;
     println!(
         "{}",
         ci_summary::pass_line(tests, interop, started.elapsed())
