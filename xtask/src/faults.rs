@@ -12,7 +12,8 @@
 //! After each round it checks, and counts every violation as a loss:
 //! - every client ended by itself (an exit code, success or error) within a bound;
 //! - every server is still running (none exited on its own) and every exporter is online;
-//! - once the leases' time is up, no lease is active and no exporter is held by a lease;
+//! - once the leases' time is up, no lease is active (each client lists its own) and no
+//!   exporter is held by a lease;
 //! - no lease a client was handed is missing from the controller, or names another
 //!   exporter; no two leases held the same exporter at the same time (from the leases'
 //!   effective begin and end times);
@@ -324,6 +325,24 @@ impl Lab {
             .with_context(|| format!("jmp {} printed no JSON: {text}", args.join(" ")))
     }
 
+    /// The leases of every client (a client lists only its own), ended ones too with
+    /// `ended`.
+    fn leases(&self, ended: bool) -> Result<Vec<serde_json::Value>> {
+        let mut out = Vec::new();
+        for client in self.clients.iter().chain([&self.auditor]) {
+            let client = client.to_string_lossy().into_owned();
+            let mut args = vec!["get", "leases", "--client-config", &client, "-o", "json"];
+            if ended {
+                args.push("-a");
+            }
+            let text = self.jmp_ok(&args)?;
+            let v: serde_json::Value = serde_json::from_str(&text)
+                .with_context(|| format!("jmp get leases printed no JSON: {text}"))?;
+            out.extend(v["leases"].as_array().cloned().unwrap_or_default());
+        }
+        Ok(out)
+    }
+
     fn services_mut(&mut self) -> impl Iterator<Item = &mut Service> {
         [&mut self.controller, &mut self.router]
             .into_iter()
@@ -495,7 +514,17 @@ fn start_lab(bin: PathBuf, dir: PathBuf, tag: String, rng: &mut Rng) -> Result<L
         );
         let mut text = text.replace("\nexport:\n", &format!("\n{}", export_section(&storage)));
         if i == 0 {
-            text.push_str(HOOKS);
+            // `jmp admin create exporter` writes empty hooks; ours replace them.
+            let empty = "\nhooks:\n  beforeLease: null\n  afterLease: null\n";
+            text = if text.contains(empty) {
+                text.replace(empty, &format!("\n{HOOKS}"))
+            } else {
+                ensure!(
+                    !text.contains("\nhooks:"),
+                    "{config_s} has hooks of an unknown shape:\n{text}"
+                );
+                text + HOOKS
+            };
         }
         fs::write(&config, text)?;
         let mut args = vec![os("run"), os("--exporter-config"), config.into_os_string()];
@@ -953,12 +982,7 @@ fn check_round(
     // Once every lease's time is up: none active, no exporter held.
     problems.extend(settle(SETTLE_TIMEOUT, || {
         let mut p = Vec::new();
-        let active = lab.audit(&["get", "leases", "-A"])?;
-        for l in active["leases"]
-            .as_array()
-            .map(Vec::as_slice)
-            .unwrap_or_default()
-        {
+        for l in lab.leases(false)? {
             p.push(format!(
                 "lease {} (client {}, exporter {:?}) is still active",
                 l["name"].as_str().unwrap_or("?"),
@@ -984,8 +1008,7 @@ fn check_round(
     })?);
 
     // The history: every lease handed out is known, and no exporter was held twice at once.
-    let all = lab.audit(&["get", "leases", "-A", "-a"])?;
-    let leases = all["leases"].as_array().cloned().unwrap_or_default();
+    let leases = lab.leases(true)?;
     let mut known = BTreeMap::new();
     let mut by_exporter: BTreeMap<String, Vec<(f64, f64, String)>> = BTreeMap::new();
     for l in &leases {
