@@ -330,57 +330,6 @@ async fn bad_direct_listener_is_a_clear_error() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn over_its_limit_the_direct_listener_closes_new_connections_and_logs_it() {
-    let lab = lab().await;
-    let mut exporter = lab
-        .run_exporter(
-            "dx6",
-            &[
-                "--direct-listener",
-                "127.0.0.1:0",
-                "--max-connections",
-                "1",
-                "--handshake-timeout",
-                "60",
-                "--keepalive-interval",
-                "5",
-                "--keepalive-timeout",
-                "5",
-            ],
-        )
-        .await;
-    let log = lab.log("dx6");
-    let addr = log
-        .split("direct listener on ")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .unwrap_or_else(|| panic!("no direct listener address in:\n{log}"))
-        .to_string();
-    // The first connection takes the one slot (it stays in its TLS handshake); the second
-    // is closed at once, and the exporter says so.
-    let _first = tokio::net::TcpStream::connect(&addr).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let mut second = tokio::net::TcpStream::connect(&addr).await.unwrap();
-    let mut buf = [0u8; 16];
-    let n = tokio::time::timeout(Duration::from_secs(10), second.read(&mut buf))
-        .await
-        .expect("the connection over the limit was not closed")
-        .unwrap_or(0);
-    assert_eq!(n, 0, "the connection over the limit got bytes");
-    let warning = "direct listener: connection limit of 1 reached";
-    let mut seen = false;
-    for _ in 0..100 {
-        if lab.log("dx6").contains(warning) {
-            seen = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let _ = exporter.kill().await;
-    assert!(seen, "no {warning:?} in:\n{}", lab.log("dx6"));
-}
-
 /// A session of the mock exporter, ready for calls.
 fn mock_session() -> Arc<Session> {
     let cfg = ExporterConfig::parse(MOCK_CONFIG, Path::new("mock.yaml")).unwrap();
