@@ -218,6 +218,15 @@ struct RunArgs {
     #[arg(long, value_name = "SECONDS", default_value_t = 10,
           value_parser = clap::value_parser!(u64).range(1..))]
     handshake_timeout: u64,
+    /// Seconds between the HTTP/2 keepalive pings --tls-grpc-listener or --direct-listener
+    /// sends on each connection.
+    #[arg(long, value_name = "SECONDS", default_value_t = 30,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    keepalive_interval: u64,
+    /// Seconds a keepalive ping may stay unanswered before the connection is closed.
+    #[arg(long, value_name = "SECONDS", default_value_t = 20,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    keepalive_timeout: u64,
 }
 
 impl RunArgs {
@@ -228,7 +237,8 @@ impl RunArgs {
             max_connections: self.max_connections,
             handshake_timeout: t,
             first_frame_timeout: t,
-            ..ConnectionLimits::default()
+            keepalive_interval: Duration::from_secs(self.keepalive_interval),
+            keepalive_timeout: Duration::from_secs(self.keepalive_timeout),
         }
     }
 }
@@ -459,6 +469,50 @@ mod tests {
     fn cli_parses() {
         use clap::CommandFactory;
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn run_flags_set_the_listener_limits_and_keepalive() {
+        use clap::Parser;
+        let limits = |extra: &[&str]| {
+            let mut args = vec!["jmp", "run", "--direct-listener", "127.0.0.1:0"];
+            args.extend(extra);
+            match Cli::try_parse_from(args).map(|c| c.command) {
+                Ok(Command::Run(r)) => Ok(r.limits()),
+                Ok(other) => panic!("parsed as {other:?}"),
+                Err(e) => Err(e.to_string()),
+            }
+        };
+        assert_eq!(limits(&[]).unwrap(), ConnectionLimits::default());
+        let l = limits(&[
+            "--max-connections",
+            "3",
+            "--handshake-timeout",
+            "4",
+            "--keepalive-interval",
+            "5",
+            "--keepalive-timeout",
+            "7",
+        ])
+        .unwrap();
+        assert_eq!(
+            l,
+            ConnectionLimits {
+                max_connections: 3,
+                handshake_timeout: Duration::from_secs(4),
+                first_frame_timeout: Duration::from_secs(4),
+                keepalive_interval: Duration::from_secs(5),
+                keepalive_timeout: Duration::from_secs(7),
+            }
+        );
+        for bad in [
+            &["--keepalive-interval", "0"][..],
+            &["--keepalive-timeout", "0"],
+            &["--keepalive-interval", "soon"],
+        ] {
+            let e = limits(bad).unwrap_err();
+            assert!(e.contains(bad[0]), "{bad:?}: {e}");
+        }
     }
 
     /// Upstream's aliases (`AliasedGroup`), which apply in every group that has the command.

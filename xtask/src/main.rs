@@ -12,6 +12,7 @@ mod boot_tools;
 mod ci_summary;
 mod conformance;
 mod crds;
+mod faults;
 mod interop;
 mod kube;
 mod kube_e2e;
@@ -43,6 +44,7 @@ fn main() -> std::process::ExitCode {
         // Hidden: the QEMU board part of `bench` alone (`--size-mib N`, `--quick`).
         Some("bench-boards") => bench_boards::run(&args[1..]),
         Some("crds") => crds::run(&args[1..]),
+        Some("faults") => faults::run(&args[1..]),
         Some("quickstart") => quickstart::run(&args[1..]),
         Some("s3") => s3::run(),
         Some("kube-up") => kube::run_up(),
@@ -59,6 +61,7 @@ fn main() -> std::process::ExitCode {
                  interop   [FILTER] upstream Python 0.9.0 tools against ours (builds a venv)\n  \
                  bench     [--quick] latency/throughput, ours vs upstream Python, in one run\n  \
                  crds      [--out DIR | --check DIR] our CRD YAML (stdout), written, or compared\n  \
+                 faults    [--seed N] [--rounds N] [--quick] [--release] kill processes of a lab day at random, check nothing is lost\n  \
                  quickstart  the whole lab on one machine: controller, mock exporter, client, jmp shell\n  \
                  s3        the Opendal driver's S3 service (feature storage-s3) against moto's S3 on loopback\n  \
                  kube-up   a real kube-apiserver + etcd on loopback (built from Go modules, cached)\n  \
@@ -166,6 +169,8 @@ fn ci() -> Result<()> {
     // fails on a reused cluster and the cold build takes most of an hour (issue 29).
     println!("== interop with upstream 0.9.0");
     let interop = interop::run(None)?;
+    println!("== fault injection (cargo xtask faults --quick)");
+    faults::run(&["--quick".to_string()])?;
     println!(
         "{}",
         ci_summary::pass_line(tests, interop, started.elapsed())

@@ -1,0 +1,1311 @@
+//! `cargo xtask faults`: the fault-injection suite (issue 22).
+//!
+//! Starts a lab of real binaries on loopback — a controller (SQLite store) that hands out a
+//! standalone `jumpstarter-router`, three exporters (`jmp run`: mock power and a mock storage
+//! mux backed by a file in the exporter's own storage directory; the first runs
+//! `beforeLease`/`afterLease` shell hooks, the last also serves the direct path) — and runs a
+//! scripted lab day in rounds: clients (`jmp shell -l SELECTOR -- sh -c 'j power on && j
+//! storage flash IMAGE && j power off'`) lease exporters by selector, more of them than there
+//! are exporters, while one process of one kind (controller, router, exporter or client) is
+//! killed with SIGKILL at a seeded random moment and, for a server, started again.
+//!
+//! After each round it checks, and counts every violation as a loss:
+//! - every client ended by itself (an exit code, success or error) within a bound;
+//! - every server is still running (none exited on its own) and every exporter is online;
+//! - once the leases' time is up, no lease is active (each client lists its own) and no
+//!   exporter is held by a lease;
+//! - no lease a client was handed is missing from the controller, or names another
+//!   exporter; no two leases held the same exporter at the same time (from the leases'
+//!   effective begin and end times);
+//! - no stray process: every process started by the suite (found by a marker in its
+//!   environment, so orphans and other process groups count too) is one of the servers;
+//! - no temporary or partial file in an exporter's storage directory or `TMPDIR`.
+//!
+//! `--seed N` replays a run (the seed is printed first), `--rounds N` sets its length,
+//! `--quick` is the bounded run `cargo xtask ci` does (one round per kind of process).
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    ffi::OsString,
+    fmt::Write as _,
+    fs,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::{Context, Result, bail, ensure};
+
+/// The environment variable every process of the suite carries (inherited by whatever
+/// they start), with a value unique to the run.
+const MARKER: &str = "JMP_FAULTS_RUN";
+/// Exporters in the lab.
+const EXPORTERS: usize = 3;
+/// Clients (each its own client object and config).
+const CLIENTS: usize = 4;
+/// Lease duration of each client operation.
+const LEASE_SECS: u64 = 20;
+/// Size of the image each operation flashes.
+const IMAGE_BYTES: usize = 3 * 1024 * 1024;
+/// An operation that has not ended by itself after this long counts as hung.
+const OP_LIMIT: Duration = Duration::from_secs(150);
+/// How long a server may take to say it is ready.
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a check waits for the lab to settle (exporters online, leases ended, strays
+/// gone): the lease duration, a pending lease's client timeout and slack.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(LEASE_SECS + 70);
+
+/// What a round kills.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Kind {
+    Controller,
+    Router,
+    Exporter,
+    Client,
+}
+
+const KINDS: [Kind; 4] = [Kind::Controller, Kind::Router, Kind::Exporter, Kind::Client];
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Controller => "controller",
+            Kind::Router => "router",
+            Kind::Exporter => "exporter",
+            Kind::Client => "client",
+        }
+    }
+}
+
+/// Command-line options.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Options {
+    seed: u64,
+    rounds: usize,
+    quick: bool,
+    release: bool,
+}
+
+fn parse_args(args: &[String], default_seed: u64) -> Result<Options> {
+    let mut o = Options {
+        seed: default_seed,
+        rounds: 12,
+        quick: false,
+        release: false,
+    };
+    let mut rounds = None;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--seed" => {
+                let v = it.next().context("--seed needs a number")?;
+                o.seed = v
+                    .parse()
+                    .with_context(|| format!("--seed {v:?}: not an unsigned number"))?;
+            }
+            "--rounds" => {
+                let v = it.next().context("--rounds needs a number")?;
+                let n: usize = v
+                    .parse()
+                    .with_context(|| format!("--rounds {v:?}: not an unsigned number"))?;
+                ensure!(n > 0, "--rounds must be at least 1");
+                rounds = Some(n);
+            }
+            "--quick" => o.quick = true,
+            "--release" => o.release = true,
+            other => bail!(
+                "cargo xtask faults: unknown argument {other:?} (use --seed N, --rounds N, \
+                 --quick, --release)"
+            ),
+        }
+    }
+    o.rounds = rounds.unwrap_or(if o.quick { KINDS.len() } else { 12 });
+    Ok(o)
+}
+
+/// A small seeded generator (SplitMix64): the same seed replays the same choices.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A number in `0..n` (`n` > 0).
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    /// A duration in `lo..hi` milliseconds.
+    fn millis(&mut self, lo: u64, hi: u64) -> Duration {
+        Duration::from_millis(lo + self.below(hi.saturating_sub(lo).max(1)))
+    }
+}
+
+/// A server of the lab: started again after it is killed, with its output in a new log
+/// file each time.
+struct Service {
+    name: String,
+    program: PathBuf,
+    args: Vec<OsString>,
+    env: Vec<(String, OsString)>,
+    /// The line (part) it prints once ready.
+    ready: &'static str,
+    logs: PathBuf,
+    starts: usize,
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl Service {
+    fn start(&mut self, lab: &Lab) -> Result<()> {
+        self.starts += 1;
+        self.log = self.logs.join(format!("{}.{}.log", self.name, self.starts));
+        let file = fs::File::create(&self.log)
+            .with_context(|| format!("cannot create {}", self.log.display()))?;
+        let mut cmd = lab.command(&self.program);
+        cmd.args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(file.try_clone()?)
+            .stderr(file);
+        self.child = Some(
+            cmd.spawn()
+                .with_context(|| format!("starting {}", self.name))?,
+        );
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            let text = fs::read_to_string(&self.log).unwrap_or_default();
+            if text.contains(self.ready) {
+                return Ok(());
+            }
+            if let Some(child) = self.child.as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                bail!(
+                    "{} exited ({status}) before it was ready; {}:\n{text}",
+                    self.name,
+                    self.log.display()
+                );
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "{} did not print {:?} within {READY_TIMEOUT:?}; {}:\n{text}",
+                    self.name,
+                    self.ready,
+                    self.log.display()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// `Some(status)` when it has exited on its own.
+    fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    /// SIGKILL, and reap it.
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM; SIGKILL after 10 s.
+    fn stop(&mut self) {
+        let Some(mut c) = self.child.take() else {
+            return;
+        };
+        if matches!(c.try_wait(), Ok(None)) {
+            let _ = Command::new("kill")
+                .args(["-TERM", &c.id().to_string()])
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = c.kill();
+        }
+        let _ = c.wait();
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// One exporter of the lab.
+struct ExporterSlot {
+    name: String,
+    svc: Service,
+    storage: PathBuf,
+    tmp: PathBuf,
+}
+
+/// The lab: its servers, configs and files.
+struct Lab {
+    bin: PathBuf,
+    dir: PathBuf,
+    tag: String,
+    controller: Service,
+    router: Service,
+    exporters: Vec<ExporterSlot>,
+    clients: Vec<PathBuf>,
+    auditor: PathBuf,
+    image: PathBuf,
+}
+
+impl Lab {
+    /// A command for one of our binaries (or any program) with the lab's environment: our
+    /// binaries first on `PATH`, configs under the lab, the run's marker.
+    fn command(&self, program: &Path) -> Command {
+        let mut cmd = Command::new(program);
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let mut paths = vec![self.bin.clone()];
+        paths.extend(std::env::split_paths(&path));
+        cmd.env("PATH", std::env::join_paths(paths).unwrap_or(path))
+            .env("JMP_CLIENT_CONFIG_HOME", self.dir.join("config"))
+            .env(
+                "JMP_ADMIN_CONFIG",
+                self.dir.join("config").join("admin.yaml"),
+            )
+            .env("HOME", self.dir.join("home"))
+            .env(MARKER, &self.tag)
+            .env_remove("JMP_NAME")
+            .env_remove("JMP_LEASE")
+            .env_remove("JMP_CLIENT_CONFIG")
+            .env_remove("JUMPSTARTER_HOST");
+        cmd
+    }
+
+    fn jmp(&self) -> Command {
+        self.command(&self.bin.join("jmp"))
+    }
+
+    /// Runs `jmp ARGS` to completion; its output, or an error naming it.
+    fn jmp_ok(&self, args: &[&str]) -> Result<String> {
+        let mut cmd = self.jmp();
+        cmd.args(args);
+        let out = crate::procs::run(cmd, Duration::from_secs(60))?;
+        ensure!(
+            out.code == 0,
+            "jmp {} exited with {}:\n{}{}",
+            args.join(" "),
+            out.code,
+            out.stdout,
+            out.stderr
+        );
+        Ok(out.stdout)
+    }
+
+    /// `jmp` as the auditor client, JSON output parsed.
+    fn audit(&self, args: &[&str]) -> Result<serde_json::Value> {
+        let auditor = self.auditor.to_string_lossy().into_owned();
+        let mut all = args.to_vec();
+        all.extend(["--client-config", &auditor, "-o", "json"]);
+        let text = self.jmp_ok(&all)?;
+        serde_json::from_str(&text)
+            .with_context(|| format!("jmp {} printed no JSON: {text}", args.join(" ")))
+    }
+
+    /// The leases of every client (a client lists only its own), ended ones too with
+    /// `ended`.
+    fn leases(&self, ended: bool) -> Result<Vec<serde_json::Value>> {
+        let mut out = Vec::new();
+        for client in self.clients.iter().chain([&self.auditor]) {
+            let client = client.to_string_lossy().into_owned();
+            let mut args = vec!["get", "leases", "--client-config", &client, "-o", "json"];
+            if ended {
+                args.push("-a");
+            }
+            let text = self.jmp_ok(&args)?;
+            let v: serde_json::Value = serde_json::from_str(&text)
+                .with_context(|| format!("jmp get leases printed no JSON: {text}"))?;
+            out.extend(v["leases"].as_array().cloned().unwrap_or_default());
+        }
+        Ok(out)
+    }
+
+    fn services_mut(&mut self) -> impl Iterator<Item = &mut Service> {
+        [&mut self.controller, &mut self.router]
+            .into_iter()
+            .chain(self.exporters.iter_mut().map(|e| &mut e.svc))
+    }
+
+    fn service_pids(&self) -> BTreeSet<u32> {
+        [&self.controller, &self.router]
+            .into_iter()
+            .chain(self.exporters.iter().map(|e| &e.svc))
+            .filter_map(Service::pid)
+            .collect()
+    }
+}
+
+/// The drivers every exporter serves; `STORAGE` is its storage directory.
+fn export_section(storage: &Path) -> String {
+    format!(
+        "export:
+  power:
+    type: jumpstarter_driver_power.driver.MockPower
+  storage:
+    type: jumpstarter_driver_opendal.driver.MockStorageMux
+    config:
+      file: {}
+",
+        storage.join("medium.img").display()
+    )
+}
+
+/// The hooks of the first exporter.
+const HOOKS: &str = "hooks:
+  beforeLease:
+    script: j power on
+    timeout: 30
+    onFailure: warn
+  afterLease:
+    script: j power off
+    timeout: 30
+    onFailure: warn
+";
+
+/// Sets the lab up: builds nothing (the caller did), writes configs, starts the servers.
+fn start_lab(bin: PathBuf, dir: PathBuf, tag: String, rng: &mut Rng) -> Result<Lab> {
+    for sub in ["config", "home", "logs", "ops"] {
+        fs::create_dir_all(dir.join(sub))?;
+    }
+    let grpc_port = crate::procs::free_port()?;
+    let router_port = crate::procs::free_port()?;
+    let data = dir.join("data");
+    let routers = dir.join("routers.yaml");
+    fs::write(
+        &routers,
+        format!("faults:\n  endpoint: 127.0.0.1:{router_port}\n"),
+    )?;
+    let logs = dir.join("logs");
+    let image = dir.join("image.bin");
+    let mut bytes = vec![0u8; IMAGE_BYTES];
+    for chunk in bytes.chunks_mut(8) {
+        let v = rng.next().to_le_bytes();
+        chunk.copy_from_slice(&v[..chunk.len()]);
+    }
+    fs::write(&image, bytes)?;
+
+    let os = |s: &str| OsString::from(s);
+    let controller = Service {
+        name: "controller".into(),
+        program: bin.join("jumpstarter-controller"),
+        args: vec![
+            os("--data-dir"),
+            data.clone().into_os_string(),
+            os("--listen"),
+            os(&format!("127.0.0.1:{grpc_port}")),
+            os("--router-listen"),
+            os("127.0.0.1:0"),
+            os("--metrics-listen"),
+            os("off"),
+            os("--advertise-host"),
+            os("127.0.0.1"),
+            os("--admin-config"),
+            dir.join("config").join("admin.yaml").into_os_string(),
+            os("--routers"),
+            routers.into_os_string(),
+            // A queued lease whose client was killed ends after this (not 10 minutes).
+            os("--pending-lease-client-timeout"),
+            os("20s"),
+        ],
+        env: Vec::new(),
+        ready: "jumpstarter-controller ready:",
+        logs: logs.clone(),
+        starts: 0,
+        child: None,
+        log: PathBuf::new(),
+    };
+    let placeholder = |name: &str| Service {
+        name: name.into(),
+        program: PathBuf::new(),
+        args: Vec::new(),
+        env: Vec::new(),
+        ready: "",
+        logs: logs.clone(),
+        starts: 0,
+        child: None,
+        log: PathBuf::new(),
+    };
+    let mut lab = Lab {
+        bin: bin.clone(),
+        dir: dir.clone(),
+        tag,
+        controller,
+        router: placeholder("router"),
+        exporters: Vec::new(),
+        clients: Vec::new(),
+        auditor: PathBuf::new(),
+        image,
+    };
+    let mut controller = std::mem::replace(&mut lab.controller, placeholder("controller"));
+    controller.start(&lab)?;
+    lab.controller = controller;
+
+    // The standalone router, with the controller's server certificate and router key.
+    let key = fs::read_to_string(data.join("router-key")).context("reading the router key")?;
+    let mut router = Service {
+        name: "router".into(),
+        program: bin.join("jumpstarter-router"),
+        args: vec![
+            os("--listen"),
+            os(&format!("127.0.0.1:{router_port}")),
+            os("--tls-cert"),
+            data.join("server").join("tls.crt").into_os_string(),
+            os("--tls-key"),
+            data.join("server").join("tls.key").into_os_string(),
+        ],
+        env: vec![("ROUTER_KEY".into(), os(key.trim()))],
+        ready: "Router listening on",
+        logs: logs.clone(),
+        starts: 0,
+        child: None,
+        log: PathBuf::new(),
+    };
+    router.start(&lab)?;
+    lab.router = router;
+
+    for i in 0..EXPORTERS {
+        let name = format!("fault-e{i}");
+        let root = dir.join(&name);
+        let (storage, tmp) = (root.join("storage"), root.join("tmp"));
+        fs::create_dir_all(&storage)?;
+        fs::create_dir_all(&tmp)?;
+        let config = root.join("exporter.yaml");
+        let config_s = config.to_string_lossy().into_owned();
+        lab.jmp_ok(&[
+            "admin",
+            "create",
+            "exporter",
+            &name,
+            "--nointeractive",
+            "-l",
+            "board=fault",
+            "-l",
+            &format!("slot=e{i}"),
+            "--out",
+            &config_s,
+        ])?;
+        let text = fs::read_to_string(&config)?;
+        ensure!(
+            text.contains("\nexport:\n"),
+            "{config_s} has no empty `export:` to fill:\n{text}"
+        );
+        let mut text = text.replace("\nexport:\n", &format!("\n{}", export_section(&storage)));
+        if i == 0 {
+            // `jmp admin create exporter` writes empty hooks; ours replace them.
+            let empty = "\nhooks:\n  beforeLease: null\n  afterLease: null\n";
+            text = if text.contains(empty) {
+                text.replace(empty, &format!("\n{HOOKS}"))
+            } else {
+                ensure!(
+                    !text.contains("\nhooks:"),
+                    "{config_s} has hooks of an unknown shape:\n{text}"
+                );
+                text + HOOKS
+            };
+        }
+        fs::write(&config, text)?;
+        let mut args = vec![os("run"), os("--exporter-config"), config.into_os_string()];
+        if i == EXPORTERS - 1 {
+            args.extend([os("--direct-listener"), os("127.0.0.1:0")]);
+        }
+        let mut svc = Service {
+            name: name.clone(),
+            program: bin.join("jmp"),
+            args,
+            env: vec![("TMPDIR".into(), tmp.clone().into_os_string())],
+            ready: "registered with controller",
+            logs: logs.clone(),
+            starts: 0,
+            child: None,
+            log: PathBuf::new(),
+        };
+        svc.start(&lab)?;
+        lab.exporters.push(ExporterSlot {
+            name,
+            svc,
+            storage,
+            tmp,
+        });
+    }
+    for i in 0..=CLIENTS {
+        let name = if i == CLIENTS {
+            "fault-auditor".to_string()
+        } else {
+            format!("fault-c{i}")
+        };
+        let out = dir.join("config").join(format!("{name}.yaml"));
+        let out_s = out.to_string_lossy().into_owned();
+        lab.jmp_ok(&[
+            "admin",
+            "create",
+            "client",
+            &name,
+            "--nointeractive",
+            "--unsafe",
+            "--out",
+            &out_s,
+        ])?;
+        if i == CLIENTS {
+            lab.auditor = out;
+        } else {
+            lab.clients.push(out);
+        }
+    }
+    Ok(lab)
+}
+
+/// One client operation: a `jmp shell` running power and storage calls.
+struct Op {
+    id: usize,
+    child: Option<Child>,
+    out: PathBuf,
+    err: PathBuf,
+    started: Instant,
+    /// Exit code, once it ended by itself.
+    code: Option<i32>,
+    killed: bool,
+    hung: bool,
+}
+
+/// What the suite counted.
+#[derive(Debug, Default)]
+struct Counts {
+    faults: BTreeMap<Kind, usize>,
+    operations: usize,
+    succeeded: usize,
+    failed: usize,
+    killed: usize,
+    losses: Vec<String>,
+}
+
+impl Counts {
+    fn summary(&self, seed: u64, rounds: usize) -> String {
+        let faults: usize = self.faults.values().sum();
+        let mut by_kind = String::new();
+        for k in KINDS {
+            let _ = write!(
+                by_kind,
+                "{}{} {}",
+                if by_kind.is_empty() { "" } else { ", " },
+                k.name(),
+                self.faults.get(&k).copied().unwrap_or(0)
+            );
+        }
+        format!(
+            "faults: seed {seed}, {rounds} rounds: {faults} faults injected ({by_kind}), \
+             {} operations ({} succeeded, {} failed with an error, {} killed), {} losses",
+            self.operations,
+            self.succeeded,
+            self.failed,
+            self.killed,
+            self.losses.len()
+        )
+    }
+}
+
+fn start_op(lab: &Lab, id: usize, client: &Path, selector: &str) -> Result<Op> {
+    let out = lab.dir.join("ops").join(format!("op{id}.out"));
+    let err = lab.dir.join("ops").join(format!("op{id}.err"));
+    let image = lab.image.to_string_lossy().into_owned();
+    let script = format!(
+        "echo \"lease=$JMP_LEASE exporter=$JMP_EXPORTER\" && j power on && \
+         j storage flash '{image}' && j power off && echo op-done"
+    );
+    let mut cmd = lab.jmp();
+    cmd.arg("shell")
+        .arg("--client-config")
+        .arg(client)
+        .args([
+            "-l",
+            selector,
+            "--duration",
+            &format!("{LEASE_SECS}s"),
+            "--acquisition-timeout",
+            "90s",
+            "--retry-timeout",
+            "20s",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .env("TMPDIR", lab.dir.join("home"))
+        .stdin(Stdio::null())
+        .stdout(fs::File::create(&out)?)
+        .stderr(fs::File::create(&err)?);
+    let child = cmd.spawn().context("starting jmp shell")?;
+    Ok(Op {
+        id,
+        child: Some(child),
+        out,
+        err,
+        started: Instant::now(),
+        code: None,
+        killed: false,
+        hung: false,
+    })
+}
+
+impl Op {
+    fn running(&mut self) -> bool {
+        let Some(c) = self.child.as_mut() else {
+            return false;
+        };
+        match c.try_wait() {
+            Ok(Some(status)) => {
+                self.code = Some(status.code().unwrap_or(-1));
+                self.child = None;
+                false
+            }
+            _ => true,
+        }
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// The lease and exporter the command inside the shell was handed.
+    fn lease(&self) -> Option<(String, String)> {
+        let text = fs::read_to_string(&self.out).ok()?;
+        let line = text.lines().find(|l| l.starts_with("lease="))?;
+        let mut parts = line.split_whitespace();
+        let lease = parts.next()?.strip_prefix("lease=")?.to_string();
+        let exporter = parts.next()?.strip_prefix("exporter=")?.to_string();
+        (!lease.is_empty()).then_some((lease, exporter))
+    }
+}
+
+/// The kill of one round.
+struct Fault {
+    kind: Kind,
+    at: Duration,
+    /// Which exporter (for [`Kind::Exporter`]).
+    index: usize,
+    /// How long a killed server stays down.
+    down: Duration,
+    done: bool,
+}
+
+/// Runs one round; returns the leases its clients were handed (lease → exporter).
+fn round(
+    lab: &mut Lab,
+    rng: &mut Rng,
+    number: usize,
+    kind: Kind,
+    counts: &mut Counts,
+    next_op: &mut usize,
+) -> Result<BTreeMap<String, String>> {
+    let n_ops = CLIENTS + rng.below(3) as usize;
+    let mut plan: Vec<(Duration, usize, String)> = (0..n_ops)
+        .map(|i| {
+            let selector = match rng.below(3) {
+                0 => format!("board=fault,slot=e{}", rng.below(EXPORTERS as u64)),
+                _ => "board=fault".to_string(),
+            };
+            (rng.millis(0, 2500), i % CLIENTS, selector)
+        })
+        .collect();
+    plan.sort_by_key(|p| p.0);
+    let mut fault = Fault {
+        kind,
+        at: rng.millis(300, 7000),
+        index: rng.below(EXPORTERS as u64) as usize,
+        down: rng.millis(100, 2000),
+        done: false,
+    };
+    println!(
+        "-- round {number}: {n_ops} clients, SIGKILL of the {}{} at {:?}",
+        kind.name(),
+        if kind == Kind::Exporter {
+            format!(" {}", lab.exporters[fault.index].name)
+        } else {
+            String::new()
+        },
+        fault.at
+    );
+    let t0 = Instant::now();
+    let mut ops: Vec<Op> = Vec::new();
+    let mut planned = plan.into_iter().peekable();
+    loop {
+        let now = t0.elapsed();
+        while planned.peek().is_some_and(|p| p.0 <= now) {
+            if let Some((_, client, selector)) = planned.next() {
+                *next_op += 1;
+                ops.push(start_op(lab, *next_op, &lab.clients[client], &selector)?);
+                counts.operations += 1;
+            }
+        }
+        if !fault.done && now >= fault.at {
+            inject(lab, &mut fault, &mut ops, rng, counts)?;
+        }
+        let mut any_running = false;
+        for op in ops.iter_mut() {
+            if op.running() {
+                any_running = true;
+                if op.started.elapsed() > OP_LIMIT {
+                    op.kill();
+                    op.hung = true;
+                }
+            }
+        }
+        if planned.peek().is_none() && !any_running {
+            if fault.done {
+                break;
+            }
+            // Every client ended before the moment to kill one came: start one more.
+            if fault.kind == Kind::Client {
+                *next_op += 1;
+                let client = rng.below(CLIENTS as u64) as usize;
+                ops.push(start_op(
+                    lab,
+                    *next_op,
+                    &lab.clients[client],
+                    "board=fault",
+                )?);
+                counts.operations += 1;
+                fault.at = t0.elapsed() + rng.millis(100, 3000);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    let mut handed = BTreeMap::new();
+    for op in &ops {
+        if let Some((lease, exporter)) = op.lease() {
+            handed.insert(lease, exporter);
+        }
+        if op.hung {
+            counts.losses.push(format!(
+                "round {number}: client operation {} did not end within {OP_LIMIT:?} (see {})",
+                op.id,
+                op.err.display()
+            ));
+        } else if op.killed {
+            counts.killed += 1;
+        } else if op.code == Some(0) {
+            let out = fs::read_to_string(&op.out).unwrap_or_default();
+            if out.contains("op-done") {
+                counts.succeeded += 1;
+            } else {
+                counts.losses.push(format!(
+                    "round {number}: client operation {} exited 0 without finishing its \
+                     commands (see {})",
+                    op.id,
+                    op.out.display()
+                ));
+            }
+        } else if op.code.is_some_and(|c| c > 0) {
+            let err = fs::read_to_string(&op.err).unwrap_or_default();
+            if err.trim().is_empty() {
+                counts.losses.push(format!(
+                    "round {number}: client operation {} failed ({:?}) without saying why",
+                    op.id, op.code
+                ));
+            } else {
+                counts.failed += 1;
+            }
+        } else {
+            counts.losses.push(format!(
+                "round {number}: client operation {} died of a signal nobody sent (see {})",
+                op.id,
+                op.err.display()
+            ));
+        }
+    }
+    Ok(handed)
+}
+
+/// Kills what `fault` names (a server is started again after `fault.down`).
+fn inject(
+    lab: &mut Lab,
+    fault: &mut Fault,
+    ops: &mut [Op],
+    rng: &mut Rng,
+    counts: &mut Counts,
+) -> Result<()> {
+    match fault.kind {
+        Kind::Client => {
+            let running: Vec<usize> = ops
+                .iter_mut()
+                .enumerate()
+                .filter_map(|(i, o)| o.running().then_some(i))
+                .collect();
+            if running.is_empty() {
+                // Wait for one to run (the next tick).
+                return Ok(());
+            }
+            let op = &mut ops[running[rng.below(running.len() as u64) as usize]];
+            op.kill();
+            op.killed = true;
+        }
+        Kind::Controller | Kind::Router | Kind::Exporter => {
+            let mut svc = match fault.kind {
+                Kind::Controller => std::mem::replace(&mut lab.controller, dummy()),
+                Kind::Router => std::mem::replace(&mut lab.router, dummy()),
+                _ => std::mem::replace(&mut lab.exporters[fault.index].svc, dummy()),
+            };
+            svc.kill();
+            std::thread::sleep(fault.down);
+            let started = svc.start(lab);
+            match fault.kind {
+                Kind::Controller => lab.controller = svc,
+                Kind::Router => lab.router = svc,
+                _ => lab.exporters[fault.index].svc = svc,
+            }
+            started?;
+        }
+    }
+    *counts.faults.entry(fault.kind).or_default() += 1;
+    fault.done = true;
+    Ok(())
+}
+
+fn dummy() -> Service {
+    Service {
+        name: String::new(),
+        program: PathBuf::new(),
+        args: Vec::new(),
+        env: Vec::new(),
+        ready: "",
+        logs: PathBuf::new(),
+        starts: 0,
+        child: None,
+        log: PathBuf::new(),
+    }
+}
+
+/// Polls `check` until it returns no problems or `timeout` passes; the last problems.
+fn settle(
+    timeout: Duration,
+    mut check: impl FnMut() -> Result<Vec<String>>,
+) -> Result<Vec<String>> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let problems = check()?;
+        if problems.is_empty() || Instant::now() > deadline {
+            return Ok(problems);
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// The checks after a round; every problem found is a loss.
+fn check_round(
+    lab: &mut Lab,
+    number: usize,
+    handed: &BTreeMap<String, String>,
+    counts: &mut Counts,
+) -> Result<()> {
+    let mut problems = Vec::new();
+    // Servers that died on their own are a finding; start them again to go on.
+    let mut dead = Vec::new();
+    for svc in lab.services_mut() {
+        if let Some(status) = svc.exited() {
+            problems.push(format!(
+                "{} exited on its own ({status}); see {}",
+                svc.name,
+                svc.log.display()
+            ));
+            dead.push(svc.name.clone());
+        }
+    }
+    for name in dead {
+        let mut svc = if name == "controller" {
+            std::mem::replace(&mut lab.controller, dummy())
+        } else if name == "router" {
+            std::mem::replace(&mut lab.router, dummy())
+        } else {
+            let i = lab
+                .exporters
+                .iter()
+                .position(|e| e.name == name)
+                .context("unknown server")?;
+            std::mem::replace(&mut lab.exporters[i].svc, dummy())
+        };
+        svc.kill();
+        let started = svc.start(lab);
+        if name == "controller" {
+            lab.controller = svc;
+        } else if name == "router" {
+            lab.router = svc;
+        } else if let Some(e) = lab.exporters.iter_mut().find(|e| e.name == name) {
+            e.svc = svc;
+        }
+        started?;
+    }
+
+    let names: Vec<String> = lab.exporters.iter().map(|e| e.name.clone()).collect();
+    problems.extend(settle(SETTLE_TIMEOUT, || {
+        let v = lab.audit(&["get", "exporters", "--with", "online"])?;
+        let online: BTreeSet<String> = v["exporters"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+            .iter()
+            .filter(|e| e["online"].as_bool() == Some(true))
+            .filter_map(|e| e["name"].as_str().map(str::to_string))
+            .collect();
+        Ok(names
+            .iter()
+            .filter(|n| !online.contains(*n))
+            .map(|n| format!("exporter {n} is not online"))
+            .collect())
+    })?);
+
+    // Once every lease's time is up: none active, no exporter held.
+    problems.extend(settle(SETTLE_TIMEOUT, || {
+        let mut p = Vec::new();
+        for l in lab.leases(false)? {
+            p.push(format!(
+                "lease {} (client {}, exporter {:?}) is still active",
+                l["name"].as_str().unwrap_or("?"),
+                l["client"].as_str().unwrap_or("?"),
+                l["exporter"].as_str().unwrap_or("")
+            ));
+        }
+        let admin_json = lab.jmp_ok(&["admin", "get", "leases", "-o", "json"])?;
+        let held: serde_json::Value = serde_json::from_str(&admin_json)
+            .with_context(|| format!("jmp admin get leases printed no JSON: {admin_json}"))?;
+        for i in held["items"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+        {
+            p.push(format!(
+                "exporter {} is still held by lease {}",
+                i["exporter"].as_str().unwrap_or("?"),
+                i["name"].as_str().unwrap_or("?")
+            ));
+        }
+        Ok(p)
+    })?);
+
+    // The history: every lease handed out is known, and no exporter was held twice at once.
+    let leases = lab.leases(true)?;
+    let mut known = BTreeMap::new();
+    let mut by_exporter: BTreeMap<String, Vec<(f64, f64, String)>> = BTreeMap::new();
+    for l in &leases {
+        let name = l["name"].as_str().unwrap_or_default().to_string();
+        let exporter = l["exporter"].as_str().unwrap_or_default().to_string();
+        known.insert(name.clone(), exporter.clone());
+        let begin = l["effective_begin_time"].as_str().and_then(parse_rfc3339);
+        let end = l["effective_end_time"]
+            .as_str()
+            .and_then(parse_rfc3339)
+            .unwrap_or(f64::INFINITY);
+        if let Some(begin) = begin
+            && !exporter.is_empty()
+        {
+            by_exporter
+                .entry(exporter)
+                .or_default()
+                .push((begin, end, name));
+        }
+    }
+    for (lease, exporter) in handed {
+        match known.get(lease) {
+            None => problems.push(format!(
+                "lease {lease} (handed to a client on {exporter}) is missing from the controller"
+            )),
+            Some(e) if e != exporter => problems.push(format!(
+                "lease {lease} was handed to a client on {exporter}, the controller says {e}"
+            )),
+            Some(_) => {}
+        }
+    }
+    for (exporter, mut spans) in by_exporter {
+        spans.sort_by(|a, b| a.0.total_cmp(&b.0));
+        for w in spans.windows(2) {
+            // Timestamps have second or better resolution; allow rounding of 1 ms.
+            if w[1].0 + 0.001 < w[0].1 {
+                problems.push(format!(
+                    "exporter {exporter} was held by leases {} and {} at the same time",
+                    w[0].2, w[1].2
+                ));
+            }
+        }
+    }
+
+    // No stray process, no leftover file.
+    problems.extend(settle(Duration::from_secs(15), || {
+        let servers = lab.service_pids();
+        Ok(marked_processes(&lab.tag)
+            .into_iter()
+            .filter(|(pid, _)| !servers.contains(pid))
+            .map(|(pid, cmd)| format!("stray process {pid}: {cmd}"))
+            .collect())
+    })?);
+    problems.extend(settle(Duration::from_secs(15), || {
+        let mut p = Vec::new();
+        for e in &lab.exporters {
+            for f in entries(&e.storage)? {
+                if f != "medium.img" {
+                    p.push(format!(
+                        "{} left {} in its storage directory",
+                        e.name,
+                        e.storage.join(&f).display()
+                    ));
+                }
+            }
+            for f in entries(&e.tmp)? {
+                p.push(format!(
+                    "{} left {} in its TMPDIR",
+                    e.name,
+                    e.tmp.join(&f).display()
+                ));
+            }
+        }
+        Ok(p)
+    })?);
+    for p in problems {
+        counts.losses.push(format!("round {number}: {p}"));
+    }
+    Ok(())
+}
+
+/// Names in `dir` (none when it does not exist).
+fn entries(dir: &Path) -> Result<Vec<String>> {
+    match fs::read_dir(dir) {
+        Ok(rd) => Ok(rd
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(e).with_context(|| format!("cannot list {}", dir.display())),
+    }
+}
+
+/// Processes whose environment holds `MARKER=tag` (pid → command line).
+fn marked_processes(tag: &str) -> BTreeMap<u32, String> {
+    let needle = format!("{MARKER}={tag}");
+    let mut out = BTreeMap::new();
+    let Ok(rd) = fs::read_dir("/proc") else {
+        return out;
+    };
+    for e in rd.filter_map(|e| e.ok()) {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(env) = fs::read(e.path().join("environ")) else {
+            continue;
+        };
+        if env.split(|b| *b == 0).any(|v| v == needle.as_bytes()) {
+            // A zombie has an empty command line; it is still a process nobody reaped.
+            let cmd = fs::read(e.path().join("cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+                .unwrap_or_default();
+            out.insert(pid, cmd.trim().to_string());
+        }
+    }
+    out
+}
+
+/// Seconds since the Unix epoch of an RFC 3339 UTC time (`2026-01-02T03:04:05.5Z`).
+fn parse_rfc3339(s: &str) -> Option<f64> {
+    let s = s.strip_suffix('Z')?;
+    let (date, time) = s.split_once('T')?;
+    let mut d = date.splitn(3, '-').map(|p| p.parse::<i64>().ok());
+    let (y, m, day) = (d.next()??, d.next()??, d.next()??);
+    let mut t = time.splitn(3, ':');
+    let (h, min) = (
+        t.next()?.parse::<i64>().ok()?,
+        t.next()?.parse::<i64>().ok()?,
+    );
+    let sec: f64 = t.next()?.parse().ok()?;
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some((days * 86_400 + h * 3600 + min * 60) as f64 + sec)
+}
+
+/// Runs the suite.
+pub fn run(args: &[String]) -> Result<()> {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let o = parse_args(args, now % 1_000_000_007)?;
+    println!(
+        "== fault injection: seed {} (replay with `cargo xtask faults --seed {} --rounds {}`)",
+        o.seed, o.seed, o.rounds
+    );
+    // The workspace build a developer (and `cargo xtask ci`'s tests) already made: building
+    // only these packages would unify features differently and recompile their
+    // dependencies.
+    if o.release {
+        crate::cargo(&["build", "--workspace", "--bins", "--release"])?;
+    } else {
+        crate::cargo(&["build", "--workspace", "--all-targets"])?;
+    }
+    let bin = crate::target_dir().join(if o.release { "release" } else { "debug" });
+    let dir = crate::target_dir().join("faults");
+    if dir.exists() {
+        fs::remove_dir_all(&dir).with_context(|| format!("cannot clear {}", dir.display()))?;
+    }
+    fs::create_dir_all(&dir)?;
+    let mut rng = Rng(o.seed);
+    let tag = format!("{}-{}", std::process::id(), rng.next());
+    let started = Instant::now();
+    let mut lab = start_lab(bin, dir.clone(), tag.clone(), &mut rng)?;
+    println!(
+        "lab up in {:?}; files and logs in {}",
+        started.elapsed(),
+        dir.display()
+    );
+
+    let mut counts = Counts::default();
+    let mut next_op = 0;
+    let mut order: Vec<Kind> = Vec::new();
+    for r in 0..o.rounds {
+        // Each kind once in every four rounds, in a seeded order.
+        if r % KINDS.len() == 0 {
+            order = KINDS.to_vec();
+            for i in (1..order.len()).rev() {
+                order.swap(i, rng.below(i as u64 + 1) as usize);
+            }
+        }
+        let kind = order[r % KINDS.len()];
+        let before = counts.losses.len();
+        let handed = round(&mut lab, &mut rng, r + 1, kind, &mut counts, &mut next_op)?;
+        check_round(&mut lab, r + 1, &handed, &mut counts)?;
+        for l in &counts.losses[before..] {
+            println!("LOSS {l}");
+        }
+    }
+
+    for svc in lab.services_mut() {
+        svc.stop();
+    }
+    let left = settle(Duration::from_secs(15), || {
+        Ok(marked_processes(&tag)
+            .into_iter()
+            .map(|(pid, cmd)| format!("after the lab stopped: stray process {pid}: {cmd}"))
+            .collect())
+    })?;
+    counts.losses.extend(left);
+    println!(
+        "{} (in {:.0?})",
+        counts.summary(o.seed, o.rounds),
+        started.elapsed()
+    );
+    if !counts.losses.is_empty() {
+        bail!(
+            "{} losses (seed {}; logs in {}):\n{}",
+            counts.losses.len(),
+            o.seed,
+            dir.join("logs").display(),
+            counts.losses.join("\n")
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arguments_are_checked() {
+        let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let o = parse_args(&args(&["--seed", "42", "--rounds", "3"]), 7).unwrap();
+        assert_eq!((o.seed, o.rounds, o.quick), (42, 3, false));
+        let o = parse_args(&args(&["--quick"]), 7).unwrap();
+        assert_eq!((o.seed, o.rounds), (7, KINDS.len()));
+        for bad in [
+            &["--seed"][..],
+            &["--seed", "x"],
+            &["--rounds", "0"],
+            &["--rounds", "-1"],
+            &["--fast"],
+        ] {
+            assert!(parse_args(&args(bad), 7).is_err(), "{bad:?} was accepted");
+        }
+    }
+
+    #[test]
+    fn the_same_seed_replays_the_same_choices() {
+        let (mut a, mut b, mut c) = (Rng(5), Rng(5), Rng(6));
+        let xs: Vec<u64> = (0..8).map(|_| a.below(1000)).collect();
+        let ys: Vec<u64> = (0..8).map(|_| b.below(1000)).collect();
+        let zs: Vec<u64> = (0..8).map(|_| c.below(1000)).collect();
+        assert_eq!(xs, ys);
+        assert_ne!(xs, zs);
+        assert!(xs.iter().all(|x| *x < 1000));
+        let d = a.millis(300, 400);
+        assert!(d >= Duration::from_millis(300) && d < Duration::from_millis(400));
+    }
+
+    #[test]
+    fn rfc3339_times_parse_to_epoch_seconds() {
+        assert_eq!(parse_rfc3339("1970-01-01T00:00:00Z"), Some(0.0));
+        assert_eq!(parse_rfc3339("2000-03-01T00:00:01.5Z"), Some(951_868_801.5));
+        assert_eq!(parse_rfc3339("2026-12-02T05:00:00Z"), Some(1_796_187_600.0));
+        // Fractions order correctly (text order would not).
+        assert!(parse_rfc3339("2026-12-02T05:00:00Z") < parse_rfc3339("2026-12-02T05:00:00.1Z"));
+        for bad in ["", "2026-12-02", "2026-12-02T05:00:00", "x-1-1T0:0:0Z"] {
+            assert_eq!(parse_rfc3339(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn marked_processes_are_found_by_their_environment() {
+        let tag = format!("test-{}", std::process::id());
+        let mut child = Command::new("sleep")
+            .arg("30")
+            .env(MARKER, &tag)
+            .spawn()
+            .unwrap();
+        let found = marked_processes(&tag);
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(found.contains_key(&child.id()), "{found:?}");
+        assert!(marked_processes(&format!("{tag}-other")).is_empty());
+    }
+
+    #[test]
+    fn the_summary_names_every_count() {
+        let mut c = Counts::default();
+        c.faults.insert(Kind::Router, 2);
+        c.operations = 5;
+        c.succeeded = 3;
+        c.failed = 1;
+        c.killed = 1;
+        assert_eq!(
+            c.summary(9, 2),
+            "faults: seed 9, 2 rounds: 2 faults injected (controller 0, router 2, exporter 0, \
+             client 0), 5 operations (3 succeeded, 1 failed with an error, 1 killed), 0 losses"
+        );
+    }
+}
