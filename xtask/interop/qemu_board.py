@@ -35,7 +35,9 @@ with env() as client:
                 raise SystemExit("no shell prompt on the console")
             print(f"prompt after {time.monotonic() - started:.1f} s", flush=True)
             p.sendline("echo kernel=$(uname -s) sum=$((6*7))")
-            p.expect(rb"kernel=(\S+) sum=(\d+)", timeout=30)
+            # Up to the line's end: the output may arrive in pieces, and `\d+` alone would
+            # match a number cut short ("4" of "42").
+            p.expect(rb"kernel=(\S+) sum=(\d+)\r?\n", timeout=30)
             got = (p.match.group(1), p.match.group(2))
             assert got == (b"Linux", b"42"), got
     finally:
