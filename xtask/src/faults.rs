@@ -1040,16 +1040,11 @@ fn check_round(
             Some(_) => {}
         }
     }
-    for (exporter, mut spans) in by_exporter {
-        spans.sort_by(|a, b| a.0.total_cmp(&b.0));
-        for w in spans.windows(2) {
-            // Timestamps have second or better resolution; allow rounding of 1 ms.
-            if w[1].0 + 0.001 < w[0].1 {
-                problems.push(format!(
-                    "exporter {exporter} was held by leases {} and {} at the same time",
-                    w[0].2, w[1].2
-                ));
-            }
+    for (exporter, spans) in by_exporter {
+        for (a, b) in overlapping(spans) {
+            problems.push(format!(
+                "exporter {exporter} was held by leases {a} and {b} at the same time"
+            ));
         }
     }
 
@@ -1232,9 +1227,35 @@ pub fn run(args: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// Pairs of spans `(begin, end, name)` of one exporter that overlap. Timestamps have one
+/// second's resolution (as Kubernetes' `metav1.Time`): a lease that ended in the second the
+/// next one began sorts first (by begin, then end), and touching spans do not count.
+fn overlapping(mut spans: Vec<(f64, f64, String)>) -> Vec<(String, String)> {
+    spans.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)));
+    spans
+        .windows(2)
+        .filter(|w| w[1].0 + 0.001 < w[0].1)
+        .map(|w| (w[0].2.clone(), w[1].2.clone()))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn leases_turning_over_within_one_second_do_not_overlap() {
+        let span = |b: f64, e: f64, n: &str| (b, e, n.to_string());
+        // Ended in second 5, the next began in second 5 and ended in 6: listed either way.
+        assert!(overlapping(vec![span(5.0, 6.0, "b"), span(5.0, 5.0, "a")]).is_empty());
+        assert!(overlapping(vec![span(5.0, 5.0, "a"), span(5.0, 6.0, "b")]).is_empty());
+        assert!(overlapping(vec![span(1.0, 5.0, "a"), span(5.0, f64::INFINITY, "b")]).is_empty());
+        // Began in second 5 while the other held it until 7: a real overlap.
+        assert_eq!(
+            overlapping(vec![span(4.0, 7.0, "a"), span(5.0, 8.0, "b")]),
+            vec![("a".to_string(), "b".to_string())]
+        );
+    }
 
     #[test]
     fn arguments_are_checked() {
