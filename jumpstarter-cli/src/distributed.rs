@@ -434,6 +434,10 @@ pub async fn run_exporter(
         .await
         .with_context(|| format!("exporter {}", cfg.metadata.name))?;
     let mut options = exporter::ExporterOptions::from_config(cfg)?;
+    if options.hooks.is_some() {
+        // Hook sockets of an earlier run killed with SIGKILL.
+        crate::hooks::lifecycle::sweep_stale_hook_dirs();
+    }
     if let Some(direct) = options.direct.as_mut() {
         direct.limits = limits;
     }

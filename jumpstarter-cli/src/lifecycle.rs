@@ -176,6 +176,8 @@ pub fn standalone(
     let Some(hooks) = hooks else {
         return Ok((Session::new_ready(tree, Default::default()), None));
     };
+    // Hook sockets of an earlier run killed with SIGKILL.
+    crate::hooks::lifecycle::sweep_stale_hook_dirs();
     let session = Session::new(tree.clone(), Default::default());
     if hooks.before.is_some() {
         session.block_driver_calls(true);

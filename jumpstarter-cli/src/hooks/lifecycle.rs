@@ -84,6 +84,58 @@ pub enum HookSocketError {
     },
 }
 
+/// What hook socket directories are named: `jumpstarter-hook-PID-UUID`.
+const HOOK_DIR_PREFIX: &str = "jumpstarter-hook-";
+
+/// Where hook socket directories go: `$XDG_RUNTIME_DIR` when usable, else the temp directory.
+fn hook_base() -> PathBuf {
+    std::env::var_os("XDG_RUNTIME_DIR")
+        .filter(|d| !d.is_empty() && std::path::Path::new(d).is_dir())
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir)
+}
+
+/// Removes the hook socket directories an exporter killed without a chance to clean up
+/// (SIGKILL) left behind: ours (same owner), named `jumpstarter-hook-PID-...`, whose PID no
+/// longer runs. Called when an exporter with hooks starts.
+pub fn sweep_stale_hook_dirs() {
+    sweep_stale_hook_dirs_in(&hook_base());
+}
+
+fn sweep_stale_hook_dirs_in(base: &std::path::Path) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = std::fs::read_dir(base) else {
+        return;
+    };
+    let uid = rustix::process::getuid().as_raw();
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(HOOK_DIR_PREFIX))
+            .and_then(|rest| rest.split_once('-'))
+            .and_then(|(pid, _)| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == std::process::id() || std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        let path = entry.path();
+        match std::fs::symlink_metadata(&path) {
+            Ok(m) if m.is_dir() && m.uid() == uid => {}
+            _ => continue,
+        }
+        match std::fs::remove_dir_all(&path) {
+            Ok(()) => tracing::info!(
+                "removed {} (left by exporter process {pid})",
+                path.display()
+            ),
+            Err(e) => tracing::debug!("cannot remove {}: {e}", path.display()),
+        }
+    }
+}
+
 /// A private Unix socket serving a driver tree to a hook's `j` (`JUMPSTARTER_HOST`); removed
 /// when dropped.
 pub struct HookSocket {
@@ -100,12 +152,9 @@ impl HookSocket {
         tree: DriverNode,
         labels: std::collections::BTreeMap<String, String>,
     ) -> Result<Self, HookSocketError> {
-        let base = std::env::var_os("XDG_RUNTIME_DIR")
-            .filter(|d| !d.is_empty() && std::path::Path::new(d).is_dir())
-            .map(PathBuf::from)
-            .unwrap_or_else(std::env::temp_dir);
-        let dir = base.join(format!(
-            "jumpstarter-hook-{}",
+        let dir = hook_base().join(format!(
+            "{HOOK_DIR_PREFIX}{}-{}",
+            std::process::id(),
             uuid::Uuid::new_v4().simple()
         ));
         {
@@ -434,5 +483,28 @@ impl LeaseHookRun {
                 Verdict::Exit
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stale_hook_dirs_of_dead_processes_are_swept_and_others_kept() {
+        let base = tempfile::tempdir().unwrap();
+        let dead = base.path().join("jumpstarter-hook-4294967294-abc");
+        let live = base
+            .path()
+            .join(format!("jumpstarter-hook-{}-def", std::process::id()));
+        let old = base.path().join("jumpstarter-hook-0123456789abcdef");
+        let other = base.path().join("something-4294967294-x");
+        for d in [&dead, &live, &old, &other] {
+            std::fs::create_dir(d).unwrap();
+        }
+        std::fs::write(dead.join("sock"), b"").unwrap();
+        sweep_stale_hook_dirs_in(base.path());
+        assert!(!dead.exists());
+        assert!(live.exists() && old.exists() && other.exists());
     }
 }
