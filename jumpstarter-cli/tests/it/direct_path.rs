@@ -329,6 +329,108 @@ async fn bad_direct_listener_is_a_clear_error() {
     );
 }
 
+/// The direct listener's address, from the exporter's log.
+fn direct_addr(log: &str) -> String {
+    log.split("direct listener on ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no direct listener address in:\n{log}"))
+        .to_string()
+}
+
+/// Waits (bounded) until `cond` holds.
+async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    for _ in 0..600 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{what} did not happen within a minute");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_its_limit_the_direct_listener_closes_new_connections_and_logs_it() {
+    let lab = lab().await;
+    let mut exporter = lab
+        .run_exporter(
+            "dx6",
+            &[
+                "--direct-listener",
+                "127.0.0.1:0",
+                "--max-connections",
+                "1",
+                "--handshake-timeout",
+                "120",
+            ],
+        )
+        .await;
+    let addr = direct_addr(&lab.log("dx6"));
+
+    // While no lease is served, a connection is closed at once, and the log says why.
+    let mut early = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let mut buf = [0u8; 16];
+    let n = tokio::time::timeout(Duration::from_secs(60), early.read(&mut buf))
+        .await
+        .expect("a connection while no lease is served was kept open")
+        .unwrap_or(0);
+    assert_eq!(n, 0, "a connection while no lease is served got bytes");
+    let no_lease = "direct listener: closed a connection from 127.0.0.1:";
+    wait_for("the no-lease log line", || {
+        lab.log("dx6").contains(no_lease) && lab.log("dx6").contains("no lease is being served")
+    })
+    .await;
+
+    // A client holds a lease (its command waits for `release`): the lease is served on the
+    // direct listener.
+    let client = lab.client("c-dx6").await;
+    let script = "touch held; i=0; while [ ! -e release ] && [ $i -lt 1200 ]; do \
+                  sleep 0.1; i=$((i+1)); done";
+    let holder = lab
+        .cmd(JMP)
+        .arg("shell")
+        .arg("--client-config")
+        .arg(client)
+        .args(["-l", "board=dx6", "--", "sh", "-c", script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for("the lease", || lab.path("held").exists()).await;
+
+    // One slot: the lease holder's direct connection or the first of these two (kept in
+    // its TLS handshake) takes it, so at least one of them is over the limit and closed at
+    // once, and the exporter says so.
+    let mut first = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let mut second = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let (mut b1, mut b2) = ([0u8; 16], [0u8; 16]);
+    let n = tokio::time::timeout(Duration::from_secs(60), async {
+        tokio::select! {
+            r = first.read(&mut b1) => r.unwrap_or(0),
+            r = second.read(&mut b2) => r.unwrap_or(0),
+        }
+    })
+    .await
+    .expect("no connection over the limit was closed");
+    assert_eq!(n, 0, "a connection over the limit got bytes");
+    let warning = "direct listener: connection limit of 1 reached; closed 1 new connection(s)";
+    wait_for("the limit warning", || lab.log("dx6").contains(warning)).await;
+
+    std::fs::write(lab.path("release"), b"").unwrap();
+    let out = tokio::time::timeout(Duration::from_secs(120), holder.wait_with_output())
+        .await
+        .expect("the lease holder did not finish")
+        .unwrap();
+    let _ = exporter.kill().await;
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        lab.log("dx6")
+    );
+}
+
 /// A session of the mock exporter, ready for calls.
 fn mock_session() -> Arc<Session> {
     let cfg = ExporterConfig::parse(MOCK_CONFIG, Path::new("mock.yaml")).unwrap();
@@ -448,4 +550,49 @@ async fn direct_listener_refuses_everyone_but_the_current_lease() {
     assert_eq!(get_report(&next).await.unwrap(), session2.report().uuid);
     assert!(get_report(&good).await.is_err());
     lease2.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_direct_listener_counts_every_connection_and_the_ones_over_its_limit() {
+    let mut spec = DirectListenerSpec::parse("127.0.0.1:0", None).unwrap();
+    spec.limits.max_connections = 1;
+    spec.limits.handshake_timeout = Duration::from_secs(120);
+    let server = DirectServer::bind(&spec).await.unwrap();
+    let addr = server.local_addr();
+    let stats = server.stats();
+    let mut buf = [0u8; 16];
+
+    // No lease served: closed at once, but counted as accepted (never as refused).
+    let mut early = tokio::net::TcpStream::connect(addr).await.unwrap();
+    assert_eq!(early.read(&mut buf).await.unwrap_or(0), 0);
+    wait_for("the early connection to be counted", || {
+        stats.accepted() == 1 && stats.open() == 0
+    })
+    .await;
+
+    // A lease served: a connection kept in its TLS handshake holds the one slot...
+    let session = mock_session();
+    let lease = CancellationToken::new();
+    let task = server.serve_lease("l1", &session, lease.clone()).unwrap();
+    let _held = tokio::net::TcpStream::connect(addr).await.unwrap();
+    wait_for("the slot to be taken", || stats.open() == 1).await;
+    // ...so the next is closed at once and counted as refused.
+    let mut over = tokio::net::TcpStream::connect(addr).await.unwrap();
+    assert_eq!(over.read(&mut buf).await.unwrap_or(0), 0);
+    assert_eq!(stats.refused(), 1);
+    assert_eq!(stats.accepted(), 2);
+    assert!(
+        stats
+            .prometheus()
+            .contains("jumpstarter_listener_refused_total{listener=\"direct\"} 1"),
+        "{}",
+        stats.prometheus()
+    );
+    // The lease's end cuts the held connection and gives its slot back.
+    lease.cancel();
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("the lease's direct server did not stop")
+        .unwrap();
+    wait_for("the slot to come back", || stats.open() == 0).await;
 }

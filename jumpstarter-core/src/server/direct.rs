@@ -355,11 +355,17 @@ impl DirectServer {
     }
 }
 
+/// At most one "no lease is being served" line this often.
+const NO_LEASE_WARN_EVERY: Duration = Duration::from_secs(10);
+
 async fn accept_loop(
     listener: TcpListener,
     current: Arc<Mutex<Option<ActiveLease>>>,
     guard: ConnectionGuard,
 ) {
+    // When the last "no lease" line was logged, and the connections closed since.
+    let mut no_lease_warned: Option<std::time::Instant> = None;
+    let mut no_lease_closed = 0u64;
     loop {
         let (conn, peer) = match listener.accept().await {
             Ok(c) => c,
@@ -370,6 +376,11 @@ async fn accept_loop(
             }
         };
         let _ = conn.set_nodelay(true);
+        // Every connection counts against the limit from `accept` (and in the counters),
+        // whatever happens to it next.
+        let Some(admitted) = guard.admit(conn, Some(peer)) else {
+            continue;
+        };
         let target = {
             let slot = current.lock().unwrap_or_else(|p| p.into_inner());
             slot.as_ref()
@@ -377,13 +388,23 @@ async fn accept_loop(
                 .map(|l| (l.queue.clone(), l.tls.clone(), l.ended.clone()))
         };
         let Some((queue, tls, ended)) = target else {
-            tracing::debug!("direct listener: refused {peer}: no lease is being served");
+            // Nothing to serve it: closed at once (dropping it gives its slot back). Said
+            // in the log, as a client that expected a lease's endpoint here wants to know.
+            drop(admitted);
+            no_lease_closed += 1;
+            if no_lease_warned.is_none_or(|t| t.elapsed() >= NO_LEASE_WARN_EVERY) {
+                no_lease_warned = Some(std::time::Instant::now());
+                tracing::warn!(
+                    "direct listener: closed a connection from {peer}: no lease is being \
+                     served ({no_lease_closed} such connection(s) since the last report)"
+                );
+                no_lease_closed = 0;
+            }
             continue;
         };
-        let conn = Severable::new(conn, ended, "the lease of this direct connection ended");
-        let Some(admitted) = guard.admit(conn, Some(peer)) else {
-            continue;
-        };
+        let admitted = admitted.map_io(|conn| {
+            Severable::new(conn, ended, "the lease of this direct connection ended")
+        });
         let guard = guard.clone();
         tokio::spawn(async move {
             match guard.establish(admitted, Some(&tls)).await {

@@ -240,6 +240,17 @@ pub struct Admitted<T> {
     slot: Slot,
 }
 
+impl<T> Admitted<T> {
+    /// The same admission (slot and peer) for the connection wrapped by `f`.
+    pub fn map_io<U>(self, f: impl FnOnce(T) -> U) -> Admitted<U> {
+        Admitted {
+            io: f(self.io),
+            peer: self.peer,
+            slot: self.slot,
+        }
+    }
+}
+
 /// A slot of the limit, given back (and the gauge lowered) when dropped.
 #[derive(Debug)]
 struct Slot {
