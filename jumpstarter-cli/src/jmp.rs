@@ -278,6 +278,8 @@ pub fn main_with(toolkit: crate::Toolkit) -> ExitCode {
 
 /// Runs a parsed command line; returns the exit code.
 pub async fn run(cli: Cli) -> Result<i32> {
+    // What a `jmp` killed with SIGKILL left (its socket directory): the next `jmp` removes it.
+    crate::shell::sweep_stale_dirs();
     match cli.command {
         Command::Shell(args) => shell(args).await,
         Command::Run(args) => run_exporter(args).await,

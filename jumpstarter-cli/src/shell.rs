@@ -194,14 +194,28 @@ pub async fn local(cfg: &ExporterConfig, command: &[String]) -> Result<i32> {
     code
 }
 
-/// A fresh private (0700) directory under `$XDG_RUNTIME_DIR` or the temp dir.
-pub fn private_dir() -> Result<tempfile::TempDir> {
-    let base = std::env::var_os("XDG_RUNTIME_DIR")
+/// The kind of `jmp shell`'s socket directories: named `jumpstarter-shell-PID-RANDOM`
+/// ([`jumpstarter_core::leftovers`]).
+const SHELL_DIR_KIND: &str = "jumpstarter-shell";
+
+/// Where `jmp shell` puts its socket directories: `$XDG_RUNTIME_DIR` or the temp dir.
+fn private_base() -> std::path::PathBuf {
+    std::env::var_os("XDG_RUNTIME_DIR")
         .filter(|d| !d.is_empty() && Path::new(d).is_dir())
         .map(std::path::PathBuf::from)
-        .unwrap_or_else(std::env::temp_dir);
-    tempfile::Builder::new()
-        .prefix("jumpstarter-")
-        .tempdir_in(&base)
+        .unwrap_or_else(std::env::temp_dir)
+}
+
+/// A fresh private (0700) directory under `$XDG_RUNTIME_DIR` or the temp dir, named after
+/// this process; the ones of killed `jmp` processes are removed first.
+pub fn private_dir() -> Result<tempfile::TempDir> {
+    let base = private_base();
+    jumpstarter_core::leftovers::private_dir_in(&base, SHELL_DIR_KIND)
         .with_context(|| format!("cannot create a private directory in {}", base.display()))
+}
+
+/// Removes the socket directories of `jmp` processes that were killed (SIGKILL) before
+/// they could: `jmp` does this at start, whatever the command.
+pub fn sweep_stale_dirs() {
+    jumpstarter_core::leftovers::sweep_in(&private_base(), SHELL_DIR_KIND);
 }

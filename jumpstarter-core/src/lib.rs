@@ -15,6 +15,7 @@ pub mod driver;
 mod error;
 pub mod hooks;
 pub mod labels;
+pub mod leftovers;
 pub mod oidc;
 pub mod private_file;
 pub mod server;

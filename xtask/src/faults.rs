@@ -2,8 +2,9 @@
 //!
 //! Starts a lab of real binaries on loopback — a controller (SQLite store) that hands out a
 //! standalone `jumpstarter-router`, three exporters (`jmp run`: mock power and a mock storage
-//! mux backed by a file in the exporter's own storage directory; the first runs
-//! `beforeLease`/`afterLease` shell hooks, the last also serves the direct path) — and runs a
+//! mux backed by a file in the exporter's own storage directory, except the second, whose
+//! medium is the mux's temporary file; the first runs `beforeLease`/`afterLease` shell
+//! hooks, the last also serves the direct path) — and runs a
 //! scripted lab day in rounds: clients (`jmp shell -l SELECTOR -- sh -c 'j power on && j
 //! storage flash IMAGE && j power off'`) lease exporters by selector, more of them than there
 //! are exporters, while one process of one kind (controller, router, exporter or client) is
@@ -19,7 +20,11 @@
 //!   effective begin and end times);
 //! - no stray process: every process started by the suite (found by a marker in its
 //!   environment, so orphans and other process groups count too) is one of the servers;
-//! - no temporary or partial file in an exporter's storage directory or `TMPDIR`.
+//! - no temporary or partial file in an exporter's storage directory or `TMPDIR` but the
+//!   running exporter's own (named after its PID: its temporary medium, a running hook's
+//!   socket directory), and none at all in the clients' `TMPDIR` (a killed `jmp shell`'s
+//!   socket directory is removed by the next `jmp`). `XDG_RUNTIME_DIR` is unset, so every
+//!   socket directory goes to a `TMPDIR` the suite checks.
 //!
 //! `--seed N` replays a run (the seed is printed first), `--rounds N` sets its length,
 //! `--quick` is the bounded run `cargo xtask ci` does (one round per kind of process).
@@ -287,6 +292,8 @@ impl Lab {
                 self.dir.join("config").join("admin.yaml"),
             )
             .env("HOME", self.dir.join("home"))
+            .env("TMPDIR", self.dir.join("tmp"))
+            .env_remove("XDG_RUNTIME_DIR")
             .env(MARKER, &self.tag)
             .env_remove("JMP_NAME")
             .env_remove("JMP_LEASE")
@@ -358,19 +365,38 @@ impl Lab {
     }
 }
 
-/// The drivers every exporter serves; `STORAGE` is its storage directory.
-fn export_section(storage: &Path) -> String {
-    format!(
-        "export:
+/// The drivers every exporter serves: the storage mux's medium is `medium.img` in its
+/// storage directory `storage`, or (without one) the mux's own temporary file.
+fn export_section(storage: Option<&Path>) -> String {
+    let power = "export:
   power:
     type: jumpstarter_driver_power.driver.MockPower
   storage:
     type: jumpstarter_driver_opendal.driver.MockStorageMux
-    config:
-      file: {}
-",
-        storage.join("medium.img").display()
-    )
+";
+    match storage {
+        Some(dir) => format!(
+            "{power}    config:\n      file: {}\n",
+            dir.join("medium.img").display()
+        ),
+        None => power.to_string(),
+    }
+}
+
+/// The kinds of temporary files and directories a running exporter keeps in its `TMPDIR`,
+/// named `KIND-PID-RANDOM` after it: a temporary medium, a hook's socket directory.
+const EXPORTER_TEMP_KINDS: [&str; 2] = ["jmp-storage-mux", "jumpstarter-hook"];
+
+/// The PID in `name` when it is `KIND-PID-RANDOM` of one of `kinds`.
+fn temp_owner(name: &str, kinds: &[&str]) -> Option<u32> {
+    kinds.iter().find_map(|kind| {
+        let rest = name.strip_prefix(kind)?.strip_prefix('-')?;
+        let (pid, tail) = rest.split_once('-')?;
+        if tail.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        pid.parse().ok()
+    })
 }
 
 /// The hooks of the first exporter.
@@ -387,7 +413,7 @@ const HOOKS: &str = "hooks:
 
 /// Sets the lab up: builds nothing (the caller did), writes configs, starts the servers.
 fn start_lab(bin: PathBuf, dir: PathBuf, tag: String, rng: &mut Rng) -> Result<Lab> {
-    for sub in ["config", "home", "logs", "ops"] {
+    for sub in ["config", "home", "logs", "ops", "tmp"] {
         fs::create_dir_all(dir.join(sub))?;
     }
     let grpc_port = crate::procs::free_port()?;
@@ -512,7 +538,9 @@ fn start_lab(bin: PathBuf, dir: PathBuf, tag: String, rng: &mut Rng) -> Result<L
             text.contains("\nexport:\n"),
             "{config_s} has no empty `export:` to fill:\n{text}"
         );
-        let mut text = text.replace("\nexport:\n", &format!("\n{}", export_section(&storage)));
+        // The second exporter's medium is the mux's temporary file (in its TMPDIR).
+        let medium_dir = (i != 1).then_some(storage.as_path());
+        let mut text = text.replace("\nexport:\n", &format!("\n{}", export_section(medium_dir)));
         if i == 0 {
             // `jmp admin create exporter` writes empty hooks; ours replace them.
             let empty = "\nhooks:\n  beforeLease: null\n  afterLease: null\n";
@@ -652,7 +680,6 @@ fn start_op(lab: &Lab, id: usize, client: &Path, selector: &str) -> Result<Op> {
             "-c",
             &script,
         ])
-        .env("TMPDIR", lab.dir.join("home"))
         .stdin(Stdio::null())
         .stdout(fs::File::create(&out)?)
         .stderr(fs::File::create(&err)?);
@@ -1069,13 +1096,25 @@ fn check_round(
                     ));
                 }
             }
+            let pid = e.svc.pid();
             for f in entries(&e.tmp)? {
+                if pid.is_some() && temp_owner(&f, &EXPORTER_TEMP_KINDS) == pid {
+                    continue;
+                }
                 p.push(format!(
                     "{} left {} in its TMPDIR",
                     e.name,
                     e.tmp.join(&f).display()
                 ));
             }
+        }
+        // Every client has ended: nothing of theirs may be left.
+        let clients_tmp = lab.dir.join("tmp");
+        for f in entries(&clients_tmp)? {
+            p.push(format!(
+                "a client left {} in its TMPDIR",
+                clients_tmp.join(&f).display()
+            ));
         }
         Ok(p)
     })?);
@@ -1308,11 +1347,47 @@ mod tests {
             .env(MARKER, &tag)
             .spawn()
             .unwrap();
-        let found = marked_processes(&tag);
+        // Until the child has exec'd, /proc shows the environment it was forked with.
+        let mut found = marked_processes(&tag);
+        for _ in 0..250 {
+            if found.contains_key(&child.id()) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+            found = marked_processes(&tag);
+        }
         let _ = child.kill();
         let _ = child.wait();
         assert!(found.contains_key(&child.id()), "{found:?}");
         assert!(marked_processes(&format!("{tag}-other")).is_empty());
+    }
+
+    #[test]
+    fn the_running_exporters_own_temporary_files_are_recognised() {
+        let k = &EXPORTER_TEMP_KINDS;
+        assert_eq!(temp_owner("jmp-storage-mux-42-a1b2", k), Some(42));
+        assert_eq!(temp_owner("jumpstarter-hook-7-x", k), Some(7));
+        for other in [
+            "jmp-storage-mux-a1b2c3",
+            "jmp-storage-mux-42-",
+            "jumpstarter-shell-42-x",
+            ".medium.img.partial-42-x",
+            "jumpstarter-hook-watcher-1-x",
+        ] {
+            assert_eq!(temp_owner(other, k), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn exporters_get_a_configured_or_a_temporary_medium() {
+        let with = export_section(Some(Path::new("/lab/e0/storage")));
+        assert!(
+            with.contains("file: /lab/e0/storage/medium.img\n"),
+            "{with}"
+        );
+        let without = export_section(None);
+        assert!(without.ends_with("MockStorageMux\n"), "{without}");
+        assert!(!without.contains("file:"), "{without}");
     }
 
     #[test]

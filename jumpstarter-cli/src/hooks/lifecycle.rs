@@ -65,9 +65,9 @@ pub enum Verdict {
 #[derive(Debug, thiserror::Error)]
 pub enum HookSocketError {
     /// Its private directory could not be created.
-    #[error("cannot create the hook socket's directory {dir}")]
+    #[error("cannot create the hook socket's directory in {dir}")]
     Dir {
-        /// The directory.
+        /// Where it was to be made.
         dir: PathBuf,
         /// Why.
         #[source]
@@ -84,8 +84,9 @@ pub enum HookSocketError {
     },
 }
 
-/// What hook socket directories are named: `jumpstarter-hook-PID-UUID`.
-const HOOK_DIR_PREFIX: &str = "jumpstarter-hook-";
+/// The kind of hook socket directories: named `jumpstarter-hook-PID-RANDOM`
+/// ([`jumpstarter_core::leftovers`]).
+const HOOK_DIR_KIND: &str = "jumpstarter-hook";
 
 /// Where hook socket directories go: `$XDG_RUNTIME_DIR` when usable, else the temp directory.
 fn hook_base() -> PathBuf {
@@ -103,37 +104,7 @@ pub fn sweep_stale_hook_dirs() {
 }
 
 fn sweep_stale_hook_dirs_in(base: &std::path::Path) {
-    use std::os::unix::fs::MetadataExt;
-    let Ok(entries) = std::fs::read_dir(base) else {
-        return;
-    };
-    let uid = rustix::process::getuid().as_raw();
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let Some(pid) = name
-            .to_str()
-            .and_then(|n| n.strip_prefix(HOOK_DIR_PREFIX))
-            .and_then(|rest| rest.split_once('-'))
-            .and_then(|(pid, _)| pid.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if pid == std::process::id() || std::path::Path::new(&format!("/proc/{pid}")).exists() {
-            continue;
-        }
-        let path = entry.path();
-        match std::fs::symlink_metadata(&path) {
-            Ok(m) if m.is_dir() && m.uid() == uid => {}
-            _ => continue,
-        }
-        match std::fs::remove_dir_all(&path) {
-            Ok(()) => tracing::info!(
-                "removed {} (left by exporter process {pid})",
-                path.display()
-            ),
-            Err(e) => tracing::debug!("cannot remove {}: {e}", path.display()),
-        }
-    }
+    jumpstarter_core::leftovers::sweep_in(base, HOOK_DIR_KIND);
 }
 
 /// A private Unix socket serving a driver tree to a hook's `j` (`JUMPSTARTER_HOST`); removed
@@ -152,21 +123,14 @@ impl HookSocket {
         tree: DriverNode,
         labels: std::collections::BTreeMap<String, String>,
     ) -> Result<Self, HookSocketError> {
-        let dir = hook_base().join(format!(
-            "{HOOK_DIR_PREFIX}{}-{}",
-            std::process::id(),
-            uuid::Uuid::new_v4().simple()
-        ));
-        {
-            use std::os::unix::fs::DirBuilderExt;
-            std::fs::DirBuilder::new()
-                .mode(0o700)
-                .create(&dir)
-                .map_err(|source| HookSocketError::Dir {
-                    dir: dir.clone(),
-                    source,
-                })?;
-        }
+        let base = hook_base();
+        // Kept until `drop` (which removes it); the sweep at start removes it after a kill.
+        let dir = jumpstarter_core::leftovers::private_dir_in(&base, HOOK_DIR_KIND)
+            .map_err(|source| HookSocketError::Dir {
+                dir: base.clone(),
+                source,
+            })?
+            .keep();
         let path = serve::local_socket_path(&dir);
         let hook_session = Session::new_ready(tree, labels);
         let stop = CancellationToken::new();

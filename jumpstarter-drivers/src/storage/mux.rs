@@ -49,12 +49,18 @@ fn clean_partials_of(path: &Path) {
     }
 }
 
+/// The kind of the private directories holding a temporary medium:
+/// `jmp-storage-mux-PID-RANDOM` ([`jumpstarter_core::leftovers`]), so the ones of a killed
+/// exporter are removed when the next mux starts.
+const TEMP_MEDIUM_KIND: &str = "jmp-storage-mux";
+
 /// The medium of a mock storage mux: a file that reads back what was written.
 #[derive(Debug)]
 pub struct Medium {
     path: PathBuf,
-    // Removes the temporary medium with the driver (absent for a configured file).
-    _temp: Option<tempfile::TempPath>,
+    // Removes the temporary medium (and any partial write beside it) with the driver
+    // (absent for a configured file).
+    _temp: Option<tempfile::TempDir>,
 }
 
 impl Medium {
@@ -65,16 +71,20 @@ impl Medium {
                 Ok(Self { path, _temp: None })
             }
             None => {
-                let temp = tempfile::Builder::new()
-                    .prefix("jmp-storage-mux-")
-                    .tempfile()
-                    .map_err(|e| {
-                        DriverError::Failed(format!("cannot create the mock medium file: {e}"))
-                    })?
-                    .into_temp_path();
+                let base = std::env::temp_dir();
+                let failed = |e: std::io::Error| {
+                    DriverError::Failed(format!(
+                        "cannot create the mock medium file in {}: {e}",
+                        base.display()
+                    ))
+                };
+                let dir = jumpstarter_core::leftovers::private_dir_in(&base, TEMP_MEDIUM_KIND)
+                    .map_err(failed)?;
+                let path = dir.path().join("medium.img");
+                std::fs::File::create_new(&path).map_err(failed)?;
                 Ok(Self {
-                    path: temp.to_path_buf(),
-                    _temp: Some(temp),
+                    path,
+                    _temp: Some(dir),
                 })
             }
         }
@@ -331,5 +341,30 @@ mod tests {
         assert!(path.exists());
         drop(mux);
         assert!(!path.exists());
+    }
+
+    #[test]
+    fn the_temporary_media_a_killed_exporter_left_are_removed_at_start() {
+        // As a process killed with SIGKILL leaves it: named after a PID that no longer runs,
+        // with a partial write beside the medium.
+        let stale = std::env::temp_dir().join(format!(
+            "{TEMP_MEDIUM_KIND}-4294967294-{}",
+            uuid::Uuid::new_v4().simple()
+        ));
+        std::fs::create_dir(&stale).unwrap();
+        std::fs::write(stale.join("medium.img"), b"old").unwrap();
+        std::fs::write(stale.join(".medium.img.partial-1"), b"half").unwrap();
+        let mux = MockStorageMux::new(None).unwrap();
+        assert!(!stale.exists(), "{} is still there", stale.display());
+        // Its own medium is in a directory named after this process, which it removes.
+        let dir = mux.medium_path().parent().unwrap().to_path_buf();
+        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+        assert_eq!(
+            jumpstarter_core::leftovers::owner_pid(&name, TEMP_MEDIUM_KIND),
+            Some(std::process::id()),
+            "{name}"
+        );
+        drop(mux);
+        assert!(!dir.exists());
     }
 }
