@@ -483,6 +483,105 @@ mod tests {
         (dir, state)
     }
 
+    /// A store whose database turns damaged on demand: every `list` then fails as SQLite
+    /// does on a damaged file.
+    #[derive(Clone)]
+    struct Damaged {
+        inner: SqliteStore,
+        damaged: Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    impl Store for Damaged {
+        async fn get<K: crate::store::StoreObject>(
+            &self,
+            namespace: &str,
+            name: &str,
+        ) -> Result<Option<K>, StoreError> {
+            self.inner.get(namespace, name).await
+        }
+        async fn list<K: crate::store::StoreObject>(
+            &self,
+            namespace: Option<&str>,
+            selector: &LabelSelector,
+            params: &ListParams,
+        ) -> Result<crate::store::ObjectList<K>, StoreError> {
+            if self.damaged.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(StoreError::Database {
+                    path: "store.db".into(),
+                    source: "database disk image is malformed".into(),
+                });
+            }
+            self.inner.list(namespace, selector, params).await
+        }
+        async fn create<K: crate::store::StoreObject>(&self, o: &K) -> Result<K, StoreError> {
+            self.inner.create(o).await
+        }
+        async fn update<K: crate::store::StoreObject>(&self, o: &K) -> Result<K, StoreError> {
+            self.inner.update(o).await
+        }
+        async fn update_status<K: crate::store::StoreObject>(
+            &self,
+            o: &K,
+        ) -> Result<K, StoreError> {
+            self.inner.update_status(o).await
+        }
+        async fn delete<K: crate::store::StoreObject>(
+            &self,
+            namespace: &str,
+            name: &str,
+            resource_version: Option<&str>,
+        ) -> Result<K, StoreError> {
+            self.inner.delete(namespace, name, resource_version).await
+        }
+        async fn watch<K: crate::store::StoreObject>(
+            &self,
+            namespace: Option<&str>,
+            since: Option<&str>,
+        ) -> Result<crate::store::WatchStream<K>, StoreError> {
+            self.inner.watch(namespace, since).await
+        }
+    }
+
+    /// Issue 22 item 6: damage found while running stops the controller (its binary exits
+    /// with the reason) instead of failing every second.
+    #[tokio::test]
+    async fn a_store_damaged_while_running_stops_the_controller_with_the_recovery_steps() {
+        let dir = tempfile::tempdir().unwrap();
+        let damaged = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let store = Damaged {
+            inner: SqliteStore::open(dir.path()).await.unwrap(),
+            damaged: damaged.clone(),
+        };
+        let issuer = Arc::new(TokenIssuer::generate().unwrap());
+        let (router_key, _) = RouterTokenKey::generate().unwrap();
+        let state = ControllerState::new(store, issuer, router_key, vec![], "localhost:1".into());
+        assert!(
+            reconcile_once(&state).await.is_ok(),
+            "a sound store reconciles"
+        );
+        let loop_ = tokio::spawn(run(state.clone(), std::future::pending()));
+        damaged.store(true, std::sync::atomic::Ordering::SeqCst);
+        state.wake.notify_one();
+        let reason = tokio::time::timeout(Duration::from_secs(60), state.failed())
+            .await
+            .expect("the controller went on with a damaged store");
+        assert!(
+            reason.contains("damaged") && reason.contains("malformed"),
+            "{reason}"
+        );
+        assert!(reason.contains("restore"), "{reason}");
+        tokio::time::timeout(Duration::from_secs(60), loop_)
+            .await
+            .expect("the reconcile loop went on")
+            .unwrap();
+        // Any other store error is retried, not fatal.
+        let other = StoreError::Database {
+            path: "store.db".into(),
+            source: "database is locked".into(),
+        };
+        assert!(!other.is_corruption());
+    }
+
     fn online(e: &Exporter) -> Option<String> {
         let conds = &e.status.as_ref()?.conditions;
         find_condition(conds, c::ONLINE).map(|c| c.status.clone())
