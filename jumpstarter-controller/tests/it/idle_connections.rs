@@ -171,6 +171,48 @@ async fn idle_tcp_and_tls_connections_are_closed_after_the_timeouts() {
     assert_eq!(list_exporters(&lab, &alice).await.unwrap(), 0);
 }
 
+/// A peer that sends the HTTP/2 preface and then never answers the server's keepalive
+/// PINGs (a vanished machine, a stuck proxy) is closed after the keepalive interval and
+/// timeout (here 1 s each; the defaults, 30 s and 20 s, would not close it within the
+/// bound), and its slot is given back.
+#[tokio::test]
+async fn a_peer_that_never_answers_keepalive_pings_is_closed() {
+    use tokio::io::AsyncWriteExt as _;
+    let lab = lab_with(ConnectionLimits {
+        keepalive_interval: Duration::from_secs(1),
+        keepalive_timeout: Duration::from_secs(1),
+        ..Default::default()
+    })
+    .await;
+    let connector = tls_connector(&lab.ctl.ca_pem);
+    let tcp = TcpStream::connect(lab.ctl.addr).await.unwrap();
+    let name = ServerName::try_from("localhost").unwrap();
+    let mut tls = connector.connect(name, tcp).await.unwrap();
+    // The client preface and an empty SETTINGS frame; then no frame at all (no SETTINGS
+    // or PING acknowledgement).
+    tls.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .await
+        .unwrap();
+    tls.flush().await.unwrap();
+    assert!(
+        closed_by_peer(&mut tls, Duration::from_secs(30)).await,
+        "a connection that never answered a PING is still open"
+    );
+    let mut open = u64::MAX;
+    for _ in 0..100 {
+        open = counter(
+            &metrics(&lab).await,
+            "jumpstarter_listener_connections",
+            "controller",
+        );
+        if open == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(open, 0, "the slot was not given back");
+}
+
 #[tokio::test]
 async fn over_the_limit_a_new_connection_is_closed_and_an_established_client_keeps_working() {
     let lab = lab_with(ConnectionLimits {
