@@ -686,3 +686,89 @@ async fn opendal_http_scheme_reads_what_a_real_http_server_serves() {
         assert!(e.to_string().contains(what), "{e}");
     }
 }
+
+/// The QEMU board's flasher client passes a URL to the exporter (as upstream's client
+/// does): the exporter follows the redirect, keeps the encoding, expands a compressed
+/// image; a dump to a URL is refused by the client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qemu_flasher_flashes_from_a_url() {
+    use jumpstarter_core::wire::resource::{ContentEncoding, encoder};
+    use jumpstarter_drivers::{Progress, Qemu, QemuFlasherClient};
+
+    let raw: Vec<u8> = (0..400_000u32).flat_map(|i| i.to_be_bytes()).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let gz_path = dir.path().join("img.gz");
+    let mut w = encoder(
+        tokio::fs::File::create(&gz_path).await.unwrap(),
+        Some(ContentEncoding::Gzip),
+    );
+    w.write_all(&raw).await.unwrap();
+    w.shutdown().await.unwrap();
+    let gz = std::fs::read(&gz_path).unwrap();
+    assert!(gz.len() < raw.len());
+    let (base, server) = image_server(raw.clone()).await;
+    let (gz_base, gz_server) = image_server(gz).await;
+
+    let board = Qemu::from_args(&DriverArgs {
+        config: serde_json::json!({"mem": "256M"}),
+    })
+    .unwrap();
+    let served = Served::start(vec![("board", board)]);
+    let session = served.client().await;
+    let flasher = QemuFlasherClient(session.driver("board.flasher").unwrap());
+    let back = dir.path().join("back");
+
+    flasher
+        .flash(
+            Path::new(&format!("{base}/latest")),
+            None,
+            &Progress::hidden(),
+        )
+        .await
+        .unwrap();
+    flasher
+        .dump(&back, None, &Progress::hidden())
+        .await
+        .unwrap();
+    assert!(std::fs::read(&back).unwrap() == raw);
+
+    flasher
+        .flash(
+            Path::new(&format!("{gz_base}/images/disk%20image%2B1.raw?sig=a%2Fb")),
+            Some("bios"),
+            &Progress::hidden(),
+        )
+        .await
+        .unwrap();
+    flasher
+        .dump(&back, Some("bios"), &Progress::hidden())
+        .await
+        .unwrap();
+    assert!(
+        std::fs::read(&back).unwrap() == raw,
+        "the gzip image was not expanded"
+    );
+
+    let e = flasher
+        .flash(
+            Path::new(&format!("{base}/none")),
+            None,
+            &Progress::hidden(),
+        )
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("404"), "{e}");
+    let e = flasher
+        .dump(Path::new(&format!("{base}/up")), None, &Progress::hidden())
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("cannot dump to a URL"), "{e}");
+    // The failed flash left the image in place.
+    flasher
+        .dump(&back, None, &Progress::hidden())
+        .await
+        .unwrap();
+    assert!(std::fs::read(&back).unwrap() == raw);
+    server.abort();
+    gz_server.abort();
+}
