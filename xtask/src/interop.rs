@@ -267,6 +267,14 @@ pub fn run(filter: Option<&str>) -> Result<(usize, usize)> {
             boards::our_j_to_py_shell,
         ),
         (
+            "boards: python QemuFlasherClient flash from a URL + OpendalClient on Opendal(http) -> our exporter",
+            boards::py_client_flashes_from_a_url,
+        ),
+        (
+            "boards: python PowerClient + j -> our HttpPower exporter -> local HTTP plug",
+            boards::py_client_to_our_http_power,
+        ),
+        (
             "qemu: python QemuClient flash, power, console.pexpect() to the prompt -> our Qemu exporter",
             qemu::py_client_to_our_qemu,
         ),

@@ -113,3 +113,112 @@ pub fn our_j_to_py_shell(env: &Env) -> Result<()> {
     );
     Ok(())
 }
+
+/// Upstream `QemuFlasherClient` flashing from a URL on our exporter (the exporter fetches
+/// it from a Python web server), and upstream `OpendalClient` on our `Opendal` with
+/// `scheme: http` against the same server. No QEMU is started: flashing writes the disk.
+pub fn py_client_flashes_from_a_url(env: &Env) -> Result<()> {
+    let port = procs::free_port()?;
+    let www = env.work.path().join("url-www");
+    std::fs::create_dir_all(&www)?;
+    let name = "disk a+1.img";
+    super::storage_random_file(&www.join(name), 5 * 1024 * 1024 + 7, 26)?;
+    let config = env.work.path().join("url-exporter.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "apiVersion: jumpstarter.dev/v1alpha1
+kind: ExporterConfig
+metadata:
+  namespace: default
+  name: interop-url
+endpoint: \"\"
+token: \"\"
+export:
+  board:
+    type: jumpstarter_driver_qemu.driver.Qemu
+    config:
+      mem: 256M
+  web:
+    type: jumpstarter_driver_opendal.driver.Opendal
+    config:
+      scheme: http
+      kwargs:
+        endpoint: http://127.0.0.1:{port}
+"
+        ),
+    )?;
+    let mut c = env.ours(&env.jmp);
+    c.env("PATH", super::path_with_venv(env))
+        .arg("shell")
+        .arg("--exporter-config")
+        .arg(&config)
+        .arg("--")
+        .arg(env.py("python"))
+        .arg(env.scripts.join("flash_url.py"))
+        .arg(port.to_string())
+        .arg(&www)
+        .arg(name);
+    let out = procs::run(c, Duration::from_secs(300))?;
+    check(&out, "python flash_url.py in our jmp shell")?;
+    ensure!(
+        out.stdout.contains("flashed from url") && out.stdout.contains("python flash url ok"),
+        "{}\n{}",
+        out.stdout,
+        out.stderr
+    );
+    Ok(())
+}
+
+/// Upstream `PowerClient` (library and `j`) on our `HttpPower`, which calls a local HTTP
+/// plug that records the requests (method, path, body, basic auth) it gets.
+pub fn py_client_to_our_http_power(env: &Env) -> Result<()> {
+    let port = procs::free_port()?;
+    let base = format!("http://127.0.0.1:{port}");
+    let config = env.work.path().join("http-power-exporter.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "apiVersion: jumpstarter.dev/v1alpha1
+kind: ExporterConfig
+metadata:
+  namespace: default
+  name: interop-http-power
+endpoint: \"\"
+token: \"\"
+export:
+  plug:
+    type: jumpstarter_driver_http_power.driver.HttpPower
+    config:
+      name: splug
+      power_on: {{url: '{base}/relay/0', method: POST, data: 'turn=on'}}
+      power_off: {{url: '{base}/relay/0?turn=off'}}
+      power_read: {{url: '{base}/meter', voltage_path: emeter.voltage, current_path: emeter.current}}
+      auth: {{basic: {{user: admin, password: secret}}}}
+  broken:
+    type: jumpstarter_driver_http_power.driver.HttpPower
+    config:
+      power_on: {{url: '{base}/broken'}}
+      power_off: {{url: '{base}/broken'}}
+"
+        ),
+    )?;
+    let mut c = env.ours(&env.jmp);
+    c.env("PATH", super::path_with_venv(env))
+        .arg("shell")
+        .arg("--exporter-config")
+        .arg(&config)
+        .arg("--")
+        .arg(env.py("python"))
+        .arg(env.scripts.join("http_power.py"))
+        .arg(port.to_string());
+    let out = procs::run(c, Duration::from_secs(120))?;
+    check(&out, "python http_power.py in our jmp shell")?;
+    ensure!(
+        out.stdout.contains("python http power ok"),
+        "{}\n{}",
+        out.stdout,
+        out.stderr
+    );
+    Ok(())
+}

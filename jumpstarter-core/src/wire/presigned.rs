@@ -15,6 +15,9 @@
 //!   [`PROGRESS_EVERY`], and once at the end.
 //! - Errors name the status or the failure and the URL without its query (which may hold a
 //!   signature).
+//!
+//! [`request`] sends one request by the same rules for clients inside the exporter (the
+//! HTTP transport of opendal's `http` storage service).
 
 use std::{
     collections::{HashMap, HashSet},
@@ -127,7 +130,7 @@ impl Target {
         let bad = |why: &str| {
             err(
                 io::ErrorKind::InvalidInput,
-                format!("presigned request URL {} {why}", redact(url)),
+                format!("URL {} {why}", redact(url)),
             )
         };
         let uri: Uri = url.parse().map_err(|_| bad("is not a valid URL"))?;
@@ -315,9 +318,35 @@ fn status_error(method: &str, status: StatusCode, target: &Target) -> io::Error 
 /// `GET` with redirects followed by hand (bounded, loops refused, encoding kept); returns a
 /// successful response and the URL that gave it.
 async fn get(
+    target: Target,
+    headers: Vec<(header::HeaderName, header::HeaderValue)>,
+    progress: &ProgressFn,
+) -> io::Result<(http::Response<hyper::body::Incoming>, Target)> {
+    let (resp, target) = follow(
+        Method::GET,
+        "presigned HTTP GET",
+        target,
+        headers,
+        Some(progress),
+    )
+    .await?;
+    if !resp.status().is_success() {
+        return Err(status_error("GET", resp.status(), &target));
+    }
+    Ok((resp, target))
+}
+
+/// Sends a request without a body (`GET`, `HEAD`) and follows its redirects by hand:
+/// at most [`MAX_REDIRECTS`], a loop refused, every `Location` kept as written, credentials
+/// dropped when leaving the origin, each hop reported to `progress`. Returns the first
+/// answer that is not a redirect, whatever its status, and the URL that gave it. `what`
+/// names the request in errors.
+async fn follow(
+    method: Method,
+    what: &str,
     mut target: Target,
     mut headers: Vec<(header::HeaderName, header::HeaderValue)>,
-    progress: &ProgressFn,
+    progress: Option<&ProgressFn>,
 ) -> io::Result<(http::Response<hyper::body::Incoming>, Target)> {
     let first = redact(&target.url);
     let mut seen = HashSet::new();
@@ -326,14 +355,14 @@ async fn get(
         let empty: Body = Empty::new().map_err(|never| match never {}).boxed();
         let resp = tokio::time::timeout(
             HEADERS_TIMEOUT,
-            send(&target, Method::GET, &headers, empty, None),
+            send(&target, method.clone(), &headers, empty, None),
         )
         .await
         .map_err(|_| {
             err(
                 io::ErrorKind::TimedOut,
                 format!(
-                    "presigned HTTP GET: no answer from {} within {}s",
+                    "{what}: no answer from {} within {}s",
                     redact(&target.url),
                     HEADERS_TIMEOUT.as_secs()
                 ),
@@ -341,9 +370,6 @@ async fn get(
         })??;
         let status = resp.status();
         if !is_redirect(status) {
-            if !status.is_success() {
-                return Err(status_error("GET", status, &target));
-            }
             return Ok((resp, target));
         }
         let location = resp
@@ -355,7 +381,7 @@ async fn get(
                 err(
                     io::ErrorKind::InvalidData,
                     format!(
-                        "presigned HTTP GET redirect ({status}) without a usable Location header from {}",
+                        "{what} redirect ({status}) without a usable Location header from {}",
                         redact(&target.url)
                     ),
                 )
@@ -366,7 +392,7 @@ async fn get(
             return Err(err(
                 io::ErrorKind::InvalidData,
                 format!(
-                    "presigned HTTP GET redirect loop: {} redirects back to {}",
+                    "{what} redirect loop: {} redirects back to {}",
                     redact(&target.url),
                     redact(&next.url)
                 ),
@@ -375,18 +401,69 @@ async fn get(
         if next.origin() != target.origin() {
             headers.retain(|(k, _)| !is_sensitive(k));
         }
-        progress(format!(
-            "redirected ({}) from {} to {}",
-            status.as_u16(),
-            redact(&target.url),
-            redact(&next.url)
-        ));
+        if let Some(progress) = progress {
+            progress(format!(
+                "redirected ({}) from {} to {}",
+                status.as_u16(),
+                redact(&target.url),
+                redact(&next.url)
+            ));
+        }
         target = next;
     }
     Err(err(
         io::ErrorKind::InvalidData,
-        format!("presigned HTTP GET: too many redirects (more than {MAX_REDIRECTS}) for {first}"),
+        format!("{what}: too many redirects (more than {MAX_REDIRECTS}) for {first}"),
     ))
+}
+
+/// One HTTP(S) request for a client inside the exporter (the HTTP transport of opendal's
+/// `http` storage service), with the rules of presigned requests: the URL and every
+/// redirect's `Location` sent as written, TLS with the system's roots, no answer within
+/// 60 s an error.
+///
+/// `GET` and `HEAD` follow redirects ([`MAX_REDIRECTS`] at most, loops refused,
+/// credentials dropped across origins); other methods send `body` once and return what
+/// comes back. The answer is returned whatever its status: the caller interprets it. Its
+/// body streams; the caller bounds how long it waits for each piece.
+pub async fn request(
+    method: Method,
+    url: &str,
+    headers: &http::HeaderMap,
+    body: Bytes,
+) -> io::Result<http::Response<hyper::body::Incoming>> {
+    let target = Target::parse(url)?;
+    // `Host` and `Content-Length` are the request's own, set from the URL and the body.
+    let headers: Vec<_> = headers
+        .iter()
+        .filter(|(k, _)| **k != header::HOST && **k != header::CONTENT_LENGTH)
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let what = format!("HTTP {method}");
+    if (method == Method::GET || method == Method::HEAD) && body.is_empty() {
+        return follow(method, &what, target, headers, None)
+            .await
+            .map(|(resp, _)| resp);
+    }
+    let length = body.len() as u64;
+    let body: Body = http_body_util::Full::new(body)
+        .map_err(|never| match never {})
+        .boxed();
+    tokio::time::timeout(
+        HEADERS_TIMEOUT,
+        send(&target, method, &headers, body, Some(length)),
+    )
+    .await
+    .map_err(|_| {
+        err(
+            io::ErrorKind::TimedOut,
+            format!(
+                "{what}: no answer from {} within {}s",
+                redact(url),
+                HEADERS_TIMEOUT.as_secs()
+            ),
+        )
+    })?
 }
 
 /// Counts bytes and logs progress every [`PROGRESS_EVERY`].
@@ -693,6 +770,13 @@ mod tests {
                         ("GET", "/enc/a%2Fb%40c.img?sig=x%2By") => ok(b"encoded ok"),
                         ("GET", "/to-enc") => redirect(302, "/enc/a%2Fb%40c.img?sig=x%2By"),
                         ("GET", "/no-location") => status(302),
+                        ("HEAD", "/file") => format!(
+                            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n",
+                            3 * 1024 * 1024 + 17
+                        )
+                        .into_bytes(),
+                        ("HEAD", "/r1") => redirect(302, "/file"),
+                        ("POST", "/r1") => redirect(302, "/file"),
                         ("GET", "/short") => {
                             b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly ten..".to_vec()
                         }
@@ -868,5 +952,53 @@ mod tests {
         s.write_all(b"x").await.unwrap();
         let e = s.shutdown().await.unwrap_err();
         assert!(e.to_string().contains("403"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn request_follows_redirects_of_get_and_head_only_and_returns_any_status() {
+        let srv = server().await;
+        let base = format!("http://127.0.0.1:{}", srv.port);
+        let mut auth = http::HeaderMap::new();
+        auth.insert(header::AUTHORIZATION, "Bearer x".parse().unwrap());
+        let r = request(Method::HEAD, &format!("{base}/r1"), &auth, Bytes::new())
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(r.headers()[header::CONTENT_LENGTH], "3145745");
+        let r = request(Method::GET, &format!("{base}/r1"), &auth, Bytes::new())
+            .await
+            .unwrap();
+        let body = r.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(body.len(), 3 * 1024 * 1024 + 17);
+        // Another method gets the redirect itself, and a 404 is an answer, not an error.
+        let r = request(Method::POST, &format!("{base}/r1"), &auth, Bytes::from("x"))
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::FOUND);
+        let r = request(Method::GET, &format!("{base}/missing"), &auth, Bytes::new())
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::NOT_FOUND);
+        assert_eq!(
+            srv.requests.lock().unwrap().clone(),
+            [
+                "HEAD /r1 auth=true",
+                "HEAD /file auth=true",
+                "GET /r1 auth=true",
+                "GET /r2 auth=true",
+                "GET /r3 auth=true",
+                "GET /file auth=false",
+                "POST /r1 auth=true",
+                "GET /missing auth=true"
+            ]
+        );
+        let e = request(Method::GET, &format!("{base}/loop-a"), &auth, Bytes::new())
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("redirect loop"), "{e}");
+        let e = request(Method::GET, "ftp://127.0.0.1/x", &auth, Bytes::new())
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
     }
 }

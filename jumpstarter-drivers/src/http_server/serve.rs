@@ -1,6 +1,11 @@
 //! The HTTP/1.1 static file server of [`super::HttpServer`]: `GET` and `HEAD` of the files
 //! under the root, streamed from disk; anything else is refused.
 //!
+//! - A single byte range (`Range: bytes=A-B`, `A-`, `-N`) is answered with `206` and that
+//!   part of the file, as upstream's aiohttp server does (bootloaders and opendal's `http`
+//!   service read parts); a range beyond the end is `416`; several ranges, or a header that
+//!   is not a byte range, get the whole file.
+//!
 //! - A request path is percent-decoded, and refused (`404`) if it has a `..` or `.`
 //!   component, a NUL, or leads (through a symbolic link) out of the root; a directory is
 //!   `403`, as upstream's static route without an index.
@@ -20,7 +25,12 @@ use http::{Method, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Empty, Full, StreamBody, combinators::BoxBody};
 use hyper::body::{Frame, Incoming};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::{net::TcpListener, sync::Semaphore, task::JoinSet};
+use tokio::{
+    io::{AsyncReadExt, AsyncSeekExt},
+    net::TcpListener,
+    sync::Semaphore,
+    task::JoinSet,
+};
 use tokio_util::io::ReaderStream;
 
 /// Connections served at once.
@@ -180,19 +190,50 @@ async fn answer(root: &Path, req: Request<Incoming>) -> Response<Body> {
     if meta.is_dir() {
         return status(StatusCode::FORBIDDEN, "a directory");
     }
+    let len = meta.len();
+    let range = req
+        .headers()
+        .get(header::RANGE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| byte_range(v, len));
+    let (code, start, count) = match range {
+        None => (StatusCode::OK, 0, len),
+        Some(Ok((start, end))) => (StatusCode::PARTIAL_CONTENT, start, end - start + 1),
+        Some(Err(())) => {
+            let mut r = status(StatusCode::RANGE_NOT_SATISFIABLE, "range not satisfiable");
+            if let Ok(v) = header::HeaderValue::from_str(&format!("bytes */{len}")) {
+                r.headers_mut().insert(header::CONTENT_RANGE, v);
+            }
+            return r;
+        }
+    };
     let body = if head {
         empty()
     } else {
-        let frames = futures::StreamExt::map(ReaderStream::with_capacity(f, 64 * 1024), |r| {
-            r.map(Frame::data)
-        });
+        let mut f = f;
+        if start > 0 && f.seek(std::io::SeekFrom::Start(start)).await.is_err() {
+            return status(StatusCode::INTERNAL_SERVER_ERROR, "seek failed");
+        }
+        let frames =
+            futures::StreamExt::map(ReaderStream::with_capacity(f.take(count), 64 * 1024), |r| {
+                r.map(Frame::data)
+            });
         BodyExt::boxed(StreamBody::new(frames))
     };
     let mut r = Response::new(body);
+    *r.status_mut() = code;
+    r.headers_mut()
+        .insert(header::CONTENT_LENGTH, header::HeaderValue::from(count));
     r.headers_mut().insert(
-        header::CONTENT_LENGTH,
-        header::HeaderValue::from(meta.len()),
+        header::ACCEPT_RANGES,
+        header::HeaderValue::from_static("bytes"),
     );
+    if code == StatusCode::PARTIAL_CONTENT
+        && let Ok(v) =
+            header::HeaderValue::from_str(&format!("bytes {start}-{}/{len}", start + count - 1))
+    {
+        r.headers_mut().insert(header::CONTENT_RANGE, v);
+    }
     r.headers_mut().insert(
         header::CONTENT_TYPE,
         header::HeaderValue::from_static("application/octet-stream"),
@@ -200,9 +241,63 @@ async fn answer(root: &Path, req: Request<Incoming>) -> Response<Body> {
     r
 }
 
+/// The one byte range a `Range` header asks of a file of `len` bytes, as first and last
+/// offsets: `None` to serve the whole file (not a byte range, several ranges, malformed),
+/// `Some(Err(()))` when it starts beyond the end (`416`).
+fn byte_range(header: &str, len: u64) -> Option<Result<(u64, u64), ()>> {
+    let spec = header.trim().strip_prefix("bytes=")?.trim();
+    if spec.contains(',') {
+        return None;
+    }
+    let (a, b) = spec.split_once('-')?;
+    let (a, b) = (a.trim(), b.trim());
+    let num = |s: &str| {
+        (!s.is_empty() && s.bytes().all(|c| c.is_ascii_digit()))
+            .then(|| s.parse::<u64>().ok())
+            .flatten()
+    };
+    if a.is_empty() {
+        // The last N bytes.
+        let n = num(b)?;
+        if n == 0 || len == 0 {
+            return Some(Err(()));
+        }
+        return Some(Ok((len - n.min(len), len - 1)));
+    }
+    let start = num(a)?;
+    let end = if b.is_empty() { None } else { Some(num(b)?) };
+    if end.is_some_and(|e| e < start) {
+        return None;
+    }
+    if start >= len {
+        return Some(Err(()));
+    }
+    Some(Ok((start, end.map_or(len - 1, |e| e.min(len - 1)))))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn byte_ranges_are_parsed_as_rfc_9110_says() {
+        assert_eq!(byte_range("bytes=0-9", 100), Some(Ok((0, 9))));
+        assert_eq!(byte_range("bytes=90-", 100), Some(Ok((90, 99))));
+        assert_eq!(byte_range("bytes=90-500", 100), Some(Ok((90, 99))));
+        assert_eq!(byte_range("bytes=-10", 100), Some(Ok((90, 99))));
+        assert_eq!(byte_range("bytes=-500", 100), Some(Ok((0, 99))));
+        assert_eq!(byte_range("bytes=100-", 100), Some(Err(())));
+        assert_eq!(byte_range("bytes=-0", 100), Some(Err(())));
+        assert_eq!(byte_range("bytes=0-", 0), Some(Err(())));
+        // Whole file: several ranges, other units, nonsense.
+        assert_eq!(byte_range("bytes=0-1,5-6", 100), None);
+        assert_eq!(byte_range("items=0-1", 100), None);
+        assert_eq!(byte_range("bytes=9-2", 100), None);
+        assert_eq!(byte_range("bytes=a-b", 100), None);
+        assert_eq!(byte_range("bytes=+1-2", 100), None);
+        assert_eq!(byte_range("bytes=-", 100), None);
+        assert_eq!(byte_range("bytes=99999999999999999999999-", 100), None);
+    }
 
     #[test]
     fn paths_stay_beneath_the_root() {

@@ -14,7 +14,7 @@ use jumpstarter_core::{
 
 use crate::{
     command::{CliFuture, DriverCommand},
-    storage::{Progress, ProgressWriter, detect_encoding},
+    storage::{Progress, ProgressWriter, detect_encoding, presigned_get, url_of},
 };
 
 /// Typed client of the board (`jumpstarter_driver_qemu.client.QemuClient`); its children
@@ -56,12 +56,23 @@ pub struct QemuFlasherClient(pub DriverClient);
 impl QemuFlasherClient {
     /// Flashes a local image to `partition` (`root` when `None`). A compressed image
     /// (recognised by its first bytes) is sent compressed and expanded on the exporter.
+    ///
+    /// An `http://` or `https://` path is fetched by the exporter itself (a presigned
+    /// `GET`, as upstream's client passes it; the exporter expands it the same way and logs
+    /// its progress); `progress` is not used then.
     pub async fn flash(
         &self,
         path: &Path,
         partition: Option<&str>,
         progress: &Progress,
     ) -> Result<(), ClientError> {
+        if let Some(url) = url_of(path) {
+            let partition = partition.map(str::to_string);
+            self.0
+                .call::<serde_json::Value>("flash", (presigned_get(url), partition))
+                .await?;
+            return Ok(());
+        }
         let encoding = detect_encoding(path).await?;
         let file = std::fs::File::open(path).map_err(|e| io_err("opening", path, e))?;
         let p = progress.clone();
@@ -79,13 +90,20 @@ impl QemuFlasherClient {
         r.map(|_| ())
     }
 
-    /// Dumps `partition` (`root` when `None`) into a local file.
+    /// Dumps `partition` (`root` when `None`) into a local file. A URL is refused (as
+    /// upstream's client, which cannot write to one either).
     pub async fn dump(
         &self,
         path: &Path,
         partition: Option<&str>,
         progress: &Progress,
     ) -> Result<(), ClientError> {
+        if let Some(url) = url_of(path) {
+            return Err(ClientError::Value(format!(
+                "cannot dump to a URL ({}): dump to a local file",
+                url.split('?').next().unwrap_or_default()
+            )));
+        }
         let file = std::fs::File::create(path).map_err(|e| io_err("creating", path, e))?;
         let sink = ProgressWriter::new(FileWriter::new(file), progress.clone());
         let partition = partition.map(str::to_string);
@@ -186,7 +204,7 @@ fn build_flasher(cmd: Command) -> Command {
                 .arg(
                     Arg::new("file")
                         .value_parser(value_parser!(PathBuf))
-                        .help("The image to flash (to the root partition)"),
+                        .help("The image to flash (to the root partition): a local file or an http(s):// URL the exporter fetches"),
                 )
                 .arg(
                     Arg::new("target")
@@ -240,8 +258,13 @@ fn run_flasher(client: DriverClient, matches: ArgMatches) -> CliFuture {
                     jobs.push((None, file));
                 }
                 for (part, file) in jobs {
-                    let size = std::fs::metadata(&file).ok().map(|m| m.len());
-                    let progress = Progress::stderr("flash", size);
+                    // A URL is fetched by the exporter, whose progress `jmp shell` shows.
+                    let progress = if url_of(&file).is_some() {
+                        Progress::hidden()
+                    } else {
+                        let size = std::fs::metadata(&file).ok().map(|m| m.len());
+                        Progress::stderr("flash", size)
+                    };
                     flasher.flash(&file, part.as_deref(), &progress).await?;
                 }
                 Ok(())

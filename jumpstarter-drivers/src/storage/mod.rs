@@ -17,6 +17,7 @@
 mod client;
 mod flasher;
 mod flasher_client;
+mod http_transport;
 mod mux;
 mod opendal;
 mod progress;
@@ -31,6 +32,7 @@ pub use client::{
     OpendalClient, OpendalFile, Presign, StorageMuxClient, TransferOptions, detect_encoding,
     mux_cli, opendal_cli,
 };
+pub(crate) use client::{presigned_get, url_of};
 pub use flasher::{DEFAULT_PARTITION, MockFlasher};
 pub use flasher_client::{FlasherClient, flasher_cli};
 pub use mux::{MockStorageMux, MockStorageMuxFlasher};
@@ -55,13 +57,21 @@ pub enum StorageError {
     OutsideRoot(String),
     /// The configured service is unknown or not built in.
     #[error(
-        "unknown or unsupported opendal scheme {scheme:?} (built in: {available}; network services need the `storage-s3` feature)"
+        "unknown or unsupported opendal scheme {scheme:?} (built in: {available}; s3 needs the `storage-s3` feature)"
     )]
     UnknownScheme {
         /// The scheme asked for.
         scheme: String,
         /// The schemes available.
         available: String,
+    },
+    /// A service option (`kwargs.KEY`) is missing or not valid.
+    #[error("kwargs.{key}: {message}")]
+    BadKwarg {
+        /// The option.
+        key: &'static str,
+        /// What is wrong.
+        message: String,
     },
     /// An opendal operation failed.
     #[error("{op} {path:?}: {source}")]
@@ -127,7 +137,9 @@ impl From<StorageError> for DriverError {
             StorageError::OutsideRoot(_) | StorageError::BadFileMode { .. } => {
                 DriverError::InvalidArgument(e.to_string())
             }
-            StorageError::UnknownScheme { .. } => DriverError::InvalidArgument(e.to_string()),
+            StorageError::UnknownScheme { .. } | StorageError::BadKwarg { .. } => {
+                DriverError::InvalidArgument(e.to_string())
+            }
             StorageError::Opendal { source, .. }
                 if source.kind() == ::opendal::ErrorKind::Unsupported =>
             {

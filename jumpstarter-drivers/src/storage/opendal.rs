@@ -1,7 +1,8 @@
 //! `Opendal`: file operations on any storage service opendal supports.
 //!
-//! Config (as upstream): `scheme` (e.g. `fs`, `memory`; `s3` and other network services
-//! with the `storage-s3` feature), `kwargs` (the service options, e.g. `root`), and
+//! Config (as upstream): `scheme` (`fs`, `memory`, `http`; `s3` with the `storage-s3`
+//! feature), `kwargs` (the service options, e.g. `root`; for `http`: `endpoint`, `root`,
+//! and `username`/`password` or `token`), and
 //! `remove_created_on_close` (the files written through the driver are removed when the
 //! session ends: the lease, or the `jmp shell`). Every path is relative to the service root;
 //! paths that leave it (`..`) are refused. Files a session leaves open are discarded when it
@@ -30,6 +31,7 @@ use jumpstarter_core::sync::LockExt;
 const SCHEMES: &[&str] = &[
     "fs",
     "memory",
+    "http",
     #[cfg(feature = "storage-s3")]
     "s3",
 ];
@@ -783,6 +785,30 @@ fn install_http_client() {
     });
 }
 
+/// The `http` service's `endpoint`: an `http://` or `https://` URL naming a host (opendal
+/// would only find out at the first request, with a message that does not name it).
+fn check_http_endpoint(endpoint: Option<&str>) -> Result<(), StorageError> {
+    let bad = |message: String| StorageError::BadKwarg {
+        key: "endpoint",
+        message,
+    };
+    let endpoint = endpoint
+        .filter(|e| !e.is_empty())
+        .ok_or_else(|| bad("missing: the http scheme needs the server's URL".into()))?;
+    let uri: http::Uri = endpoint
+        .parse()
+        .map_err(|e| bad(format!("{endpoint:?} is not a URL: {e}")))?;
+    let scheme_ok = uri
+        .scheme_str()
+        .is_some_and(|s| s.eq_ignore_ascii_case("http") || s.eq_ignore_ascii_case("https"));
+    if !scheme_ok || uri.host().is_none_or(str::is_empty) {
+        return Err(bad(format!(
+            "{endpoint:?} is not an http:// or https:// URL with a host"
+        )));
+    }
+    Ok(())
+}
+
 impl Opendal {
     /// An Opendal driver for `scheme` with the service options `kwargs`.
     pub fn new(
@@ -796,6 +822,9 @@ impl Opendal {
                 available: SCHEMES.join(", "),
             });
         }
+        if scheme == "http" {
+            check_http_endpoint(kwargs.get("endpoint").map(String::as_str))?;
+        }
         opendal::init_default_registry();
         #[cfg(feature = "storage-s3")]
         install_http_client();
@@ -805,11 +834,18 @@ impl Opendal {
         if let Some(root) = &fs_root {
             super::remove_leftover_partials(root, true, None);
         }
-        let op = Operator::via_iter(scheme, kwargs).map_err(|e| StorageError::Opendal {
+        let mut op = Operator::via_iter(scheme, kwargs).map_err(|e| StorageError::Opendal {
             op: "configure",
             path: scheme.to_string(),
             source: Box::new(e),
         })?;
+        if scheme == "http" {
+            // Read-only over the exporter's own HTTP client (no other HTTP stack needed).
+            op = op.with_context(
+                opendal::OperationContext::new()
+                    .with_http_transport(super::http_transport::ExporterHttp::transporter()),
+            );
+        }
         Ok(Self {
             op,
             scheme: scheme.to_string(),

@@ -317,6 +317,19 @@ async fn http_server_serves_what_its_storage_child_writes() {
         .unwrap();
     let (ok, body) = curl(&[&format!("{url}/pxe%20cfg/a+b.txt")]);
     assert!(ok && body == b"menu", "{}", String::from_utf8_lossy(&body));
+    // A byte range, as bootloaders and opendal's http service ask: 206 and that part.
+    let (ok, part) = curl(&["-r", "5-9", &file_url]);
+    assert!(ok && part == std::fs::read(&kernel).unwrap()[5..10]);
+    let (_, out) = curl(&[
+        "-r",
+        "9999999-",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        &file_url,
+    ]);
+    assert_eq!(String::from_utf8_lossy(&out), "416");
     let (ok, head) = curl(&["-I", &file_url]);
     assert!(ok && String::from_utf8_lossy(&head).contains("content-length: 5242883"));
     // Missing files, traversal and directories are refused; the server goes on.
@@ -549,4 +562,213 @@ fn boot_server_configs_are_checked() {
     ] {
         assert!(types.iter().any(|x| x == t), "{t}");
     }
+}
+
+/// Reads the rest of open file `fd` (from its position) through `file_read`.
+async fn read_rest(
+    s: &OpendalClient,
+    fd: uuid::Uuid,
+) -> Result<Vec<u8>, jumpstarter_core::ClientError> {
+    use tokio::io::AsyncReadExt;
+    let (tx, mut rx) = tokio::io::duplex(64 * 1024);
+    let collect = tokio::spawn(async move {
+        let mut v = Vec::new();
+        rx.read_to_end(&mut v).await.map(|_| v)
+    });
+    let c = s.clone();
+    s.0.download(tx, None, |h| async move {
+        c.0.call::<()>("file_read", (fd, h)).await
+    })
+    .await?;
+    Ok(collect.await.unwrap().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opendal_http_scheme_reads_what_a_real_http_server_serves() {
+    let dir = tempfile::tempdir().unwrap();
+    let www = dir.path().join("www");
+    std::fs::create_dir_all(www.join("images")).unwrap();
+    let big = www.join("images/disk image+1.raw");
+    random_file(&big, 3 * 1024 * 1024 + 11, 5);
+    let data = std::fs::read(&big).unwrap();
+    std::fs::write(www.join("images/cmdline.txt"), b"console=ttyS0\n").unwrap();
+
+    // The server: our HttpServer driver (a real HTTP/1.1 server on loopback, with ranges).
+    let http = HttpServer::from_args(&boot_server_args(&www, 0)).unwrap();
+    let served_http = Served::start(vec![("http", http)]);
+    let http_session = served_http.client().await;
+    let hc = HttpServerClient(http_session.driver("http").unwrap());
+    hc.start().await.unwrap();
+    let endpoint = hc.get_url().await.unwrap();
+
+    // The client: an Opendal driver with scheme http, as upstream's config spells it.
+    let web = jumpstarter_drivers::Opendal::from_args(&DriverArgs {
+        config: serde_json::json!({
+            "scheme": "http",
+            "kwargs": {"endpoint": endpoint, "root": "/images"},
+        }),
+    })
+    .unwrap();
+    let served = Served::start(vec![("web", web)]);
+    let session = served.client().await;
+    let s = OpendalClient(session.driver("web").unwrap());
+
+    assert_eq!(
+        s.read_bytes("cmdline.txt").await.unwrap(),
+        b"console=ttyS0\n"
+    );
+    let meta = s.stat("disk image+1.raw").await.unwrap();
+    assert_eq!(meta.content_length, data.len() as u64);
+    assert!(s.exists("disk image+1.raw").await.unwrap());
+    assert!(!s.exists("nothing.raw").await.unwrap());
+    let local = dir.path().join("copy.raw");
+    s.read_into_path("disk image+1.raw", &local, &TransferOptions::default())
+        .await
+        .unwrap();
+    assert!(std::fs::read(&local).unwrap() == data);
+    let digest = s
+        .hash("disk image+1.raw", jumpstarter_drivers::HashAlgo::Sha256)
+        .await
+        .unwrap();
+    assert_eq!(digest, crate::storage::sha256_of(&big).await.0);
+    // A seek, then a read from there: a range request the server answers with 206.
+    let f = s.open("disk image+1.raw", "rb").await.unwrap();
+    let pos: u64 =
+        s.0.call("file_seek", (f.fd(), 1_000_003i64, 0u8))
+            .await
+            .unwrap();
+    assert_eq!(pos, 1_000_003);
+    let rest = read_rest(&s, f.fd()).await.unwrap();
+    assert!(
+        rest == data[1_000_003..],
+        "{} bytes read after the seek",
+        rest.len()
+    );
+    f.close().await.unwrap();
+    // presign-read names the file's own URL (no credentials configured), as opendal does.
+    let p = s.presign(Presign::Read, "cmdline.txt", 60).await.unwrap();
+    assert_eq!(p.url, format!("{endpoint}/images/cmdline.txt"));
+
+    // Read-only, as opendal's http service: writes are refused with a clear error.
+    let e = s.write_bytes("new.txt", b"x".to_vec()).await.unwrap_err();
+    assert!(e.to_string().contains("not supported"), "{e}");
+    let e = s.delete("cmdline.txt").await.unwrap_err();
+    assert!(e.to_string().contains("not supported"), "{e}");
+    let e = s.read_bytes("missing.txt").await.unwrap_err();
+    assert!(e.to_string().contains("NotFound"), "{e}");
+    assert!(www.join("images/cmdline.txt").exists());
+
+    // A server that is gone: a clear error naming the URL, and the exporter goes on.
+    hc.stop().await.unwrap();
+    let e = s.read_bytes("cmdline.txt").await.unwrap_err();
+    assert!(
+        e.to_string().contains("cannot connect") && e.to_string().contains(&endpoint),
+        "{e}"
+    );
+
+    // Bad configs are refused at start, naming the option.
+    for (kwargs, what) in [
+        (serde_json::json!({}), "kwargs.endpoint: missing"),
+        (
+            serde_json::json!({"endpoint": "not a url"}),
+            "kwargs.endpoint: \"not a url\" is not a URL",
+        ),
+        (
+            serde_json::json!({"endpoint": "ftp://127.0.0.1/"}),
+            "kwargs.endpoint: \"ftp://127.0.0.1/\" is not an http:// or https:// URL",
+        ),
+    ] {
+        let e = jumpstarter_drivers::Opendal::from_args(&DriverArgs {
+            config: serde_json::json!({"scheme": "http", "kwargs": kwargs}),
+        })
+        .err()
+        .unwrap();
+        assert!(e.to_string().contains(what), "{e}");
+    }
+}
+
+/// The QEMU board's flasher client passes a URL to the exporter (as upstream's client
+/// does): the exporter follows the redirect, keeps the encoding, expands a compressed
+/// image; a dump to a URL is refused by the client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qemu_flasher_flashes_from_a_url() {
+    use jumpstarter_core::wire::resource::{ContentEncoding, encoder};
+    use jumpstarter_drivers::{Progress, Qemu, QemuFlasherClient};
+
+    let raw: Vec<u8> = (0..400_000u32).flat_map(|i| i.to_be_bytes()).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let gz_path = dir.path().join("img.gz");
+    let mut w = encoder(
+        tokio::fs::File::create(&gz_path).await.unwrap(),
+        Some(ContentEncoding::Gzip),
+    );
+    w.write_all(&raw).await.unwrap();
+    w.shutdown().await.unwrap();
+    let gz = std::fs::read(&gz_path).unwrap();
+    assert!(gz.len() < raw.len());
+    let (base, server) = image_server(raw.clone()).await;
+    let (gz_base, gz_server) = image_server(gz).await;
+
+    let board = Qemu::from_args(&DriverArgs {
+        config: serde_json::json!({"mem": "256M"}),
+    })
+    .unwrap();
+    let served = Served::start(vec![("board", board)]);
+    let session = served.client().await;
+    let flasher = QemuFlasherClient(session.driver("board.flasher").unwrap());
+    let back = dir.path().join("back");
+
+    flasher
+        .flash(
+            Path::new(&format!("{base}/latest")),
+            None,
+            &Progress::hidden(),
+        )
+        .await
+        .unwrap();
+    flasher
+        .dump(&back, None, &Progress::hidden())
+        .await
+        .unwrap();
+    assert!(std::fs::read(&back).unwrap() == raw);
+
+    flasher
+        .flash(
+            Path::new(&format!("{gz_base}/images/disk%20image%2B1.raw?sig=a%2Fb")),
+            Some("bios"),
+            &Progress::hidden(),
+        )
+        .await
+        .unwrap();
+    flasher
+        .dump(&back, Some("bios"), &Progress::hidden())
+        .await
+        .unwrap();
+    assert!(
+        std::fs::read(&back).unwrap() == raw,
+        "the gzip image was not expanded"
+    );
+
+    let e = flasher
+        .flash(
+            Path::new(&format!("{base}/none")),
+            None,
+            &Progress::hidden(),
+        )
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("404"), "{e}");
+    let e = flasher
+        .dump(Path::new(&format!("{base}/up")), None, &Progress::hidden())
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("cannot dump to a URL"), "{e}");
+    // The failed flash left the image in place.
+    flasher
+        .dump(&back, None, &Progress::hidden())
+        .await
+        .unwrap();
+    assert!(std::fs::read(&back).unwrap() == raw);
+    server.abort();
+    gz_server.abort();
 }
