@@ -510,7 +510,8 @@ async fn exporter_edit(a: EditArgs) -> Result<i32> {
         eprintln!("No changes; {} is unchanged.", path.display());
         return Ok(0);
     }
-    if let Err(e) = check_exporter_config(&edited, &path) {
+    let python = check_exporter_config(&edited, &path).await;
+    if let Err(e) = &python {
         // Keep the user's work: leave the draft in place and say where it is.
         let kept = draft
             .into_temp_path()
@@ -524,16 +525,25 @@ async fn exporter_edit(a: EditArgs) -> Result<i32> {
     }
     write_private(&path, edited.as_bytes())?;
     eprintln!("Saved {}", path.display());
+    if let Ok(python) = python
+        && !python.is_empty()
+    {
+        eprintln!(
+            "Served by Python drivers (docs/python-drivers.md; their config is checked when \
+             the exporter starts): {}",
+            python.join(", ")
+        );
+    }
     Ok(0)
 }
 
-/// The check `jmp run` makes of an exporter config, with the same messages: it parses, and
-/// its drivers build (known types, valid `config:`). The drivers built are dropped at once.
-fn check_exporter_config(text: &str, path: &Path) -> Result<()> {
+/// The check `jmp run` makes of an exporter config, with the same messages: it parses, its
+/// Rust drivers build (known types, valid `config:`; dropped at once), and the Python
+/// interpreter imports the types no Rust driver provides. Returns those Python types.
+async fn check_exporter_config(text: &str, path: &Path) -> Result<Vec<String>> {
     let mut cfg = ExporterConfig::parse(text, path)?;
     cfg.path = Some(path.to_path_buf());
-    drop(crate::toolkit::current().registry().build(&cfg)?);
-    Ok(())
+    crate::bridge::check_config(crate::toolkit::current().registry(), &cfg).await
 }
 
 fn exporter_list(a: ListArgs) -> Result<i32> {

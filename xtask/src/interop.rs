@@ -16,6 +16,8 @@ use crate::procs::{self, Background};
 
 #[path = "interop_boards.rs"]
 mod boards;
+#[path = "interop_bridge.rs"]
+mod bridge;
 #[path = "interop_console.rs"]
 mod console;
 #[path = "interop_controller.rs"]
@@ -301,6 +303,18 @@ pub fn run(filter: Option<&str>) -> Result<(usize, usize)> {
         (
             "custom driver: python client class + j -> example my-jmp (Rust Chamber), our controller+router",
             custom::py_client_to_custom_driver,
+        ),
+        (
+            "python drivers: our j + python client -> our exporter (Rust MockPower, Python Shell + MockFlasher), local",
+            bridge::local,
+        ),
+        (
+            "python drivers: our j + python client -> our exporter (Rust MockPower, Python Shell + MockFlasher), direct TCP; 256 MiB flash keeps memory flat",
+            bridge::direct,
+        ),
+        (
+            "python drivers: our j + python client + python j -> our exporter (Rust MockPower, Python Shell + MockFlasher), our controller+router",
+            bridge::distributed,
         ),
         (
             "hooks: our jmp shell -> python exporter with beforeLease/afterLease, output in order",

@@ -3,6 +3,7 @@
 mod arch;
 mod bench;
 mod bench_boards;
+mod bench_bridge;
 mod bench_console;
 mod bench_controller;
 mod bench_direct;
@@ -31,6 +32,8 @@ fn main() -> std::process::ExitCode {
         Some("arch") => arch::run(),
         Some("interop") => interop::run(args.get(1).map(String::as_str)).map(|_| ()),
         Some("bench") => bench(&args[1..]),
+        // Hidden: the Python-driver bridge part of `bench` alone (`--quick`, `--debug`).
+        Some("bench-bridge") => bench_bridge::run(&args[1..]),
         // Hidden: the controller scale part of `bench` alone (`--quick`: 100 and 1,000).
         Some("bench-controller") => bench_controller::run(&args[1..]),
         // Hidden: the console and port-forwarding part of `bench` alone (`--quick`: small).
@@ -130,6 +133,7 @@ fn bench(args: &[String]) -> Result<()> {
     bench_direct::run(args)?;
     bench_console::run(args)?;
     bench_boards::run(args)?;
+    bench_bridge::run(args)?;
     bench_controller::run(args)
 }
 

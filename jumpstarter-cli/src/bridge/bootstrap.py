@@ -1,11 +1,18 @@
 # The Python driver host of the Rust exporter (jumpstarter-cli/src/bridge).
 #
 # Started by the exporter with one JSON line on stdin:
-#   {"socket": PATH, "subtrees": [{"key": K, "instance": {...}, "uuids": {PATH: UUID}}]}
+#   {"socket": PATH, "subtrees": [{"key": K, "instance": {...}, "uuids": {PATH: UUID},
+#                                  "rust_types": [TYPE...]}]}
+# A descendant whose type is among its subtree's `rust_types` (a Rust driver provides it) and
+# that Python cannot import is left out of the Python tree: the exporter builds it in Rust
+# and hangs it under its Python parent itself. Those descendants' paths come back in the
+# answer, `"rust": {K: [[NAME...]...]}`.
+# or, to check an exporter config without building anything (`jmp config exporter edit`):
+#   {"check": true, "subtrees": [...]}  -> imports the types, answers {"checked": true}, exits
 # It builds each subtree with upstream's own runtime (the `export` entry model of
 # jumpstarter.config.exporter), serves them under one root on a Unix socket with
 # upstream's Session, and answers with one JSON line on stdout:
-#   {"ready": PATH}            serving
+#   {"ready": PATH, "rust": {...}}   serving
 #   {"error": {...}}           could not (kind, type, message, traceback); exit code 3
 # It exits when stdin reaches its end: the exporter died or let go of it.
 import json
@@ -50,6 +57,30 @@ def main():
     except Exception as e:  # noqa: BLE001
         fail("runtime", None, f"{type(e).__name__}: {e}")
 
+    def importable(t):
+        try:
+            import_class(t, [], True)
+            return True
+        except Exception:  # noqa: BLE001
+            return False
+
+    def leave_to_rust(instance, rust_types, path, out):
+        children = instance.get("children") or {}
+        for name in list(children):
+            child = children[name]
+            t = child.get("type")
+            if t and t in rust_types and not importable(t):
+                del children[name]
+                out.append(path + [name])
+            else:
+                leave_to_rust(child, rust_types, path + [name], out)
+        return out
+
+    rust = {}
+    for subtree in spec["subtrees"]:
+        rust[subtree["key"]] = leave_to_rust(
+            subtree["instance"], set(subtree.get("rust_types") or []), [], [])
+
     for subtree in spec["subtrees"]:
         for t in types_of(subtree["instance"], []):
             try:
@@ -57,6 +88,9 @@ def main():
             except Exception as e:  # noqa: BLE001
                 cause = e.__cause__ or e
                 fail("import", t, f"{type(cause).__name__}: {cause}")
+    if spec.get("check"):
+        answer({"checked": True})
+        return
 
     class BridgeRoot(Driver):
         """The root the exporter's subtrees hang under (never reported to clients)."""
@@ -109,7 +143,7 @@ def main():
         with session:
             session.update_status(ExporterStatus.LEASE_READY, "Ready for commands")
             async with session.serve_port_async(f"unix://{spec['socket']}"):
-                answer({"ready": spec["socket"]})
+                answer({"ready": spec["socket"], "rust": rust})
                 await anyio.sleep_forever()
 
     try:

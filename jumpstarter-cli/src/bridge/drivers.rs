@@ -15,6 +15,17 @@ use super::{
     proxy::PythonDriver,
 };
 
+/// A Python subtree grafted into our tree.
+pub(crate) struct Grafted {
+    /// Its config field.
+    pub field: String,
+    /// Its nodes.
+    pub node: DriverNode,
+    /// The descendants the child left to Rust drivers (names from `node`), to build and hang
+    /// under their Python parents.
+    pub rust_paths: Vec<Vec<String>>,
+}
+
 /// The Python drivers of an exporter: keep it while their tree is served. Dropping it kills
 /// the child and its process group.
 pub struct PythonDrivers {
@@ -42,10 +53,14 @@ impl PythonDrivers {
         }
     }
 
-    /// Starts the child for `subtrees`; returns the grafted nodes by config field.
-    pub(crate) async fn start(
-        subtrees: Vec<Subtree>,
-    ) -> Result<(Self, Vec<(String, DriverNode)>), StartError> {
+    /// Checks that a Python interpreter can import the types of `subtrees` (nothing is built).
+    pub(crate) async fn check(subtrees: Vec<Subtree>) -> Result<(), StartError> {
+        Host::new(subtrees)?.check().await
+    }
+
+    /// Starts the child for `subtrees`; returns the grafted nodes by config field, each with
+    /// the paths (from it) of the descendants the child left to Rust drivers.
+    pub(crate) async fn start(subtrees: Vec<Subtree>) -> Result<(Self, Vec<Grafted>), StartError> {
         let host = Arc::new(Host::new(subtrees)?);
         let (running, conn) = host.spawn(0).await?;
         let root = conn.session.root();
@@ -57,7 +72,11 @@ impl PythonDrivers {
             let mut uuids = BTreeMap::new();
             collect_uuids(child.node(), "", &mut uuids);
             host.set_uuids(i, uuids);
-            nodes.push((st.field.clone(), graft(&host, child.node(), &st.type_name)));
+            nodes.push(Grafted {
+                field: st.field.clone(),
+                node: graft(&host, child.node(), &st.type_name),
+                rust_paths: host.rust_paths(i),
+            });
         }
         host.set(State::Up(conn));
         let supervisor = tokio::spawn(host::supervise(host.clone(), running));

@@ -159,6 +159,9 @@ pub(crate) struct Host {
     /// The uuids of each subtree's nodes by path (`""` the subtree's root), asked of a
     /// restarted child so that clients keep calling the same uuids.
     uuids: Mutex<Vec<BTreeMap<String, String>>>,
+    /// Per subtree, the paths (names from the subtree's root) of the descendants the child
+    /// left to Rust drivers.
+    rust_paths: Mutex<Vec<Vec<Vec<String>>>>,
     /// The context of the latest call: the session whose `LogStream` gets the child's logs.
     log_target: Mutex<Option<CallContext>>,
     stderr_tail: Arc<Mutex<VecDeque<String>>>,
@@ -236,6 +239,7 @@ impl Host {
             uuids: Mutex::new(vec![BTreeMap::new(); subtrees.len()]),
             subtrees,
             state: Mutex::new(State::Down("starting".into())),
+            rust_paths: Mutex::default(),
             log_target: Mutex::new(None),
             stderr_tail: Arc::default(),
         })
@@ -244,6 +248,11 @@ impl Host {
     /// The subtrees it serves.
     pub(crate) fn subtrees(&self) -> &[Subtree] {
         &self.subtrees
+    }
+
+    /// The descendants of subtree `i` the child left to Rust drivers, by path.
+    pub(crate) fn rust_paths(&self, i: usize) -> Vec<Vec<String>> {
+        lock(&self.rust_paths).get(i).cloned().unwrap_or_default()
     }
 
     /// Records the uuids of subtree `i` by path, for restarts.
@@ -315,6 +324,7 @@ impl Host {
                 "key": s.key,
                 "instance": s.instance,
                 "uuids": u,
+                "rust_types": s.rust_types,
             })).collect::<Vec<_>>(),
         });
         let mut child = Command::new(&self.python)
@@ -385,6 +395,17 @@ impl Host {
         if let Some(err) = answer.get("error") {
             return Err(self.start_error(err));
         }
+        *lock(&self.rust_paths) = self
+            .subtrees
+            .iter()
+            .map(|s| {
+                answer
+                    .get("rust")
+                    .and_then(|r| r.get(&s.key))
+                    .and_then(|paths| serde_json::from_value(paths.clone()).ok())
+                    .unwrap_or_default()
+            })
+            .collect();
         let channel = connect_channel(&socket.to_string_lossy(), &ConnectOptions::default())
             .await
             .map_err(|source| StartError::Connect {
@@ -405,6 +426,66 @@ impl Host {
             },
             Conn { channel, session },
         ))
+    }
+
+    /// Asks a child only to import the subtrees' types, building and serving nothing (how
+    /// `jmp config exporter edit` checks a config); the errors are those of [`Host::spawn`].
+    pub(crate) async fn check(&self) -> Result<(), StartError> {
+        let spec = serde_json::json!({
+            "check": true,
+            "subtrees": self.subtrees.iter().map(|s| serde_json::json!({
+                "key": s.key,
+                "instance": s.instance,
+                "rust_types": s.rust_types,
+            })).collect::<Vec<_>>(),
+        });
+        let mut child = Command::new(&self.python)
+            .arg(&self.script)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .env("PYTHONUNBUFFERED", "1")
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|source| StartError::NoInterpreter {
+                types: self.types(),
+                python: self.python.clone(),
+                packages: self.packages(),
+                source,
+            })?;
+        if let Some(mut stdin) = child.stdin.take() {
+            let mut line = spec.to_string();
+            line.push('\n');
+            // A child that exits at once (no such module) may not read it: its answer says why.
+            let _ = stdin.write_all(line.as_bytes()).await;
+        }
+        let out = match tokio::time::timeout(READY_TIMEOUT, child.wait_with_output()).await {
+            Err(_) => {
+                return Err(self.child_error(format!("did not answer within {READY_TIMEOUT:?}")));
+            }
+            Ok(Err(e)) => return Err(self.child_error(format!("could not be read ({e})"))),
+            Ok(Ok(out)) => out,
+        };
+        {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            let mut tail = lock(&self.stderr_tail);
+            tail.clear();
+            let lines: Vec<&str> = stderr.lines().collect();
+            let from = lines.len().saturating_sub(STDERR_TAIL);
+            tail.extend(lines[from..].iter().map(|l| l.to_string()));
+        }
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let first = stdout.lines().next().unwrap_or_default();
+        let answer = serde_json::from_str::<serde_json::Value>(first).unwrap_or_default();
+        if answer.get("checked").is_some() {
+            return Ok(());
+        }
+        match answer.get("error") {
+            Some(err) => Err(self.start_error(err)),
+            None => {
+                Err(self.child_error(format!("answered {first:?} and exited ({})", out.status)))
+            }
+        }
     }
 
     fn start_error(&self, err: &serde_json::Value) -> StartError {

@@ -25,6 +25,9 @@ pub struct Subtree {
     pub line: u64,
     /// The instance in upstream's config shape (`type`, `config`, `children`...).
     pub instance: serde_json::Value,
+    /// The types of its descendants that a Rust driver provides (not forced to Python): the
+    /// child leaves those it cannot import to us.
+    pub rust_types: Vec<String>,
 }
 
 /// Which `type:`s go to Python although a Rust driver exists ([`FORCE_ENV`]).
@@ -74,12 +77,19 @@ fn walk(
     if let Some(t) = &inst.driver_type
         && (!known.contains(t.value.as_str()) || forced.contains(&t.value))
     {
+        let mut rust_types = Vec::new();
+        for child in inst.children.values() {
+            rust_types_in(known, forced, child, &mut rust_types);
+        }
+        rust_types.sort();
+        rust_types.dedup();
         out.push(Subtree {
             key: out.len().to_string(),
             field: field.to_string(),
             type_name: t.value.clone(),
             line: t.referenced.line(),
             instance: upstream_instance(inst),
+            rust_types,
         });
         return;
     }
@@ -91,6 +101,24 @@ fn walk(
             child,
             out,
         );
+    }
+}
+
+/// The types in `inst` and below that a Rust driver provides and that are not forced.
+fn rust_types_in(
+    known: &std::collections::BTreeSet<&str>,
+    forced: &Forced,
+    inst: &DriverInstance,
+    out: &mut Vec<String>,
+) {
+    if let Some(t) = &inst.driver_type
+        && known.contains(t.value.as_str())
+        && !forced.contains(&t.value)
+    {
+        out.push(t.value.clone());
+    }
+    for child in inst.children.values() {
+        rust_types_in(known, forced, child, out);
     }
 }
 
@@ -172,6 +200,10 @@ mod tests {
         assert_eq!(p[0].field, "export.bench.children.lamp");
         assert_eq!(p[0].type_name, "lab.Lamp");
         assert_eq!(
+            p[0].rust_types,
+            ["jumpstarter_driver_power.driver.MockPower"]
+        );
+        assert_eq!(
             p[0].instance,
             serde_json::json!({
                 "type": "lab.Lamp",
@@ -187,6 +219,9 @@ mod tests {
         );
         let fields: Vec<&str> = p.iter().map(|s| s.field.as_str()).collect();
         assert_eq!(fields, ["export.bench.children.lamp", "export.sh"]);
+        // Forced types are Python's under a Python parent too.
+        let p = plan(&reg, &cfg, &Forced::parse("*"));
+        assert!(p.iter().all(|s| s.rust_types.is_empty()), "{p:?}");
         assert_eq!(p[1].key, "1");
         // Nothing unknown: no Python at all.
         let cfg = ExporterConfig::parse(

@@ -587,3 +587,133 @@ async fn a_stopped_exporter_lets_its_python_drivers_clean_up() {
         temp_dirs()
     );
 }
+
+/// A Python composite whose children are a Python driver and a Rust-only driver (HttpPower:
+/// upstream's `jumpstarter_driver_http_power` is not installed in the venv, so Python cannot
+/// build it): the child leaves it to us, and it hangs under its Python parent in our tree.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rust_children_hang_under_a_python_parent() {
+    // A plain HTTP endpoint for HttpPower to switch, answering one request.
+    let http = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = http.local_addr().unwrap().port();
+    let (seen_tx, seen_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        if let Ok((mut conn, _)) = http.accept() {
+            use std::io::{Read, Write};
+            conn.set_read_timeout(Some(Duration::from_secs(30))).ok();
+            let mut buf = [0u8; 4096];
+            let n = conn.read(&mut buf).unwrap_or(0);
+            let _ = seen_tx.send(String::from_utf8_lossy(&buf[..n]).into_owned());
+            let _ = conn
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+        }
+    });
+    let Some((s, venv)) = scratch(&format!(
+        "export:
+  power:
+    type: jumpstarter_driver_power.driver.MockPower
+  rack:
+    type: lab_drivers.Rack
+    children:
+      lamp:
+        type: lab_drivers.Lamp
+      pdu:
+        type: jumpstarter_driver_http_power.driver.HttpPower
+        config:
+          power_on:
+            url: http://127.0.0.1:{port}/relay/on
+          power_off:
+            url: http://127.0.0.1:{port}/relay/off
+"
+    )) else {
+        return;
+    };
+    let (_exporter, addr) = standalone(&s, &venv);
+    let session = ExporterSession::connect(&addr, &insecure()).await.unwrap();
+    let rack = session.driver("rack").unwrap();
+    let names: Vec<&str> = rack
+        .node()
+        .children
+        .iter()
+        .map(|(n, _)| n.as_str())
+        .collect();
+    assert!(
+        names.contains(&"lamp") && names.contains(&"pdu"),
+        "{names:?}"
+    );
+    // The Python child under the Python parent.
+    let r: String = session
+        .driver("rack.lamp")
+        .unwrap()
+        .call("switch", (true,))
+        .await
+        .unwrap();
+    assert_eq!(r, "lamp on at 3");
+    // The Rust child under it: our HttpPower makes the request.
+    let pdu = session.driver("rack.pdu").unwrap();
+    assert_eq!(
+        pdu.node().client_class(),
+        "jumpstarter_driver_power.client.PowerClient"
+    );
+    let () = pdu.call("on", ()).await.unwrap();
+    let request = seen_rx.recv_timeout(Duration::from_secs(30)).unwrap();
+    assert!(request.starts_with("GET /relay/on "), "{request}");
+}
+
+/// `jmp config exporter edit` accepts types only Python provides (the interpreter imports
+/// them) and still refuses a type neither Rust nor Python has, as `jmp run` does.
+#[test]
+fn config_exporter_edit_accepts_python_only_types() {
+    let Some((s, venv)) = scratch(MIXED) else {
+        return;
+    };
+    let edit = |sed: &str| {
+        let editor = s.write("editor.sh", &format!("#!/bin/sh\nsed -i '{sed}' \"$1\"\n"));
+        let mut c = s.cmd(JMP);
+        c.env("VISUAL", format!("sh {}", editor.display()))
+            .args(["config", "exporter", "edit", "lab"]);
+        python_env(&mut c, &s, &venv);
+        c.output().unwrap()
+    };
+    let out = s
+        .cmd(JMP)
+        .args([
+            "config",
+            "exporter",
+            "create",
+            "lab",
+            "--endpoint",
+            "ctl:443",
+            "--token",
+            "t",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{:?}", text(&out));
+    let path = s.path("config/exporters/lab.yaml");
+
+    // A lab's Python driver and a Rust one: saved, and the Python one named.
+    let out = edit(
+        "s/^export:$/export:\\n  lamp:\\n    type: lab_drivers.Lamp\\n  power:\\n    type: jumpstarter_driver_power.driver.MockPower/",
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(
+        stderr.contains("Served by Python drivers")
+            && stderr.contains("lab_drivers.Lamp (export.lamp)"),
+        "{stderr}"
+    );
+    let saved = std::fs::read_to_string(&path).unwrap();
+    assert!(saved.contains("lab_drivers.Lamp"), "{saved}");
+
+    // A type Python cannot import either: refused, the file unchanged, with Python's reason.
+    let out = edit("s/lab_drivers.Lamp/lab_drivers.Lampp/");
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
+    assert!(
+        stderr.contains("export.lamp.type: unknown driver type \"lab_drivers.Lampp\""),
+        "{stderr}"
+    );
+    assert!(stderr.contains("Lampp"), "{stderr}");
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), saved);
+}
