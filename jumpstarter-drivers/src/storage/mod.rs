@@ -72,6 +72,9 @@ pub enum StorageError {
         key: &'static str,
         /// What is wrong.
         message: String,
+        /// The parse error, when the option is not a URL.
+        #[source]
+        source: Option<http::uri::InvalidUri>,
     },
     /// An opendal operation failed.
     #[error("{op} {path:?}: {source}")]

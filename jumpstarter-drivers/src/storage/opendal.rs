@@ -791,13 +791,16 @@ fn check_http_endpoint(endpoint: Option<&str>) -> Result<(), StorageError> {
     let bad = |message: String| StorageError::BadKwarg {
         key: "endpoint",
         message,
+        source: None,
     };
     let endpoint = endpoint
         .filter(|e| !e.is_empty())
         .ok_or_else(|| bad("missing: the http scheme needs the server's URL".into()))?;
-    let uri: http::Uri = endpoint
-        .parse()
-        .map_err(|e| bad(format!("{endpoint:?} is not a URL: {e}")))?;
+    let uri: http::Uri = endpoint.parse().map_err(|e| StorageError::BadKwarg {
+        key: "endpoint",
+        message: format!("{endpoint:?} is not a URL: {e}"),
+        source: Some(e),
+    })?;
     let scheme_ok = uri
         .scheme_str()
         .is_some_and(|s| s.eq_ignore_ascii_case("http") || s.eq_ignore_ascii_case("https"));
