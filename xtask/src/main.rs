@@ -49,7 +49,7 @@ fn main() -> std::process::ExitCode {
         Some("s3") => s3::run(),
         Some("kube-up") => kube::run_up(),
         Some("kube-down") => kube::run_down(),
-        Some("kube-e2e") => kube_e2e::run(),
+        Some("kube-e2e") => kube_e2e::run(&args[1..]),
         Some("qemu-board") => qemu_board::run(),
         Some("venv") => interop::ensure_venv().map(|p| println!("{}", p.display())),
         _ => {
@@ -66,7 +66,7 @@ fn main() -> std::process::ExitCode {
                  s3        the Opendal driver's S3 service (feature storage-s3) against moto's S3 on loopback\n  \
                  kube-up   a real kube-apiserver + etcd on loopback (built from Go modules, cached)\n  \
                  kube-down stop what kube-up started\n  \
-                 kube-e2e  the Kubernetes store and controller against that real API server\n  \
+                 kube-e2e  [--reuse] the Kubernetes store and controller against that real API server\n  \
                  qemu-board  install QEMU and build the test board image (cached); print its path\n  \
                  venv      create the pinned upstream venv and print its path"
             );
