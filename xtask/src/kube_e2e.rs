@@ -1,6 +1,8 @@
 //! `cargo xtask kube-e2e`: the Kubernetes backend against a real API server.
 //!
-//! Starts a cluster with [`crate::kube::up`] (stopped again at the end, also on failure), then:
+//! Starts a cluster with [`crate::kube::up`] (stopped again at the end, also on failure), or
+//! with `--reuse` runs against the one `cargo xtask kube-up` left running (as it is, with what
+//! earlier runs left in it: every test makes its own objects and namespaces), then:
 //! 1. the Store contract suite (`store::tests::real_kube_backend`, the generic tests that
 //!    also run against SQLite and the fake API server) as the cluster's admin;
 //! 2. the controller's real-server tests (`tests/it/real_kube.rs`) as the controller's
@@ -8,13 +10,23 @@
 //! 3. the quickstart walkthrough (admin create, `jmp run`, `jmp get`, `jmp shell` with
 //!    `j power on`) with `jumpstarter-controller --store kubernetes` as that ServiceAccount.
 
-use anyhow::Result;
+use anyhow::{Result, bail};
 
 use crate::kube;
 
-/// Runs the suite.
-pub fn run() -> Result<()> {
-    let cluster = kube::up()?;
+/// Runs the suite (`--reuse`: on the running cluster).
+pub fn run(args: &[String]) -> Result<()> {
+    let reuse = match args {
+        [] => false,
+        [a] if a == "--reuse" => true,
+        _ => bail!("usage: cargo xtask kube-e2e [--reuse]"),
+    };
+    let cluster = if reuse {
+        kube::running()?;
+        None
+    } else {
+        Some(kube::up()?)
+    };
     let admin = kube::admin_kubeconfig().display().to_string();
     let controller = kube::controller_kubeconfig().display().to_string();
     let feature = ["-p", "jumpstarter-controller", "--features", "kube-e2e"];
@@ -40,6 +52,7 @@ pub fn run() -> Result<()> {
         ],
     )?;
     println!("== the quickstart with jumpstarter-controller --store kubernetes");
+    forget_last_walkthrough()?;
     crate::quickstart::walkthrough(
         &crate::target_dir().join("kube-e2e-lab"),
         &["--store", "kubernetes", "--namespace", kube::NAMESPACE],
@@ -47,5 +60,32 @@ pub fn run() -> Result<()> {
     )?;
     drop(cluster);
     println!("== kube-e2e passed");
+    Ok(())
+}
+
+/// Removes what an earlier walkthrough on this cluster left (its Exporter and Client
+/// `quickstart`, their credential Secrets and its Leases, all in namespace `default`, which
+/// nothing else in the suite writes), so that `jmp admin create` can create them again.
+fn forget_last_walkthrough() -> Result<()> {
+    kube::kubectl(&[
+        "delete",
+        "-n",
+        "default",
+        "--ignore-not-found",
+        "--wait=false",
+        "exporters.jumpstarter.dev/quickstart",
+        "clients.jumpstarter.dev/quickstart",
+        "secrets/quickstart-exporter",
+        "secrets/quickstart-client",
+    ])?;
+    kube::kubectl(&[
+        "delete",
+        "-n",
+        "default",
+        "--all",
+        "--ignore-not-found",
+        "--wait=false",
+        "leases.jumpstarter.dev",
+    ])?;
     Ok(())
 }

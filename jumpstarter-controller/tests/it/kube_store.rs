@@ -432,11 +432,23 @@ pub(crate) async fn lease_goes_pending_then_ready<S: Store>(
             .and_then(|s| s.conditions.iter().find(|c| c.type_ == t))
             .map(|c| c.status.clone())
     };
-    let mut drain = async |seen: &mut Vec<_>| {
-        while let Ok(Some(ev)) =
-            tokio::time::timeout(std::time::Duration::from_millis(300), watch.next()).await
-        {
-            if let WatchEvent::Modified(l) | WatchEvent::Added(l) = ev.unwrap()
+    // After each pass the Lease is read back (its writes are done when the pass returns) and
+    // the watch is followed up to that version: what the watch showed, in order, without
+    // guessing how long the server takes to deliver an event.
+    let mut last_rv = None;
+    let mut follow = async |seen: &mut Vec<_>| {
+        let now: Lease = store.get(namespace, &lease_name).await.unwrap().unwrap();
+        let rv = now.metadata.resource_version.clone();
+        if rv == last_rv {
+            return;
+        }
+        for _ in 0..1000 {
+            let ev = tokio::time::timeout(std::time::Duration::from_secs(60), watch.next())
+                .await
+                .unwrap_or_else(|_| panic!("the watch never showed version {rv:?}: {seen:?}"))
+                .expect("the watch ended")
+                .unwrap();
+            if let WatchEvent::Modified(l) | WatchEvent::Added(l) = ev
                 && l.metadata.name.as_deref() == Some(lease_name.as_str())
             {
                 seen.push((
@@ -444,11 +456,16 @@ pub(crate) async fn lease_goes_pending_then_ready<S: Store>(
                     cond(&l, "Ready"),
                     l.assigned_exporter().map(str::to_owned),
                 ));
+                if l.metadata.resource_version == rv {
+                    last_rv = rv;
+                    return;
+                }
             }
         }
+        panic!("no version {rv:?} in 1000 events: {seen:?}");
     };
     reconcile_once(&state).await.unwrap();
-    drain(&mut seen).await;
+    follow(&mut seen).await;
     assert!(
         seen.iter()
             .any(|s| s.0.as_deref() == Some("True") && s.2.is_none()),
@@ -463,7 +480,7 @@ pub(crate) async fn lease_goes_pending_then_ready<S: Store>(
     store.update_status(&e).await.unwrap();
     for _ in 0..10 {
         reconcile_once(&state).await.unwrap();
-        drain(&mut seen).await;
+        follow(&mut seen).await;
         if seen.iter().any(|s| s.1.as_deref() == Some("True")) {
             break;
         }
