@@ -1,8 +1,8 @@
-//! The controller's two small HTTP/1.1 endpoints (`/metrics`, easy login's
-//! `/v1/auth/config`) share this: a bounded accept loop, and hyper serving one request per
-//! connection (then closing it).
+//! Small HTTP/1.1 endpoints beside the gRPC servers (the controller's and the router's
+//! `/metrics`, the controller's easy-login `/v1/auth/config`): a bounded accept loop, and
+//! hyper serving one request per connection (then closing it).
 
-use std::{future::Future, sync::Arc, time::Duration};
+use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
 
 use bytes::Bytes;
 use http::{Method, Response, StatusCode, header::CONTENT_TYPE};
@@ -102,5 +102,93 @@ where
         .await;
     if let Err(e) = served {
         tracing::debug!("HTTP connection: {e}");
+    }
+}
+
+/// Produces the text of one metrics scrape.
+pub type MetricsRender =
+    Arc<dyn Fn() -> Pin<Box<dyn Future<Output = String> + Send>> + Send + Sync>;
+
+/// Scrapes served at once; more connections are closed, not queued.
+const METRICS_CONNECTIONS: usize = 8;
+/// A scrape that takes longer is cut.
+const METRICS_TIMEOUT: Duration = Duration::from_secs(10);
+/// The Prometheus text format's content type.
+const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Serves `GET /metrics` (Prometheus text from `render`) on `listener` until `shutdown`
+/// resolves; another path gets 404, another method 405.
+pub async fn serve_metrics(
+    listener: TcpListener,
+    render: MetricsRender,
+    shutdown: impl Future<Output = ()> + Send,
+) {
+    let handle = move |conn: TcpStream| {
+        let render = render.clone();
+        respond(conn, move |method, path| {
+            let render = render.clone();
+            async move {
+                let (status, body) = match (method, path.as_str()) {
+                    (Method::GET, "/metrics") => (StatusCode::OK, render().await),
+                    (Method::GET, _) => (
+                        StatusCode::NOT_FOUND,
+                        "not found; metrics are at /metrics\n".to_string(),
+                    ),
+                    _ => (StatusCode::METHOD_NOT_ALLOWED, String::new()),
+                };
+                Reply {
+                    status,
+                    content_type: METRICS_CONTENT_TYPE,
+                    body,
+                }
+            }
+        })
+    };
+    serve(
+        "metrics",
+        listener,
+        METRICS_CONNECTIONS,
+        METRICS_TIMEOUT,
+        handle,
+        shutdown,
+    )
+    .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[tokio::test]
+    async fn metrics_are_served_and_other_paths_and_methods_are_not() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let render: MetricsRender = Arc::new(|| Box::pin(async { "x_total 1\n".to_string() }));
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(serve_metrics(listener, render, async {
+            let _ = rx.await;
+        }));
+        let request = |head: String| async move {
+            let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+            c.write_all(head.as_bytes()).await.unwrap();
+            let mut s = String::new();
+            c.read_to_string(&mut s).await.unwrap();
+            s
+        };
+        let get = |path: &str| request(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n"));
+        let ok = get("/metrics").await;
+        assert!(ok.starts_with("HTTP/1.1 200 OK"), "{ok}");
+        assert!(ok.ends_with("x_total 1\n"), "{ok}");
+        let nf = get("/nope").await;
+        assert!(nf.starts_with("HTTP/1.1 404"), "{nf}");
+        assert!(nf.ends_with("not found; metrics are at /metrics\n"), "{nf}");
+        let post =
+            request("POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n".into()).await;
+        assert!(post.starts_with("HTTP/1.1 405"), "{post}");
+        let junk = request("\x16\x03\x01 not http\r\n\r\n".into()).await;
+        assert!(!junk.contains("200 OK"), "{junk}");
+        let _ = tx.send(());
+        task.await.unwrap();
     }
 }
