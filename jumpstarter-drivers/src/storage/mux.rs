@@ -68,9 +68,7 @@ impl Medium {
                 let temp = tempfile::Builder::new()
                     .prefix("jmp-storage-mux-")
                     .tempfile()
-                    .map_err(|e| {
-                        DriverError::Failed(format!("cannot create the mock medium file: {e}"))
-                    })?
+                    .map_err(|e| DriverError::because("cannot create the mock medium file", e))?
                     .into_temp_path();
                 Ok(Self {
                     path: temp.to_path_buf(),
