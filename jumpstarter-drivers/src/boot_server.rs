@@ -101,6 +101,12 @@ impl ServerSlot {
         true
     }
 
+    /// Keeps `task`, bound to `addr`, as the running server, stopping any other.
+    pub(crate) fn replace(&self, addr: SocketAddr, task: ServerTask) {
+        let old = self.0.lock_or_recover().replace((addr, task));
+        drop(old);
+    }
+
     /// The bound port of the running server.
     pub(crate) fn port(&self) -> Option<u16> {
         self.0.lock_or_recover().as_ref().map(|(a, _)| a.port())

@@ -92,10 +92,7 @@ impl HttpServer {
             .local_addr()
             .map_err(|e| DriverError::because(format!("HttpServer {bind}"), e))?;
         let task = serve::start(listener, self.root.clone(), self.timeout);
-        if !self.server.start(addr, task) {
-            // Another start won the race: keep that one.
-            return Ok(());
-        }
+        self.server.replace(addr, task);
         ctx.log_info(format!(
             "HTTP server started at http://{}:{}",
             self.host,
