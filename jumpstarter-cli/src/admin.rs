@@ -99,10 +99,10 @@ impl KubeFlags {
 pub enum AdminCreate {
     /// Create a client object on the controller
     #[command(alias = "clients", alias = "c")]
-    Client(CreateClientArgs),
+    Client(CreateArgs<ClientOnly>),
     /// Create an exporter object on the controller
     #[command(alias = "exporters", alias = "e")]
-    Exporter(CreateExporterArgs),
+    Exporter(CreateArgs<ExporterOnly>),
     /// Not offered: create Kubernetes clusters with your own tools
     #[command(alias = "clusters")]
     Cluster(Box<CreateClusterArgs>),
@@ -220,29 +220,24 @@ pub struct GetClusterArgs {
     output: Option<String>,
 }
 
-/// `jmp admin create client`.
+/// `jmp admin create client|exporter`: the flags both take, in upstream's order, with the
+/// flags of one kind only (`K`) after `--save`.
 #[derive(Args, Debug)]
-pub struct CreateClientArgs {
+pub struct CreateArgs<K: CreateKind> {
     #[command(flatten)]
     connect: AdminConnect,
-    /// Name of the client
+    #[arg(help = K::NAME_HELP)]
     name: String,
-    /// Save the config file for the created client.
-    #[arg(short, long)]
+    #[arg(short, long, help = K::SAVE_HELP)]
     save: bool,
-    /// A comma-separated list of driver client packages to load.
-    #[arg(short, long, value_name = "TEXT")]
-    allow: Option<String>,
-    /// Should all driver client packages be allowed to load (UNSAFE!).
-    #[arg(long = "unsafe")]
-    allow_unsafe: bool,
-    /// Specify an output file for the client config.
-    #[arg(long, value_name = "FILE")]
+    #[command(flatten)]
+    only: K,
+    #[arg(long, value_name = "FILE", help = K::OUT_HELP)]
     out: Option<PathBuf>,
     #[command(flatten)]
     kube: KubeFlags,
     /// Labels to set on resource, can be set multiple times
-    #[arg(short, long, value_name = "TEXT")]
+    #[arg(short, long, value_name = "TEXT", required = K::LABEL_REQUIRED)]
     label: Vec<String>,
     /// Disable TLS certificate verification for connections
     #[arg(short = 'k', long)]
@@ -257,35 +252,153 @@ pub struct CreateClientArgs {
     output: Option<String>,
 }
 
-/// `jmp admin create exporter`.
+/// The flags only `jmp admin create client` takes.
 #[derive(Args, Debug)]
-pub struct CreateExporterArgs {
-    #[command(flatten)]
-    connect: AdminConnect,
-    /// Name of the exporter
+pub struct ClientOnly {
+    /// A comma-separated list of driver client packages to load.
+    #[arg(short, long, value_name = "TEXT")]
+    allow: Option<String>,
+    /// Should all driver client packages be allowed to load (UNSAFE!).
+    #[arg(long = "unsafe")]
+    allow_unsafe: bool,
+}
+
+/// `jmp admin create exporter` has no flags of its own.
+#[derive(Args, Debug)]
+pub struct ExporterOnly {}
+
+/// What `jmp admin create client` and `create exporter` differ in: help texts, whether a
+/// label is required, the create RPC and the config file written.
+pub(crate) trait CreateKind: Args + std::fmt::Debug {
+    /// Which object.
+    const KIND: Kind;
+    /// Help of the `NAME` argument.
+    const NAME_HELP: &'static str;
+    /// Help of `--save`.
+    const SAVE_HELP: &'static str;
+    /// Help of `--out`.
+    const OUT_HELP: &'static str;
+    /// Whether `--label` must be given.
+    const LABEL_REQUIRED: bool;
+
+    /// Creates the object on the controller: its credentials and how it is shown.
+    async fn create_object(
+        api: &mut AdminApi,
+        meta: NewObject,
+    ) -> Result<(Credentials, ObjectView)>;
+
+    /// The config file for the new object.
+    fn config(&self, cred: &Credentials, insecure: bool) -> NewConfig;
+}
+
+/// The fields of a new client or exporter.
+pub(crate) struct NewObject {
+    namespace: String,
     name: String,
-    /// Save the config file for the created exporter.
-    #[arg(short, long)]
-    save: bool,
-    /// Specify an output file for the exporter config.
-    #[arg(long, value_name = "FILE")]
-    out: Option<PathBuf>,
-    #[command(flatten)]
-    kube: KubeFlags,
-    /// Labels to set on resource, can be set multiple times
-    #[arg(short, long, value_name = "TEXT", required = true)]
-    label: Vec<String>,
-    /// Disable TLS certificate verification for connections
-    #[arg(short = 'k', long)]
-    insecure_tls: bool,
-    /// OIDC username
-    #[arg(long, value_name = "TEXT")]
-    oidc_username: Option<String>,
-    /// Disable interactive prompts (for use in scripts); nothing here prompts.
-    #[arg(long)]
-    nointeractive: bool,
-    #[arg(short, long, value_parser = ["json", "yaml", "name", "path"], help = OUTPUT_HELP)]
-    output: Option<String>,
+    labels: std::collections::HashMap<String, String>,
+    username: String,
+}
+
+impl NewObject {
+    /// The error a failed create RPC for this object is reported as.
+    fn failed(&self, kind: Kind) -> impl FnOnce(tonic::Status) -> anyhow::Error + use<> {
+        let what = format!("cannot create {} {:?}", kind.word(), self.name);
+        move |s| rpc_error(&what, s)
+    }
+}
+
+impl CreateKind for ClientOnly {
+    const KIND: Kind = Kind::Client;
+    const NAME_HELP: &'static str = "Name of the client";
+    const SAVE_HELP: &'static str = "Save the config file for the created client";
+    const OUT_HELP: &'static str = "Specify an output file for the client config";
+    const LABEL_REQUIRED: bool = false;
+
+    async fn create_object(
+        api: &mut AdminApi,
+        meta: NewObject,
+    ) -> Result<(Credentials, ObjectView)> {
+        let failed = meta.failed(Self::KIND);
+        let resp = api
+            .rpc
+            .create_client(CreateClientRequest {
+                client: Some(Client {
+                    namespace: meta.namespace,
+                    name: meta.name,
+                    labels: meta.labels,
+                    username: meta.username,
+                    ..Default::default()
+                }),
+            })
+            .await
+            .map_err(failed)?
+            .into_inner();
+        let (cred, client) = answer_parts(
+            Self::KIND.word(),
+            resp.credentials,
+            resp.client,
+            |namespace, name| Client {
+                namespace,
+                name,
+                ..Default::default()
+            },
+        )?;
+        Ok((cred, client_view(&client)))
+    }
+
+    fn config(&self, cred: &Credentials, insecure: bool) -> NewConfig {
+        NewConfig::Client(Box::new(client_config(
+            cred,
+            insecure,
+            self.allow.as_deref(),
+            self.allow_unsafe,
+        )))
+    }
+}
+
+impl CreateKind for ExporterOnly {
+    const KIND: Kind = Kind::Exporter;
+    const NAME_HELP: &'static str = "Name of the exporter";
+    const SAVE_HELP: &'static str = "Save the config file for the created exporter";
+    const OUT_HELP: &'static str = "Specify an output file for the exporter config";
+    const LABEL_REQUIRED: bool = true;
+
+    async fn create_object(
+        api: &mut AdminApi,
+        meta: NewObject,
+    ) -> Result<(Credentials, ObjectView)> {
+        let failed = meta.failed(Self::KIND);
+        let resp = api
+            .rpc
+            .create_exporter(CreateExporterRequest {
+                exporter: Some(Exporter {
+                    namespace: meta.namespace,
+                    name: meta.name,
+                    labels: meta.labels,
+                    username: meta.username,
+                    enabled: true,
+                    ..Default::default()
+                }),
+            })
+            .await
+            .map_err(failed)?
+            .into_inner();
+        let (cred, exporter) = answer_parts(
+            Self::KIND.word(),
+            resp.credentials,
+            resp.exporter,
+            |namespace, name| Exporter {
+                namespace,
+                name,
+                ..Default::default()
+            },
+        )?;
+        Ok((cred, exporter_view(&exporter)))
+    }
+
+    fn config(&self, cred: &Credentials, insecure: bool) -> NewConfig {
+        NewConfig::Exporter(Box::new(exporter_config(cred, insecure)))
+    }
 }
 
 /// `jmp admin delete`.
@@ -467,7 +580,7 @@ pub struct ClearHealthArgs {
 }
 
 /// A connection to the AdminService.
-struct AdminApi {
+pub(crate) struct AdminApi {
     rpc: AdminServiceClient<AuthChannel>,
 }
 
@@ -498,8 +611,8 @@ impl AdminApi {
 /// Runs `jmp admin ...`.
 pub async fn run(cmd: AdminCommand) -> Result<i32> {
     match cmd {
-        AdminCommand::Create(AdminCreate::Client(a)) => create_client(a).await,
-        AdminCommand::Create(AdminCreate::Exporter(a)) => create_exporter(a).await,
+        AdminCommand::Create(AdminCreate::Client(a)) => create(a).await,
+        AdminCommand::Create(AdminCreate::Exporter(a)) => create(a).await,
         AdminCommand::Create(AdminCreate::Cluster(_))
         | AdminCommand::Delete(AdminDelete::Cluster(_))
         | AdminCommand::Get(AdminGet::Cluster(_)) => bail!("{NOT_OFFERED}"),
@@ -517,7 +630,7 @@ pub async fn run(cmd: AdminCommand) -> Result<i32> {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
+pub(crate) enum Kind {
     Client,
     Exporter,
 }
@@ -689,7 +802,7 @@ fn save_client(cfg: &ClientConfig, path: &Path) -> Result<bool> {
 
 /// An admin object as `-o json|yaml` shows it.
 #[derive(Debug, Serialize)]
-struct ObjectView {
+pub(crate) struct ObjectView {
     kind: &'static str,
     namespace: String,
     name: String,
@@ -812,59 +925,8 @@ fn note(mode: OutputMode, text: &str) {
     }
 }
 
-async fn create_exporter(a: CreateExporterArgs) -> Result<i32> {
-    let insecure = a.insecure_tls;
-    let common = CreateCommon {
-        connect: &a.connect,
-        name: &a.name,
-        namespace: a.kube.namespace(),
-        label: &a.label,
-        insecure_tls: a.insecure_tls,
-        oidc_username: a.oidc_username.as_deref(),
-        output: a.output.as_deref(),
-        out: a.out.as_deref(),
-        save: a.save,
-    };
-    create(Kind::Exporter, common, |cred| {
-        NewConfig::Exporter(Box::new(exporter_config(cred, insecure)))
-    })
-    .await
-}
-
-async fn create_client(a: CreateClientArgs) -> Result<i32> {
-    let (insecure, allow, allow_unsafe) = (a.insecure_tls, a.allow.as_deref(), a.allow_unsafe);
-    let common = CreateCommon {
-        connect: &a.connect,
-        name: &a.name,
-        namespace: a.kube.namespace(),
-        label: &a.label,
-        insecure_tls: a.insecure_tls,
-        oidc_username: a.oidc_username.as_deref(),
-        output: a.output.as_deref(),
-        out: a.out.as_deref(),
-        save: a.save,
-    };
-    create(Kind::Client, common, |cred| {
-        NewConfig::Client(Box::new(client_config(cred, insecure, allow, allow_unsafe)))
-    })
-    .await
-}
-
-/// The flags `jmp admin create client` and `create exporter` share.
-struct CreateCommon<'a> {
-    connect: &'a AdminConnect,
-    name: &'a str,
-    namespace: String,
-    label: &'a [String],
-    insecure_tls: bool,
-    oidc_username: Option<&'a str>,
-    output: Option<&'a str>,
-    out: Option<&'a Path>,
-    save: bool,
-}
-
 /// The config file a create produces from the new object's credentials.
-enum NewConfig {
+pub(crate) enum NewConfig {
     Exporter(Box<ExporterConfig>),
     Client(Box<ClientConfig>),
 }
@@ -885,86 +947,34 @@ fn answer_parts<T>(
 
 /// `jmp admin create client|exporter`: creates the object, prints or saves its config (the
 /// only copy of its token), and deletes the object again when the config cannot be saved.
-async fn create(
-    kind: Kind,
-    a: CreateCommon<'_>,
-    config: impl FnOnce(&Credentials) -> NewConfig,
-) -> Result<i32> {
-    let mode = OutputMode::from_flag(a.output)?;
+async fn create<K: CreateKind>(a: CreateArgs<K>) -> Result<i32> {
+    let kind = K::KIND;
+    let mode = OutputMode::from_flag(a.output.as_deref())?;
     let word = kind.word();
-    check_name(a.name, word)?;
-    let labels = parse_key_values(a.label, "label")?;
+    check_name(&a.name, word)?;
+    let labels = parse_key_values(&a.label, "label")?;
     if kind == Kind::Exporter && labels.is_empty() {
         bail!("an exporter needs at least one label: --label key=value");
     }
-    let target = match (a.out, a.save) {
-        (Some(p), _) => Some(p.to_owned()),
+    let target = match (&a.out, a.save) {
+        (Some(p), _) => Some(p.clone()),
         (None, true) => Some(match kind {
-            Kind::Exporter => exporter_save_path(a.name),
-            Kind::Client => ClientConfig::path_for(a.name)?,
+            Kind::Exporter => exporter_save_path(&a.name),
+            Kind::Client => ClientConfig::path_for(&a.name)?,
         }),
         (None, false) => None,
     };
     if let Some(p) = &target {
         prepare_output(p)?;
     }
-    let mut api = AdminApi::connect(a.connect, a.insecure_tls).await?;
-    let failed = |s| rpc_error(&format!("cannot create {word} {:?}", a.name), s);
-    let labels = labels.into_iter().collect();
-    let username = a.oidc_username.unwrap_or_default().to_owned();
-    let (cred, view) = match kind {
-        Kind::Exporter => {
-            let resp = api
-                .rpc
-                .create_exporter(CreateExporterRequest {
-                    exporter: Some(Exporter {
-                        namespace: a.namespace,
-                        name: a.name.to_owned(),
-                        labels,
-                        username,
-                        enabled: true,
-                        ..Default::default()
-                    }),
-                })
-                .await
-                .map_err(failed)?
-                .into_inner();
-            let (cred, exporter) =
-                answer_parts(word, resp.credentials, resp.exporter, |namespace, name| {
-                    Exporter {
-                        namespace,
-                        name,
-                        ..Default::default()
-                    }
-                })?;
-            (cred, exporter_view(&exporter))
-        }
-        Kind::Client => {
-            let resp = api
-                .rpc
-                .create_client(CreateClientRequest {
-                    client: Some(Client {
-                        namespace: a.namespace,
-                        name: a.name.to_owned(),
-                        labels,
-                        username,
-                        ..Default::default()
-                    }),
-                })
-                .await
-                .map_err(failed)?
-                .into_inner();
-            let (cred, client) =
-                answer_parts(word, resp.credentials, resp.client, |namespace, name| {
-                    Client {
-                        namespace,
-                        name,
-                        ..Default::default()
-                    }
-                })?;
-            (cred, client_view(&client))
-        }
+    let mut api = AdminApi::connect(&a.connect, a.insecure_tls).await?;
+    let meta = NewObject {
+        namespace: a.kube.namespace(),
+        name: a.name.clone(),
+        labels: labels.into_iter().collect(),
+        username: a.oidc_username.clone().unwrap_or_default(),
     };
+    let (cred, view) = K::create_object(&mut api, meta).await?;
     note(
         mode,
         &format!(
@@ -972,7 +982,7 @@ async fn create(
             view.name, view.namespace
         ),
     );
-    let cfg = config(&cred);
+    let cfg = a.only.config(&cred, a.insecure_tls);
     let yaml = match &cfg {
         NewConfig::Exporter(c) => c.to_yaml()?,
         NewConfig::Client(c) => {

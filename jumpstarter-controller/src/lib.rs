@@ -33,7 +33,6 @@ mod exporter_view;
 mod external_auth;
 #[cfg(test)]
 mod fuzz_tests;
-mod http1;
 mod leader;
 mod lease_gc;
 mod lease_update;

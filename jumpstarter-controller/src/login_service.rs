@@ -8,7 +8,7 @@ use jumpstarter_core::auth::IssuedCert;
 use tokio::net::TcpListener;
 use tokio_rustls::{TlsAcceptor, rustls};
 
-use crate::http1::{self, Reply};
+use jumpstarter_core::server::http1::{self, Reply};
 
 /// Requests in flight at once; more connections are closed.
 const MAX_CONNECTIONS: usize = 64;

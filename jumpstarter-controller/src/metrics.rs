@@ -1,6 +1,7 @@
 //! Prometheus metrics: RPC latencies (a tower layer on the gRPC server), leases by state and
 //! exporters online/registered (read from the store at scrape time), and the in-process
-//! router's counters, served as text on a small HTTP/1.1 listener (`GET /metrics`).
+//! router's counters, served as text on a small HTTP/1.1 listener (`GET /metrics`, core's
+//! `server::http1::serve_metrics`).
 
 use std::{
     collections::HashMap,
@@ -12,10 +13,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tokio::net::TcpListener;
-
 use crate::{
-    http1::{self, Reply},
     objects::{Exporter, Lease, conditions},
     selector::LabelSelector,
     state::ControllerState,
@@ -82,10 +80,6 @@ pub fn method_label(path: &str) -> &str {
         UNKNOWN_METHOD
     }
 }
-/// Scrapes served at once.
-const MAX_CONNECTIONS: usize = 8;
-/// A scrape that takes longer is cut.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Default, Clone)]
 struct Histogram {
@@ -267,55 +261,9 @@ pub async fn object_metrics<S: Store>(state: &ControllerState<S>) -> String {
     out
 }
 
-/// Produces the text of one scrape.
-pub type Render = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = String> + Send>> + Send + Sync>;
-
-/// Serves `GET /metrics` on `listener` until `shutdown` resolves. Anything else gets 404.
-pub async fn serve(
-    listener: TcpListener,
-    render: Render,
-    shutdown: impl Future<Output = ()> + Send,
-) {
-    let handle = move |conn| respond(conn, render.clone());
-    http1::serve(
-        "metrics",
-        listener,
-        MAX_CONNECTIONS,
-        REQUEST_TIMEOUT,
-        handle,
-        shutdown,
-    )
-    .await;
-}
-
-const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
-
-async fn respond(conn: tokio::net::TcpStream, render: Render) {
-    http1::respond(conn, move |method, path| {
-        let render = render.clone();
-        async move {
-            let (status, body) = match (method, path.as_str()) {
-                (http::Method::GET, "/metrics") => (http::StatusCode::OK, render().await),
-                (http::Method::GET, _) => (
-                    http::StatusCode::NOT_FOUND,
-                    "not found; metrics are at /metrics\n".to_string(),
-                ),
-                _ => (http::StatusCode::METHOD_NOT_ALLOWED, String::new()),
-            };
-            Reply {
-                status,
-                content_type: CONTENT_TYPE,
-                body,
-            }
-        }
-    })
-    .await;
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     #[test]
     fn histogram_counts_cumulatively() {
@@ -378,32 +326,5 @@ mod tests {
         let methods = m.methods.lock().unwrap().len();
         assert_eq!(methods, 5);
         assert!(!text.contains("/x/"));
-    }
-
-    #[tokio::test]
-    async fn http_responder_serves_metrics_and_404() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let render: Render = Arc::new(|| Box::pin(async { "x_total 1\n".to_string() }));
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(serve(listener, render, async {
-            let _ = rx.await;
-        }));
-        let get = |path: &'static str| async move {
-            let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
-            c.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
-                .await
-                .unwrap();
-            let mut s = String::new();
-            c.read_to_string(&mut s).await.unwrap();
-            s
-        };
-        let ok = get("/metrics").await;
-        assert!(ok.starts_with("HTTP/1.1 200 OK"), "{ok}");
-        assert!(ok.ends_with("x_total 1\n"), "{ok}");
-        let nf = get("/nope").await;
-        assert!(nf.starts_with("HTTP/1.1 404"), "{nf}");
-        let _ = tx.send(());
-        task.await.unwrap();
     }
 }

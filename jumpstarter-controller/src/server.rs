@@ -571,11 +571,13 @@ async fn start_locked<S: Store>(
             router_stats,
             listener_stats,
         );
-        tasks.push(tokio::spawn(crate::metrics::serve(
-            l,
-            render,
-            until_stopped(stopped.clone()),
-        )));
+        tasks.push(tokio::spawn(
+            jumpstarter_core::server::http1::serve_metrics(
+                l,
+                render,
+                until_stopped(stopped.clone()),
+            ),
+        ));
     }
     if let Some(l) = listeners.login {
         let acceptor = crate::login_service::acceptor(&secrets.identity_pem)?;
@@ -744,7 +746,7 @@ fn metrics_render<S: Store>(
     rpc: Arc<RpcMetrics>,
     router: Arc<jumpstarter_router::RouterStats>,
     listeners: [Arc<ListenerStats>; 2],
-) -> crate::metrics::Render {
+) -> jumpstarter_core::server::http1::MetricsRender {
     Arc::new(move || {
         let (state, rpc, router) = (state.clone(), rpc.clone(), router.clone());
         let listeners = listeners.clone();

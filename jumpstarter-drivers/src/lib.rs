@@ -18,6 +18,7 @@
 //! The modules are private: helpers shared between drivers, and each driver's `j`
 //! subcommands, are not part of the API.
 
+mod boot_server;
 mod cli;
 mod command;
 mod composite;

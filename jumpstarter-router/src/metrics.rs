@@ -3,23 +3,12 @@
 //! refused over the limit, handshake and first-frame timeouts), the same metrics the
 //! controller serves for its in-process router.
 
-use std::{sync::Arc, time::Duration};
+use std::{future::Future, sync::Arc};
 
-use bytes::Bytes;
-use http::{Method, Response, StatusCode, header::CONTENT_TYPE};
-use http_body_util::Full;
-use hyper_util::rt::TokioIo;
-use jumpstarter_core::server::listener::ListenerStats;
+use jumpstarter_core::server::{http1, listener::ListenerStats};
 use tokio::net::TcpListener;
 
 use crate::router::RouterStats;
-
-/// Scrapes served at once; more connections are closed, not queued.
-const MAX_CONNECTIONS: usize = 8;
-/// A scrape that takes longer is cut.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
-/// Largest request head read.
-const MAX_REQUEST: usize = 8 * 1024;
 
 /// The text of one scrape.
 pub fn render(router: &RouterStats, listener: &ListenerStats) -> String {
@@ -34,58 +23,13 @@ pub async fn serve(
     listener: TcpListener,
     router: Arc<RouterStats>,
     stats: Arc<ListenerStats>,
-    shutdown: impl std::future::Future<Output = ()> + Send,
+    shutdown: impl Future<Output = ()> + Send,
 ) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
-    tokio::pin!(shutdown);
-    loop {
-        let conn = tokio::select! {
-            _ = &mut shutdown => return,
-            r = listener.accept() => match r {
-                Ok((conn, _)) => conn,
-                Err(e) => {
-                    tracing::warn!("metrics listener: {e}");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-        };
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
-            drop(conn);
-            continue;
-        };
-        let (router, stats) = (router.clone(), stats.clone());
-        tokio::spawn(async move {
-            let _permit = permit;
-            let service =
-                hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
-                    let (status, body) = match (req.method(), req.uri().path()) {
-                        (&Method::GET, "/metrics") => (StatusCode::OK, render(&router, &stats)),
-                        (&Method::GET, _) => (
-                            StatusCode::NOT_FOUND,
-                            "not found; metrics are at /metrics\n".to_string(),
-                        ),
-                        _ => (StatusCode::METHOD_NOT_ALLOWED, String::new()),
-                    };
-                    let mut response = Response::new(Full::new(Bytes::from(body)));
-                    *response.status_mut() = status;
-                    response.headers_mut().insert(
-                        CONTENT_TYPE,
-                        http::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
-                    );
-                    async move { Ok::<_, std::convert::Infallible>(response) }
-                });
-            let served = hyper::server::conn::http1::Builder::new()
-                .keep_alive(false)
-                .max_buf_size(MAX_REQUEST)
-                .serve_connection(TokioIo::new(conn), service);
-            match tokio::time::timeout(REQUEST_TIMEOUT, served).await {
-                Ok(Err(e)) => tracing::debug!("metrics connection: {e}"),
-                Err(_) => tracing::debug!("metrics request timed out"),
-                Ok(Ok(())) => {}
-            }
-        });
-    }
+    let render: http1::MetricsRender = Arc::new(move || {
+        let text = render(&router, &stats);
+        Box::pin(async move { text })
+    });
+    http1::serve_metrics(listener, render, shutdown).await;
 }
 
 #[cfg(test)]

@@ -1250,3 +1250,27 @@ fn quarantined_exporters_are_shown_and_cleared_by_an_admin() {
     let e = lab.fails(&["admin", "clear-health", "exporter", "Bad_Name"]);
     assert!(e.contains("invalid exporter name"), "{e}");
 }
+
+/// `jmp admin create client|exporter --help` stay as recorded (upstream's flags, in
+/// upstream's order): the two commands share one argument struct, and a change there must
+/// not move or rename a flag of either.
+#[test]
+fn admin_create_help_is_unchanged() {
+    use clap::Parser;
+    use jumpstarter_cli::Cli;
+    for (kind, want) in [
+        (
+            "client",
+            include_str!("../data/admin-create-client.help.txt"),
+        ),
+        (
+            "exporter",
+            include_str!("../data/admin-create-exporter.help.txt"),
+        ),
+    ] {
+        let e = Cli::try_parse_from(["jmp", "admin", "create", kind, "--help"]).unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::DisplayHelp);
+        let got = e.to_string();
+        assert_eq!(got, want, "jmp admin create {kind} --help changed");
+    }
+}

@@ -2,7 +2,9 @@
 
 use tonic::Status;
 
-use crate::{BoxError, DriverError, error_chain};
+use std::sync::Arc;
+
+use crate::{Because, BoxError, DriverError, driver::SharedError, error_chain};
 
 /// Why a client operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -52,6 +54,10 @@ pub enum ClientError {
     /// A value could not be encoded or decoded.
     #[error("{0}")]
     Value(String),
+    /// A value could not be encoded or decoded, or a local input is unusable, and this error
+    /// says why (the message is the error's text; the error stays the source).
+    #[error(transparent)]
+    Encoding(SharedError),
     /// Local I/O failed during a transfer.
     #[error("{0}")]
     Io(#[from] std::io::Error),
@@ -64,6 +70,17 @@ impl ClientError {
             target: target.into(),
             source: source.into(),
         }
+    }
+
+    /// A [`ClientError::Encoding`] holding `e`.
+    pub fn encoding(e: impl std::error::Error + Send + Sync + 'static) -> Self {
+        ClientError::Encoding(Arc::new(e))
+    }
+
+    /// A [`ClientError::Encoding`]: `source`, met while doing `context` (the message is
+    /// `context: source`).
+    pub fn encoding_because(context: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        ClientError::Encoding(Arc::from(Because::boxed(context, source)))
     }
 
     pub(crate) fn rpc(rpc: &'static str, status: Status) -> Self {

@@ -382,7 +382,7 @@ macro_rules! tuple_args {
             #[allow(non_snake_case)]
             fn into_args(self) -> Result<Vec<Value>, ClientError> {
                 let ($($t,)+) = self;
-                Ok(vec![$(value::to_value(&$t).map_err(|e| ClientError::Value(e.to_string()))?),+])
+                Ok(vec![$(value::to_value(&$t).map_err(ClientError::encoding)?),+])
             }
         }
     };
@@ -462,7 +462,7 @@ impl DriverClient {
         args: impl IntoArgs,
     ) -> Result<T, ClientError> {
         let raw = self.call_raw(method, args.into_args()?).await?;
-        value::from_value(raw).map_err(|e| ClientError::Value(format!("{method}: {e}")))
+        value::from_value(raw).map_err(|e| ClientError::encoding_because(method, e))
     }
 
     /// Calls a unary method, returning the raw `Value`.
@@ -501,7 +501,7 @@ impl DriverClient {
             .map(move |item| {
                 let item = item.map_err(|s| this.call_error(&method, &s))?;
                 let v = item.result.unwrap_or_default();
-                value::from_value(v).map_err(|e| ClientError::Value(format!("{method}: {e}")))
+                value::from_value(v).map_err(|e| ClientError::encoding_because(&*method, e))
             })
             .boxed())
     }
@@ -515,8 +515,7 @@ impl DriverClient {
         let mut headers = http::HeaderMap::new();
         headers.insert(
             "request",
-            http::HeaderValue::try_from(request.to_json())
-                .map_err(|e| ClientError::Value(e.to_string()))?,
+            http::HeaderValue::try_from(request.to_json()).map_err(ClientError::encoding)?,
         );
         // Spoken straight over HTTP/2 (see `stream_rpc`): tonic's codec would copy every
         // chunk once more on each side.

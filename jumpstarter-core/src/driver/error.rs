@@ -1,5 +1,13 @@
 //! What a driver call can fail with.
 
+use std::sync::Arc;
+
+use crate::{Because, BoxError};
+
+/// The error a [`DriverError::Other`] or [`DriverError::Invalid`] holds (shared, so that a
+/// `DriverError` stays `Clone`).
+pub type SharedError = Arc<dyn std::error::Error + Send + Sync>;
+
 /// What a driver call can fail with; each maps to the gRPC code upstream uses.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum DriverError {
@@ -32,6 +40,14 @@ pub enum DriverError {
     /// Anything else (UNKNOWN, with the message as upstream's `str(e)`).
     #[error("{0}")]
     Failed(String),
+    /// An argument is unusable, and this error says why (INVALID_ARGUMENT; the message is
+    /// the error's text). The error stays the source.
+    #[error(transparent)]
+    Invalid(SharedError),
+    /// Anything else, caused by this error (UNKNOWN, as [`DriverError::Failed`]; the message
+    /// is the error's text). The error stays the source.
+    #[error(transparent)]
+    Other(SharedError),
 }
 
 impl DriverError {
@@ -40,13 +56,37 @@ impl DriverError {
         DriverError::Failed(msg.to_string())
     }
 
+    /// A [`DriverError::Other`]: `source`, met while doing `context` (the message is
+    /// `context: source`).
+    pub fn because(context: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        DriverError::Other(Arc::from(Because::boxed(context, source)))
+    }
+
+    /// A [`DriverError::Invalid`]: an argument is unusable because of `source`, found while
+    /// doing `context` (the message is `context: source`).
+    pub fn invalid_because(context: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        DriverError::Invalid(Arc::from(Because::boxed(context, source)))
+    }
+
+    /// A [`DriverError::Other`] holding `e`.
+    pub fn other(e: impl std::error::Error + Send + Sync + 'static) -> Self {
+        DriverError::Other(Arc::new(e))
+    }
+
+    /// A [`DriverError::Invalid`] holding `e`.
+    pub fn invalid(e: impl std::error::Error + Send + Sync + 'static) -> Self {
+        DriverError::Invalid(Arc::new(e))
+    }
+
     /// The gRPC status for this error: the one place driver errors meet status codes.
     pub fn to_status(&self) -> tonic::Status {
         use tonic::Code;
         let code = match self {
             DriverError::MethodNotFound(_) | DriverError::MissingMarker { .. } => Code::NotFound,
-            DriverError::UnknownDriver(_) | DriverError::Failed(_) => Code::Unknown,
-            DriverError::InvalidArgument(_) => Code::InvalidArgument,
+            DriverError::UnknownDriver(_) | DriverError::Failed(_) | DriverError::Other(_) => {
+                Code::Unknown
+            }
+            DriverError::InvalidArgument(_) | DriverError::Invalid(_) => Code::InvalidArgument,
             DriverError::Unimplemented(_) => Code::Unimplemented,
             DriverError::Timeout(_) => Code::DeadlineExceeded,
             DriverError::NotReady(_) => Code::FailedPrecondition,
@@ -73,9 +113,42 @@ impl From<std::io::Error> for DriverError {
     fn from(e: std::io::Error) -> Self {
         match e.kind() {
             std::io::ErrorKind::TimedOut => DriverError::Timeout(e.to_string()),
-            std::io::ErrorKind::InvalidInput => DriverError::InvalidArgument(e.to_string()),
+            std::io::ErrorKind::InvalidInput => DriverError::invalid(e),
             std::io::ErrorKind::Unsupported => DriverError::Unimplemented(e.to_string()),
-            _ => DriverError::Failed(e.to_string()),
+            _ => DriverError::other(e),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cause_is_kept_as_the_source_and_the_message_is_unchanged() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "no such file");
+        let e = DriverError::because("cannot open /x", io);
+        assert_eq!(e.to_string(), "cannot open /x: no such file");
+        let source = std::error::Error::source(&e).expect("the io error is the source");
+        assert_eq!(source.to_string(), "no such file");
+        assert!(source.downcast_ref::<std::io::Error>().is_some());
+        let status = e.clone().to_status();
+        assert_eq!(status.code(), tonic::Code::Unknown);
+        assert_eq!(status.message(), "cannot open /x: no such file");
+
+        let bad = DriverError::invalid_because("disk_size", "not a size");
+        assert_eq!(bad.to_status().code(), tonic::Code::InvalidArgument);
+        assert_eq!(bad.to_string(), "disk_size: not a size");
+
+        let io = std::io::Error::new(std::io::ErrorKind::PermissionDenied, "denied");
+        let e = DriverError::from(io);
+        assert_eq!(e.to_string(), "denied");
+        assert!(matches!(e, DriverError::Other(_)));
+        assert_eq!(e.to_status().code(), tonic::Code::Unknown);
+        let io = std::io::Error::new(std::io::ErrorKind::InvalidInput, "bad");
+        assert_eq!(
+            DriverError::from(io).to_status().code(),
+            tonic::Code::InvalidArgument
+        );
     }
 }

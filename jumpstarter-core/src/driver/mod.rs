@@ -13,7 +13,7 @@ mod registry;
 mod tree;
 pub mod value;
 
-pub use error::DriverError;
+pub use error::{DriverError, SharedError};
 pub use log::LogSink;
 pub use model::{BoxDuplex, BoxFuture, CallContext, Driver, Duplex, ValueStream, encode_stream};
 pub use registry::{COMPOSITE_TYPE, Constructor, DriverArgs, DriverRegistry};

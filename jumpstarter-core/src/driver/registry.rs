@@ -28,7 +28,7 @@ impl DriverArgs {
             serde_json::Value::Null => serde_json::Value::Object(Default::default()),
             other => other.clone(),
         };
-        serde_json::from_value(v).map_err(|e| DriverError::InvalidArgument(e.to_string()))
+        serde_json::from_value(v).map_err(DriverError::invalid)
     }
 }
 

@@ -25,7 +25,7 @@ pub enum ValueError {
 
 impl From<ValueError> for DriverError {
     fn from(e: ValueError) -> Self {
-        DriverError::InvalidArgument(e.to_string())
+        DriverError::invalid(e)
     }
 }
 
@@ -123,7 +123,7 @@ impl ArgDecoder {
         let v = self.args.next().unwrap_or(Value {
             kind: Some(Kind::NullValue(0)),
         });
-        from_value(v).map_err(|e| DriverError::InvalidArgument(e.to_string()))
+        from_value(v).map_err(DriverError::invalid)
     }
 }
 

@@ -4,10 +4,12 @@
 //! HTTP/2 header blocks fixed on the way ([`h2_authority`]). Network listeners that serve
 //! gRPC accept through [`listener::ConnectionGuard`] (connection limit, handshake and
 //! first-frame timeouts). An exporter's direct listener serves each lease's session to
-//! the lease holder over TLS ([`direct`]).
+//! the lease holder over TLS ([`direct`]). Small HTTP/1.1 endpoints (metrics, easy login)
+//! are served by [`http1`].
 
 pub mod direct;
 pub mod h2_authority;
+pub mod http1;
 pub mod listener;
 mod serve;
 mod session;

@@ -70,7 +70,7 @@ pub fn open(
     headers: &HashMap<String, String>,
     progress: ProgressFn,
 ) -> Result<ResourceStream, DriverError> {
-    let target = Target::parse(url).map_err(|e| DriverError::InvalidArgument(e.to_string()))?;
+    let target = Target::parse(url).map_err(DriverError::invalid)?;
     let mut hdrs = Vec::with_capacity(headers.len());
     for (k, v) in headers {
         let name = header::HeaderName::from_bytes(k.as_bytes()).map_err(|_| {

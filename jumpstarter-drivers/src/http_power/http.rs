@@ -24,6 +24,15 @@ pub enum HttpError {
         /// What is wrong with it.
         why: String,
     },
+    /// The text is not a URL.
+    #[error("{url:?}: not a URL ({source})")]
+    NotAUrl {
+        /// The text.
+        url: String,
+        /// Why it does not parse.
+        #[source]
+        source: http::uri::InvalidUri,
+    },
     /// Connecting, TLS, sending or reading failed.
     #[error("{method} {url}: {what}")]
     Transfer {
@@ -79,7 +88,10 @@ impl Url {
             url: url.to_string(),
             why,
         };
-        let uri: Uri = url.parse().map_err(|e| bad(format!("not a URL ({e})")))?;
+        let uri: Uri = url.parse().map_err(|source| HttpError::NotAUrl {
+            url: url.to_string(),
+            source,
+        })?;
         let https = match uri.scheme_str() {
             Some("http") => false,
             Some("https") => true,

@@ -19,7 +19,7 @@ use std::{sync::Arc, time::Duration};
 
 use ::http::Method;
 use futures::{StreamExt, stream::BoxStream};
-use jumpstarter_core::{CallContext, Driver, DriverError, driver, driver::DriverArgs};
+use jumpstarter_core::{CallContext, Driver, DriverError, driver, driver::DriverArgs, error_chain};
 use serde::Deserialize;
 use serde_json::Value as Json;
 use tokio_rustls::rustls;
@@ -159,7 +159,7 @@ impl HttpPower {
             .any(|e| e.url.is_https());
         let tls = if needs_tls {
             Some(Arc::new(http::tls_config().map_err(|e| {
-                DriverError::failed(format!("cannot set up TLS for https:// endpoints: {e}"))
+                DriverError::because("cannot set up TLS for https:// endpoints", e)
             })?))
         } else {
             None
@@ -186,20 +186,8 @@ impl HttpPower {
             REQUEST_TIMEOUT,
         )
         .await
-        .map_err(|err| DriverError::failed(format!("{field}: {}", chain(&err))))
+        .map_err(|err| DriverError::failed(format!("{field}: {}", error_chain(&err))))
     }
-}
-
-/// An error and its causes, joined with `: `.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 /// Walks a dotted path (`meters.0.power`) through objects and arrays.
@@ -257,7 +245,7 @@ impl HttpPower {
         };
         let body = self.call("power_read", endpoint).await?;
         let data: Json = serde_json::from_slice(&body)
-            .map_err(|e| DriverError::failed(format!("read endpoint did not return JSON: {e}")))?;
+            .map_err(|e| DriverError::because("read endpoint did not return JSON", e))?;
         let reading = PowerReading {
             voltage: extract(&data, endpoint.voltage_path.as_deref(), "voltage")?,
             current: extract(&data, endpoint.current_path.as_deref(), "current")?,

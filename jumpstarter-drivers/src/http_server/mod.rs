@@ -19,22 +19,14 @@
 mod client;
 mod serve;
 
-use std::{
-    collections::BTreeMap,
-    net::SocketAddr,
-    path::PathBuf,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::{path::PathBuf, sync::Arc, time::Duration};
 
-use jumpstarter_core::{
-    CallContext, Driver, DriverError, driver, driver::DriverArgs, sync::LockExt,
-};
+use jumpstarter_core::{CallContext, Driver, DriverError, driver, driver::DriverArgs};
 use serde::Deserialize;
 
 pub use client::{HttpServerClient, cli};
 
-use crate::storage::Opendal;
+use crate::boot_server::{ServerSlot, default_host, make_root, storage_child};
 
 /// Upstream client class of the HTTP boot server.
 pub const HTTP_SERVER_CLIENT: &str = "jumpstarter_driver_http.client.HttpServerClient";
@@ -67,57 +59,6 @@ struct Config {
     remove_created_on_close: bool,
 }
 
-/// This machine's address on its default route (what a board on the lab network reaches),
-/// as upstream finds it: the host name's address unless it is loopback, else the source
-/// address of a route to a public address (no packet is sent), else `0.0.0.0`.
-pub(crate) fn default_host() -> String {
-    let by_name = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|h| h.trim().to_string())
-        .filter(|h| !h.is_empty())
-        .and_then(|h| std::net::ToSocketAddrs::to_socket_addrs(&(h.as_str(), 0)).ok())
-        .and_then(|mut a| a.find(|a| a.is_ipv4() && !a.ip().is_loopback()));
-    if let Some(a) = by_name {
-        return a.ip().to_string();
-    }
-    let routed = std::net::UdpSocket::bind("0.0.0.0:0")
-        .and_then(|s| s.connect("192.175.48.1:53").map(|()| s))
-        .and_then(|s| s.local_addr());
-    match routed {
-        Ok(a) if !a.ip().is_unspecified() => a.ip().to_string(),
-        _ => {
-            tracing::warn!("could not determine the default IP address, falling back to 0.0.0.0");
-            "0.0.0.0".into()
-        }
-    }
-}
-
-/// Creates `root_dir` (and its parents) if missing; an error names the field.
-pub(crate) fn make_root(driver: &str, root: &std::path::Path) -> Result<(), DriverError> {
-    std::fs::create_dir_all(root).map_err(|e| {
-        DriverError::InvalidArgument(format!(
-            "{driver} root_dir {}: cannot create it: {e}",
-            root.display()
-        ))
-    })
-}
-
-/// The `storage` child both boot servers have: an `fs` Opendal driver on `root_dir`.
-pub(crate) fn storage_child(
-    root: &std::path::Path,
-    remove_created_on_close: bool,
-) -> Result<Arc<dyn Driver>, DriverError> {
-    let kwargs = BTreeMap::from([("root".to_string(), root.display().to_string())]);
-    Ok(Arc::new(
-        Opendal::new("fs", kwargs, remove_created_on_close).map_err(DriverError::from)?,
-    ))
-}
-
-struct Running {
-    addr: SocketAddr,
-    server: serve::Server,
-}
-
 /// The HTTP boot server (`jumpstarter_driver_http.driver.HttpServer`).
 pub struct HttpServer {
     root: PathBuf,
@@ -125,7 +66,7 @@ pub struct HttpServer {
     port: u16,
     timeout: Duration,
     storage: Arc<dyn Driver>,
-    running: Mutex<Option<Running>>,
+    server: ServerSlot,
 }
 
 #[driver(
@@ -137,38 +78,36 @@ impl HttpServer {
     /// Starts serving `root_dir` (restarting if already running, as upstream).
     #[export]
     async fn start(&self, ctx: &CallContext) -> Result<(), DriverError> {
-        if let Some(old) = self.running.lock_or_recover().take() {
+        if self.server.stop() {
             ctx.log_warning("Cleaning up stale HTTP server runner before starting.");
-            old.server.stop();
         }
         let bind = format!("{}:{}", self.host, self.port);
         let listener = tokio::net::TcpListener::bind(&bind).await.map_err(|e| {
-            DriverError::failed(format!(
-                "HttpServer cannot listen on {bind} (fields host, port): {e}"
-            ))
+            DriverError::because(
+                format!("HttpServer cannot listen on {bind} (fields host, port)"),
+                e,
+            )
         })?;
         let addr = listener
             .local_addr()
-            .map_err(|e| DriverError::failed(format!("HttpServer {bind}: {e}")))?;
-        let server = serve::Server::start(listener, self.root.clone(), self.timeout);
+            .map_err(|e| DriverError::because(format!("HttpServer {bind}"), e))?;
+        let task = serve::start(listener, self.root.clone(), self.timeout);
+        self.server.replace(addr, task);
         ctx.log_info(format!(
             "HTTP server started at http://{}:{}",
             self.host,
             addr.port()
         ));
-        *self.running.lock_or_recover() = Some(Running { addr, server });
         Ok(())
     }
 
     /// Stops the server (a warning, not an error, when it is not running).
     #[export]
     async fn stop(&self, ctx: &CallContext) -> Result<(), DriverError> {
-        match self.running.lock_or_recover().take() {
-            Some(r) => {
-                r.server.stop();
-                ctx.log_info("HTTP server stopped.");
-            }
-            None => ctx.log_warning("HTTP server is not running."),
+        if self.server.stop() {
+            ctx.log_info("HTTP server stopped.");
+        } else {
+            ctx.log_warning("HTTP server is not running.");
         }
         Ok(())
     }
@@ -211,16 +150,11 @@ impl HttpServer {
     }
 
     fn bound_port(&self) -> u16 {
-        self.running
-            .lock_or_recover()
-            .as_ref()
-            .map_or(0, |r| r.addr.port())
+        self.server.port().unwrap_or(0)
     }
 
     async fn stop_at_session_end(&self) {
-        if let Some(r) = self.running.lock_or_recover().take() {
-            r.server.stop();
-        }
+        self.server.stop();
     }
 
     /// Constructor for the registry: upstream's fields (see the module docs).
@@ -242,7 +176,7 @@ impl HttpServer {
             port: c.port,
             timeout: Duration::from_secs(c.timeout),
             storage,
-            running: Mutex::new(None),
+            server: ServerSlot::default(),
         }))
     }
 }

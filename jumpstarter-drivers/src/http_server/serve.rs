@@ -31,6 +31,8 @@ use tokio::{
     sync::Semaphore,
     task::JoinSet,
 };
+
+use crate::boot_server::ServerTask;
 use tokio_util::io::ReaderStream;
 
 /// Connections served at once.
@@ -38,64 +40,45 @@ pub const MAX_CONNECTIONS: usize = 64;
 
 type Body = BoxBody<Bytes, std::io::Error>;
 
-/// A running server; dropping it (or [`Server::stop`]) stops it.
-pub struct Server {
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-impl Server {
-    /// Serves `root` on `listener` until stopped.
-    pub fn start(listener: TcpListener, root: PathBuf, timeout: Duration) -> Self {
-        let root = Arc::new(root);
-        let task = tokio::spawn(async move {
-            let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-            // Connection tasks live in the set: aborting this task drops it, which aborts them.
-            let mut conns = JoinSet::new();
-            loop {
-                let Ok(permit) = slots.clone().acquire_owned().await else {
-                    return;
-                };
-                let (sock, peer) = tokio::select! {
-                    r = listener.accept() => match r {
-                        Ok(a) => a,
-                        Err(e) => {
-                            tracing::warn!("HttpServer accept: {e}");
-                            tokio::time::sleep(Duration::from_millis(100)).await;
-                            continue;
-                        }
-                    },
-                    Some(_) = conns.join_next(), if !conns.is_empty() => continue,
-                };
-                let root = root.clone();
-                conns.spawn(async move {
-                    let _permit = permit;
-                    let svc = hyper::service::service_fn(move |req| {
-                        let root = root.clone();
-                        async move { Ok::<_, Infallible>(answer(&root, req).await) }
-                    });
-                    let conn = hyper::server::conn::http1::Builder::new()
-                        .timer(TokioTimer::new())
-                        .header_read_timeout(timeout)
-                        .serve_connection(TokioIo::new(sock), svc);
-                    if let Err(e) = conn.await {
-                        tracing::debug!("HttpServer {peer}: {e}");
+/// Serves `root` on `listener` until the task is dropped.
+pub fn start(listener: TcpListener, root: PathBuf, timeout: Duration) -> ServerTask {
+    let root = Arc::new(root);
+    ServerTask::spawn(async move {
+        let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+        // Connection tasks live in the set: aborting this task drops it, which aborts them.
+        let mut conns = JoinSet::new();
+        loop {
+            let Ok(permit) = slots.clone().acquire_owned().await else {
+                return;
+            };
+            let (sock, peer) = tokio::select! {
+                r = listener.accept() => match r {
+                    Ok(a) => a,
+                    Err(e) => {
+                        tracing::warn!("HttpServer accept: {e}");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
                     }
+                },
+                Some(_) = conns.join_next(), if !conns.is_empty() => continue,
+            };
+            let root = root.clone();
+            conns.spawn(async move {
+                let _permit = permit;
+                let svc = hyper::service::service_fn(move |req| {
+                    let root = root.clone();
+                    async move { Ok::<_, Infallible>(answer(&root, req).await) }
                 });
-            }
-        });
-        Self { task }
-    }
-
-    /// Stops serving: the listener closes and open connections are cut.
-    pub fn stop(self) {
-        self.task.abort();
-    }
+                let conn = hyper::server::conn::http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(timeout)
+                    .serve_connection(TokioIo::new(sock), svc);
+                if let Err(e) = conn.await {
+                    tracing::debug!("HttpServer {peer}: {e}");
+                }
+            });
+        }
+    })
 }
 
 fn empty() -> Body {

@@ -151,7 +151,7 @@ pub async fn forward_tcp(
     let listener = tokio::net::TcpListener::bind(local).await.map_err(|e| {
         ClientError::Io(std::io::Error::new(
             e.kind(),
-            format!("cannot listen on {local}: {e}"),
+            jumpstarter_core::Because::boxed(format!("cannot listen on {local}"), e),
         ))
     })?;
     let bound = listener.local_addr()?;
@@ -211,7 +211,7 @@ pub async fn forward_unix(
     let listener = tokio::net::UnixListener::bind(&path).map_err(|e| {
         ClientError::Io(std::io::Error::new(
             e.kind(),
-            format!("cannot listen on {}: {e}", path.display()),
+            jumpstarter_core::Because::boxed(format!("cannot listen on {}", path.display()), e),
         ))
     })?;
     let method: Arc<str> = method.into();
@@ -306,7 +306,7 @@ async fn listen_address(address: &str, port: &str) -> Result<SocketAddr, ClientE
     let host = host.trim_start_matches('[').trim_end_matches(']');
     tokio::net::lookup_host((host, port))
         .await
-        .map_err(|e| ClientError::Value(format!("cannot resolve {host:?}: {e}")))?
+        .map_err(|e| ClientError::encoding_because(format!("cannot resolve {host:?}"), e))?
         .next()
         .ok_or_else(|| ClientError::Value(format!("{host:?} has no address")))
 }

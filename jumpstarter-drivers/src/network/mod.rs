@@ -94,10 +94,13 @@ impl TcpNetwork {
         let stream = tokio::net::TcpStream::connect((self.host.as_str(), self.port))
             .await
             .map_err(|e| {
-                DriverError::failed(format!(
-                    "cannot connect to TCP {}: {e}",
-                    format_host_port(&self.host, self.port)
-                ))
+                DriverError::because(
+                    format!(
+                        "cannot connect to TCP {}",
+                        format_host_port(&self.host, self.port)
+                    ),
+                    e,
+                )
             })?;
         let _ = stream.set_nodelay(true);
         Ok(stream)
@@ -155,10 +158,13 @@ impl UdpNetwork {
         UdpStream::connect(&self.host, self.port)
             .await
             .map_err(|e| {
-                DriverError::failed(format!(
-                    "cannot connect to UDP {}: {e}",
-                    format_host_port(&self.host, self.port)
-                ))
+                DriverError::because(
+                    format!(
+                        "cannot connect to UDP {}",
+                        format_host_port(&self.host, self.port)
+                    ),
+                    e,
+                )
             })
     }
 
@@ -210,10 +216,10 @@ impl UnixNetwork {
         tokio::net::UnixStream::connect(&self.path)
             .await
             .map_err(|e| {
-                DriverError::failed(format!(
-                    "cannot connect to Unix socket {}: {e}",
-                    self.path.display()
-                ))
+                DriverError::because(
+                    format!("cannot connect to Unix socket {}", self.path.display()),
+                    e,
+                )
             })
     }
 }

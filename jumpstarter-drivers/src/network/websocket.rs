@@ -306,12 +306,12 @@ fn tls_config(
     }
     for cert in extra {
         roots.add(cert).map_err(|e| {
-            DriverError::InvalidArgument(format!("not a usable CA certificate for wss://: {e}"))
+            DriverError::invalid_because("not a usable CA certificate for wss://", e)
         })?;
     }
     let mut config = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map_err(|e| DriverError::failed(format!("url: cannot set up TLS for wss://: {e}")))?
+        .map_err(|e| DriverError::because("url: cannot set up TLS for wss://", e))?
         .with_root_certificates(roots)
         .with_no_client_auth();
     config.alpn_protocols = vec![b"http/1.1".to_vec()];

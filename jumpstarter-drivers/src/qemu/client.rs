@@ -129,7 +129,7 @@ fn finish<T>(progress: &Progress, r: &Result<T, ClientError>) {
 fn io_err(what: &str, path: &Path, e: std::io::Error) -> ClientError {
     ClientError::Io(std::io::Error::new(
         e.kind(),
-        format!("{what} {}: {e}", path.display()),
+        jumpstarter_core::Because::boxed(format!("{what} {}", path.display()), e),
     ))
 }
 

@@ -43,7 +43,7 @@ impl QemuFlasher {
             Ok(Ok(n)) => n,
             Ok(Err(e)) => {
                 let _ = tokio::fs::remove_file(&partial).await;
-                return Err(DriverError::failed(format!("flashing {name}: {e}")));
+                return Err(DriverError::because(format!("flashing {name}"), e));
             }
             Err(_) => {
                 let _ = tokio::fs::remove_file(&partial).await;
@@ -55,7 +55,7 @@ impl QemuFlasher {
         };
         tokio::fs::rename(&partial, &path)
             .await
-            .map_err(|e| DriverError::failed(format!("flashing {name}: {e}")))?;
+            .map_err(|e| DriverError::because(format!("flashing {name}"), e))?;
         ctx.log_info(format!("flashed {n} bytes to {name}"));
         Ok(())
     }
@@ -72,21 +72,24 @@ impl QemuFlasher {
         let handle = resource_handle(target)?;
         let path = self.shared.partition_path(partition.as_deref(), true)?;
         let file = std::fs::File::open(&path).map_err(|e| {
-            DriverError::failed(format!(
-                "dump {}: cannot open {}: {e}",
-                partition.as_deref().unwrap_or("root"),
-                path.display()
-            ))
+            DriverError::because(
+                format!(
+                    "dump {}: cannot open {}",
+                    partition.as_deref().unwrap_or("root"),
+                    path.display()
+                ),
+                e,
+            )
         })?;
         let mut stream = ctx.resource(&handle)?;
         let n = stream
             .copy_from_file(file)
             .await
-            .map_err(|e| DriverError::failed(format!("dump: {e}")))?;
+            .map_err(|e| DriverError::because("dump", e))?;
         stream
             .shutdown()
             .await
-            .map_err(|e| DriverError::failed(format!("dump: {e}")))?;
+            .map_err(|e| DriverError::because("dump", e))?;
         ctx.log_info(format!("dumped {n} bytes"));
         Ok(())
     }
@@ -119,8 +122,7 @@ fn resource_handle(v: serde_json::Value) -> Result<ResourceHandle, DriverError> 
             "expected a resource handle, got the string {s:?}"
         )));
     }
-    serde_json::from_value(v)
-        .map_err(|e| DriverError::InvalidArgument(format!("not a resource handle: {e}")))
+    serde_json::from_value(v).map_err(|e| DriverError::invalid_because("not a resource handle", e))
 }
 
 /// Writes the stream to `path`, expanding it when its first bytes are a compression format's

@@ -175,7 +175,7 @@ impl Qemu {
     /// Grows the disk to `size` (e.g. `20G`) at the next power on.
     #[export]
     async fn set_disk_size(&self, size: String) -> Result<(), DriverError> {
-        parse_size(&size).map_err(|e| DriverError::InvalidArgument(e.to_string()))?;
+        parse_size(&size).map_err(DriverError::invalid)?;
         *self.shared.disk_size.lock_or_recover() = Some(size);
         Ok(())
     }
@@ -183,7 +183,7 @@ impl Qemu {
     /// Sets the memory of the next boot (e.g. `2G`).
     #[export]
     async fn set_memory_size(&self, size: String) -> Result<(), DriverError> {
-        parse_size(&size).map_err(|e| DriverError::InvalidArgument(e.to_string()))?;
+        parse_size(&size).map_err(DriverError::invalid)?;
         *self.shared.mem.lock_or_recover() = size;
         Ok(())
     }
@@ -306,9 +306,7 @@ impl Qemu {
         let dir = tempfile::Builder::new()
             .prefix("jumpstarter-qemu-")
             .tempdir()
-            .map_err(|e| {
-                DriverError::failed(format!("cannot create the board's directory: {e}"))
-            })?;
+            .map_err(|e| DriverError::because("cannot create the board's directory", e))?;
         let settings = Settings {
             arch,
             cpu: c.cpu,

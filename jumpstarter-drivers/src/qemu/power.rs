@@ -258,11 +258,11 @@ impl QemuPower {
 
         let log_path = sh.dir.path().join("qemu.log");
         let log = std::fs::File::create(&log_path).map_err(|e| {
-            DriverError::failed(format!("cannot create {}: {e}", log_path.display()))
+            DriverError::because(format!("cannot create {}", log_path.display()), e)
         })?;
-        let log2 = log.try_clone().map_err(|e| {
-            DriverError::failed(format!("cannot share {}: {e}", log_path.display()))
-        })?;
+        let log2 = log
+            .try_clone()
+            .map_err(|e| DriverError::because(format!("cannot share {}", log_path.display()), e))?;
         ctx.log_info(format!(
             "starting {} with {}",
             binary.display(),
@@ -286,7 +286,7 @@ impl QemuPower {
             .stdout(log)
             .stderr(log2);
         let mut group = ProcessGroup::spawn(&mut cmd).map_err(|e| {
-            DriverError::failed(format!("arch: cannot start {}: {e}", binary.display()))
+            DriverError::because(format!("arch: cannot start {}", binary.display()), e)
         })?;
 
         let deadline = Instant::now() + QMP_WAIT;
@@ -327,17 +327,17 @@ impl QemuPower {
             }
             Err(e) => {
                 group.stop(STOP_GRACE).await;
-                return Err(DriverError::failed(e));
+                return Err(DriverError::other(e));
             }
         };
         let link = sh.pty_path();
         let _ = std::fs::remove_file(&link);
         if let Err(e) = std::os::unix::fs::symlink(&pty, &link) {
             group.stop(STOP_GRACE).await;
-            return Err(DriverError::failed(format!(
-                "cannot link the console {} to {pty}: {e}",
-                link.display()
-            )));
+            return Err(DriverError::because(
+                format!("cannot link the console {} to {pty}", link.display()),
+                e,
+            ));
         }
         ctx.log_info(format!(
             "powered on (pid {}), console on {pty}",
@@ -355,7 +355,7 @@ impl QemuPower {
         let dir = tempfile::Builder::new()
             .prefix("cidata-")
             .tempdir_in(self.shared.dir.path())
-            .map_err(|e| DriverError::failed(format!("cannot create the CIDATA directory: {e}")))?;
+            .map_err(|e| DriverError::because("cannot create the CIDATA directory", e))?;
         let meta = serde_json::json!({
             "instance-id": s.instance_id.to_string(),
             "local-hostname": s.hostname,
@@ -371,7 +371,7 @@ impl QemuPower {
         });
         let write = |name: &str, text: String| {
             std::fs::write(dir.path().join(name), text)
-                .map_err(|e| DriverError::failed(format!("cannot write CIDATA {name}: {e}")))
+                .map_err(|e| DriverError::because(format!("cannot write CIDATA {name}"), e))
         };
         write("meta-data", format!("{meta}\n"))?;
         write("user-data", format!("#cloud-config\n{user}\n"))?;
@@ -382,10 +382,13 @@ impl QemuPower {
 /// Fails naming the partition when its image cannot be read.
 fn readable(partition: &str, path: &Path) -> Result<(), DriverError> {
     check_readable(path).map_err(|e| {
-        DriverError::failed(format!(
-            "default_partitions.{partition}: {} cannot be read: {e}",
-            path.display()
-        ))
+        DriverError::because(
+            format!(
+                "default_partitions.{partition}: {} cannot be read",
+                path.display()
+            ),
+            e,
+        )
     })
 }
 
@@ -431,8 +434,7 @@ async fn grow_disk(
     wanted: &str,
     current: u64,
 ) -> Result<(), DriverError> {
-    let requested =
-        parse_size(wanted).map_err(|e| DriverError::InvalidArgument(format!("disk_size: {e}")))?;
+    let requested = parse_size(wanted).map_err(|e| DriverError::invalid_because("disk_size", e))?;
     if requested < current {
         return Err(DriverError::failed(format!(
             "disk_size: shrinking the disk is not supported: current {current} bytes, requested {wanted}"
@@ -458,7 +460,7 @@ async fn grow_disk(
         .stdin(std::process::Stdio::null())
         .output()
         .await
-        .map_err(|e| DriverError::failed(format!("disk_size: cannot run qemu-img: {e}")))?;
+        .map_err(|e| DriverError::because("disk_size: cannot run qemu-img", e))?;
     if !out.status.success() {
         return Err(DriverError::failed(format!(
             "disk_size: failed to resize disk: {}",

@@ -36,6 +36,15 @@ pub enum QmpError {
     /// The server sent something that is not QMP.
     #[error("QMP protocol error: {0}")]
     Protocol(String),
+    /// A message that is not JSON.
+    #[error("QMP protocol error: not JSON ({source}): {start:?}")]
+    NotJson {
+        /// Its first 200 bytes.
+        start: String,
+        /// Why it is not JSON.
+        #[source]
+        source: serde_json::Error,
+    },
     /// QEMU answered the command with an error.
     #[error("QMP command {command} failed: {class}: {desc}")]
     Command {
@@ -154,11 +163,9 @@ impl Qmp {
                 "a message longer than {MAX_LINE} bytes"
             )));
         }
-        serde_json::from_slice(&line).map_err(|e| {
-            QmpError::Protocol(format!(
-                "not JSON ({e}): {:?}",
-                String::from_utf8_lossy(&line[..line.len().min(200)])
-            ))
+        serde_json::from_slice(&line).map_err(|source| QmpError::NotJson {
+            start: String::from_utf8_lossy(&line[..line.len().min(200)]).into_owned(),
+            source,
         })
     }
 
@@ -227,7 +234,14 @@ mod tests {
         let e = q.execute("nope", None).await.unwrap_err();
         assert!(e.to_string().contains("CommandNotFound: no such"), "{e}");
         let e = q.execute("query-status", None).await.unwrap_err();
-        assert!(matches!(e, QmpError::Protocol(_)), "{e}");
+        assert!(matches!(e, QmpError::NotJson { .. }), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("QMP protocol error: not JSON (expected ident"),
+            "{e}"
+        );
+        let source = std::error::Error::source(&e).expect("the JSON error is kept");
+        assert!(source.is::<serde_json::Error>(), "{source}");
         server.await.unwrap();
     }
 

@@ -232,7 +232,7 @@ where
                 Box::new(o.open(path).await.map_err(|e| {
                     ClientError::Io(std::io::Error::new(
                         e.kind(),
-                        format!("cannot open {path}: {e}"),
+                        jumpstarter_core::Because::boxed(format!("cannot open {path}"), e),
                     ))
                 })?)
             }
@@ -353,7 +353,7 @@ async fn start_console(serial: &PySerialClient) -> Result<(), ClientError> {
             let n = rx
                 .read(&mut buf)
                 .await
-                .map_err(|e| ClientError::Value(format!("serial connection lost: {e}")))?;
+                .map_err(|e| ClientError::encoding_because("serial connection lost", e))?;
             if n == 0 {
                 return Ok::<(), ClientError>(());
             }

@@ -55,7 +55,10 @@ fn configure(fd: &OwnedFd, settings: LineSettings) -> io::Result<()> {
     t.set_speed(settings.baudrate).map_err(|e| {
         io::Error::new(
             io::ErrorKind::InvalidInput,
-            format!("baud rate {} not supported: {e}", settings.baudrate),
+            jumpstarter_core::Because::boxed(
+                format!("baud rate {} not supported", settings.baudrate),
+                e,
+            ),
         )
     })?;
     termios::tcsetattr(fd, OptionalActions::Now, &t)?;

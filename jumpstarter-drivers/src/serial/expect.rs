@@ -130,7 +130,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Console<S> {
             .map_err(|e| {
                 io::Error::new(
                     e.kind(),
-                    format!("cannot open transcript {}: {e}", path.as_ref().display()),
+                    jumpstarter_core::Because::boxed(
+                        format!("cannot open transcript {}", path.as_ref().display()),
+                        e,
+                    ),
                 )
             })?;
         self.transcript = Some(file);

@@ -167,20 +167,17 @@ impl PySerial {
                 let s = tokio::net::TcpStream::connect((host.as_str(), *port))
                     .await
                     .map_err(|e| {
-                        DriverError::failed(format!(
-                            "cannot connect to serial console {}: {e}",
-                            self.url_text()
-                        ))
+                        DriverError::because(
+                            format!("cannot connect to serial console {}", self.url_text()),
+                            e,
+                        )
                     })?;
                 let _ = s.set_nodelay(true);
                 Box::new(s)
             }
             SerialUrl::Device(path) => {
                 Box::new(device::open_device(path, self.settings).map_err(|e| {
-                    DriverError::failed(format!(
-                        "cannot open serial device {}: {e}",
-                        path.display()
-                    ))
+                    DriverError::because(format!("cannot open serial device {}", path.display()), e)
                 })?)
             }
         };
@@ -308,8 +305,8 @@ impl PySerial {
                     modem::set_modem_line(&path, baudrate, line, value)
                 })
                 .await
-                .map_err(|e| DriverError::failed(format!("setting {line:?} failed: {e}")))?
-                .map_err(DriverError::failed)
+                .map_err(|e| DriverError::because(format!("setting {line:?} failed"), e))?
+                .map_err(DriverError::other)
             }
         }
     }

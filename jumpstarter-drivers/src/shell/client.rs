@@ -54,11 +54,11 @@ impl ShellClient {
         args: &[String],
     ) -> Result<BoxStream<'static, Result<ShellOutput, ClientError>>, ClientError> {
         let mut call = vec![
-            value::to_value(&method).map_err(|e| ClientError::Value(e.to_string()))?,
-            value::to_value(env).map_err(|e| ClientError::Value(e.to_string()))?,
+            value::to_value(&method).map_err(ClientError::encoding)?,
+            value::to_value(env).map_err(ClientError::encoding)?,
         ];
         for a in args {
-            call.push(value::to_value(a).map_err(|e| ClientError::Value(e.to_string()))?);
+            call.push(value::to_value(a).map_err(ClientError::encoding)?);
         }
         self.0.streaming_call("call_method", call).await
     }
@@ -188,7 +188,7 @@ fn run(client: DriverClient, matches: ArgMatches) -> CliFuture {
                 let parsed = with_method_args(Command::new(name.to_string()))
                     .no_binary_name(true)
                     .try_get_matches_from(raw)
-                    .map_err(|e| ClientError::Value(e.to_string()))?;
+                    .map_err(ClientError::encoding)?;
                 let args = parsed
                     .get_many::<String>("args")
                     .into_iter()

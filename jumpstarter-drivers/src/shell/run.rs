@@ -73,7 +73,7 @@ pub(super) fn start(
     }
     let mut child = cmd
         .spawn()
-        .map_err(|e| DriverError::failed(format!("cannot start {program}: {e}")))?;
+        .map_err(|e| DriverError::because(format!("cannot start {program}"), e))?;
     let guard = GroupGuard {
         pid: child
             .id()
@@ -148,9 +148,10 @@ pub(super) fn start(
             Some(Ok(s)) => exit_code(s),
             Some(Err(e)) => {
                 let _ = tx
-                    .send(Err(DriverError::failed(format!(
-                        "waiting for {method}: {e}"
-                    ))))
+                    .send(Err(DriverError::because(
+                        format!("waiting for {method}"),
+                        e,
+                    )))
                     .await;
                 return;
             }

@@ -23,7 +23,7 @@ mod usm;
 
 use std::{sync::Arc, time::Duration};
 
-use jumpstarter_core::{CallContext, Driver, DriverError, driver, driver::DriverArgs};
+use jumpstarter_core::{CallContext, Driver, DriverError, driver, driver::DriverArgs, error_chain};
 use serde::Deserialize;
 
 use agent::{Agent, Security};
@@ -202,7 +202,7 @@ impl SnmpServer {
                 self.full_oid.last().copied().unwrap_or_default(),
                 self.host,
                 self.port,
-                chain(&e)
+                error_chain(&e)
             );
             ctx.log_warning(msg.clone());
             DriverError::Failed(msg)
@@ -229,18 +229,6 @@ impl SnmpServer {
         };
         agent.set_integer(&self.full_oid, value, self.timeout).await
     }
-}
-
-/// An error and its causes, joined with `: `.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 #[driver(client = "jumpstarter_driver_snmp.client.SNMPServerClient")]

@@ -24,7 +24,7 @@ use crate::command::{CliFuture, DriverCommand};
 fn io_err(what: &str, path: &Path, e: std::io::Error) -> ClientError {
     ClientError::Io(std::io::Error::new(
         e.kind(),
-        format!("{what} {}: {e}", path.display()),
+        jumpstarter_core::Because::boxed(format!("{what} {}", path.display()), e),
     ))
 }
 
@@ -867,7 +867,7 @@ fn presign_command(name: &'static str, about: &'static str) -> Command {
 }
 
 fn json<T: serde::Serialize>(v: &T) -> Result<(), ClientError> {
-    let s = serde_json::to_string_pretty(v).map_err(|e| ClientError::Value(e.to_string()))?;
+    let s = serde_json::to_string_pretty(v).map_err(ClientError::encoding)?;
     println!("{s}");
     Ok(())
 }

@@ -57,9 +57,7 @@ impl MockFlasher {
         let dir = tempfile::Builder::new()
             .prefix("jmp-mock-flasher-")
             .tempdir()
-            .map_err(|e| {
-                DriverError::Failed(format!("cannot create the mock flasher's directory: {e}"))
-            })?;
+            .map_err(|e| DriverError::because("cannot create the mock flasher's directory", e))?;
         Ok(Self {
             dir,
             media: Mutex::new(BTreeMap::new()),

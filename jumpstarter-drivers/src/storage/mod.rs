@@ -137,18 +137,16 @@ impl StorageError {
 impl From<StorageError> for DriverError {
     fn from(e: StorageError) -> Self {
         match &e {
-            StorageError::OutsideRoot(_) | StorageError::BadFileMode { .. } => {
-                DriverError::InvalidArgument(e.to_string())
-            }
-            StorageError::UnknownScheme { .. } | StorageError::BadKwarg { .. } => {
-                DriverError::InvalidArgument(e.to_string())
-            }
+            StorageError::OutsideRoot(_)
+            | StorageError::BadFileMode { .. }
+            | StorageError::UnknownScheme { .. }
+            | StorageError::BadKwarg { .. } => DriverError::invalid(e),
             StorageError::Opendal { source, .. }
                 if source.kind() == ::opendal::ErrorKind::Unsupported =>
             {
                 DriverError::Unimplemented(e.to_string())
             }
-            _ => DriverError::Failed(e.to_string()),
+            _ => DriverError::other(e),
         }
     }
 }

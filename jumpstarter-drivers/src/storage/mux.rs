@@ -73,10 +73,10 @@ impl Medium {
             None => {
                 let base = std::env::temp_dir();
                 let failed = |e: std::io::Error| {
-                    DriverError::Failed(format!(
-                        "cannot create the mock medium file in {}: {e}",
-                        base.display()
-                    ))
+                    DriverError::because(
+                        format!("cannot create the mock medium file in {}", base.display()),
+                        e,
+                    )
                 };
                 let dir = jumpstarter_core::leftovers::private_dir_in(&base, TEMP_MEDIUM_KIND)
                     .map_err(failed)?;

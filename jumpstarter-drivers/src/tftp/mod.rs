@@ -20,20 +20,14 @@
 mod client;
 mod server;
 
-use std::{
-    net::SocketAddr,
-    path::PathBuf,
-    sync::{Arc, Mutex},
-};
+use std::{path::PathBuf, sync::Arc};
 
-use jumpstarter_core::{
-    CallContext, Driver, DriverError, driver, driver::DriverArgs, sync::LockExt,
-};
+use jumpstarter_core::{CallContext, Driver, DriverError, driver, driver::DriverArgs};
 use serde::Deserialize;
 
 pub use client::{TftpServerClient, cli};
 
-use crate::http_server::{default_host, make_root, storage_child};
+use crate::boot_server::{ServerSlot, default_host, make_root, storage_child};
 
 /// Upstream client class of the TFTP boot server.
 pub const TFTP_CLIENT: &str = "jumpstarter_driver_tftp.client.TftpServerClient";
@@ -61,18 +55,13 @@ struct Config {
     remove_created_on_close: bool,
 }
 
-struct Running {
-    addr: SocketAddr,
-    server: server::Server,
-}
-
 /// The TFTP boot server (`jumpstarter_driver_tftp.driver.Tftp`).
 pub struct Tftp {
     root: PathBuf,
     host: String,
     port: u16,
     storage: Arc<dyn Driver>,
-    running: Mutex<Option<Running>>,
+    server: ServerSlot,
 }
 
 #[driver(
@@ -84,7 +73,7 @@ impl Tftp {
     /// Starts serving `root_dir` (a warning when already running, as upstream).
     #[export]
     async fn start(&self, ctx: &CallContext) -> Result<(), DriverError> {
-        if self.running.lock_or_recover().is_some() {
+        if self.server.is_running() {
             ctx.log_warning("TFTP server is already running");
             return Ok(());
         }
@@ -94,21 +83,19 @@ impl Tftp {
             format!("{}:{}", self.host, self.port)
         };
         let socket = tokio::net::UdpSocket::bind(&bind).await.map_err(|e| {
-            DriverError::failed(format!(
-                "Tftp cannot listen on UDP {bind} (fields host, port): {e}"
-            ))
+            DriverError::because(
+                format!("Tftp cannot listen on UDP {bind} (fields host, port)"),
+                e,
+            )
         })?;
         let addr = socket
             .local_addr()
-            .map_err(|e| DriverError::failed(format!("Tftp {bind}: {e}")))?;
-        let server = server::Server::start(socket, self.root.clone());
-        let mut running = self.running.lock_or_recover();
-        if running.is_some() {
+            .map_err(|e| DriverError::because(format!("Tftp {bind}"), e))?;
+        let task = server::start(socket, self.root.clone());
+        if !self.server.start(addr, task) {
             // Another start won the race: keep that one.
-            server.stop();
             return Ok(());
         }
-        *running = Some(Running { addr, server });
         ctx.log_info(format!(
             "TFTP server started on {}:{}",
             self.host,
@@ -120,12 +107,10 @@ impl Tftp {
     /// Stops the server (a warning, not an error, when it is not running).
     #[export]
     async fn stop(&self, ctx: &CallContext) -> Result<(), DriverError> {
-        match self.running.lock_or_recover().take() {
-            Some(r) => {
-                r.server.stop();
-                ctx.log_info("TFTP server stopped successfully");
-            }
-            None => ctx.log_warning("stop called - TFTP server is not running"),
+        if self.server.stop() {
+            ctx.log_info("TFTP server stopped successfully");
+        } else {
+            ctx.log_warning("stop called - TFTP server is not running");
         }
         Ok(())
     }
@@ -139,11 +124,7 @@ impl Tftp {
     /// The port: the configured one, or the bound one while running with `port: 0`.
     #[export]
     async fn get_port(&self) -> Result<u16, DriverError> {
-        Ok(self
-            .running
-            .lock_or_recover()
-            .as_ref()
-            .map_or(self.port, |r| r.addr.port()))
+        Ok(self.server.port().unwrap_or(self.port))
     }
 }
 
@@ -153,9 +134,7 @@ impl Tftp {
     }
 
     async fn stop_at_session_end(&self) {
-        if let Some(r) = self.running.lock_or_recover().take() {
-            r.server.stop();
-        }
+        self.server.stop();
     }
 
     /// Constructor for the registry: upstream's fields (see the module docs).
@@ -172,7 +151,7 @@ impl Tftp {
             root: c.root_dir,
             port: c.port,
             storage,
-            running: Mutex::new(None),
+            server: ServerSlot::default(),
         }))
     }
 }

@@ -20,6 +20,8 @@ use std::{
 
 use tokio::{io::AsyncReadExt, net::UdpSocket, sync::Semaphore, task::JoinSet};
 
+use crate::boot_server::ServerTask;
+
 /// Transfers served at once.
 pub const MAX_SESSIONS: usize = 64;
 /// Resends of a block before a transfer is abandoned.
@@ -43,66 +45,47 @@ const ERR_NOT_FOUND: u16 = 1;
 const ERR_ACCESS: u16 = 2;
 const ERR_ILLEGAL: u16 = 4;
 
-/// A running server; dropping it (or [`Server::stop`]) stops it and its transfers.
-pub struct Server {
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-impl Server {
-    /// Serves the files under `root` on `socket` until stopped.
-    pub fn start(socket: UdpSocket, root: PathBuf) -> Self {
-        let root = Arc::new(root);
-        let task = tokio::spawn(async move {
-            let slots = Arc::new(Semaphore::new(MAX_SESSIONS));
-            let mut transfers = JoinSet::new();
-            let mut buf = vec![0u8; 2048];
-            loop {
-                let (n, peer) = tokio::select! {
-                    r = socket.recv_from(&mut buf) => match r {
-                        Ok(v) => v,
-                        Err(e) => {
-                            tracing::debug!("Tftp recv: {e}");
-                            continue;
-                        }
-                    },
-                    Some(_) = transfers.join_next(), if !transfers.is_empty() => continue,
-                };
-                let req = match parse_request(&buf[..n]) {
-                    Ok(r) => r,
-                    Err((code, msg)) => {
-                        let _ = socket.send_to(&error_packet(code, &msg), peer).await;
+/// Serves the files under `root` on `socket` until the task is dropped.
+pub fn start(socket: UdpSocket, root: PathBuf) -> ServerTask {
+    let root = Arc::new(root);
+    ServerTask::spawn(async move {
+        let slots = Arc::new(Semaphore::new(MAX_SESSIONS));
+        let mut transfers = JoinSet::new();
+        let mut buf = vec![0u8; 2048];
+        loop {
+            let (n, peer) = tokio::select! {
+                r = socket.recv_from(&mut buf) => match r {
+                    Ok(v) => v,
+                    Err(e) => {
+                        tracing::debug!("Tftp recv: {e}");
                         continue;
                     }
-                };
-                let Ok(permit) = slots.clone().try_acquire_owned() else {
-                    let _ = socket
-                        .send_to(&error_packet(ERR_UNDEFINED, "server busy"), peer)
-                        .await;
+                },
+                Some(_) = transfers.join_next(), if !transfers.is_empty() => continue,
+            };
+            let req = match parse_request(&buf[..n]) {
+                Ok(r) => r,
+                Err((code, msg)) => {
+                    let _ = socket.send_to(&error_packet(code, &msg), peer).await;
                     continue;
-                };
-                let root = root.clone();
-                let local = socket.local_addr().ok();
-                transfers.spawn(async move {
-                    let _permit = permit;
-                    if let Err(e) = transfer(&root, local, peer, req).await {
-                        tracing::info!("Tftp transfer to {peer}: {e}");
-                    }
-                });
-            }
-        });
-        Self { task }
-    }
-
-    /// Stops serving: the socket closes and transfers are cut.
-    pub fn stop(self) {
-        self.task.abort();
-    }
+                }
+            };
+            let Ok(permit) = slots.clone().try_acquire_owned() else {
+                let _ = socket
+                    .send_to(&error_packet(ERR_UNDEFINED, "server busy"), peer)
+                    .await;
+                continue;
+            };
+            let root = root.clone();
+            let local = socket.local_addr().ok();
+            transfers.spawn(async move {
+                let _permit = permit;
+                if let Err(e) = transfer(&root, local, peer, req).await {
+                    tracing::info!("Tftp transfer to {peer}: {e}");
+                }
+            });
+        }
+    })
 }
 
 /// A read request.
