@@ -73,24 +73,41 @@ pub enum AdminCommand {
     Version(crate::config_cmd::VersionArgs),
 }
 
-/// Kubernetes flags upstream has; accepted so scripts keep working, and ignored (there is no
-/// Kubernetes here).
+/// Kubernetes flags upstream has. `-n` is honoured; `--kubeconfig` and `--context` parse (so
+/// upstream's command lines are recognised) but are refused with an error naming them: `jmp admin`
+/// reaches the controller through its admin config, and silently talking to another controller
+/// than the cluster the flag names would be worse than stopping.
 #[derive(Args, Debug, Clone, Default)]
 pub struct KubeFlags {
     /// Namespace to use (default: default)
     #[arg(short = 'n', long, value_name = "TEXT")]
     namespace: Option<String>,
-    /// Ignored: jmp admin reaches the controller through --admin-config, not Kubernetes
+    /// Not supported (refused): jmp admin reaches the controller through --admin-config
     #[arg(long, value_name = "PATH")]
     kubeconfig: Option<PathBuf>,
-    /// Ignored: jmp admin reaches the controller through --admin-config, not Kubernetes
+    /// Not supported (refused): jmp admin reaches the controller through --admin-config
     #[arg(long, value_name = "TEXT")]
     context: Option<String>,
 }
 
 impl KubeFlags {
-    fn namespace(&self) -> String {
-        self.namespace.clone().unwrap_or_default()
+    /// The namespace to use; refuses `--kubeconfig`/`--context`, which this `jmp admin` cannot
+    /// honour.
+    fn namespace(&self) -> Result<String> {
+        let refused = match (&self.kubeconfig, &self.context) {
+            (Some(_), _) => Some("--kubeconfig"),
+            (None, Some(_)) => Some("--context"),
+            (None, None) => None,
+        };
+        if let Some(flag) = refused {
+            bail!(
+                "{flag} is not supported: this jmp admin does not talk to Kubernetes; it reaches \
+                 the controller named in its admin config (--admin-config FILE, by default the one \
+                 `jumpstarter-controller` wrote for this user), whichever store that controller \
+                 uses. Remove {flag}."
+            );
+        }
+        Ok(self.namespace.clone().unwrap_or_default())
     }
 }
 
@@ -969,7 +986,7 @@ async fn create<K: CreateKind>(a: CreateArgs<K>) -> Result<i32> {
     }
     let mut api = AdminApi::connect(&a.connect, a.insecure_tls).await?;
     let meta = NewObject {
-        namespace: a.kube.namespace(),
+        namespace: a.kube.namespace()?,
         name: a.name.clone(),
         labels: labels.into_iter().collect(),
         username: a.oidc_username.clone().unwrap_or_default(),
@@ -1035,7 +1052,7 @@ async fn clear_health(a: ClearHealthArgs) -> Result<i32> {
     check_name(&a.name, "exporter")?;
     let mut api = AdminApi::connect(&a.connect, false).await?;
     let r = ObjectRef {
-        namespace: a.kube.namespace(),
+        namespace: a.kube.namespace()?,
         name: a.name.clone(),
     };
     let what = format!("cannot clear the health of exporter {:?}", a.name);
@@ -1062,7 +1079,7 @@ async fn delete(a: DeleteArgs, kind: Kind) -> Result<i32> {
     check_name(&a.name, kind.word())?;
     let mut api = AdminApi::connect(&a.connect, false).await?;
     let r = ObjectRef {
-        namespace: a.kube.namespace(),
+        namespace: a.kube.namespace()?,
         name: a.name.clone(),
     };
     let what = format!("cannot delete {} {:?}", kind.word(), a.name);
@@ -1103,11 +1120,11 @@ fn local_config_paths(kind: Kind, name: &str) -> Vec<PathBuf> {
     candidates.into_iter().filter(|p| p.exists()).collect()
 }
 
-fn list_request(a: &GetArgs) -> ListRequest {
-    ListRequest {
-        namespace: a.kube.namespace(),
+fn list_request(a: &GetArgs) -> Result<ListRequest> {
+    Ok(ListRequest {
+        namespace: a.kube.namespace()?,
         selector: a.selector.clone().unwrap_or_default(),
-    }
+    })
 }
 
 /// Prints `views` in `mode`. With `one` (a NAME was asked for), JSON/YAML is
@@ -1154,7 +1171,7 @@ async fn get_clients(a: GetArgs) -> Result<i32> {
         Some(name) => vec![
             api.rpc
                 .get_client(ObjectRef {
-                    namespace: a.kube.namespace(),
+                    namespace: a.kube.namespace()?,
                     name: name.clone(),
                 })
                 .await
@@ -1163,7 +1180,7 @@ async fn get_clients(a: GetArgs) -> Result<i32> {
         ],
         None => {
             api.rpc
-                .list_clients(list_request(&a))
+                .list_clients(list_request(&a)?)
                 .await
                 .map_err(|s| rpc_error("cannot list clients", s))?
                 .into_inner()
@@ -1190,7 +1207,7 @@ async fn list_exporters(api: &mut AdminApi, a: &GetArgs) -> Result<Vec<Exporter>
         Some(name) if !name.is_empty() => vec![
             api.rpc
                 .get_exporter(ObjectRef {
-                    namespace: a.kube.namespace(),
+                    namespace: a.kube.namespace()?,
                     name: name.clone(),
                 })
                 .await
@@ -1199,7 +1216,7 @@ async fn list_exporters(api: &mut AdminApi, a: &GetArgs) -> Result<Vec<Exporter>
         ],
         _ => {
             api.rpc
-                .list_exporters(list_request(a))
+                .list_exporters(list_request(a)?)
                 .await
                 .map_err(|s| rpc_error("cannot list exporters", s))?
                 .into_inner()
@@ -1350,7 +1367,7 @@ async fn import_client(a: ImportClientArgs) -> Result<i32> {
     let cred = api
         .rpc
         .rotate_client(ObjectRef {
-            namespace: a.kube.namespace(),
+            namespace: a.kube.namespace()?,
             name: a.name.clone(),
         })
         .await
@@ -1380,7 +1397,7 @@ async fn import_exporter(a: ImportExporterArgs) -> Result<i32> {
     let cred = api
         .rpc
         .rotate_exporter(ObjectRef {
-            namespace: a.kube.namespace(),
+            namespace: a.kube.namespace()?,
             name: a.name.clone(),
         })
         .await
@@ -1424,7 +1441,7 @@ async fn rotate_client(a: RotateClientArgs) -> Result<i32> {
     let cred = api
         .rpc
         .rotate_client(ObjectRef {
-            namespace: a.kube.namespace(),
+            namespace: a.kube.namespace()?,
             name: a.name.clone(),
         })
         .await

@@ -564,6 +564,26 @@ fn bad_input_is_one_clear_line_and_changes_nothing() {
     assert!(e.contains("nope"), "{e}");
     assert_eq!(lab.ok(&["get", "leases", "-a", "-o", "name"]), "");
 
+    // Kubernetes flags this jmp admin cannot honour are refused by name, and nothing is made.
+    let e = lab.fails(&[
+        "admin",
+        "create",
+        "exporter",
+        "kx",
+        "--label",
+        "a=b",
+        "--kubeconfig",
+        "k",
+    ]);
+    assert!(e.contains("--kubeconfig is not supported"), "{e}");
+    let e = lab.fails(&["admin", "get", "clients", "--context", "prod"]);
+    assert!(e.contains("--context is not supported"), "{e}");
+    let e = lab.fails(&["admin", "delete", "client", "hello", "--kubeconfig", "k"]);
+    assert!(e.contains("--kubeconfig"), "{e}");
+    let names = lab.ok(&["admin", "get", "exporters", "-o", "name"]);
+    assert_eq!(names, "exporter.jumpstarter.dev/example-distributed\n");
+    assert!(client_path.exists());
+
     // Things not offered, and a missing admin config, say what to do.
     let e = lab.fails(&["admin", "create", "cluster", "x", "--kind", "k"]);
     assert!(e.contains("not offered"), "{e}");
