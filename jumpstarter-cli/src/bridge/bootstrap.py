@@ -132,7 +132,9 @@ def main():
             os.kill(os.getpid(), signal.SIGINT)
 
     def watchdog():
-        time.sleep(5)
+        # Closing drivers (a flasher removing its medium) can take seconds on a loaded
+        # machine; cutting it short leaves their files behind, so wait a while first.
+        time.sleep(15)
         kill_group(signal.SIGKILL)
         os._exit(1)
 
