@@ -281,6 +281,29 @@ impl Host {
         *lock(&self.log_target) = Some(ctx.clone());
     }
 
+    /// The interpreter running the bootstrap script, its three pipes captured; killed if
+    /// dropped.
+    fn bootstrap_command(&self) -> Command {
+        let mut c = Command::new(&self.python);
+        c.arg(&self.script)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .env("PYTHONUNBUFFERED", "1")
+            .kill_on_drop(true);
+        c
+    }
+
+    /// The error for an interpreter that could not be started.
+    fn no_interpreter(&self, source: std::io::Error) -> StartError {
+        StartError::NoInterpreter {
+            types: self.types(),
+            python: self.python.clone(),
+            packages: self.packages(),
+            source,
+        }
+    }
+
     fn types(&self) -> String {
         self.subtrees
             .iter()
@@ -327,21 +350,11 @@ impl Host {
                 "rust_types": s.rust_types,
             })).collect::<Vec<_>>(),
         });
-        let mut child = Command::new(&self.python)
-            .arg(&self.script)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .env("PYTHONUNBUFFERED", "1")
+        let mut command = self.bootstrap_command();
+        let mut child = command
             .process_group(0)
-            .kill_on_drop(true)
             .spawn()
-            .map_err(|source| StartError::NoInterpreter {
-                types: self.types(),
-                python: self.python.clone(),
-                packages: self.packages(),
-                source,
-            })?;
+            .map_err(|e| self.no_interpreter(e))?;
         let (Some(mut stdin), Some(stdout), Some(stderr)) =
             (child.stdin.take(), child.stdout.take(), child.stderr.take())
         else {
@@ -439,20 +452,10 @@ impl Host {
                 "rust_types": s.rust_types,
             })).collect::<Vec<_>>(),
         });
-        let mut child = Command::new(&self.python)
-            .arg(&self.script)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .env("PYTHONUNBUFFERED", "1")
-            .kill_on_drop(true)
+        let mut child = self
+            .bootstrap_command()
             .spawn()
-            .map_err(|source| StartError::NoInterpreter {
-                types: self.types(),
-                python: self.python.clone(),
-                packages: self.packages(),
-                source,
-            })?;
+            .map_err(|e| self.no_interpreter(e))?;
         if let Some(mut stdin) = child.stdin.take() {
             let mut line = spec.to_string();
             line.push('\n');
