@@ -131,7 +131,7 @@ pub fn run(args: &[String]) -> Result<()> {
     } else {
         (64, 2000, 1024)
     };
-    let rel = crate::bench_direct::build_release("bench_console")?;
+    let rel = crate::bench::build_release()?;
     let venv = crate::interop::ensure_venv()?;
     let example = rel.join("examples/bench_console");
     let work = crate::interop::tempfile_dir::Dir::new("jmp-bench-console")?;

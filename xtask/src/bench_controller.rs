@@ -74,17 +74,7 @@ fn one(bin: &Path, example: &Path, exporters: usize, leases: usize) -> Result<()
 /// Runs the controller scale benchmark.
 pub fn run(args: &[String]) -> Result<()> {
     let quick = args.iter().any(|a| a == "--quick");
-    crate::cargo(&[
-        "build",
-        "--release",
-        "--quiet",
-        "-p",
-        "jumpstarter-controller",
-        "--bins",
-        "--example",
-        "bench_scale",
-    ])?;
-    let rel = crate::target_dir().join("release");
+    let rel = crate::bench::build_release()?;
     let example = rel.join("examples/bench_scale");
     let sizes: &[usize] = if quick { &[100, 1000] } else { &[1000, 10_000] };
     let leases = if quick { 50 } else { 200 };
