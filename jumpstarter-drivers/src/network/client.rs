@@ -140,6 +140,13 @@ impl NetworkClient {
     pub async fn forward_unix(&self, path: Option<&Path>) -> Result<Forwarder, ClientError> {
         forward_unix(self.0.clone(), path, "connect").await
     }
+
+    /// Serves this stream (a VNC server's) to a browser's noVNC page: listens on a free
+    /// loopback port for WebSocket connections and returns the page's link. Upstream's
+    /// `NovncAdapter`; `encrypt` goes into the link (`encrypt=1`, upstream's default).
+    pub async fn novnc(&self, encrypt: bool) -> Result<super::Novnc, ClientError> {
+        super::novnc(self.0.clone(), "connect", encrypt).await
+    }
 }
 
 /// Forwards TCP connections accepted on `local` to `method` of `client`.
