@@ -17,6 +17,7 @@ mod faults;
 mod interop;
 mod kube;
 mod kube_e2e;
+mod kube_oidc;
 mod procs;
 mod qemu_board;
 mod quickstart;
