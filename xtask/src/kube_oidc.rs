@@ -180,17 +180,27 @@ pub fn run() -> Result<()> {
     )?;
     exporter.wait_for_line("registered with controller", Duration::from_secs(60))?;
 
-    // The client config a CI job would mount: endpoint and CA from the admin config, the
+    // The client config a CI job would mount: the endpoint from the admin config, the CA
+    // from the key Secret (base64, as `tls.ca` wants it; docs/kubernetes.md section 4), the
     // ServiceAccount's token.
     let admin_text = std::fs::read_to_string(&admin)?;
-    let field = |key: &str| {
-        admin_text
-            .lines()
-            .find_map(|l| l.trim().strip_prefix(key))
-            .map(|v| v.trim().trim_matches('"').to_owned())
-            .with_context(|| format!("no {key} in the admin config {}", admin.display()))
-    };
-    let (endpoint, ca_b64) = (field("endpoint:")?, field("ca:")?);
+    let endpoint = admin_text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("endpoint:"))
+        .map(|v| v.trim().trim_matches('"').to_owned())
+        .with_context(|| format!("no endpoint in the admin config {}", admin.display()))?;
+    let ca_b64 = kube::kubectl(&[
+        "get",
+        "secret",
+        "jumpstarter-controller-keys",
+        "-n",
+        NAMESPACE,
+        "-o",
+        "jsonpath={.data.ca\\.crt}",
+    ])?
+    .trim()
+    .to_owned();
+    ensure!(!ca_b64.is_empty(), "the key Secret of {NAMESPACE} has no ca.crt");
     let client_config = |token: &str, file: &str| -> Result<String> {
         let path = work.path().join(file);
         std::fs::write(
