@@ -279,7 +279,10 @@ async fn client_loop(
             .unwrap_or_else(|e| panic!("get {id}: {e}"));
             if is_ready(&l) {
                 s.granted_at.get_or_insert_with(Instant::now);
-                s.exporters.insert(l.exporter.clone().unwrap_or_default());
+                // `namespaces/NS/exporters/NAME`: the store's exporterRef is the bare name.
+                let exporter = l.exporter.clone().unwrap_or_default();
+                let bare = exporter.rsplit('/').next().unwrap_or_default().to_owned();
+                s.exporters.insert(bare);
                 if s.exporters.len() > 1 || stop.load(Ordering::SeqCst) {
                     break;
                 }
