@@ -17,6 +17,7 @@ mod faults;
 mod interop;
 mod kube;
 mod kube_e2e;
+mod kube_oidc;
 mod procs;
 mod qemu_board;
 mod quickstart;
@@ -53,6 +54,9 @@ fn main() -> std::process::ExitCode {
         Some("kube-up") => kube::run_up(),
         Some("kube-down") => kube::run_down(),
         Some("kube-e2e") => kube_e2e::run(&args[1..]),
+        // Hidden: the ServiceAccount-token step of kube-e2e alone, on the kube-up cluster
+        // (with the binaries already in target/debug).
+        Some("kube-oidc") => kube::running().and_then(|()| kube_oidc::run()),
         Some("qemu-board") => qemu_board::run(),
         Some("venv") => interop::ensure_venv().map(|p| println!("{}", p.display())),
         _ => {
