@@ -200,7 +200,10 @@ pub fn run() -> Result<()> {
     ])?
     .trim()
     .to_owned();
-    ensure!(!ca_b64.is_empty(), "the key Secret of {NAMESPACE} has no ca.crt");
+    ensure!(
+        !ca_b64.is_empty(),
+        "the key Secret of {NAMESPACE} has no ca.crt"
+    );
     let client_config = |token: &str, file: &str| -> Result<String> {
         let path = work.path().join(file);
         std::fs::write(
