@@ -657,12 +657,15 @@ mod tests {
         assert_eq!(status.exporter_status, Some(ExporterStatusValue::Offline));
     }
 
+    /// One Lease status write: the lease's name, its exporter, whether it ended.
+    type LeaseWrite = (String, Option<String>, bool);
+
     /// A store that writes down every Lease status it is asked to write (name, exporter,
     /// ended) and refuses those of one lease with a conflict on demand.
     #[derive(Clone)]
     struct Recording {
         inner: SqliteStore,
-        writes: Arc<std::sync::Mutex<Vec<(String, Option<String>, bool)>>>,
+        writes: Arc<std::sync::Mutex<Vec<LeaseWrite>>>,
         conflict_on: Arc<std::sync::Mutex<Option<String>>>,
     }
 
