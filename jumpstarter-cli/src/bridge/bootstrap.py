@@ -15,6 +15,7 @@
 #   {"ready": PATH, "rust": {...}}   serving
 #   {"error": {...}}           could not (kind, type, message, traceback); exit code 3
 # It exits when stdin reaches its end: the exporter died or let go of it.
+import gc
 import json
 import os
 import signal
@@ -155,10 +156,18 @@ def main():
     except BaseException:  # noqa: BLE001
         traceback.print_exc()
     finally:
-        # What the drivers started goes with us; interpreter exit then runs the drivers'
-        # finalizers (temporary directories).
+        # What the drivers started goes with us.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         kill_group(signal.SIGTERM)
+        # Drivers that keep files in a TemporaryDirectory (upstream's MockFlasher) remove
+        # them only in its finalizer. Run those finalizers now, by dropping the tree and
+        # collecting it, rather than at interpreter exit: exit first joins the threads the
+        # drivers and gRPC left, which can take longer on a loaded machine than the
+        # watchdog (or the exporter's grace period) waits, and a kill then leaves the
+        # files behind.
+        children.clear()
+        root = driver = None  # noqa: F841
+        gc.collect()
 
 
 def kill_group(sig):
