@@ -149,6 +149,45 @@ impl NetworkClient {
     }
 }
 
+/// Accepts connections on `listener` (Nagle off) and runs `handle` on each, at most `max` at
+/// once (more wait in the listener's backlog); the task ends when aborted.
+pub(super) fn serve_tcp<F, Fut>(
+    listener: tokio::net::TcpListener,
+    max: usize,
+    handle: F,
+) -> JoinHandle<()>
+where
+    F: Fn(tokio::net::TcpStream, SocketAddr) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let slots = Arc::new(Semaphore::new(max));
+    tokio::spawn(async move {
+        let mut running = tokio::task::JoinSet::new();
+        loop {
+            let Ok(permit) = slots.clone().acquire_owned().await else {
+                return;
+            };
+            tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok((conn, peer)) => {
+                        let _ = conn.set_nodelay(true);
+                        let work = handle(conn, peer);
+                        running.spawn(async move {
+                            work.await;
+                            drop(permit);
+                        });
+                    }
+                    Err(e) => {
+                        tracing::warn!("accept failed: {e}");
+                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    }
+                },
+                Some(_) = running.join_next(), if !running.is_empty() => {}
+            }
+        }
+    })
+}
+
 /// Forwards TCP connections accepted on `local` to `method` of `client`.
 pub async fn forward_tcp(
     client: DriverClient,
@@ -163,31 +202,8 @@ pub async fn forward_tcp(
     })?;
     let bound = listener.local_addr()?;
     let method: Arc<str> = method.into();
-    let slots = Arc::new(Semaphore::new(MAX_FORWARDED));
-    let task = tokio::spawn(async move {
-        let mut relays = tokio::task::JoinSet::new();
-        loop {
-            let Ok(permit) = slots.clone().acquire_owned().await else {
-                return;
-            };
-            tokio::select! {
-                accepted = listener.accept() => match accepted {
-                    Ok((conn, _)) => {
-                        let _ = conn.set_nodelay(true);
-                        let (client, method) = (client.clone(), method.clone());
-                        relays.spawn(async move {
-                            relay(client, method, conn).await;
-                            drop(permit);
-                        });
-                    }
-                    Err(e) => {
-                        tracing::warn!("accept failed: {e}");
-                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                    }
-                },
-                Some(_) = relays.join_next(), if !relays.is_empty() => {}
-            }
-        }
+    let task = serve_tcp(listener, MAX_FORWARDED, move |conn, _| {
+        relay(client.clone(), method.clone(), conn)
     });
     Ok(Forwarder {
         local: format_host_port(&bound.ip().to_string(), bound.port()),

@@ -15,7 +15,6 @@ use futures::{SinkExt, StreamExt};
 use jumpstarter_core::{ClientError, client::DriverClient, wire::frames::CHUNK};
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
-    sync::Semaphore,
     task::JoinHandle,
 };
 use tokio_tungstenite::tungstenite::{Message, protocol::WebSocketConfig};
@@ -80,31 +79,11 @@ pub async fn novnc(
         })?;
     let local = listener.local_addr()?;
     let method: Arc<str> = method.into();
-    let slots = Arc::new(Semaphore::new(MAX_VIEWERS));
-    let task = tokio::spawn(async move {
-        let mut relays = tokio::task::JoinSet::new();
-        loop {
-            let Ok(permit) = slots.clone().acquire_owned().await else {
-                return;
-            };
-            tokio::select! {
-                accepted = listener.accept() => match accepted {
-                    Ok((conn, peer)) => {
-                        let _ = conn.set_nodelay(true);
-                        let (client, method) = (client.clone(), method.clone());
-                        relays.spawn(async move {
-                            if let Err(e) = relay(client, &method, conn).await {
-                                tracing::info!("noVNC connection from {peer} ended: {e}");
-                            }
-                            drop(permit);
-                        });
-                    }
-                    Err(e) => {
-                        tracing::warn!("accept failed: {e}");
-                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                    }
-                },
-                Some(_) = relays.join_next(), if !relays.is_empty() => {}
+    let task = super::client::serve_tcp(listener, MAX_VIEWERS, move |conn, peer| {
+        let (client, method) = (client.clone(), method.clone());
+        async move {
+            if let Err(e) = relay(client, &method, conn).await {
+                tracing::info!("noVNC connection from {peer} ended: {e}");
             }
         }
     });
