@@ -149,45 +149,6 @@ impl NetworkClient {
     }
 }
 
-/// Accepts connections on `listener` (Nagle off) and runs `handle` on each, at most `max` at
-/// once (more wait in the listener's backlog); the task ends when aborted.
-pub(super) fn serve_tcp<F, Fut>(
-    listener: tokio::net::TcpListener,
-    max: usize,
-    handle: F,
-) -> JoinHandle<()>
-where
-    F: Fn(tokio::net::TcpStream, SocketAddr) -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = ()> + Send + 'static,
-{
-    let slots = Arc::new(Semaphore::new(max));
-    tokio::spawn(async move {
-        let mut running = tokio::task::JoinSet::new();
-        loop {
-            let Ok(permit) = slots.clone().acquire_owned().await else {
-                return;
-            };
-            tokio::select! {
-                accepted = listener.accept() => match accepted {
-                    Ok((conn, peer)) => {
-                        let _ = conn.set_nodelay(true);
-                        let work = handle(conn, peer);
-                        running.spawn(async move {
-                            work.await;
-                            drop(permit);
-                        });
-                    }
-                    Err(e) => {
-                        tracing::warn!("accept failed: {e}");
-                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                    }
-                },
-                Some(_) = running.join_next(), if !running.is_empty() => {}
-            }
-        }
-    })
-}
-
 /// Forwards TCP connections accepted on `local` to `method` of `client`.
 pub async fn forward_tcp(
     client: DriverClient,
@@ -202,7 +163,7 @@ pub async fn forward_tcp(
     })?;
     let bound = listener.local_addr()?;
     let method: Arc<str> = method.into();
-    let task = serve_tcp(listener, MAX_FORWARDED, move |conn, _| {
+    let task = super::accept::serve_tcp(listener, MAX_FORWARDED, move |conn, _| {
         relay(client.clone(), method.clone(), conn)
     });
     Ok(Forwarder {

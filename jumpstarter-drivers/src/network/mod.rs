@@ -14,6 +14,7 @@
 //! [`NetworkClient::forward_unix`]) and the `j NAME forward-tcp|forward-unix|address`
 //! commands.
 
+mod accept;
 mod client;
 mod novnc;
 mod udp;
