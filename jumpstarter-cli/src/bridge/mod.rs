@@ -10,6 +10,7 @@
 
 mod drivers;
 mod host;
+mod link;
 mod plan;
 mod proxy;
 
