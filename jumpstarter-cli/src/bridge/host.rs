@@ -16,7 +16,7 @@ use std::{
 
 use jumpstarter_core::{
     CallContext,
-    client::{ConnectOptions, ExporterSession, connect_channel},
+    client::{ConnectOptions, ExporterSession, SessionChannel, connect_channel},
 };
 use tokio::{
     io::{AsyncBufReadExt, AsyncWriteExt, BufReader},
@@ -24,10 +24,7 @@ use tokio::{
     task::JoinHandle,
 };
 
-use super::{
-    link::ChildLink,
-    plan::{PYTHON_ENV, Subtree, package_of},
-};
+use super::plan::{PYTHON_ENV, Subtree, package_of};
 
 /// The bootstrap script the child runs.
 const BOOTSTRAP: &str = include_str!("bootstrap.py");
@@ -143,12 +140,10 @@ pub(crate) enum State {
     Down(String),
 }
 
-/// The connections to the child's session.
+/// A connection to the child's session.
 #[derive(Clone)]
 pub(crate) struct Conn {
-    /// For unary and streaming driver calls (see [`ChildLink`]).
-    pub link: ChildLink,
-    /// For byte streams and resources.
+    pub channel: SessionChannel,
     pub session: ExporterSession,
 }
 
@@ -429,27 +424,19 @@ impl Host {
                 types: self.types(),
                 source,
             })?;
-        let session = ExporterSession::from_channel(channel)
+        let session = ExporterSession::from_channel(channel.clone())
             .await
             .map_err(|source| StartError::Connect {
                 types: self.types(),
                 source,
             })?;
-        let (link, link_task) =
-            ChildLink::connect(&socket)
-                .await
-                .map_err(|e| StartError::Connect {
-                    types: self.types(),
-                    source: jumpstarter_core::ClientError::connect(socket.to_string_lossy(), e),
-                })?;
-        running_tasks.push(link_task);
         Ok((
             Running {
                 child: Some(child),
                 stdin: Some(stdin),
                 tasks: running_tasks,
             },
-            Conn { link, session },
+            Conn { channel, session },
         ))
     }
 

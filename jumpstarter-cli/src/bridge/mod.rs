@@ -10,7 +10,6 @@
 
 mod drivers;
 mod host;
-mod link;
 mod plan;
 mod proxy;
 

@@ -179,7 +179,7 @@ impl Driver for PythonDriver {
         Box::pin(async move {
             let conn = self.conn(&ctx)?;
             let copies = self.bridge_resources(&ctx, &conn, &mut args).await?;
-            let result = ExporterServiceClient::new(conn.link.clone())
+            let result = ExporterServiceClient::new(conn.channel.clone())
                 .driver_call(DriverCallRequest {
                     uuid: self.uuid.clone(),
                     method,
@@ -203,7 +203,7 @@ impl Driver for PythonDriver {
         Box::pin(async move {
             let conn = self.conn(&ctx)?;
             let copies = self.bridge_resources(&ctx, &conn, &mut args).await?;
-            let resp = ExporterServiceClient::new(conn.link.clone())
+            let resp = ExporterServiceClient::new(conn.channel.clone())
                 .streaming_driver_call(StreamingDriverCallRequest {
                     uuid: self.uuid.clone(),
                     method,
