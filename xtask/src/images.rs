@@ -661,31 +661,24 @@ pub fn dockerfiles() -> Result<Vec<(String, PathBuf)>> {
 
 /// Runs `cargo xtask images`.
 pub fn run(args: &[String]) -> Result<()> {
-    let value = |flag: &str| -> Result<Option<String>> {
-        match args.iter().position(|a| a == flag) {
-            None => Ok(None),
-            Some(i) => args
-                .get(i + 1)
+    let (mut out, mut tag) = (None, None);
+    let mut rest = args.iter();
+    while let Some(arg) = rest.next() {
+        let slot = match arg.as_str() {
+            "--out" => &mut out,
+            "--tag" => &mut tag,
+            other => bail!("cargo xtask images [--out DIR] [--tag TAG]: unknown argument {other}"),
+        };
+        *slot = Some(
+            rest.next()
                 .cloned()
-                .map(Some)
-                .with_context(|| format!("{flag} needs a value")),
-        }
-    };
-    if let Some(unknown) = args
-        .iter()
-        .enumerate()
-        .find(|(i, a)| {
-            !matches!(a.as_str(), "--out" | "--tag")
-                && !(*i > 0 && matches!(args[i - 1].as_str(), "--out" | "--tag"))
-        })
-        .map(|(_, a)| a)
-    {
-        bail!("cargo xtask images [--out DIR] [--tag TAG]: unknown argument {unknown}");
+                .with_context(|| format!("{arg} needs a value"))?,
+        );
     }
-    let out = value("--out")?
+    let out = out
         .map(PathBuf::from)
         .unwrap_or_else(|| crate::target_dir().join("images"));
-    let tag = value("--tag")?.unwrap_or_else(|| "dev".into());
+    let tag = tag.unwrap_or_else(|| "dev".into());
     // Read every Dockerfile before the (long) build, so a refused instruction fails at once.
     let mut specs = Vec::new();
     for (name, path) in dockerfiles()? {
