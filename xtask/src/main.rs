@@ -72,7 +72,7 @@ fn main() -> std::process::ExitCode {
                  interop   [FILTER] upstream Python 0.9.0 tools against ours (builds a venv)\n  \
                  bench     [--quick] latency/throughput, ours vs upstream Python, in one run\n  \
                  crds      [--out DIR | --check DIR] our CRD YAML (stdout), written, or compared\n  \
-                 images    [--out DIR] [--tag TAG] the images of deploy/docker without a container engine, checked\n  \
+                 images    [--out DIR] [--tag TAG] [--debug] the images of deploy/docker without a container engine, checked\n  \
                  faults    [--seed N] [--rounds N] [--quick] [--release] kill processes of a lab day at random, check nothing is lost\n  \
                  quickstart  the whole lab on one machine: controller, mock exporter, client, jmp shell\n  \
                  s3        the Opendal driver's S3 service (feature storage-s3) against moto's S3 on loopback\n  \
@@ -182,13 +182,14 @@ fn ci() -> Result<()> {
     // ~/.cache/jumpstarter-rs/kube between runs).
     println!("== the Kubernetes backend against a real API server (cargo xtask kube-e2e)");
     kube_e2e::run(&[])?;
-    // Release build shared with the benchmarks; layers, checks and `--help` in a chroot.
-    println!("== container images without a container engine (cargo xtask images)");
-    images::run(&[])?;
     println!("== interop with upstream 0.9.0");
     let interop = interop::run(None)?;
     println!("== fault injection (cargo xtask faults --quick)");
     faults::run(&["--quick".to_string()])?;
+    // With the debug binaries faults built (CI has no release build); layers, checks and
+    // `--help` in a chroot.
+    println!("== container images without a container engine (cargo xtask images --debug)");
+    images::run(&["--debug".to_string()])?;
     println!(
         "{}",
         ci_summary::pass_line(tests, interop, started.elapsed())
