@@ -58,6 +58,14 @@ fn parse_figures(line: &str) -> Result<CallFigures> {
     })
 }
 
+/// The packages [`build_release`] builds (all their binaries and examples, one cargo command,
+/// so that the benchmarks and `cargo xtask images` share one release build).
+pub(crate) const RELEASE_PACKAGES: &[&str] = &[
+    "jumpstarter-cli",
+    "jumpstarter-controller",
+    "jumpstarter-router",
+];
+
 /// Builds every release binary and example the benchmarks use, with one cargo command,
 /// and returns `target/release`.
 ///
@@ -67,19 +75,12 @@ fn parse_figures(line: &str) -> Result<CallFigures> {
 /// examples) rebuilt tonic, rustls and their kin in release mode each time they ran one
 /// after the other.
 pub(crate) fn build_release() -> Result<PathBuf> {
-    crate::cargo(&[
-        "build",
-        "--release",
-        "--quiet",
-        "-p",
-        "jumpstarter-cli",
-        "-p",
-        "jumpstarter-controller",
-        "-p",
-        "jumpstarter-router",
-        "--bins",
-        "--examples",
-    ])?;
+    let mut args = vec!["build", "--release", "--quiet"];
+    for package in RELEASE_PACKAGES {
+        args.extend(["-p", package]);
+    }
+    args.extend(["--bins", "--examples"]);
+    crate::cargo(&args)?;
     Ok(crate::target_dir().join("release"))
 }
 

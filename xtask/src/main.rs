@@ -14,6 +14,9 @@ mod ci_summary;
 mod conformance;
 mod crds;
 mod faults;
+mod images;
+mod images_check;
+mod images_dockerfile;
 mod interop;
 mod kube;
 mod kube_e2e;
@@ -49,6 +52,7 @@ fn main() -> std::process::ExitCode {
         Some("bench-boards") => bench_boards::run(&args[1..]),
         Some("crds") => crds::run(&args[1..]),
         Some("faults") => faults::run(&args[1..]),
+        Some("images") => images::run(&args[1..]),
         Some("quickstart") => quickstart::run(&args[1..]),
         Some("s3") => s3::run(),
         Some("kube-up") => kube::run_up(),
@@ -68,6 +72,7 @@ fn main() -> std::process::ExitCode {
                  interop   [FILTER] upstream Python 0.9.0 tools against ours (builds a venv)\n  \
                  bench     [--quick] latency/throughput, ours vs upstream Python, in one run\n  \
                  crds      [--out DIR | --check DIR] our CRD YAML (stdout), written, or compared\n  \
+                 images    [--out DIR] [--tag TAG] [--debug] the images of deploy/docker without a container engine, checked\n  \
                  faults    [--seed N] [--rounds N] [--quick] [--release] kill processes of a lab day at random, check nothing is lost\n  \
                  quickstart  the whole lab on one machine: controller, mock exporter, client, jmp shell\n  \
                  s3        the Opendal driver's S3 service (feature storage-s3) against moto's S3 on loopback\n  \
@@ -181,6 +186,10 @@ fn ci() -> Result<()> {
     let interop = interop::run(None)?;
     println!("== fault injection (cargo xtask faults --quick)");
     faults::run(&["--quick".to_string()])?;
+    // With the debug binaries faults built (CI has no release build); layers, checks and
+    // `--help` in a chroot.
+    println!("== container images without a container engine (cargo xtask images --debug)");
+    images::run(&["--debug".to_string()])?;
     println!(
         "{}",
         ci_summary::pass_line(tests, interop, started.elapsed())
