@@ -177,8 +177,12 @@ def main():
 
     def watchdog():
         # Closing drivers (a flasher removing its medium) can take seconds on a loaded
-        # machine; cutting it short leaves their files behind, so wait a while first.
-        time.sleep(15)
+        # machine. Past a few seconds (well within the exporter's grace period), remove
+        # the drivers' temporary directories ourselves, so that neither our kill nor the
+        # exporter's leaves their files behind; then wait a while longer for a clean end.
+        time.sleep(4)
+        remove_temporary_directories()
+        time.sleep(11)
         kill_group(signal.SIGKILL)
         os._exit(1)
 
@@ -212,6 +216,8 @@ def main():
         children.clear()
         root = driver = None  # noqa: F841
         gc.collect()
+        # And those still referenced from somewhere (a frame, a thread) go too.
+        remove_temporary_directories()
 
 
 def relay_logs(session):
@@ -237,6 +243,20 @@ def relay_logs(session):
     for h in root.handlers:
         h.setLevel(logging.WARNING)
     root.addHandler(LogRelay(is_driver))
+
+
+def remove_temporary_directories():
+    """Removes every `tempfile.TemporaryDirectory` still alive in this process (a driver's
+    scratch space, such as upstream MockFlasher's medium): the process is ending, and their
+    finalizers would otherwise run only at interpreter exit, or never after a kill."""
+    import tempfile
+
+    for obj in gc.get_objects():
+        if isinstance(obj, tempfile.TemporaryDirectory):
+            try:
+                obj.cleanup()
+            except Exception:  # noqa: BLE001
+                pass
 
 
 def kill_group(sig):
