@@ -62,15 +62,27 @@ fn empty_kube_namespace() -> Result<()> {
             "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {KUBE_NAMESPACE}\n"
         )),
     )?;
+    const KINDS: &str =
+        "exporters.jumpstarter.dev,clients.jumpstarter.dev,leases.jumpstarter.dev,secrets";
+    // Not `kubectl delete`'s own wait: it hung for minutes here (kubectl 1.34, 100
+    // exporters) after every object was gone. Poll for an empty namespace instead.
     crate::kube::kubectl(&[
         "delete",
         "-n",
         KUBE_NAMESPACE,
         "--all",
         "--ignore-not-found",
-        "exporters.jumpstarter.dev,clients.jumpstarter.dev,leases.jumpstarter.dev,secrets",
+        "--wait=false",
+        KINDS,
     ])?;
-    Ok(())
+    for _ in 0..240 {
+        let left = crate::kube::kubectl(&["get", "-n", KUBE_NAMESPACE, KINDS, "-o", "name"])?;
+        if left.trim().is_empty() {
+            return Ok(());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+    anyhow::bail!("the objects in namespace {KUBE_NAMESPACE} were not deleted within 2 minutes")
 }
 
 fn one(
