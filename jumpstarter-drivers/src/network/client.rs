@@ -10,7 +10,6 @@ use clap::{Arg, ArgAction, ArgMatches, Command};
 use jumpstarter_core::{ClientError, client::DriverClient, wire::frames::CHUNK};
 use tokio::{
     io::{AsyncRead, AsyncWrite},
-    sync::Semaphore,
     task::JoinHandle,
 };
 
@@ -163,7 +162,7 @@ pub async fn forward_tcp(
     })?;
     let bound = listener.local_addr()?;
     let method: Arc<str> = method.into();
-    let task = super::accept::serve_tcp(listener, MAX_FORWARDED, move |conn, _| {
+    let task = super::accept::serve(listener, MAX_FORWARDED, move |conn, _| {
         relay(client.clone(), method.clone(), conn)
     });
     Ok(Forwarder {
@@ -199,32 +198,10 @@ pub async fn forward_unix(
         ))
     })?;
     let method: Arc<str> = method.into();
-    let slots = Arc::new(Semaphore::new(MAX_FORWARDED));
-    let task = tokio::spawn(async move {
-        // The temporary directory lives as long as the listener.
-        let _tmp = tmp;
-        let mut relays = tokio::task::JoinSet::new();
-        loop {
-            let Ok(permit) = slots.clone().acquire_owned().await else {
-                return;
-            };
-            tokio::select! {
-                accepted = listener.accept() => match accepted {
-                    Ok((conn, _)) => {
-                        let (client, method) = (client.clone(), method.clone());
-                        relays.spawn(async move {
-                            relay(client, method, conn).await;
-                            drop(permit);
-                        });
-                    }
-                    Err(e) => {
-                        tracing::warn!("accept failed: {e}");
-                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                    }
-                },
-                Some(_) = relays.join_next(), if !relays.is_empty() => {}
-            }
-        }
+    let task = super::accept::serve(listener, MAX_FORWARDED, move |conn, _| {
+        // The temporary directory lives as long as the listener's task.
+        let _tmp = &tmp;
+        relay(client.clone(), method.clone(), conn)
     });
     Ok(Forwarder {
         local: path.display().to_string(),

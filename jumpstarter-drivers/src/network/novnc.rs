@@ -79,7 +79,7 @@ pub async fn novnc(
         })?;
     let local = listener.local_addr()?;
     let method: Arc<str> = method.into();
-    let task = super::accept::serve_tcp(listener, MAX_VIEWERS, move |conn, peer| {
+    let task = super::accept::serve(listener, MAX_VIEWERS, move |conn, peer| {
         let (client, method) = (client.clone(), method.clone());
         async move {
             if let Err(e) = relay(client, &method, conn).await {
