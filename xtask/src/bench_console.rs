@@ -125,7 +125,9 @@ fn forward_cmd(j: &Path, host: &str, work: &Path) -> Command {
     c
 }
 
-/// Runs the console and forwarding benchmarks (`--quick`: 8 MiB, 200 lines, 128 MiB).
+/// Runs the console and forwarding benchmarks (`--quick`: 8 MiB, 200 lines, 128 MiB;
+/// `--forward-only`: the forwards alone; `--compare DIR`: this build's distributed forwards
+/// against the binaries in `DIR`, interleaved).
 pub fn run(args: &[String]) -> Result<()> {
     let quick = args.iter().any(|a| a == "--quick");
     // `--forward-only`: the forwarding figures alone (no consoles, no upstream).
@@ -136,6 +138,12 @@ pub fn run(args: &[String]) -> Result<()> {
         (64, 2000, 1024)
     };
     let rel = crate::bench::build_release()?;
+    if let Some(i) = args.iter().position(|a| a == "--compare") {
+        let other = args.get(i + 1).context(
+            "--compare needs a directory of release binaries (jmp, j, jumpstarter-controller)",
+        )?;
+        return compare(&rel, Path::new(other), fwd_mib, if quick { 3 } else { 5 });
+    }
     let venv = if forward_only {
         std::path::PathBuf::new()
     } else {
@@ -307,6 +315,83 @@ fn print_consoles(
         py_pty.rtt_p50_us / ours_pty.rtt_p50_us.max(0.001),
     );
     println!("targets: >= 10x upstream's throughput, < half its latency");
+}
+
+/// `--compare DIR`: the distributed forwards of this build and of the binaries in `DIR`
+/// (another build's `jmp`, `j` and `jumpstarter-controller`), interleaved over `rounds`
+/// rounds with the order alternating, to the same sink; medians. For A/B of a change on a
+/// noisy machine, where two separate runs do not compare.
+fn compare(rel: &Path, other: &Path, mib: u64, rounds: usize) -> Result<()> {
+    for bin in ["jmp", "j", "jumpstarter-controller"] {
+        ensure!(
+            other.join(bin).is_file(),
+            "--compare {}: no {bin} in it",
+            other.display()
+        );
+    }
+    let example = rel.join("examples/bench_console");
+    let work = crate::interop::tempfile_dir::Dir::new("jmp-bench-console-compare")?;
+    let link = work.path().join("pty-tty");
+    let mut c = Command::new(&example);
+    c.arg("pty-echo").arg(&link);
+    let mut pty = Background::start("bench_console pty-echo", c)?;
+    pty.wait_for_line("pty ready", START)?;
+    let mut c = Command::new(&example);
+    c.arg("sink");
+    let mut sink = Background::start("bench_console sink", c)?;
+    let line = sink.wait_for_line("sink port ", START)?;
+    let sink_port: u16 = line
+        .rsplit(' ')
+        .next()
+        .and_then(|p| p.trim().parse().ok())
+        .with_context(|| format!("the sink printed {line:?}"))?;
+    let sink_addr = format!("127.0.0.1:{sink_port}");
+    let builds = [("this build", rel), ("--compare", other)];
+    // [build][direct, router]
+    let mut figures = [[Vec::new(), Vec::new()], [Vec::new(), Vec::new()]];
+    let mut plain = Vec::new();
+    for round in 0..rounds {
+        plain.push(send(&example, &sink_addr, mib)?.0);
+        for k in 0..2 {
+            let b = (round + k) % 2;
+            let (direct, routed) = distributed(builds[b].1, &link, sink_port, &example, mib)?;
+            println!(
+                "round {}: {:<11} direct {:>6.0} MiB/s, router {:>6.0} MiB/s\n  direct: {}\n  router: {}",
+                round + 1,
+                builds[b].0,
+                direct.0,
+                routed.0,
+                direct.1,
+                routed.1
+            );
+            figures[b][0].push(direct.0);
+            figures[b][1].push(routed.0);
+        }
+    }
+    plain.push(send(&example, &sink_addr, mib)?.0);
+    drop(pty);
+    drop(sink);
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[v.len() / 2]
+    };
+    let plain = median(&mut plain);
+    println!(
+        "== forwarding A/B, {mib} MiB one way, medians of {rounds} interleaved rounds; plain loopback {plain:.0} MiB/s"
+    );
+    println!("{:<44} {:>10} {:>12}", "", "MiB/s", "of loopback");
+    for (b, (name, dir)) in builds.iter().enumerate() {
+        for (k, path) in ["direct path", "via router"].iter().enumerate() {
+            let v = median(&mut figures[b][k]);
+            println!(
+                "{:<44} {:>10.0} {:>11.0}%",
+                format!("{name} ({}), {path}", dir.display()),
+                v,
+                100.0 * v / plain.max(0.001)
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Our controller (in-process router), our exporter serving the bench drivers with its

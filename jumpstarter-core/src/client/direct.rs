@@ -12,7 +12,7 @@ use std::{sync::Arc, time::Duration};
 
 use hyper_util::rt::TokioIo;
 use jumpstarter_proto::v1::{Endpoint, exporter_service_client::ExporterServiceClient};
-use tokio::net::TcpStream;
+use tokio::{io::BufReader, net::TcpStream};
 use tokio_rustls::{
     TlsConnector,
     client::TlsStream,
@@ -115,9 +115,11 @@ impl DirectTarget {
 
     /// A TLS connection to the endpoint, carrying whatever the caller speaks (the local
     /// socket of `jmp shell` forwards raw HTTP/2 over it).
-    pub async fn connect_stream(&self) -> std::io::Result<TlsStream<TcpStream>> {
+    pub async fn connect_stream(&self) -> std::io::Result<TlsStream<BufReader<TcpStream>>> {
         let tcp = TcpStream::connect(&self.endpoint).await?;
         tcp.set_nodelay(true)?;
+        // rustls reads at most 4 KiB at a time: buffer beneath it.
+        let tcp = BufReader::with_capacity(crate::wire::settings::TLS_READ_BUFFER, tcp);
         self.connector.connect(self.server_name.clone(), tcp).await
     }
 

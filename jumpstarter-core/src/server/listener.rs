@@ -24,7 +24,7 @@ use std::{
 };
 
 use tokio::{
-    io::{AsyncRead, AsyncReadExt as _, AsyncWrite, ReadBuf},
+    io::{AsyncRead, AsyncReadExt as _, AsyncWrite, BufReader, ReadBuf},
     net::{TcpListener, TcpStream},
     sync::{OwnedSemaphorePermit, Semaphore, mpsc},
 };
@@ -367,7 +367,10 @@ impl ConnectionGuard {
         let mut io = match tls {
             None => Transport::Plain(io),
             Some(acceptor) => {
-                match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(io)).await {
+                let buffered = BufReader::with_capacity(crate::wire::settings::TLS_READ_BUFFER, io);
+                match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(buffered))
+                    .await
+                {
                     Err(_) => {
                         stats.handshake_timeouts.fetch_add(1, Ordering::Relaxed);
                         return Err(HandshakeError::TlsTimeout(limits.handshake_timeout));
@@ -505,7 +508,8 @@ pub fn tls_acceptor(
 
 enum Transport<T> {
     Plain(T),
-    Tls(Box<tokio_rustls::server::TlsStream<T>>),
+    /// TLS over a read buffer (see [`crate::wire::settings::TLS_READ_BUFFER`]).
+    Tls(Box<tokio_rustls::server::TlsStream<BufReader<T>>>),
 }
 
 impl<T: AsyncRead + AsyncWrite + Unpin> AsyncRead for Transport<T> {
