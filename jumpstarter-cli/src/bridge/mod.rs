@@ -9,6 +9,7 @@
 //! the child, restarts it when it dies and never lets it outlive the exporter.
 
 mod drivers;
+mod fast;
 mod host;
 mod plan;
 mod proxy;

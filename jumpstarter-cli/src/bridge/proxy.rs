@@ -179,12 +179,30 @@ impl Driver for PythonDriver {
         Box::pin(async move {
             let conn = self.conn(&ctx)?;
             let copies = self.bridge_resources(&ctx, &conn, &mut args).await?;
+            let request = DriverCallRequest {
+                uuid: self.uuid.clone(),
+                method,
+                args,
+            };
+            // Unary calls without resources take the fast path when it has room
+            // (`fast.rs`); the rest, and those it leaves, go through gRPC as before.
+            if let Some(pool) = conn.fast.as_ref().filter(|_| copies.is_empty())
+                && let Some(answer) = pool.call(&request).await
+            {
+                let resp = answer
+                    .map_err(|e| {
+                        DriverError::Failed(format!(
+                            "Python driver {} is unavailable: {e}",
+                            self.type_name
+                        ))
+                    })?
+                    .map_err(|s| self.status_error(&s))?;
+                return Ok(resp.result.unwrap_or(Value {
+                    kind: Some(Kind::NullValue(0)),
+                }));
+            }
             let result = ExporterServiceClient::new(conn.channel.clone())
-                .driver_call(DriverCallRequest {
-                    uuid: self.uuid.clone(),
-                    method,
-                    args,
-                })
+                .driver_call(request)
                 .await;
             drain(copies);
             let resp = result.map_err(|s| self.status_error(&s))?;
