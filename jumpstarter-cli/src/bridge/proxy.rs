@@ -1,7 +1,8 @@
 //! A node of our tree whose driver lives in the Python child: every call is forwarded.
 //!
-//! Unary and streaming calls go to the child's `ExporterService` with the same uuid,
-//! method and arguments. Byte streams open the same method on the child's
+//! Unary and streaming calls go to the child with the same uuid, method and arguments:
+//! unary ones on its fast path (`fast.rs`) when they carry no resource and the path has
+//! room, the rest to its `ExporterService`. Byte streams open the same method on the child's
 //! `RouterService.Stream`. A resource handle among the arguments (bytes the client streams
 //! to us) is replaced by a resource opened on the child for the same driver, and a task
 //! copies between the two as the Python driver reads or writes: HTTP/2 flow control on both
