@@ -7,7 +7,10 @@
 //! client (`bench_calls`) and with upstream's Python client (`bench_calls.py`) against our
 //! exporter (TCP, then the bridge's Unix socket to the Python child) and against upstream's
 //! `jmp run` (TCP); rounds alternate, and the medians of the rounds' p50s are compared.
-//! Target: the bridge no slower than upstream alone by more than 20%.
+//! Target: the bridge no slower than upstream alone by more than 20%. Our exporter runs twice
+//! a round: with the bridge's unary fast path (the default, `bridge/fast.rs`) and with it
+//! off (`JMP_BRIDGE_FAST=0`, every call through the child's gRPC server), so that each run
+//! is also an interleaved A/B of the two.
 //!
 //! `cargo xtask bench-bridge [--quick] [--debug]`: `--debug` times the debug binaries (no
 //! release build; the exporter is then slower than it ships).
@@ -82,7 +85,15 @@ pub fn run(args: &[String]) -> Result<()> {
     let config = work.path().join("exporter.yaml");
     std::fs::write(&config, CONFIG)?;
 
-    let start = |ours: bool| -> Result<(Background, u16)> {
+    // Our exporter with the fast path, ours without it, upstream's.
+    #[derive(Clone, Copy, PartialEq)]
+    enum Side {
+        Fast,
+        Grpc,
+        Upstream,
+    }
+    let start = |side: Side| -> Result<(Background, u16)> {
+        let ours = side != Side::Upstream;
         let jmp: PathBuf = if ours {
             bin.join("jmp")
         } else {
@@ -96,6 +107,9 @@ pub fn run(args: &[String]) -> Result<()> {
                 "JMP_PYTHON_DRIVERS",
                 "jumpstarter_driver_power.driver.MockPower",
             );
+        if side == Side::Grpc {
+            c.env("JMP_BRIDGE_FAST", "0");
+        }
         if ours {
             return procs::start_our_exporter(c, &config, &[]);
         }
@@ -139,16 +153,16 @@ pub fn run(args: &[String]) -> Result<()> {
          alternating rounds",
         if debug { "debug" } else { "release" }
     );
-    // [ours, upstream] x [rust client, python client]: each round's figures.
-    let mut rows: [[Vec<CallFigures>; 2]; 2] = Default::default();
+    // [fast, grpc, upstream] x [rust client, python client]: each round's figures.
+    let sides = [Side::Fast, Side::Grpc, Side::Upstream];
+    let mut rows: [[Vec<CallFigures>; 2]; 3] = Default::default();
     for round in 0..rounds {
-        for first in [true, false] {
-            // Alternate which exporter goes first, so that neither always runs warmer.
-            let ours = if round % 2 == 0 { first } else { !first };
-            let side = usize::from(!ours);
-            let (exporter, port) = start(ours)?;
-            rows[side][0].push(rust_client(port)?);
-            rows[side][1].push(python_client(port)?);
+        for k in 0..sides.len() {
+            // Rotate which exporter goes first, so that none always runs warmer.
+            let i = (k + round) % sides.len();
+            let (exporter, port) = start(sides[i])?;
+            rows[i][0].push(rust_client(port)?);
+            rows[i][1].push(python_client(port)?);
             drop(exporter);
         }
     }
@@ -161,6 +175,10 @@ pub fn run(args: &[String]) -> Result<()> {
         [
             "bridge: Rust client -> our exporter -> Python child",
             "bridge: Python client -> our exporter -> Python child",
+        ],
+        [
+            "bridge, fast path off: Rust client",
+            "bridge, fast path off: Python client",
         ],
         [
             "upstream: Rust client -> upstream exporter",
@@ -180,7 +198,8 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     for (client, name) in ["Rust client", "Python client"].iter().enumerate() {
         let ours = med(&rows[0][client], |f| f.p50_us);
-        let up = med(&rows[1][client], |f| f.p50_us);
+        let grpc = med(&rows[1][client], |f| f.p50_us);
+        let up = med(&rows[2][client], |f| f.p50_us);
         let ratio = ours / up.max(0.001);
         println!(
             "ratio ({name}): bridge p50 / upstream p50 = {ratio:.2} ({:+.1} µs); target <= {TARGET_RATIO:.2}: {}",
@@ -190,6 +209,11 @@ pub fn run(args: &[String]) -> Result<()> {
             } else {
                 "NOT met"
             }
+        );
+        println!(
+            "ratio ({name}), fast path off: bridge p50 / upstream p50 = {:.2} ({:+.1} µs)",
+            grpc / up.max(0.001),
+            grpc - up
         );
     }
     Ok(())

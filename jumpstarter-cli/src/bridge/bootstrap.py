@@ -12,7 +12,8 @@
 # It builds each subtree with upstream's own runtime (the `export` entry model of
 # jumpstarter.config.exporter), serves them under one root on a Unix socket with
 # upstream's Session, and answers with one JSON line on stdout:
-#   {"ready": PATH, "rust": {...}}   serving
+#   {"ready": PATH, "rust": {...}, "fast": PATH}   serving ("fast": the socket of the
+#                              unary fast path, when the spec named one as "fast_socket")
 #   {"error": {...}}           could not (kind, type, message, traceback); exit code 3
 # It exits when stdin reaches its end: the exporter died or let go of it.
 #
@@ -193,9 +194,19 @@ def main():
         with session:
             session.update_status(ExporterStatus.LEASE_READY, "Ready for commands")
             async with session.serve_port_async(f"unix://{spec['socket']}"):
-                answer({"ready": spec["socket"], "rust": rust})
+                ready = {"ready": spec["socket"], "rust": rust}
+                fast = spec.get("fast_socket")
+                fast_server = None
+                if fast:
+                    fast_server = await serve_fast(session, fast)
+                    ready["fast"] = fast
+                answer(ready)
                 relay_logs(session)
-                await anyio.sleep_forever()
+                try:
+                    await anyio.sleep_forever()
+                finally:
+                    if fast_server is not None:
+                        fast_server.close()
 
     try:
         anyio.run(serve)
@@ -218,6 +229,133 @@ def main():
         gc.collect()
         # And those still referenced from somewhere (a frame, a thread) go too.
         remove_temporary_directories()
+
+
+# The fast path for unary calls (see the exporter's bridge/fast.rs). On a second Unix
+# socket, each connection carries one call at a time:
+#   request:  u32 big-endian length, then a DriverCallRequest (protobuf)
+#   answer:   u32 big-endian length, then one kind byte and its body:
+#             0  a DriverCallResponse (protobuf)
+#             1  an error: u32 big-endian grpc status code, then the details (UTF-8)
+#             2  the response was larger than MAX_MESSAGE: u64 big-endian its size
+# The call runs upstream's own Session.DriverCall on this (the session's) event loop with a
+# context that behaves as grpc.aio's does for it, so that its answers and errors are those
+# upstream's gRPC server would give, without grpcio's thread hand-offs. A connection that
+# ends cancels its call, as a cancelled gRPC call would.
+MAX_MESSAGE = 4 * 1024 * 1024  # grpc's default limit on a received message
+
+
+class FastAbort(Exception):  # noqa: N818 (as grpc.aio's AbortError, an Exception)
+    pass
+
+
+class FastUsageError(Exception):
+    pass
+
+
+class FastContext:
+    """What upstream's DriverCall path uses of grpc.aio's ServicerContext: abort() records
+    the first status and raises (a second abort raises a usage error, and the first status
+    stands, as in grpc.aio)."""
+
+    __slots__ = ("status",)
+
+    def __init__(self):
+        self.status = None
+
+    async def abort(self, code, details="", trailing_metadata=()):
+        if self.status is not None:
+            raise FastUsageError("Abort already called!")
+        self.status = (code.value[0], details or "")
+        raise FastAbort()
+
+    def invocation_metadata(self):
+        return ()
+
+    def done(self):
+        return False
+
+    def cancelled(self):
+        return False
+
+
+async def serve_fast(session, path):
+    import asyncio
+
+    from jumpstarter_protocol import jumpstarter_pb2
+
+    loop = asyncio.get_running_loop()
+    log = logging.getLogger("grpc._cython.cygrpc")
+
+    class FastCall(asyncio.Protocol):
+        def __init__(self):
+            self.buf = bytearray()
+            self.task = None
+            self.transport = None
+
+        def connection_made(self, transport):
+            self.transport = transport
+
+        def connection_lost(self, exc):
+            if self.task is not None:
+                self.task.cancel()
+
+        def refuse(self, why):
+            logging.getLogger("jumpstarter.bridge").warning("fast call socket: %s; closing the connection", why)
+            self.transport.abort()
+
+        def data_received(self, data):
+            self.buf += data
+            if len(self.buf) < 4:
+                return
+            n = int.from_bytes(self.buf[:4], "big")
+            if n > MAX_MESSAGE:
+                return self.refuse(f"a request of {n} bytes (the limit is {MAX_MESSAGE})")
+            if self.task is not None:
+                return self.refuse("a request while one is in flight")
+            if len(self.buf) < 4 + n:
+                return
+            if len(self.buf) > 4 + n:
+                return self.refuse("more than one request at a time")
+            body = bytes(self.buf[4:])
+            self.buf.clear()
+            self.task = loop.create_task(self.run(body))
+
+        async def run(self, body):
+            try:
+                request = jumpstarter_pb2.DriverCallRequest.FromString(body)
+            except Exception as e:  # noqa: BLE001
+                return self.refuse(f"an unreadable request ({e})")
+            ctx = FastContext()
+            try:
+                response = await session.DriverCall(request, ctx)
+                if ctx.status is not None:
+                    out = None
+                else:
+                    out = response.SerializeToString()
+            except Exception as e:  # noqa: BLE001
+                out = None
+                # As grpc.aio logs and answers an exception its handler let through (the
+                # status of a first abort() stands).
+                if not isinstance(e, FastAbort):
+                    log.error("Unexpected [%s] raised by servicer method [%s]",
+                              type(e).__name__, "/jumpstarter.v1.ExporterService/DriverCall",
+                              exc_info=True)
+                if ctx.status is None:
+                    ctx.status = (2, "Unexpected %s: %s" % (type(e), e))
+            if out is None:
+                code, details = ctx.status
+                detail_bytes = details.encode()[: MAX_MESSAGE - 5]
+                frame = b"\x01" + code.to_bytes(4, "big") + detail_bytes
+            elif len(out) > MAX_MESSAGE:
+                frame = b"\x02" + len(out).to_bytes(8, "big")
+            else:
+                frame = b"\x00" + out
+            self.task = None
+            if not self.transport.is_closing():
+                self.transport.write(len(frame).to_bytes(4, "big") + frame)
+
+    return await loop.create_unix_server(FastCall, path=path)
 
 
 def relay_logs(session):

@@ -24,7 +24,10 @@ use tokio::{
     task::JoinHandle,
 };
 
-use super::plan::{PYTHON_ENV, Subtree, package_of};
+use super::{
+    fast::{self, FastPool},
+    plan::{PYTHON_ENV, Subtree, package_of},
+};
 
 /// The bootstrap script the child runs.
 const BOOTSTRAP: &str = include_str!("bootstrap.py");
@@ -145,6 +148,8 @@ pub(crate) enum State {
 pub(crate) struct Conn {
     pub channel: SessionChannel,
     pub session: ExporterSession,
+    /// Its fast path for unary calls (`fast.rs`), unless turned off.
+    pub fast: Option<Arc<FastPool>>,
 }
 
 /// What the proxies share: the child's state and where its logs go.
@@ -338,9 +343,15 @@ impl Host {
     /// Starts one child and connects to it.
     pub(crate) async fn spawn(&self, generation: u64) -> Result<(Running, Conn), StartError> {
         let socket = self.dir.path().join(format!("python-{generation}.sock"));
+        let fast_socket = fast::enabled().then(|| {
+            self.dir
+                .path()
+                .join(format!("python-{generation}.fast.sock"))
+        });
         let uuids = lock(&self.uuids).clone();
         let spec = serde_json::json!({
             "socket": socket,
+            "fast_socket": fast_socket,
             "subtrees": self.subtrees.iter().zip(uuids).map(|(s, u)| serde_json::json!({
                 "key": s.key,
                 "instance": s.instance,
@@ -418,6 +429,10 @@ impl Host {
                     .unwrap_or_default()
             })
             .collect();
+        // The child serves the fast path when it was asked to and says so.
+        let fast = fast_socket
+            .filter(|p| answer.get("fast").and_then(|f| f.as_str()) == p.to_str())
+            .map(|p| Arc::new(FastPool::new(p)));
         let channel = connect_channel(&socket.to_string_lossy(), &ConnectOptions::default())
             .await
             .map_err(|source| StartError::Connect {
@@ -436,7 +451,11 @@ impl Host {
                 stdin: Some(stdin),
                 tasks: running_tasks,
             },
-            Conn { channel, session },
+            Conn {
+                channel,
+                session,
+                fast,
+            },
         ))
     }
 

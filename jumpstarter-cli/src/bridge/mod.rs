@@ -5,10 +5,12 @@
 //! interpreter running `bootstrap.py`, which builds them with upstream's own runtime and
 //! serves them on a private Unix socket with upstream's `Session`. The exporter reads that
 //! session's report and grafts the subtrees into its own tree with their uuids, labels and
-//! client classes; their nodes forward every call to the child (`proxy.rs`). `host.rs` starts
-//! the child, restarts it when it dies and never lets it outlive the exporter.
+//! client classes; their nodes forward every call to the child (`proxy.rs`; unary calls in
+//! a lighter framing than gRPC, `fast.rs`). `host.rs` starts the child, restarts it when it
+//! dies and never lets it outlive the exporter.
 
 mod drivers;
+mod fast;
 mod host;
 mod plan;
 mod proxy;

@@ -1,7 +1,8 @@
 //! A node of our tree whose driver lives in the Python child: every call is forwarded.
 //!
-//! Unary and streaming calls go to the child's `ExporterService` with the same uuid,
-//! method and arguments. Byte streams open the same method on the child's
+//! Unary and streaming calls go to the child with the same uuid, method and arguments:
+//! unary ones on its fast path (`fast.rs`) when they carry no resource and the path has
+//! room, the rest to its `ExporterService`. Byte streams open the same method on the child's
 //! `RouterService.Stream`. A resource handle among the arguments (bytes the client streams
 //! to us) is replaced by a resource opened on the child for the same driver, and a task
 //! copies between the two as the Python driver reads or writes: HTTP/2 flow control on both
@@ -179,12 +180,30 @@ impl Driver for PythonDriver {
         Box::pin(async move {
             let conn = self.conn(&ctx)?;
             let copies = self.bridge_resources(&ctx, &conn, &mut args).await?;
+            let request = DriverCallRequest {
+                uuid: self.uuid.clone(),
+                method,
+                args,
+            };
+            // Unary calls without resources take the fast path when it has room
+            // (`fast.rs`); the rest, and those it leaves, go through gRPC as before.
+            if let Some(pool) = conn.fast.as_ref().filter(|_| copies.is_empty())
+                && let Some(answer) = pool.call(&request).await
+            {
+                let resp = answer
+                    .map_err(|e| {
+                        DriverError::Failed(format!(
+                            "Python driver {} is unavailable: {e}",
+                            self.type_name
+                        ))
+                    })?
+                    .map_err(|s| self.status_error(&s))?;
+                return Ok(resp.result.unwrap_or(Value {
+                    kind: Some(Kind::NullValue(0)),
+                }));
+            }
             let result = ExporterServiceClient::new(conn.channel.clone())
-                .driver_call(DriverCallRequest {
-                    uuid: self.uuid.clone(),
-                    method,
-                    args,
-                })
+                .driver_call(request)
                 .await;
             drain(copies);
             let resp = result.map_err(|s| self.status_error(&s))?;

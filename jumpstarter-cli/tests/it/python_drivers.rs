@@ -21,6 +21,7 @@ use crate::{J, JMP, Running, Scratch, hooks::upstream_venv, text};
 
 /// A lab's own Python drivers (what a lab moving to our exporter brings along).
 const LAB_DRIVERS: &str = r#"
+import asyncio
 import os
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -29,6 +30,8 @@ from anyio import create_memory_object_stream
 from anyio.streams.stapled import StapledObjectStream
 from jumpstarter.client import DriverClient
 from jumpstarter.driver import Driver, export, exportstream
+
+CANCELLED = [0]
 
 
 class LampClient(DriverClient):
@@ -65,6 +68,36 @@ class Lamp(Driver):
     @export
     def pid(self) -> int:
         return os.getpid()
+
+    @export
+    def boom(self):
+        raise RuntimeError("boom \u00e9")
+
+    @export
+    def size(self, data: str) -> int:
+        return len(data)
+
+    @export
+    def big(self, n) -> str:
+        return "x" * int(n)
+
+    @export
+    async def nap(self, seconds) -> str:
+        # Which server runs the call: the fast path's FastCall.run or grpc's handler.
+        await asyncio.sleep(float(seconds))
+        return asyncio.current_task().get_coro().__qualname__
+
+    @export
+    async def hang(self):
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            CANCELLED[0] += 1
+            raise
+
+    @export
+    def cancellations(self) -> int:
+        return CANCELLED[0]
 
     @exportstream
     @asynccontextmanager
@@ -138,6 +171,11 @@ fn python_env(c: &mut std::process::Command, s: &Scratch, venv: &Path) {
 
 /// `jmp run --tls-grpc-listener 127.0.0.1:0 --tls-grpc-insecure` with the Python env.
 fn standalone(s: &Scratch, venv: &Path) -> (Running, String) {
+    standalone_with(s, venv, &[])
+}
+
+/// [`standalone`] with more environment variables.
+fn standalone_with(s: &Scratch, venv: &Path, envs: &[(&str, &str)]) -> (Running, String) {
     let mut c = s.cmd(JMP);
     c.args(["run", "--exporter-config"])
         .arg(s.path("exporter.yaml"))
@@ -145,6 +183,7 @@ fn standalone(s: &Scratch, venv: &Path) -> (Running, String) {
         .stderr(Stdio::piped())
         .stdout(Stdio::null());
     python_env(&mut c, s, venv);
+    c.envs(envs.iter().copied());
     let mut child = c.spawn().unwrap();
     let stderr = child.stderr.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
@@ -717,4 +756,216 @@ fn config_exporter_edit_accepts_python_only_types() {
     );
     assert!(stderr.contains("Lampp"), "{stderr}");
     assert_eq!(std::fs::read_to_string(&path).unwrap(), saved);
+}
+
+/// The fast path's limit on a message (`bridge/fast.rs`): gRPC's default.
+const MAX_MESSAGE: usize = 4 * 1024 * 1024;
+
+/// The exporter with the unary fast path (the default) and without it (`JMP_BRIDGE_FAST=0`).
+const MODES: [(&str, &[(&str, &str)]); 2] = [("fast", &[]), ("grpc", &[("JMP_BRIDGE_FAST", "0")])];
+
+/// What a raw `DriverCall` to `bench.lamp` answers: its result, or its status code and
+/// message.
+async fn raw_call(
+    addr: &str,
+    method: &str,
+    args: Vec<serde_json::Value>,
+) -> Result<prost_types::Value, (tonic::Code, String)> {
+    let session = ExporterSession::connect(addr, &insecure()).await.unwrap();
+    let uuid = session.driver("bench.lamp").unwrap().node().uuid.clone();
+    let channel = connect_channel(addr, &insecure()).await.unwrap();
+    ExporterServiceClient::new(channel)
+        .driver_call(jumpstarter_proto::v1::DriverCallRequest {
+            uuid,
+            method: method.into(),
+            args: args
+                .into_iter()
+                .map(jumpstarter_core::value::from_json)
+                .collect(),
+        })
+        .await
+        .map(|r| r.into_inner().result.unwrap_or_default())
+        .map_err(|s| (s.code(), s.message().to_string()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unary_calls_answer_the_same_on_the_fast_path_and_through_grpc() {
+    let Some((s, venv)) = scratch(MIXED) else {
+        return;
+    };
+    use serde_json::json;
+    let near = "y".repeat(MAX_MESSAGE - 1024);
+    let cases: Vec<(&str, Vec<serde_json::Value>)> = vec![
+        ("switch", vec![json!(true)]),
+        // A driver's exceptions: ValueError, another one (non-ASCII message).
+        ("fail", vec![]),
+        ("boom", vec![]),
+        // No such method, a method that is not exported, bad arguments.
+        ("no_such_method", vec![]),
+        ("_Driver__lookup_drivercall", vec![]),
+        ("switch", vec![]),
+        ("switch", vec![json!(true), json!(false)]),
+        ("size", vec![json!(1)]),
+        // An argument and a response near the limit, and a response over it.
+        ("size", vec![json!(near)]),
+        ("big", vec![json!(MAX_MESSAGE - 1024)]),
+        ("big", vec![json!(MAX_MESSAGE + 1024)]),
+    ];
+    let mut answers = Vec::new();
+    for (mode, envs) in MODES {
+        let (_exporter, addr) = standalone_with(&s, &venv, envs);
+        let mut got = Vec::new();
+        for (method, args) in &cases {
+            got.push(raw_call(&addr, method, args.clone()).await);
+        }
+        // Which path served them.
+        let served = raw_call(&addr, "nap", vec![json!(0)]).await.unwrap();
+        let served = jumpstarter_core::value::to_json(served);
+        assert_eq!(
+            served.as_str().unwrap().contains("FastCall"),
+            mode == "fast",
+            "{mode}: {served}"
+        );
+        answers.push(got);
+    }
+    for (i, (method, _)) in cases.iter().enumerate() {
+        let (fast, grpc) = (&answers[0][i], &answers[1][i]);
+        assert_eq!(fast, grpc, "case {i} ({method})");
+    }
+    // And they are what they should be.
+    let errors: Vec<_> = answers[0]
+        .iter()
+        .map(|a| a.as_ref().err().cloned())
+        .collect();
+    assert!(answers[0][0].is_ok());
+    assert_eq!(
+        errors[1],
+        Some((tonic::Code::InvalidArgument, "the bulb is broken".into()))
+    );
+    assert_eq!(
+        errors[2],
+        Some((tonic::Code::Unknown, "boom \u{e9}".into()))
+    );
+    assert_eq!(errors[3].as_ref().map(|e| e.0), Some(tonic::Code::NotFound));
+    assert!(
+        errors[3].as_ref().unwrap().1.contains("no_such_method"),
+        "{errors:?}"
+    );
+    assert_eq!(errors[4].as_ref().map(|e| e.0), Some(tonic::Code::NotFound));
+    for e in &errors[5..7] {
+        assert!(
+            e.as_ref()
+                .is_some_and(|(c, m)| *c == tonic::Code::Unknown && m.contains("switch()")),
+            "{e:?}"
+        );
+    }
+    assert_eq!(errors[7].as_ref().map(|e| e.0), Some(tonic::Code::Unknown));
+    let size = answers[0][8].clone().map(jumpstarter_core::value::to_json);
+    assert_eq!(size.unwrap().as_f64(), Some((MAX_MESSAGE - 1024) as f64));
+    let big = answers[0][9].clone().map(jumpstarter_core::value::to_json);
+    assert_eq!(
+        big.unwrap().as_str().map(str::len),
+        Some(MAX_MESSAGE - 1024)
+    );
+    let over = errors[10].clone().unwrap();
+    assert!(over.1.contains("too large"), "{over:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_unary_calls_share_the_fast_path_and_overflow_to_grpc() {
+    let Some((s, venv)) = scratch(MIXED) else {
+        return;
+    };
+    let (_exporter, addr) = standalone(&s, &venv);
+    let session = ExporterSession::connect(&addr, &insecure()).await.unwrap();
+    let lamp = session.driver("bench.lamp").unwrap();
+    // Many short calls at once: each gets its own answer.
+    let calls = (0..48).map(|i| {
+        let lamp = lamp.clone();
+        async move {
+            let on = i % 2 == 0;
+            let r: String = lamp.call("switch", (on,)).await.unwrap();
+            assert_eq!(r, format!("lamp {} at 7", if on { "on" } else { "off" }));
+        }
+    });
+    futures::future::join_all(calls).await;
+    // 16 long ones at once: they run concurrently; at most 8 (the fast path's connections)
+    // on the fast path, the rest through gRPC.
+    let started = std::time::Instant::now();
+    let naps = (0..16).map(|_| {
+        let lamp = lamp.clone();
+        async move { lamp.call::<String>("nap", (3,)).await.unwrap() }
+    });
+    let served = futures::future::join_all(naps).await;
+    let fast = served.iter().filter(|s| s.contains("FastCall")).count();
+    assert!((1..=8).contains(&fast), "{served:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_or_orphaned_unary_call_ends_as_through_grpc() {
+    let Some((s, venv)) = scratch(MIXED) else {
+        return;
+    };
+    for (mode, envs) in MODES {
+        let (exporter, addr) = standalone_with(&s, &venv, envs);
+        let session = ExporterSession::connect(&addr, &insecure()).await.unwrap();
+        let lamp = session.driver("bench.lamp").unwrap();
+        // A client that gives up: the Python driver's call is cancelled.
+        let gave_up = tokio::time::timeout(
+            Duration::from_millis(1500),
+            lamp.call::<serde_json::Value>("hang", ()),
+        )
+        .await;
+        assert!(gave_up.is_err(), "{mode}: {gave_up:?}");
+        let mut cancelled = 0;
+        for _ in 0..100 {
+            cancelled = lamp.call::<u32>("cancellations", ()).await.unwrap();
+            if cancelled > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(cancelled, 1, "{mode}: the driver's call was not cancelled");
+
+        // The child killed during a call: the call fails at once, saying so.
+        let caller = lamp.clone();
+        let call = tokio::spawn(async move { caller.call::<serde_json::Value>("hang", ()).await });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let child = python_child(exporter.0.id());
+        rustix::process::kill_process(
+            rustix::process::Pid::from_raw(child as i32).unwrap(),
+            rustix::process::Signal::KILL,
+        )
+        .unwrap();
+        let err = tokio::time::timeout(Duration::from_secs(20), call)
+            .await
+            .expect("the call outlived the child")
+            .unwrap()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("unavailable") && err.contains("lab_drivers.Lamp"),
+            "{mode}: {err}"
+        );
+        // And the restarted child serves the same uuid (on the fast path again).
+        let mut last = String::new();
+        let mut back = false;
+        for _ in 0..120 {
+            match lamp.call::<String>("nap", (0,)).await {
+                Ok(served) => {
+                    assert_eq!(served.contains("FastCall"), mode == "fast", "{served}");
+                    back = true;
+                    break;
+                }
+                Err(e) => last = e.to_string(),
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        assert!(back, "{mode}: the Python child was not restarted: {last}");
+    }
 }
