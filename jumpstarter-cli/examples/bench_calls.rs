@@ -8,20 +8,12 @@ use std::time::{Duration, Instant};
 
 use jumpstarter_core::client::{ConnectOptions, ExporterSession};
 
-/// `BENCH_RUNTIME=current_thread` runs it on tokio's current-thread runtime (as `j` does);
-/// otherwise the multi-thread one (as `jmp` does), with `TOKIO_WORKER_THREADS` workers.
+#[path = "common/runtime.rs"]
+mod runtime;
+
+/// See `common/runtime.rs` for `BENCH_RUNTIME` and `TOKIO_WORKER_THREADS`.
 fn main() -> anyhow::Result<()> {
-    // A global subscriber, as `j` and `jmp` install one: without any, every span of h2 and
-    // tower would also be offered to the `log` crate (tracing's `log` feature, which the
-    // workspace's kube-client turns on), about 10% of a call's instructions.
-    tracing::subscriber::set_global_default(tracing::subscriber::NoSubscriber::default())?;
-    let current = std::env::var("BENCH_RUNTIME").is_ok_and(|v| v == "current_thread");
-    let mut builder = if current {
-        tokio::runtime::Builder::new_current_thread()
-    } else {
-        tokio::runtime::Builder::new_multi_thread()
-    };
-    builder.enable_all().build()?.block_on(run())
+    runtime::run(run())
 }
 
 async fn run() -> anyhow::Result<()> {

@@ -153,19 +153,7 @@ pub fn run(args: &[String]) -> Result<()> {
     let work = crate::interop::tempfile_dir::Dir::new("jmp-bench-console")?;
 
     let link = work.path().join("pty-tty");
-    let mut c = Command::new(&example);
-    c.arg("pty-echo").arg(&link);
-    let mut pty = Background::start("bench_console pty-echo", c)?;
-    pty.wait_for_line("pty ready", START)?;
-    let mut c = Command::new(&example);
-    c.arg("sink");
-    let mut sink = Background::start("bench_console sink", c)?;
-    let line = sink.wait_for_line("sink port ", START)?;
-    let sink_port: u16 = line
-        .rsplit(' ')
-        .next()
-        .and_then(|p| p.trim().parse().ok())
-        .with_context(|| format!("the sink printed {line:?}"))?;
+    let (pty, sink, sink_port) = start_pty_and_sink(&example, &link)?;
     let sink_addr = format!("127.0.0.1:{sink_port}");
     let cfg = work.path().join("exporter.yaml");
     std::fs::write(&cfg, config(&link, sink_port))?;
@@ -317,6 +305,25 @@ fn print_consoles(
     println!("targets: >= 10x upstream's throughput, < half its latency");
 }
 
+/// The pty "board" (`bench_console pty-echo`, its tty linked at `link`) and the TCP sink;
+/// returns both with the sink's port.
+fn start_pty_and_sink(example: &Path, link: &Path) -> Result<(Background, Background, u16)> {
+    let mut c = Command::new(example);
+    c.arg("pty-echo").arg(link);
+    let mut pty = Background::start("bench_console pty-echo", c)?;
+    pty.wait_for_line("pty ready", START)?;
+    let mut c = Command::new(example);
+    c.arg("sink");
+    let mut sink = Background::start("bench_console sink", c)?;
+    let line = sink.wait_for_line("sink port ", START)?;
+    let sink_port: u16 = line
+        .rsplit(' ')
+        .next()
+        .and_then(|p| p.trim().parse().ok())
+        .with_context(|| format!("the sink printed {line:?}"))?;
+    Ok((pty, sink, sink_port))
+}
+
 /// `--compare DIR`: the distributed forwards of this build and of the binaries in `DIR`
 /// (another build's `jmp`, `j` and `jumpstarter-controller`), interleaved over `rounds`
 /// rounds with the order alternating, to the same sink; medians. For A/B of a change on a
@@ -332,19 +339,7 @@ fn compare(rel: &Path, other: &Path, mib: u64, rounds: usize) -> Result<()> {
     let example = rel.join("examples/bench_console");
     let work = crate::interop::tempfile_dir::Dir::new("jmp-bench-console-compare")?;
     let link = work.path().join("pty-tty");
-    let mut c = Command::new(&example);
-    c.arg("pty-echo").arg(&link);
-    let mut pty = Background::start("bench_console pty-echo", c)?;
-    pty.wait_for_line("pty ready", START)?;
-    let mut c = Command::new(&example);
-    c.arg("sink");
-    let mut sink = Background::start("bench_console sink", c)?;
-    let line = sink.wait_for_line("sink port ", START)?;
-    let sink_port: u16 = line
-        .rsplit(' ')
-        .next()
-        .and_then(|p| p.trim().parse().ok())
-        .with_context(|| format!("the sink printed {line:?}"))?;
+    let (pty, sink, sink_port) = start_pty_and_sink(&example, &link)?;
     let sink_addr = format!("127.0.0.1:{sink_port}");
     let builds = [("this build", rel), ("--compare", other)];
     // [build][direct, router]
