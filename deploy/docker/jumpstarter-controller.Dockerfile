@@ -7,9 +7,12 @@ COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked -p jumpstarter-controller --bin jumpstarter-controller \
-    && install -D target/release/jumpstarter-controller /out/jumpstarter-controller
+    && install -D target/release/jumpstarter-controller /out/jumpstarter-controller \
+    && strip --strip-debug /out/jumpstarter-controller
 
-# Minimal runtime: glibc + libgcc only, no shell, runs as uid 65532.
+# Minimal runtime: glibc + libgcc only, no shell, runs as uid 65532. `cargo xtask images`
+# assembles the same image without a container engine from this final stage: keep to
+# COPY --from, ENV, EXPOSE, USER, WORKDIR, ENTRYPOINT and CMD (it refuses anything else).
 FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=build /out/jumpstarter-controller /usr/local/bin/jumpstarter-controller
 EXPOSE 8082 8083 8080

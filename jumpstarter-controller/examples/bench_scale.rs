@@ -1,7 +1,7 @@
 //! Controller scale benchmark (driven by `cargo xtask bench`).
 //!
-//! `bench_scale ADMIN_CONFIG EXPORTERS LEASES`: creates EXPORTERS exporters and one client
-//! through the AdminService, registers every exporter and holds its `Status` stream (100
+//! `bench_scale ADMIN_CONFIG EXPORTERS LEASES [NAMESPACE]`: creates EXPORTERS exporters and one
+//! client in NAMESPACE (default `default`) through the AdminService, registers every exporter and holds its `Status` stream (100
 //! streams per HTTP/2 connection), then grants LEASES leases one after another, each on a
 //! free exporter chosen by label, and measures the time from `CreateLease` to the leased
 //! message on that exporter's Status stream. Prints one JSON line of figures.
@@ -52,6 +52,7 @@ async fn main() {
     let admin_path = args.first().expect("ADMIN_CONFIG");
     let n: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(1000);
     let leases: usize = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(200);
+    let ns: String = args.get(3).cloned().unwrap_or_else(|| "default".into());
 
     let admin_cfg = AdminConfig::load(std::path::Path::new(admin_path)).expect("admin config");
     let tls = TlsSettings {
@@ -70,7 +71,7 @@ async fn main() {
         .clone()
         .create_client(CreateClientRequest {
             client: Some(admin_v1::Client {
-                namespace: "default".into(),
+                namespace: ns.clone(),
                 name: "bench-client".into(),
                 ..Default::default()
             }),
@@ -86,11 +87,12 @@ async fn main() {
     let tokens: Vec<(usize, String)> = stream::iter(0..n)
         .map(|i| {
             let mut admin = admin.clone();
+            let ns = ns.clone();
             async move {
                 let r = admin
                     .create_exporter(CreateExporterRequest {
                         exporter: Some(admin_v1::Exporter {
-                            namespace: "default".into(),
+                            namespace: ns,
                             name: format!("bench-{i}"),
                             labels: [("bench-id".to_string(), i.to_string())].into(),
                             ..Default::default()
@@ -123,8 +125,9 @@ async fn main() {
         .map(|(i, token)| {
             let channels = channels.clone();
             let waiters = waiters.clone();
+            let ns = ns.clone();
             async move {
-                let auth = ControllerAuth::exporter("default", &format!("bench-{i}"), &token);
+                let auth = ControllerAuth::exporter(&ns, &format!("bench-{i}"), &token);
                 let md = auth.call_metadata("controller").expect("metadata");
                 let channel: AuthChannel = InterceptedService::new(channels[i / 100].clone(), md);
                 let mut ctl = ControllerServiceClient::new(channel);
@@ -166,7 +169,7 @@ async fn main() {
     let client_channel = connect_authenticated(
         &endpoint,
         &tls,
-        &ControllerAuth::client("default", "bench-client", &client_creds.token),
+        &ControllerAuth::client(&ns, "bench-client", &client_creds.token),
     )
     .await
     .expect("connect client");
@@ -180,7 +183,7 @@ async fn main() {
         let start = Instant::now();
         client
             .create_lease(CreateLeaseRequest {
-                parent: "namespaces/default".into(),
+                parent: format!("namespaces/{ns}"),
                 lease_id: name.clone(),
                 lease: Some(Lease {
                     selector: format!("bench-id={target}"),
@@ -200,7 +203,7 @@ async fn main() {
         grants.push(at.duration_since(start).as_secs_f64() * 1000.0);
         client
             .delete_lease(DeleteLeaseRequest {
-                name: format!("namespaces/default/leases/{name}"),
+                name: format!("namespaces/{ns}/leases/{name}"),
             })
             .await
             .expect("delete lease");

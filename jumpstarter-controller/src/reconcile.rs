@@ -225,7 +225,19 @@ async fn write_leases<S: Store>(
         })
         .collect();
     let mut rewritten: HashMap<ObjectKey, Lease> = HashMap::new();
-    for d in decisions {
+    // Ends are written before grants: an exporter freed by a lease ending in this pass and
+    // granted to another one in the same pass is never named by two live leases in the store,
+    // not even between the two writes (the decisions come sorted by name). When an end could
+    // not be written, its exporter's grant waits for the next pass.
+    let ends = |d: &&crate::scheduler::LeaseDecision| {
+        matches!(d.action, crate::scheduler::Action::Ended { .. })
+    };
+    let ordered = decisions
+        .iter()
+        .filter(ends)
+        .chain(decisions.iter().filter(|d| !ends(d)));
+    let mut still_held: HashSet<(String, String)> = HashSet::new();
+    for d in ordered {
         if let Some(t) = d.requeue_at {
             earliest(next, t);
         }
@@ -234,6 +246,12 @@ async fn write_leases<S: Store>(
             continue;
         };
         if !d.status_changed && !d.labels_changed {
+            continue;
+        }
+        if let crate::scheduler::Action::Assigned { exporter, .. } = &d.action
+            && still_held.contains(&(d.namespace.clone(), exporter.clone()))
+        {
+            *next = Some(now);
             continue;
         }
         let mut current = (*lease).clone();
@@ -247,6 +265,11 @@ async fn write_leases<S: Store>(
                 Err(e) if e.is_conflict() => {
                     // Changed meanwhile: the next pass sees the new state.
                     *next = Some(now);
+                    if ends(&d)
+                        && let Some(r) = lease.status.as_ref().and_then(|s| s.exporter_ref.as_ref())
+                    {
+                        still_held.insert((d.namespace.clone(), r.name.clone()));
+                    }
                     continue;
                 }
                 Err(e) => return Err(e),
@@ -632,5 +655,185 @@ mod tests {
         assert_eq!(online(&stored).as_deref(), Some("False"));
         let status = stored.status.unwrap();
         assert_eq!(status.exporter_status, Some(ExporterStatusValue::Offline));
+    }
+
+    /// One Lease status write: the lease's name, its exporter, whether it ended.
+    type LeaseWrite = (String, Option<String>, bool);
+
+    /// A store that writes down every Lease status it is asked to write (name, exporter,
+    /// ended) and refuses those of one lease with a conflict on demand.
+    #[derive(Clone)]
+    struct Recording {
+        inner: SqliteStore,
+        writes: Arc<std::sync::Mutex<Vec<LeaseWrite>>>,
+        conflict_on: Arc<std::sync::Mutex<Option<String>>>,
+    }
+
+    impl Store for Recording {
+        async fn get<K: crate::store::StoreObject>(
+            &self,
+            namespace: &str,
+            name: &str,
+        ) -> Result<Option<K>, StoreError> {
+            self.inner.get(namespace, name).await
+        }
+        async fn list<K: crate::store::StoreObject>(
+            &self,
+            namespace: Option<&str>,
+            selector: &LabelSelector,
+            params: &ListParams,
+        ) -> Result<crate::store::ObjectList<K>, StoreError> {
+            self.inner.list(namespace, selector, params).await
+        }
+        async fn create<K: crate::store::StoreObject>(&self, o: &K) -> Result<K, StoreError> {
+            self.inner.create(o).await
+        }
+        async fn update<K: crate::store::StoreObject>(&self, o: &K) -> Result<K, StoreError> {
+            self.inner.update(o).await
+        }
+        async fn update_status<K: crate::store::StoreObject>(
+            &self,
+            o: &K,
+        ) -> Result<K, StoreError> {
+            if K::kind(&()) == "Lease" && K::group(&()) == "jumpstarter.dev" {
+                let v = serde_json::to_value(o).unwrap();
+                let name = v["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
+                if self.conflict_on.lock().unwrap().as_deref() == Some(name.as_str()) {
+                    return Err(StoreError::Conflict {
+                        kind: "Lease".into(),
+                        namespace: "default".into(),
+                        name,
+                        given: "1".into(),
+                        current: "2".into(),
+                    });
+                }
+                let exporter = v["status"]["exporterRef"]["name"]
+                    .as_str()
+                    .map(str::to_owned);
+                let ended = v["status"]["ended"].as_bool().unwrap_or(false);
+                self.writes.lock().unwrap().push((name, exporter, ended));
+            }
+            self.inner.update_status(o).await
+        }
+        async fn delete<K: crate::store::StoreObject>(
+            &self,
+            namespace: &str,
+            name: &str,
+            resource_version: Option<&str>,
+        ) -> Result<K, StoreError> {
+            self.inner.delete(namespace, name, resource_version).await
+        }
+        async fn watch<K: crate::store::StoreObject>(
+            &self,
+            namespace: Option<&str>,
+            since: Option<&str>,
+        ) -> Result<crate::store::WatchStream<K>, StoreError> {
+            self.inner.watch(namespace, since).await
+        }
+    }
+
+    fn lease_on(name: &str, selector: &str) -> Lease {
+        let mut l = Lease::new(
+            name,
+            crate::objects::LeaseSpec {
+                client_ref: LocalObjectReference {
+                    name: "alice".into(),
+                },
+                duration: Some(crate::GoDuration::from_secs(600)),
+                selector: LabelSelector::parse(selector).unwrap().to_k8s(),
+                ..Default::default()
+            },
+        );
+        l.metadata.namespace = Some("default".into());
+        l
+    }
+
+    /// Issue 29: a pass that ends one lease and grants its exporter to another writes the end
+    /// first, so the store never names the exporter in two live leases, not even between the
+    /// two writes (the new lease's name sorts first here); when the end cannot be written
+    /// (conflict), the grant waits for a later pass.
+    #[tokio::test]
+    async fn an_end_is_written_before_the_grant_of_the_same_exporter() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Recording {
+            inner: SqliteStore::open(dir.path()).await.unwrap(),
+            writes: Arc::default(),
+            conflict_on: Arc::default(),
+        };
+        let issuer = Arc::new(TokenIssuer::generate().unwrap());
+        let (router_key, _) = RouterTokenKey::generate().unwrap();
+        let state = ControllerState::new(
+            store.clone(),
+            issuer,
+            router_key,
+            vec![],
+            "localhost:1".into(),
+        );
+        let mut c = crate::objects::Client::new("alice", Default::default());
+        c.metadata.namespace = Some("default".into());
+        store.create(&c).await.unwrap();
+        let mut e = Exporter::new("board", ExporterSpec::default());
+        e.metadata.namespace = Some("default".into());
+        e.metadata.labels = Some([("board".to_string(), "x".to_string())].into());
+        let mut e = store.create(&e).await.unwrap();
+        e.status = Some(ExporterStatus {
+            devices: Some(vec![]),
+            last_seen: Some(metav1::Time(Timestamp::now())),
+            ..Default::default()
+        });
+        store.update_status(&e).await.unwrap();
+
+        let live_pairs = |writes: &[(String, Option<String>, bool)], names: &[&str]| {
+            // Replays the writes from the state after the first pass: `names[0]` holds board.
+            let mut live: BTreeMap<String, bool> = names
+                .iter()
+                .map(|n| (n.to_string(), *n == names[0]))
+                .collect();
+            for (name, exporter, ended) in writes {
+                live.insert(name.clone(), exporter.is_some() && !ended);
+                assert!(
+                    live.values().filter(|l| **l).count() <= 1,
+                    "board named by two live leases after the writes {writes:?}"
+                );
+            }
+        };
+
+        for (old, new, conflict) in [("z-old", "a-new", false), ("z-old2", "a-new2", true)] {
+            store.create(&lease_on(old, "board=x")).await.unwrap();
+            reconcile_once(&state).await.unwrap();
+            let held: Lease = store.get("default", old).await.unwrap().unwrap();
+            assert_eq!(held.assigned_exporter(), Some("board"), "{held:?}");
+            store.create(&lease_on(new, "board=x")).await.unwrap();
+            reconcile_once(&state).await.unwrap();
+            let mut released: Lease = store.get("default", old).await.unwrap().unwrap();
+            released.spec.release = true;
+            store.update(&released).await.unwrap();
+            store.writes.lock().unwrap().clear();
+            if conflict {
+                *store.conflict_on.lock().unwrap() = Some(old.to_string());
+                reconcile_once(&state).await.unwrap();
+                let waiting: Lease = store.get("default", new).await.unwrap().unwrap();
+                assert_eq!(
+                    waiting.assigned_exporter(),
+                    None,
+                    "granted while the old lease's end was not written"
+                );
+                *store.conflict_on.lock().unwrap() = None;
+            }
+            reconcile_once(&state).await.unwrap();
+            let writes = store.writes.lock().unwrap().clone();
+            live_pairs(&writes, &[old, new]);
+            let granted: Lease = store.get("default", new).await.unwrap().unwrap();
+            assert_eq!(granted.assigned_exporter(), Some("board"), "{writes:?}");
+            let ended: Lease = store.get("default", old).await.unwrap().unwrap();
+            assert!(ended.is_ended());
+            let mut done = granted;
+            done.spec.release = true;
+            store.update(&done).await.unwrap();
+            reconcile_once(&state).await.unwrap();
+        }
     }
 }

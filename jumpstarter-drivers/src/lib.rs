@@ -41,8 +41,8 @@ pub use composite::{COMPOSITE_CLIENT, Composite};
 pub use http_power::{HttpError, HttpPower};
 pub use http_server::{HTTP_SERVER_CLIENT, HttpServer, HttpServerClient};
 pub use network::{
-    EchoNetwork, Forwarder, NETWORK_CLIENT, NetworkClient, TcpNetwork, UdpNetwork, UdpStream,
-    UnixNetwork, WebsocketNetwork,
+    EchoNetwork, Forwarder, NETWORK_CLIENT, NetworkClient, Novnc, TcpNetwork, UdpNetwork,
+    UdpStream, UnixNetwork, WebsocketNetwork,
 };
 pub use power::{MockPower, POWER_CLIENT, PowerClient, PowerReading};
 pub use qemu::{

@@ -58,8 +58,30 @@ fn parse_figures(line: &str) -> Result<CallFigures> {
     })
 }
 
-fn release_dir() -> PathBuf {
-    crate::target_dir().join("release")
+/// The packages [`build_release`] builds (all their binaries and examples, one cargo command,
+/// so that the benchmarks and `cargo xtask images` share one release build).
+pub(crate) const RELEASE_PACKAGES: &[&str] = &[
+    "jumpstarter-cli",
+    "jumpstarter-controller",
+    "jumpstarter-router",
+];
+
+/// Builds every release binary and example the benchmarks use, with one cargo command,
+/// and returns `target/release`.
+///
+/// Every benchmark builds through this one command on purpose: cargo unifies the features of
+/// shared dependencies over the packages and targets one command selects, so benchmarks that
+/// each built their own subset (the CLI alone, the CLI with the controller, with or without
+/// examples) rebuilt tonic, rustls and their kin in release mode each time they ran one
+/// after the other.
+pub(crate) fn build_release() -> Result<PathBuf> {
+    let mut args = vec!["build", "--release", "--quiet"];
+    for package in RELEASE_PACKAGES {
+        args.extend(["-p", package]);
+    }
+    args.extend(["--bins", "--examples"]);
+    crate::cargo(&args)?;
+    Ok(crate::target_dir().join("release"))
 }
 
 /// Starts a `jmp run` (ours or upstream) on loopback; returns it with its port.
@@ -91,23 +113,11 @@ pub fn run(args: &[String]) -> Result<()> {
     let quick = args.iter().any(|a| a == "--quick");
     let calls = if quick { 300 } else { 5000 };
     let py_calls = if quick { 100 } else { 1000 };
-    crate::cargo(&[
-        "build",
-        "--release",
-        "--quiet",
-        "-p",
-        "jumpstarter-cli",
-        "--bins",
-        "--example",
-        "bench_calls",
-        "--example",
-        "bench_floor",
-    ])?;
+    let rel = build_release()?;
     let venv = ensure_venv()?;
     let work = crate::interop::tempfile_dir::Dir::new("jmp-bench")?;
     let config = work.path().join("exporter.yaml");
     std::fs::write(&config, CONFIG)?;
-    let rel = release_dir();
 
     println!("== unary driver calls (power.on), direct TCP on loopback, plaintext");
     let (ours_exporter, port) = start_exporter(&rel.join("jmp"), &config, true, work.path())?;

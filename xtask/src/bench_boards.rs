@@ -85,15 +85,7 @@ pub fn run(args: &[String]) -> Result<()> {
     let size = size_mib * 1024 * 1024;
     let image = crate::qemu_board::prepare()?;
     let venv = ensure_venv()?;
-    crate::cargo(&[
-        "build",
-        "--release",
-        "--quiet",
-        "-p",
-        "jumpstarter-cli",
-        "--bins",
-    ])?;
-    let rel = crate::target_dir().join("release");
+    let rel = crate::bench::build_release()?;
     let (jmp, j) = (rel.join("jmp"), rel.join("j"));
     // The image, the storage medium (and its partial copy) and the board's disk (and its
     // partial copy).

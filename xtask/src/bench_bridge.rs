@@ -62,21 +62,21 @@ pub fn run(args: &[String]) -> Result<()> {
     } else {
         (2000, 1000, 5)
     };
-    let mut build = vec![
-        "build",
-        "--quiet",
-        "-p",
-        "jumpstarter-cli",
-        "--bin",
-        "jmp",
-        "--example",
-        "bench_calls",
-    ];
-    if !debug {
-        build.push("--release");
-    }
-    crate::cargo(&build)?;
-    let bin = crate::target_dir().join(if debug { "debug" } else { "release" });
+    let bin = if debug {
+        crate::cargo(&[
+            "build",
+            "--quiet",
+            "-p",
+            "jumpstarter-cli",
+            "--bin",
+            "jmp",
+            "--example",
+            "bench_calls",
+        ])?;
+        crate::target_dir().join("debug")
+    } else {
+        crate::bench::build_release()?
+    };
     let venv = ensure_venv()?;
     let work = crate::interop::tempfile_dir::Dir::new("jmp-bench-bridge")?;
     let config = work.path().join("exporter.yaml");

@@ -81,13 +81,15 @@ fn parse_console(out: &procs::Output, what: &str) -> Result<Console> {
     })
 }
 
-/// `bench_console send ADDR MIB`: MiB/s.
-fn send(example: &Path, addr: &str, mib: u64) -> Result<f64> {
+/// `bench_console send ADDR MIB`: MiB/s, and where the CPU went meanwhile.
+fn send(example: &Path, addr: &str, mib: u64) -> Result<(f64, String)> {
     let mut c = Command::new(example);
     c.args(["send", addr, &mib.to_string()]);
+    let before = CpuSnapshot::take();
     let out = procs::run(c, Duration::from_secs(600))?;
+    let cpu = before.report(&CpuSnapshot::take(), mib);
     ensure!(out.code == 0, "bench_console send {addr}: {}", out.stderr);
-    json_number(out.stdout.trim(), "mib_per_sec")
+    Ok((json_number(out.stdout.trim(), "mib_per_sec")?, cpu))
 }
 
 /// Starts `cmd` (a `j ... forward-tcp 0`, its stdout sent to stderr) and waits for the
@@ -126,13 +128,19 @@ fn forward_cmd(j: &Path, host: &str, work: &Path) -> Command {
 /// Runs the console and forwarding benchmarks (`--quick`: 8 MiB, 200 lines, 128 MiB).
 pub fn run(args: &[String]) -> Result<()> {
     let quick = args.iter().any(|a| a == "--quick");
+    // `--forward-only`: the forwarding figures alone (no consoles, no upstream).
+    let forward_only = args.iter().any(|a| a == "--forward-only");
     let (mib, lines, fwd_mib): (usize, usize, u64) = if quick {
         (8, 200, 128)
     } else {
         (64, 2000, 1024)
     };
-    let rel = crate::bench_direct::build_release("bench_console")?;
-    let venv = crate::interop::ensure_venv()?;
+    let rel = crate::bench::build_release()?;
+    let venv = if forward_only {
+        std::path::PathBuf::new()
+    } else {
+        crate::interop::ensure_venv()?
+    };
     let example = rel.join("examples/bench_console");
     let work = crate::interop::tempfile_dir::Dir::new("jmp-bench-console")?;
 
@@ -175,8 +183,11 @@ pub fn run(args: &[String]) -> Result<()> {
             &format!("bench_console console {driver}"),
         )
     };
-    let ours_loop = ours_console("loop")?;
-    let ours_pty = ours_console("pty")?;
+    let consoles = if forward_only {
+        None
+    } else {
+        Some((ours_console("loop")?, ours_console("pty")?))
+    };
     let (fwd, addr) = start_forward(
         "our j net forward-tcp",
         forward_cmd(&rel.join("j"), &host, work.path()),
@@ -186,38 +197,90 @@ pub fn run(args: &[String]) -> Result<()> {
     drop(fwd);
     drop(ours_exporter);
 
-    let (py_exporter, py_port) =
-        crate::bench::start_exporter(&venv.join("bin/jmp"), &cfg, false, work.path())?;
-    let py_host = format!("127.0.0.1:{py_port}");
-    let py_console = |driver: &str| -> Result<Console> {
-        let mut c = Command::new(venv.join("bin/python"));
-        c.arg(crate::workspace_root().join("xtask/interop/bench_console.py"))
-            .args([driver, &mib.to_string(), &lines.to_string()])
-            .env("JUMPSTARTER_HOST", &py_host)
-            .env("JMP_GRPC_INSECURE", "1")
-            .env("JMP_DRIVERS_ALLOW", "UNSAFE");
-        parse_console(
-            &procs::run(c, Duration::from_secs(1200))?,
-            &format!("bench_console.py {driver}"),
-        )
+    let upstream = if forward_only {
+        None
+    } else {
+        let (py_exporter, py_port) =
+            crate::bench::start_exporter(&venv.join("bin/jmp"), &cfg, false, work.path())?;
+        let py_host = format!("127.0.0.1:{py_port}");
+        let py_console = |driver: &str| -> Result<Console> {
+            let mut c = Command::new(venv.join("bin/python"));
+            c.arg(crate::workspace_root().join("xtask/interop/bench_console.py"))
+                .args([driver, &mib.to_string(), &lines.to_string()])
+                .env("JUMPSTARTER_HOST", &py_host)
+                .env("JMP_GRPC_INSECURE", "1")
+                .env("JMP_DRIVERS_ALLOW", "UNSAFE");
+            parse_console(
+                &procs::run(c, Duration::from_secs(1200))?,
+                &format!("bench_console.py {driver}"),
+            )
+        };
+        let py_loop = py_console("loop")?;
+        let py_pty = py_console("pty")?;
+        let (fwd, addr) = start_forward(
+            "(python) j net forward-tcp",
+            forward_cmd(&venv.join("bin/j"), &py_host, work.path()),
+            None,
+        )?;
+        let py_fwd = send(&example, &addr, fwd_mib)?;
+        drop(fwd);
+        drop(py_exporter);
+        Some((py_loop, py_pty, py_fwd))
     };
-    let py_loop = py_console("loop")?;
-    let py_pty = py_console("pty")?;
-    let (fwd, addr) = start_forward(
-        "(python) j net forward-tcp",
-        forward_cmd(&venv.join("bin/j"), &py_host, work.path()),
-        None,
-    )?;
-    let py_fwd = send(&example, &addr, fwd_mib)?;
-    drop(fwd);
-    drop(py_exporter);
 
     let (direct_fwd, routed_fwd) = distributed(&rel, &link, sink_port, &example, fwd_mib)?;
     let plain_after = send(&example, &sink_addr, fwd_mib)?;
-    let plain = (plain_before + plain_after) / 2.0;
+    let plain = (plain_before.0 + plain_after.0) / 2.0;
     drop(pty);
     drop(sink);
 
+    if let (Some((ours_loop, ours_pty)), Some((py_loop, py_pty, _))) = (consoles, &upstream) {
+        print_consoles(mib, lines, ours_loop, ours_pty, *py_loop, *py_pty);
+    }
+    println!(
+        "== port forwarding: j net forward-tcp 0 -> TcpNetwork -> a local sink, {fwd_mib} MiB one way"
+    );
+    println!("{:<52} {:>10} {:>12}", "", "MiB/s", "of loopback");
+    let mut rows = vec![
+        ("plain loopback TCP, before", plain_before.clone()),
+        ("plain loopback TCP, after", plain_after.clone()),
+        (
+            "plain loopback TCP to the sink (no forward)",
+            (plain, String::new()),
+        ),
+        ("ours, local exporter (TCP)", ours_fwd),
+    ];
+    if let Some((_, _, py_fwd)) = upstream {
+        rows.push(("upstream, local exporter (TCP)", py_fwd));
+    }
+    rows.push(("ours, distributed, direct path", direct_fwd));
+    rows.push(("ours, distributed, via router", routed_fwd));
+    for (name, (v, _)) in &rows {
+        println!(
+            "{:<52} {:>10.0} {:>11.0}%",
+            name,
+            v,
+            100.0 * v / plain.max(0.001)
+        );
+    }
+    println!("target: ours direct >= 50% of loopback");
+    println!("where the CPU went (both cores, per GiB forwarded):");
+    for (name, (_, cpu)) in &rows {
+        if !cpu.is_empty() {
+            println!("  {name}: {cpu}");
+        }
+    }
+    Ok(())
+}
+
+fn print_consoles(
+    mib: usize,
+    lines: usize,
+    ours_loop: Console,
+    ours_pty: Console,
+    py_loop: Console,
+    py_pty: Console,
+) {
     println!(
         "== serial consoles: `connect` on loop:// and a pty, {mib} MiB each way at once; one 16-byte line round trip ({lines} lines)"
     );
@@ -244,26 +307,6 @@ pub fn run(args: &[String]) -> Result<()> {
         py_pty.rtt_p50_us / ours_pty.rtt_p50_us.max(0.001),
     );
     println!("targets: >= 10x upstream's throughput, < half its latency");
-    println!(
-        "== port forwarding: j net forward-tcp 0 -> TcpNetwork -> a local sink, {fwd_mib} MiB one way"
-    );
-    println!("{:<52} {:>10} {:>12}", "", "MiB/s", "of loopback");
-    for (name, v) in [
-        ("plain loopback TCP to the sink (no forward)", plain),
-        ("ours, local exporter (TCP)", ours_fwd),
-        ("upstream, local exporter (TCP)", py_fwd),
-        ("ours, distributed, direct path", direct_fwd),
-        ("ours, distributed, via router", routed_fwd),
-    ] {
-        println!(
-            "{:<52} {:>10.0} {:>11.0}%",
-            name,
-            v,
-            100.0 * v / plain.max(0.001)
-        );
-    }
-    println!("target: ours direct >= 50% of loopback");
-    Ok(())
 }
 
 /// Our controller (in-process router), our exporter serving the bench drivers with its
@@ -274,7 +317,7 @@ fn distributed(
     sink_port: u16,
     example: &Path,
     mib: u64,
-) -> Result<(f64, f64)> {
+) -> Result<((f64, String), (f64, String))> {
     let lab = Lab {
         rel: rel.to_path_buf(),
         work: crate::interop::tempfile_dir::Dir::new("jmp-bench-console-dist")?,
@@ -302,7 +345,7 @@ fn distributed(
         .env("JMP_LOG", "info");
     let mut exporter = Background::start("jmp run", run)?;
     exporter.wait_for_line("registered with controller", START)?;
-    let measure = |no_direct: bool| -> Result<f64> {
+    let measure = |no_direct: bool| -> Result<(f64, String)> {
         let mut c = lab.jmp();
         c.arg("shell").arg("--client-config").arg(&client);
         c.args(["-l", "board=console"]);
@@ -321,4 +364,87 @@ fn distributed(
     drop(exporter);
     controller.stop();
     Ok((direct, routed))
+}
+
+/// CPU time spent while a measurement ran: the whole machine's (from `/proc/stat`) and per
+/// command name (from `/proc/PID/stat` of the processes alive at both ends; one that
+/// starts or ends in between counts only in the total).
+struct CpuSnapshot {
+    busy_ticks: u64,
+    procs: std::collections::HashMap<u32, (String, u64)>,
+}
+
+impl CpuSnapshot {
+    fn take() -> Self {
+        let busy_ticks = std::fs::read_to_string("/proc/stat")
+            .ok()
+            .and_then(|s| {
+                let line = s.lines().next()?.to_string();
+                // cpu user nice system idle iowait irq softirq steal ...
+                let v: Vec<u64> = line
+                    .split_whitespace()
+                    .skip(1)
+                    .filter_map(|x| x.parse().ok())
+                    .collect();
+                Some(
+                    v.iter()
+                        .enumerate()
+                        .filter(|(i, _)| *i != 3 && *i != 4)
+                        .map(|(_, x)| x)
+                        .sum(),
+                )
+            })
+            .unwrap_or(0);
+        let mut procs = std::collections::HashMap::new();
+        if let Ok(dir) = std::fs::read_dir("/proc") {
+            for e in dir.flatten() {
+                let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                    continue;
+                };
+                let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+                    continue;
+                };
+                // pid (comm) state ppid ... utime(14) stime(15), counted after the ')'.
+                let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+                    continue;
+                };
+                let comm = stat[open + 1..close].to_string();
+                let rest: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+                let ticks = rest
+                    .get(11)
+                    .zip(rest.get(12))
+                    .and_then(|(u, s)| Some(u.parse::<u64>().ok()? + s.parse::<u64>().ok()?));
+                if let Some(t) = ticks {
+                    procs.insert(pid, (comm, t));
+                }
+            }
+        }
+        Self { busy_ticks, procs }
+    }
+
+    /// "CPU s per GiB: total T (comm a, comm b, ...)" for `mib` moved since `self`.
+    fn report(&self, after: &Self, mib: u64) -> String {
+        let per_gib = |ticks: u64| ticks as f64 / 100.0 * 1024.0 / mib.max(1) as f64;
+        let mut by_comm: std::collections::BTreeMap<String, u64> = Default::default();
+        for (pid, (comm, t)) in &after.procs {
+            if let Some((c0, t0)) = self.procs.get(pid)
+                && c0 == comm
+                && t > t0
+            {
+                *by_comm.entry(comm.clone()).or_default() += t - t0;
+            }
+        }
+        let mut top: Vec<(String, u64)> = by_comm.into_iter().filter(|(_, t)| *t > 0).collect();
+        top.sort_by_key(|b| std::cmp::Reverse(b.1));
+        let parts: Vec<String> = top
+            .iter()
+            .take(6)
+            .map(|(c, t)| format!("{c} {:.2}", per_gib(*t)))
+            .collect();
+        format!(
+            "CPU s per GiB: all {:.2} ({})",
+            per_gib(after.busy_ticks.saturating_sub(self.busy_ticks)),
+            parts.join(", ")
+        )
+    }
 }

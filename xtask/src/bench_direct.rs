@@ -110,37 +110,12 @@ fn quoted(p: &Path) -> String {
     format!("'{}'", p.display().to_string().replace('\'', "'\\''"))
 }
 
-/// Builds the release binaries of the CLI and the controller and the CLI's `example`;
-/// returns the release directory they are in.
-pub(crate) fn build_release(example: &str) -> Result<PathBuf> {
-    crate::cargo(&[
-        "build",
-        "--release",
-        "--quiet",
-        "-p",
-        "jumpstarter-cli",
-        "-p",
-        "jumpstarter-controller",
-        "--bins",
-    ])?;
-    crate::cargo(&[
-        "build",
-        "--release",
-        "--quiet",
-        "-p",
-        "jumpstarter-cli",
-        "--example",
-        example,
-    ])?;
-    Ok(crate::target_dir().join("release"))
-}
-
 /// Runs the direct-vs-router benchmark (`--quick`: 300 calls, 64 MiB; else 5,000, 1 GiB).
 pub fn run(args: &[String]) -> Result<()> {
     let quick = args.iter().any(|a| a == "--quick");
     let calls = if quick { 300 } else { 5000 };
     let mib: u64 = if quick { 64 } else { 1024 };
-    let rel = build_release("bench_calls")?;
+    let rel = crate::bench::build_release()?;
     let lab = Lab {
         rel,
         work: crate::interop::tempfile_dir::Dir::new("jmp-bench-direct")?,

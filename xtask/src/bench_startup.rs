@@ -46,18 +46,8 @@ pub fn run(args: &[String]) -> Result<()> {
     } else {
         11
     };
-    crate::cargo(&[
-        "build",
-        "--release",
-        "--quiet",
-        "-p",
-        "jumpstarter-cli",
-        "-p",
-        "jumpstarter-controller",
-        "--bins",
-    ])?;
+    let rel = crate::bench::build_release()?;
     let venv = ensure_venv()?;
-    let rel = crate::target_dir().join("release");
     let work = Dir::new("jmp-bench-startup")?;
     let dir = work.path();
     let admin = dir.join("admin.yaml");

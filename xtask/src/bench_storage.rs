@@ -250,14 +250,7 @@ impl Bench {
     /// Builds our release binaries and lays out the work and scratch directories (the image
     /// is not written yet).
     fn prepare(size: u64) -> Result<(Self, bool)> {
-        crate::cargo(&[
-            "build",
-            "--release",
-            "--quiet",
-            "-p",
-            "jumpstarter-cli",
-            "--bins",
-        ])?;
+        crate::bench::build_release()?;
         let target = crate::target_dir();
         let work = Dir::new("jmp-bench-storage")?;
         let config = work.path().join("exporter.yaml");

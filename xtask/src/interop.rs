@@ -97,6 +97,24 @@ pub struct Env {
     pub work: tempfile_dir::Dir,
     /// The scripts directory (`xtask/interop`).
     pub scripts: PathBuf,
+    /// Where the scenarios' controllers keep their objects.
+    pub store: ControllerStore,
+}
+
+/// Where the controller of the controller-mode scenarios keeps its objects.
+#[derive(Debug, Clone, Default)]
+pub enum ControllerStore {
+    /// SQLite in a fresh data directory per scenario.
+    #[default]
+    Sqlite,
+    /// A cluster's CRDs (`--store kubernetes --namespace NAMESPACE`, `KUBECONFIG`): one
+    /// cluster for every scenario, so the objects a scenario makes outlive it.
+    Kubernetes {
+        /// The kubeconfig the controller uses.
+        kubeconfig: PathBuf,
+        /// The controller's own namespace (ConfigMap, key Secret, leader Lease).
+        namespace: String,
+    },
 }
 
 /// A tiny temp-dir helper (xtask keeps its dependencies to anyhow and the proto crate).
@@ -187,6 +205,7 @@ pub fn run(filter: Option<&str>) -> Result<(usize, usize)> {
         j: bin.join("j"),
         work: tempfile_dir::Dir::new("jmp-interop")?,
         scripts: Path::new(env!("CARGO_MANIFEST_DIR")).join("interop"),
+        store: ControllerStore::Sqlite,
     };
     std::fs::write(env.config(), EXPORTER_CONFIG)?;
 
@@ -350,6 +369,56 @@ pub fn run(filter: Option<&str>) -> Result<(usize, usize)> {
     }
     Ok((passed, passed + failed))
 }
+
+/// Upstream's exporter (`jmp run`) and client (`jmp get/create/delete leases`, `jmp shell`
+/// with `j power on`), and our `jmp shell` with `j` against the upstream exporter, through our
+/// controller keeping its objects in the cluster `kubeconfig` names (`cargo xtask kube-e2e`).
+/// `forget` runs before each scenario: it removes the objects the scenarios create
+/// ([`KUBE_SCENARIO_OBJECTS`]), which a cluster keeps from an earlier scenario or run.
+pub fn against_kubernetes(
+    kubeconfig: &Path,
+    namespace: &str,
+    forget: &dyn Fn() -> Result<()>,
+) -> Result<()> {
+    let venv = ensure_venv()?;
+    crate::cargo(&["build", "--quiet", "-p", "jumpstarter-cli", "--bins"])?;
+    let bin = target_dir().join("debug");
+    let env = Env {
+        venv,
+        jmp: bin.join("jmp"),
+        j: bin.join("j"),
+        work: tempfile_dir::Dir::new("jmp-interop-kube")?,
+        scripts: Path::new(env!("CARGO_MANIFEST_DIR")).join("interop"),
+        store: ControllerStore::Kubernetes {
+            kubeconfig: kubeconfig.to_path_buf(),
+            namespace: namespace.to_owned(),
+        },
+    };
+    type Scenario = fn(&Env) -> Result<()>;
+    let scenarios: &[(&str, Scenario)] = &[
+        (
+            "python jmp run + python jmp get/create/delete leases, jmp shell -- j power on -> our controller --store kubernetes",
+            controller::py_tools_against_our_controller,
+        ),
+        (
+            "our jmp shell + j (power, 64 MiB storage) -> python exporter, our controller --store kubernetes",
+            distributed::our_client_to_py_exporter,
+        ),
+    ];
+    for (name, f) in scenarios {
+        println!("-- {name}");
+        forget()?;
+        f(&env).with_context(|| name.to_string())?;
+        println!("   ok");
+    }
+    forget()
+}
+
+/// The Exporters and Clients (in namespace `default`) the scenarios of
+/// [`against_kubernetes`] create; their credential Secrets are `<name>-exporter` and
+/// `<name>-client`.
+pub const KUBE_SCENARIO_OBJECTS: (&[&str], &[&str]) =
+    (&["py-exporter"], &["py-client", "rs-client"]);
 
 fn conformance(env: &Env) -> Result<()> {
     crate::conformance::run(&env.py("python"), &env.work.path().join("conformance"))

@@ -26,6 +26,14 @@ pub(super) fn start_controller(env: &Env, data: &str) -> Result<(Background, Str
         .context("no binary directory")?
         .join("jumpstarter-controller");
     let mut c = Command::new(bin);
+    if let super::ControllerStore::Kubernetes {
+        kubeconfig,
+        namespace,
+    } = &env.store
+    {
+        c.args(["--store", "kubernetes", "--namespace", namespace])
+            .env("KUBECONFIG", kubeconfig);
+    }
     c.arg("--data-dir")
         .arg(env.work.path().join(data))
         .args(["--listen", "127.0.0.1:0", "--router-listen", "127.0.0.1:0"])

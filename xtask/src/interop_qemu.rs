@@ -53,7 +53,9 @@ pub fn py_client_to_our_qemu(env: &Env) -> Result<()> {
     let out = procs::run(c, BOARD_TIMEOUT)?;
     check(&out, "python qemu_board.py in our jmp shell")?;
     ensure!(
-        out.stdout.contains("flashed") && out.stdout.contains("python qemu ok"),
+        out.stdout.contains("flashed")
+            && out.stdout.contains("novnc ok")
+            && out.stdout.contains("python qemu ok"),
         "{}\n{}",
         out.stdout,
         out.stderr

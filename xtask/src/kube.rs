@@ -546,6 +546,10 @@ fn start_apiserver(bins: &Binaries, dir: &Path, etcd_port: u16, port: u16) -> Re
         format!("--tls-private-key-file={}", f("apiserver.key")),
         format!("--client-ca-file={}", f("ca.crt")),
         "--authorization-mode=RBAC".to_owned(),
+        // Anonymous requests are allowed through authentication; RBAC lets them read only
+        // what `system:unauthenticated` is bound to (here the issuer discovery, see
+        // `install_rbac`), as a cluster that serves as an OIDC issuer does.
+        "--anonymous-auth=true".to_owned(),
         format!("--service-account-issuer={server}"),
         format!("--service-account-key-file={}", f("sa.pub")),
         format!("--service-account-signing-key-file={}", f("sa.key")),
@@ -590,6 +594,41 @@ fn start_apiserver(bins: &Binaries, dir: &Path, etcd_port: u16, port: u16) -> Re
         "kube-apiserver not ready within 120s ({last}):\n{}",
         log_tail(dir, "kube-apiserver")
     )
+}
+
+/// The service-account issuer of the running cluster (`https://127.0.0.1:PORT`, the API
+/// server's own address), from the admin kubeconfig.
+pub fn issuer() -> Result<String> {
+    let text = std::fs::read_to_string(admin_kubeconfig())
+        .with_context(|| format!("reading {}", admin_kubeconfig().display()))?;
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix("server: "))
+        .map(|s| s.trim().to_owned())
+        .context("no server in the admin kubeconfig")
+}
+
+/// `GET url` without credentials (trusting the cluster's CA); returns the body.
+pub fn anonymous_get(url: &str) -> Result<String> {
+    let out = Command::new("curl")
+        .args([
+            "--silent",
+            "--show-error",
+            "--fail",
+            "--max-time",
+            "10",
+            "--cacert",
+        ])
+        .arg(state_dir().join("ca.crt"))
+        .arg(url)
+        .stdin(Stdio::null())
+        .output()
+        .context("running curl")?;
+    ensure!(
+        out.status.success(),
+        "GET {url} without credentials failed: {}",
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// Runs `kubectl` with the admin kubeconfig; returns its stdout.
@@ -659,6 +698,7 @@ fn install_rbac(port: u16) -> Result<()> {
             &path,
         ])?;
     }
+    allow_issuer_discovery()?;
     let token = kubectl(&[
         "create",
         "token",
@@ -677,6 +717,30 @@ fn install_rbac(port: u16) -> Result<()> {
             &format!("    token: {token}\n"),
         )
         .replace("namespace: default", &format!("namespace: {NAMESPACE}")),
+    )?;
+    Ok(())
+}
+
+/// Lets anyone read the service-account issuer's discovery document and keys (binds
+/// `system:service-account-issuer-discovery` to `system:unauthenticated`; idempotent):
+/// external verifiers of ServiceAccount tokens (our controller's JWT authenticator,
+/// docs/authentication.md) read them without credentials.
+pub fn allow_issuer_discovery() -> Result<()> {
+    kubectl_input(
+        &[
+            "apply",
+            "--server-side",
+            "--field-manager=jumpstarter-xtask",
+            "-f",
+            "-",
+        ],
+        Some(
+            "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata:\n  \
+             name: jumpstarter-oidc-discovery\nroleRef:\n  apiGroup: rbac.authorization.k8s.io\n  \
+             kind: ClusterRole\n  name: system:service-account-issuer-discovery\nsubjects:\n  \
+             - apiGroup: rbac.authorization.k8s.io\n    kind: Group\n    \
+             name: system:unauthenticated\n",
+        ),
     )?;
     Ok(())
 }

@@ -5,10 +5,16 @@
 //! earlier runs left in it: every test makes its own objects and namespaces), then:
 //! 1. the Store contract suite (`store::tests::real_kube_backend`, the generic tests that
 //!    also run against SQLite and the fake API server) as the cluster's admin;
-//! 2. the controller's real-server tests (`tests/it/real_kube.rs`) as the controller's
-//!    ServiceAccount, bound to the ClusterRole of `deploy/kubernetes/base/rbac.yaml`;
+//! 2. the controller's real-server tests (`tests/it/real_kube.rs`, and
+//!    `tests/it/real_kube_storm.rs`: two controllers, the leader killed with SIGKILL during a
+//!    lease storm) as the controller's ServiceAccount, bound to the ClusterRole of
+//!    `deploy/kubernetes/base/rbac.yaml`;
 //! 3. the quickstart walkthrough (admin create, `jmp run`, `jmp get`, `jmp shell` with
-//!    `j power on`) with `jumpstarter-controller --store kubernetes` as that ServiceAccount.
+//!    `j power on`) with `jumpstarter-controller --store kubernetes` as that ServiceAccount;
+//! 4. clients authenticated with ServiceAccount tokens through the external-issuer path
+//!    ([`crate::kube_oidc`]);
+//! 5. upstream's Python exporter and client (pinned 0.9.0 venv) through that controller, and
+//!    our `jmp shell` against the Python exporter.
 
 use anyhow::{Result, bail};
 
@@ -45,7 +51,7 @@ pub fn run(args: &[String]) -> Result<()> {
     )?;
     println!("== the controller's real-server tests (as its ServiceAccount)");
     crate::cargo_with_env(
-        &[&["test"], &feature[..], &["--test", "it", "real_kube::"]].concat(),
+        &[&["test"], &feature[..], &["--test", "it", "real_kube"]].concat(),
         &[
             ("KUBECONFIG", &admin),
             ("JMP_TEST_CONTROLLER_KUBECONFIG", &controller),
@@ -58,26 +64,49 @@ pub fn run(args: &[String]) -> Result<()> {
         &["--store", "kubernetes", "--namespace", kube::NAMESPACE],
         &[("KUBECONFIG", &controller)],
     )?;
+    println!("== clients with ServiceAccount tokens, the API server as OIDC issuer");
+    crate::kube_oidc::run()?;
+    println!(
+        "== upstream's Python exporter and client with jumpstarter-controller --store kubernetes"
+    );
+    let (exporters, clients) = crate::interop::KUBE_SCENARIO_OBJECTS;
+    crate::interop::against_kubernetes(&kube::controller_kubeconfig(), kube::NAMESPACE, &|| {
+        forget(exporters, clients)
+    })?;
     drop(cluster);
     println!("== kube-e2e passed");
     Ok(())
 }
 
 /// Removes what an earlier walkthrough on this cluster left (its Exporter and Client
-/// `quickstart`, their credential Secrets and its Leases, all in namespace `default`, which
-/// nothing else in the suite writes), so that `jmp admin create` can create them again.
+/// `quickstart`, their credential Secrets and its Leases, all in namespace `default`), so
+/// that `jmp admin create` can create them again.
 fn forget_last_walkthrough() -> Result<()> {
-    kube::kubectl(&[
+    forget(&["quickstart"], &["quickstart"])
+}
+
+/// Deletes, in namespace `default`, the Exporters `exporters` and Clients `clients` with
+/// their credential Secrets, and every Lease there (the suite's tests that keep leases in
+/// `default` delete their own; what is left is from the walkthrough and interop scenarios).
+fn forget(exporters: &[&str], clients: &[&str]) -> Result<()> {
+    let mut objects = Vec::new();
+    for e in exporters {
+        objects.push(format!("exporters.jumpstarter.dev/{e}"));
+        objects.push(format!("secrets/{e}-exporter"));
+    }
+    for c in clients {
+        objects.push(format!("clients.jumpstarter.dev/{c}"));
+        objects.push(format!("secrets/{c}-client"));
+    }
+    let mut args = vec![
         "delete",
         "-n",
         "default",
         "--ignore-not-found",
         "--wait=false",
-        "exporters.jumpstarter.dev/quickstart",
-        "clients.jumpstarter.dev/quickstart",
-        "secrets/quickstart-exporter",
-        "secrets/quickstart-client",
-    ])?;
+    ];
+    args.extend(objects.iter().map(String::as_str));
+    kube::kubectl(&args)?;
     kube::kubectl(&[
         "delete",
         "-n",

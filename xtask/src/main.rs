@@ -16,9 +16,13 @@ mod ci_summary;
 mod conformance;
 mod crds;
 mod faults;
+mod images;
+mod images_check;
+mod images_dockerfile;
 mod interop;
 mod kube;
 mod kube_e2e;
+mod kube_oidc;
 mod procs;
 mod qemu_board;
 mod quickstart;
@@ -51,11 +55,15 @@ fn main() -> std::process::ExitCode {
         Some("bench-boards") => bench_boards::run(&args[1..]),
         Some("crds") => crds::run(&args[1..]),
         Some("faults") => faults::run(&args[1..]),
+        Some("images") => images::run(&args[1..]),
         Some("quickstart") => quickstart::run(&args[1..]),
         Some("s3") => s3::run(),
         Some("kube-up") => kube::run_up(),
         Some("kube-down") => kube::run_down(),
         Some("kube-e2e") => kube_e2e::run(&args[1..]),
+        // Hidden: the ServiceAccount-token step of kube-e2e alone, on the kube-up cluster
+        // (with the binaries already in target/debug).
+        Some("kube-oidc") => kube::running().and_then(|()| kube_oidc::run()),
         Some("qemu-board") => qemu_board::run(),
         Some("venv") => interop::ensure_venv().map(|p| println!("{}", p.display())),
         _ => {
@@ -68,6 +76,7 @@ fn main() -> std::process::ExitCode {
                  bench     [--quick] latency/throughput, ours vs upstream Python, in one run\n  \
                  bench-scale [--quick] [--exporters N] [--per-conn K] 10,000 live exporters on one controller, 1,000 tunnels through one router\n  \
                  crds      [--out DIR | --check DIR] our CRD YAML (stdout), written, or compared\n  \
+                 images    [--out DIR] [--tag TAG] [--debug] the images of deploy/docker without a container engine, checked\n  \
                  faults    [--seed N] [--rounds N] [--quick] [--release] kill processes of a lab day at random, check nothing is lost\n  \
                  quickstart  the whole lab on one machine: controller, mock exporter, client, jmp shell\n  \
                  s3        the Opendal driver's S3 service (feature storage-s3) against moto's S3 on loopback\n  \
@@ -181,6 +190,10 @@ fn ci() -> Result<()> {
     let interop = interop::run(None)?;
     println!("== fault injection (cargo xtask faults --quick)");
     faults::run(&["--quick".to_string()])?;
+    // With the debug binaries faults built (CI has no release build); layers, checks and
+    // `--help` in a chroot.
+    println!("== container images without a container engine (cargo xtask images --debug)");
+    images::run(&["--debug".to_string()])?;
     println!("== lab at scale, smoke (cargo xtask bench-scale --quick)");
     bench_scale::run(&["--quick".to_string()])?;
     println!(

@@ -15,7 +15,16 @@
 #   {"ready": PATH, "rust": {...}}   serving
 #   {"error": {...}}           could not (kind, type, message, traceback); exit code 3
 # It exits when stdin reaches its end: the exporter died or let go of it.
+#
+# Once serving, stdout carries only this protocol: the drivers' log records, one JSON line
+# each, {"log": [LEVEL, DRIVER, MESSAGE]} (DRIVER: whether upstream's session would send it
+# to clients as a driver's log). What drivers print goes to stderr instead. The exporter
+# relays those records into its own LogStream; a pipe write per record costs the child far
+# less than upstream's LogStream (a gRPC message per record from a 50 ms poll loop), and
+# the child serves calls on the same thread.
+import gc
 import json
+import logging
 import os
 import signal
 import sys
@@ -24,9 +33,44 @@ import time
 import traceback
 
 
+# The protocol's end of stdout; sys.stdout becomes stderr (see protocol()).
+_out = sys.stdout
+
+
 def answer(obj):
-    sys.stdout.write(json.dumps(obj) + "\n")
-    sys.stdout.flush()
+    _out.write(json.dumps(obj) + "\n")
+    _out.flush()
+
+
+def protocol():
+    """Keeps the original stdout for the protocol and sends prints (sys.stdout, fd 1) to
+    stderr, so that nothing a driver prints can be taken for a protocol line."""
+    global _out
+    fd = os.dup(1)
+    os.dup2(2, 1)
+    _out = os.fdopen(fd, "w", buffering=1)
+    sys.stdout = sys.stderr
+
+
+class LogRelay(logging.Handler):
+    """Writes each log record to the protocol as one line (logging.Handler.handle holds the
+    handler's lock around emit, so lines of concurrent threads never interleave)."""
+
+    def __init__(self, is_driver):
+        super().__init__()
+        self.is_driver = is_driver
+
+    def emit(self, record):
+        try:
+            line = json.dumps(
+                {"log": [record.levelname, self.is_driver(record), record.getMessage()]}
+            ) + "\n"
+            data = line.encode()  # ASCII: json.dumps escapes the rest
+            fd = _out.fileno()
+            while data:
+                data = data[os.write(fd, data):]
+        except Exception:  # noqa: BLE001
+            self.handleError(record)
 
 
 def fail(kind, type_name, message):
@@ -133,8 +177,12 @@ def main():
 
     def watchdog():
         # Closing drivers (a flasher removing its medium) can take seconds on a loaded
-        # machine; cutting it short leaves their files behind, so wait a while first.
-        time.sleep(15)
+        # machine. Past a few seconds (well within the exporter's grace period), remove
+        # the drivers' temporary directories ourselves, so that neither our kill nor the
+        # exporter's leaves their files behind; then wait a while longer for a clean end.
+        time.sleep(4)
+        remove_temporary_directories()
+        time.sleep(11)
         kill_group(signal.SIGKILL)
         os._exit(1)
 
@@ -146,6 +194,7 @@ def main():
             session.update_status(ExporterStatus.LEASE_READY, "Ready for commands")
             async with session.serve_port_async(f"unix://{spec['socket']}"):
                 answer({"ready": spec["socket"], "rust": rust})
+                relay_logs(session)
                 await anyio.sleep_forever()
 
     try:
@@ -155,10 +204,59 @@ def main():
     except BaseException:  # noqa: BLE001
         traceback.print_exc()
     finally:
-        # What the drivers started goes with us; interpreter exit then runs the drivers'
-        # finalizers (temporary directories).
+        # What the drivers started goes with us.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         kill_group(signal.SIGTERM)
+        # Drivers that keep files in a TemporaryDirectory (upstream's MockFlasher) remove
+        # them only in its finalizer. Run those finalizers now, by dropping the tree and
+        # collecting it, rather than at interpreter exit: exit first joins the threads the
+        # drivers and gRPC left, which can take longer on a loaded machine than the
+        # watchdog (or the exporter's grace period) waits, and a kill then leaves the
+        # files behind.
+        children.clear()
+        root = driver = None  # noqa: F841
+        gc.collect()
+        # And those still referenced from somewhere (a frame, a thread) go too.
+        remove_temporary_directories()
+
+
+def relay_logs(session):
+    """Sends the log records to the exporter through the protocol instead of upstream's
+    LogStream, and keeps stderr for warnings and errors (the exporter shows its tail when
+    the child fails)."""
+    root = logging.getLogger()
+    upstream = getattr(session, "_logging_handler", None)
+    if upstream is not None and hasattr(upstream, "get_source_for_record"):
+        from jumpstarter.common import LogSource
+
+        def is_driver(record):
+            return upstream.get_source_for_record(record) == LogSource.DRIVER
+
+        # Nobody reads its queue (the exporter does not call the child's LogStream):
+        # building a protobuf per record for it would be wasted.
+        root.removeHandler(upstream)
+    else:
+
+        def is_driver(record):
+            return record.name.startswith("driver.")
+
+    for h in root.handlers:
+        h.setLevel(logging.WARNING)
+    root.addHandler(LogRelay(is_driver))
+
+
+def remove_temporary_directories():
+    """Removes every `tempfile.TemporaryDirectory` still alive in this process (a driver's
+    scratch space, such as upstream MockFlasher's medium): the process is ending, and their
+    finalizers would otherwise run only at interpreter exit, or never after a kill."""
+    import tempfile
+
+    for obj in gc.get_objects():
+        if isinstance(obj, tempfile.TemporaryDirectory):
+            try:
+                obj.cleanup()
+            except Exception:  # noqa: BLE001
+                pass
 
 
 def kill_group(sig):
@@ -168,8 +266,7 @@ def kill_group(sig):
 
 
 if __name__ == "__main__":
-    import logging
-
+    protocol()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(levelname)s %(name)s: %(message)s")
     main()

@@ -14,12 +14,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use futures::StreamExt;
 use jumpstarter_core::{
     CallContext,
     client::{ConnectOptions, ExporterSession, SessionChannel, connect_channel},
 };
-use jumpstarter_proto::v1::{LogSource, exporter_service_client::ExporterServiceClient};
 use tokio::{
     io::{AsyncBufReadExt, AsyncWriteExt, BufReader},
     process::{Child, ChildStdin, Command},
@@ -163,7 +161,7 @@ pub(crate) struct Host {
     /// left to Rust drivers.
     rust_paths: Mutex<Vec<Vec<Vec<String>>>>,
     /// The context of the latest call: the session whose `LogStream` gets the child's logs.
-    log_target: Mutex<Option<CallContext>>,
+    log_target: Arc<Mutex<Option<CallContext>>>,
     stderr_tail: Arc<Mutex<VecDeque<String>>>,
 }
 
@@ -240,7 +238,7 @@ impl Host {
             subtrees,
             state: Mutex::new(State::Down("starting".into())),
             rust_paths: Mutex::default(),
-            log_target: Mutex::new(None),
+            log_target: Arc::default(),
             stderr_tail: Arc::default(),
         })
     }
@@ -397,10 +395,11 @@ impl Host {
                 return Err(self.child_error(format!("exited before serving ({status})")));
             }
         };
-        // Python drivers may print to stdout: keep draining it so they never block.
+        // Then its drivers' log records, one a line (what they print goes to stderr).
+        let log_target = self.log_target.clone();
         running_tasks.push(tokio::spawn(async move {
             while let Ok(Some(line)) = stdout.next_line().await {
-                tracing::info!(target: "python", "{line}");
+                relay_log(&log_target, &line);
             }
         }));
         let answer: serde_json::Value = serde_json::from_str(&first)
@@ -527,39 +526,38 @@ impl Host {
             },
         }
     }
+}
 
-    /// Relays the child's `LogStream` into the session of the latest call.
-    fn relay_logs(self: &Arc<Self>, channel: SessionChannel) -> JoinHandle<()> {
-        let host = Arc::downgrade(self);
-        tokio::spawn(async move {
-            let Ok(resp) = ExporterServiceClient::new(channel).log_stream(()).await else {
-                return;
-            };
-            let mut logs = resp.into_inner();
-            while let Some(Ok(rec)) = logs.next().await {
-                let Some(host) = host.upgrade() else { return };
-                if rec.source.is_some_and(|s| s != LogSource::Driver as i32) {
-                    tracing::debug!(target: "python", "{}: {}", rec.severity, rec.message);
-                    continue;
-                }
-                let target = lock(&host.log_target).clone();
-                match target {
-                    Some(ctx) => ctx.log(&rec.severity, rec.message),
-                    None => tracing::info!(target: "python", "{}: {}", rec.severity, rec.message),
-                }
-            }
-        })
+/// One line of the child's stdout after its answer: a log record (`{"log": [LEVEL,
+/// DRIVER, MESSAGE]}`, see `bootstrap.py`) goes to the session of the latest call when a
+/// driver logged it, as upstream's `LogStream` would send it, else to our own log.
+fn relay_log(target: &Mutex<Option<CallContext>>, line: &str) {
+    let Some(LogLine {
+        log: (severity, driver, message),
+    }) = serde_json::from_str::<LogLine>(line).ok()
+    else {
+        tracing::info!(target: "python", "{line}");
+        return;
+    };
+    if !driver {
+        tracing::debug!(target: "python", "{severity}: {message}");
+        return;
     }
+    let ctx = lock(target).clone();
+    match ctx {
+        Some(ctx) => ctx.log(&severity, message),
+        None => tracing::info!(target: "python", "{severity}: {message}"),
+    }
+}
+
+/// A log record on the child's stdout: level, whether a driver logged it, message.
+#[derive(Debug, PartialEq, serde::Deserialize)]
+struct LogLine {
+    log: (String, bool, String),
 }
 
 /// Waits for the child to die and starts another, with the same uuids, until dropped.
 pub(crate) async fn supervise(host: Arc<Host>, mut running: Running) {
-    running
-        .tasks
-        .push(host.relay_logs(match &*lock(&host.state) {
-            State::Up(c) => c.channel.clone(),
-            State::Down(_) => return,
-        }));
     let mut generation = 0;
     let mut backoff = Duration::from_secs(1);
     loop {
@@ -584,8 +582,7 @@ pub(crate) async fn supervise(host: Arc<Host>, mut running: Running) {
             backoff = (backoff * 2).min(MAX_BACKOFF);
             generation += 1;
             match host.spawn(generation).await {
-                Ok((mut r, conn)) => {
-                    r.tasks.push(host.relay_logs(conn.channel.clone()));
+                Ok((r, conn)) => {
                     tracing::info!("the Python driver host for {} restarted", host.types());
                     host.set(State::Up(conn));
                     break r;
@@ -596,5 +593,25 @@ pub(crate) async fn supervise(host: Arc<Host>, mut running: Running) {
                 }
             }
         };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_lines_from_the_bootstrap_parse() {
+        // As bootstrap.py's LogRelay writes them (json.dumps, ASCII with escapes).
+        let line = r#"{"log": ["WARNING", true, "flash at 50%\n\u00e9t\u00e9"]}"#;
+        assert_eq!(
+            serde_json::from_str::<LogLine>(line).unwrap(),
+            LogLine {
+                log: ("WARNING".into(), true, "flash at 50%\nété".into())
+            }
+        );
+        for other in ["ready", r#"{"log": ["INFO", "x"]}"#, r#"{"ready": "/s"}"#] {
+            assert!(serde_json::from_str::<LogLine>(other).is_err(), "{other}");
+        }
     }
 }

@@ -325,6 +325,21 @@ async fn handle<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
             })
             .to_string(),
         ),
+        // As a Kubernetes API server does (`/openid/v1/jwks`): the keys only for a client
+        // that accepts `application/jwk-set+json`, else 406.
+        ("GET", "/jwks")
+            if !head.lines().any(|l| {
+                l.split_once(':').is_some_and(|(k, v)| {
+                    k.eq_ignore_ascii_case("accept") && v.contains("application/jwk-set+json")
+                })
+            }) =>
+        {
+            (
+                406,
+                String::new(),
+                "406: Not Acceptable\n\nAvailable representations: application/jwk-set+json".into(),
+            )
+        }
         ("GET", "/jwks") => {
             s.jwks_fetches.fetch_add(1, Ordering::SeqCst);
             let point = s.key.public_key().as_ref();

@@ -19,6 +19,8 @@ mod pending_guard;
 mod policy_update;
 #[cfg(feature = "kube-e2e")]
 mod real_kube;
+#[cfg(feature = "kube-e2e")]
+mod real_kube_storm;
 mod restart;
 mod store_integrity;
 

@@ -22,9 +22,9 @@ const NAMESPACE: &str = "jumpstarter";
 
 /// One test at a time: each runs reconcile passes over every namespace, which would also act
 /// on the other tests' objects.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+pub(crate) static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-fn suffix() -> String {
+pub(crate) fn suffix() -> String {
     format!("-{}", &uuid::Uuid::new_v4().simple().to_string()[..8])
 }
 
@@ -49,7 +49,7 @@ async fn controller_store() -> KubeStore {
 }
 
 /// The cluster's admin.
-async fn admin_client() -> kube::Client {
+pub(crate) async fn admin_client() -> kube::Client {
     client_from("KUBECONFIG").await
 }
 

@@ -15,6 +15,10 @@ use tokio_rustls::rustls::{
 
 use super::OidcError;
 
+/// What every request accepts: JSON, and JWK Sets (RFC 7517 section 8.5), which Kubernetes
+/// serves only under their own media type.
+const ACCEPT: &str = "application/json, application/jwk-set+json";
+
 /// Responses larger than this are refused (discovery documents and JWKS are a few KiB).
 const MAX_BODY: usize = 1024 * 1024;
 /// Connect, handshake, request and body together must finish within this.
@@ -110,7 +114,8 @@ impl HttpsClient {
         self.send(Method::GET, url, None).await
     }
 
-    /// `GET url`, expecting `200` and a JSON body.
+    /// `GET url`, expecting `200` and a JSON body (`application/json`, or a JWK Set as
+    /// `application/jwk-set+json`).
     pub async fn get_json(&self, url: &str) -> Result<Value, OidcError> {
         let resp = self.get(url).await?;
         if resp.status != StatusCode::OK {
@@ -180,7 +185,9 @@ impl HttpsClient {
             .method(method)
             .uri(path)
             .header(header::HOST, authority)
-            .header(header::ACCEPT, "application/json")
+            // A Kubernetes API server serves its issuer keys (`/openid/v1/jwks`) only as
+            // `application/jwk-set+json` and answers 406 to `Accept: application/json` alone.
+            .header(header::ACCEPT, ACCEPT)
             .header(header::USER_AGENT, "jumpstarter-rs")
             .header(header::CONNECTION, "close");
         if form.is_some() {

@@ -10,7 +10,6 @@ use clap::{Arg, ArgAction, ArgMatches, Command};
 use jumpstarter_core::{ClientError, client::DriverClient, wire::frames::CHUNK};
 use tokio::{
     io::{AsyncRead, AsyncWrite},
-    sync::Semaphore,
     task::JoinHandle,
 };
 
@@ -140,6 +139,13 @@ impl NetworkClient {
     pub async fn forward_unix(&self, path: Option<&Path>) -> Result<Forwarder, ClientError> {
         forward_unix(self.0.clone(), path, "connect").await
     }
+
+    /// Serves this stream (a VNC server's) to a browser's noVNC page: listens on a free
+    /// loopback port for WebSocket connections and returns the page's link. Upstream's
+    /// `NovncAdapter`; `encrypt` goes into the link (`encrypt=1`, upstream's default).
+    pub async fn novnc(&self, encrypt: bool) -> Result<super::Novnc, ClientError> {
+        super::novnc(self.0.clone(), "connect", encrypt).await
+    }
 }
 
 /// Forwards TCP connections accepted on `local` to `method` of `client`.
@@ -156,31 +162,8 @@ pub async fn forward_tcp(
     })?;
     let bound = listener.local_addr()?;
     let method: Arc<str> = method.into();
-    let slots = Arc::new(Semaphore::new(MAX_FORWARDED));
-    let task = tokio::spawn(async move {
-        let mut relays = tokio::task::JoinSet::new();
-        loop {
-            let Ok(permit) = slots.clone().acquire_owned().await else {
-                return;
-            };
-            tokio::select! {
-                accepted = listener.accept() => match accepted {
-                    Ok((conn, _)) => {
-                        let _ = conn.set_nodelay(true);
-                        let (client, method) = (client.clone(), method.clone());
-                        relays.spawn(async move {
-                            relay(client, method, conn).await;
-                            drop(permit);
-                        });
-                    }
-                    Err(e) => {
-                        tracing::warn!("accept failed: {e}");
-                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                    }
-                },
-                Some(_) = relays.join_next(), if !relays.is_empty() => {}
-            }
-        }
+    let task = super::accept::serve(listener, MAX_FORWARDED, move |conn, _| {
+        relay(client.clone(), method.clone(), conn)
     });
     Ok(Forwarder {
         local: format_host_port(&bound.ip().to_string(), bound.port()),
@@ -215,32 +198,10 @@ pub async fn forward_unix(
         ))
     })?;
     let method: Arc<str> = method.into();
-    let slots = Arc::new(Semaphore::new(MAX_FORWARDED));
-    let task = tokio::spawn(async move {
-        // The temporary directory lives as long as the listener.
-        let _tmp = tmp;
-        let mut relays = tokio::task::JoinSet::new();
-        loop {
-            let Ok(permit) = slots.clone().acquire_owned().await else {
-                return;
-            };
-            tokio::select! {
-                accepted = listener.accept() => match accepted {
-                    Ok((conn, _)) => {
-                        let (client, method) = (client.clone(), method.clone());
-                        relays.spawn(async move {
-                            relay(client, method, conn).await;
-                            drop(permit);
-                        });
-                    }
-                    Err(e) => {
-                        tracing::warn!("accept failed: {e}");
-                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                    }
-                },
-                Some(_) = relays.join_next(), if !relays.is_empty() => {}
-            }
-        }
+    let task = super::accept::serve(listener, MAX_FORWARDED, move |conn, _| {
+        // The temporary directory lives as long as the listener's task.
+        let _tmp = &tmp;
+        relay(client.clone(), method.clone(), conn)
     });
     Ok(Forwarder {
         local: path.display().to_string(),

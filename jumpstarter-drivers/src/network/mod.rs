@@ -14,7 +14,9 @@
 //! [`NetworkClient::forward_unix`]) and the `j NAME forward-tcp|forward-unix|address`
 //! commands.
 
+mod accept;
 mod client;
+mod novnc;
 mod udp;
 mod websocket;
 
@@ -24,6 +26,7 @@ use jumpstarter_core::{CallContext, Driver, DriverError, driver, driver::DriverA
 use serde::Deserialize;
 
 pub use client::{Forwarder, NetworkClient, cli, format_host_port};
+pub use novnc::{Novnc, novnc};
 pub use udp::UdpStream;
 pub use websocket::WebsocketNetwork;
 

@@ -13,6 +13,7 @@ use jumpstarter_core::{
 };
 
 use crate::{
+    Novnc,
     command::{CliFuture, DriverCommand},
     storage::{Progress, ProgressWriter, detect_encoding, presigned_get, url_of},
 };
@@ -46,6 +47,16 @@ impl QemuClient {
     /// Sets the memory of the next boot (e.g. `2G`).
     pub async fn set_memory_size(&self, size: &str) -> Result<(), ClientError> {
         self.0.call("set_memory_size", (size,)).await
+    }
+
+    /// The guest's screen in a browser: a noVNC bridge to the `vnc` child (upstream's
+    /// `QemuClient.novnc()`); open [`Novnc::url`] while it lives.
+    pub async fn novnc(&self, encrypt: bool) -> Result<Novnc, ClientError> {
+        let vnc = self
+            .0
+            .child("vnc")
+            .ok_or_else(|| ClientError::Value("this board has no vnc child".into()))?;
+        crate::network::novnc(vnc, "connect", encrypt).await
     }
 }
 
@@ -144,26 +155,47 @@ pub fn cli() -> DriverCommand {
 
 fn build_board(cmd: Command) -> Command {
     let size = || Arg::new("size").required(true);
-    cmd.subcommand_required(true).subcommand(
-        Command::new("resize")
-            .about("Resize QEMU resources")
-            .subcommand_required(true)
-            .subcommand(
-                Command::new("disk")
-                    .about("Resize the root disk (e.g., 20G). Run before power on.")
-                    .arg(size()),
-            )
-            .subcommand(
-                Command::new("memory")
-                    .about("Set memory size (e.g., 2G, 4G). Takes effect on next boot.")
-                    .arg(size()),
-            ),
-    )
+    cmd.subcommand_required(true)
+        .subcommand(
+            Command::new("novnc")
+                .about("Show the guest's screen in a browser (noVNC)")
+                .long_about(
+                    "Show the guest's screen in a browser (noVNC)\n\nListens on a free \
+                     loopback port for the noVNC page's WebSocket, prints the page's link and \
+                     relays until interrupted (Ctrl-C).",
+                )
+                .arg(
+                    Arg::new("no-encrypt")
+                        .long("no-encrypt")
+                        .action(ArgAction::SetTrue)
+                        .help("Ask the page for ws:// instead of wss:// (encrypt=0 in the link)"),
+                ),
+        )
+        .subcommand(
+            Command::new("resize")
+                .about("Resize QEMU resources")
+                .subcommand_required(true)
+                .subcommand(
+                    Command::new("disk")
+                        .about("Resize the root disk (e.g., 20G). Run before power on.")
+                        .arg(size()),
+                )
+                .subcommand(
+                    Command::new("memory")
+                        .about("Set memory size (e.g., 2G, 4G). Takes effect on next boot.")
+                        .arg(size()),
+                ),
+        )
 }
 
 fn run_board(client: DriverClient, matches: ArgMatches) -> CliFuture {
     Box::pin(async move {
         let board = QemuClient(client);
+        if let Some(("novnc", m)) = matches.subcommand() {
+            let bridge = board.novnc(!m.get_flag("no-encrypt")).await?;
+            println!("{}", bridge.url());
+            std::future::pending::<()>().await;
+        }
         let Some(("resize", m)) = matches.subcommand() else {
             return Err(ClientError::Value("missing board command".into()));
         };

@@ -79,6 +79,11 @@ pub fn probe_device(path: &Path) -> io::Result<()> {
     Ok(())
 }
 
+/// How much of a read buffer is made ready (zeroed) for one `read(2)`. Callers pass large
+/// buffers (the byte-stream framer's is 256 KiB) and `ReadBuf` starts them uninitialised:
+/// zeroing all of it for each read of a few KiB cost more than the read itself.
+const READ_STEP: usize = 16 * 1024;
+
 /// A terminal file descriptor read and written asynchronously.
 #[derive(Debug)]
 pub struct TtyStream {
@@ -117,13 +122,29 @@ impl AsyncRead for TtyStream {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        if buf.remaining() == 0 {
+            return Poll::Ready(Ok(()));
+        }
         loop {
             let mut guard = ready!(this.fd.poll_read_ready(cx))?;
-            let unfilled = buf.initialize_unfilled();
+            let unfilled = buf.initialize_unfilled_to(buf.remaining().min(READ_STEP));
             match guard.try_io(|fd| Ok(rustix::io::read(fd.get_ref(), &mut *unfilled)?)) {
-                Ok(Ok(0)) if !unfilled.is_empty() => return Poll::Ready(Err(this.hung_up())),
+                Ok(Ok(0)) => return Poll::Ready(Err(this.hung_up())),
                 Ok(Ok(n)) => {
                     buf.advance(n);
+                    // A pty hands out at most 4 KiB per read (a UART driver often less):
+                    // take what else is already waiting, so that one message carries it
+                    // all instead of one message per kernel buffer.
+                    while buf.remaining() > 0 {
+                        let unfilled = buf.initialize_unfilled_to(buf.remaining().min(READ_STEP));
+                        match guard.try_io(|fd| Ok(rustix::io::read(fd.get_ref(), &mut *unfilled)?))
+                        {
+                            Ok(Ok(n)) if n > 0 => buf.advance(n),
+                            // Would block: deliver what was read. A hang-up or an error is
+                            // read again, and reported, by the next call.
+                            _ => break,
+                        }
+                    }
                     return Poll::Ready(Ok(()));
                 }
                 Ok(Err(e)) if e.raw_os_error() == Some(rustix::io::Errno::IO.raw_os_error()) => {
@@ -230,6 +251,36 @@ mod tests {
         drop(pty);
         let err = dev.read(&mut [0u8; 8]).await.unwrap_err();
         assert!(err.to_string().contains("disconnected"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_burst_larger_than_the_line_disciplines_buffer_arrives_whole_and_in_order() {
+        // Reads take what is waiting beyond the pty's 4 KiB per read(2), and zero only
+        // what they use of a large caller buffer (the byte-stream framer's is 256 KiB).
+        let mut pty = Pty::open().unwrap();
+        let mut dev = open_device(&pty.device_path, SETTINGS).unwrap();
+        let sent: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        let writer = async {
+            pty.controller.write_all(&sent).await.unwrap();
+        };
+        let reader = async {
+            let mut got = Vec::with_capacity(sent.len());
+            let mut reads = 0;
+            while got.len() < sent.len() {
+                let mut buf = bytes::BytesMut::with_capacity(256 * 1024);
+                let n = dev.read_buf(&mut buf).await.unwrap();
+                assert!(n > 0);
+                got.extend_from_slice(&buf);
+                reads += 1;
+            }
+            (got, reads)
+        };
+        let ((), (got, reads)) = tokio::join!(writer, reader);
+        assert!(
+            got == sent,
+            "{} bytes in {reads} reads, not as sent",
+            got.len()
+        );
     }
 
     #[test]

@@ -438,3 +438,95 @@ fn a_bad_extra_root_certificate_is_refused() {
         .to_string();
     assert!(e.contains("CA certificate"), "{e}");
 }
+
+/// A stand-in VNC server: sends the RFB banner, then echoes; [`WS_BYE`] makes it hang up.
+async fn vnc_like() -> u16 {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut c, _)) = l.accept().await {
+            tokio::spawn(async move {
+                c.write_all(b"RFB 003.008\n").await.unwrap();
+                let mut buf = vec![0u8; 64 * 1024];
+                loop {
+                    let n = match c.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => n,
+                    };
+                    if &buf[..n] == WS_BYE {
+                        return;
+                    }
+                    if c.write_all(&buf[..n]).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+#[tokio::test]
+async fn novnc_relays_a_browsers_websocket_to_the_vnc_stream() {
+    use futures::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let port = vnc_like().await;
+    let served = Served::start(vec![(
+        "vnc",
+        Arc::new(TcpNetwork::new("127.0.0.1", port, true)),
+    )]);
+    let vnc = net_client(&served, "vnc").await;
+    let bridge = vnc.novnc(true).await.unwrap();
+    let local = bridge.local_addr();
+    assert!(local.ip().is_loopback(), "{local}");
+    assert_eq!(
+        bridge.url(),
+        format!(
+            "https://novnc.com/noVNC/vnc.html?encrypt=1&autoconnect=1&reconnect=1&host=127.0.0.1&port={}",
+            local.port()
+        )
+    );
+    let ws_url = format!("ws://{local}/websockify");
+    // Two viewers at once, each with its own stream to the server.
+    for _ in 0..2 {
+        let tcp = tokio::net::TcpStream::connect(local).await.unwrap();
+        let (mut ws, _) = tokio_tungstenite::client_async(ws_url.as_str(), tcp)
+            .await
+            .unwrap();
+        let Some(Ok(Message::Binary(banner))) = ws.next().await else {
+            panic!("no banner");
+        };
+        assert_eq!(banner.as_ref(), b"RFB 003.008\n");
+        let big: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+        ws.send(Message::Binary(big.clone().into())).await.unwrap();
+        let mut got = Vec::new();
+        while got.len() < big.len() {
+            match ws.next().await {
+                Some(Ok(Message::Binary(b))) => got.extend_from_slice(&b),
+                other => panic!("expected the echo, got {other:?}"),
+            }
+        }
+        assert!(got == big, "the echo differs");
+        // The server hanging up closes the browser's WebSocket.
+        ws.send(Message::Binary(WS_BYE.to_vec().into()))
+            .await
+            .unwrap();
+        loop {
+            match ws.next().await {
+                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => break,
+                Some(Ok(_)) => {}
+            }
+        }
+    }
+    // Something that is no WebSocket handshake is dropped; the bridge keeps serving.
+    let mut junk = tokio::net::TcpStream::connect(local).await.unwrap();
+    junk.write_all(b"GET / HTTP/1.0\r\n\r\n").await.unwrap();
+    let mut rest = Vec::new();
+    let _ = junk.read_to_end(&mut rest).await;
+    let tcp = tokio::net::TcpStream::connect(local).await.unwrap();
+    let (mut ws, _) = tokio_tungstenite::client_async(ws_url.as_str(), tcp)
+        .await
+        .unwrap();
+    assert!(matches!(ws.next().await, Some(Ok(Message::Binary(_)))));
+    drop(bridge);
+}
