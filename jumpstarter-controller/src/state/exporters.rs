@@ -403,7 +403,9 @@ mod tests {
             store.create(&e).await.unwrap();
         }
         let before = store.commits().unwrap();
-        let asked = Timestamp::now();
+        // A stored time has whole seconds (`metav1.Time`): the refresh asked for now is
+        // stored as this second or a later one.
+        let asked = Timestamp::from_second(Timestamp::now().as_second()).unwrap();
         for i in 0..n {
             cache.persist_seen(&store, "default", &format!("board-{i}"));
         }

@@ -351,29 +351,35 @@ impl Inner {
         }
         let written = match w.conn.execute_batch("SAVEPOINT write") {
             Err(e) => Err(self.db_err(e)),
-            Ok(()) => match f(&w.conn).and_then(|ok| {
-                w.conn
-                    .execute_batch("RELEASE write")
-                    .map(|()| ok)
-                    .map_err(|e| self.db_err(e))
-            }) {
-                Ok(ok) => Ok(ok),
-                Err(e) => {
-                    // Undo this write only; the group's others stay. When even that fails
-                    // the transaction is ended, failing the whole group.
-                    if let Err(undo) = w.conn.execute_batch("ROLLBACK TO write; RELEASE write") {
-                        let members = std::mem::take(&mut w.members);
-                        w.events.clear();
-                        let _ = w.conn.execute_batch("ROLLBACK");
-                        w.open = false;
-                        for m in members {
-                            let _ = m.set(Err(undo.to_string()));
+            Ok(()) => {
+                // A write that panics half way must not leave its half in the group's
+                // transaction (the others would commit it): undo it, end the group when no
+                // write queued behind will, and go on panicking.
+                let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&w.conn)));
+                let ran = match ran {
+                    Ok(ran) => ran,
+                    Err(panic) => {
+                        self.undo_write(&mut w);
+                        if w.open && self.queued.load(Ordering::SeqCst) == 0 {
+                            self.end_group(&mut w);
                         }
-                        self.group_ended.notify_all();
+                        drop(w);
+                        std::panic::resume_unwind(panic);
                     }
-                    Err(e)
+                };
+                match ran.and_then(|ok| {
+                    w.conn
+                        .execute_batch("RELEASE write")
+                        .map(|()| ok)
+                        .map_err(|e| self.db_err(e))
+                }) {
+                    Ok(ok) => Ok(ok),
+                    Err(e) => {
+                        self.undo_write(&mut w);
+                        Err(e)
+                    }
                 }
-            },
+            }
         };
         let result = match written {
             Ok((r, events)) => {
@@ -412,6 +418,21 @@ impl Inner {
             Some(Ok(())) => Ok(r),
             Some(Err(e)) => Err(self.db_err(e.clone())),
             None => Err(self.db_err("the write's transaction did not end")),
+        }
+    }
+
+    /// Undoes the write in savepoint `write` only; the group's others stay. When even that
+    /// fails the transaction is ended, failing the whole group.
+    fn undo_write(&self, w: &mut Writer) {
+        if let Err(undo) = w.conn.execute_batch("ROLLBACK TO write; RELEASE write") {
+            let members = std::mem::take(&mut w.members);
+            w.events.clear();
+            let _ = w.conn.execute_batch("ROLLBACK");
+            w.open = false;
+            for m in members {
+                let _ = m.set(Err(undo.to_string()));
+            }
+            self.group_ended.notify_all();
         }
     }
 
@@ -1116,6 +1137,46 @@ mod tests {
         let mut e = Exporter::new(name, ExporterSpec::default());
         e.metadata.namespace = Some("default".into());
         e
+    }
+
+    /// A write that panics half way leaves nothing behind, although its transaction is
+    /// shared: the next write's commit must not carry the panicked write's half.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_write_that_panics_half_way_is_not_committed_by_the_next() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(dir.path()).await.unwrap();
+        let inner = store.inner.clone();
+        let panicked = tokio::task::spawn_blocking(move || {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                inner.write::<()>("Exporter", |conn| {
+                    conn.execute(
+                        "INSERT INTO objects (kind, namespace, name, resource_version, body) \
+                         VALUES ('Exporter', 'default', 'half', 1, '{}')",
+                        [],
+                    )
+                    .unwrap();
+                    panic!("half way through a write");
+                })
+            }))
+            .is_err()
+        })
+        .await
+        .unwrap();
+        assert!(panicked);
+        store.create(&exporter("after")).await.unwrap();
+        let half: Result<Option<Exporter>, _> = store.get("default", "half").await;
+        assert!(
+            matches!(half, Ok(None)),
+            "the panicked write's row was committed: {half:?}"
+        );
+        // And the store still works: a later group commits.
+        assert!(
+            store
+                .get::<Exporter>("default", "after")
+                .await
+                .unwrap()
+                .is_some()
+        );
     }
 
     /// Issue 27: writes that queue up for the writer share one commit (one disk sync), and
