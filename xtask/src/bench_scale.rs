@@ -79,24 +79,27 @@ pub fn run(args: &[String]) -> Result<()> {
     // the smoke run.
     let drop_n = if quick { 0 } else { 1000.min(n) };
     let idle_secs = if quick { 3 } else { 30 };
-    let mut build = vec![
-        "build",
-        "--quiet",
-        "-p",
-        "jumpstarter-controller",
-        "-p",
-        "jumpstarter-router",
-        "--bins",
-        "--example",
-        "scale_load",
-        "--example",
-        "tunnel_load",
-    ];
-    if !quick {
-        build.insert(1, "--release");
-    }
-    crate::cargo(&build)?;
-    let dir = crate::target_dir().join(if quick { "debug" } else { "release" });
+    // The release binaries come from the one release build every benchmark shares
+    // (`bench::build_release`); the smoke run in CI uses debug builds (CI has no release
+    // build), most of them already built by `cargo test --workspace`.
+    let dir = if quick {
+        crate::cargo(&[
+            "build",
+            "--quiet",
+            "-p",
+            "jumpstarter-controller",
+            "-p",
+            "jumpstarter-router",
+            "--bins",
+            "--example",
+            "scale_load",
+            "--example",
+            "tunnel_load",
+        ])?;
+        crate::target_dir().join("debug")
+    } else {
+        crate::bench::build_release()?
+    };
     let work = crate::interop::tempfile_dir::Dir::new("jmp-bench-scale")?;
 
     let load_before = loadavg();
