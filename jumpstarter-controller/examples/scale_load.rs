@@ -156,14 +156,17 @@ impl Controller {
             .arg("--admin-config")
             .arg(work.join("admin.yaml"))
             .env("RUST_LOG", "warn")
-            .stdout(std::process::Stdio::piped())
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
             .kill_on_drop(true);
         let mut child = cmd.spawn().expect("start the controller");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut lines = BufReader::new(stdout).lines();
+        // The ready line and the logs go to stderr.
+        let stderr = child.stderr.take().expect("stderr");
+        let mut lines = BufReader::new(stderr).lines();
         let ready = tokio::time::timeout(Duration::from_secs(120), async {
             while let Ok(Some(line)) = lines.next_line().await {
-                if line.contains("jumpstarter-controller ready:") {
+                if line.contains(jumpstarter_controller::cli::READY_LINE_PREFIX) {
                     return Some(line);
                 }
             }
@@ -173,8 +176,16 @@ impl Controller {
         .ok()
         .flatten()
         .expect("the controller's ready line");
-        // Keep draining stdout so the controller never blocks on a full pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        // Keep draining stderr so the controller never blocks on a full pipe.
+        // Its logs are shown with SCALE_LOAD_VERBOSE set.
+        let verbose = std::env::var_os("SCALE_LOAD_VERBOSE").is_some();
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                if verbose {
+                    eprintln!("controller: {line}");
+                }
+            }
+        });
         let metrics = ready
             .split_whitespace()
             .find_map(|w| w.strip_prefix("metrics="))
