@@ -1,5 +1,5 @@
-//! `cargo xtask bench-scale [--quick] [--exporters N] [--per-conn K]`: the lab at full load on
-//! one machine (issue 27).
+//! `cargo xtask bench-scale [--quick] [--exporters N] [--per-conn K] [--only controller|router]`:
+//! the lab at full load on one machine (issue 27).
 //!
 //! 1. The controller with N live exporters (default 10,000; `--quick`: 200), all spoken for
 //!    by one load-generator process (`jumpstarter-controller` example `scale_load`), K
@@ -72,6 +72,17 @@ fn row(what: &str, value: String, target: &str, met: Option<bool>) {
 /// Runs the scale benchmark.
 pub fn run(args: &[String]) -> Result<()> {
     let quick = args.iter().any(|a| a == "--quick");
+    // `--only controller` / `--only router`: one of the two parts.
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .map(|i| args.get(i + 1).map(String::as_str).unwrap_or_default());
+    if let Some(part) = only
+        && part != "controller"
+        && part != "router"
+    {
+        bail!("--only takes controller or router, not {part:?}");
+    }
     let n = flag_value(args, "--exporters")?.unwrap_or(if quick { 200 } else { 10_000 });
     let per_conn = flag_value(args, "--per-conn")?.unwrap_or(if quick { 50 } else { 100 });
     let clients = (if quick { 50 } else { 1000 }).min(n);
@@ -100,6 +111,9 @@ pub fn run(args: &[String]) -> Result<()> {
     } else {
         crate::bench::build_release()?
     };
+    if only == Some("router") {
+        return crate::bench_tunnels::run(&dir, quick);
+    }
     let work = crate::interop::tempfile_dir::Dir::new("jmp-bench-scale")?;
 
     let load_before = loadavg();
@@ -220,6 +234,8 @@ pub fn run(args: &[String]) -> Result<()> {
         None,
     );
     println!("load average after: {}", loadavg());
-
+    if only == Some("controller") {
+        return Ok(());
+    }
     crate::bench_tunnels::run(&dir, quick)
 }

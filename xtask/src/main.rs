@@ -74,7 +74,7 @@ fn main() -> std::process::ExitCode {
                  arch      no import cycles between a crate's files; the controller without compression crates\n  \
                  interop   [FILTER] upstream Python 0.9.0 tools against ours (builds a venv)\n  \
                  bench     [--quick] latency/throughput, ours vs upstream Python, in one run\n  \
-                 bench-scale [--quick] [--exporters N] [--per-conn K] 10,000 live exporters on one controller, 1,000 tunnels through one router\n  \
+                 bench-scale [--quick] [--exporters N] [--per-conn K] [--only controller|router] 10,000 live exporters on one controller, 1,000 tunnels through one router\n  \
                  crds      [--out DIR | --check DIR] our CRD YAML (stdout), written, or compared\n  \
                  images    [--out DIR] [--tag TAG] [--debug] the images of deploy/docker without a container engine, checked\n  \
                  faults    [--seed N] [--rounds N] [--quick] [--release] kill processes of a lab day at random, check nothing is lost\n  \
