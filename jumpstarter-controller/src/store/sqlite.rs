@@ -1181,6 +1181,8 @@ mod tests {
 
     /// Issue 27: writes that queue up for the writer share one commit (one disk sync), and
     /// one that fails (a name taken) fails alone, the others of its group written.
+    // The writer lock is held across the waits on purpose: the writes must queue behind it.
+    #[allow(clippy::await_holding_lock)]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn writes_queued_together_share_one_commit_and_each_fails_alone() {
         let dir = tempfile::tempdir().unwrap();
