@@ -258,6 +258,15 @@ pub async fn object_metrics<S: Store>(state: &ControllerState<S>) -> String {
         }
         Err(e) => tracing::warn!("metrics: cannot list exporters: {e}"),
     }
+    if let Some(n) = state.store.commits() {
+        let _ = write!(
+            out,
+            "# HELP jumpstarter_controller_store_commits_total Store transactions that changed \
+             something (one disk sync each with the embedded store).\n\
+             # TYPE jumpstarter_controller_store_commits_total counter\n\
+             jumpstarter_controller_store_commits_total {n}\n"
+        );
+    }
     out
 }
 

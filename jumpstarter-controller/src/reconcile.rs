@@ -8,6 +8,7 @@ use std::{
     time::Duration,
 };
 
+use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::LocalObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1 as metav1;
@@ -232,71 +233,135 @@ async fn write_leases<S: Store>(
     let ends = |d: &&crate::scheduler::LeaseDecision| {
         matches!(d.action, crate::scheduler::Action::Ended { .. })
     };
-    let ordered = decisions
-        .iter()
-        .filter(ends)
-        .chain(decisions.iter().filter(|d| !ends(d)));
     let mut still_held: HashSet<(String, String)> = HashSet::new();
-    for d in ordered {
+    for d in decisions {
         if let Some(t) = d.requeue_at {
             earliest(next, t);
         }
-        let key = (d.namespace.clone(), d.name.clone());
-        let Some(lease) = lease_index.get(&(d.namespace.as_str(), d.name.as_str())) else {
-            continue;
-        };
-        if !d.status_changed && !d.labels_changed {
-            continue;
-        }
-        if let crate::scheduler::Action::Assigned { exporter, .. } = &d.action
-            && still_held.contains(&(d.namespace.clone(), exporter.clone()))
-        {
-            *next = Some(now);
-            continue;
-        }
-        let mut current = (*lease).clone();
-        if d.status_changed {
-            current.status = Some(d.status.clone());
-            match store.update_status(&current).await {
-                Ok(stored) => {
-                    statuses.insert(key.clone(), d.status.clone());
-                    current = stored;
-                }
-                Err(e) if e.is_conflict() => {
-                    // Changed meanwhile: the next pass sees the new state.
-                    *next = Some(now);
-                    if ends(&d)
-                        && let Some(r) = lease.status.as_ref().and_then(|s| s.exporter_ref.as_ref())
-                    {
-                        still_held.insert((d.namespace.clone(), r.name.clone()));
-                    }
-                    continue;
-                }
-                Err(e) => return Err(e),
+    }
+    // Within each of the two phases the writes go out together (at most
+    // LEASE_WRITES_AT_ONCE at a time), so that the embedded store commits them in groups:
+    // one after the other, 1,000 leases granted in one pass cost 2,000 disk syncs (seconds).
+    for ending in [true, false] {
+        let held = &still_held;
+        let (lease_index, owners) = (&lease_index, &owners);
+        // The futures are made first (a stream's closures would make the loop's future
+        // not `Send` for all lifetimes, as `tokio::spawn` needs).
+        let mut writes = Vec::new();
+        for d in decisions {
+            if ends(&d) == ending {
+                writes.push(write_lease(store, d, lease_index, owners, held, ending));
             }
         }
-        // Labels and the owner reference go in one write.
-        let mut meta_changed = d.labels_changed;
-        if d.labels_changed {
-            current.metadata.labels = (!d.labels.is_empty()).then(|| d.labels.clone());
-        }
-        match crate::owner_refs::set_lease_owner(&mut current, &d.status, &owners) {
-            Ok(changed) => meta_changed |= changed,
-            Err(e) => tracing::warn!("lease owner reference not set: {e}"),
-        }
-        if meta_changed {
-            match store.update(&current).await {
-                Ok(stored) => current = stored,
-                Err(e) if e.is_conflict() => *next = Some(now),
-                Err(e) => return Err(e),
+        let outcomes: Vec<Result<LeaseWrite, StoreError>> = futures::stream::iter(writes)
+            .buffer_unordered(LEASE_WRITES_AT_ONCE)
+            .collect()
+            .await;
+        for outcome in outcomes {
+            let w = outcome?;
+            if w.again {
+                *next = Some(now);
+            }
+            if let Some(h) = w.held {
+                still_held.insert(h);
+            }
+            if let Some(status) = w.status {
+                statuses.insert(w.key.clone(), status);
+            }
+            if let Some(lease) = w.rewritten {
+                rewritten.insert(w.key, lease);
             }
         }
-        rewritten.insert(key, current);
     }
     Ok(LeasesWritten {
         statuses,
         rewritten,
     })
+}
+
+/// Lease writes in flight at once within a phase of [`write_leases`].
+const LEASE_WRITES_AT_ONCE: usize = 64;
+
+/// What writing one lease's decision did.
+struct LeaseWrite {
+    key: ObjectKey,
+    /// The status written.
+    status: Option<crate::objects::LeaseStatus>,
+    /// The lease as stored after the writes.
+    rewritten: Option<Lease>,
+    /// A write conflicted or had to wait: the next pass must come now.
+    again: bool,
+    /// An end that could not be written: its exporter stays held in this pass.
+    held: Option<(String, String)>,
+}
+
+/// Writes one decision: the status, then labels and owner reference in one write.
+async fn write_lease<S: Store>(
+    store: &S,
+    d: &crate::scheduler::LeaseDecision,
+    lease_index: &HashMap<(&str, &str), &Lease>,
+    owners: &HashMap<(&str, &str), &Exporter>,
+    still_held: &HashSet<(String, String)>,
+    ending: bool,
+) -> Result<LeaseWrite, StoreError> {
+    let mut out = LeaseWrite {
+        key: (d.namespace.clone(), d.name.clone()),
+        status: None,
+        rewritten: None,
+        again: false,
+        held: None,
+    };
+    let Some(lease) = lease_index.get(&(d.namespace.as_str(), d.name.as_str())) else {
+        return Ok(out);
+    };
+    if !d.status_changed && !d.labels_changed {
+        return Ok(out);
+    }
+    if let crate::scheduler::Action::Assigned { exporter, .. } = &d.action
+        && still_held.contains(&(d.namespace.clone(), exporter.clone()))
+    {
+        out.again = true;
+        return Ok(out);
+    }
+    let mut current = (*lease).clone();
+    if d.status_changed {
+        current.status = Some(d.status.clone());
+        match store.update_status(&current).await {
+            Ok(stored) => {
+                out.status = Some(d.status.clone());
+                current = stored;
+            }
+            Err(e) if e.is_conflict() => {
+                // Changed meanwhile: the next pass sees the new state.
+                out.again = true;
+                if ending
+                    && let Some(r) = lease.status.as_ref().and_then(|s| s.exporter_ref.as_ref())
+                {
+                    out.held = Some((d.namespace.clone(), r.name.clone()));
+                }
+                return Ok(out);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    // Labels and the owner reference go in one write.
+    let mut meta_changed = d.labels_changed;
+    if d.labels_changed {
+        current.metadata.labels = (!d.labels.is_empty()).then(|| d.labels.clone());
+    }
+    match crate::owner_refs::set_lease_owner(&mut current, &d.status, owners) {
+        Ok(changed) => meta_changed |= changed,
+        Err(e) => tracing::warn!("lease owner reference not set: {e}"),
+    }
+    if meta_changed {
+        match store.update(&current).await {
+            Ok(stored) => current = stored,
+            Err(e) if e.is_conflict() => out.again = true,
+            Err(e) => return Err(e),
+        }
+    }
+    out.rewritten = Some(current);
+    Ok(out)
 }
 
 /// Leases are owned by their exporter, as upstream's (collected with it on a cluster); this

@@ -215,11 +215,17 @@ struct Namespace<'a> {
 impl<'a> Namespace<'a> {
     fn of(snap: &Snapshot<'a>, ns: &str) -> Self {
         Self {
-            exporters: snap
-                .exporters
-                .iter()
-                .filter(|e| namespace_of(&e.metadata) == ns)
-                .collect(),
+            // Sorted by name once here, so that sorting each lease's matching exporters by
+            // name (in `candidates`) finds them in order already and takes one pass.
+            exporters: {
+                let mut exporters: Vec<&'a Exporter> = snap
+                    .exporters
+                    .iter()
+                    .filter(|e| namespace_of(&e.metadata) == ns)
+                    .collect();
+                exporters.sort_by_key(|e| name_of(&e.metadata));
+                exporters
+            },
             policies: snap
                 .policies
                 .iter()
@@ -725,7 +731,7 @@ fn candidates<'a>(
                 .copied()
                 .filter(|e| selector.matches(e.label_map()))
                 .collect();
-            // Sorted here, not before: only the matching few, not the whole lab.
+            // By name (`Namespace::of` sorted the exporters already, so this is one pass).
             matching.sort_by_key(|e| name_of(&e.metadata));
             let enabled: Vec<&'a Exporter> = matching
                 .iter()
@@ -844,6 +850,26 @@ enum Pick<'a> {
 
 /// Steps 5–9 for one queued lease, given the exporters already held.
 fn pick<'a>(q: &Candidate<'a>, busy: &BTreeMap<String, String>, now: Timestamp) -> Pick<'a> {
+    let is_free = |a: &Approved<'_>| !busy.contains_key(name_of(&a.exporter.metadata));
+    let grantable = |a: &Approved<'_>| {
+        is_free(a)
+            && exporter_is_online(a.exporter, now)
+            && a.exporter.unhealthy().is_none()
+            && exporter_is_ready(a.exporter)
+    };
+    // The most common queue: every approved exporter alike (no spot, one priority, as with
+    // no access policies). `approved` is in name order (see `candidates`), which is then the
+    // whole order below, so the first grantable one is the one granted, and the scan stops
+    // there: the leases granted before in this pass hold the first names, so a pass of L
+    // leases costs about L²/2 look-ups rather than L × exporters.
+    if let Some(first) = q.approved.first()
+        && q.approved
+            .iter()
+            .all(|a| !a.spot && a.priority == first.priority)
+        && let Some(a) = q.approved.iter().find(|a| grantable(a))
+    {
+        return Pick::Grant(*a);
+    }
     let approved_names = names_of(q.approved.iter().map(|a| a.exporter));
     let mut online: Vec<Approved<'a>> = q
         .approved
@@ -861,14 +887,34 @@ fn pick<'a>(q: &Candidate<'a>, busy: &BTreeMap<String, String>, now: Timestamp) 
         );
     }
     let is_busy = |a: &Approved<'_>| busy.contains_key(name_of(&a.exporter.metadata));
-    online.sort_by_key(|a| {
+    let order = |a: &Approved<'a>| {
+        let e: &'a Exporter = a.exporter;
         (
             is_busy(a),
             a.spot,
             Reverse(a.priority),
-            name_of(&a.exporter.metadata).to_string(),
+            name_of(&e.metadata),
         )
-    });
+    };
+    // The usual case, in one pass over the online exporters (a lab of 10,000 sorted for each
+    // of 1,000 queued leases took seconds): the best of them is not spot-only, and the best
+    // free, healthy and ready one is granted. It is the one the steps below pick, as they
+    // take the first in this same order; they run only when none can be granted, for the
+    // messages.
+    if online
+        .iter()
+        .min_by_key(|a| order(a))
+        .is_some_and(|a| !a.spot)
+        && let Some(a) = online
+            .iter()
+            .filter(|a| {
+                !is_busy(a) && a.exporter.unhealthy().is_none() && exporter_is_ready(a.exporter)
+            })
+            .min_by_key(|a| order(a))
+    {
+        return Pick::Grant(*a);
+    }
+    online.sort_by_cached_key(order);
     if online.first().is_some_and(|a| a.spot) {
         return Pick::Unsatisfiable(
             c::REASON_SPOT_ACCESS,

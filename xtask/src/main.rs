@@ -7,8 +7,10 @@ mod bench_bridge;
 mod bench_console;
 mod bench_controller;
 mod bench_direct;
+mod bench_scale;
 mod bench_startup;
 mod bench_storage;
+mod bench_tunnels;
 mod boot_tools;
 mod ci_summary;
 mod conformance;
@@ -40,6 +42,7 @@ fn main() -> std::process::ExitCode {
         Some("bench-bridge") => bench_bridge::run(&args[1..]),
         // Hidden: the controller scale part of `bench` alone (`--quick`: 100 and 1,000).
         Some("bench-controller") => bench_controller::run(&args[1..]),
+        Some("bench-scale") => bench_scale::run(&args[1..]),
         // Hidden: the console and port-forwarding part of `bench` alone (`--quick`: small).
         Some("bench-console") => bench_console::run(&args[1..]),
         // Hidden: the direct-path-vs-router part of `bench` alone (`--quick`: 64 MiB).
@@ -71,6 +74,7 @@ fn main() -> std::process::ExitCode {
                  arch      no import cycles between a crate's files; the controller without compression crates\n  \
                  interop   [FILTER] upstream Python 0.9.0 tools against ours (builds a venv)\n  \
                  bench     [--quick] latency/throughput, ours vs upstream Python, in one run\n  \
+                 bench-scale [--quick] [--exporters N] [--per-conn K] [--only controller|router] 10,000 live exporters on one controller, 1,000 tunnels through one router\n  \
                  crds      [--out DIR | --check DIR] our CRD YAML (stdout), written, or compared\n  \
                  images    [--out DIR] [--tag TAG] [--debug] the images of deploy/docker without a container engine, checked\n  \
                  faults    [--seed N] [--rounds N] [--quick] [--release] kill processes of a lab day at random, check nothing is lost\n  \
@@ -190,6 +194,8 @@ fn ci() -> Result<()> {
     // `--help` in a chroot.
     println!("== container images without a container engine (cargo xtask images --debug)");
     images::run(&["--debug".to_string()])?;
+    println!("== lab at scale, smoke (cargo xtask bench-scale --quick)");
+    bench_scale::run(&["--quick".to_string()])?;
     println!(
         "{}",
         ci_summary::pass_line(tests, interop, started.elapsed())

@@ -33,7 +33,8 @@ const HEARTBEAT: Duration = Duration::from_secs(10);
 
 /// Every this many heartbeats the stored `lastSeen` is refreshed too (30 s: well within the
 /// 1 minute after which an exporter counts as offline, so that a restarted controller or
-/// another reader of the store agrees, at a third of the writes).
+/// another reader of the store agrees, at a third of the writes). The refreshes of all
+/// exporters due within a second are written together (`ExporterCache::persist_seen`).
 const PERSIST_EVERY: u32 = 3;
 
 /// How long a Status call waits for the exporter cache to load.
@@ -463,14 +464,9 @@ impl<S: Store> ControllerService for ControllerApi<S> {
                         api.0.exporters.touch(&caller.namespace, &caller.name);
                         beats += 1;
                         if beats.is_multiple_of(PERSIST_EVERY) {
-                            let r = update_exporter(&store, &caller.namespace, &caller.name, true, |e| {
-                                status_mut(e).last_seen = Some(metav1::Time(now()));
-                                true
-                            }).await;
-                            if let Err(e) = r {
-                                let _ = tx.send(Err(e)).await;
-                                return;
-                            }
+                            // Written with the other exporters due within a second: one
+                            // store commit for all of them.
+                            api.0.exporters.persist_seen(&store, &caller.namespace, &caller.name);
                         }
                     }
                     changed = updates.changed() => {

@@ -22,6 +22,12 @@ use crate::{
 };
 use jumpstarter_core::sync::LockExt;
 
+/// How often the stored `lastSeen` refreshes the Status streams asked for are written: all
+/// that are due, in one store call (group commit: with the embedded store one disk sync per
+/// flush, not one per exporter; 10,000 exporters refreshing every 30 s would otherwise cost
+/// 333 syncs a second).
+pub const SEEN_FLUSH_EVERY: Duration = Duration::from_secs(1);
+
 /// The latest state of one exporter, as the store's watch delivered it (`None`: deleted).
 pub type ExporterUpdates = watch::Receiver<Option<Arc<Exporter>>>;
 
@@ -61,6 +67,10 @@ pub struct ExporterCache {
     /// When a Status stream last saw each exporter (its heartbeat, kept in memory; the
     /// stored `lastSeen` is refreshed less often).
     seen: Mutex<HashMap<ObjectKey, Timestamp>>,
+    /// Exporters whose stored `lastSeen` is due for a refresh (one entry per exporter, so
+    /// bounded by the exporters in the store), written together every [`SEEN_FLUSH_EVERY`].
+    seen_due: Mutex<HashSet<ObjectKey>>,
+    seen_writer_started: AtomicBool,
     /// Records exporter online/offline events (posts them only with the Kubernetes store).
     events: EventRecorder,
 }
@@ -74,6 +84,8 @@ impl ExporterCache {
             feed_started: AtomicBool::new(false),
             feed_stop: watch::channel(()).0,
             seen: Mutex::new(HashMap::new()),
+            seen_due: Mutex::new(HashSet::new()),
+            seen_writer_started: AtomicBool::new(false),
             events,
         }
     }
@@ -91,6 +103,39 @@ impl ExporterCache {
             .lock_or_recover()
             .get(&(namespace.to_string(), name.to_string()))
             .copied()
+    }
+
+    /// Asks for the exporter's stored `lastSeen` to be set to the time of the next flush (within
+    /// [`SEEN_FLUSH_EVERY`]), in one store write with every other exporter due then. Starts
+    /// (once) the task that writes them; it ends when the cache is dropped.
+    pub fn persist_seen<S: Store>(self: &Arc<Self>, store: &S, namespace: &str, name: &str) {
+        self.seen_due
+            .lock_or_recover()
+            .insert((namespace.to_string(), name.to_string()));
+        if self.seen_writer_started.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        let store = store.clone();
+        let mut stop = self.feed_stop.subscribe();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = stop.changed() => {}
+                _ = seen_writer(weak, store) => {}
+            }
+        });
+    }
+
+    /// Takes the exporters due for a `lastSeen` refresh, each as cached (`None`: not cached).
+    fn take_seen_due(&self) -> Vec<(ObjectKey, Option<Arc<Exporter>>)> {
+        let due = std::mem::take(&mut *self.seen_due.lock_or_recover());
+        let cache = self.cached.lock_or_recover();
+        due.into_iter()
+            .map(|k| {
+                let e = cache.objects.get(&k).cloned();
+                (k, e)
+            })
+            .collect()
     }
 
     /// Starts (once) the task that keeps the cache from `store`'s watch; it ends when the
@@ -274,5 +319,119 @@ async fn exporter_feed<S: Store>(cache: Weak<ExporterCache>, store: S) {
                 }
             }
         }
+    }
+}
+
+/// Every [`SEEN_FLUSH_EVERY`], writes the `lastSeen` of the exporters due in one
+/// `update_status_many`; one whose write conflicted (changed meanwhile) is due again at the
+/// next flush, one that was deleted is dropped. Ends when the cache is dropped.
+async fn seen_writer<S: Store>(cache: Weak<ExporterCache>, store: S) {
+    let mut tick = tokio::time::interval(SEEN_FLUSH_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let due = match cache.upgrade() {
+            Some(c) => c.take_seen_due(),
+            None => return,
+        };
+        if due.is_empty() {
+            continue;
+        }
+        let now = Timestamp::now();
+        let mut keys = Vec::with_capacity(due.len());
+        let mut objects = Vec::with_capacity(due.len());
+        for (key, cached) in due {
+            let e = match cached {
+                Some(e) => Some((*e).clone()),
+                None => match store.get::<Exporter>(&key.0, &key.1).await {
+                    Ok(e) => e,
+                    Err(err) => {
+                        tracing::warn!("exporter {}/{}: cannot read it: {err}", key.0, key.1);
+                        None
+                    }
+                },
+            };
+            if let Some(mut e) = e {
+                e.status.get_or_insert_with(Default::default).last_seen =
+                    Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now));
+                keys.push(key);
+                objects.push(e);
+            }
+        }
+        let again: Vec<ObjectKey> = match store.update_status_many(objects).await {
+            Ok(results) => keys
+                .into_iter()
+                .zip(results)
+                .filter_map(|(key, r)| match r {
+                    Err(e) if e.is_conflict() => Some(key),
+                    _ => None,
+                })
+                .collect(),
+            Err(e) => {
+                tracing::warn!("cannot store when exporters were last seen: {e}");
+                keys
+            }
+        };
+        if !again.is_empty() {
+            let Some(c) = cache.upgrade() else { return };
+            c.seen_due.lock_or_recover().extend(again);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::objects::ExporterSpec;
+    use crate::store::SqliteStore;
+
+    /// Issue 27: the `lastSeen` refreshes the Status streams ask for are written together,
+    /// one store commit (one disk sync) for many exporters, not one each.
+    #[tokio::test]
+    async fn last_seen_refreshes_of_many_exporters_share_one_store_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(dir.path()).await.unwrap();
+        let cache = Arc::new(ExporterCache::new(EventRecorder::disabled()));
+        cache.start_feed(&store);
+        assert!(cache.synced(Duration::from_secs(5)).await);
+        let n = 50;
+        for i in 0..n {
+            let mut e = Exporter::new(&format!("board-{i}"), ExporterSpec::default());
+            e.metadata.namespace = Some("default".into());
+            store.create(&e).await.unwrap();
+        }
+        let before = store.commits().unwrap();
+        // A stored time has whole seconds (`metav1.Time`): the refresh asked for now is
+        // stored as this second or a later one.
+        let asked = Timestamp::from_second(Timestamp::now().as_second()).unwrap();
+        for i in 0..n {
+            cache.persist_seen(&store, "default", &format!("board-{i}"));
+        }
+        let mut stored_all = false;
+        for _ in 0..100 {
+            let list = store
+                .list::<Exporter>(None, &LabelSelector::everything(), &ListParams::default())
+                .await
+                .unwrap();
+            stored_all = list.items.len() == n
+                && list.items.iter().all(|e| {
+                    e.status
+                        .as_ref()
+                        .and_then(|s| s.last_seen.as_ref())
+                        .is_some_and(|t| t.0 >= asked)
+                });
+            if stored_all {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(stored_all, "every exporter's lastSeen is stored");
+        let commits = store.commits().unwrap() - before;
+        assert!(
+            (1..=2).contains(&commits),
+            "{commits} store commits for {n} lastSeen refreshes"
+        );
     }
 }

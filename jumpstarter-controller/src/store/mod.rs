@@ -343,6 +343,12 @@ pub trait Store: Clone + Send + Sync + 'static {
         since: Option<&str>,
     ) -> impl Future<Output = Result<WatchStream<K>, StoreError>> + Send;
 
+    /// Write transactions committed since this handle's store was opened (each one disk sync
+    /// for SQLite), for the metrics; `None` where the backend does not count them.
+    fn commits(&self) -> Option<u64> {
+        None
+    }
+
     /// Where Kubernetes Events about exporters go: nowhere, unless the backend is a cluster
     /// (see the `events` module). Called once per controller.
     fn event_recorder(&self) -> crate::events::EventRecorder {

@@ -7,16 +7,23 @@
 //! - Concurrency: one writer connection and one reader connection (WAL lets reads proceed
 //!   during a write), each used from `spawn_blocking`; writes are serialized, and each write
 //!   publishes its watch event while still holding the writer, so events come in revision order.
+//! - Group commit: writes that queue up for the writer share one transaction (each in a
+//!   savepoint of its own, failing alone), committed by the last of them: one WAL sync for the
+//!   group instead of one per write (see [`Writer`]).
 //! - Schema: `PRAGMA user_version` ([`SCHEMA_VERSION`]); a newer file is refused, not guessed at.
 
 use std::{
     collections::{HashMap, VecDeque},
     path::{Path, PathBuf},
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Condvar, Mutex, OnceLock,
+        atomic::{AtomicU64, AtomicUsize, Ordering},
+    },
+    time::Duration,
 };
 
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
-use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+use rusqlite::{Connection, OptionalExtension, params};
 use serde_json::Value;
 use tokio::sync::broadcast;
 
@@ -48,9 +55,41 @@ impl std::fmt::Debug for SqliteStore {
 
 struct Inner {
     path: PathBuf,
-    writer: Mutex<Connection>,
+    writer: Mutex<Writer>,
+    /// Poked when a group's transaction ended (its members' outcomes are set).
+    group_ended: Condvar,
+    /// Writes waiting for `writer`: the write that finds none commits its group.
+    queued: AtomicUsize,
     reader: Mutex<Connection>,
     hub: Mutex<EventHub>,
+    /// Transactions that changed something, committed on `writer` (one WAL sync each; one
+    /// that wrote nothing is not counted).
+    commits: AtomicU64,
+}
+
+/// The most writes one transaction takes before it is committed even with more queued (so
+/// that a steady stream of writes still commits and publishes in bounded time).
+const MAX_GROUP: usize = 128;
+
+/// How a member of a group learns whether its write was committed.
+type Outcome = Arc<OnceLock<Result<(), String>>>;
+
+/// The writer connection and the transaction open on it (group commit).
+///
+/// Writes take turns on the connection as before, each in a savepoint of one IMMEDIATE
+/// transaction; a write that finds other writes queued behind it leaves that transaction
+/// open for them and waits, and the write that finds none queued commits the whole group
+/// (one WAL sync) and publishes its events. A lone write commits at once, as before; writes
+/// that arrive together share a sync. Each still returns only once its transaction is
+/// committed, so a returned `Ok` survives `kill -9` and power loss as before.
+struct Writer {
+    conn: Connection,
+    /// Whether a transaction is open on `conn`.
+    open: bool,
+    /// Events of the open transaction's writes (kind, event), in revision order.
+    events: Vec<(String, RawEvent)>,
+    /// The writes in the open transaction, waiting for its commit.
+    members: Vec<Outcome>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -281,23 +320,152 @@ impl Inner {
         }
     }
 
-    /// Runs `f` in an IMMEDIATE transaction on the writer; on success commits, then publishes
-    /// the event (still holding the writer, so events leave in revision order).
+    /// Runs `f` in an IMMEDIATE transaction on the writer, shared with the writes queued
+    /// with it (see [`Writer`]); returns once that transaction is committed and the event
+    /// published (still holding the writer, so events leave in revision order).
     fn write<R>(
         &self,
         kind: &str,
-        f: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<(R, Option<RawEvent>), StoreError>,
+        f: impl FnOnce(&Connection) -> Result<(R, Option<RawEvent>), StoreError>,
     ) -> Result<R, StoreError> {
-        let mut conn = self.writer.lock_or_recover();
-        let tx = conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(|e| self.db_err(e))?;
-        let (result, event) = f(&tx)?;
-        tx.commit().map_err(|e| self.db_err(e))?;
-        if let Some(event) = event {
-            self.hub.lock_or_recover().publish(kind, event);
+        self.write_group(kind, |conn| {
+            let (r, event) = f(conn)?;
+            Ok((r, event.into_iter().collect()))
+        })
+    }
+
+    /// [`Inner::write`] with any number of events.
+    fn write_group<R>(
+        &self,
+        kind: &str,
+        f: impl FnOnce(&Connection) -> Result<(R, Vec<RawEvent>), StoreError>,
+    ) -> Result<R, StoreError> {
+        self.queued.fetch_add(1, Ordering::SeqCst);
+        let mut w = self.writer.lock_or_recover();
+        self.queued.fetch_sub(1, Ordering::SeqCst);
+        if !w.open {
+            w.conn
+                .execute_batch("BEGIN IMMEDIATE")
+                .map_err(|e| self.db_err(e))?;
+            w.open = true;
         }
-        Ok(result)
+        let written = match w.conn.execute_batch("SAVEPOINT write") {
+            Err(e) => Err(self.db_err(e)),
+            Ok(()) => {
+                // A write that panics half way must not leave its half in the group's
+                // transaction (the others would commit it): undo it, end the group when no
+                // write queued behind will, and go on panicking.
+                let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&w.conn)));
+                let ran = match ran {
+                    Ok(ran) => ran,
+                    Err(panic) => {
+                        self.undo_write(&mut w);
+                        if w.open && self.queued.load(Ordering::SeqCst) == 0 {
+                            self.end_group(&mut w);
+                        }
+                        drop(w);
+                        std::panic::resume_unwind(panic);
+                    }
+                };
+                match ran.and_then(|ok| {
+                    w.conn
+                        .execute_batch("RELEASE write")
+                        .map(|()| ok)
+                        .map_err(|e| self.db_err(e))
+                }) {
+                    Ok(ok) => Ok(ok),
+                    Err(e) => {
+                        self.undo_write(&mut w);
+                        Err(e)
+                    }
+                }
+            }
+        };
+        let result = match written {
+            Ok((r, events)) => {
+                w.events
+                    .extend(events.into_iter().map(|e| (kind.to_owned(), e)));
+                let outcome = Outcome::default();
+                w.members.push(outcome.clone());
+                Ok((r, outcome))
+            }
+            Err(e) => Err(e),
+        };
+        // Bounded: each round either commits (ending the group) or waits for the write
+        // queued behind this one, which commits or hands on in turn; the timed wait only
+        // guards against a member that went away without committing.
+        loop {
+            if let Ok((_, outcome)) = &result
+                && outcome.get().is_some()
+            {
+                break;
+            }
+            if w.open && (self.queued.load(Ordering::SeqCst) == 0 || w.members.len() >= MAX_GROUP) {
+                self.end_group(&mut w);
+                continue;
+            }
+            if result.is_err() {
+                // Nothing of ours to wait for; the writes queued behind commit the group.
+                break;
+            }
+            w = match self.group_ended.wait_timeout(w, Duration::from_millis(50)) {
+                Ok((g, _)) => g,
+                Err(p) => p.into_inner().0,
+            };
+        }
+        let (r, outcome) = result?;
+        match outcome.get() {
+            Some(Ok(())) => Ok(r),
+            Some(Err(e)) => Err(self.db_err(e.clone())),
+            None => Err(self.db_err("the write's transaction did not end")),
+        }
+    }
+
+    /// Undoes the write in savepoint `write` only; the group's others stay. When even that
+    /// fails the transaction is ended, failing the whole group.
+    fn undo_write(&self, w: &mut Writer) {
+        if let Err(undo) = w.conn.execute_batch("ROLLBACK TO write; RELEASE write") {
+            let members = std::mem::take(&mut w.members);
+            w.events.clear();
+            let _ = w.conn.execute_batch("ROLLBACK");
+            w.open = false;
+            for m in members {
+                let _ = m.set(Err(undo.to_string()));
+            }
+            self.group_ended.notify_all();
+        }
+    }
+
+    /// Commits the open transaction (rolls it back when it holds no write), publishes its
+    /// events and tells its members.
+    fn end_group(&self, w: &mut Writer) {
+        let members = std::mem::take(&mut w.members);
+        let events = std::mem::take(&mut w.events);
+        let ended = if members.is_empty() {
+            w.conn.execute_batch("ROLLBACK")
+        } else {
+            w.conn.execute_batch("COMMIT")
+        };
+        let outcome = match ended {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                // A failed COMMIT may leave the transaction open: end it.
+                let _ = w.conn.execute_batch("ROLLBACK");
+                Err(e.to_string())
+            }
+        };
+        w.open = false;
+        if outcome.is_ok() && !events.is_empty() {
+            self.commits.fetch_add(1, Ordering::Relaxed);
+            let mut hub = self.hub.lock_or_recover();
+            for (kind, event) in events {
+                hub.publish(&kind, event);
+            }
+        }
+        for m in members {
+            let _ = m.set(outcome.clone());
+        }
+        self.group_ended.notify_all();
     }
 
     fn next_revision(&self, tx: &Connection) -> Result<u64, StoreError> {
@@ -456,38 +624,37 @@ impl Inner {
         objects: &[K],
     ) -> Result<Vec<Result<K, StoreError>>, StoreError> {
         let kind = kind_of::<K>();
-        let mut conn = self.writer.lock_or_recover();
-        let mut tx = conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(|e| self.db_err(e))?;
-        let mut results = Vec::with_capacity(objects.len());
-        let mut events = Vec::new();
-        for object in objects {
-            let (t, given_rv, given) = match prepare_replace(object) {
-                Ok(p) => p,
-                Err(e) => {
-                    results.push(Err(e));
-                    continue;
+        self.write_group(&kind, |conn| {
+            let mut results = Vec::with_capacity(objects.len());
+            let mut events = Vec::new();
+            for object in objects {
+                let (t, given_rv, given) = match prepare_replace(object) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        results.push(Err(e));
+                        continue;
+                    }
+                };
+                conn.execute_batch("SAVEPOINT object")
+                    .map_err(|e| self.db_err(e))?;
+                match self.replace_in::<K>(conn, &t, &given_rv, given, merge_status) {
+                    Ok((stored, event)) => {
+                        conn.execute_batch("RELEASE object")
+                            .map_err(|e| self.db_err(e))?;
+                        results.push(Ok(stored));
+                        events.extend(event);
+                    }
+                    Err(e @ StoreError::Database { .. }) => return Err(e),
+                    Err(e) => {
+                        // This object's write is rolled back; the others stay.
+                        conn.execute_batch("ROLLBACK TO object; RELEASE object")
+                            .map_err(|e| self.db_err(e))?;
+                        results.push(Err(e));
+                    }
                 }
-            };
-            let sp = tx.savepoint().map_err(|e| self.db_err(e))?;
-            match self.replace_in::<K>(&sp, &t, &given_rv, given, merge_status) {
-                Ok((stored, event)) => {
-                    sp.commit().map_err(|e| self.db_err(e))?;
-                    results.push(Ok(stored));
-                    events.extend(event);
-                }
-                // Dropping the savepoint rolls this object's write back.
-                Err(e @ StoreError::Database { .. }) => return Err(e),
-                Err(e) => results.push(Err(e)),
             }
-        }
-        tx.commit().map_err(|e| self.db_err(e))?;
-        let mut hub = self.hub.lock_or_recover();
-        for event in events {
-            hub.publish(&kind, event);
-        }
-        Ok(results)
+            Ok((results, events))
+        })
     }
 
     fn update<K: StoreObject>(&self, object: &K) -> Result<K, StoreError> {
@@ -686,12 +853,20 @@ impl SqliteStore {
         Ok(SqliteStore {
             inner: Arc::new(Inner {
                 path,
-                writer: Mutex::new(writer),
+                writer: Mutex::new(Writer {
+                    conn: writer,
+                    open: false,
+                    events: Vec::new(),
+                    members: Vec::new(),
+                }),
+                group_ended: Condvar::new(),
+                queued: AtomicUsize::new(0),
                 reader: Mutex::new(reader),
                 hub: Mutex::new(EventHub {
                     kinds: HashMap::new(),
                     opened_at: u64::try_from(revision).unwrap_or(0),
                 }),
+                commits: AtomicU64::new(0),
             }),
         })
     }
@@ -899,6 +1074,10 @@ impl Store for SqliteStore {
             .await
     }
 
+    fn commits(&self) -> Option<u64> {
+        Some(self.inner.commits.load(Ordering::Relaxed))
+    }
+
     async fn watch<K: StoreObject>(
         &self,
         namespace: Option<&str>,
@@ -944,5 +1123,116 @@ impl Store for SqliteStore {
             replay,
             receiver,
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::objects::{Exporter, ExporterSpec};
+
+    fn exporter(name: &str) -> Exporter {
+        let mut e = Exporter::new(name, ExporterSpec::default());
+        e.metadata.namespace = Some("default".into());
+        e
+    }
+
+    /// A write that panics half way leaves nothing behind, although its transaction is
+    /// shared: the next write's commit must not carry the panicked write's half.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_write_that_panics_half_way_is_not_committed_by_the_next() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(dir.path()).await.unwrap();
+        let inner = store.inner.clone();
+        let panicked = tokio::task::spawn_blocking(move || {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                inner.write::<()>("Exporter", |conn| {
+                    conn.execute(
+                        "INSERT INTO objects (kind, namespace, name, resource_version, body) \
+                         VALUES ('Exporter', 'default', 'half', 1, '{}')",
+                        [],
+                    )
+                    .unwrap();
+                    panic!("half way through a write");
+                })
+            }))
+            .is_err()
+        })
+        .await
+        .unwrap();
+        assert!(panicked);
+        store.create(&exporter("after")).await.unwrap();
+        let half: Result<Option<Exporter>, _> = store.get("default", "half").await;
+        assert!(
+            matches!(half, Ok(None)),
+            "the panicked write's row was committed: {half:?}"
+        );
+        // And the store still works: a later group commits.
+        assert!(
+            store
+                .get::<Exporter>("default", "after")
+                .await
+                .unwrap()
+                .is_some()
+        );
+    }
+
+    /// Issue 27: writes that queue up for the writer share one commit (one disk sync), and
+    /// one that fails (a name taken) fails alone, the others of its group written.
+    // The writer lock is held across the waits on purpose: the writes must queue behind it.
+    #[allow(clippy::await_holding_lock)]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn writes_queued_together_share_one_commit_and_each_fails_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(dir.path()).await.unwrap();
+        let before = store.commits().unwrap();
+        let n = 20;
+        // Hold the writer so that every write queues behind it.
+        let held = store.inner.writer.lock_or_recover();
+        let mut tasks = Vec::new();
+        for i in 0..n {
+            let s = store.clone();
+            tasks.push(tokio::spawn(async move {
+                s.create(&exporter(&format!("board-{i}"))).await
+            }));
+        }
+        let s = store.clone();
+        tasks.push(tokio::spawn(
+            async move { s.create(&exporter("board-0")).await },
+        ));
+        let mut queued = false;
+        for _ in 0..500 {
+            if store.inner.queued.load(Ordering::SeqCst) == n + 1 {
+                queued = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(queued, "the writes did not queue");
+        drop(held);
+        let mut ok = 0;
+        let mut taken = 0;
+        for t in tasks {
+            match t.await.unwrap() {
+                Ok(_) => ok += 1,
+                Err(StoreError::AlreadyExists { .. }) => taken += 1,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert_eq!((ok, taken), (n, 1));
+        let commits = store.commits().unwrap() - before;
+        assert_eq!(
+            commits, 1,
+            "{n} writes queued together took {commits} commits"
+        );
+        for i in 0..n {
+            let e: Option<Exporter> = store.get("default", &format!("board-{i}")).await.unwrap();
+            assert!(e.is_some(), "board-{i} was not written");
+        }
+        // A lone write after the group commits by itself.
+        store.create(&exporter("alone")).await.unwrap();
+        assert_eq!(store.commits().unwrap() - before, 2);
     }
 }

@@ -619,6 +619,88 @@ async fn committed_writes_survive_kill_9() {
     }
 }
 
+/// Child side of `group_committed_writes_survive_kill_9`: 16 writers at once, so that their
+/// writes queue up and share commits; each prints a name after its create returned, with the
+/// store's commit count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kill9_child_group_writer() {
+    let Some(dir) = std::env::var_os("JMP_STORE_KILL9_GROUP_DIR") else {
+        return; // Only meaningful when spawned by the parent test.
+    };
+    let store = SqliteStore::open(std::path::PathBuf::from(dir))
+        .await
+        .unwrap();
+    let mut writers = Vec::new();
+    for t in 0..16u32 {
+        let store = store.clone();
+        writers.push(tokio::spawn(async move {
+            for i in 0.. {
+                let name = format!("w{t}-{i}");
+                store.create(&widget("lab", &name, i, &[])).await.unwrap();
+                println!("COMMITTED {name} {}", store.commits().unwrap());
+            }
+        }));
+    }
+    for w in writers {
+        w.await.unwrap();
+    }
+}
+
+/// Group commit keeps the durability promise: every write that returned `Ok` survives
+/// `kill -9`, although writes share commits (checked: fewer commits than writes).
+#[tokio::test]
+async fn group_committed_writes_survive_kill_9() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "store::tests::kill9_child_group_writer",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("JMP_STORE_KILL9_GROUP_DIR", dir.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    /// Kills the child even when an assertion fails first.
+    struct KillOnDrop(std::process::Child);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let stdout = child.stdout.take().unwrap();
+    let mut child = KillOnDrop(child);
+    let mut committed = Vec::new();
+    let mut commits = 0u64;
+    let mut lines = std::io::BufReader::new(stdout).lines();
+    while committed.len() < 400 {
+        let line = lines.next().expect("child ended early").unwrap();
+        if let Some(rest) = line.strip_prefix("COMMITTED ") {
+            let (name, n) = rest.split_once(' ').unwrap();
+            committed.push(name.to_owned());
+            commits = commits.max(n.parse().unwrap());
+        }
+    }
+    child.0.kill().unwrap(); // SIGKILL: no destructors, no checkpoint.
+    child.0.wait().unwrap();
+    assert!(
+        commits < committed.len() as u64,
+        "{} writes took {commits} commits: no group formed",
+        committed.len()
+    );
+    let store = SqliteStore::open(dir.path()).await.unwrap();
+    for name in &committed {
+        assert!(
+            store.get::<Widget>("lab", name).await.unwrap().is_some(),
+            "{name} was reported committed but is missing after kill -9"
+        );
+    }
+}
+
 async fn controller_kinds_round_trip_with_status<S: Store>(store: S) {
     use crate::objects::{
         Client, Exporter, ExporterAccessPolicy, ExporterSpec, ExporterStatus, Lease,

@@ -199,3 +199,75 @@ async fn streams_of_different_tokens_do_not_pair_and_time_out() {
     let e = next(&mut a).await.unwrap().unwrap_err();
     assert_eq!(e.code(), Code::DeadlineExceeded);
 }
+
+/// Issue 27: a client that stops reading is throttled: its exporter end can soon push no more
+/// (what is in flight is bounded by the HTTP/2 windows and the router's buffer, not kept
+/// growing in the router), another tunnel through the same router still carries its frames,
+/// and once the client reads again it gets every frame that was pushed, in order.
+#[tokio::test]
+async fn a_client_that_stops_reading_is_throttled_and_other_tunnels_still_flow() {
+    let r = start(Duration::from_secs(30)).await;
+    let token = r.key.issue().unwrap().token;
+    let exporter = open(&r, &token).await.unwrap();
+    let mut slow = open(&r, &token).await.unwrap();
+    // Paired: one frame through before the client stops reading.
+    exporter.tx.send(data(b"first")).await.unwrap();
+    assert_eq!(
+        next(&mut slow).await.unwrap().unwrap().payload,
+        &b"first"[..]
+    );
+
+    const CHUNK: usize = 256 * 1024;
+    // 64 MiB: far more than the windows and buffers on the way hold.
+    const LIMIT: usize = 256;
+    let mut pushed = 0usize;
+    let mut throttled = false;
+    while pushed < LIMIT {
+        let mut chunk = vec![0u8; CHUNK];
+        chunk[..8].copy_from_slice(&(pushed as u64).to_be_bytes());
+        match tokio::time::timeout(Duration::from_secs(2), exporter.tx.send(data(&chunk))).await {
+            Ok(sent) => {
+                sent.unwrap();
+                pushed += 1;
+            }
+            Err(_) => {
+                throttled = true;
+                break;
+            }
+        }
+    }
+    assert!(
+        throttled,
+        "{pushed} chunks of 256 KiB went into a tunnel whose client does not read"
+    );
+
+    // Another tunnel is not held up.
+    let other = r.key.issue().unwrap().token;
+    let a = open(&r, &other).await.unwrap();
+    let mut b = open(&r, &other).await.unwrap();
+    for i in 0..50u32 {
+        a.tx.send(data(&i.to_be_bytes())).await.unwrap();
+        assert_eq!(
+            next(&mut b).await.unwrap().unwrap().payload,
+            &i.to_be_bytes()[..]
+        );
+    }
+
+    // The slow client reads again: every byte pushed arrives, in order. (DATA frames are a
+    // byte stream: the router may pass a chunk on in the pieces it arrived in.)
+    let mut got = Vec::with_capacity(pushed * CHUNK);
+    while got.len() < pushed * CHUNK {
+        let f = next(&mut slow).await.unwrap().unwrap();
+        assert_eq!(f.frame_type, FrameType::Data as i32);
+        got.extend_from_slice(&f.payload);
+    }
+    assert_eq!(got.len(), pushed * CHUNK);
+    for (i, chunk) in got.chunks(CHUNK).enumerate() {
+        assert_eq!(
+            chunk[..8],
+            (i as u64).to_be_bytes(),
+            "chunk {i} out of order"
+        );
+        assert!(chunk[8..].iter().all(|b| *b == 0), "chunk {i} changed");
+    }
+}

@@ -1,0 +1,122 @@
+//! The router part of `cargo xtask bench-scale`: many tunnels through one router (the
+//! `jumpstarter-router` example `tunnel_load`; see its docs for the phases).
+
+use std::path::Path;
+
+use anyhow::Result;
+
+use crate::{bench::json_number, bench_scale::loadavg};
+
+fn row(what: &str, value: String, target: &str, met: Option<bool>) {
+    let mark = match met {
+        Some(true) => "met",
+        Some(false) => "NOT MET",
+        None => "",
+    };
+    println!("{what:<52} {value:>12}  {target:<16} {mark}");
+}
+
+/// Runs the tunnel benchmark with the binaries in `dir` (`quick`: 50 tunnels, 2 s windows).
+pub fn run(dir: &Path, quick: bool) -> Result<()> {
+    let (tunnels, bulk, secs) = if quick { (50, 4, 2) } else { (1000, 20, 10) };
+    println!(
+        "== router: {tunnels} tunnels (a TLS connection per end), {bulk} of them bulk, \
+         load average {}",
+        loadavg()
+    );
+    let line = crate::bench_scale::run_example(
+        &dir.join("examples/tunnel_load"),
+        &[
+            dir.join("jumpstarter-router").display().to_string(),
+            tunnels.to_string(),
+            bulk.to_string(),
+            secs.to_string(),
+        ],
+    )?;
+    let f = |k: &str| json_number(&line, k);
+    println!("{:<52} {:>12}  {:<16}", "figure", "value", "target");
+    row(
+        &format!("tunnels open (of {tunnels}), each a frame both ways"),
+        format!("{:.0}", f("opened")?),
+        "all",
+        Some(f("opened")? as usize == tunnels),
+    );
+    row(
+        "time to open them (s)",
+        format!("{:.1}", f("open_secs")?),
+        "",
+        None,
+    );
+    let per = f("per_tunnel_kib")?;
+    row(
+        "router RSS per idle tunnel (KiB)",
+        format!("{per:.0}"),
+        "< 200",
+        Some(per < 200.0),
+    );
+    row(
+        "router RSS, all idle (MiB)",
+        format!("{:.0}", f("rss_idle_kib")? / 1024.0),
+        "",
+        None,
+    );
+    row(
+        "round trip, quiet router: p50 / p99 (ms)",
+        format!(
+            "{:.2} / {:.2}",
+            f("unary_alone_p50_ms")?,
+            f("unary_alone_p99_ms")?
+        ),
+        "",
+        None,
+    );
+    let p99 = f("unary_loaded_p99_ms")?;
+    row(
+        &format!("round trip beside {bulk} bulk streams: p50 / p99 (ms)"),
+        format!("{:.2} / {p99:.2}", f("unary_loaded_p50_ms")?),
+        "p99 < 5",
+        Some(p99 < 5.0),
+    );
+    row(
+        &format!("aggregate bulk throughput, {bulk} tunnels (MB/s)"),
+        format!("{:.0}", f("aggregate_mb_s")?),
+        "",
+        None,
+    );
+    row(
+        "bulk tunnel rate: min / median (MB/s)",
+        format!("{:.1} / {:.1}", f("bulk_min_mb_s")?, f("bulk_median_mb_s")?),
+        "",
+        None,
+    );
+    row(
+        "router CPU during bulk (% of a core)",
+        format!("{:.0}", f("router_cpu_pct")?),
+        "",
+        None,
+    );
+    row(
+        "slow client: pushed into its tunnel after it stopped (MiB)",
+        format!("{:.1}", f("slow_pushed_mib")?),
+        "bounded",
+        None,
+    );
+    row(
+        "slow client: others' rate min / median (MB/s)",
+        format!(
+            "{:.1} / {:.1}",
+            f("others_min_mb_s")?,
+            f("others_median_mb_s")?
+        ),
+        "none starved",
+        Some(f("starved")? == 0.0),
+    );
+    row(
+        "router RSS with the slow client (MiB)",
+        format!("{:.0}", f("rss_slow_kib")? / 1024.0),
+        "",
+        None,
+    );
+    println!("load average after: {}", loadavg());
+    Ok(())
+}
