@@ -106,7 +106,7 @@ impl ExporterCache {
     }
 
     /// Asks for the exporter's stored `lastSeen` to be set to the time of the next flush (within
-    /// [`SEEN_FLUSH_EVERY`]), in one store write with every other exporter due then. Starts
+    /// `SEEN_FLUSH_EVERY`), in one store write with every other exporter due then. Starts
     /// (once) the task that writes them; it ends when the cache is dropped.
     pub fn persist_seen<S: Store>(self: &Arc<Self>, store: &S, namespace: &str, name: &str) {
         self.seen_due

@@ -9,7 +9,7 @@
 //!   publishes its watch event while still holding the writer, so events come in revision order.
 //! - Group commit: writes that queue up for the writer share one transaction (each in a
 //!   savepoint of its own, failing alone), committed by the last of them: one WAL sync for the
-//!   group instead of one per write (see [`Writer`]).
+//!   group instead of one per write (see `Writer`).
 //! - Schema: `PRAGMA user_version` ([`SCHEMA_VERSION`]); a newer file is refused, not guessed at.
 
 use std::{
