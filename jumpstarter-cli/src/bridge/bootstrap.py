@@ -91,6 +91,12 @@ def types_of(instance, out):
 
 
 def main():
+    # lifeline() ends serving with a SIGINT to ourselves. A SIGINT ignored by whoever started
+    # the exporter (a background job of a script: `jmp run ... &`) is inherited ignored, and
+    # Python then installs no handler for it: the SIGINT would do nothing and the process
+    # would linger until the watchdog's kill. We are in our own process group, so a
+    # terminal's Ctrl-C never reaches us: take SIGINT back whatever it was.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     spec = json.loads(sys.stdin.readline())
     try:
         import anyio

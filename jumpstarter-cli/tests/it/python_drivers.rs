@@ -176,7 +176,25 @@ fn standalone(s: &Scratch, venv: &Path) -> (Running, String) {
 
 /// [`standalone`] with more environment variables.
 fn standalone_with(s: &Scratch, venv: &Path, envs: &[(&str, &str)]) -> (Running, String) {
-    let mut c = s.cmd(JMP);
+    standalone_from(s.cmd(JMP), s, venv, envs)
+}
+
+/// [`standalone`] started as a script's background job is: with SIGINT ignored, which its
+/// children inherit (`sh`'s `trap "" INT`, then `exec`, so the pid is the exporter's).
+fn standalone_ignoring_sigint(s: &Scratch, venv: &Path) -> (Running, String) {
+    let mut c = s.cmd("sh");
+    c.args(["-c", r#"trap "" INT; exec "$@""#, "sh", JMP]);
+    standalone_from(c, s, venv, &[])
+}
+
+/// `c` (a command that ends up running our `jmp`) with `run` and the arguments of
+/// [`standalone`].
+fn standalone_from(
+    mut c: std::process::Command,
+    s: &Scratch,
+    venv: &Path,
+    envs: &[(&str, &str)],
+) -> (Running, String) {
     c.args(["run", "--exporter-config"])
         .arg(s.path("exporter.yaml"))
         .args(["--tls-grpc-listener", "127.0.0.1:0", "--tls-grpc-insecure"])
@@ -626,6 +644,42 @@ async fn a_stopped_exporter_lets_its_python_drivers_clean_up() {
         alive(python),
         temp_dirs()
     );
+}
+
+/// An exporter started with SIGINT ignored (a background job of a script) passes that on to
+/// its Python child, where the bootstrap's SIGINT to itself used to do nothing: the child
+/// then lingered until its watchdog killed it 15 s later. It now ends by itself at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_child_ends_with_its_exporter_even_with_sigint_ignored() {
+    let Some((s, venv)) = scratch(MIXED) else {
+        return;
+    };
+    let (mut exporter, addr) = standalone_ignoring_sigint(&s, &venv);
+    let python = python_child(exporter.0.id());
+    let session = ExporterSession::connect(&addr, &insecure()).await.unwrap();
+    let pid: u32 = session
+        .driver("bench.lamp")
+        .unwrap()
+        .call("pid", ())
+        .await
+        .unwrap();
+    assert_eq!(pid, python);
+    drop(session);
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &exporter.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    exporter.0.wait().unwrap();
+    // Bounded below the child's 15 s watchdog: ending by itself takes well under a second,
+    // being killed by the watchdog takes 15 s.
+    for _ in 0..100 {
+        if !alive(python) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("the Python child {python} is still alive 10 s after its exporter stopped");
 }
 
 /// A Python composite whose children are a Python driver and a Rust-only driver (HttpPower:
