@@ -13,7 +13,9 @@
 //!   a released pending lease ends without being granted, and a lease never outlives its end.
 
 use std::cmp::Reverse;
+use std::collections::HashMap;
 use std::collections::{BTreeMap, BTreeSet};
+use std::rc::Rc;
 
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::LocalObjectReference;
@@ -199,7 +201,8 @@ struct Approved<'a> {
 /// A pending lease that wants an exporter.
 struct Candidate<'a> {
     work: usize,
-    approved: Vec<Approved<'a>>,
+    /// Shared by the leases of a pass that ask the same thing (see `queue_pending`).
+    approved: Rc<[Approved<'a>]>,
     /// Best (highest) priority among the non-spot grants, or among all if only spot.
     priority: i64,
 }
@@ -307,16 +310,40 @@ fn queue_pending<'a>(
     now: Timestamp,
 ) -> Vec<Candidate<'a>> {
     let mut queue: Vec<Candidate<'a>> = Vec::new();
+    // Without access policies, what a lease may use depends only on its selector (unless
+    // it pins an exporter): leases asking the same share one evaluation per pass, instead
+    // of each matching the selector against every exporter again.
+    let mut same_ask: HashMap<String, Result<Rc<[Approved<'a>]>, Terminal>> = HashMap::new();
     for (i, w) in works.iter_mut().enumerate() {
         if w.status.ended || w.status.exporter_ref.is_some() || pending_exit(w, now) {
             continue;
         }
-        let client = objects
-            .client_labels
-            .get(w.lease.spec.client_ref.name.as_str())
-            .cloned()
-            .unwrap_or_default();
-        match evaluate(w.lease, &objects.exporters, &objects.policies, &client) {
+        let shareable = objects.policies.is_empty()
+            && w.lease
+                .spec
+                .exporter_ref
+                .as_ref()
+                .is_none_or(|r| r.name.is_empty());
+        let key = shareable
+            .then(|| serde_json::to_string(&w.lease.spec.selector).ok())
+            .flatten();
+        let evaluated = match key.as_ref().and_then(|k| same_ask.get(k)) {
+            Some(known) => known.clone(),
+            None => {
+                let client = objects
+                    .client_labels
+                    .get(w.lease.spec.client_ref.name.as_str())
+                    .cloned()
+                    .unwrap_or_default();
+                let result =
+                    evaluate(w.lease, &objects.exporters, &objects.policies, &client).map(Rc::from);
+                if let Some(k) = key {
+                    same_ask.insert(k, result.clone());
+                }
+                result
+            }
+        };
+        match evaluated {
             Err((type_, reason, message)) => w.end_with(type_, reason, &message, now),
             Ok(approved) => {
                 let best_non_spot = approved
@@ -430,8 +457,14 @@ fn mark_waiting(
     waiting: &[(usize, &'static str, String)],
     now: Timestamp,
 ) {
+    if waiting.is_empty() {
+        return;
+    }
+    // Only the waiting leases compete for a place in the queue: their sets alone.
+    let waiting_works: BTreeSet<usize> = waiting.iter().map(|(w, _, _)| *w).collect();
     let approved_sets: BTreeMap<usize, BTreeSet<&str>> = queue
         .iter()
+        .filter(|q| waiting_works.contains(&q.work))
         .map(|q| {
             (
                 q.work,

@@ -948,3 +948,43 @@ fn unhealthy_exporters_are_leased_to_nobody_until_cleared() {
     };
     assert!(matches!(w.one("l1").action, Action::Assigned { .. }));
 }
+
+/// Without policies, leases asking the same selector share one evaluation in a pass: each
+/// still gets its own exporter, and leases asking something else are evaluated on their own.
+#[test]
+fn leases_asking_the_same_share_an_evaluation_and_others_stay_apart() {
+    let w = World {
+        leases: vec![
+            lease("x1", "board=a", 0),
+            lease("y1", "board=b", 1),
+            lease("x2", "board=a", 2),
+            lease("z1", "board=c", 3),
+            lease("x3", "board=a", 4),
+            lease("z2", "board=c", 5),
+        ],
+        exporters: vec![
+            exporter("a1", &[("board", "a")]),
+            exporter("a2", &[("board", "a")]),
+            exporter("b1", &[("board", "b")]),
+        ],
+        ..Default::default()
+    };
+    let ds = w.run();
+    let by = |n: &str| ds.iter().find(|d| d.name == n).unwrap();
+    let assigned = |n: &str| match &by(n).action {
+        Action::Assigned { exporter, .. } => exporter.clone(),
+        other => panic!("{n}: {other:?}"),
+    };
+    assert_eq!(assigned("x1"), "a1");
+    assert_eq!(assigned("y1"), "b1");
+    assert_eq!(assigned("x2"), "a2");
+    assert_waiting(by("x3"), c::REASON_NOT_AVAILABLE, "(i.e. a1, a2)", 1);
+    for z in ["z1", "z2"] {
+        assert_ended(
+            by(z),
+            c::UNSATISFIABLE,
+            c::REASON_NO_ACCESS,
+            "no exporters matching the selector board=c",
+        );
+    }
+}
