@@ -112,16 +112,25 @@ impl ExporterCache {
         self.seen_due
             .lock_or_recover()
             .insert((namespace.to_string(), name.to_string()));
-        if self.seen_writer_started.swap(true, Ordering::SeqCst) {
+        let store = store.clone();
+        self.spawn_once(&self.seen_writer_started, |weak| seen_writer(weak, store));
+    }
+
+    /// Spawns the task `task` makes (given a weak handle to the cache) unless `started`
+    /// says it runs already; it ends when the cache is dropped.
+    fn spawn_once<F>(self: &Arc<Self>, started: &AtomicBool, task: impl FnOnce(Weak<Self>) -> F)
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        if started.swap(true, Ordering::SeqCst) {
             return;
         }
-        let weak = Arc::downgrade(self);
-        let store = store.clone();
+        let task = task(Arc::downgrade(self));
         let mut stop = self.feed_stop.subscribe();
         tokio::spawn(async move {
             tokio::select! {
                 _ = stop.changed() => {}
-                _ = seen_writer(weak, store) => {}
+                _ = task => {}
             }
         });
     }
@@ -141,18 +150,8 @@ impl ExporterCache {
     /// Starts (once) the task that keeps the cache from `store`'s watch; it ends when the
     /// cache is dropped.
     pub fn start_feed<S: Store>(self: &Arc<Self>, store: &S) {
-        if self.feed_started.swap(true, Ordering::SeqCst) {
-            return;
-        }
-        let weak = Arc::downgrade(self);
         let store = store.clone();
-        let mut stop = self.feed_stop.subscribe();
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = stop.changed() => {}
-                _ = exporter_feed(weak, store) => {}
-            }
-        });
+        self.spawn_once(&self.feed_started, |weak| exporter_feed(weak, store));
     }
 
     /// Whether the exporter cache is synced (waits up to `wait` for it).

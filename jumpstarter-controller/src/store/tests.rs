@@ -574,32 +574,43 @@ async fn kill9_child_writer() {
     }
 }
 
-#[tokio::test]
-async fn committed_writes_survive_kill_9() {
-    use std::io::BufRead;
-    let dir = tempfile::tempdir().unwrap();
+/// Kills the child even when an assertion fails first.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// This test binary again, running only the writer `test` on the store in `dir` (named by
+/// the environment variable `env`), with its stdout to read.
+fn spawn_kill9_child(
+    test: &str,
+    env: &str,
+    dir: &std::path::Path,
+) -> (KillOnDrop, std::process::ChildStdout) {
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "store::tests::kill9_child_writer",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("JMP_STORE_KILL9_DIR", dir.path())
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(env, dir)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    /// Kills the child even when an assertion fails first.
-    struct KillOnDrop(std::process::Child);
-    impl Drop for KillOnDrop {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
     let stdout = child.stdout.take().unwrap();
-    let mut child = KillOnDrop(child);
+    (KillOnDrop(child), stdout)
+}
+
+#[tokio::test]
+async fn committed_writes_survive_kill_9() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, stdout) = spawn_kill9_child(
+        "store::tests::kill9_child_writer",
+        "JMP_STORE_KILL9_DIR",
+        dir.path(),
+    );
     let mut committed = Vec::new();
     let mut lines = std::io::BufReader::new(stdout).lines();
     while committed.len() < 30 {
@@ -652,28 +663,11 @@ async fn kill9_child_group_writer() {
 async fn group_committed_writes_survive_kill_9() {
     use std::io::BufRead;
     let dir = tempfile::tempdir().unwrap();
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "store::tests::kill9_child_group_writer",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("JMP_STORE_KILL9_GROUP_DIR", dir.path())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    /// Kills the child even when an assertion fails first.
-    struct KillOnDrop(std::process::Child);
-    impl Drop for KillOnDrop {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let stdout = child.stdout.take().unwrap();
-    let mut child = KillOnDrop(child);
+    let (mut child, stdout) = spawn_kill9_child(
+        "store::tests::kill9_child_group_writer",
+        "JMP_STORE_KILL9_GROUP_DIR",
+        dir.path(),
+    );
     let mut committed = Vec::new();
     let mut commits = 0u64;
     let mut lines = std::io::BufReader::new(stdout).lines();
