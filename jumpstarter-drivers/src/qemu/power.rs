@@ -154,7 +154,11 @@ impl QemuPower {
             Accel::Kvm => true,
             Accel::Tcg => false,
         };
-        let mut args: Vec<String> = vec!["-nodefaults".into(), "-nographic".into()];
+        // `-S`: the guest starts paused and runs on `cont` once the console's pty is known,
+        // so the console sees the boot from its first byte. (Upstream lets it run and sends
+        // `system_reset` instead; a reset that lands while SeaBIOS is still shadowing itself
+        // leaves the CPU executing zeroed memory for good, which a loaded machine hit.)
+        let mut args: Vec<String> = vec!["-S".into(), "-nodefaults".into(), "-nographic".into()];
         let mut cpu = s.cpu.clone();
         if kvm {
             args.extend(["-accel".into(), "kvm".into()]);
@@ -313,7 +317,7 @@ impl QemuPower {
         let pty = async {
             let chardevs = qmp.execute("query-chardev", None).await?;
             let pty = pty_of(&chardevs, "serial0");
-            qmp.execute("system_reset", None).await?;
+            qmp.execute("cont", None).await?;
             Ok::<_, QmpError>(pty)
         }
         .await;
