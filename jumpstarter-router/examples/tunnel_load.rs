@@ -1,6 +1,6 @@
 //! Router load: many tunnels at once (driven by `cargo xtask bench-scale`).
 //!
-//! `tunnel_load ROUTER_BIN TUNNELS BULK SECS`
+//! `tunnel_load ROUTER_BIN TUNNELS BULK SECS [CAP_MB_S]`
 //!
 //! Starts the router binary (TLS on loopback), opens TUNNELS tunnels, each a client end and an
 //! exporter end with an HTTP/2 connection of its own (as `j` and an exporter have), and
@@ -11,7 +11,14 @@
 //! 3. bulk: BULK tunnels stream 256 KiB frames from the exporter end to the client end as
 //!    fast as they can for SECS seconds while the round trips go on beside them: aggregate
 //!    throughput, each bulk tunnel's rate, the round trips' p50/p99;
-//! 4. a slow client: bulk again, but the first bulk tunnel's client stops reading: what its
+//! 4. the same round trips from a process of their own (this binary with `--probe`, on
+//!    PROBE_TUNNELS tunnels of its own): quiet, beside the bulk of phase 3, and beside the
+//!    bulk tunnels paced to CAP_MB_S (default 100) MB/s in all. In phase 3 this process
+//!    drives both ends of every bulk tunnel and the round trips on the same two cores as the
+//!    router, so the round trips wait behind the bulk in its own runtime; the probe process
+//!    and the paced bulk (a lab's concurrent flashes, not a flood that saturates the
+//!    machine) leave what the router itself adds;
+//! 5. a slow client: bulk again, but the first bulk tunnel's client stops reading: what its
 //!    exporter end can still push (bounded by the windows and the router's buffer), the other
 //!    bulk tunnels' rates, the router's RSS.
 //!
@@ -40,14 +47,16 @@ use jumpstarter_proto::v1::{
 };
 use jumpstarter_router::RouterTokenKey;
 use tokio::{
-    io::{AsyncBufReadExt, BufReader},
-    process::Command,
+    io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines},
+    process::{ChildStdin, ChildStdout, Command},
     sync::{Notify, mpsc},
 };
 use tonic::{Request, Streaming};
 
 const SECRET: &str = "0123456789abcdef0123456789abcdef0123456789abcdef";
 const CHUNK: usize = 256 * 1024;
+/// Tunnels the probe process makes its round trips on.
+const PROBE_TUNNELS: usize = 10;
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
@@ -132,8 +141,10 @@ async fn next(end: &mut End) -> Option<StreamResponse> {
     }
 }
 
-/// A bulk tunnel: the exporter end pushes chunks while `run` is set; the client end reads
-/// and counts unless `paused`.
+/// A bulk tunnel: the exporter end pushes chunks while `run` is set (one every `period` µs
+/// when that is not 0, else as fast as it can; paced tunnels start `phase` of a period apart,
+/// so that their chunks do not all leave at the same instant); the client end reads and
+/// counts unless `paused`.
 struct Bulk {
     received: Arc<AtomicU64>,
     pushed: Arc<AtomicU64>,
@@ -141,7 +152,14 @@ struct Bulk {
     resume: Arc<Notify>,
 }
 
-fn start_bulk(mut client: End, exporter: End, run: Arc<AtomicBool>, chunk: Bytes) -> Bulk {
+fn start_bulk(
+    mut client: End,
+    exporter: End,
+    run: Arc<AtomicBool>,
+    period: Arc<AtomicU64>,
+    phase: f64,
+    chunk: Bytes,
+) -> Bulk {
     let b = Bulk {
         received: Arc::default(),
         pushed: Arc::default(),
@@ -151,10 +169,22 @@ fn start_bulk(mut client: End, exporter: End, run: Arc<AtomicBool>, chunk: Bytes
     let pushed = b.pushed.clone();
     tokio::spawn(async move {
         let _keep = exporter.rx;
+        let mut due = tokio::time::Instant::now();
+        let mut started = false;
         loop {
             if !run.load(Ordering::Relaxed) {
                 tokio::time::sleep(Duration::from_millis(20)).await;
+                started = false;
                 continue;
+            }
+            let us = period.load(Ordering::Relaxed);
+            if !started {
+                started = true;
+                due = tokio::time::Instant::now() + Duration::from_micros(us).mul_f64(phase);
+            }
+            if us > 0 {
+                due += Duration::from_micros(us);
+                tokio::time::sleep_until(due).await;
             }
             if exporter.tx.send(data(chunk.clone())).await.is_err() {
                 return;
@@ -207,6 +237,96 @@ async fn round_trips(tunnels: &mut [End], stop: &AtomicBool, max: usize) -> Vec<
     out
 }
 
+/// `tunnel_load --probe ADDR CA_FILE TOKEN...`: opens one tunnel per token (both ends; the
+/// exporter end echoes), prints `ready`, then for each `measure` line on stdin makes round
+/// trips until the next line and prints `P50_MS P99_MS COUNT`. Ends at the end of stdin.
+async fn probe(args: &[String]) {
+    let [addr, ca_file, tokens @ ..] = args else {
+        panic!("--probe ADDR CA_FILE TOKEN...");
+    };
+    let ca = std::fs::read_to_string(ca_file).expect("the CA file");
+    let mut clients = Vec::with_capacity(tokens.len());
+    for token in tokens {
+        let mut exporter = open(addr, &ca, token).await;
+        let client = open(addr, &ca, token).await;
+        client
+            .tx
+            .send(data(Bytes::from_static(b"hi")))
+            .await
+            .expect("probe send");
+        next(&mut exporter)
+            .await
+            .expect("probe tunnel carries a frame");
+        tokio::spawn(async move {
+            while let Some(Ok(f)) = exporter.rx.next().await {
+                if exporter.tx.send(data(f.payload)).await.is_err() {
+                    return;
+                }
+            }
+        });
+        clients.push(client);
+    }
+    println!("ready");
+    // stdin's lines, read on a thread of their own (this crate's tokio has no `io-std`).
+    let (line_tx, mut lines) = mpsc::channel::<String>(4);
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lines() {
+            let Ok(line) = line else { return };
+            if line_tx.blocking_send(line).is_err() {
+                return;
+            }
+        }
+    });
+    while let Some(line) = lines.recv().await {
+        if line != "measure" {
+            return;
+        }
+        let stop = AtomicBool::new(false);
+        let (mut times, ()) = tokio::join!(round_trips(&mut clients, &stop, usize::MAX), async {
+            let _ = lines.recv().await;
+            stop.store(true, Ordering::SeqCst);
+        });
+        times.sort_by(|a, b| a.total_cmp(b));
+        println!(
+            "{} {} {}",
+            fig(percentile(&times, 0.5)),
+            fig(percentile(&times, 0.99)),
+            times.len()
+        );
+    }
+}
+
+/// The probe process, seen from the main one.
+struct Probe {
+    stdin: ChildStdin,
+    stdout: Lines<BufReader<ChildStdout>>,
+}
+
+impl Probe {
+    /// Round trips in the probe process while `during` runs: (its output, (p50, p99, count)).
+    async fn measure<T>(&mut self, during: impl Future<Output = T>) -> (T, (f64, f64, usize)) {
+        self.stdin
+            .write_all(b"measure\n")
+            .await
+            .expect("probe stdin");
+        let out = during.await;
+        self.stdin.write_all(b"stop\n").await.expect("probe stdin");
+        let line = tokio::time::timeout(Duration::from_secs(60), self.stdout.next_line())
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .flatten()
+            .expect("the probe's figures");
+        let v: Vec<&str> = line.split_whitespace().collect();
+        let num = |i: usize| {
+            v.get(i)
+                .and_then(|x| x.parse::<f64>().ok())
+                .unwrap_or(f64::NAN)
+        };
+        (out, (num(0), num(1), num(2) as usize))
+    }
+}
+
 /// Bytes each bulk tunnel received over `secs` seconds (while `run` is set).
 async fn bulk_window(bulks: &[Bulk], run: &AtomicBool, secs: f64) -> (Vec<f64>, f64) {
     let before: Vec<u64> = bulks
@@ -229,10 +349,15 @@ async fn bulk_window(bulks: &[Bulk], run: &AtomicBool, secs: f64) -> (Vec<f64>, 
 #[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().is_some_and(|a| a == "--probe") {
+        probe(&args[1..]).await;
+        return;
+    }
     let bin = args.first().expect("ROUTER_BIN").clone();
     let n: usize = args.get(1).and_then(|a| a.parse().ok()).expect("TUNNELS");
     let bulk_n: usize = args.get(2).and_then(|a| a.parse().ok()).expect("BULK");
     let secs: f64 = args.get(3).and_then(|a| a.parse().ok()).expect("SECS");
+    let cap_mb_s: f64 = args.get(4).map_or(100.0, |a| a.parse().expect("CAP_MB_S"));
     assert!(bulk_n >= 2 && bulk_n < n, "need 2 <= BULK < TUNNELS");
 
     let dir = tempfile::tempdir().expect("temp dir");
@@ -247,7 +372,7 @@ async fn main() {
         .arg("--tls-key")
         .arg(&key)
         .arg("--max-connections")
-        .arg((2 * n + 100).to_string())
+        .arg((2 * (n + PROBE_TUNNELS) + 100).to_string())
         .env("ROUTER_KEY", SECRET)
         .env("RUST_LOG", "warn")
         .env_remove("ROUTER_METRICS_LISTEN")
@@ -331,24 +456,80 @@ async fn main() {
     let mut alone = round_trips(&mut probes, &stop, 1000).await;
     alone.sort_by(|a, b| a.total_cmp(b));
 
+    // The probe process, with tunnels of its own.
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, &ca_pem).expect("write the CA");
+    let mut probe_child = Command::new(std::env::current_exe().expect("own path"))
+        .arg("--probe")
+        .arg(&addr)
+        .arg(&ca_file)
+        .args((0..PROBE_TUNNELS).map(|_| key.issue().expect("token").token))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start the probe process");
+    let mut probe_proc = Probe {
+        stdin: probe_child.stdin.take().expect("probe stdin"),
+        stdout: BufReader::new(probe_child.stdout.take().expect("probe stdout")).lines(),
+    };
+    let ready = tokio::time::timeout(Duration::from_secs(60), probe_proc.stdout.next_line())
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .flatten();
+    assert_eq!(
+        ready.as_deref(),
+        Some("ready"),
+        "the probe process's tunnels"
+    );
+    let ((), probe_alone) = probe_proc
+        .measure(tokio::time::sleep(Duration::from_secs_f64(secs.min(5.0))))
+        .await;
+
     // Bulk beside the round trips.
     let run = Arc::new(AtomicBool::new(false));
+    let period = Arc::new(AtomicU64::new(0));
     let chunk = Bytes::from(vec![0x5au8; CHUNK]);
     let bulks: Vec<Bulk> = pairs
         .into_iter()
-        .map(|(c, e)| start_bulk(c, e, run.clone(), chunk.clone()))
+        .enumerate()
+        .map(|(i, (c, e))| {
+            let phase = i as f64 / bulk_n as f64;
+            start_bulk(c, e, run.clone(), period.clone(), phase, chunk.clone())
+        })
         .collect();
     let cpu0 = cpu_secs(pid);
     let stop = AtomicBool::new(false);
-    let ((rates, elapsed), mut loaded) = tokio::join!(
-        async {
-            let r = bulk_window(&bulks, &run, secs).await;
-            stop.store(true, Ordering::SeqCst);
-            r
-        },
-        round_trips(&mut probes, &stop, usize::MAX)
-    );
+    let (((rates, elapsed), mut loaded), probe_loaded) = probe_proc
+        .measure(async {
+            tokio::join!(
+                async {
+                    let r = bulk_window(&bulks, &run, secs).await;
+                    stop.store(true, Ordering::SeqCst);
+                    r
+                },
+                round_trips(&mut probes, &stop, usize::MAX)
+            )
+        })
+        .await;
     let cpu_pct = (cpu_secs(pid) - cpu0) / elapsed * 100.0;
+
+    // Paced bulk beside the probe process's round trips.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let per_tunnel_bytes_s = cap_mb_s * 1e6 / bulk_n as f64;
+    period.store(
+        (CHUNK as f64 / per_tunnel_bytes_s * 1e6) as u64,
+        Ordering::SeqCst,
+    );
+    let cpu0 = cpu_secs(pid);
+    let ((capped_rates, capped_elapsed), probe_capped) =
+        probe_proc.measure(bulk_window(&bulks, &run, secs)).await;
+    let capped_cpu_pct = (cpu_secs(pid) - cpu0) / capped_elapsed * 100.0;
+    let capped_aggregate: f64 = capped_rates.iter().sum();
+    period.store(0, Ordering::SeqCst);
+    drop(probe_proc);
+    let _ = probe_child.wait().await;
     loaded.sort_by(|a, b| a.total_cmp(b));
     let aggregate: f64 = rates.iter().sum();
     let mut sorted_rates = rates.clone();
@@ -386,7 +567,11 @@ async fn main() {
          \"aggregate_mb_s\": {}, \"bulk_min_mb_s\": {}, \"bulk_median_mb_s\": {}, \
          \"router_cpu_pct\": {}, \"rss_bulk_kib\": {}, \"slow_pushed_mib\": {}, \
          \"slow_received_mib\": {}, \"others_min_mb_s\": {}, \"others_median_mb_s\": {}, \
-         \"starved\": {starved}, \"rss_slow_kib\": {}, \"echo_after\": {}}}",
+         \"starved\": {starved}, \"rss_slow_kib\": {}, \"echo_after\": {}, \
+         \"probe_alone_p50_ms\": {}, \"probe_alone_p99_ms\": {}, \"probe_loaded_p50_ms\": {}, \
+         \"probe_loaded_p99_ms\": {}, \"cap_mb_s\": {}, \"capped_aggregate_mb_s\": {}, \
+         \"capped_router_cpu_pct\": {}, \"probe_capped_p50_ms\": {}, \
+         \"probe_capped_p99_ms\": {}, \"probe_capped_n\": {}}}",
         fig(open_secs),
         fig(rss_before),
         fig(rss_idle),
@@ -408,8 +593,24 @@ async fn main() {
         fig(percentile(&others_sorted, 0.5)),
         fig(rss_slow),
         after.len(),
+        fig(probe_alone.0),
+        fig(probe_alone.1),
+        fig(probe_loaded.0),
+        fig(probe_loaded.1),
+        fig(cap_mb_s),
+        fig(capped_aggregate),
+        fig(capped_cpu_pct),
+        fig(probe_capped.0),
+        fig(probe_capped.1),
+        probe_capped.2,
     );
-    let ok = opened == n && starved == 0 && after.len() == probe_n && !loaded.is_empty();
+    let ok = opened == n
+        && starved == 0
+        && after.len() == probe_n
+        && !loaded.is_empty()
+        && probe_alone.2 > 0
+        && probe_loaded.2 > 0
+        && probe_capped.2 > 0;
     if !ok {
         eprintln!("tunnel_load: the counts do not add up (see the JSON line)");
         std::process::exit(1);

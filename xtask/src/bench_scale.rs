@@ -60,7 +60,8 @@ pub fn run_example(path: &std::path::Path, args: &[String]) -> Result<String> {
     Ok(line)
 }
 
-fn row(what: &str, value: String, target: &str, met: Option<bool>) {
+/// Prints one line of a figures table: what, the value, the target and whether it is met.
+pub fn row(what: &str, value: String, target: &str, met: Option<bool>) {
     let mark = match met {
         Some(true) => "met",
         Some(false) => "NOT MET",
