@@ -141,6 +141,17 @@ async fn next(end: &mut End) -> Option<StreamResponse> {
     }
 }
 
+/// The exporter end of a tunnel sends back every frame it receives.
+fn echo(mut exporter: End) {
+    tokio::spawn(async move {
+        while let Some(Ok(f)) = exporter.rx.next().await {
+            if exporter.tx.send(data(f.payload)).await.is_err() {
+                return;
+            }
+        }
+    });
+}
+
 /// A bulk tunnel: the exporter end pushes chunks while `run` is set (one every `period` µs
 /// when that is not 0, else as fast as it can; paced tunnels start `phase` of a period apart,
 /// so that their chunks do not all leave at the same instant); the client end reads and
@@ -257,13 +268,7 @@ async fn probe(args: &[String]) {
         next(&mut exporter)
             .await
             .expect("probe tunnel carries a frame");
-        tokio::spawn(async move {
-            while let Some(Ok(f)) = exporter.rx.next().await {
-                if exporter.tx.send(data(f.payload)).await.is_err() {
-                    return;
-                }
-            }
-        });
+        echo(exporter);
         clients.push(client);
     }
     println!("ready");
@@ -438,15 +443,9 @@ async fn main() {
     // Quiet tunnels echo what their client end sends.
     let quiet: Vec<(End, End)> = pairs.split_off(bulk_n);
     let mut quiet_clients = Vec::with_capacity(quiet.len());
-    for (client, mut exporter) in quiet {
+    for (client, exporter) in quiet {
         quiet_clients.push(client);
-        tokio::spawn(async move {
-            while let Some(Ok(f)) = exporter.rx.next().await {
-                if exporter.tx.send(data(f.payload)).await.is_err() {
-                    return;
-                }
-            }
-        });
+        echo(exporter);
     }
     // At most 100 of them take the round trips (the rest stay open and quiet).
     let probe_n = quiet_clients.len().min(100);
