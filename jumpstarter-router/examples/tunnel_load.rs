@@ -308,6 +308,15 @@ struct Probe {
 }
 
 impl Probe {
+    /// The probe's next line of output (`None` after 60 s without one, or at its end).
+    async fn line(&mut self) -> Option<String> {
+        tokio::time::timeout(Duration::from_secs(60), self.stdout.next_line())
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .flatten()
+    }
+
     /// Round trips in the probe process while `during` runs: (its output, (p50, p99, count)).
     async fn measure<T>(&mut self, during: impl Future<Output = T>) -> (T, (f64, f64, usize)) {
         self.stdin
@@ -316,12 +325,7 @@ impl Probe {
             .expect("probe stdin");
         let out = during.await;
         self.stdin.write_all(b"stop\n").await.expect("probe stdin");
-        let line = tokio::time::timeout(Duration::from_secs(60), self.stdout.next_line())
-            .await
-            .ok()
-            .and_then(Result::ok)
-            .flatten()
-            .expect("the probe's figures");
+        let line = self.line().await.expect("the probe's figures");
         let v: Vec<&str> = line.split_whitespace().collect();
         let num = |i: usize| {
             v.get(i)
@@ -472,11 +476,7 @@ async fn main() {
         stdin: probe_child.stdin.take().expect("probe stdin"),
         stdout: BufReader::new(probe_child.stdout.take().expect("probe stdout")).lines(),
     };
-    let ready = tokio::time::timeout(Duration::from_secs(60), probe_proc.stdout.next_line())
-        .await
-        .ok()
-        .and_then(Result::ok)
-        .flatten();
+    let ready = probe_proc.line().await;
     assert_eq!(
         ready.as_deref(),
         Some("ready"),

@@ -54,16 +54,6 @@ pub fn run(dir: &Path, quick: bool) -> Result<()> {
         "",
         None,
     );
-    row(
-        "round trip, quiet router: p50 / p99 (ms)",
-        format!(
-            "{:.2} / {:.2}",
-            f("unary_alone_p50_ms")?,
-            f("unary_alone_p99_ms")?
-        ),
-        "",
-        None,
-    );
     // The round trips' p50 / p99, with the 5 ms target on the p99 where `target`.
     let trips = |what: &str, key: &str, target: bool| -> Result<()> {
         let p99 = f(&format!("{key}_p99_ms"))?;
@@ -75,6 +65,11 @@ pub fn run(dir: &Path, quick: bool) -> Result<()> {
         );
         Ok(())
     };
+    trips(
+        "round trip, quiet router: p50 / p99 (ms)",
+        "unary_alone",
+        false,
+    )?;
     trips(
         &format!("round trip beside {bulk} bulk streams: p50 / p99 (ms)"),
         "unary_loaded",
