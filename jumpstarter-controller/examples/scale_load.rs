@@ -155,7 +155,10 @@ impl Controller {
             .arg(format!("127.0.0.1:{metrics_port}"))
             .arg("--admin-config")
             .arg(work.join("admin.yaml"))
-            .env("RUST_LOG", "warn")
+            .env(
+                "RUST_LOG",
+                std::env::var("SCALE_LOAD_RUST_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())

@@ -333,6 +333,18 @@ impl Store for KubeStore {
             .await)
     }
 
+    /// As [`KubeStore::update_status_many`]: concurrent PUTs, results in order.
+    async fn update_many<K: StoreObject>(
+        &self,
+        objects: Vec<K>,
+    ) -> Result<Vec<Result<K, StoreError>>, StoreError> {
+        Ok(futures::stream::iter(objects)
+            .map(|object| async move { self.update(&object).await })
+            .buffered(STATUS_WRITES_IN_FLIGHT)
+            .collect()
+            .await)
+    }
+
     async fn delete<K: StoreObject>(
         &self,
         namespace: &str,

@@ -324,6 +324,21 @@ pub trait Store: Clone + Send + Sync + 'static {
         }
     }
 
+    /// [`Store::update`] of each object, in one write where the backend can, as
+    /// [`Store::update_status_many`].
+    fn update_many<K: StoreObject>(
+        &self,
+        objects: Vec<K>,
+    ) -> impl Future<Output = Result<Vec<Result<K, StoreError>>, StoreError>> + Send {
+        async move {
+            let mut out = Vec::with_capacity(objects.len());
+            for object in &objects {
+                out.push(self.update(object).await);
+            }
+            Ok(out)
+        }
+    }
+
     /// Deletes `namespace/name` and returns its last state. With `resource_version`, deletes
     /// only if it is the stored one, else [`StoreError::Conflict`].
     fn delete<K: StoreObject>(

@@ -301,6 +301,29 @@ fn merge_status(t: &Target, mut stored: Value, given: Value) -> Result<Value, St
     Ok(stored)
 }
 
+/// `update`'s merge: the given object with the stored status and server-owned metadata;
+/// `generation` moves on when the spec changed.
+fn merge_update(t: &Target, stored: Value, mut given: Value) -> Result<Value, StoreError> {
+    let stored_meta = stored.get("metadata").cloned().unwrap_or(Value::Null);
+    let spec_changed = spec_part(&stored) != spec_part(&given);
+    let meta = metadata_mut(t, &mut given)?;
+    // Server-owned fields come from the stored object, whatever the caller sent.
+    for key in ["uid", "creationTimestamp", "resourceVersion", "generation"] {
+        set_or_remove(meta, key, stored_meta.get(key).cloned());
+    }
+    if spec_changed {
+        let generation = stored_meta
+            .get("generation")
+            .and_then(Value::as_i64)
+            .unwrap_or(0);
+        meta.insert("generation".into(), Value::from(generation + 1));
+    }
+    if let Value::Object(map) = &mut given {
+        set_or_remove(map, "status", stored.get("status").cloned());
+    }
+    Ok(given)
+}
+
 fn set_or_remove(map: &mut serde_json::Map<String, Value>, key: &str, value: Option<Value>) {
     match value {
         Some(v) => {
@@ -310,6 +333,12 @@ fn set_or_remove(map: &mut serde_json::Map<String, Value>, key: &str, value: Opt
             map.remove(key);
         }
     }
+}
+
+/// Runs one statement without parameters, prepared once per connection (the writer runs
+/// `SAVEPOINT`/`RELEASE` around every write: parsing them each time showed in profiles).
+fn exec(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.execute([]).map(|_| ())
 }
 
 impl Inner {
@@ -344,12 +373,10 @@ impl Inner {
         let mut w = self.writer.lock_or_recover();
         self.queued.fetch_sub(1, Ordering::SeqCst);
         if !w.open {
-            w.conn
-                .execute_batch("BEGIN IMMEDIATE")
-                .map_err(|e| self.db_err(e))?;
+            exec(&w.conn, "BEGIN IMMEDIATE").map_err(|e| self.db_err(e))?;
             w.open = true;
         }
-        let written = match w.conn.execute_batch("SAVEPOINT write") {
+        let written = match exec(&w.conn, "SAVEPOINT write") {
             Err(e) => Err(self.db_err(e)),
             Ok(()) => {
                 // A write that panics half way must not leave its half in the group's
@@ -368,8 +395,7 @@ impl Inner {
                     }
                 };
                 match ran.and_then(|ok| {
-                    w.conn
-                        .execute_batch("RELEASE write")
+                    exec(&w.conn, "RELEASE write")
                         .map(|()| ok)
                         .map_err(|e| self.db_err(e))
                 }) {
@@ -442,9 +468,9 @@ impl Inner {
         let members = std::mem::take(&mut w.members);
         let events = std::mem::take(&mut w.events);
         let ended = if members.is_empty() {
-            w.conn.execute_batch("ROLLBACK")
+            exec(&w.conn, "ROLLBACK")
         } else {
-            w.conn.execute_batch("COMMIT")
+            exec(&w.conn, "COMMIT")
         };
         let outcome = match ended {
             Ok(()) => Ok(()),
@@ -470,22 +496,24 @@ impl Inner {
 
     fn next_revision(&self, tx: &Connection) -> Result<u64, StoreError> {
         let rev: i64 = tx
-            .query_row(
+            .prepare_cached(
                 "UPDATE meta SET value = value + 1 WHERE key = 'revision' RETURNING value",
-                [],
-                |row| row.get(0),
             )
+            .and_then(|mut stmt| stmt.query_row([], |row| row.get(0)))
             .map_err(|e| self.db_err(e))?;
         u64::try_from(rev).map_err(|_| self.db_err(format!("negative revision {rev}")))
     }
 
     fn read_row(&self, conn: &Connection, t: &Target) -> Result<Option<(u64, String)>, StoreError> {
-        conn.query_row(
+        conn.prepare_cached(
             "SELECT resource_version, body FROM objects WHERE kind = ?1 AND namespace = ?2 AND name = ?3",
-            params![t.kind, t.namespace, t.name],
-            |row| Ok((row.get::<_, i64>(0)?, row.get::<_, String>(1)?)),
         )
-        .optional()
+        .and_then(|mut stmt| {
+            stmt.query_row(params![t.kind, t.namespace, t.name], |row| {
+                Ok((row.get::<_, i64>(0)?, row.get::<_, String>(1)?))
+            })
+            .optional()
+        })
         .map_err(|e| self.db_err(e))?
         .map(|(rv, body)| {
             u64::try_from(rv)
@@ -503,11 +531,11 @@ impl Inner {
         body: &str,
     ) -> Result<(), StoreError> {
         let rv = i64::try_from(revision).map_err(|_| self.db_err("revision overflow"))?;
-        tx.execute(
+        tx.prepare_cached(
             "INSERT INTO objects (kind, namespace, name, resource_version, body) VALUES (?1, ?2, ?3, ?4, ?5)
              ON CONFLICT (kind, namespace, name) DO UPDATE SET resource_version = excluded.resource_version, body = excluded.body",
-            params![t.kind, t.namespace, t.name, rv, body],
         )
+        .and_then(|mut stmt| stmt.execute(params![t.kind, t.namespace, t.name, rv, body]))
         .map_err(|e| self.db_err(e))?;
         Ok(())
     }
@@ -623,6 +651,27 @@ impl Inner {
         &self,
         objects: &[K],
     ) -> Result<Vec<Result<K, StoreError>>, StoreError> {
+        self.replace_many(objects, merge_status)
+    }
+
+    /// [`Inner::update`] of many objects in one transaction, as [`Inner::update_status_many`].
+    fn update_many<K: StoreObject>(
+        &self,
+        objects: &[K],
+    ) -> Result<Vec<Result<K, StoreError>>, StoreError> {
+        self.replace_many(objects, merge_update)
+    }
+
+    /// [`Inner::replace`] of many objects in one transaction, each in a savepoint of its own.
+    fn replace_many<K: StoreObject>(
+        &self,
+        objects: &[K],
+        merge: fn(&Target, Value, Value) -> Result<Value, StoreError>,
+    ) -> Result<Vec<Result<K, StoreError>>, StoreError> {
+        if objects.is_empty() {
+            // Nothing to wait for the writer for.
+            return Ok(Vec::new());
+        }
         let kind = kind_of::<K>();
         self.write_group(&kind, |conn| {
             let mut results = Vec::with_capacity(objects.len());
@@ -635,12 +684,10 @@ impl Inner {
                         continue;
                     }
                 };
-                conn.execute_batch("SAVEPOINT object")
-                    .map_err(|e| self.db_err(e))?;
-                match self.replace_in::<K>(conn, &t, &given_rv, given, merge_status) {
+                exec(conn, "SAVEPOINT object").map_err(|e| self.db_err(e))?;
+                match self.replace_in::<K>(conn, &t, &given_rv, given, merge) {
                     Ok((stored, event)) => {
-                        conn.execute_batch("RELEASE object")
-                            .map_err(|e| self.db_err(e))?;
+                        exec(conn, "RELEASE object").map_err(|e| self.db_err(e))?;
                         results.push(Ok(stored));
                         events.extend(event);
                     }
@@ -658,26 +705,7 @@ impl Inner {
     }
 
     fn update<K: StoreObject>(&self, object: &K) -> Result<K, StoreError> {
-        self.replace(object, |t, stored, mut given| {
-            let stored_meta = stored.get("metadata").cloned().unwrap_or(Value::Null);
-            let spec_changed = spec_part(&stored) != spec_part(&given);
-            let meta = metadata_mut(t, &mut given)?;
-            // Server-owned fields come from the stored object, whatever the caller sent.
-            for key in ["uid", "creationTimestamp", "resourceVersion", "generation"] {
-                set_or_remove(meta, key, stored_meta.get(key).cloned());
-            }
-            if spec_changed {
-                let generation = stored_meta
-                    .get("generation")
-                    .and_then(Value::as_i64)
-                    .unwrap_or(0);
-                meta.insert("generation".into(), Value::from(generation + 1));
-            }
-            if let Value::Object(map) = &mut given {
-                set_or_remove(map, "status", stored.get("status").cloned());
-            }
-            Ok(given)
-        })
+        self.replace(object, merge_update)
     }
 
     fn update_status<K: StoreObject>(&self, object: &K) -> Result<K, StoreError> {
@@ -697,10 +725,10 @@ impl Inner {
                 return Err(t.conflict(given, current_rv));
             }
             let mut value: Value = serde_json::from_str(&body).map_err(|e| t.corrupt(e))?;
-            tx.execute(
+            tx.prepare_cached(
                 "DELETE FROM objects WHERE kind = ?1 AND namespace = ?2 AND name = ?3",
-                params![t.kind, t.namespace, t.name],
             )
+            .and_then(|mut stmt| stmt.execute(params![t.kind, t.namespace, t.name]))
             .map_err(|e| self.db_err(e))?;
             let revision = self.next_revision(tx)?;
             metadata_mut(t, &mut value)?.insert(
@@ -748,12 +776,11 @@ impl Inner {
         // One read transaction: the revision and the rows come from the same snapshot.
         let tx = conn.transaction().map_err(|e| self.db_err(e))?;
         let revision: i64 = tx
-            .query_row("SELECT value FROM meta WHERE key = 'revision'", [], |row| {
-                row.get(0)
-            })
+            .prepare_cached("SELECT value FROM meta WHERE key = 'revision'")
+            .and_then(|mut stmt| stmt.query_row([], |row| row.get(0)))
             .map_err(|e| self.db_err(e))?;
         let mut stmt = tx
-            .prepare(
+            .prepare_cached(
                 "SELECT namespace, name, body FROM objects
                  WHERE kind = ?1 AND (?2 IS NULL OR namespace = ?2) AND (namespace, name) > (?3, ?4)
                  ORDER BY namespace, name",
@@ -1056,6 +1083,13 @@ impl Store for SqliteStore {
     ) -> Result<Vec<Result<K, StoreError>>, StoreError> {
         self.run(move |inner| inner.update_status_many(&objects))
             .await
+    }
+
+    async fn update_many<K: StoreObject>(
+        &self,
+        objects: Vec<K>,
+    ) -> Result<Vec<Result<K, StoreError>>, StoreError> {
+        self.run(move |inner| inner.update_many(&objects)).await
     }
 
     async fn delete<K: StoreObject>(
