@@ -62,9 +62,12 @@ impl<S: Store> ControllerState<S> {
         routers: Vec<RouterEntry>,
         endpoint: String,
     ) -> Arc<Self> {
+        let exporters = Arc::new(ExporterCache::new(store.event_recorder()));
+        let mut auth = Authenticator::new(store.clone(), issuer);
+        auth.exporters = Some(exporters.clone());
         Arc::new(Self {
-            auth: Authenticator::new(store.clone(), issuer),
-            exporters: Arc::new(ExporterCache::new(store.event_recorder())),
+            auth,
+            exporters,
             listeners: ListenQueues::default(),
             router_key,
             routers,

@@ -37,6 +37,9 @@ pub struct Authenticator<S: Store> {
     pub external_auth: ExternalAuth,
     /// When each client was last heard from (every authenticated client call notes it).
     pub client_activity: crate::pending_guard::ClientActivity,
+    /// Where an exporter's uid is looked up before the store (see
+    /// [`super::ExporterCache::cached_uid`]).
+    pub exporters: Option<Arc<super::ExporterCache>>,
 }
 
 impl<S: Store> Authenticator<S> {
@@ -47,6 +50,7 @@ impl<S: Store> Authenticator<S> {
             issuer,
             external_auth: ExternalAuth::default(),
             client_activity: Default::default(),
+            exporters: None,
         }
     }
 
@@ -113,12 +117,19 @@ impl<S: Store> Authenticator<S> {
                 .await
                 .map_err(store_status)?
                 .and_then(|c| c.metadata.uid),
-            ObjectKind::Exporter => self
-                .store
-                .get::<Exporter>(&meta.namespace, &name)
-                .await
-                .map_err(store_status)?
-                .and_then(|e| e.metadata.uid),
+            ObjectKind::Exporter => match self
+                .exporters
+                .as_ref()
+                .and_then(|c| c.cached_uid(&meta.namespace, &name))
+            {
+                Some(uid) => Some(uid),
+                None => self
+                    .store
+                    .get::<Exporter>(&meta.namespace, &name)
+                    .await
+                    .map_err(store_status)?
+                    .and_then(|e| e.metadata.uid),
+            },
         };
         match uid {
             Some(uid) if uid == subject.uid => Ok(Caller {

@@ -168,6 +168,19 @@ impl ExporterCache {
         }
     }
 
+    /// The uid of exporter `namespace/name` as cached, when the cache is synced and holds it
+    /// (`None` otherwise: ask the store). Authentication reads it here instead of loading
+    /// and decoding the whole exporter from the store on every call, as upstream's
+    /// controller reads its informer cache.
+    pub fn cached_uid(&self, namespace: &str, name: &str) -> Option<String> {
+        let cache = self.cached.lock_or_recover();
+        if !cache.synced {
+            return None;
+        }
+        let key = (namespace.to_string(), name.to_string());
+        cache.objects.get(&key)?.metadata.uid.clone()
+    }
+
     /// The changes of one exporter, starting with its cached state (the cache must be synced,
     /// see [`Self::synced`]).
     pub fn updates(&self, namespace: &str, name: &str) -> ExporterUpdates {
