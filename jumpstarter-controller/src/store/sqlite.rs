@@ -4,8 +4,9 @@
 //!   in a column; a one-row `meta` table holds the store-wide revision counter.
 //! - Durability: WAL journal with `synchronous=FULL`, so a write is fsynced to the WAL before
 //!   `commit` returns: once a call returned `Ok`, the object survives `kill -9` and power loss.
-//! - Concurrency: one writer connection and one reader connection (WAL lets reads proceed
-//!   during a write), each used from `spawn_blocking`; writes are serialized, and each write
+//! - Concurrency: one writer connection and three reader connections (`READERS`; WAL lets
+//!   reads proceed during a write and beside each other), each used from `spawn_blocking`;
+//!   writes are serialized, and each write
 //!   publishes its watch event while still holding the writer, so events come in revision order.
 //! - Group commit: writes that queue up for the writer share one transaction (each in a
 //!   savepoint of its own, failing alone), committed by the last of them: one WAL sync for the
@@ -60,7 +61,9 @@ struct Inner {
     group_ended: Condvar,
     /// Writes waiting for `writer`: the write that finds none commits its group.
     queued: AtomicUsize,
-    reader: Mutex<Connection>,
+    /// Reader connections; a read takes a free one (see [`Inner::reader`]).
+    readers: Vec<Mutex<Connection>>,
+    next_reader: AtomicUsize,
     hub: Mutex<EventHub>,
     /// Transactions that changed something, committed on `writer` (one WAL sync each; one
     /// that wrote nothing is not counted).
@@ -341,7 +344,26 @@ fn exec(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
     conn.prepare_cached(sql)?.execute([]).map(|_| ())
 }
 
+/// Reader connections. With one, reads queued on its lock: with 1,000 leases granted at
+/// once (a client lookup per `CreateLease`, a lease lookup per Status message) the blocking
+/// threads spent a tenth of the controller's CPU waiting for it and waking each other.
+const READERS: usize = 3;
+
 impl Inner {
+    /// A reader connection: the first free one, else the next in turn (waiting for it).
+    fn reader(&self) -> std::sync::MutexGuard<'_, Connection> {
+        let start = self.next_reader.fetch_add(1, Ordering::Relaxed);
+        for i in 0..self.readers.len() {
+            let reader = &self.readers[(start + i) % self.readers.len()];
+            match reader.try_lock() {
+                Ok(guard) => return guard,
+                Err(std::sync::TryLockError::Poisoned(p)) => return p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => {}
+            }
+        }
+        self.readers[start % self.readers.len()].lock_or_recover()
+    }
+
     fn db_err(&self, e: impl Into<BoxError>) -> StoreError {
         StoreError::Database {
             path: self.path.display().to_string(),
@@ -541,7 +563,7 @@ impl Inner {
     }
 
     fn get<K: StoreObject>(&self, t: &Target) -> Result<Option<K>, StoreError> {
-        let conn = self.reader.lock_or_recover();
+        let conn = self.reader();
         match self.read_row(&conn, t)? {
             Some((_, body)) => t.decode(&body).map(Some),
             None => Ok(None),
@@ -772,7 +794,7 @@ impl Inner {
             },
         };
         let limit = params.limit.filter(|l| *l > 0).unwrap_or(usize::MAX);
-        let mut conn = self.reader.lock_or_recover();
+        let mut conn = self.reader();
         // One read transaction: the revision and the rows come from the same snapshot.
         let tx = conn.transaction().map_err(|e| self.db_err(e))?;
         let revision: i64 = tx
@@ -870,13 +892,17 @@ impl SqliteStore {
                 row.get(0)
             })
             .map_err(|e| err(e.into()))?;
-        let reader = Connection::open(&path).map_err(|e| err(e.into()))?;
-        reader
-            .busy_timeout(std::time::Duration::from_secs(10))
-            .map_err(|e| err(e.into()))?;
-        reader
-            .execute_batch("PRAGMA query_only = ON;")
-            .map_err(|e| err(e.into()))?;
+        let mut readers = Vec::with_capacity(READERS);
+        for _ in 0..READERS {
+            let reader = Connection::open(&path).map_err(|e| err(e.into()))?;
+            reader
+                .busy_timeout(std::time::Duration::from_secs(10))
+                .map_err(|e| err(e.into()))?;
+            reader
+                .execute_batch("PRAGMA query_only = ON;")
+                .map_err(|e| err(e.into()))?;
+            readers.push(Mutex::new(reader));
+        }
         Ok(SqliteStore {
             inner: Arc::new(Inner {
                 path,
@@ -888,7 +914,8 @@ impl SqliteStore {
                 }),
                 group_ended: Condvar::new(),
                 queued: AtomicUsize::new(0),
-                reader: Mutex::new(reader),
+                readers,
+                next_reader: AtomicUsize::new(0),
                 hub: Mutex::new(EventHub {
                     kinds: HashMap::new(),
                     opened_at: u64::try_from(revision).unwrap_or(0),
