@@ -553,6 +553,9 @@ async fn main() {
     }
     gate.wait().await;
     let all_start = Instant::now();
+    if std::env::var_os("SCALE_LOAD_VERBOSE").is_some() {
+        eprintln!("scale_load: grants asked at {}", jiff::Timestamp::now());
+    }
     let mut grants = Vec::with_capacity(clients);
     let mut leased = Vec::with_capacity(clients);
     for t in lease_tasks {
