@@ -841,13 +841,14 @@ mod tests {
         }
     }
 
-    /// Issue 27: the grants of a pass go to the store in one status call and one labels and
-    /// owners call, whatever their number (one at a time, 1,000 grants took 2,000 writes
-    /// taking turns on the store's writer), and the exporters' `leaseRef`s in one more.
-    #[tokio::test]
-    async fn a_pass_writes_its_grants_in_one_call_per_kind_of_write() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Recording::open(dir.path()).await;
+    /// A [`Recording`] store in `dir` with client `alice` and the exporters `names`, each
+    /// labelled `label`, registered and just seen; and the controller state over it.
+    async fn recording_lab(
+        dir: &std::path::Path,
+        names: &[String],
+        label: (&str, &str),
+    ) -> (Recording, Arc<ControllerState<Recording>>) {
+        let store = Recording::open(dir).await;
         let issuer = Arc::new(TokenIssuer::generate().unwrap());
         let (router_key, _) = RouterTokenKey::generate().unwrap();
         let state = ControllerState::new(
@@ -860,10 +861,10 @@ mod tests {
         let mut c = crate::objects::Client::new("alice", Default::default());
         c.metadata.namespace = Some("default".into());
         store.create(&c).await.unwrap();
-        for i in 0..20 {
-            let mut e = Exporter::new(&format!("board-{i:02}"), ExporterSpec::default());
+        for name in names {
+            let mut e = Exporter::new(name, ExporterSpec::default());
             e.metadata.namespace = Some("default".into());
-            e.metadata.labels = Some([("pool".to_string(), "x".to_string())].into());
+            e.metadata.labels = Some([(label.0.to_string(), label.1.to_string())].into());
             let mut e = store.create(&e).await.unwrap();
             e.status = Some(ExporterStatus {
                 devices: Some(vec![]),
@@ -872,6 +873,17 @@ mod tests {
             });
             store.update_status(&e).await.unwrap();
         }
+        (store, state)
+    }
+
+    /// Issue 27: the grants of a pass go to the store in one status call and one labels and
+    /// owners call, whatever their number (one at a time, 1,000 grants took 2,000 writes
+    /// taking turns on the store's writer), and the exporters' `leaseRef`s in one more.
+    #[tokio::test]
+    async fn a_pass_writes_its_grants_in_one_call_per_kind_of_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let names: Vec<String> = (0..20).map(|i| format!("board-{i:02}")).collect();
+        let (store, state) = recording_lab(dir.path(), &names, ("pool", "x")).await;
         // A first pass settles the exporters' conditions.
         reconcile_once(&state).await.unwrap();
         for i in 0..20 {
@@ -939,29 +951,7 @@ mod tests {
     #[tokio::test]
     async fn an_end_is_written_before_the_grant_of_the_same_exporter() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Recording::open(dir.path()).await;
-        let issuer = Arc::new(TokenIssuer::generate().unwrap());
-        let (router_key, _) = RouterTokenKey::generate().unwrap();
-        let state = ControllerState::new(
-            store.clone(),
-            issuer,
-            router_key,
-            vec![],
-            "localhost:1".into(),
-        );
-        let mut c = crate::objects::Client::new("alice", Default::default());
-        c.metadata.namespace = Some("default".into());
-        store.create(&c).await.unwrap();
-        let mut e = Exporter::new("board", ExporterSpec::default());
-        e.metadata.namespace = Some("default".into());
-        e.metadata.labels = Some([("board".to_string(), "x".to_string())].into());
-        let mut e = store.create(&e).await.unwrap();
-        e.status = Some(ExporterStatus {
-            devices: Some(vec![]),
-            last_seen: Some(metav1::Time(Timestamp::now())),
-            ..Default::default()
-        });
-        store.update_status(&e).await.unwrap();
+        let (store, state) = recording_lab(dir.path(), &["board".into()], ("board", "x")).await;
 
         let live_pairs = |writes: &[(String, Option<String>, bool)], names: &[&str]| {
             // Replays the writes from the state after the first pass: `names[0]` holds board.
