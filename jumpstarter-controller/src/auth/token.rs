@@ -13,7 +13,7 @@ use ring::{
 
 use jumpstarter_core::auth::{
     DEFAULT_ISSUER, Subject, TokenError,
-    jwt::{self, Alg, Claims, Key, unix_seconds},
+    jwt::{self, Alg, Claims, Key, check_times, unix_seconds},
     pem::{pem_encode, write_secret_file},
 };
 use jumpstarter_core::{Because, BoxError};
@@ -87,19 +87,6 @@ impl VerifiedTokens {
         use jumpstarter_core::sync::LockExt;
         self.0.lock_or_recover().clear();
     }
-}
-
-/// `exp` and `nbf` against `now` (seconds), as [`Claims::check_times`].
-fn check_times(exp: i64, nbf: Option<i64>, now: i64) -> Result<(), TokenError> {
-    if now >= exp {
-        return Err(TokenError::Expired { exp, now });
-    }
-    if let Some(nbf) = nbf
-        && now < nbf
-    {
-        return Err(TokenError::NotYetValid { nbf, now });
-    }
-    Ok(())
 }
 
 impl std::fmt::Debug for TokenIssuer {
@@ -279,8 +266,7 @@ impl TokenIssuer {
         )?);
         claims.check_issuer(&self.issuer)?;
         claims.check_audience(&self.audience)?;
-        let exp = claims.time("exp")?.ok_or(TokenError::MissingClaim("exp"))?;
-        let nbf = claims.time("nbf")?;
+        let (exp, nbf) = claims.times()?;
         check_times(exp, nbf, now)?;
         let subject = Subject::parse(claims.string("sub")?)?;
         self.verified.insert(

@@ -292,19 +292,30 @@ impl Claims {
         Ok(())
     }
 
+    /// `exp` (required) and `nbf` (optional), for [`check_times`].
+    pub fn times(&self) -> Result<(i64, Option<i64>), TokenError> {
+        let exp = self.time("exp")?.ok_or(TokenError::MissingClaim("exp"))?;
+        Ok((exp, self.time("nbf")?))
+    }
+
     /// `exp` must be present and in the future; `nbf`, when present, reached.
     pub fn check_times(&self, now: i64) -> Result<(), TokenError> {
-        let exp = self.time("exp")?.ok_or(TokenError::MissingClaim("exp"))?;
-        if now >= exp {
-            return Err(TokenError::Expired { exp, now });
-        }
-        if let Some(nbf) = self.time("nbf")?
-            && now < nbf
-        {
-            return Err(TokenError::NotYetValid { nbf, now });
-        }
-        Ok(())
+        let (exp, nbf) = self.times()?;
+        check_times(exp, nbf, now)
     }
+}
+
+/// `now` (seconds) must be before `exp` and, when there is one, not before `nbf`.
+pub fn check_times(exp: i64, nbf: Option<i64>, now: i64) -> Result<(), TokenError> {
+    if now >= exp {
+        return Err(TokenError::Expired { exp, now });
+    }
+    if let Some(nbf) = nbf
+        && now < nbf
+    {
+        return Err(TokenError::NotYetValid { nbf, now });
+    }
+    Ok(())
 }
 
 /// Seconds since the Unix epoch (negative before it), as JWT `iat`/`exp`/`nbf` count time.
