@@ -364,6 +364,14 @@ pub trait Store: Clone + Send + Sync + 'static {
         None
     }
 
+    /// Whether a write's watch event is in every open watch stream by the time the write
+    /// returns (the embedded store: it publishes before answering). Then a stream drained
+    /// after a write returned holds that write, and a cache fed by the watch is as fresh as a
+    /// list; otherwise (Kubernetes: events come later) only a list is.
+    fn watch_is_synchronous(&self) -> bool {
+        false
+    }
+
     /// Where Kubernetes Events about exporters go: nowhere, unless the backend is a cluster
     /// (see the `events` module). Called once per controller.
     fn event_recorder(&self) -> crate::events::EventRecorder {
