@@ -22,7 +22,7 @@ use crate::{
     scheduler::{Snapshot, exporter_lease_refs, schedule},
     selector::LabelSelector,
     state::{ControllerState, ExporterChanges},
-    store::{ListParams, Store, StoreError},
+    store::{ListParams, Store, StoreError, WatchEvent},
 };
 
 /// The longest the loop sleeps.
@@ -33,6 +33,78 @@ async fn list_all<S: Store, K: crate::store::StoreObject>(store: &S) -> Result<V
         .list::<K>(None, &LabelSelector::everything(), &ListParams::default())
         .await?
         .items)
+}
+
+/// Every lease as the store's watch delivered it. A pass drains the events that came since
+/// the last one instead of listing and decoding every lease: with 1,000 leases asked at once,
+/// passes run back to back, and that list was up to half of each one. Kept only for a store
+/// whose watch is synchronous ([`Store::watch_is_synchronous`]), so that a pass still sees
+/// every write that returned before it started; elsewhere each pass lists.
+pub(crate) struct LeaseView {
+    items: BTreeMap<ObjectKey, Lease>,
+    events: crate::store::WatchStream<Lease>,
+}
+
+impl LeaseView {
+    /// Applies the events waiting in the stream; `false` when the stream failed or ended
+    /// (it fell behind): the view must be listed again.
+    fn catch_up(&mut self) -> bool {
+        use futures::{FutureExt, StreamExt};
+        loop {
+            match self.events.next().now_or_never() {
+                None => return true,
+                Some(None | Some(Err(_))) => return false,
+                Some(Some(Ok(event))) => {
+                    let (lease, gone) = match event {
+                        WatchEvent::Added(l) | WatchEvent::Modified(l) => (l, false),
+                        WatchEvent::Deleted(l) => (l, true),
+                    };
+                    let Some(key) = meta_key(&lease.metadata)
+                        .map(|(ns, name)| (ns.to_string(), name.to_string()))
+                    else {
+                        continue;
+                    };
+                    if gone {
+                        self.items.remove(&key);
+                    } else {
+                        self.items.insert(key, lease);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Every lease: from the lease view when the store's watch is synchronous, else listed.
+async fn current_leases<S: Store>(state: &ControllerState<S>) -> Result<Vec<Lease>, StoreError> {
+    let store = &state.store;
+    if !store.watch_is_synchronous() {
+        return list_all(store).await;
+    }
+    let mut view = state.lease_view.lock().await;
+    if let Some(v) = view.as_mut() {
+        if v.catch_up() {
+            return Ok(v.items.values().cloned().collect());
+        }
+        tracing::debug!("the lease view fell behind the store's watch; listing again");
+        *view = None;
+    }
+    let listed = store
+        .list::<Lease>(None, &LabelSelector::everything(), &ListParams::default())
+        .await?;
+    let events = store
+        .watch::<Lease>(None, Some(&listed.resource_version))
+        .await?;
+    let items = listed
+        .items
+        .iter()
+        .filter_map(|l| {
+            let (ns, name) = meta_key(&l.metadata)?;
+            Some(((ns.to_string(), name.to_string()), l.clone()))
+        })
+        .collect();
+    *view = Some(LeaseView { items, events });
+    Ok(listed.items)
 }
 
 /// Whether `set_condition` with these arguments would change `conds`.
@@ -65,7 +137,7 @@ pub async fn reconcile_once<S: Store>(
 ) -> Result<Option<Timestamp>, StoreError> {
     let store = &state.store;
     let started = std::time::Instant::now();
-    let leases: Vec<Lease> = list_all(store).await?;
+    let leases: Vec<Lease> = current_leases(state).await?;
     // Exporters come from the cache the exporter feed keeps when it runs, else from a list.
     let mut view_guard = state.exporter_view.lock().await;
     let listed = refresh_exporters(state, &mut view_guard).await?;
@@ -942,6 +1014,70 @@ mod tests {
         );
         l.metadata.namespace = Some("default".into());
         l
+    }
+
+    /// The leases a pass sees, as a list would give them (name and resourceVersion).
+    async fn listed_leases(store: &SqliteStore) -> Vec<(String, Option<String>)> {
+        list_all::<_, Lease>(store)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|l| (l.metadata.name.unwrap(), l.metadata.resource_version))
+            .collect()
+    }
+
+    /// Issue 27: with the embedded store a pass takes its leases from the lease view, fed by
+    /// the watch, instead of listing them; it must see what a list sees right after any
+    /// write returned (creates, changes, deletes), and list again when it fell behind.
+    #[tokio::test]
+    async fn the_lease_view_sees_what_a_list_sees_and_relists_when_it_fell_behind() {
+        let (_dir, state) = state().await;
+        let store = &state.store;
+        assert!(store.watch_is_synchronous());
+        let seen = |leases: Vec<Lease>| -> Vec<(String, Option<String>)> {
+            leases
+                .into_iter()
+                .map(|l| (l.metadata.name.unwrap(), l.metadata.resource_version))
+                .collect()
+        };
+        assert!(current_leases(&state).await.unwrap().is_empty());
+        assert!(state.lease_view.lock().await.is_some(), "no view was kept");
+        for i in 0..5 {
+            store
+                .create(&lease_on(&format!("l-{i}"), "a=b"))
+                .await
+                .unwrap();
+        }
+        assert_eq!(
+            seen(current_leases(&state).await.unwrap()),
+            listed_leases(store).await
+        );
+        let mut changed: Lease = store.get("default", "l-2").await.unwrap().unwrap();
+        changed.spec.release = true;
+        store.update(&changed).await.unwrap();
+        store.delete::<Lease>("default", "l-3", None).await.unwrap();
+        let now = seen(current_leases(&state).await.unwrap());
+        assert_eq!(now, listed_leases(store).await);
+        assert_eq!(now.len(), 4);
+        // More changes than a watch holds between two passes: the view lists again.
+        let mut l: Lease = store.get("default", "l-0").await.unwrap().unwrap();
+        for i in 0..crate::store::WATCH_BUFFER + 10 {
+            l.spec.tags.insert("n".into(), i.to_string());
+            l = store.update(&l).await.unwrap();
+        }
+        store.create(&lease_on("l-late", "a=b")).await.unwrap();
+        let now = seen(current_leases(&state).await.unwrap());
+        assert_eq!(now, listed_leases(store).await);
+        assert!(now.iter().any(|(n, _)| n == "l-late"));
+        // And follows the watch again after that.
+        store
+            .delete::<Lease>("default", "l-late", None)
+            .await
+            .unwrap();
+        assert_eq!(
+            seen(current_leases(&state).await.unwrap()),
+            listed_leases(store).await
+        );
     }
 
     /// Issue 29: a pass that ends one lease and grants its exporter to another writes the end

@@ -51,6 +51,9 @@ pub struct ControllerState<S: Store> {
     pub wake: Notify,
     /// The reconcile loop's own copy of the exporters, updated from the cache's changes.
     pub(crate) exporter_view: tokio::sync::Mutex<Option<ExporterView>>,
+    /// The reconcile loop's copy of the leases, fed by the store's watch (only for a store
+    /// whose watch is synchronous, see [`crate::reconcile`]).
+    pub(crate) lease_view: tokio::sync::Mutex<Option<crate::reconcile::LeaseView>>,
 }
 
 impl<S: Store> ControllerState<S> {
@@ -77,6 +80,7 @@ impl<S: Store> ControllerState<S> {
             fatal: watch::channel(None).0,
             wake: Notify::new(),
             exporter_view: tokio::sync::Mutex::new(None),
+            lease_view: tokio::sync::Mutex::new(None),
             store,
         })
     }
