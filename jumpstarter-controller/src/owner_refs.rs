@@ -109,14 +109,41 @@ pub fn set_lease_owner(
     set_controller_reference("Lease", &mut lease.metadata, owner)
 }
 
+/// Whether `lease` already holds exactly the reference [`set_lease_owner`] would give it (or
+/// there is none to give).
+fn has_lease_owner(
+    lease: &Lease,
+    status: &LeaseStatus,
+    exporters: &HashMap<(&str, &str), &Exporter>,
+) -> bool {
+    let (Some(namespace), Some(assigned)) = (
+        lease.metadata.namespace.as_deref(),
+        status.exporter_ref.as_ref(),
+    ) else {
+        return true;
+    };
+    let Some(owner) = exporters
+        .get(&(namespace, assigned.name.as_str()))
+        .and_then(|e| controller_reference(*e))
+    else {
+        return true;
+    };
+    lease
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|r| *r == owner)
+}
+
 /// Gives every lease with an assigned exporter its controller reference to that exporter,
 /// writing only the leases that lack it. `leases` are the stored leases (for their metadata);
 /// `statuses` the latest (namespace, name, status) of each, as just written. Failures are
 /// logged, never returned: an owner reference must not stop scheduling. Returns whether a
 /// write conflicted (look again soon).
-pub async fn sync_lease_owners<S: Store>(
+pub async fn sync_lease_owners<'a, S: Store>(
     store: &S,
-    leases: &[Lease],
+    leases: impl IntoIterator<Item = &'a Lease>,
     statuses: &[(&str, &str, &LeaseStatus)],
     exporters: &[Exporter],
 ) -> bool {
@@ -136,7 +163,7 @@ pub async fn sync_lease_owners<S: Store>(
         })
         .collect();
     let leases: HashMap<(&str, &str), &Lease> = leases
-        .iter()
+        .into_iter()
         .filter_map(|l| Some((crate::objects::meta_key(&l.metadata)?, l)))
         .collect();
     let mut retry = false;
@@ -147,7 +174,11 @@ pub async fn sync_lease_owners<S: Store>(
         let Some(stored) = leases.get(&(namespace, name)) else {
             continue;
         };
-        // Checked on the listed copy first, so that only leases that need it are re-read.
+        // Checked on the listed copy first, so that only leases that need it are re-read;
+        // the common case, a lease that has it, without copying the lease.
+        if has_lease_owner(stored, status, &exporters) {
+            continue;
+        }
         let mut probe = (*stored).clone();
         match set_lease_owner(&mut probe, status, &exporters) {
             Ok(false) => continue,

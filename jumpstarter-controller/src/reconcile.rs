@@ -9,6 +9,7 @@ use std::{
 };
 
 use jiff::Timestamp;
+use jumpstarter_core::sync::LockExt;
 use k8s_openapi::api::core::v1::LocalObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1 as metav1;
 
@@ -180,6 +181,20 @@ pub async fn reconcile_once<S: Store>(
         next = Some(now);
     }
     let leases_in = started.elapsed();
+    // Before the exporters hear of their leases: their Status messages name the client.
+    let clients_of: crate::state::LeaseClients = leases
+        .iter()
+        .filter_map(|l| {
+            let (ns, name) = meta_key(&l.metadata)?;
+            let key = (ns.to_string(), name.to_string());
+            let held = leases_written
+                .statuses
+                .get(&key)
+                .is_some_and(|st| !st.ended && st.exporter_ref.is_some());
+            held.then(|| (key, l.spec.client_ref.name.clone()))
+        })
+        .collect();
+    *state.lease_clients.lock_or_recover() = Arc::new(clients_of);
 
     // Exporters: who holds them, and whether they are online.
     let refs = exporter_lease_refs(
@@ -447,21 +462,19 @@ async fn sync_owners<S: Store>(
         .iter()
         .map(|((ns, n), st)| (ns.as_str(), n.as_str(), st))
         .collect();
-    let latest: Vec<Lease> = leases
+    // The leases as stored now: the ones this pass rewrote, else as listed (not copied: a
+    // pass over 1,000 leases copied every one here).
+    let rewritten: HashMap<(&str, &str), &Lease> = written
+        .rewritten
         .iter()
-        .map(|l| {
-            let key = (
-                l.metadata.namespace.clone().unwrap_or_default(),
-                l.metadata.name.clone().unwrap_or_default(),
-            );
-            written
-                .rewritten
-                .get(&key)
-                .cloned()
-                .unwrap_or_else(|| l.clone())
-        })
+        .map(|((ns, n), l)| ((ns.as_str(), n.as_str()), l))
         .collect();
-    crate::owner_refs::sync_lease_owners(store, &latest, &statuses, exporters).await
+    let latest = leases.iter().map(|l| {
+        meta_key(&l.metadata)
+            .and_then(|k| rewritten.get(&k).copied())
+            .unwrap_or(l)
+    });
+    crate::owner_refs::sync_lease_owners(store, latest, &statuses, exporters).await
 }
 
 /// One exporter's status as this pass wants it: the lease holding it (`want_ref`), its
@@ -1077,6 +1090,48 @@ mod tests {
         assert_eq!(
             seen(current_leases(&state).await.unwrap()),
             listed_leases(store).await
+        );
+    }
+
+    /// Issue 27: a pass records the client of each lease holding an exporter before the
+    /// exporter hears of it, so that the Status message names the client without reading
+    /// the lease; an ended lease is dropped, a transferred one forgotten.
+    #[tokio::test]
+    async fn a_pass_records_the_client_of_each_held_lease() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, state) = recording_lab(dir.path(), &["board".into()], ("board", "x")).await;
+        store.create(&lease_on("held", "board=x")).await.unwrap();
+        store.create(&lease_on("waiting", "board=x")).await.unwrap();
+        reconcile_once(&state).await.unwrap();
+        let holder = ["held", "waiting"]
+            .into_iter()
+            .find(|n| state.lease_client("default", n).is_some())
+            .expect("no lease's client recorded");
+        let other = if holder == "held" { "waiting" } else { "held" };
+        assert_eq!(
+            state.lease_client("default", holder).as_deref(),
+            Some("alice")
+        );
+        assert_eq!(
+            state.lease_client("default", other),
+            None,
+            "not holding an exporter"
+        );
+        state.forget_lease_client("default", holder);
+        assert_eq!(state.lease_client("default", holder), None);
+        let mut l: Lease = store.get("default", holder).await.unwrap().unwrap();
+        l.spec.release = true;
+        store.update(&l).await.unwrap();
+        reconcile_once(&state).await.unwrap();
+        reconcile_once(&state).await.unwrap();
+        assert_eq!(
+            state.lease_client("default", holder),
+            None,
+            "an ended lease"
+        );
+        assert_eq!(
+            state.lease_client("default", other).as_deref(),
+            Some("alice")
         );
     }
 

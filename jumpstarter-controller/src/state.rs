@@ -54,7 +54,14 @@ pub struct ControllerState<S: Store> {
     /// The reconcile loop's copy of the leases, fed by the store's watch (only for a store
     /// whose watch is synchronous, see [`crate::reconcile`]).
     pub(crate) lease_view: tokio::sync::Mutex<Option<crate::reconcile::LeaseView>>,
+    /// The client of every lease holding an exporter, as of the last reconcile pass (which
+    /// builds it before it writes the exporters' `leaseRef`): a Status message names the
+    /// lease's client without reading the lease from the store.
+    pub(crate) lease_clients: std::sync::Mutex<Arc<LeaseClients>>,
 }
+
+/// Lease (namespace, name) -> its client's name.
+pub(crate) type LeaseClients = std::collections::HashMap<crate::objects::ObjectKey, String>;
 
 impl<S: Store> ControllerState<S> {
     /// State over `store`.
@@ -81,8 +88,29 @@ impl<S: Store> ControllerState<S> {
             wake: Notify::new(),
             exporter_view: tokio::sync::Mutex::new(None),
             lease_view: tokio::sync::Mutex::new(None),
+            lease_clients: std::sync::Mutex::new(Arc::default()),
             store,
         })
+    }
+
+    /// The client of lease `namespace/name` as the last reconcile pass saw it, when it holds
+    /// an exporter (`None`: read the lease).
+    pub(crate) fn lease_client(&self, namespace: &str, name: &str) -> Option<String> {
+        use jumpstarter_core::sync::LockExt;
+        let clients = self.lease_clients.lock_or_recover().clone();
+        clients
+            .get(&(namespace.to_string(), name.to_string()))
+            .cloned()
+    }
+
+    /// Forgets the client of lease `namespace/name` (it was transferred), until the next pass.
+    pub(crate) fn forget_lease_client(&self, namespace: &str, name: &str) {
+        use jumpstarter_core::sync::LockExt;
+        let mut clients = self.lease_clients.lock_or_recover();
+        let key = (namespace.to_string(), name.to_string());
+        if clients.contains_key(&key) {
+            Arc::make_mut(&mut clients).remove(&key);
+        }
     }
 
     /// Declares the controller unable to go on, for `reason` (the first reason is kept).

@@ -325,6 +325,9 @@ impl<S: Store> ClientService for ClientApi<S> {
             apply_change(l, &change, &view)
         })
         .await?;
+        if change.new_client.is_some() {
+            self.0.forget_lease_client(ns, name);
+        }
         self.0.wake.notify_one();
         Ok(Response::new(lease_to_proto(&updated, Timestamp::now())))
     }

@@ -138,14 +138,14 @@ impl<S: Store> ControllerApi<S> {
             .and_then(|s| s.lease_ref.as_ref())
             .map(|r| r.name.clone());
         let mut client_name = None;
-        if let Some(l) = &lease
-            && let Ok(Some(lease)) = self
-                .0
-                .store
-                .get::<Lease>(e.metadata.namespace.as_deref().unwrap_or_default(), l)
-                .await
-        {
-            client_name = Some(lease.spec.client_ref.name.clone());
+        let namespace = e.metadata.namespace.as_deref().unwrap_or_default();
+        if let Some(l) = &lease {
+            client_name = self.0.lease_client(namespace, l);
+            if client_name.is_none()
+                && let Ok(Some(lease)) = self.0.store.get::<Lease>(namespace, l).await
+            {
+                client_name = Some(lease.spec.client_ref.name.clone());
+            }
         }
         StatusResponse {
             leased: lease.is_some(),
