@@ -36,6 +36,7 @@ mod fuzz_tests;
 mod leader;
 mod lease_gc;
 mod lease_update;
+mod lease_view;
 mod limits;
 mod login_service;
 mod metrics;

@@ -13,6 +13,7 @@ use jumpstarter_core::sync::LockExt;
 use k8s_openapi::api::core::v1::LocalObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1 as metav1;
 
+use crate::lease_view::LeaseView;
 use crate::{
     exporter_view::ExporterView,
     objects::{
@@ -23,7 +24,7 @@ use crate::{
     scheduler::{Snapshot, exporter_lease_refs, schedule},
     selector::LabelSelector,
     state::{ControllerState, ExporterChanges},
-    store::{ListParams, Store, StoreError, WatchEvent},
+    store::{ListParams, Store, StoreError},
 };
 
 /// The longest the loop sleeps.
@@ -36,46 +37,6 @@ async fn list_all<S: Store, K: crate::store::StoreObject>(store: &S) -> Result<V
         .items)
 }
 
-/// Every lease as the store's watch delivered it. A pass drains the events that came since
-/// the last one instead of listing and decoding every lease: with 1,000 leases asked at once,
-/// passes run back to back, and that list was up to half of each one. Kept only for a store
-/// whose watch is synchronous ([`Store::watch_is_synchronous`]), so that a pass still sees
-/// every write that returned before it started; elsewhere each pass lists.
-pub(crate) struct LeaseView {
-    items: BTreeMap<ObjectKey, Lease>,
-    events: crate::store::WatchStream<Lease>,
-}
-
-impl LeaseView {
-    /// Applies the events waiting in the stream; `false` when the stream failed or ended
-    /// (it fell behind): the view must be listed again.
-    fn catch_up(&mut self) -> bool {
-        use futures::{FutureExt, StreamExt};
-        loop {
-            match self.events.next().now_or_never() {
-                None => return true,
-                Some(None | Some(Err(_))) => return false,
-                Some(Some(Ok(event))) => {
-                    let (lease, gone) = match event {
-                        WatchEvent::Added(l) | WatchEvent::Modified(l) => (l, false),
-                        WatchEvent::Deleted(l) => (l, true),
-                    };
-                    let Some(key) = meta_key(&lease.metadata)
-                        .map(|(ns, name)| (ns.to_string(), name.to_string()))
-                    else {
-                        continue;
-                    };
-                    if gone {
-                        self.items.remove(&key);
-                    } else {
-                        self.items.insert(key, lease);
-                    }
-                }
-            }
-        }
-    }
-}
-
 /// Every lease: from the lease view when the store's watch is synchronous, else listed.
 async fn current_leases<S: Store>(state: &ControllerState<S>) -> Result<Vec<Lease>, StoreError> {
     let store = &state.store;
@@ -85,7 +46,7 @@ async fn current_leases<S: Store>(state: &ControllerState<S>) -> Result<Vec<Leas
     let mut view = state.lease_view.lock().await;
     if let Some(v) = view.as_mut() {
         if v.catch_up() {
-            return Ok(v.items.values().cloned().collect());
+            return Ok(v.leases().cloned().collect());
         }
         tracing::debug!("the lease view fell behind the store's watch; listing again");
         *view = None;
@@ -104,7 +65,7 @@ async fn current_leases<S: Store>(state: &ControllerState<S>) -> Result<Vec<Leas
             Some(((ns.to_string(), name.to_string()), l.clone()))
         })
         .collect();
-    *view = Some(LeaseView { items, events });
+    *view = Some(LeaseView::new(items, events));
     Ok(listed.items)
 }
 
