@@ -20,7 +20,27 @@ pub struct LeaseView {
     events: crate::store::WatchStream<Lease>,
 }
 
+/// A lease's key in the view (`None`: no namespace or name).
+fn key_of(lease: &Lease) -> Option<ObjectKey> {
+    meta_key(&lease.metadata).map(|(ns, name)| (ns.to_string(), name.to_string()))
+}
+
 impl LeaseView {
+    /// A view holding the listed `leases`, followed from then on by `events` (a watch from
+    /// that list's resourceVersion).
+    pub fn new(leases: &[Lease], events: crate::store::WatchStream<Lease>) -> Self {
+        let items = leases
+            .iter()
+            .filter_map(|l| Some((key_of(l)?, l.clone())))
+            .collect();
+        Self { items, events }
+    }
+
+    /// Every lease, in (namespace, name) order.
+    pub fn leases(&self) -> impl Iterator<Item = &Lease> {
+        self.items.values()
+    }
+
     /// Applies the events waiting in the stream; `false` when the stream failed or ended
     /// (it fell behind): the view must be listed again.
     pub fn catch_up(&mut self) -> bool {
@@ -34,9 +54,7 @@ impl LeaseView {
                         WatchEvent::Added(l) | WatchEvent::Modified(l) => (l, false),
                         WatchEvent::Deleted(l) => (l, true),
                     };
-                    let Some(key) = meta_key(&lease.metadata)
-                        .map(|(ns, name)| (ns.to_string(), name.to_string()))
-                    else {
+                    let Some(key) = key_of(&lease) else {
                         continue;
                     };
                     if gone {
@@ -47,21 +65,5 @@ impl LeaseView {
                 }
             }
         }
-    }
-}
-
-impl LeaseView {
-    /// A view holding `items` (a list), followed from then on by `events` (a watch from that
-    /// list's resourceVersion).
-    pub fn new(
-        items: BTreeMap<ObjectKey, Lease>,
-        events: crate::store::WatchStream<Lease>,
-    ) -> Self {
-        Self { items, events }
-    }
-
-    /// Every lease, in (namespace, name) order.
-    pub fn leases(&self) -> impl Iterator<Item = &Lease> {
-        self.items.values()
     }
 }

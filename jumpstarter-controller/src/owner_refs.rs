@@ -94,19 +94,24 @@ pub fn set_lease_owner(
     status: &LeaseStatus,
     exporters: &HashMap<(&str, &str), &Exporter>,
 ) -> Result<bool, OwnerRefError> {
-    let (Some(namespace), Some(assigned)) = (
-        lease.metadata.namespace.as_deref(),
-        status.exporter_ref.as_ref(),
-    ) else {
-        return Ok(false);
-    };
-    let Some(owner) = exporters
+    match wanted_lease_owner(lease, status, exporters) {
+        Some(owner) => set_controller_reference("Lease", &mut lease.metadata, owner),
+        None => Ok(false),
+    }
+}
+
+/// The controller reference `status` asks `lease` to have: to its assigned exporter, looked
+/// up in `exporters` within the lease's namespace (`None`: nothing assigned, or not found).
+fn wanted_lease_owner(
+    lease: &Lease,
+    status: &LeaseStatus,
+    exporters: &HashMap<(&str, &str), &Exporter>,
+) -> Option<OwnerReference> {
+    let namespace = lease.metadata.namespace.as_deref()?;
+    let assigned = status.exporter_ref.as_ref()?;
+    exporters
         .get(&(namespace, assigned.name.as_str()))
         .and_then(|e| controller_reference(*e))
-    else {
-        return Ok(false);
-    };
-    set_controller_reference("Lease", &mut lease.metadata, owner)
 }
 
 /// Whether `lease` already holds exactly the reference [`set_lease_owner`] would give it (or
@@ -116,24 +121,14 @@ fn has_lease_owner(
     status: &LeaseStatus,
     exporters: &HashMap<(&str, &str), &Exporter>,
 ) -> bool {
-    let (Some(namespace), Some(assigned)) = (
-        lease.metadata.namespace.as_deref(),
-        status.exporter_ref.as_ref(),
-    ) else {
-        return true;
-    };
-    let Some(owner) = exporters
-        .get(&(namespace, assigned.name.as_str()))
-        .and_then(|e| controller_reference(*e))
-    else {
-        return true;
-    };
-    lease
-        .metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .any(|r| *r == owner)
+    wanted_lease_owner(lease, status, exporters).is_none_or(|owner| {
+        lease
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|r| *r == owner)
+    })
 }
 
 /// Gives every lease with an assigned exporter its controller reference to that exporter,

@@ -57,15 +57,7 @@ async fn current_leases<S: Store>(state: &ControllerState<S>) -> Result<Vec<Leas
     let events = store
         .watch::<Lease>(None, Some(&listed.resource_version))
         .await?;
-    let items = listed
-        .items
-        .iter()
-        .filter_map(|l| {
-            let (ns, name) = meta_key(&l.metadata)?;
-            Some(((ns.to_string(), name.to_string()), l.clone()))
-        })
-        .collect();
-    *view = Some(LeaseView::new(items, events));
+    *view = Some(LeaseView::new(&listed.items, events));
     Ok(listed.items)
 }
 
@@ -990,14 +982,17 @@ mod tests {
         l
     }
 
-    /// The leases a pass sees, as a list would give them (name and resourceVersion).
-    async fn listed_leases(store: &SqliteStore) -> Vec<(String, Option<String>)> {
-        list_all::<_, Lease>(store)
-            .await
-            .unwrap()
+    /// Leases by name and resourceVersion, to compare what a pass sees with a list.
+    fn versions(leases: Vec<Lease>) -> Vec<(String, Option<String>)> {
+        leases
             .into_iter()
             .map(|l| (l.metadata.name.unwrap(), l.metadata.resource_version))
             .collect()
+    }
+
+    /// The leases as a list gives them (see [`versions`]).
+    async fn listed_leases(store: &SqliteStore) -> Vec<(String, Option<String>)> {
+        versions(list_all::<_, Lease>(store).await.unwrap())
     }
 
     /// Issue 27: with the embedded store a pass takes its leases from the lease view, fed by
@@ -1008,12 +1003,7 @@ mod tests {
         let (_dir, state) = state().await;
         let store = &state.store;
         assert!(store.watch_is_synchronous());
-        let seen = |leases: Vec<Lease>| -> Vec<(String, Option<String>)> {
-            leases
-                .into_iter()
-                .map(|l| (l.metadata.name.unwrap(), l.metadata.resource_version))
-                .collect()
-        };
+        let seen = versions;
         assert!(current_leases(&state).await.unwrap().is_empty());
         assert!(state.lease_view.lock().await.is_some(), "no view was kept");
         for i in 0..5 {
