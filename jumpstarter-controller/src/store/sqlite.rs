@@ -211,6 +211,17 @@ impl Target {
         }
     }
 
+    /// The event of a change to this object at `revision`, its body now `body`.
+    fn event(&self, event_type: EventType, revision: u64, body: String) -> RawEvent {
+        RawEvent {
+            event_type,
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+            revision,
+            body,
+        }
+    }
+
     fn not_found(&self) -> StoreError {
         StoreError::NotFound {
             kind: self.kind.clone(),
@@ -565,16 +576,7 @@ impl Inner {
         let body = value.to_string();
         let stored: K = t.decode(&body)?;
         self.write_row(tx, t, revision, &body)?;
-        Ok((
-            stored,
-            vec![RawEvent {
-                event_type: EventType::Added,
-                namespace: t.namespace.clone(),
-                name: t.name.clone(),
-                revision,
-                body,
-            }],
-        ))
+        Ok((stored, vec![t.event(EventType::Added, revision, body)]))
     }
 
     /// The write of an update or update_status, on the writer: `merge(stored, given)` builds
@@ -597,24 +599,9 @@ impl Inner {
             // Nothing changed: no write, no event, same resourceVersion (as Kubernetes).
             return Ok((t.decode(&body)?, None));
         }
-        let revision = self.next_revision();
-        metadata_mut(t, &mut next)?.insert(
-            "resourceVersion".into(),
-            Value::String(revision.to_string()),
-        );
-        let body = next.to_string();
-        let result: K = t.decode(&body)?;
+        let (revision, body, result) = self.stamp::<K>(t, &mut next)?;
         self.write_row(tx, t, revision, &body)?;
-        Ok((
-            result,
-            Some(RawEvent {
-                event_type: EventType::Modified,
-                namespace: t.namespace.clone(),
-                name: t.name.clone(),
-                revision,
-                body,
-            }),
-        ))
+        Ok((result, Some(t.event(EventType::Modified, revision, body))))
     }
 
     /// [`Inner::replace_in`] of many objects in one write, each in a savepoint of its own:
@@ -656,6 +643,23 @@ impl Inner {
         Ok((results, events))
     }
 
+    /// Gives `value` (object `t`) the next revision as its resourceVersion; returns that
+    /// revision, the body to store and the object it decodes to.
+    fn stamp<K: StoreObject>(
+        &self,
+        t: &Target,
+        value: &mut Value,
+    ) -> Result<(u64, String, K), StoreError> {
+        let revision = self.next_revision();
+        metadata_mut(t, value)?.insert(
+            "resourceVersion".into(),
+            Value::String(revision.to_string()),
+        );
+        let body = value.to_string();
+        let object: K = t.decode(&body)?;
+        Ok((revision, body, object))
+    }
+
     /// The write of a delete, on the writer.
     fn delete_in<K: StoreObject>(
         &self,
@@ -673,23 +677,8 @@ impl Inner {
         tx.prepare_cached("DELETE FROM objects WHERE kind = ?1 AND namespace = ?2 AND name = ?3")
             .and_then(|mut stmt| stmt.execute(params![t.kind, t.namespace, t.name]))
             .map_err(|e| self.db_err(e))?;
-        let revision = self.next_revision();
-        metadata_mut(t, &mut value)?.insert(
-            "resourceVersion".into(),
-            Value::String(revision.to_string()),
-        );
-        let body = value.to_string();
-        let last: K = t.decode(&body)?;
-        Ok((
-            last,
-            vec![RawEvent {
-                event_type: EventType::Deleted,
-                namespace: t.namespace.clone(),
-                name: t.name.clone(),
-                revision,
-                body,
-            }],
-        ))
+        let (revision, body, last) = self.stamp::<K>(t, &mut value)?;
+        Ok((last, vec![t.event(EventType::Deleted, revision, body)]))
     }
 
     fn list<K: StoreObject>(
