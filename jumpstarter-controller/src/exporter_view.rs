@@ -35,7 +35,14 @@ pub(crate) struct ExporterView {
 }
 
 impl ExporterView {
-    pub(crate) fn new(items: Vec<Exporter>) -> Self {
+    pub(crate) fn new(mut items: Vec<Exporter>) -> Self {
+        // In (namespace, name) order, as the scheduler wants them: it sorts them on every pass,
+        // and sorting what is in order already is one look at each (the cache hands them over
+        // in no order; 10,000 of them took milliseconds per pass to sort).
+        fn key(e: &Exporter) -> (Option<&str>, Option<&str>) {
+            (e.metadata.namespace.as_deref(), e.metadata.name.as_deref())
+        }
+        items.sort_by(|a, b| key(a).cmp(&key(b)));
         let mut view = ExporterView {
             items: Vec::with_capacity(items.len()),
             index: HashMap::with_capacity(items.len()),

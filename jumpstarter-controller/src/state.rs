@@ -52,8 +52,8 @@ pub struct ControllerState<S: Store> {
     /// The reconcile loop's own copy of the exporters, updated from the cache's changes.
     pub(crate) exporter_view: tokio::sync::Mutex<Option<ExporterView>>,
     /// The reconcile loop's copy of the leases, fed by the store's watch (only for a store
-    /// whose watch is synchronous, see [`crate::lease_view`]).
-    pub(crate) lease_view: tokio::sync::Mutex<Option<crate::lease_view::LeaseView>>,
+    /// whose watch is synchronous, see [`crate::object_view`]).
+    pub(crate) lease_view: tokio::sync::Mutex<Option<crate::object_view::LeaseView>>,
     /// The client of every lease holding an exporter, as of the last reconcile pass (which
     /// builds it before it writes the exporters' `leaseRef`): a Status message names the
     /// lease's client without reading the lease from the store.

@@ -11,6 +11,7 @@ use tonic::{Status, metadata::MetadataMap};
 use super::errors::store_status;
 use crate::{
     external_auth::ExternalAuth,
+    object_view::{ViewSlot, read_view},
     objects::{Client, Exporter},
     store::{Store, StoreError},
 };
@@ -40,6 +41,10 @@ pub struct Authenticator<S: Store> {
     /// Where an exporter's uid is looked up before the store (see
     /// [`super::ExporterCache::cached_uid`]).
     pub exporters: Option<Arc<super::ExporterCache>>,
+    /// The clients, whose uids a client's token must match, when the store's watch is
+    /// synchronous (see [`crate::object_view`]): with 1,000 leases asked at once, each one
+    /// read and decoded its client, and a reconcile pass's own reads queued behind them.
+    clients: ViewSlot<Client>,
 }
 
 impl<S: Store> Authenticator<S> {
@@ -51,6 +56,7 @@ impl<S: Store> Authenticator<S> {
             external_auth: ExternalAuth::default(),
             client_activity: Default::default(),
             exporters: None,
+            clients: ViewSlot::default(),
         }
     }
 
@@ -71,6 +77,26 @@ impl<S: Store> Authenticator<S> {
             self.client_activity.note(&caller.namespace, &caller.name);
         }
         Ok(caller)
+    }
+
+    /// The uid of client `namespace/name` (`None`: no such client): from the client view when
+    /// the store's watch is synchronous (then as exact as a read), else read.
+    async fn client_uid(&self, namespace: &str, name: &str) -> Result<Option<String>, Status> {
+        let uid = |c: &Client| c.metadata.uid.clone();
+        if self.store.watch_is_synchronous() {
+            return read_view(&self.store, &self.clients, |v| {
+                v.get(namespace, name).and_then(uid)
+            })
+            .await
+            .map_err(store_status);
+        }
+        Ok(self
+            .store
+            .get::<Client>(namespace, name)
+            .await
+            .map_err(store_status)?
+            .as_ref()
+            .and_then(uid))
     }
 
     async fn authenticate_caller(
@@ -111,12 +137,7 @@ impl<S: Store> Authenticator<S> {
             return Err(denied());
         }
         let uid = match kind {
-            ObjectKind::Client => self
-                .store
-                .get::<Client>(&meta.namespace, &name)
-                .await
-                .map_err(store_status)?
-                .and_then(|c| c.metadata.uid),
+            ObjectKind::Client => self.client_uid(&meta.namespace, &name).await?,
             ObjectKind::Exporter => match self
                 .exporters
                 .as_ref()
@@ -241,5 +262,87 @@ impl<S: Store> Authenticator<S> {
                 .ok_or_else(|| Status::aborted(format!("client {namespace}/{name} vanished"))),
             Err(e) => Err(store_status(e)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use jumpstarter_core::auth::{KIND_KEY, NAME_KEY, NAMESPACE_KEY, Subject};
+
+    use super::*;
+    use crate::store::SqliteStore;
+
+    /// A client's call metadata with a token for `uid`.
+    fn metadata(issuer: &TokenIssuer, name: &str, uid: &str) -> MetadataMap {
+        let subject = Subject::new(ObjectKind::Client, "default", name, uid);
+        let token = issuer.issue(&subject).unwrap().token;
+        let mut md = MetadataMap::new();
+        md.insert("authorization", format!("Bearer {token}").parse().unwrap());
+        md.insert(KIND_KEY, "Client".parse().unwrap());
+        md.insert(NAMESPACE_KEY, "default".parse().unwrap());
+        md.insert(NAME_KEY, name.parse().unwrap());
+        md
+    }
+
+    async fn create_client(store: &SqliteStore, name: &str) -> String {
+        let mut c = Client::new(name, Default::default());
+        c.metadata.namespace = Some("default".into());
+        store.create(&c).await.unwrap().metadata.uid.unwrap()
+    }
+
+    /// Issue 27: with the embedded store a client's uid comes from the client view, not a
+    /// read per call; the view must be as exact as the read: a client created, deleted or
+    /// re-created under the same name is seen at once.
+    #[tokio::test]
+    async fn client_tokens_follow_the_clients_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(dir.path()).await.unwrap();
+        let issuer = Arc::new(TokenIssuer::generate().unwrap());
+        let auth = Authenticator::new(store.clone(), issuer.clone());
+        let ok = |r: Result<Caller, Status>| r.map(|c| c.uid).map_err(|s| s.code());
+        // Before the first client exists (the view starts empty).
+        let md = metadata(&issuer, "alice", "no-such-uid");
+        assert_eq!(
+            ok(auth.authenticate(&md, ObjectKind::Client).await),
+            Err(tonic::Code::PermissionDenied)
+        );
+        let uid = create_client(&store, "alice").await;
+        let md = metadata(&issuer, "alice", &uid);
+        assert_eq!(
+            ok(auth.authenticate(&md, ObjectKind::Client).await),
+            Ok(uid.clone())
+        );
+        // Deleted: refused right away.
+        store
+            .delete::<Client>("default", "alice", None)
+            .await
+            .unwrap();
+        assert_eq!(
+            ok(auth.authenticate(&md, ObjectKind::Client).await),
+            Err(tonic::Code::PermissionDenied)
+        );
+        // Re-created: the old token is refused, a new one for the new uid accepted.
+        let new_uid = create_client(&store, "alice").await;
+        assert_ne!(new_uid, uid);
+        assert_eq!(
+            ok(auth.authenticate(&md, ObjectKind::Client).await),
+            Err(tonic::Code::PermissionDenied)
+        );
+        let md = metadata(&issuer, "alice", &new_uid);
+        assert_eq!(
+            ok(auth.authenticate(&md, ObjectKind::Client).await),
+            Ok(new_uid)
+        );
+        // More clients made between two calls than tokio lets a task take from a channel at
+        // once: the last one is still seen.
+        for i in 0..200 {
+            create_client(&store, &format!("c-{i}")).await;
+        }
+        let last = create_client(&store, "last").await;
+        let md = metadata(&issuer, "last", &last);
+        assert_eq!(
+            ok(auth.authenticate(&md, ObjectKind::Client).await),
+            Ok(last)
+        );
     }
 }
