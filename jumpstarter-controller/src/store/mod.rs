@@ -51,6 +51,60 @@ use crate::selector::LabelSelector;
 /// start from a slightly old `resource_version`.
 pub const WATCH_BUFFER: usize = 1024;
 
+/// `given` as stored, if its `resourceVersion` is still the stored one (else
+/// [`StoreError::Conflict`], or [`StoreError::NotFound`]).
+async fn read_as_given<S: Store, K: StoreObject>(store: &S, given: &K) -> Result<K, StoreError> {
+    let meta = given.meta();
+    let namespace = meta.namespace.clone().unwrap_or_default();
+    let name = meta.name.clone().unwrap_or_default();
+    let given_rv = meta.resource_version.clone().unwrap_or_default();
+    let kind = K::kind(&()).into_owned();
+    let stored = store
+        .get::<K>(&namespace, &name)
+        .await?
+        .ok_or_else(|| StoreError::NotFound {
+            kind: kind.clone(),
+            namespace: namespace.clone(),
+            name: name.clone(),
+        })?;
+    let current = stored.meta().resource_version.clone().unwrap_or_default();
+    if current != given_rv {
+        return Err(StoreError::Conflict {
+            kind,
+            namespace,
+            name,
+            given: given_rv,
+            current,
+        });
+    }
+    Ok(stored)
+}
+
+/// Which parts of an object [`Store::update_status_and_metadata_many`] writes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Parts {
+    /// Its `status`.
+    pub status: bool,
+    /// Its metadata labels, annotations, owner references and finalizers.
+    pub metadata: bool,
+}
+
+/// The metadata fields [`Store::update_status_and_metadata_many`] writes, by their JSON names
+/// (the fields [`copy_written_metadata`] copies).
+pub(crate) const WRITTEN_METADATA: [&str; 4] =
+    ["labels", "annotations", "ownerReferences", "finalizers"];
+
+/// The metadata [`Store::update_status_and_metadata_many`] writes, from `given` into `into`.
+pub(crate) fn copy_written_metadata(
+    given: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    into: &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) {
+    into.labels.clone_from(&given.labels);
+    into.annotations.clone_from(&given.annotations);
+    into.owner_references.clone_from(&given.owner_references);
+    into.finalizers.clone_from(&given.finalizers);
+}
+
 /// A type the store can hold: a namespaced Kubernetes-style object (the `kube::CustomResource`
 /// types of [`crate::objects`]).
 pub trait StoreObject:
@@ -336,6 +390,74 @@ pub trait Store: Clone + Send + Sync + 'static {
                 out.push(self.update(object).await);
             }
             Ok(out)
+        }
+    }
+
+    /// Writes what `parts` names of each object: its `status` (as [`Store::update_status`])
+    /// and its metadata labels, annotations, owner references and finalizers (as
+    /// [`Store::update`], the spec untouched). The embedded store makes that one write per
+    /// object, all in one transaction; elsewhere (a Kubernetes status subresource) it is the
+    /// status write, then the metadata write with the `resourceVersion` the first returned.
+    /// Each object succeeds or fails on its own (a failure of either write fails it); the
+    /// outer error means the backend failed.
+    fn update_status_and_metadata_many<K: StoreObject>(
+        &self,
+        objects: Vec<(K, Parts)>,
+    ) -> impl Future<Output = Result<Vec<Result<K, StoreError>>, StoreError>> + Send {
+        async move {
+            let mut out: Vec<Option<Result<K, StoreError>>> = Vec::with_capacity(objects.len());
+            out.resize_with(objects.len(), || None);
+            let mut current: Vec<K> = objects.iter().map(|(o, _)| o.clone()).collect();
+            let status_of: Vec<usize> = (0..objects.len())
+                .filter(|&i| objects[i].1.status)
+                .collect();
+            let written = match status_of.is_empty() {
+                true => Vec::new(),
+                false => {
+                    let given = status_of.iter().map(|&i| objects[i].0.clone()).collect();
+                    self.update_status_many(given).await?
+                }
+            };
+            for (&i, result) in status_of.iter().zip(written) {
+                match result {
+                    Ok(stored) => current[i] = stored,
+                    Err(e) => out[i] = Some(Err(e)),
+                }
+            }
+            // Without a status write, the metadata goes onto the object as stored (read here,
+            // the resourceVersion checked), so that nothing else of the given one is written;
+            // with no part to write, that is the answer.
+            for i in 0..objects.len() {
+                if !objects[i].1.status {
+                    match read_as_given(self, &objects[i].0).await {
+                        Ok(stored) => current[i] = stored,
+                        Err(e) => out[i] = Some(Err(e)),
+                    }
+                }
+            }
+            let meta_of: Vec<usize> = (0..objects.len())
+                .filter(|&i| out[i].is_none() && objects[i].1.metadata)
+                .collect();
+            let given: Vec<K> = meta_of
+                .iter()
+                .map(|&i| {
+                    let mut next = current[i].clone();
+                    copy_written_metadata(objects[i].0.meta(), next.meta_mut());
+                    next
+                })
+                .collect();
+            let written = match given.is_empty() {
+                true => Vec::new(),
+                false => self.update_many(given).await?,
+            };
+            for (&i, result) in meta_of.iter().zip(written) {
+                out[i] = Some(result);
+            }
+            Ok(out
+                .into_iter()
+                .zip(current)
+                .map(|(result, current)| result.unwrap_or(Ok(current)))
+                .collect())
         }
     }
 

@@ -31,6 +31,42 @@ pub struct WidgetStatus {
     phase: String,
 }
 
+/// Another Rust type for the Widget kind (only `size` of its spec): a watcher of it cannot
+/// take the writer's object and decodes the stored JSON instead.
+mod other {
+    use super::*;
+    #[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+    #[kube(
+        group = "test.jumpstarter.dev",
+        version = "v1",
+        kind = "Widget",
+        namespaced,
+        status = "SlimStatus"
+    )]
+    pub struct SlimSpec {
+        pub size: u32,
+    }
+    #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+    pub struct SlimStatus {}
+}
+
+#[tokio::test]
+async fn a_watcher_of_another_type_of_the_kind_decodes_the_stored_json() {
+    use futures::FutureExt;
+    let (_dir, store) = open().await;
+    let mut typed = store.watch::<Widget>(Some("lab"), None).await.unwrap();
+    let mut other = store
+        .watch::<other::Widget>(Some("lab"), None)
+        .await
+        .unwrap();
+    let made = store.create(&widget("lab", "w", 7, &[])).await.unwrap();
+    let ev = typed.next().now_or_never().unwrap().unwrap().unwrap();
+    assert_eq!(ev.object(), &made);
+    let ev = other.next().now_or_never().unwrap().unwrap().unwrap();
+    assert_eq!(ev.object().spec.size, 7);
+    assert_eq!(ev.object().metadata, made.metadata);
+}
+
 fn widget(ns: &str, name: &str, size: u32, labels: &[(&str, &str)]) -> Widget {
     let mut w = Widget::new(name, WidgetSpec { size });
     w.metadata.namespace = Some(ns.into());
@@ -895,6 +931,83 @@ async fn status_batch_writes_each_object_on_its_own<S: Store>(store: S) {
     );
 }
 
+/// `update_status_and_metadata_many` writes the parts it is told to and nothing else: not
+/// the spec, not a part it was not told to write; a stale object fails alone.
+async fn status_and_metadata_batch_writes_the_parts_named<S: Store>(store: S) {
+    let mut made = Vec::new();
+    for name in ["both", "status", "meta", "stale", "neither"] {
+        made.push(
+            store
+                .create(&widget("lab", name, 1, &[("old", "1")]))
+                .await
+                .unwrap(),
+        );
+    }
+    // "stale" is changed behind the batch's back.
+    let mut changed = made[3].clone();
+    changed.spec.size = 3;
+    let stale_now = store.update(&changed).await.unwrap();
+    let given: Vec<Widget> = made
+        .iter()
+        .map(|w| {
+            let mut w = w.clone();
+            w.status = Some(WidgetStatus {
+                phase: "given".into(),
+            });
+            w.metadata.labels = Some([("new".to_string(), "2".to_string())].into());
+            w.metadata.annotations = Some([("note".to_string(), "n".to_string())].into());
+            w.spec.size = 9;
+            w
+        })
+        .collect();
+    let parts = |status, metadata| Parts { status, metadata };
+    let results = store
+        .update_status_and_metadata_many(vec![
+            (given[0].clone(), parts(true, true)),
+            (given[1].clone(), parts(true, false)),
+            (given[2].clone(), parts(false, true)),
+            (given[3].clone(), parts(true, true)),
+            (given[4].clone(), parts(false, false)),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(results.len(), 5);
+    let labels = |w: &Widget| w.metadata.labels.clone().unwrap_or_default();
+    let phase = |w: &Widget| w.status.as_ref().map(|s| s.phase.clone());
+    for (i, result) in results.iter().enumerate() {
+        if i == 3 {
+            assert!(result.as_ref().unwrap_err().is_conflict(), "{result:?}");
+            continue;
+        }
+        let returned = result.as_ref().unwrap();
+        let stored = store
+            .get::<Widget>("lab", made[i].metadata.name.as_deref().unwrap())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(returned, &stored);
+        // The spec is never written, so the generation stays.
+        assert_eq!(stored.spec.size, 1);
+        assert_eq!(stored.metadata.generation, made[i].metadata.generation);
+        // 0: both parts, 1: the status, 2: the metadata, 4: neither.
+        let (status, metadata) = (i == 0 || i == 1, i == 0 || i == 2);
+        assert_eq!(phase(&stored), status.then(|| "given".to_string()), "{i}");
+        let want_labels: BTreeMap<String, String> = match metadata {
+            true => [("new".to_string(), "2".to_string())].into(),
+            false => [("old".to_string(), "1".to_string())].into(),
+        };
+        assert_eq!(labels(&stored), want_labels, "{i}");
+        assert_eq!(stored.metadata.annotations.is_some(), metadata, "{i}");
+        if i == 4 {
+            assert_eq!(rv(&stored), rv(&made[4]), "a write of no part wrote");
+        }
+    }
+    assert_eq!(
+        store.get::<Widget>("lab", "stale").await.unwrap().unwrap(),
+        stale_now
+    );
+}
+
 /// Instantiates each generic test once per backend.
 macro_rules! store_suite {
     ($($name:ident),* $(,)?) => {
@@ -950,6 +1063,7 @@ real_kube_suite!(
     bad_keys_are_rejected_without_writing,
     controller_kinds_round_trip_with_status,
     status_batch_writes_each_object_on_its_own,
+    status_and_metadata_batch_writes_the_parts_named,
     exporter_health_condition_persists,
 );
 
@@ -964,6 +1078,7 @@ store_suite!(
     bad_keys_are_rejected_without_writing,
     controller_kinds_round_trip_with_status,
     status_batch_writes_each_object_on_its_own,
+    status_and_metadata_batch_writes_the_parts_named,
     exporter_health_condition_persists,
 );
 
