@@ -14,6 +14,8 @@
 //! 1. idle: controller CPU and store commits over IDLE_SECS (heartbeats only), RSS;
 //! 2. grants: every client creates a lease on `pool=scale` at the same moment; each grant is
 //!    timed from its `CreateLease` to the leased message on the chosen exporter's stream;
+//!    also when each `CreateLease` was answered, and the CPU both processes used until the
+//!    last grant;
 //! 3. drop (DROP > 0): DROP exporters end their streams at once; the time until the
 //!    AdminService lists all of them offline;
 //! 4. restart: SIGTERM, then the same controller again; the time until every remaining
@@ -543,27 +545,37 @@ async fn main() {
                     }),
                 })
                 .await?;
+            let created_ms = start.elapsed().as_secs_f64() * 1000.0;
             let granted = tokio::time::timeout(Duration::from_secs(300), rx).await;
             let ms = match granted {
                 Ok(Ok(at)) => Some(at.duration_since(start).as_secs_f64() * 1000.0),
                 _ => None,
             };
-            Ok::<_, tonic::Status>((client, name, ms))
+            Ok::<_, tonic::Status>((client, name, created_ms, ms))
         }));
     }
+    // CPU of both processes over the burst, from the moment the calls leave to the last
+    // grant: what the two cores had to do in that time.
+    let ctl_cpu0 = cpu_secs(pid);
+    let gen_cpu0 = cpu_secs(std::process::id());
     gate.wait().await;
     let all_start = Instant::now();
     if std::env::var_os("SCALE_LOAD_VERBOSE").is_some() {
         eprintln!("scale_load: grants asked at {}", jiff::Timestamp::now());
     }
     let mut grants = Vec::with_capacity(clients);
+    let mut creates = Vec::with_capacity(clients);
     let mut leased = Vec::with_capacity(clients);
     for t in lease_tasks {
-        let (client, name, ms) = t.await.expect("lease task").expect("create lease");
+        let (client, name, created_ms, ms) = t.await.expect("lease task").expect("create lease");
         grants.extend(ms);
+        creates.push(created_ms);
         leased.push((client, name));
     }
     let grant_all_secs = all_start.elapsed().as_secs_f64();
+    let grant_ctl_cpu_ms = (cpu_secs(pid) - ctl_cpu0) * 1000.0;
+    let grant_gen_cpu_ms = (cpu_secs(std::process::id()) - gen_cpu0) * 1000.0;
+    creates.sort_by(|a, b| a.total_cmp(b));
     let granted = grants.len();
     let listening = until(Duration::from_secs(60), || {
         shared.listening.load(Ordering::SeqCst) == clients
@@ -590,9 +602,13 @@ async fn main() {
     .is_some();
     grants.sort_by(|a, b| a.total_cmp(b));
     eprintln!(
-        "scale_load: {granted} of {clients} leases granted, p50 {:.1} ms, p99 {:.1} ms",
+        "scale_load: {granted} of {clients} leases granted, p50 {:.1} ms, p99 {:.1} ms; \
+         CreateLease answered p50 {:.1} ms, p99 {:.1} ms; CPU until the last grant: \
+         controller {grant_ctl_cpu_ms:.0} ms, load generator {grant_gen_cpu_ms:.0} ms",
         percentile(&grants, 0.5),
-        percentile(&grants, 0.99)
+        percentile(&grants, 0.99),
+        percentile(&creates, 0.5),
+        percentile(&creates, 0.99),
     );
 
     // Drop: DROP exporters lose their streams at once.
@@ -670,7 +686,9 @@ async fn main() {
          \"store_commits_per_sec\": {}, \"rss_idle_mib\": {}, \"rss_leased_mib\": {}, \
          \"rss_hwm_mib\": {}, \"granted\": {granted}, \"listening\": {listening}, \
          \"released\": {released}, \"grant_p50_ms\": {}, \"grant_p99_ms\": {}, \
-         \"grant_max_ms\": {}, \"grant_all_secs\": {}, \"drop_notice_secs\": {}, \
+         \"grant_max_ms\": {}, \"grant_all_secs\": {}, \"create_p50_ms\": {}, \
+         \"create_p99_ms\": {}, \"grant_ctl_cpu_ms\": {}, \"grant_gen_cpu_ms\": {}, \
+         \"drop_notice_secs\": {}, \
          \"wrongly_offline\": {wrongly_offline}, \"restart_ready_secs\": {}, \
          \"reconnected\": {reconnected}, \"reregister_secs\": {}, \
          \"hwm_after_restart_mib\": {}, \"loadgen_cpu_secs\": {}}}",
@@ -686,6 +704,10 @@ async fn main() {
         fig(percentile(&grants, 0.99)),
         fig(grants.last().copied().unwrap_or(f64::NAN)),
         fig(grant_all_secs),
+        fig(percentile(&creates, 0.5)),
+        fig(percentile(&creates, 0.99)),
+        fig(grant_ctl_cpu_ms),
+        fig(grant_gen_cpu_ms),
         fig(drop_secs),
         fig(restart_ready_secs),
         fig(reregister_secs),

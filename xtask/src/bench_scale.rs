@@ -208,6 +208,32 @@ pub fn run(args: &[String]) -> Result<()> {
         "",
         None,
     );
+    row(
+        "CreateLease answered: p50 (ms)",
+        fmt(f("create_p50_ms")?, 1),
+        "",
+        None,
+    );
+    row(
+        "CreateLease answered: p99 (ms)",
+        fmt(f("create_p99_ms")?, 1),
+        "",
+        None,
+    );
+    // What the two cores did between the calls leaving and the last grant (controller and
+    // load generator share them): the floor under the grant p99.
+    row(
+        "CPU until the last grant: controller (ms)",
+        fmt(f("grant_ctl_cpu_ms")?, 0),
+        "",
+        None,
+    );
+    row(
+        "CPU until the last grant: load generator (ms)",
+        fmt(f("grant_gen_cpu_ms")?, 0),
+        "",
+        None,
+    );
     if drop_n > 0 {
         row(
             &format!("{drop_n} exporters dropped: all listed offline (s)"),
