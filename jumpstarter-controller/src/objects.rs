@@ -577,7 +577,13 @@ impl Lease {
     /// When the lease expires once begun (§4.3 (3)): `spec.endTime`, else
     /// `spec.beginTime + duration`, else `status.beginTime + duration`. `None` if not begun.
     pub fn expiration(&self) -> Option<Timestamp> {
-        let begun = self.status.as_ref().and_then(|s| s.begin_time.as_ref())?;
+        self.expiration_with(self.status.as_ref())
+    }
+
+    /// [`Self::expiration`] as if the lease had `status` (the scheduler's new status of it,
+    /// without copying the lease).
+    pub fn expiration_with(&self, status: Option<&LeaseStatus>) -> Option<Timestamp> {
+        let begun = status.and_then(|s| s.begin_time.as_ref())?;
         if let Some(end) = &self.spec.end_time {
             return Some(end.0);
         }
@@ -946,6 +952,13 @@ pub fn validate_lease_tags(
 /// `metadata.jumpstarter.dev/*`), the tags as `metadata.jumpstarter.dev/<k>`, and
 /// `jumpstarter.dev/lease-ended=true` once ended.
 pub fn lease_labels(l: &Lease) -> BTreeMap<String, String> {
+    lease_labels_with(l, l.is_ended())
+}
+
+/// [`lease_labels`] as if the lease's status said `ended`: the scheduler asks this of every
+/// lease on every pass, and copying the lease to put its new status in cost more than the
+/// rest of the decision.
+pub fn lease_labels_with(l: &Lease, ended: bool) -> BTreeMap<String, String> {
     let mut labels = l.metadata.labels.clone().unwrap_or_default();
     for (k, v) in l.spec.selector.match_labels.iter().flatten() {
         if !k.starts_with(TAG_LABEL_PREFIX) {
@@ -955,7 +968,7 @@ pub fn lease_labels(l: &Lease) -> BTreeMap<String, String> {
     for (k, v) in &l.spec.tags {
         labels.insert(format!("{TAG_LABEL_PREFIX}{k}"), v.clone());
     }
-    if l.is_ended() {
+    if ended {
         labels.insert(LEASE_ENDED_LABEL.to_string(), "true".to_string());
     }
     labels

@@ -14,7 +14,7 @@ use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1 as metav1;
 
 use crate::{
-    objects::{Lease, conditions as c, lease_labels, set_condition},
+    objects::{Lease, conditions as c, lease_labels_with, set_condition},
     scheduler::{Action, LeaseDecision},
 };
 
@@ -119,9 +119,7 @@ pub fn end_abandoned(
         };
         d.requeue_at = None;
         d.status_changed = true;
-        let mut updated = lease.clone();
-        updated.status = Some(d.status.clone());
-        d.labels = lease_labels(&updated);
+        d.labels = lease_labels_with(lease, true);
         d.labels_changed = d.labels != lease.metadata.labels.clone().unwrap_or_default();
         tracing::info!("lease {}/{}: {message}", d.namespace, d.name);
         ended += 1;

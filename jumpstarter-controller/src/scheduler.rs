@@ -24,7 +24,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1 as metav1;
 use crate::objects::{
     Client, Exporter, ExporterAccessPolicy, ExporterStatusValue, Lease, LeaseStatus,
     condition_is_true, conditions as c, exporter_online_state, exporter_registered, find_condition,
-    lease_labels, set_condition,
+    lease_labels_with, set_condition,
 };
 use crate::selector::LabelSelector;
 
@@ -503,12 +503,15 @@ fn mark_waiting(
 }
 
 fn decision(w: Work<'_>, ns: &str) -> LeaseDecision {
-    let stored = w.lease.status.clone().unwrap_or_default();
-    let status_changed = w.status != stored;
-    let mut updated = w.lease.clone();
-    updated.status = Some(w.status.clone());
-    let labels = lease_labels(&updated);
-    let labels_changed = labels != w.lease.metadata.labels.clone().unwrap_or_default();
+    let status_changed = match &w.lease.status {
+        Some(stored) => w.status != *stored,
+        None => w.status != LeaseStatus::default(),
+    };
+    let labels = lease_labels_with(w.lease, w.status.ended);
+    let labels_changed = match &w.lease.metadata.labels {
+        Some(stored) => labels != *stored,
+        None => !labels.is_empty(),
+    };
     LeaseDecision {
         namespace: ns.to_string(),
         name: name_of(&w.lease.metadata).to_string(),
@@ -566,9 +569,7 @@ fn begin_and_check_end(w: &mut Work<'_>, now: Timestamp) {
         w.end(c::REASON_RELEASED, now);
         return;
     }
-    let mut begun = w.lease.clone();
-    begun.status = Some(w.status.clone());
-    match begun.expiration() {
+    match w.lease.expiration_with(Some(&w.status)) {
         Some(exp) if exp <= now => {
             w.cond(
                 c::READY,

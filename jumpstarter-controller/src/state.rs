@@ -54,6 +54,8 @@ pub struct ControllerState<S: Store> {
     /// The reconcile loop's copy of the leases, fed by the store's watch (only for a store
     /// whose watch is synchronous, see [`crate::object_view`]).
     pub(crate) lease_view: tokio::sync::Mutex<Option<crate::object_view::LeaseView>>,
+    /// The reconcile loop's copy of the access policies (as `lease_view`).
+    pub(crate) policy_view: crate::object_view::ViewSlot<crate::objects::ExporterAccessPolicy>,
     /// The client of every lease holding an exporter, as of the last reconcile pass (which
     /// builds it before it writes the exporters' `leaseRef`): a Status message names the
     /// lease's client without reading the lease from the store.
@@ -88,6 +90,7 @@ impl<S: Store> ControllerState<S> {
             wake: Notify::new(),
             exporter_view: tokio::sync::Mutex::new(None),
             lease_view: tokio::sync::Mutex::new(None),
+            policy_view: Default::default(),
             lease_clients: std::sync::Mutex::new(Arc::default()),
             store,
         })

@@ -548,6 +548,11 @@ fn lease_to_proto_maps_every_field() {
     let p = lease_to_proto(&l, ts("2026-01-01T12:00:00Z"));
     assert_eq!(p.effective_duration.as_ref().map(|d| d.seconds), Some(30));
     assert!(lease_labels(&l).contains_key(LEASE_ENDED_LABEL));
+    // The labels as if the status said otherwise: the same but for the ended label.
+    let mut not_ended = lease_labels_with(&l, false);
+    assert!(!not_ended.contains_key(LEASE_ENDED_LABEL));
+    not_ended.insert(LEASE_ENDED_LABEL.to_string(), "true".to_string());
+    assert_eq!(not_ended, lease_labels(&l));
     // A selector the API server would reject shows as "<error>", as upstream.
     l.spec.selector.match_labels = Some([("bad key".to_string(), "v".to_string())].into());
     assert_eq!(lease_to_proto(&l, begun).selector, "<error>");
@@ -563,10 +568,17 @@ fn lease_expiration() {
         },
     );
     assert_eq!(l.expiration(), None);
-    l.status = Some(LeaseStatus {
+    let begun = LeaseStatus {
         begin_time: Some(metav1::Time(ts("2026-01-01T10:00:10Z"))),
         ..Default::default()
-    });
+    };
+    // As if the lease had that status (the scheduler's new one), without copying it.
+    assert_eq!(
+        l.expiration_with(Some(&begun)),
+        Some(ts("2026-01-01T10:01:10Z"))
+    );
+    assert_eq!(l.expiration_with(None), None);
+    l.status = Some(begun);
     assert_eq!(l.expiration(), Some(ts("2026-01-01T10:01:10Z")));
     l.spec.begin_time = Some(metav1::Time(ts("2026-01-01T10:00:00Z")));
     assert_eq!(l.expiration(), Some(ts("2026-01-01T10:01:00Z")));

@@ -79,6 +79,12 @@ impl<S: Store> Authenticator<S> {
         Ok(caller)
     }
 
+    /// Where the view of the clients is kept (for the reconcile loop, which needs every
+    /// client's labels when there are access policies).
+    pub(crate) fn client_view(&self) -> &ViewSlot<Client> {
+        &self.clients
+    }
+
     /// The uid of client `namespace/name` (`None`: no such client): from the client view when
     /// the store's watch is synchronous (then as exact as a read), else read.
     async fn client_uid(&self, namespace: &str, name: &str) -> Result<Option<String>, Status> {
