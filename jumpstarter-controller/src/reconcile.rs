@@ -38,9 +38,8 @@ async fn list_all<S: Store, K: crate::store::StoreObject>(store: &S) -> Result<V
 }
 
 /// Every object of kind `K`: from the view in `slot` when the store's watch is synchronous,
-/// else listed. A pass runs while RPCs queue reads on the store's reader threads (each
-/// `ReportStatus` and `Listen` reads its exporter), and a list of even no access policies
-/// waited behind them: 5-15 ms of every pass while 1,000 leases were granted.
+/// else listed. A view spares a pass a read on the store's reader threads, which it would
+/// share with the RPCs' reads (each `ReportStatus` and `Listen` reads its exporter).
 async fn current<S: Store, K: crate::store::StoreObject>(
     store: &S,
     slot: &ViewSlot<K>,
