@@ -299,12 +299,12 @@ async fn write_leases<'a, S: Store>(
             earliest(next, t);
         }
     }
-    // Each phase is one store call, whatever the number of leases: the statuses with the
-    // labels and owner references (one transaction, one write per lease, in the embedded
-    // store; on Kubernetes the statuses, then the rest). Written one lease at a time, 1,000
-    // grants in one pass cost 2,000 writes taking turns on the store's writer (a second and a
-    // half of the grant time with 1,000 leases asked at once); as two writes per lease, a
-    // third of the pass.
+    // Each phase is one store call per batch of `crate::store::in_batches` (2,048 leases in
+    // the embedded store): the statuses with the labels and owner references (one
+    // transaction, one write per lease, in the embedded store; on Kubernetes the statuses,
+    // then the rest). Written one lease at a time, 1,000 grants in one pass cost 2,000 writes
+    // taking turns on the store's writer (a second and a half of the grant time with 1,000
+    // leases asked at once); as two writes per lease, a third of the pass.
     for ending in [true, false] {
         let mut todo: Vec<(&crate::scheduler::LeaseDecision, &Lease, Parts)> = Vec::new();
         let mut objects: Vec<(Lease, Parts)> = Vec::new();
@@ -342,7 +342,10 @@ async fn write_leases<'a, S: Store>(
         if todo.is_empty() {
             continue;
         }
-        let results = store.update_status_and_metadata_many(objects).await?;
+        let results = crate::store::in_batches(store, objects, |batch| {
+            store.update_status_and_metadata_many(batch)
+        })
+        .await?;
         for ((d, lease, parts), result) in todo.into_iter().zip(results) {
             match result {
                 Ok(stored) => {
@@ -498,9 +501,9 @@ fn exporter_status_update(
     (lapses_at, Some(updated))
 }
 
-/// Writes the exporters' statuses in one store call (after a mass registration this is
-/// thousands of exporters); returns them as stored. A conflict or a vanished exporter is left
-/// to the next pass (`next` = now).
+/// Writes the exporters' statuses (after a mass registration this is thousands of exporters)
+/// in the calls of [`crate::store::in_batches`]; returns them as stored. A conflict or a
+/// vanished exporter is left to the next pass (`next` = now).
 async fn write_exporter_statuses<S: Store>(
     store: &S,
     updates: Vec<Exporter>,
@@ -508,7 +511,9 @@ async fn write_exporter_statuses<S: Store>(
     next: &mut Option<Timestamp>,
 ) -> Result<Vec<Exporter>, StoreError> {
     let mut written = Vec::new();
-    for result in store.update_status_many(updates).await? {
+    for result in
+        crate::store::in_batches(store, updates, |batch| store.update_status_many(batch)).await?
+    {
         match result {
             Ok(stored) => written.push(stored),
             Err(err) if err.is_conflict() || err.is_not_found() => *next = Some(now),

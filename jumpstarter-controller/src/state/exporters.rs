@@ -292,6 +292,7 @@ impl ExporterCache {
 /// and the per-exporter watchers see every change once. Ends when the cache is dropped.
 async fn exporter_feed<S: Store>(cache: Weak<ExporterCache>, store: S) {
     let mut backoff = Duration::from_millis(100);
+    let mut moved = 0;
     loop {
         let listed = store
             .list::<Exporter>(None, &LabelSelector::everything(), &ListParams::default())
@@ -309,19 +310,33 @@ async fn exporter_feed<S: Store>(cache: Weak<ExporterCache>, store: S) {
         };
         let (listed, mut watch) = match (listed, watch) {
             (Ok(l), Ok(w)) => (l, w),
+            // More writes came while the list was read than the store keeps: list again at
+            // once (a pause would only let more writes pass), a few times before warning.
+            (Ok(_), Err(e @ StoreError::WatchLagged { .. })) if moved < MOVED_RETRIES => {
+                moved += 1;
+                tracing::debug!("exporter cache: {e}; listing again");
+                continue;
+            }
             (Err(e), _) | (_, Err(e)) => {
                 tracing::warn!("exporter cache: {e}; retrying");
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(5));
+                moved = 0;
                 continue;
             }
         };
         backoff = Duration::from_millis(100);
+        moved = 0;
         match cache.upgrade() {
             Some(c) => c.replace(listed.items),
             None => return,
         }
-        while let Some(ev) = watch.next().await {
+        let mut taken = 0usize;
+        // Unconstrained: within tokio's cooperative budget the watch answers "not ready"
+        // after 128 events although more are waiting, and the feed would wait its turn on the
+        // runtime again for every 128 (a turn took a few hundred milliseconds while 10,000
+        // exporters registered: see `sqlite::WATCH_HISTORY`).
+        while let Some(ev) = tokio::task::unconstrained(watch.next()).await {
             let Some(c) = cache.upgrade() else { return };
             match ev {
                 Ok(ev) => c.apply(ev),
@@ -330,13 +345,25 @@ async fn exporter_feed<S: Store>(cache: Weak<ExporterCache>, store: S) {
                     break;
                 }
             }
+            // The other tasks' turn now and then, when events keep coming.
+            taken += 1;
+            if taken.is_multiple_of(FEED_YIELD_EVERY) {
+                tokio::task::yield_now().await;
+            }
         }
     }
 }
 
-/// Every [`SEEN_FLUSH_EVERY`], writes the `lastSeen` of the exporters due in one
-/// `update_status_many`; one whose write conflicted (changed meanwhile) is due again at the
-/// next flush, one that was deleted is dropped. Ends when the cache is dropped.
+/// How many times in a row the exporter feed lists again at once when writes outran its list.
+const MOVED_RETRIES: u32 = 3;
+
+/// How many events the exporter feed applies before it lets other tasks run.
+const FEED_YIELD_EVERY: usize = 256;
+
+/// Every [`SEEN_FLUSH_EVERY`], writes the `lastSeen` of the exporters due with
+/// `update_status_many` (in the calls of [`crate::store::in_batches`]); one whose write
+/// conflicted (changed meanwhile) is due again at the next flush, one that was deleted is
+/// dropped. Ends when the cache is dropped.
 async fn seen_writer<S: Store>(cache: Weak<ExporterCache>, store: S) {
     let mut tick = tokio::time::interval(SEEN_FLUSH_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -370,7 +397,10 @@ async fn seen_writer<S: Store>(cache: Weak<ExporterCache>, store: S) {
                 objects.push(e);
             }
         }
-        let again: Vec<ObjectKey> = match store.update_status_many(objects).await {
+        let written =
+            crate::store::in_batches(&store, objects, |batch| store.update_status_many(batch))
+                .await;
+        let again: Vec<ObjectKey> = match written {
             Ok(results) => keys
                 .into_iter()
                 .zip(results)

@@ -17,7 +17,7 @@
 //!   receive exactly the changes after that list;
 //! - a `watch` delivers Added/Modified/Deleted events of one kind (optionally one namespace)
 //!   in commit order through a bounded buffer. Writers never wait for watchers: a watcher that
-//!   falls more than [`WATCH_BUFFER`] events behind gets one [`StoreError::WatchLagged`] and
+//!   falls more than [`Store::watch_buffer`] events behind gets one [`StoreError::WatchLagged`] and
 //!   its stream ends; it must list again and watch from the new list's `resource_version`
 //!   (the Kubernetes "410 Gone, relist" rule).
 //!
@@ -46,10 +46,42 @@ pub use sqlite::SqliteStore;
 
 use crate::selector::LabelSelector;
 
-/// How many events a watcher may fall behind before it is cut off with
-/// [`StoreError::WatchLagged`]; also how many recent events per kind are kept so a watch can
-/// start from a slightly old `resource_version`.
+/// How many events a watcher may fall behind, at least, before it is cut off with
+/// [`StoreError::WatchLagged`]; also how many recent events per kind are kept, at least, so a
+/// watch can start from a slightly old `resource_version`. A backend may keep more
+/// ([`Store::watch_buffer`]).
 pub const WATCH_BUFFER: usize = 1024;
+
+/// `write` of `objects` in calls of at most a quarter of the store's watch buffer
+/// ([`Store::watch_buffer`]), each awaited before the next; the results in the order of
+/// `objects`. The outer error is the first failure of a call: the calls before it were
+/// written.
+///
+/// The events of a write are published together when it commits, so one call of more objects
+/// than the watch buffer cuts off every watcher of that kind at once: after 10,000 exporters
+/// registered, the reconcile pass wrote their statuses in one call, and once a second the
+/// `lastSeen` refreshes of more than a thousand exporters were one call; each time the
+/// exporter cache listed all 10,000 exporters again. Bulk writers of the controller write
+/// through this.
+pub async fn in_batches<S, T, R, F, Fut>(
+    store: &S,
+    mut objects: Vec<T>,
+    mut write: F,
+) -> Result<Vec<R>, StoreError>
+where
+    S: Store,
+    F: FnMut(Vec<T>) -> Fut,
+    Fut: Future<Output = Result<Vec<R>, StoreError>>,
+{
+    let batch = (store.watch_buffer() / 4).max(1);
+    let mut out = Vec::with_capacity(objects.len());
+    while !objects.is_empty() {
+        let rest = objects.split_off(objects.len().min(batch));
+        out.extend(write(objects).await?);
+        objects = rest;
+    }
+    Ok(out)
+}
 
 /// `given` as stored, if its `resourceVersion` is still the stored one (else
 /// [`StoreError::Conflict`], or [`StoreError::NotFound`]).
@@ -484,6 +516,13 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// for SQLite), for the metrics; `None` where the backend does not count them.
     fn commits(&self) -> Option<u64> {
         None
+    }
+
+    /// How many events a watcher of this store may fall behind before it is cut off with
+    /// [`StoreError::WatchLagged`] (and how much history a watch can start from): at least
+    /// [`WATCH_BUFFER`].
+    fn watch_buffer(&self) -> usize {
+        WATCH_BUFFER
     }
 
     /// Whether a write's watch event is in every open watch stream by the time the write

@@ -412,15 +412,25 @@ async fn list_then_watch_since_misses_nothing<S: Store>(store: S) {
 }
 
 async fn slow_watcher_is_cut_off_and_writers_never_wait<S: Store>(store: S) {
+    assert!(store.watch_buffer() >= WATCH_BUFFER);
     let mut slow = store.watch::<Widget>(None, None).await.unwrap();
-    let mut w = store.create(&widget("a", "busy", 0, &[])).await.unwrap();
     let started = std::time::Instant::now();
-    for i in 0..(WATCH_BUFFER + 10) {
-        w.status = Some(WidgetStatus {
-            phase: i.to_string(),
-        });
-        w = store.update_status(&w).await.unwrap();
-    }
+    // More writes than the watcher may fall behind, 64 at a time (one after the other, each
+    // would be a disk sync of its own in the embedded store).
+    let written = futures::stream::iter(0..store.watch_buffer() + 10)
+        .map(|i| {
+            let store = store.clone();
+            async move {
+                store
+                    .create(&widget("a", &format!("busy-{i}"), 0, &[]))
+                    .await
+            }
+        })
+        .buffer_unordered(64)
+        .filter(|r| std::future::ready(r.is_ok()))
+        .count()
+        .await;
+    assert_eq!(written, store.watch_buffer() + 10);
     assert!(started.elapsed() < std::time::Duration::from_secs(120));
     let err = slow.next().await.unwrap().unwrap_err();
     assert!(matches!(err, StoreError::WatchLagged { .. }), "{err}");
@@ -432,6 +442,97 @@ async fn slow_watcher_is_cut_off_and_writers_never_wait<S: Store>(store: S) {
         Ok(_) => panic!("watch from an evicted revision must fail"),
     };
     assert!(matches!(err, StoreError::WatchLagged { .. }), "{err}");
+}
+
+/// A bulk status write of more objects than the watch buffer, through `in_batches`, reaches
+/// a watcher that catches up between calls (as the exporter cache does when its turn comes):
+/// no call publishes more events than it may fall behind. In one call, the embedded store
+/// published them all at once and cut every watcher of the kind off. The embedded store
+/// only: its events are in the stream when a write returns, so the catching up is exact.
+#[tokio::test]
+async fn bulk_writes_in_batches_cut_no_watcher_off() {
+    use futures::{FutureExt, TryStreamExt};
+    fn catch_up(watch: &mut WatchStream<Widget>, seen: &mut usize) {
+        // Unconstrained: within tokio's budget the stream answers "not ready" after 128.
+        while let Some(ev) = tokio::task::unconstrained(watch.next()).now_or_never() {
+            match ev {
+                Some(Ok(_)) => *seen += 1,
+                Some(Err(e)) => panic!("the watcher was cut off: {e}"),
+                None => panic!("the watch ended"),
+            }
+        }
+    }
+    let (_dir, store) = open().await;
+    let n = store.watch_buffer() + 10;
+    let created: Vec<Widget> = futures::stream::iter(0..n)
+        .map(|i| {
+            let store = store.clone();
+            async move {
+                store
+                    .create(&widget("a", &format!("bulk-{i}"), 0, &[]))
+                    .await
+            }
+        })
+        .buffer_unordered(64)
+        .try_collect()
+        .await
+        .unwrap();
+    let mut watch = store.watch::<Widget>(None, None).await.unwrap();
+    let mut seen = 0;
+    let changed: Vec<Widget> = created
+        .into_iter()
+        .map(|mut w| {
+            w.status = Some(WidgetStatus {
+                phase: "bulk".into(),
+            });
+            w
+        })
+        .collect();
+    let results = in_batches(&store, changed, |batch| {
+        catch_up(&mut watch, &mut seen);
+        store.update_status_many(batch)
+    })
+    .await
+    .unwrap();
+    catch_up(&mut watch, &mut seen);
+    assert_eq!(results.len(), n);
+    assert!(results.iter().all(Result::is_ok));
+    assert_eq!(seen, n);
+}
+
+/// `in_batches` hands the writes over in calls of a quarter of the watch buffer, keeps the
+/// order of the results, and stops at the first failed call.
+#[tokio::test]
+async fn in_batches_splits_keeps_order_and_stops_at_a_failure() {
+    let (_dir, store) = open().await;
+    let quarter = store.watch_buffer() / 4;
+    let n = 2 * quarter + 5;
+    let mut sizes = Vec::new();
+    let out = in_batches(&store, (0..n).collect(), |batch: Vec<usize>| {
+        sizes.push(batch.len());
+        std::future::ready(Ok::<_, StoreError>(batch))
+    })
+    .await
+    .unwrap();
+    assert_eq!(sizes, vec![quarter, quarter, 5]);
+    assert_eq!(out, (0..n).collect::<Vec<_>>());
+
+    let mut calls = 0;
+    let err = in_batches(&store, (0..n).collect(), |batch: Vec<usize>| {
+        calls += 1;
+        std::future::ready(if calls == 2 {
+            Err(StoreError::WatchLagged {
+                kind: "Widget".into(),
+                reason: "the second call fails".into(),
+            })
+        } else {
+            Ok(batch)
+        })
+    })
+    .await
+    .unwrap_err();
+    assert!(err.to_string().contains("the second call fails"), "{err}");
+    assert_eq!(calls, 2, "no call after the failed one");
 }
 
 #[tokio::test]
