@@ -258,6 +258,17 @@ pub async fn object_metrics<S: Store>(state: &ControllerState<S>) -> String {
         }
         Err(e) => tracing::warn!("metrics: cannot list exporters: {e}"),
     }
+    let events = state.exporters.event_recorder();
+    if events.is_enabled() {
+        let _ = write!(
+            out,
+            "# HELP jumpstarter_controller_events_dropped_total Kubernetes Events about exporters \
+             dropped because the queue to the API server was full.\n\
+             # TYPE jumpstarter_controller_events_dropped_total counter\n\
+             jumpstarter_controller_events_dropped_total {}\n",
+            events.dropped()
+        );
+    }
     if let Some(n) = state.store.commits() {
         let _ = write!(
             out,
@@ -273,6 +284,31 @@ pub async fn object_metrics<S: Store>(state: &ControllerState<S>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn state_over<S: Store>(store: S) -> std::sync::Arc<ControllerState<S>> {
+        let issuer = std::sync::Arc::new(crate::auth::TokenIssuer::generate().unwrap());
+        let (router_key, _) = jumpstarter_router::RouterTokenKey::generate().unwrap();
+        ControllerState::new(store, issuer, router_key, vec![], "localhost:1".into())
+    }
+
+    /// With the Kubernetes store the dropped exporter events are counted in the metrics;
+    /// the embedded store records no events, so it has no such line.
+    #[cfg(feature = "kubernetes")]
+    #[tokio::test]
+    async fn dropped_exporter_events_are_a_metric_where_events_are_recorded() {
+        let api = crate::testing::FakeApiServer::new();
+        let kube = state_over(crate::store::KubeStore::new(api.client()));
+        let text = object_metrics(&kube).await;
+        assert!(
+            text.contains("\njumpstarter_controller_events_dropped_total 0\n"),
+            "{text}"
+        );
+        assert!(text.contains("# TYPE jumpstarter_controller_events_dropped_total counter"));
+        let dir = tempfile::tempdir().unwrap();
+        let sqlite = state_over(crate::store::SqliteStore::open(dir.path()).await.unwrap());
+        let text = object_metrics(&sqlite).await;
+        assert!(!text.contains("events_dropped"), "{text}");
+    }
 
     #[test]
     fn histogram_counts_cumulatively() {

@@ -90,6 +90,11 @@ impl ExporterCache {
         }
     }
 
+    /// Where the Kubernetes Events about exporters go (for the metrics).
+    pub fn event_recorder(&self) -> &EventRecorder {
+        &self.events
+    }
+
     /// Records that a Status stream saw the exporter now (kept in memory).
     pub fn touch(&self, namespace: &str, name: &str) {
         self.seen
