@@ -18,10 +18,10 @@
 //! Recording never waits and never fails the caller: events go through a bounded queue
 //! ([`EVENT_QUEUE`]) to one task that posts them, [`POSTS_IN_FLIGHT`] at a time; when the
 //! queue is full the event is dropped and counted, with a warning at most every
-//! [`DROP_WARN_EVERY`] (the first drop, then how many since), and a failed post is logged.
-//! Posted one at a time, a real API server on a busy machine took about 200 events a second:
-//! 1,000 exporters registering at once called for about 2,000 (registered, online), and
-//! 1,652 were dropped, each with a warning line of its own.
+//! [`DROP_WARN_EVERY`] (the first drop, then how many since); failed posts are logged as
+//! sparingly. Posted one at a time, a real API server on a busy machine took about 200 events
+//! a second: 1,000 exporters registering at once called for about 2,000 (registered, online),
+//! and 1,652–1,678 were dropped, each with a warning line of its own.
 
 use std::sync::{
     Arc,
@@ -42,7 +42,7 @@ pub const EVENT_QUEUE: usize = 1024;
 /// How many posts are in flight at once.
 pub const POSTS_IN_FLIGHT: usize = 8;
 
-/// At most one warning about dropped events in this time.
+/// At most one warning about dropped events, and one about failed posts, in this time.
 pub const DROP_WARN_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The component named as the events' source and reporting controller.
@@ -285,20 +285,21 @@ fn truncated(text: &str, limit: usize) -> String {
 struct Queue {
     tx: mpsc::Sender<Event>,
     dropped: AtomicU64,
-    drops: std::sync::Mutex<DropLog>,
+    drops: std::sync::Mutex<WarnPacer>,
 }
 
-/// When dropped events were last warned about, and how many were dropped since.
+/// When a warning (about dropped events, or about failed posts) was last logged, and how many
+/// of the same were held back since.
 #[derive(Debug, Default)]
-struct DropLog {
+struct WarnPacer {
     warned_at: Option<std::time::Instant>,
     since: u64,
 }
 
-impl DropLog {
-    /// Notes a drop at `now`; `Some(n)` when it is to be warned about (`n` drops before it
-    /// were not), `None` within [`DROP_WARN_EVERY`] of the last warning.
-    fn dropped(&mut self, now: std::time::Instant) -> Option<u64> {
+impl WarnPacer {
+    /// Notes one more at `now`; `Some(n)` when it is to be logged (`n` before it were not),
+    /// `None` within [`DROP_WARN_EVERY`] of the last warning.
+    fn note(&mut self, now: std::time::Instant) -> Option<u64> {
         if self
             .warned_at
             .is_some_and(|at| now.saturating_duration_since(at) < DROP_WARN_EVERY)
@@ -349,12 +350,12 @@ impl EventRecorder {
             return Self::disabled();
         };
         let (tx, rx) = mpsc::channel(capacity.max(1));
-        runtime.spawn(post_events(client, rx));
+        runtime.spawn(post_events(client, rx, Arc::default()));
         Self {
             queue: Some(Arc::new(Queue {
                 tx,
                 dropped: AtomicU64::new(0),
-                drops: std::sync::Mutex::new(DropLog::default()),
+                drops: std::sync::Mutex::new(WarnPacer::default()),
             })),
         }
     }
@@ -384,7 +385,7 @@ impl EventRecorder {
             let Some(unreported) = queue
                 .drops
                 .lock_or_recover()
-                .dropped(std::time::Instant::now())
+                .note(std::time::Instant::now())
             else {
                 return;
             };
@@ -421,29 +422,54 @@ impl EventRecorder {
 }
 
 /// Posts the queued events, [`POSTS_IN_FLIGHT`] at a time, until every sender is gone.
+/// Failed posts are logged at most once every [`DROP_WARN_EVERY`] (`failures` paces them):
+/// when the API server refuses Events (RBAC), every exporter coming or going would otherwise
+/// add a warning line.
 #[cfg(feature = "kubernetes")]
-async fn post_events(client: kube::Client, rx: mpsc::Receiver<Event>) {
+async fn post_events(
+    client: kube::Client,
+    rx: mpsc::Receiver<Event>,
+    failures: Arc<std::sync::Mutex<WarnPacer>>,
+) {
     use futures::StreamExt;
     tokio_stream::wrappers::ReceiverStream::new(rx)
-        .for_each_concurrent(POSTS_IN_FLIGHT, |ev| post_event(&client, ev))
+        .for_each_concurrent(POSTS_IN_FLIGHT, |ev| post_event(&client, ev, &failures))
         .await;
 }
 
-/// Posts one event (a failure is logged).
+/// Posts one event (a failure is logged, paced by `failures`).
 #[cfg(feature = "kubernetes")]
-async fn post_event(client: &kube::Client, ev: Event) {
+async fn post_event(client: &kube::Client, ev: Event, failures: &std::sync::Mutex<WarnPacer>) {
     use kube::{Api, api::PostParams};
     let namespace = ev.metadata.namespace.clone().unwrap_or_default();
-    let about = format!(
-        "event {} about exporter {namespace}/{}",
-        ev.reason.as_deref().unwrap_or_default(),
-        ev.involved_object.name.as_deref().unwrap_or_default()
-    );
+    let about = || {
+        format!(
+            "event {} about exporter {namespace}/{}",
+            ev.reason.as_deref().unwrap_or_default(),
+            ev.involved_object.name.as_deref().unwrap_or_default()
+        )
+    };
     let api: Api<Event> = Api::namespaced(client.clone(), &namespace);
-    match tokio::time::timeout(POST_TIMEOUT, api.create(&PostParams::default(), &ev)).await {
-        Ok(Ok(_)) => tracing::debug!("{about} posted"),
-        Ok(Err(e)) => tracing::warn!("{about} not posted: {e}"),
-        Err(_) => tracing::warn!("{about} not posted: no answer within {POST_TIMEOUT:?}"),
+    let why =
+        match tokio::time::timeout(POST_TIMEOUT, api.create(&PostParams::default(), &ev)).await {
+            Ok(Ok(_)) => {
+                tracing::debug!("{} posted", about());
+                return;
+            }
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!("no answer within {POST_TIMEOUT:?}"),
+        };
+    if let Some(held) = failures.lock_or_recover().note(std::time::Instant::now()) {
+        let more = if held > 0 {
+            format!(" ({held} more not posted since the last warning)")
+        } else {
+            String::new()
+        };
+        tracing::warn!(
+            "{} not posted: {why}{more}; at most one such warning every {}s",
+            about(),
+            DROP_WARN_EVERY.as_secs()
+        );
     }
 }
 
@@ -827,24 +853,102 @@ mod tests {
             gate.open.add_permits(1000);
         }
 
+        /// An API server that refuses every request at once (as RBAC would), counting them.
+        #[derive(Clone, Default)]
+        struct Refusing {
+            calls: Arc<std::sync::atomic::AtomicUsize>,
+        }
+
+        impl tower::Service<http::Request<kube::client::Body>> for Refusing {
+            type Response = http::Response<FakeBody>;
+            type Error = Infallible;
+            type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+            fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+                Poll::Ready(Ok(()))
+            }
+
+            fn call(&mut self, _req: http::Request<kube::client::Body>) -> Self::Future {
+                self.calls.fetch_add(1, Ordering::SeqCst);
+                let body = http_body_util::BodyExt::boxed_unsync(http_body_util::Full::new(
+                    bytes::Bytes::from_static(b"{\"kind\":\"Status\",\"apiVersion\":\"v1\",\"status\":\"Failure\",\"message\":\"events is forbidden\",\"reason\":\"Forbidden\",\"code\":403}"),
+                ));
+                Box::pin(
+                    async move { Ok(http::Response::builder().status(403).body(body).unwrap()) },
+                )
+            }
+        }
+
+        /// The log lines written while the returned guard lives (on this thread).
+        fn capture_logs() -> (
+            Arc<std::sync::Mutex<Vec<u8>>>,
+            tracing::subscriber::DefaultGuard,
+        ) {
+            #[derive(Clone)]
+            struct Sink(Arc<std::sync::Mutex<Vec<u8>>>);
+            impl std::io::Write for Sink {
+                fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                    self.0.lock_or_recover().extend_from_slice(buf);
+                    Ok(buf.len())
+                }
+                fn flush(&mut self) -> std::io::Result<()> {
+                    Ok(())
+                }
+            }
+            let buf = Arc::new(std::sync::Mutex::new(Vec::new()));
+            let sink = Sink(buf.clone());
+            let subscriber = tracing_subscriber::fmt()
+                .with_max_level(tracing::Level::WARN)
+                .with_ansi(false)
+                .with_writer(move || sink.clone())
+                .finish();
+            (buf, tracing::subscriber::set_default(subscriber))
+        }
+
+        #[tokio::test]
+        async fn refused_posts_are_warned_about_once_in_a_while() {
+            let (logs, _guard) = capture_logs();
+            let api = Refusing::default();
+            let recorder =
+                EventRecorder::kubernetes_with_queue(kube::Client::new(api.clone(), "default"), 64);
+            let (off, on) = (exporter(false, true), exporter(true, true));
+            let n = 20;
+            for _ in 0..n {
+                recorder.exporter_changed(&off, &on);
+            }
+            for _ in 0..500 {
+                if api.calls.load(Ordering::SeqCst) >= n {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            assert_eq!(api.calls.load(Ordering::SeqCst), n, "every event was tried");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let text = String::from_utf8(logs.lock_or_recover().clone()).unwrap();
+            let warned: Vec<&str> = text.lines().filter(|l| l.contains("not posted")).collect();
+            assert_eq!(warned.len(), 1, "{text}");
+            assert!(warned[0].contains("forbidden"), "{text}");
+            assert_eq!(recorder.dropped(), 0, "refused, not dropped");
+        }
+
         #[test]
         fn drops_are_warned_about_once_in_a_while_with_how_many_were_not() {
-            let mut log = DropLog::default();
+            let mut log = WarnPacer::default();
             let t0 = std::time::Instant::now();
-            assert_eq!(log.dropped(t0), Some(0), "the first drop is warned about");
+            assert_eq!(log.note(t0), Some(0), "the first drop is warned about");
             for i in 1..=5 {
-                assert_eq!(log.dropped(t0 + Duration::from_millis(i)), None);
+                assert_eq!(log.note(t0 + Duration::from_millis(i)), None);
             }
             assert_eq!(
-                log.dropped(t0 + DROP_WARN_EVERY - Duration::from_millis(1)),
+                log.note(t0 + DROP_WARN_EVERY - Duration::from_millis(1)),
                 None
             );
             assert_eq!(
-                log.dropped(t0 + DROP_WARN_EVERY),
+                log.note(t0 + DROP_WARN_EVERY),
                 Some(6),
                 "the next warning counts the six not warned about"
             );
-            assert_eq!(log.dropped(t0 + DROP_WARN_EVERY), None);
+            assert_eq!(log.note(t0 + DROP_WARN_EVERY), None);
         }
 
         #[test]
