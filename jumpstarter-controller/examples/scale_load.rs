@@ -21,6 +21,10 @@
 //! 4. restart: SIGTERM, then the same controller again; the time until every remaining
 //!    exporter holds a Status stream again.
 //!
+//! Before the restart and at the end it reads how many times the exporter cache listed every
+//! exporter (`jumpstarter_controller_exporter_cache_lists_total`; once means the store's watch
+//! never cut it off).
+//!
 //! Prints one JSON line of figures (the last line of stdout). Exits non-zero when a phase
 //! does not complete or a count does not add up.
 
@@ -653,6 +657,12 @@ async fn main() {
         eprintln!("scale_load: {drop_n} dropped exporters listed offline after {drop_secs:.1} s");
     }
     let rss_hwm = mem_mib(pid, "VmHWM");
+    // How often the exporter cache listed every exporter: once at start, more when the
+    // store's watch cut it off.
+    let cache_lists = controller
+        .metric("jumpstarter_controller_exporter_cache_lists_total")
+        .await
+        .unwrap_or(f64::NAN);
 
     // Restart: the same controller, same data, same address.
     let remaining = n - drop_n;
@@ -674,6 +684,14 @@ async fn main() {
         "scale_load: {reconnected} of {remaining} exporters back after {reregister_secs:.1} s"
     );
     let hwm_after_restart = mem_mib(controller.pid(), "VmHWM");
+    let cache_lists_after_restart = controller
+        .metric("jumpstarter_controller_exporter_cache_lists_total")
+        .await
+        .unwrap_or(f64::NAN);
+    eprintln!(
+        "scale_load: the exporter cache listed every exporter {cache_lists:.0} times \
+         (after the restart {cache_lists_after_restart:.0}); once means never cut off"
+    );
     for t in &tasks {
         t.abort();
     }
@@ -691,7 +709,8 @@ async fn main() {
          \"drop_notice_secs\": {}, \
          \"wrongly_offline\": {wrongly_offline}, \"restart_ready_secs\": {}, \
          \"reconnected\": {reconnected}, \"reregister_secs\": {}, \
-         \"hwm_after_restart_mib\": {}, \"loadgen_cpu_secs\": {}}}",
+         \"hwm_after_restart_mib\": {}, \"loadgen_cpu_secs\": {}, \"cache_lists\": {}, \
+         \"cache_lists_after_restart\": {}}}",
         fig(create_secs),
         fig(register_secs),
         fig(idle_elapsed),
@@ -713,6 +732,8 @@ async fn main() {
         fig(reregister_secs),
         fig(hwm_after_restart),
         fig(loadgen_cpu),
+        fig(cache_lists),
+        fig(cache_lists_after_restart),
     );
     let ok = granted == clients
         && listening

@@ -258,6 +258,15 @@ pub async fn object_metrics<S: Store>(state: &ControllerState<S>) -> String {
         }
         Err(e) => tracing::warn!("metrics: cannot list exporters: {e}"),
     }
+    let _ = write!(
+        out,
+        "# HELP jumpstarter_controller_exporter_cache_lists_total Times the exporter cache \
+         listed every exporter: once at start, again each time it fell behind the store's \
+         watch.\n\
+         # TYPE jumpstarter_controller_exporter_cache_lists_total counter\n\
+         jumpstarter_controller_exporter_cache_lists_total {}\n",
+        state.exporters.lists()
+    );
     let events = state.exporters.event_recorder();
     if events.is_enabled() {
         let _ = write!(

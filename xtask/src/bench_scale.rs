@@ -254,6 +254,19 @@ pub fn run(args: &[String]) -> Result<()> {
         "",
         None,
     );
+    // Once each: the exporter cache was never cut off by the store's watch (session 26).
+    for (what, key) in [
+        ("exporter cache lists (1 = never cut off)", "cache_lists"),
+        ("the same after the restart", "cache_lists_after_restart"),
+    ] {
+        let lists = f(key)?;
+        row(
+            what,
+            fmt(lists, 0),
+            "1",
+            (lists >= 0.0).then_some(lists == 1.0),
+        );
+    }
     row(
         "load generator CPU, whole run (s)",
         fmt(f("loadgen_cpu_secs")?, 1),

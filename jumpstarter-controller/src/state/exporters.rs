@@ -73,6 +73,9 @@ pub struct ExporterCache {
     seen_writer_started: AtomicBool,
     /// Records exporter online/offline events (posts them only with the Kubernetes store).
     events: EventRecorder,
+    /// How many times the feed listed every exporter (once at start; again whenever it fell
+    /// behind the store's watch).
+    lists: std::sync::atomic::AtomicU64,
 }
 
 impl ExporterCache {
@@ -87,7 +90,15 @@ impl ExporterCache {
             seen_due: Mutex::new(HashSet::new()),
             seen_writer_started: AtomicBool::new(false),
             events,
+            lists: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// How many times the feed listed every exporter: once when it started, and once more
+    /// each time it fell behind the store's watch (for the metrics; more than one with a
+    /// healthy store means the feed could not keep up).
+    pub fn lists(&self) -> u64 {
+        self.lists.load(Ordering::Relaxed)
     }
 
     /// Where the Kubernetes Events about exporters go (for the metrics).
@@ -302,6 +313,10 @@ async fn exporter_feed<S: Store>(cache: Weak<ExporterCache>, store: S) {
         let listed = store
             .list::<Exporter>(None, &LabelSelector::everything(), &ListParams::default())
             .await;
+        match cache.upgrade() {
+            Some(c) => c.lists.fetch_add(1, Ordering::Relaxed),
+            None => return,
+        };
         let watch = match &listed {
             Ok(l) => {
                 store
@@ -433,6 +448,64 @@ mod tests {
     use super::*;
     use crate::objects::ExporterSpec;
     use crate::store::SqliteStore;
+
+    /// The feed lists every exporter once when it starts, and once more when a write cuts it
+    /// off (here: one call of more exporters than the store's watch buffer, which the
+    /// controller's own bulk writers no longer make); the count is a metric.
+    #[tokio::test]
+    async fn the_feed_counts_its_lists_and_lists_again_when_cut_off() {
+        use futures::TryStreamExt;
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(dir.path()).await.unwrap();
+        let cache = Arc::new(ExporterCache::new(EventRecorder::disabled()));
+        cache.start_feed(&store);
+        assert!(cache.synced(Duration::from_secs(5)).await);
+        assert_eq!(cache.lists(), 1);
+        let n = store.watch_buffer() + 10;
+        let created: Vec<Exporter> = futures::stream::iter(0..n)
+            .map(|i| {
+                let store = store.clone();
+                async move {
+                    let mut e = Exporter::new(&format!("board-{i}"), ExporterSpec::default());
+                    e.metadata.namespace = Some("default".into());
+                    store.create(&e).await
+                }
+            })
+            .buffer_unordered(64)
+            .try_collect()
+            .await
+            .unwrap();
+        assert_eq!(cache.lists(), 1, "the feed kept up with the creates");
+        let seen: Vec<Exporter> = created
+            .into_iter()
+            .map(|mut e| {
+                e.status.get_or_insert_with(Default::default).last_seen = Some(
+                    k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::now()),
+                );
+                e
+            })
+            .collect();
+        // Written from another thread while this one (the feed's) is blocked: the feed cannot
+        // take events while the write publishes them.
+        let writer = store.clone();
+        let written = std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap()
+                .block_on(writer.update_status_many(seen))
+        })
+        .join()
+        .unwrap()
+        .unwrap();
+        assert!(written.iter().all(Result::is_ok));
+        for _ in 0..500 {
+            if cache.lists() == 2 && cache.cached_uid("default", "board-0").is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(cache.lists(), 2, "cut off once, listed again once");
+    }
 
     /// Issue 27: the `lastSeen` refreshes the Status streams ask for are written together,
     /// one store commit (one disk sync) for many exporters, not one each.
