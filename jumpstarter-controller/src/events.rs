@@ -754,28 +754,42 @@ mod tests {
             assert_eq!(recorder.dropped(), 0);
         }
 
-        /// An API server that never answers.
-        #[derive(Clone)]
-        struct Silent;
+        /// How a stand-in API server answers a request.
+        type Answer =
+            Pin<Box<dyn Future<Output = Result<http::Response<FakeBody>, Infallible>> + Send>>;
 
-        impl tower::Service<http::Request<kube::client::Body>> for Silent {
+        /// A stand-in API server: every request is answered by calling `F`.
+        #[derive(Clone)]
+        struct Api<F>(F);
+
+        impl<F: FnMut() -> Answer> tower::Service<http::Request<kube::client::Body>> for Api<F> {
             type Response = http::Response<FakeBody>;
             type Error = Infallible;
-            type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+            type Future = Answer;
 
             fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
                 Poll::Ready(Ok(()))
             }
 
-            fn call(&mut self, _req: http::Request<kube::client::Body>) -> Self::Future {
-                Box::pin(std::future::pending())
+            fn call(&mut self, _req: http::Request<kube::client::Body>) -> Answer {
+                (self.0)()
             }
+        }
+
+        /// An answer with status `code` and `body`.
+        fn answer(code: u16, body: &'static [u8]) -> Result<http::Response<FakeBody>, Infallible> {
+            let body = http_body_util::BodyExt::boxed_unsync(http_body_util::Full::new(
+                bytes::Bytes::from_static(body),
+            ));
+            Ok(http::Response::builder().status(code).body(body).unwrap())
         }
 
         #[tokio::test]
         async fn a_stuck_api_server_drops_events_instead_of_blocking() {
+            // An API server that never answers.
+            let silent = Api(|| -> Answer { Box::pin(std::future::pending()) });
             let recorder =
-                EventRecorder::kubernetes_with_queue(kube::Client::new(Silent, "default"), 2);
+                EventRecorder::kubernetes_with_queue(kube::Client::new(silent, "default"), 2);
             let (off, on) = (exporter(false, true), exporter(true, true));
             let started = std::time::Instant::now();
             let n = 10 + POSTS_IN_FLIGHT as u64;
@@ -792,37 +806,13 @@ mod tests {
             );
         }
 
-        /// An API server that holds every request until the test lets it go, counting how
-        /// many it holds at once; then answers 500.
+        /// What an API server that holds every request until the test lets it go (then
+        /// answers 500) counts: how many it holds, and the most at once.
         #[derive(Clone)]
         struct Gate {
             held: Arc<std::sync::atomic::AtomicUsize>,
             most: Arc<std::sync::atomic::AtomicUsize>,
             open: Arc<tokio::sync::Semaphore>,
-        }
-
-        impl tower::Service<http::Request<kube::client::Body>> for Gate {
-            type Response = http::Response<FakeBody>;
-            type Error = Infallible;
-            type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
-
-            fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-                Poll::Ready(Ok(()))
-            }
-
-            fn call(&mut self, _req: http::Request<kube::client::Body>) -> Self::Future {
-                let gate = self.clone();
-                Box::pin(async move {
-                    let now = gate.held.fetch_add(1, Ordering::SeqCst) + 1;
-                    gate.most.fetch_max(now, Ordering::SeqCst);
-                    let _pass = gate.open.acquire().await;
-                    gate.held.fetch_sub(1, Ordering::SeqCst);
-                    let body = http_body_util::BodyExt::boxed_unsync(http_body_util::Full::new(
-                        bytes::Bytes::new(),
-                    ));
-                    Ok(http::Response::builder().status(500).body(body).unwrap())
-                })
-            }
         }
 
         #[tokio::test]
@@ -832,10 +822,19 @@ mod tests {
                 most: Arc::default(),
                 open: Arc::new(tokio::sync::Semaphore::new(0)),
             };
-            let recorder = EventRecorder::kubernetes_with_queue(
-                kube::Client::new(gate.clone(), "default"),
-                64,
-            );
+            let held = gate.clone();
+            let api = Api(move || -> Answer {
+                let gate = held.clone();
+                Box::pin(async move {
+                    let now = gate.held.fetch_add(1, Ordering::SeqCst) + 1;
+                    gate.most.fetch_max(now, Ordering::SeqCst);
+                    let _pass = gate.open.acquire().await;
+                    gate.held.fetch_sub(1, Ordering::SeqCst);
+                    answer(500, b"")
+                })
+            });
+            let recorder =
+                EventRecorder::kubernetes_with_queue(kube::Client::new(api, "default"), 64);
             let (off, on) = (exporter(false, true), exporter(true, true));
             for _ in 0..3 * POSTS_IN_FLIGHT {
                 recorder.exporter_changed(&off, &on);
@@ -853,31 +852,9 @@ mod tests {
             gate.open.add_permits(1000);
         }
 
-        /// An API server that refuses every request at once (as RBAC would), counting them.
-        #[derive(Clone, Default)]
-        struct Refusing {
-            calls: Arc<std::sync::atomic::AtomicUsize>,
-        }
-
-        impl tower::Service<http::Request<kube::client::Body>> for Refusing {
-            type Response = http::Response<FakeBody>;
-            type Error = Infallible;
-            type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
-
-            fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-                Poll::Ready(Ok(()))
-            }
-
-            fn call(&mut self, _req: http::Request<kube::client::Body>) -> Self::Future {
-                self.calls.fetch_add(1, Ordering::SeqCst);
-                let body = http_body_util::BodyExt::boxed_unsync(http_body_util::Full::new(
-                    bytes::Bytes::from_static(b"{\"kind\":\"Status\",\"apiVersion\":\"v1\",\"status\":\"Failure\",\"message\":\"events is forbidden\",\"reason\":\"Forbidden\",\"code\":403}"),
-                ));
-                Box::pin(
-                    async move { Ok(http::Response::builder().status(403).body(body).unwrap()) },
-                )
-            }
-        }
+        /// What the API server answers a request RBAC refuses.
+        const FORBIDDEN: &[u8] = br#"{"kind":"Status","apiVersion":"v1","status":"Failure",
+            "message":"events is forbidden","reason":"Forbidden","code":403}"#;
 
         /// The log lines written while the returned guard lives (on this thread).
         fn capture_logs() -> (
@@ -908,21 +885,27 @@ mod tests {
         #[tokio::test]
         async fn refused_posts_are_warned_about_once_in_a_while() {
             let (logs, _guard) = capture_logs();
-            let api = Refusing::default();
+            // An API server that refuses every request at once (as RBAC would), counting them.
+            let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let counted = calls.clone();
+            let api = Api(move || -> Answer {
+                counted.fetch_add(1, Ordering::SeqCst);
+                Box::pin(async { answer(403, FORBIDDEN) })
+            });
             let recorder =
-                EventRecorder::kubernetes_with_queue(kube::Client::new(api.clone(), "default"), 64);
+                EventRecorder::kubernetes_with_queue(kube::Client::new(api, "default"), 64);
             let (off, on) = (exporter(false, true), exporter(true, true));
             let n = 20;
             for _ in 0..n {
                 recorder.exporter_changed(&off, &on);
             }
             for _ in 0..500 {
-                if api.calls.load(Ordering::SeqCst) >= n {
+                if calls.load(Ordering::SeqCst) >= n {
                     break;
                 }
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
-            assert_eq!(api.calls.load(Ordering::SeqCst), n, "every event was tried");
+            assert_eq!(calls.load(Ordering::SeqCst), n, "every event was tried");
             tokio::time::sleep(Duration::from_millis(50)).await;
             let text = String::from_utf8(logs.lock_or_recover().clone()).unwrap();
             let warned: Vec<&str> = text.lines().filter(|l| l.contains("not posted")).collect();

@@ -449,17 +449,23 @@ mod tests {
     use crate::objects::ExporterSpec;
     use crate::store::SqliteStore;
 
+    /// A cache fed by an embedded store in a temporary directory, synced.
+    async fn fed_cache() -> (tempfile::TempDir, SqliteStore, Arc<ExporterCache>) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(dir.path()).await.unwrap();
+        let cache = Arc::new(ExporterCache::new(EventRecorder::disabled()));
+        cache.start_feed(&store);
+        assert!(cache.synced(Duration::from_secs(5)).await);
+        (dir, store, cache)
+    }
+
     /// The feed lists every exporter once when it starts, and once more when a write cuts it
     /// off (here: one call of more exporters than the store's watch buffer, which the
     /// controller's own bulk writers no longer make); the count is a metric.
     #[tokio::test]
     async fn the_feed_counts_its_lists_and_lists_again_when_cut_off() {
         use futures::TryStreamExt;
-        let dir = tempfile::tempdir().unwrap();
-        let store = SqliteStore::open(dir.path()).await.unwrap();
-        let cache = Arc::new(ExporterCache::new(EventRecorder::disabled()));
-        cache.start_feed(&store);
-        assert!(cache.synced(Duration::from_secs(5)).await);
+        let (_dir, store, cache) = fed_cache().await;
         assert_eq!(cache.lists(), 1);
         let n = store.watch_buffer() + 10;
         let created: Vec<Exporter> = futures::stream::iter(0..n)
@@ -511,11 +517,7 @@ mod tests {
     /// one store commit (one disk sync) for many exporters, not one each.
     #[tokio::test]
     async fn last_seen_refreshes_of_many_exporters_share_one_store_commit() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = SqliteStore::open(dir.path()).await.unwrap();
-        let cache = Arc::new(ExporterCache::new(EventRecorder::disabled()));
-        cache.start_feed(&store);
-        assert!(cache.synced(Duration::from_secs(5)).await);
+        let (_dir, store, cache) = fed_cache().await;
         let n = 50;
         for i in 0..n {
             let mut e = Exporter::new(&format!("board-{i}"), ExporterSpec::default());

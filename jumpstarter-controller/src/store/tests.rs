@@ -411,26 +411,29 @@ async fn list_then_watch_since_misses_nothing<S: Store>(store: S) {
     assert_eq!(second.object().meta().name.as_deref(), Some("after"));
 }
 
+/// `n` widgets `PREFIX-0`… created in namespace `a`, 64 at a time (one after the other, each
+/// would be a disk sync of its own in the embedded store).
+async fn create_many<S: Store>(store: &S, prefix: &str, n: usize) -> Vec<Widget> {
+    use futures::TryStreamExt;
+    futures::stream::iter(0..n)
+        .map(|i| {
+            let store = store.clone();
+            let name = format!("{prefix}-{i}");
+            async move { store.create(&widget("a", &name, 0, &[])).await }
+        })
+        .buffer_unordered(64)
+        .try_collect()
+        .await
+        .unwrap()
+}
+
 async fn slow_watcher_is_cut_off_and_writers_never_wait<S: Store>(store: S) {
     assert!(store.watch_buffer() >= WATCH_BUFFER);
     let mut slow = store.watch::<Widget>(None, None).await.unwrap();
     let started = std::time::Instant::now();
-    // More writes than the watcher may fall behind, 64 at a time (one after the other, each
-    // would be a disk sync of its own in the embedded store).
-    let written = futures::stream::iter(0..store.watch_buffer() + 10)
-        .map(|i| {
-            let store = store.clone();
-            async move {
-                store
-                    .create(&widget("a", &format!("busy-{i}"), 0, &[]))
-                    .await
-            }
-        })
-        .buffer_unordered(64)
-        .filter(|r| std::future::ready(r.is_ok()))
-        .count()
-        .await;
-    assert_eq!(written, store.watch_buffer() + 10);
+    // More writes than the watcher may fall behind.
+    let written = create_many(&store, "busy", store.watch_buffer() + 10).await;
+    assert_eq!(written.len(), store.watch_buffer() + 10);
     assert!(started.elapsed() < std::time::Duration::from_secs(120));
     let err = slow.next().await.unwrap().unwrap_err();
     assert!(matches!(err, StoreError::WatchLagged { .. }), "{err}");
@@ -451,7 +454,7 @@ async fn slow_watcher_is_cut_off_and_writers_never_wait<S: Store>(store: S) {
 /// only: its events are in the stream when a write returns, so the catching up is exact.
 #[tokio::test]
 async fn bulk_writes_in_batches_cut_no_watcher_off() {
-    use futures::{FutureExt, TryStreamExt};
+    use futures::FutureExt;
     fn catch_up(watch: &mut WatchStream<Widget>, seen: &mut usize) {
         // Unconstrained: within tokio's budget the stream answers "not ready" after 128.
         while let Some(ev) = tokio::task::unconstrained(watch.next()).now_or_never() {
@@ -464,19 +467,7 @@ async fn bulk_writes_in_batches_cut_no_watcher_off() {
     }
     let (_dir, store) = open().await;
     let n = store.watch_buffer() + 10;
-    let created: Vec<Widget> = futures::stream::iter(0..n)
-        .map(|i| {
-            let store = store.clone();
-            async move {
-                store
-                    .create(&widget("a", &format!("bulk-{i}"), 0, &[]))
-                    .await
-            }
-        })
-        .buffer_unordered(64)
-        .try_collect()
-        .await
-        .unwrap();
+    let created = create_many(&store, "bulk", n).await;
     let mut watch = store.watch::<Widget>(None, None).await.unwrap();
     let mut seen = 0;
     let changed: Vec<Widget> = created
