@@ -605,6 +605,12 @@ async fn main() {
     .await
     .is_some();
     grants.sort_by(|a, b| a.total_cmp(b));
+    if std::env::var_os("SCALE_LOAD_VERBOSE").is_some() {
+        let deciles: Vec<String> = (1..=10)
+            .map(|d| format!("{:.0}", percentile(&grants, f64::from(d) / 10.0)))
+            .collect();
+        eprintln!("scale_load: grant deciles (ms) {}", deciles.join(" "));
+    }
     eprintln!(
         "scale_load: {granted} of {clients} leases granted, p50 {:.1} ms, p99 {:.1} ms; \
          CreateLease answered p50 {:.1} ms, p99 {:.1} ms; CPU until the last grant: \

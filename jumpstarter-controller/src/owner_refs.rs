@@ -133,30 +133,19 @@ fn has_lease_owner(
 
 /// Gives every lease with an assigned exporter its controller reference to that exporter,
 /// writing only the leases that lack it. `leases` are the stored leases (for their metadata);
-/// `statuses` the latest (namespace, name, status) of each, as just written. Failures are
+/// `statuses` the latest (namespace, name, status) of each, as just written; `exporters` at
+/// least the exporters those statuses name, by (namespace, name). Failures are
 /// logged, never returned: an owner reference must not stop scheduling. Returns whether a
 /// write conflicted (look again soon).
 pub async fn sync_lease_owners<'a, S: Store>(
     store: &S,
     leases: impl IntoIterator<Item = &'a Lease>,
     statuses: &[(&str, &str, &LeaseStatus)],
-    exporters: &[Exporter],
+    exporters: &HashMap<(&str, &str), &Exporter>,
 ) -> bool {
-    // Only the assigned exporters are indexed: a pass must not cost the size of the lab.
-    let wanted: std::collections::HashSet<(&str, &str)> = statuses
-        .iter()
-        .filter_map(|(ns, _, st)| Some((*ns, st.exporter_ref.as_ref()?.name.as_str())))
-        .collect();
-    if wanted.is_empty() {
+    if statuses.iter().all(|(_, _, st)| st.exporter_ref.is_none()) {
         return false;
     }
-    let exporters: HashMap<(&str, &str), &Exporter> = exporters
-        .iter()
-        .filter_map(|e| {
-            let key = crate::objects::meta_key(&e.metadata)?;
-            wanted.contains(&key).then_some((key, e))
-        })
-        .collect();
     let leases: HashMap<(&str, &str), &Lease> = leases
         .into_iter()
         .filter_map(|l| Some((crate::objects::meta_key(&l.metadata)?, l)))
@@ -171,11 +160,11 @@ pub async fn sync_lease_owners<'a, S: Store>(
         };
         // Checked on the listed copy first, so that only leases that need it are re-read;
         // the common case, a lease that has it, without copying the lease.
-        if has_lease_owner(stored, status, &exporters) {
+        if has_lease_owner(stored, status, exporters) {
             continue;
         }
         let mut probe = (*stored).clone();
-        match set_lease_owner(&mut probe, status, &exporters) {
+        match set_lease_owner(&mut probe, status, exporters) {
             Ok(false) => continue,
             Ok(true) => {}
             Err(e) => {
@@ -183,7 +172,7 @@ pub async fn sync_lease_owners<'a, S: Store>(
                 continue;
             }
         }
-        retry |= write_lease_owner(store, namespace, name, status, &exporters).await;
+        retry |= write_lease_owner(store, namespace, name, status, exporters).await;
     }
     retry
 }
@@ -382,7 +371,8 @@ mod tests {
         let leases = vec![l1.clone(), l2.clone()];
         let (s1, s2) = (assigned("board-1"), LeaseStatus::default());
         let statuses = [("lab", "l1", &s1), ("lab", "l2", &s2)];
-        let retry = sync_lease_owners(&store, &leases, &statuses, std::slice::from_ref(&e)).await;
+        let retry =
+            sync_lease_owners(&store, &leases, &statuses, &index(std::slice::from_ref(&e))).await;
         assert!(!retry);
         let stored: Lease = store.get("lab", "l1").await.unwrap().unwrap();
         let refs = stored.metadata.owner_references.clone().unwrap();
@@ -395,7 +385,7 @@ mod tests {
         );
         // A second pass over the updated list writes nothing.
         let leases = vec![stored.clone(), untouched];
-        sync_lease_owners(&store, &leases, &statuses, std::slice::from_ref(&e)).await;
+        sync_lease_owners(&store, &leases, &statuses, &index(std::slice::from_ref(&e))).await;
         let again: Lease = store.get("lab", "l1").await.unwrap().unwrap();
         assert_eq!(
             again.metadata.resource_version,
@@ -404,7 +394,7 @@ mod tests {
         // A stale listed copy is re-read, not written blindly; a deleted lease is skipped.
         let stale = vec![l1];
         store.delete::<Lease>("lab", "l1", None).await.unwrap();
-        assert!(!sync_lease_owners(&store, &stale, &statuses, &[e]).await);
+        assert!(!sync_lease_owners(&store, &stale, &statuses, &index(&[e])).await);
         assert!(store.get::<Lease>("lab", "l1").await.unwrap().is_none());
     }
 }

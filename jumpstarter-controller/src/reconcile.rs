@@ -117,9 +117,22 @@ pub async fn reconcile_once<S: Store>(
     }
     let scheduled_in = started.elapsed();
     let mut next: Option<Timestamp> = None;
-    let leases_written =
-        write_leases(store, &leases, &decisions, exporters, now, &mut next).await?;
-    if sync_owners(store, &leases, &leases_written, exporters).await {
+    // The exporters that leases name (held or just assigned): the leases' owners.
+    let named = exporters_named(
+        leases
+            .iter()
+            .filter_map(|l| Some((l.metadata.namespace.as_deref()?, l.status.as_ref()?)))
+            .chain(decisions.iter().map(|d| (d.namespace.as_str(), &d.status)))
+            .filter_map(|(ns, st)| Some((ns, st.exporter_ref.as_ref()?.name.as_str()))),
+        exporters,
+        if listed.is_some() {
+            None
+        } else {
+            view_guard.as_ref()
+        },
+    );
+    let leases_written = write_leases(store, &leases, &decisions, &named, now, &mut next).await?;
+    if sync_owners(store, &leases, &leases_written, &named).await {
         next = Some(now);
     }
     let leases_in = started.elapsed();
@@ -202,6 +215,38 @@ pub async fn reconcile_once<S: Store>(
     Ok(next)
 }
 
+/// The exporters named by `wanted` ((namespace, name) pairs, repeats allowed), by key: looked
+/// up in the view's index when the pass has one, else found in `exporters` (a fresh list).
+/// A pass must not hash every exporter of the lab: with 10,000 exporters, two such maps per
+/// pass were half of a pass that had nothing to write.
+fn exporters_named<'e, 'k>(
+    wanted: impl IntoIterator<Item = (&'k str, &'k str)>,
+    exporters: &'e [Exporter],
+    view: Option<&'e ExporterView>,
+) -> HashMap<(&'e str, &'e str), &'e Exporter> {
+    let found = |e: &'e Exporter| Some((meta_key(&e.metadata)?, e));
+    match view {
+        Some(view) => {
+            let keys: HashSet<(&str, &str)> = wanted.into_iter().collect();
+            keys.into_iter()
+                .filter_map(|(ns, name)| view.get(&(ns.to_string(), name.to_string())))
+                .filter_map(found)
+                .collect()
+        }
+        None => {
+            let keys: HashSet<(&str, &str)> = wanted.into_iter().collect();
+            if keys.is_empty() {
+                return HashMap::new();
+            }
+            exporters
+                .iter()
+                .filter_map(found)
+                .filter(|(key, _)| keys.contains(key))
+                .collect()
+        }
+    }
+}
+
 /// Moves `next` to `t` if that is sooner.
 fn earliest(next: &mut Option<Timestamp>, t: Timestamp) {
     *next = Some(next.map_or(t, |n| n.min(t)));
@@ -250,7 +295,7 @@ async fn write_leases<'a, S: Store>(
     store: &S,
     leases: &'a [Lease],
     decisions: &'a [crate::scheduler::LeaseDecision],
-    exporters: &[Exporter],
+    owners: &HashMap<(&str, &str), &Exporter>,
     now: Timestamp,
     next: &mut Option<Timestamp>,
 ) -> Result<LeasesWritten<'a>, StoreError> {
@@ -269,21 +314,6 @@ async fn write_leases<'a, S: Store>(
     let lease_index: HashMap<(&str, &str), &Lease> = leases
         .iter()
         .filter_map(|l| Some((meta_key(&l.metadata)?, l)))
-        .collect();
-    // The exporters that leases are assigned to, to make them the leases' owners.
-    let assigned: HashSet<(&str, &str)> = decisions
-        .iter()
-        .filter_map(|d| {
-            let r = d.status.exporter_ref.as_ref()?;
-            Some((d.namespace.as_str(), r.name.as_str()))
-        })
-        .collect();
-    let owners: HashMap<(&str, &str), &Exporter> = exporters
-        .iter()
-        .filter_map(|e| {
-            let key = meta_key(&e.metadata)?;
-            assigned.contains(&key).then_some((key, e))
-        })
         .collect();
     let mut rewritten: HashMap<ObjectKey, Lease> = HashMap::new();
     // Ends are written before grants: an exporter freed by a lease ending in this pass and
@@ -332,7 +362,7 @@ async fn write_leases<'a, S: Store>(
             if d.labels_changed {
                 given.metadata.labels = (!d.labels.is_empty()).then(|| d.labels.clone());
             }
-            match crate::owner_refs::set_lease_owner(&mut given, &d.status, &owners) {
+            match crate::owner_refs::set_lease_owner(&mut given, &d.status, owners) {
                 Ok(changed) => parts.metadata |= changed,
                 Err(e) => tracing::warn!("lease owner reference not set: {e}"),
             }
@@ -382,7 +412,7 @@ async fn sync_owners<S: Store>(
     store: &S,
     leases: &[Lease],
     written: &LeasesWritten<'_>,
-    exporters: &[Exporter],
+    exporters: &HashMap<(&str, &str), &Exporter>,
 ) -> bool {
     let statuses: Vec<_> = written
         .statuses
@@ -972,6 +1002,50 @@ mod tests {
         reconcile_once(&state).await.unwrap();
         let again = events.next().now_or_never();
         assert!(again.is_none(), "{again:?}");
+    }
+
+    /// The exporters a pass names come from the view's index when it has one, from the list
+    /// otherwise, with the same answer: each named exporter once, none that is not named,
+    /// nothing for a name no exporter has.
+    #[test]
+    fn exporters_named_finds_the_same_through_the_view_and_in_a_list() {
+        let exporter = |ns: &str, name: &str| {
+            let mut e = Exporter::new(name, ExporterSpec::default());
+            e.metadata.namespace = Some(ns.into());
+            e.metadata.resource_version = Some("1".into());
+            e
+        };
+        let listed: Vec<Exporter> = (0..50)
+            .map(|i| exporter(if i % 2 == 0 { "a" } else { "b" }, &format!("e{i:02}")))
+            .collect();
+        let view = ExporterView::new(listed.clone());
+        let wanted = [
+            ("a", "e04"),
+            ("b", "e07"),
+            ("a", "e04"),
+            ("a", "e07"),
+            ("a", "gone"),
+            ("b", "e49"),
+        ];
+        let keys = |m: HashMap<(&str, &str), &Exporter>| {
+            let mut found: Vec<(String, String, String)> = m
+                .into_iter()
+                .map(|((ns, name), e)| {
+                    let (ens, ename) = meta_key(&e.metadata).unwrap();
+                    assert_eq!((ns, name), (ens, ename), "keyed by its own name");
+                    (ns.to_string(), name.to_string(), ename.to_string())
+                })
+                .collect();
+            found.sort();
+            found
+        };
+        let want: Vec<(String, String, String)> = [("a", "e04"), ("b", "e07"), ("b", "e49")]
+            .iter()
+            .map(|(ns, n)| (ns.to_string(), n.to_string(), n.to_string()))
+            .collect();
+        assert_eq!(keys(exporters_named(wanted, &[], Some(&view))), want);
+        assert_eq!(keys(exporters_named(wanted, &listed, None)), want);
+        assert!(exporters_named([], &listed, None).is_empty());
     }
 
     fn lease_on(name: &str, selector: &str) -> Lease {

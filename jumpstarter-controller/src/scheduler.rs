@@ -209,26 +209,38 @@ struct Candidate<'a> {
 
 /// The objects of one namespace a lease may use.
 struct Namespace<'a> {
-    exporters: Vec<&'a Exporter>,
+    snapshot_exporters: &'a [Exporter],
+    namespace: &'a str,
+    /// The namespace's exporters, sorted by name, built when a pending lease first needs
+    /// them: a pass in which no lease waits (1,000 held, 10,000 exporters) spent a third of
+    /// its time sorting them.
+    exporters: std::cell::OnceCell<Vec<&'a Exporter>>,
     policies: Vec<&'a ExporterAccessPolicy>,
     /// Client name -> its labels.
     client_labels: BTreeMap<&'a str, BTreeMap<String, String>>,
 }
 
 impl<'a> Namespace<'a> {
-    fn of(snap: &Snapshot<'a>, ns: &str) -> Self {
+    /// The exporters of the namespace, sorted by name once per pass, so that sorting each
+    /// lease's matching exporters by name (in `candidates`) finds them in order already and
+    /// takes one pass.
+    fn exporters(&self) -> &[&'a Exporter] {
+        self.exporters.get_or_init(|| {
+            let mut exporters: Vec<&'a Exporter> = self
+                .snapshot_exporters
+                .iter()
+                .filter(|e| namespace_of(&e.metadata) == self.namespace)
+                .collect();
+            exporters.sort_by_key(|e| name_of(&e.metadata));
+            exporters
+        })
+    }
+
+    fn of(snap: &Snapshot<'a>, ns: &'a str) -> Self {
         Self {
-            // Sorted by name once here, so that sorting each lease's matching exporters by
-            // name (in `candidates`) finds them in order already and takes one pass.
-            exporters: {
-                let mut exporters: Vec<&'a Exporter> = snap
-                    .exporters
-                    .iter()
-                    .filter(|e| namespace_of(&e.metadata) == ns)
-                    .collect();
-                exporters.sort_by_key(|e| name_of(&e.metadata));
-                exporters
-            },
+            snapshot_exporters: snap.exporters,
+            namespace: ns,
+            exporters: std::cell::OnceCell::new(),
             policies: snap
                 .policies
                 .iter()
@@ -335,8 +347,8 @@ fn queue_pending<'a>(
                     .get(w.lease.spec.client_ref.name.as_str())
                     .cloned()
                     .unwrap_or_default();
-                let result =
-                    evaluate(w.lease, &objects.exporters, &objects.policies, &client).map(Rc::from);
+                let result = evaluate(w.lease, objects.exporters(), &objects.policies, &client)
+                    .map(Rc::from);
                 if let Some(k) = key {
                     same_ask.insert(k, result.clone());
                 }
