@@ -129,6 +129,9 @@ pub async fn run_child(command: &[String], env: &ShellEnv, context: &str) -> Res
         c
     };
     cmd.envs(env);
+    if let Some(path) = path_with_own_j() {
+        cmd.env("PATH", path);
+    }
     // If jmp is told to stop while the child runs, the child must not outlive it.
     cmd.kill_on_drop(true);
     let program = command.first().cloned().unwrap_or_else(|| "shell".into());
@@ -158,6 +161,42 @@ fn exit_code(status: std::process::ExitStatus) -> i32 {
         (None, Some(sig)) => 128 + sig,
         (None, None) => 1,
     }
+}
+
+/// `PATH` for a child that runs `j`: `path` (the caller's `PATH`) with `dir` added last when
+/// `dir` holds the `j` program and `path` does not name `dir` already; `None` when nothing
+/// changes. Added last, a `j` the user put on `PATH` still wins.
+fn path_with_j_dir(
+    path: Option<&std::ffi::OsStr>,
+    dir: &Path,
+    j_program: &str,
+) -> Option<std::ffi::OsString> {
+    if !dir.join(j_program).is_file() {
+        return None;
+    }
+    let mut parts: Vec<std::path::PathBuf> = path
+        .map(std::env::split_paths)
+        .into_iter()
+        .flatten()
+        .collect();
+    if parts.iter().any(|p| p == dir) {
+        return None;
+    }
+    parts.push(dir.to_path_buf());
+    std::env::join_paths(parts).ok()
+}
+
+/// `PATH` for a child of `jmp shell` or a hook of `jmp run`, which may run `j`: this
+/// process's `PATH` with the directory of this `jmp` added last when the `j` built beside it
+/// is there, so that `target/debug/jmp shell ... -- j power on` finds `target/debug/j`
+/// without either being installed (`None`: `PATH` stays as it is).
+pub fn path_with_own_j() -> Option<std::ffi::OsString> {
+    let exe = std::env::current_exe().ok()?;
+    path_with_j_dir(
+        std::env::var_os("PATH").as_deref(),
+        exe.parent()?,
+        crate::toolkit::current().j_program(),
+    )
 }
 
 /// The environment every `jmp shell` child gets besides `JUMPSTARTER_HOST`.
@@ -218,4 +257,36 @@ pub fn private_dir() -> Result<tempfile::TempDir> {
 /// they could: `jmp` does this at start, whatever the command.
 pub fn sweep_stale_dirs() {
     jumpstarter_core::leftovers::sweep_in(&private_base(), SHELL_DIR_KIND);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_directory_of_j_is_added_last_once_and_only_when_j_is_there() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = std::ffi::OsString::from("/usr/bin:/bin");
+        assert_eq!(
+            path_with_j_dir(Some(&path), dir.path(), "j"),
+            None,
+            "no j there"
+        );
+        std::fs::write(dir.path().join("j"), "").unwrap();
+        let with = path_with_j_dir(Some(&path), dir.path(), "j").unwrap();
+        assert_eq!(
+            with,
+            std::ffi::OsString::from(format!("/usr/bin:/bin:{}", dir.path().display()))
+        );
+        assert_eq!(
+            path_with_j_dir(Some(&with), dir.path(), "j"),
+            None,
+            "already there"
+        );
+        assert_eq!(
+            path_with_j_dir(None, dir.path(), "j").unwrap(),
+            dir.path().as_os_str()
+        );
+        assert_eq!(path_with_j_dir(Some(&path), dir.path(), "other-j"), None);
+    }
 }

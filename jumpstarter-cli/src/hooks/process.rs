@@ -205,6 +205,7 @@ fn spawn(argv: &[String], env: &HookEnv) -> io::Result<(OwnedFd, tokio::process:
         let mut cmd = tokio::process::Command::new(&argv[0]);
         cmd.args(&argv[1..])
             .envs(env.vars())
+            .envs(crate::shell::path_with_own_j().map(|p| ("PATH", p)))
             .env_remove("PS1")
             .stdin(Stdio::from(slave.try_clone()?))
             .stdout(Stdio::from(slave.try_clone()?))

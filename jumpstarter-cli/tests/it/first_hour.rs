@@ -50,6 +50,40 @@ fn state_changing_j_commands_confirm_on_stderr() {
     ");
 }
 
+/// `target/debug/jmp shell --exporter-config FILE -- j power cycle`, as `cargo xtask
+/// quickstart` suggests to try next: the `j` built beside `jmp` is found although neither is
+/// on `PATH`; a `j` that is on `PATH` still comes first.
+#[test]
+fn jmp_shell_finds_the_j_built_beside_it() {
+    let s = Scratch::new();
+    s.write("exporter.yaml", crate::MOCK_CONFIG);
+    let shell = |path: &str| {
+        let out = s
+            .cmd(JMP)
+            .env("PATH", path)
+            .args(["shell", "--exporter-config"])
+            .arg(s.path("exporter.yaml"))
+            .args(["--", "sh", "-c", "exec 2>&1; j power on"])
+            .output()
+            .unwrap();
+        let (stdout, stderr) = text(&out);
+        assert!(out.status.success(), "PATH={path}: {stdout}{stderr}");
+        stdout
+    };
+    assert_eq!(shell("/usr/bin:/bin"), "Powered on\n");
+    std::fs::create_dir(s.path("bin")).unwrap();
+    s.write("bin/j", "#!/bin/sh\necho \"the j on PATH\"\n");
+    let own = s.path("bin");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(own.join("j"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    assert_eq!(
+        shell(&format!("{}:/usr/bin:/bin", own.display())),
+        "the j on PATH\n"
+    );
+}
+
 /// Runs `jmp ARGS` with a stdout whose reading end is already closed.
 fn with_closed_stdout(args: &[&str]) -> (Option<i32>, String) {
     let s = Scratch::new();

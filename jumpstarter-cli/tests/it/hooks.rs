@@ -120,7 +120,8 @@ fn standalone_before_lease_runs_first_with_upstreams_environment() {
             )
         )),
     );
-    let (_exporter, addr, _log) = standalone(&s);
+    // No `j` on the exporter's `PATH`: the hook's `j` is the one built beside `jmp`.
+    let (_exporter, addr, _log) = standalone_with_path(&s, "/usr/bin:/bin");
     let out = direct_shell(
         &s,
         &addr,
@@ -137,7 +138,8 @@ fn standalone_before_lease_runs_first_with_upstreams_environment() {
         "{stderr}"
     );
     assert_eq!(read(&order), "hook\ncommand\n");
-    // The hook's `j power on` reached the drivers.
+    // The hook's `j power on` reached the drivers (its confirmation is hook output).
+    assert!(stderr.contains("[beforeLease] Powered on"), "{stderr}");
     assert!(stdout.contains("voltage=5.0 V"), "{stdout}");
     assert_eq!(
         read(&env),
