@@ -20,18 +20,16 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::{sync::Arc, time::Instant};
+use std::time::Instant;
 
 use futures::{StreamExt, stream};
 use jiff::Timestamp;
 use jumpstarter_controller::{
-    ControllerState, GoDuration, LabelSelector,
-    auth::TokenIssuer,
+    GoDuration, LabelSelector,
     objects::{Client, Exporter, ExporterSpec, ExporterStatus, Lease, LeaseSpec},
     reconcile_once,
     store::{SqliteStore, Store},
 };
-use jumpstarter_router::RouterTokenKey;
 use k8s_openapi::{
     api::core::v1::LocalObjectReference, apimachinery::pkg::apis::meta::v1 as metav1,
 };
@@ -56,15 +54,7 @@ async fn main() {
     );
     let dir = tempfile::tempdir().expect("temporary directory");
     let store = SqliteStore::open(dir.path()).await.expect("open the store");
-    let issuer = Arc::new(TokenIssuer::generate().expect("token key"));
-    let (router_key, _) = RouterTokenKey::generate().expect("router key");
-    let state = ControllerState::new(
-        store.clone(),
-        issuer,
-        router_key,
-        vec![],
-        "localhost:1".into(),
-    );
+    let state = jumpstarter_controller::testing::state_with_new_keys(store.clone());
 
     let mut client = Client::new("alice", Default::default());
     client.metadata.namespace = Some("default".into());

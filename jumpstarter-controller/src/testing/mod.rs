@@ -13,6 +13,17 @@ pub mod fake_issuer;
 pub use fake_api::{FakeApiServer, FakeBody};
 pub use fake_issuer::FakeIssuer;
 
+/// A controller state over `store` with newly made token and router keys, no routers and a
+/// placeholder endpoint: for tests and benchmarks that drive the state directly (a real
+/// controller keeps its keys in its data directory).
+pub fn state_with_new_keys<S: crate::store::Store>(
+    store: S,
+) -> std::sync::Arc<crate::ControllerState<S>> {
+    let issuer = std::sync::Arc::new(crate::auth::TokenIssuer::generate().unwrap());
+    let (router_key, _) = jumpstarter_router::RouterTokenKey::generate().unwrap();
+    crate::ControllerState::new(store, issuer, router_key, vec![], "localhost:1".into())
+}
+
 /// The exporter event recorder and leader election, for the tests against a real API server
 /// (`tests/it/real_kube.rs`).
 pub mod internals {

@@ -3,20 +3,16 @@
 //! fake API server (the same flow against a real API server is in `real_kube`, feature
 //! `kube-e2e`).
 
-use std::sync::Arc;
-
 use futures::StreamExt;
 use http::{Method, Request, Response};
 use http_body_util::BodyExt;
-use jumpstarter_controller::auth::TokenIssuer;
 use jumpstarter_controller::{
-    ControllerState, LabelSelector,
+    LabelSelector,
     objects::{Client, ClientSpec, Exporter, ExporterSpec, ExporterStatus, Lease, LeaseSpec},
     reconcile_once,
     store::{KubeStore, ListParams, Store, StoreError, WatchEvent, credentials},
     testing::FakeApiServer,
 };
-use jumpstarter_router::RouterTokenKey;
 use k8s_openapi::api::core::v1::LocalObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1 as metav1;
 use kube::client::Body;
@@ -375,15 +371,7 @@ pub(crate) async fn lease_goes_pending_then_ready<S: Store>(
         format!("board{suffix}"),
         format!("lease{suffix}"),
     );
-    let issuer = Arc::new(TokenIssuer::generate().unwrap());
-    let (router_key, _) = RouterTokenKey::generate().unwrap();
-    let state = ControllerState::new(
-        store.clone(),
-        issuer,
-        router_key,
-        vec![],
-        "localhost:1".into(),
-    );
+    let state = jumpstarter_controller::testing::state_with_new_keys(store.clone());
     let mut c = Client::new(&client_name, ClientSpec::default());
     c.metadata.namespace = Some(namespace.into());
     store.create(&c).await.unwrap();

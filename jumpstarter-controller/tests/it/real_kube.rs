@@ -226,15 +226,10 @@ async fn real_rbac_is_enforced_and_leader_election_works_as_the_controller() {
 #[tokio::test]
 async fn real_upstream_style_objects_are_read_and_scheduled() {
     let _serial = SERIAL.lock().await;
-    use std::sync::Arc;
-
     use jumpstarter_controller::{
-        ControllerState,
-        auth::TokenIssuer,
         objects::{ExporterAccessPolicy, Lease},
         reconcile_once,
     };
-    use jumpstarter_router::RouterTokenKey;
     use kube::api::{DynamicObject, Patch, PatchParams};
     use kube::discovery::ApiResource;
 
@@ -337,14 +332,7 @@ spec:
     });
     store.update_status(&e).await.unwrap();
 
-    let (router_key, _) = RouterTokenKey::generate().unwrap();
-    let state = ControllerState::new(
-        store.clone(),
-        Arc::new(TokenIssuer::generate().unwrap()),
-        router_key,
-        vec![],
-        "localhost:1".into(),
-    );
+    let state = jumpstarter_controller::testing::state_with_new_keys(store.clone());
     let lease_name = format!("lease-sample{s}");
     let mut assigned = None;
     for _ in 0..20 {
