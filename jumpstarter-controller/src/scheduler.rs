@@ -212,8 +212,8 @@ struct Namespace<'a> {
     snapshot_exporters: &'a [Exporter],
     namespace: &'a str,
     /// The namespace's exporters, sorted by name, built when a pending lease first needs
-    /// them: a pass in which no lease waits (1,000 held, 10,000 exporters) spent a third of
-    /// its time sorting them.
+    /// them: a pass in which no lease waits (1,000 held, 10,000 exporters) need not collect
+    /// and sort them (about 4% of such a pass, counted with callgrind).
     exporters: std::cell::OnceCell<Vec<&'a Exporter>>,
     policies: Vec<&'a ExporterAccessPolicy>,
     /// Client name -> its labels.
