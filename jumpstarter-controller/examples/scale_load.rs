@@ -12,13 +12,17 @@
 //!
 //! Then, in order:
 //! 1. idle: controller CPU and store commits over IDLE_SECS (heartbeats only), RSS;
-//! 2. grants: every client creates a lease on `pool=scale` at the same moment; each grant is
+//! 2. the floor: every client sends a gRPC health check (no token, no store) at the same
+//!    moment, over the connections the grants will use: the answers' p50/p99 and the CPU
+//!    both processes used; and what an ES256 check of a new token costs here (each client's
+//!    first `CreateLease` pays one);
+//! 3. grants: every client creates a lease on `pool=scale` at the same moment; each grant is
 //!    timed from its `CreateLease` to the leased message on the chosen exporter's stream;
 //!    also when each `CreateLease` was answered, and the CPU both processes used until the
 //!    last grant;
-//! 3. drop (DROP > 0): DROP exporters end their streams at once; the time until the
+//! 4. drop (DROP > 0): DROP exporters end their streams at once; the time until the
 //!    AdminService lists all of them offline;
-//! 4. restart: SIGTERM, then the same controller again; the time until every remaining
+//! 5. restart: SIGTERM, then the same controller again; the time until every remaining
 //!    exporter holds a Status stream again.
 //!
 //! Before the restart and at the end it reads how many times the exporter cache listed every
@@ -358,6 +362,100 @@ async fn session(
     ended
 }
 
+/// What [`health_burst`] measured.
+struct Floor {
+    /// The median round's p50 and p99.
+    p50_ms: f64,
+    p99_ms: f64,
+    /// CPU of the controller (`pid`) and of this process per round.
+    ctl_cpu_ms: f64,
+    gen_cpu_ms: f64,
+}
+
+/// How many times [`health_burst`] sends its calls; it reports the median round and the mean
+/// CPU (read in 10 ms ticks, so one round would be too coarse).
+const FLOOR_ROUNDS: usize = 5;
+
+/// The floor under the grants: `clients` calls of the cheapest RPC the controller serves
+/// (gRPC health: no token, no store), over the same connections and released at the same
+/// moment, as the `CreateLease` calls will be; [`FLOOR_ROUNDS`] times.
+async fn health_burst(channels: &[GrpcChannel], clients: usize, pid: u32) -> Floor {
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    let per_channel = clients.div_ceil(channels.len().max(1)).max(1);
+    let (mut p50s, mut p99s) = (Vec::new(), Vec::new());
+    let ctl_cpu0 = cpu_secs(pid);
+    let gen_cpu0 = cpu_secs(std::process::id());
+    for _ in 0..FLOOR_ROUNDS {
+        let gate = Arc::new(tokio::sync::Barrier::new(clients + 1));
+        let tasks: Vec<_> = (0..clients)
+            .map(|i| {
+                let mut health = HealthClient::new(channels[i / per_channel].clone());
+                let gate = gate.clone();
+                tokio::spawn(async move {
+                    gate.wait().await;
+                    let start = Instant::now();
+                    health
+                        .check(HealthCheckRequest {
+                            service: String::new(),
+                        })
+                        .await
+                        .map(|_| start.elapsed().as_secs_f64() * 1000.0)
+                })
+            })
+            .collect();
+        gate.wait().await;
+        let mut ms = Vec::with_capacity(clients);
+        for t in tasks {
+            ms.push(t.await.expect("health task").expect("health check"));
+        }
+        ms.sort_by(|a, b| a.total_cmp(b));
+        p50s.push(percentile(&ms, 0.5));
+        p99s.push(percentile(&ms, 0.99));
+    }
+    // The CPU includes spawning the tasks and waiting at the gate (microseconds beside the
+    // calls).
+    let rounds = FLOOR_ROUNDS as f64;
+    let ctl_cpu_ms = (cpu_secs(pid) - ctl_cpu0) * 1000.0 / rounds;
+    let gen_cpu_ms = (cpu_secs(std::process::id()) - gen_cpu0) * 1000.0 / rounds;
+    p50s.sort_by(|a, b| a.total_cmp(b));
+    p99s.sort_by(|a, b| a.total_cmp(b));
+    Floor {
+        p50_ms: percentile(&p50s, 0.5),
+        p99_ms: percentile(&p99s, 0.5),
+        ctl_cpu_ms,
+        gen_cpu_ms,
+    }
+}
+
+/// What the ES256 check of a token not seen before costs on this machine (µs, median of
+/// `n`), with the controller's own verifier: each client's first call pays it once.
+fn es256_check_us(n: usize) -> f64 {
+    use jumpstarter_controller::auth::TokenIssuer;
+    use jumpstarter_core::auth::{ObjectKind, Subject};
+    let issuer = TokenIssuer::generate().expect("key");
+    let tokens: Vec<String> = (0..n.max(1))
+        .map(|i| {
+            let subject = Subject {
+                kind: ObjectKind::Client,
+                namespace: "default".into(),
+                name: format!("es256-{i}"),
+                uid: format!("uid-{i}"),
+            };
+            issuer.issue(&subject).expect("issue").token
+        })
+        .collect();
+    let mut us: Vec<f64> = tokens
+        .iter()
+        .map(|t| {
+            let start = Instant::now();
+            issuer.verify(t).expect("verify");
+            start.elapsed().as_secs_f64() * 1e6
+        })
+        .collect();
+    us.sort_by(|a, b| a.total_cmp(b));
+    percentile(&us, 0.5)
+}
+
 fn arg<T: std::str::FromStr>(args: &[String], i: usize, what: &str) -> T {
     args.get(i)
         .and_then(|a| a.parse().ok())
@@ -517,6 +615,15 @@ async fn main() {
     for _ in 0..client_conns {
         client_channels.push(connect_tls(&endpoint, &tls).await.expect("connect"));
     }
+    let floor = health_burst(&client_channels, clients, pid).await;
+    let es256_us = es256_check_us(clients);
+    eprintln!(
+        "scale_load: the floor: {clients} gRPC health checks at once ({FLOOR_ROUNDS} rounds, the median) answered p50 {:.1} ms, \
+         p99 {:.1} ms, CPU a round: controller {:.0} ms, load generator {:.0} ms; an ES256 check of a \
+         new token takes {es256_us:.0} µs here",
+        floor.p50_ms, floor.p99_ms, floor.ctl_cpu_ms, floor.gen_cpu_ms
+    );
+
     let gate = Arc::new(tokio::sync::Barrier::new(clients + 1));
     let mut lease_tasks = Vec::with_capacity(clients);
     for (i, token) in client_tokens {
@@ -716,7 +823,8 @@ async fn main() {
          \"wrongly_offline\": {wrongly_offline}, \"restart_ready_secs\": {}, \
          \"reconnected\": {reconnected}, \"reregister_secs\": {}, \
          \"hwm_after_restart_mib\": {}, \"loadgen_cpu_secs\": {}, \"cache_lists\": {}, \
-         \"cache_lists_after_restart\": {}}}",
+         \"cache_lists_after_restart\": {}, \"floor_p50_ms\": {}, \"floor_p99_ms\": {}, \
+         \"floor_ctl_cpu_ms\": {}, \"floor_gen_cpu_ms\": {}, \"es256_check_us\": {}}}",
         fig(create_secs),
         fig(register_secs),
         fig(idle_elapsed),
@@ -740,6 +848,11 @@ async fn main() {
         fig(loadgen_cpu),
         fig(cache_lists),
         fig(cache_lists_after_restart),
+        fig(floor.p50_ms),
+        fig(floor.p99_ms),
+        fig(floor.ctl_cpu_ms),
+        fig(floor.gen_cpu_ms),
+        fig(es256_us),
     );
     let ok = granted == clients
         && listening
