@@ -1,9 +1,11 @@
 //! What one reconcile pass costs in a large lab, when it has nothing to do.
 //!
-//! `pass_cost EXPORTERS LEASES PASSES`
+//! `pass_cost EXPORTERS LEASES PASSES [ENDED]`
 //!
 //! Opens the embedded store in a temporary directory, creates EXPORTERS online exporters
-//! (label `pool=x`) and LEASES leases on `pool=x`, starts the exporter feed (as the
+//! (label `pool=x`), ENDED leases that have ended (the history a lab keeps: a week of them by
+//! default in the embedded store, all of them on Kubernetes; none when not given) and LEASES
+//! leases on `pool=x`, starts the exporter feed (as the
 //! controller does), lets passes grant every lease, and then runs PASSES more passes, which
 //! find nothing to change: the fixed cost every pass pays while 1,000 leases are asked at
 //! once and passes run back to back. Prints the median and the fastest pass in ms.
@@ -26,7 +28,10 @@ use futures::{StreamExt, stream};
 use jiff::Timestamp;
 use jumpstarter_controller::{
     GoDuration, LabelSelector,
-    objects::{Client, Exporter, ExporterSpec, ExporterStatus, Lease, LeaseSpec},
+    objects::{
+        Client, Exporter, ExporterSpec, ExporterStatus, LEASE_ENDED_LABEL, Lease, LeaseSpec,
+        LeaseStatus,
+    },
     reconcile_once,
     store::{SqliteStore, Store},
 };
@@ -41,7 +46,7 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 fn arg(args: &[String], i: usize, what: &str) -> usize {
     args.get(i)
         .and_then(|a| a.parse().ok())
-        .unwrap_or_else(|| panic!("usage: pass_cost EXPORTERS LEASES PASSES (bad {what})"))
+        .unwrap_or_else(|| panic!("usage: pass_cost EXPORTERS LEASES PASSES [ENDED] (bad {what})"))
 }
 
 #[tokio::main]
@@ -52,6 +57,11 @@ async fn main() {
         arg(&args, 2, "LEASES"),
         arg(&args, 3, "PASSES"),
     );
+    let ended = if args.len() > 4 {
+        arg(&args, 4, "ENDED")
+    } else {
+        0
+    };
     let dir = tempfile::tempdir().expect("temporary directory");
     let store = SqliteStore::open(dir.path()).await.expect("open the store");
     let state = jumpstarter_controller::testing::state_with_new_keys(store.clone());
@@ -73,6 +83,40 @@ async fn main() {
                     ..Default::default()
                 });
                 store.update_status(&e).await.expect("exporter status");
+            }
+        })
+        .buffer_unordered(64)
+        .collect::<Vec<()>>()
+        .await;
+    // The history: leases that ended an hour ago, as a pass leaves them (status ended, no
+    // exporter, the ended label).
+    stream::iter(0..ended)
+        .map(|i| {
+            let store = store.clone();
+            async move {
+                let mut l = Lease::new(
+                    &format!("ended-{i:06}"),
+                    LeaseSpec {
+                        client_ref: LocalObjectReference {
+                            name: "alice".into(),
+                        },
+                        duration: Some(GoDuration::from_secs(3600)),
+                        selector: LabelSelector::parse("pool=x").expect("selector").to_k8s(),
+                        ..Default::default()
+                    },
+                );
+                l.metadata.namespace = Some("default".into());
+                l.metadata.labels =
+                    Some([(LEASE_ENDED_LABEL.to_string(), "true".to_string())].into());
+                let mut l = store.create(&l).await.expect("create an ended lease");
+                let hour_ago = Timestamp::now() - jiff::SignedDuration::from_secs(3600);
+                l.status = Some(LeaseStatus {
+                    begin_time: Some(metav1::Time(hour_ago)),
+                    end_time: Some(metav1::Time(hour_ago)),
+                    ended: true,
+                    ..Default::default()
+                });
+                store.update_status(&l).await.expect("end a lease");
             }
         })
         .buffer_unordered(64)
@@ -113,7 +157,7 @@ async fn main() {
     // Grant: passes until every lease holds an exporter.
     let granted = |list: &[Lease]| {
         list.iter()
-            .filter(|l| l.assigned_exporter().is_some())
+            .filter(|l| !l.is_ended() && l.assigned_exporter().is_some())
             .count()
     };
     for _ in 0..20 {
@@ -140,8 +184,8 @@ async fn main() {
     }
     times.sort_by(f64::total_cmp);
     println!(
-        "pass_cost: {exporters} exporters, {leases} leases held, {passes} passes with nothing \
-         to do: median {:.2} ms, fastest {:.2} ms",
+        "pass_cost: {exporters} exporters, {leases} leases held, {ended} ended, {passes} passes \
+         with nothing to do: median {:.2} ms, fastest {:.2} ms",
         times.get(times.len() / 2).copied().unwrap_or(f64::NAN),
         times.first().copied().unwrap_or(f64::NAN),
     );
