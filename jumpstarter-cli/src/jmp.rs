@@ -239,6 +239,7 @@ impl RunArgs {
             first_frame_timeout: t,
             keepalive_interval: Duration::from_secs(self.keepalive_interval),
             keepalive_timeout: Duration::from_secs(self.keepalive_timeout),
+            ..ConnectionLimits::default()
         }
     }
 }
@@ -505,6 +506,7 @@ mod tests {
                 first_frame_timeout: Duration::from_secs(4),
                 keepalive_interval: Duration::from_secs(5),
                 keepalive_timeout: Duration::from_secs(7),
+                ..ConnectionLimits::default()
             }
         );
         for bad in [

@@ -194,14 +194,16 @@ pub struct Args {
     #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "DURATION",
           env = "JUMPSTARTER_FIRST_FRAME_TIMEOUT")]
     pub first_frame_timeout: Duration,
-    /// Interval of the HTTP/2 keepalive pings the listeners send.
-    #[arg(long, default_value = "30s", value_parser = parse_duration, value_name = "DURATION",
+    /// Interval of the HTTP/2 keepalive pings the listeners send [default: 30s, or with
+    /// --store kubernetes the ConfigMap's grpc.keepalive.intervalTime].
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION",
           env = "JUMPSTARTER_KEEPALIVE_INTERVAL")]
-    pub keepalive_interval: Duration,
-    /// A connection whose keepalive ping is unanswered this long is closed.
-    #[arg(long, default_value = "20s", value_parser = parse_duration, value_name = "DURATION",
+    pub keepalive_interval: Option<Duration>,
+    /// A connection whose keepalive ping is unanswered this long is closed [default: 20s, or
+    /// with --store kubernetes the ConfigMap's grpc.keepalive.timeout].
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION",
           env = "JUMPSTARTER_KEEPALIVE_TIMEOUT")]
-    pub keepalive_timeout: Duration,
+    pub keepalive_timeout: Option<Duration>,
     /// Leader election: how often the holder renews (and standbys retry).
     #[arg(long, default_value = "2s", value_parser = parse_duration, value_name = "DURATION")]
     pub leader_renew_period: Duration,
@@ -258,6 +260,8 @@ impl Args {
             routers: None,
             credential_secrets: self.store == StoreKind::Kubernetes,
             max_tags: None,
+            label_policy: Default::default(),
+            token_lifetime: None,
             extra_sans: self
                 .tls_sans
                 .iter()
@@ -274,8 +278,13 @@ impl Args {
                 max_connections: self.max_connections,
                 handshake_timeout: self.handshake_timeout,
                 first_frame_timeout: self.first_frame_timeout,
-                keepalive_interval: self.keepalive_interval,
-                keepalive_timeout: self.keepalive_timeout,
+                keepalive_interval: self
+                    .keepalive_interval
+                    .unwrap_or(ConnectionLimits::default().keepalive_interval),
+                keepalive_timeout: self
+                    .keepalive_timeout
+                    .unwrap_or(ConnectionLimits::default().keepalive_timeout),
+                ..ConnectionLimits::default()
             },
             ended_lease_retention: match self.store {
                 StoreKind::Sqlite => self.ended_lease_retention.0,
@@ -373,6 +382,7 @@ async fn run(args: Args) -> Result<std::process::ExitCode, String> {
     if let Some(path) = &args.authentication_config {
         let (auth, provisioning) =
             crate::external_auth::read_authentication_file(path).map_err(|e| e.to_string())?;
+        apply_internal_authentication(&auth, &mut config, &path.display().to_string())?;
         config.jwt_authenticators = auth.jwt;
         config.provisioning |= provisioning;
     }
@@ -390,6 +400,159 @@ async fn run(args: Args) -> Result<std::process::ExitCode, String> {
     }
 }
 
+/// Applies `authentication.internal` (from the ConfigMap or `--authentication-config`) to
+/// `config`: `tokenLifetime` sets the lifetime of the tokens issued from now on. What this
+/// controller cannot honour is refused, naming the key (`source` says where it came from):
+/// a `prefix` other than its own `internal:`, and `k8s.enabled: true` (which upstream 0.9.0
+/// parses without applying either).
+pub fn apply_internal_authentication(
+    auth: &crate::cluster_config::Authentication,
+    config: &mut ControllerConfig,
+    source: &str,
+) -> Result<(), String> {
+    let own = crate::auth::INTERNAL_USERNAME_PREFIX;
+    if let Some(prefix) = auth.internal.prefix.as_deref()
+        && prefix != own
+    {
+        return Err(format!(
+            "{source}: authentication.internal.prefix {prefix:?} is not supported: this \
+             controller's own tokens use the prefix {own:?}; set it to that or remove it"
+        ));
+    }
+    if auth.k8s.enabled {
+        return Err(format!(
+            "{source}: authentication.k8s.enabled is not supported (upstream 0.9.0 does not \
+             apply it either): accept service-account tokens with a jwt authenticator for the \
+             cluster's issuer (docs/kubernetes.md, CI jobs), and remove the key"
+        ));
+    }
+    if let Some(lifetime) = auth.internal.token_lifetime {
+        let nanos = u64::try_from(lifetime.as_nanos()).ok().filter(|n| *n > 0);
+        let Some(nanos) = nanos else {
+            return Err(format!(
+                "{source}: authentication.internal.tokenLifetime must be positive"
+            ));
+        };
+        config.token_lifetime = Some(Duration::from_nanos(nanos));
+    }
+    Ok(())
+}
+
+/// The ConfigMap's authentication, as upstream reads it: the legacy `authentication` key,
+/// when present, is the authentication configuration (`config.authentication` and
+/// `provisioning` are then not used, and provisioning stays off); else `config`'s
+/// `authentication` and `provisioning`. (`--authentication-config` replaces both.)
+pub fn apply_cluster_authentication(
+    cluster: &crate::cluster_config::ClusterConfig,
+    config: &mut ControllerConfig,
+    source: &str,
+) -> Result<(), String> {
+    match &cluster.legacy_authentication {
+        Some(text) => {
+            let (auth, _) =
+                crate::external_auth::parse_authentication_text(text, source, "authentication")
+                    .map_err(|e| e.to_string())?;
+            apply_internal_authentication(&auth, config, source)?;
+            config.jwt_authenticators = auth.jwt;
+        }
+        None => {
+            let auth = &cluster.settings.authentication;
+            apply_internal_authentication(auth, config, source)?;
+            config.jwt_authenticators = auth.jwt.clone();
+            config.provisioning |= cluster.settings.provisioning.enabled;
+        }
+    }
+    Ok(())
+}
+
+/// A Go duration of the ConfigMap as a positive [`Duration`], or an error naming `key`.
+fn positive(
+    value: Option<crate::GoDuration>,
+    key: &str,
+    source: &str,
+) -> Result<Option<Duration>, String> {
+    let Some(value) = value else {
+        return Ok(None);
+    };
+    match u64::try_from(value.as_nanos()).ok().filter(|n| *n > 0) {
+        Some(nanos) => Ok(Some(Duration::from_nanos(nanos))),
+        None => Err(format!("{source}: {key} must be positive")),
+    }
+}
+
+/// Applies the ConfigMap's `config` key (all but `authentication` and `provisioning`, which
+/// [`apply_internal_authentication`] and the caller handle) to `config`:
+///
+/// - `leasePolicy.maxTags`;
+/// - `hiddenLabels.keys` and `deprecatedLabels.keys`: what `GetExporter`/`ListExporters`
+///   show of exporters' labels;
+/// - `grpc.keepalive.intervalTime` and `timeout`: the listeners' HTTP/2 keepalive, unless
+///   `--keepalive-interval`/`--keepalive-timeout` were given (`flags`);
+///   `maxConnectionAge` and `maxConnectionAgeGrace`: connections are closed gracefully at
+///   that age, and at once after the grace;
+/// - `grpc.keepalive.minTime` and `permitWithoutStream: true` are what the server allows
+///   clients: this one never closes a connection for its pings, at any rate, with or
+///   without calls, so every such allowance holds.
+///
+/// Refused, naming the key: `grpc.keepalive.permitWithoutStream: false` and
+/// `maxConnectionIdle`, which ask the server to close connections in ways it cannot.
+pub fn apply_settings(
+    settings: &crate::cluster_config::ControllerSettings,
+    config: &mut ControllerConfig,
+    flags: (bool, bool),
+    source: &str,
+) -> Result<(), String> {
+    config.max_tags = settings.lease_policy.max_tags;
+    config.label_policy = crate::objects::LabelPolicy {
+        hidden: settings.hidden_labels.keys.iter().cloned().collect(),
+        deprecated: settings
+            .deprecated_labels
+            .keys
+            .clone()
+            .into_iter()
+            .collect(),
+    };
+    let k = &settings.grpc.keepalive;
+    if k.permit_without_stream == Some(false) {
+        return Err(format!(
+            "{source}: grpc.keepalive.permitWithoutStream: false is not supported: this \
+             controller does not close connections that ping without calls (upstream's \
+             Python clients do); remove it or set it to true"
+        ));
+    }
+    if k.max_connection_idle.is_some() {
+        return Err(format!(
+            "{source}: grpc.keepalive.maxConnectionIdle is not supported: this controller \
+             does not close idle connections (exporters hold theirs open for their Status \
+             streams); remove it"
+        ));
+    }
+    positive(k.min_time, "grpc.keepalive.minTime", source)?;
+    let limits = &mut config.connection_limits;
+    let (interval_flag, timeout_flag) = flags;
+    if let Some(v) = positive(k.interval_time, "grpc.keepalive.intervalTime", source)?
+        && !interval_flag
+    {
+        limits.keepalive_interval = v;
+    }
+    if let Some(v) = positive(k.timeout, "grpc.keepalive.timeout", source)?
+        && !timeout_flag
+    {
+        limits.keepalive_timeout = v;
+    }
+    limits.max_connection_age = positive(
+        k.max_connection_age,
+        "grpc.keepalive.maxConnectionAge",
+        source,
+    )?;
+    limits.max_connection_age_grace = positive(
+        k.max_connection_age_grace,
+        "grpc.keepalive.maxConnectionAgeGrace",
+        source,
+    )?;
+    Ok(())
+}
+
 #[cfg(feature = "kubernetes")]
 async fn run_kubernetes(
     args: &Args,
@@ -400,21 +563,25 @@ async fn run_kubernetes(
     let cluster = cluster_config::load(&store, &args.namespace)
         .await
         .map_err(|e| e.to_string())?;
-    if cluster.legacy_authentication {
-        tracing::warn!(
-            "ConfigMap {}/{}: the legacy `authentication` key is not interpreted",
-            args.namespace,
-            cluster_config::CONFIG_MAP_NAME
-        );
-    }
     if config.routers.is_none() && !cluster.routers.is_empty() {
         config.routers = Some(cluster.routers.clone());
     }
-    config.max_tags = cluster.settings.lease_policy.max_tags;
-    // Upstream ignores `config.authentication` and `provisioning` under the legacy key.
-    if args.authentication_config.is_none() && !cluster.legacy_authentication {
-        config.jwt_authenticators = cluster.settings.authentication.jwt.clone();
-        config.provisioning |= cluster.settings.provisioning.enabled;
+    let source = format!(
+        "ConfigMap {}/{}",
+        args.namespace,
+        cluster_config::CONFIG_MAP_NAME
+    );
+    apply_settings(
+        &cluster.settings,
+        &mut config,
+        (
+            args.keepalive_interval.is_some(),
+            args.keepalive_timeout.is_some(),
+        ),
+        &source,
+    )?;
+    if args.authentication_config.is_none() {
+        apply_cluster_authentication(&cluster, &mut config, &source)?;
     }
     let mut elector = if args.no_leader_election {
         None
@@ -544,6 +711,177 @@ fn serving_lines(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The ConfigMap's `config` key as text, applied to a default config.
+    fn applied(yaml: &str, flags: (bool, bool)) -> Result<ControllerConfig, String> {
+        let settings =
+            crate::cluster_config::parse_settings(yaml, "cm").map_err(|e| e.to_string())?;
+        let mut config = ControllerConfig::new("/nonexistent".into());
+        apply_settings(&settings, &mut config, flags, "cm")?;
+        apply_internal_authentication(&settings.authentication, &mut config, "cm")?;
+        Ok(config)
+    }
+
+    #[test]
+    fn the_legacy_authentication_key_is_the_authentication_configuration() {
+        let data = |legacy: Option<&str>| {
+            let mut d = std::collections::BTreeMap::new();
+            d.insert(
+                "config".to_string(),
+                "authentication:\n  jwt: []\nprovisioning:\n  enabled: true\n".to_string(),
+            );
+            if let Some(l) = legacy {
+                d.insert("authentication".to_string(), l.to_string());
+            }
+            d
+        };
+        let cluster = |legacy: Option<&str>| {
+            crate::cluster_config::from_config_map(&k8s_openapi::api::core::v1::ConfigMap {
+                metadata: kube::api::ObjectMeta {
+                    name: Some("jumpstarter-controller".into()),
+                    namespace: Some("lab".into()),
+                    ..Default::default()
+                },
+                data: Some(data(legacy)),
+                ..Default::default()
+            })
+            .unwrap()
+        };
+        let legacy = "apiVersion: jumpstarter.dev/v1alpha1
+kind: AuthenticationConfiguration
+internal:
+  prefix: 'internal:'
+  tokenLifetime: 48h
+jwt:
+  - issuer:
+      url: https://dex.example.com
+      audiences: [jumpstarter-cli]
+    claimMappings:
+      username:
+        claim: email
+        prefix: 'dex:'
+";
+        let mut c = ControllerConfig::new("/nonexistent".into());
+        apply_cluster_authentication(&cluster(Some(legacy)), &mut c, "cm").unwrap();
+        assert_eq!(c.jwt_authenticators.len(), 1);
+        assert_eq!(c.token_lifetime, Some(Duration::from_secs(48 * 3600)));
+        assert!(!c.provisioning, "provisioning is off under the legacy key");
+
+        let mut c = ControllerConfig::new("/nonexistent".into());
+        apply_cluster_authentication(&cluster(None), &mut c, "cm").unwrap();
+        assert!(c.jwt_authenticators.is_empty());
+        assert!(c.provisioning);
+
+        // A legacy key that is not an AuthenticationConfiguration is refused by name.
+        let mut c = ControllerConfig::new("/nonexistent".into());
+        let err =
+            apply_cluster_authentication(&cluster(Some("- a list")), &mut c, "cm").unwrap_err();
+        assert!(err.contains("authentication"), "{err}");
+    }
+
+    #[test]
+    fn every_configmap_setting_is_applied_or_refused_by_name() {
+        // The layout of upstream's ConfigMap (deploy/kubernetes and the tests' sample).
+        let c = applied(
+            "authentication:
+  internal:
+    prefix: 'internal:'
+    tokenLifetime: 720h
+grpc:
+  keepalive:
+    minTime: 1s
+    permitWithoutStream: true
+    timeout: 180s
+    intervalTime: 45s
+    maxConnectionAge: 2h
+    maxConnectionAgeGrace: 30s
+leasePolicy:
+  maxTags: 5
+hiddenLabels:
+  keys: [internal.example.com/rack]
+deprecatedLabels:
+  keys: {old-board: use board}
+",
+            (false, false),
+        )
+        .unwrap();
+        let hours = |h: u64| Duration::from_secs(h * 3600);
+        assert_eq!(c.token_lifetime, Some(hours(720)));
+        assert_eq!(c.max_tags, Some(5));
+        assert_eq!(
+            c.connection_limits.keepalive_interval,
+            Duration::from_secs(45)
+        );
+        assert_eq!(
+            c.connection_limits.keepalive_timeout,
+            Duration::from_secs(180)
+        );
+        assert_eq!(c.connection_limits.max_connection_age, Some(hours(2)));
+        assert_eq!(
+            c.connection_limits.max_connection_age_grace,
+            Some(Duration::from_secs(30))
+        );
+        assert!(c.label_policy.hidden.contains("internal.example.com/rack"));
+        assert_eq!(c.label_policy.deprecated["old-board"], "use board");
+
+        // The command line's keepalive wins over the ConfigMap's.
+        let c = applied(
+            "grpc: {keepalive: {intervalTime: 45s, timeout: 180s}}",
+            (true, true),
+        )
+        .unwrap();
+        assert_eq!(
+            c.connection_limits.keepalive_interval,
+            ConnectionLimits::default().keepalive_interval
+        );
+        assert_eq!(
+            c.connection_limits.keepalive_timeout,
+            ConnectionLimits::default().keepalive_timeout
+        );
+        // Nothing set: the defaults.
+        let c = applied("", (false, false)).unwrap();
+        assert_eq!(c.token_lifetime, None);
+        assert_eq!(c.connection_limits, ConnectionLimits::default());
+        assert_eq!(c.label_policy, crate::objects::LabelPolicy::default());
+
+        // What cannot be honoured is refused, naming the key.
+        for (yaml, key) in [
+            (
+                "authentication: {internal: {prefix: 'lab:'}}",
+                "authentication.internal.prefix",
+            ),
+            (
+                "authentication: {k8s: {enabled: true}}",
+                "authentication.k8s.enabled",
+            ),
+            (
+                "authentication: {internal: {tokenLifetime: 0s}}",
+                "tokenLifetime",
+            ),
+            (
+                "grpc: {keepalive: {permitWithoutStream: false}}",
+                "permitWithoutStream",
+            ),
+            (
+                "grpc: {keepalive: {maxConnectionIdle: 5m}}",
+                "maxConnectionIdle",
+            ),
+            (
+                "grpc: {keepalive: {timeout: -1s}}",
+                "grpc.keepalive.timeout",
+            ),
+            (
+                "grpc: {keepalive: {maxConnectionAge: 0s}}",
+                "maxConnectionAge",
+            ),
+        ] {
+            let err = applied(yaml, (false, false)).expect_err(yaml);
+            assert!(
+                err.starts_with("cm: ") && err.contains(key),
+                "{yaml}: {err}"
+            );
+        }
+    }
 
     #[test]
     fn the_served_addresses_say_who_can_reach_them() {

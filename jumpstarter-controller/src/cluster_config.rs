@@ -8,7 +8,8 @@
 //! - key `config`: YAML, strict (unknown fields are errors, as upstream): `authentication`,
 //!   `provisioning`, `grpc.keepalive`, `leasePolicy.maxTags`, `hiddenLabels`,
 //!   `deprecatedLabels`;
-//! - legacy key `authentication`: accepted and reported, not interpreted.
+//! - legacy key `authentication`: kept as text; the binary reads it as upstream does
+//!   (authentication from it instead of `config`, provisioning off).
 //!
 //! `--routers FILE` reads the same `router` map from a file (or a whole ConfigMap manifest),
 //! for one-machine setups with several routers.
@@ -231,9 +232,10 @@ pub struct ClusterConfig {
     pub routers: Vec<RouterEntry>,
     /// The `config` key (defaults when absent).
     pub settings: ControllerSettings,
-    /// Whether the legacy `authentication` key is present (upstream then ignores
-    /// `config.authentication` and `provisioning`).
-    pub legacy_authentication: bool,
+    /// The legacy `authentication` key, when present (an `AuthenticationConfiguration`
+    /// document; upstream then takes authentication from it instead of `config`, and turns
+    /// provisioning off).
+    pub legacy_authentication: Option<String>,
 }
 
 fn yaml_err(
@@ -316,7 +318,7 @@ pub fn from_config_map(cm: &ConfigMap) -> Result<ClusterConfig, ClusterConfigErr
     Ok(ClusterConfig {
         routers: parse_routers(data.get("router").map_or("", String::as_str), &source_name)?,
         settings: parse_settings(data.get("config").map_or("", String::as_str), &source_name)?,
-        legacy_authentication: data.contains_key("authentication"),
+        legacy_authentication: data.get("authentication").cloned(),
     })
 }
 
@@ -428,7 +430,7 @@ data:
         );
         assert_eq!(c.settings.grpc.keepalive.permit_without_stream, Some(true));
         assert_eq!(c.settings.hidden_labels.keys.len(), 1);
-        assert!(!c.legacy_authentication);
+        assert!(c.legacy_authentication.is_none());
     }
 
     #[test]
@@ -466,7 +468,13 @@ data:
         let e = with("router", "r1:\n  endpoint: h:1\n  extra: 1\n").unwrap_err();
         assert!(e.contains("\"router\""), "{e}");
         assert!(with("router", "- not a map\n").is_err());
-        assert!(with("authentication", "x").unwrap().legacy_authentication);
+        assert_eq!(
+            with("authentication", "x")
+                .unwrap()
+                .legacy_authentication
+                .as_deref(),
+            Some("x")
+        );
     }
 
     #[test]

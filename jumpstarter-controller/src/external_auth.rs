@@ -87,13 +87,25 @@ pub fn read_authentication_file(path: &Path) -> Result<(Authentication, bool), C
         path: source_name.clone(),
         source,
     })?;
+    parse_authentication_text(&text, &source_name, "file")
+}
+
+/// [`read_authentication_file`] on text: the file's, or the ConfigMap's legacy
+/// `authentication` key (an `AuthenticationConfiguration` document). `key` names it in
+/// errors.
+pub fn parse_authentication_text(
+    text: &str,
+    source_name: &str,
+    key: &str,
+) -> Result<(Authentication, bool), ClusterConfigError> {
+    let source_name = source_name.to_owned();
     let yaml_err = |source: jumpstarter_core::BoxError| ClusterConfigError::Yaml {
         source_name: source_name.clone(),
-        key: "file".into(),
+        key: key.into(),
         source,
     };
     let mut value: serde_json::Value =
-        serde_saphyr::from_str(&text).map_err(|e| yaml_err(e.into()))?;
+        serde_saphyr::from_str(text).map_err(|e| yaml_err(e.into()))?;
     if value.is_null() {
         return Ok((Authentication::default(), false));
     }
@@ -101,7 +113,20 @@ pub fn read_authentication_file(path: &Path) -> Result<(Authentication, bool), C
         .as_object_mut()
         .ok_or_else(|| yaml_err("expected a YAML map".into()))?;
     if obj.contains_key("authentication") || obj.contains_key("provisioning") {
-        let settings = crate::cluster_config::parse_settings(&text, &source_name)?;
+        // The ConfigMap's other settings are not read from this file: refused, not ignored.
+        if let Some(other) = obj
+            .keys()
+            .find(|k| *k != "authentication" && *k != "provisioning")
+        {
+            return Err(ClusterConfigError::Invalid {
+                source_name: source_name.clone(),
+                field: other.clone(),
+                reason: "this file takes only `authentication` and `provisioning`; the other \
+                         settings of the ConfigMap's `config` key apply with --store kubernetes"
+                    .into(),
+            });
+        }
+        let settings = crate::cluster_config::parse_settings(text, &source_name)?;
         return Ok((settings.authentication, settings.provisioning.enabled));
     }
     // An AuthenticationConfiguration manifest carries apiVersion/kind around the same fields.
@@ -156,6 +181,19 @@ mod tests {
             ext.issuers().next().map(|v| v.username_prefix()),
             Some("dex:")
         );
+    }
+
+    #[test]
+    fn the_configmap_s_other_settings_in_the_file_are_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("auth.yaml");
+        std::fs::write(
+            &path,
+            "authentication:\n  jwt: []\nhiddenLabels:\n  keys: [rack]\n",
+        )
+        .unwrap();
+        let err = read_authentication_file(&path).unwrap_err().to_string();
+        assert!(err.contains("hiddenLabels"), "{err}");
     }
 
     #[test]

@@ -819,6 +819,37 @@ pub fn exporter_to_proto(e: &Exporter) -> client_v1::Exporter {
     }
 }
 
+/// What clients are shown of exporters' labels: the ConfigMap's `hiddenLabels.keys` and
+/// `deprecatedLabels.keys` (key → message). Empty (the default) shows every label as stored.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LabelPolicy {
+    /// Label keys not shown to clients unless they ask (`show_hidden_labels`).
+    pub hidden: std::collections::BTreeSet<String>,
+    /// Label keys being phased out, each with the message that says what to use instead.
+    pub deprecated: BTreeMap<String, String>,
+}
+
+impl LabelPolicy {
+    /// Applies the policy to an exporter as the client API returns it, in upstream's order:
+    /// each deprecated key the exporter carries is reported in `deprecated_labels` with its
+    /// message; then, unless `show_hidden`, the hidden and the deprecated keys are taken out
+    /// of `labels`. The labels stay on the object: selectors still match them.
+    pub fn apply(&self, exporter: &mut client_v1::Exporter, show_hidden: bool) {
+        for (key, message) in &self.deprecated {
+            if exporter.labels.contains_key(key) {
+                exporter
+                    .deprecated_labels
+                    .insert(key.clone(), message.clone());
+            }
+        }
+        if !show_hidden {
+            exporter
+                .labels
+                .retain(|k, _| !self.hidden.contains(k) && !self.deprecated.contains_key(k));
+        }
+    }
+}
+
 /// `Lease.ToProtobuf()` (§2.7 table). `now` is used for the effective duration of a running
 /// lease.
 pub fn lease_to_proto(l: &Lease, now: Timestamp) -> client_v1::Lease {

@@ -151,6 +151,12 @@ pub struct ControllerConfig {
     /// Maximum number of lease tags (`leasePolicy.maxTags` of the ConfigMap); `None` keeps
     /// the default.
     pub max_tags: Option<usize>,
+    /// Which exporter labels clients are shown (`hiddenLabels` and `deprecatedLabels` of the
+    /// ConfigMap); the default shows them all.
+    pub label_policy: crate::objects::LabelPolicy,
+    /// How long the tokens issued from now on are valid (`authentication.internal.tokenLifetime`
+    /// of the ConfigMap); `None` keeps the default (a year).
+    pub token_lifetime: Option<std::time::Duration>,
     /// More names for the CA-issued server certificate, beyond the advertised host,
     /// `localhost` and `127.0.0.1` (e.g. the in-cluster Service name).
     pub extra_sans: Vec<String>,
@@ -196,6 +202,8 @@ impl ControllerConfig {
             routers: None,
             credential_secrets: false,
             max_tags: None,
+            label_policy: Default::default(),
+            token_lifetime: None,
             extra_sans: Vec::new(),
             jwt_authenticators: Vec::new(),
             provisioning: false,
@@ -533,6 +541,7 @@ async fn start_locked<S: Store>(
         if let Some(max) = config.max_tags {
             s.max_tags = max;
         }
+        s.label_policy = config.label_policy.clone();
         s.auth.external_auth = external_auth;
         s.pending_client_timeout = config.pending_client_timeout;
     }
@@ -655,8 +664,11 @@ fn load_secrets(config: &ControllerConfig) -> Result<Secrets, ServerError> {
     // The tonic identity is not served (the listeners do TLS themselves), but loading it
     // checks that the certificate and key belong together.
     let (_identity, ca_pem, identity_pem) = server_identity(config, &ca)?;
-    let issuer = TokenIssuer::load_or_generate(&dir.join("signing-key.pem"))
+    let mut issuer = TokenIssuer::load_or_generate(&dir.join("signing-key.pem"))
         .map_err(|e| data_err(dir.join("signing-key.pem"), e))?;
+    if let Some(lifetime) = config.token_lifetime {
+        issuer = issuer.with_lifetime(lifetime);
+    }
     let admin_token = AdminToken::load_or_create(&dir.join(ADMIN_TOKEN_FILE))
         .map_err(|e| data_err(dir.join(ADMIN_TOKEN_FILE), e))?;
     let router_key = load_router_key(&dir.join("router-key"))?;

@@ -41,6 +41,8 @@ pub struct ControllerState<S: Store> {
     pub endpoint: String,
     /// Maximum number of lease tags.
     pub max_tags: usize,
+    /// Which exporter labels clients are shown (`hiddenLabels`, `deprecatedLabels`).
+    pub label_policy: crate::objects::LabelPolicy,
     /// A waiting lease whose client has not been heard from for this long is ended
     /// (the `pending_guard` module); `None` never ends one.
     pub pending_client_timeout: Option<Duration>,
@@ -85,6 +87,7 @@ impl<S: Store> ControllerState<S> {
             routers,
             endpoint,
             max_tags: crate::objects::DEFAULT_MAX_TAGS,
+            label_policy: Default::default(),
             pending_client_timeout: Some(crate::pending_guard::DEFAULT_TIMEOUT),
             fatal: watch::channel(None).0,
             wake: Notify::new(),

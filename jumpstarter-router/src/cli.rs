@@ -66,6 +66,7 @@ impl Args {
             first_frame_timeout: Duration::from_secs(self.first_frame_timeout),
             keepalive_interval: Duration::from_secs(self.keepalive_interval),
             keepalive_timeout: Duration::from_secs(self.keepalive_timeout),
+            ..ConnectionLimits::default()
         }
     }
 

@@ -619,3 +619,53 @@ fn exporter_to_proto_maps_fields() {
     assert_eq!(p.status_message, "Ready for commands");
     assert_eq!(p.labels.get("board").map(String::as_str), Some("rpi4"));
 }
+
+#[test]
+fn hidden_and_deprecated_labels_are_shown_as_the_policy_says() {
+    let mut e = Exporter::new("e1", ExporterSpec::default());
+    e.metadata.namespace = Some("lab".into());
+    e.metadata.labels = Some(
+        [
+            ("board", "rpi4"),
+            ("internal.example.com/rack", "r7"),
+            ("old-board", "rpi4"),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .into(),
+    );
+    let policy = LabelPolicy {
+        hidden: ["internal.example.com/rack".to_string()].into(),
+        deprecated: [
+            ("old-board".to_string(), "use board".to_string()),
+            ("not-on-it".to_string(), "use something".to_string()),
+        ]
+        .into(),
+    };
+    let keys = |p: &client_v1::Exporter| {
+        let mut k: Vec<String> = p.labels.keys().cloned().collect();
+        k.sort();
+        k
+    };
+    // Default: hidden and deprecated keys left out; the deprecated one the exporter carries
+    // is reported with its message, the other not.
+    let mut p = exporter_to_proto(&e);
+    policy.apply(&mut p, false);
+    assert_eq!(keys(&p), ["board"]);
+    assert_eq!(
+        p.deprecated_labels,
+        [("old-board".to_string(), "use board".to_string())].into()
+    );
+    // Asked for: every label, still with the deprecation.
+    let mut p = exporter_to_proto(&e);
+    policy.apply(&mut p, true);
+    assert_eq!(
+        keys(&p),
+        ["board", "internal.example.com/rack", "old-board"]
+    );
+    assert_eq!(p.deprecated_labels.len(), 1);
+    // No policy: as stored.
+    let mut p = exporter_to_proto(&e);
+    LabelPolicy::default().apply(&mut p, false);
+    assert_eq!(keys(&p).len(), 3);
+    assert!(p.deprecated_labels.is_empty());
+}

@@ -150,7 +150,9 @@ impl<S: Store> ClientService for ClientApi<S> {
             .await
             .map_err(store_status)?
             .ok_or_else(|| Status::not_found(format!("exporter {name} not found")))?;
-        Ok(Response::new(exporter_to_proto(&e)))
+        let mut pb = exporter_to_proto(&e);
+        self.0.label_policy.apply(&mut pb, req.show_hidden_labels);
+        Ok(Response::new(pb))
     }
 
     async fn list_exporters(
@@ -172,8 +174,17 @@ impl<S: Store> ClientService for ClientApi<S> {
             )
             .await
             .map_err(store_status)?;
+        let policy = &self.0.label_policy;
         Ok(Response::new(ListExportersResponse {
-            exporters: list.items.iter().map(exporter_to_proto).collect(),
+            exporters: list
+                .items
+                .iter()
+                .map(|e| {
+                    let mut pb = exporter_to_proto(e);
+                    policy.apply(&mut pb, req.show_hidden_labels);
+                    pb
+                })
+                .collect(),
             next_page_token: list.continue_token.unwrap_or_default(),
         }))
     }

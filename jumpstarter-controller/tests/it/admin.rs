@@ -1002,3 +1002,31 @@ async fn server_certificate_is_kept_across_restarts() {
     );
     ctl.shutdown().await;
 }
+
+/// `authentication.internal.tokenLifetime` of the ConfigMap: the tokens issued from then on
+/// expire after it (the default is a year).
+#[tokio::test]
+async fn issued_tokens_live_as_long_as_the_configured_lifetime() {
+    let exp_in = |token: &str| {
+        let claims = jumpstarter_core::oidc::unverified_claims(token).unwrap();
+        let exp = claims["exp"].as_i64().unwrap();
+        exp - jiff::Timestamp::now().as_second()
+    };
+    let short = crate::lab_configured(|c| c.token_lifetime = Some(Duration::from_secs(3600))).await;
+    let token = short.ctl.admin_token.clone();
+    let c = create_client(&mut short.admin().await, &token, "short", &[])
+        .await
+        .unwrap();
+    assert!(
+        (3590..=3600).contains(&exp_in(&c.token)),
+        "{}",
+        exp_in(&c.token)
+    );
+    let default = lab().await;
+    let token = default.ctl.admin_token.clone();
+    let c = create_client(&mut default.admin().await, &token, "long", &[])
+        .await
+        .unwrap();
+    let year = 365 * 24 * 3600;
+    assert!((year - 10..=year).contains(&exp_in(&c.token)));
+}

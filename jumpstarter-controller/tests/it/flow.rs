@@ -15,7 +15,7 @@ use jumpstarter_proto::{
 };
 use tonic::Code;
 
-use crate::{Identity, lab, req};
+use crate::{Identity, lab, lab_configured, req};
 
 fn lease_spec(selector: &str, secs: i64) -> Lease {
     Lease {
@@ -349,4 +349,68 @@ async fn bad_input_is_refused_and_changes_nothing() {
     assert_eq!(e.code(), Code::InvalidArgument);
     assert_eq!(e.message(), "object kind mismatch");
     lab.ctl.shutdown().await;
+}
+
+/// `hiddenLabels` and `deprecatedLabels` of the ConfigMap: `GetExporter` and `ListExporters`
+/// leave those keys out of an exporter's labels unless asked (`show_hidden_labels`), report
+/// the deprecated ones with their message, and a selector still matches them all.
+#[tokio::test]
+async fn hidden_and_deprecated_labels_are_left_out_unless_asked() {
+    use jumpstarter_proto::client_v1::GetExporterRequest;
+    let lab = lab_configured(|c| {
+        c.label_policy = jumpstarter_controller::objects::LabelPolicy {
+            hidden: ["rack".to_string()].into(),
+            deprecated: [("old-board".to_string(), "use board".to_string())].into(),
+        };
+    })
+    .await;
+    let hello = lab.client("hello").await;
+    lab.exporter("ex1", &[("board", "a"), ("rack", "r7"), ("old-board", "a")])
+        .await;
+    let mut cli = ClientServiceClient::new(lab.channel().await);
+    let keys = |e: &jumpstarter_proto::client_v1::Exporter| {
+        let mut k: Vec<&str> = e.labels.keys().map(String::as_str).collect();
+        k.sort_unstable();
+        k.join(",")
+    };
+    for show in [false, true] {
+        // Selected by a hidden label: it still matches.
+        let list = cli
+            .list_exporters(req(
+                &hello,
+                ListExportersRequest {
+                    parent: "namespaces/default".into(),
+                    filter: "rack=r7".into(),
+                    show_hidden_labels: show,
+                    ..Default::default()
+                },
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(list.exporters.len(), 1);
+        let got = cli
+            .get_exporter(req(
+                &hello,
+                GetExporterRequest {
+                    name: "namespaces/default/exporters/ex1".into(),
+                    show_hidden_labels: show,
+                },
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        let want = if show {
+            "board,old-board,rack"
+        } else {
+            "board"
+        };
+        for e in [&list.exporters[0], &got] {
+            assert_eq!(keys(e), want, "show_hidden_labels {show}");
+            assert_eq!(
+                e.deprecated_labels,
+                [("old-board".to_string(), "use board".to_string())].into()
+            );
+        }
+    }
 }

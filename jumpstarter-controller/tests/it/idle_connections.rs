@@ -296,3 +296,44 @@ async fn list_exporters_succeeds_while_hundreds_of_idle_connections_are_open() {
         "the idle connections were open meanwhile: {text}"
     );
 }
+
+/// `grpc.keepalive.maxConnectionAge` and `maxConnectionAgeGrace` of the ConfigMap: a
+/// connection that old is asked to go away (GOAWAY), a call still open after the grace ends
+/// with it, and the client's next call goes over a new connection.
+#[tokio::test]
+async fn a_connection_past_its_max_age_is_closed_after_the_grace() {
+    use futures::StreamExt as _;
+    use jumpstarter_proto::v1::{
+        RegisterRequest, StatusRequest, controller_service_client::ControllerServiceClient,
+    };
+    let lab = lab_with(ConnectionLimits {
+        max_connection_age: Some(Duration::from_secs(1)),
+        max_connection_age_grace: Some(Duration::from_secs(1)),
+        ..Default::default()
+    })
+    .await;
+    let alice = lab.client("alice").await;
+    let ex = lab.exporter("ex1", &[("board", "x")]).await;
+    let ch = lab.channel().await;
+    let mut ctl = ControllerServiceClient::new(ch.clone());
+    ctl.register(req(&ex, RegisterRequest::default()))
+        .await
+        .unwrap();
+    // The Status stream sends a message at once and then heartbeats; it has no end of its
+    // own while the exporter is connected.
+    let mut status = ctl
+        .status(req(&ex, StatusRequest {}))
+        .await
+        .unwrap()
+        .into_inner();
+    let ended = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Some(Ok(_)) = status.next().await {}
+    })
+    .await;
+    assert!(
+        ended.is_ok(),
+        "the Status stream outlived its connection's max age and grace"
+    );
+    let mut cli = ClientServiceClient::new(ch);
+    assert_eq!(list_on(&mut cli, &alice).await.unwrap(), 1);
+}

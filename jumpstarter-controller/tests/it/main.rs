@@ -41,14 +41,19 @@ pub struct Lab {
 }
 
 pub async fn lab() -> Lab {
+    lab_configured(|_| {}).await
+}
+
+/// [`lab`] with its controller's config changed by `change` first.
+pub async fn lab_configured(change: impl FnOnce(&mut ControllerConfig)) -> Lab {
     let dir = tempfile::tempdir().unwrap();
-    let ctl = start(ControllerConfig {
+    let mut config = ControllerConfig {
         admin_config: Some(dir.path().join("config/admin.yaml")),
         metrics_listen: Some("127.0.0.1:0".into()),
         ..ControllerConfig::loopback(dir.path().join("data"))
-    })
-    .await
-    .unwrap();
+    };
+    change(&mut config);
+    let ctl = start(config).await.unwrap();
     Lab { ctl, dir }
 }
 

@@ -66,6 +66,12 @@ pub struct ConnectionLimits {
     pub keepalive_interval: Duration,
     /// A connection whose PING is not answered within this long is closed.
     pub keepalive_timeout: Duration,
+    /// A connection this old is asked to close (HTTP/2 GOAWAY; its calls in flight finish);
+    /// `None`: connections live as long as their peers keep them.
+    pub max_connection_age: Option<Duration>,
+    /// After [`ConnectionLimits::max_connection_age`], how long calls in flight may take
+    /// before the connection is closed anyway.
+    pub max_connection_age_grace: Option<Duration>,
 }
 
 impl Default for ConnectionLimits {
@@ -76,6 +82,8 @@ impl Default for ConnectionLimits {
             first_frame_timeout: Duration::from_secs(10),
             keepalive_interval: Duration::from_secs(30),
             keepalive_timeout: Duration::from_secs(20),
+            max_connection_age: None,
+            max_connection_age_grace: None,
         }
     }
 }
@@ -91,9 +99,16 @@ impl ConnectionLimits {
         &self,
         builder: tonic::transport::Server<L>,
     ) -> tonic::transport::Server<L> {
-        builder
+        let mut builder = builder
             .http2_keepalive_interval(Some(self.keepalive_interval))
-            .http2_keepalive_timeout(Some(self.keepalive_timeout))
+            .http2_keepalive_timeout(Some(self.keepalive_timeout));
+        if let Some(age) = self.max_connection_age {
+            builder = builder.max_connection_age(age);
+        }
+        if let Some(grace) = self.max_connection_age_grace {
+            builder = builder.max_connection_age_grace(grace);
+        }
+        builder
     }
 }
 
