@@ -426,14 +426,12 @@ pub fn apply_internal_authentication(
              cluster's issuer (docs/kubernetes.md, CI jobs), and remove the key"
         ));
     }
-    if let Some(lifetime) = auth.internal.token_lifetime {
-        let nanos = u64::try_from(lifetime.as_nanos()).ok().filter(|n| *n > 0);
-        let Some(nanos) = nanos else {
-            return Err(format!(
-                "{source}: authentication.internal.tokenLifetime must be positive"
-            ));
-        };
-        config.token_lifetime = Some(Duration::from_nanos(nanos));
+    if let Some(lifetime) = positive(
+        auth.internal.token_lifetime,
+        "authentication.internal.tokenLifetime",
+        source,
+    )? {
+        config.token_lifetime = Some(lifetime);
     }
     Ok(())
 }
@@ -517,7 +515,7 @@ pub fn apply_settings(
         return Err(format!(
             "{source}: grpc.keepalive.permitWithoutStream: false is not supported: this \
              controller does not close connections that ping without calls (upstream's \
-             Python clients do); remove it or set it to true"
+             Python clients ping every 20 s, calls or not); remove it or set it to true"
         ));
     }
     if k.max_connection_idle.is_some() {
