@@ -1336,6 +1336,16 @@ pub async fn describe(cmd: DescribeCommand) -> Result<i32> {
                 Ok(reg) if reg.get_ref().registered => {
                     view.drivers = Some(driver_views(reg.get_ref()))
                 }
+                // The controller forgets an exporter's drivers when it stops; one that never
+                // reported a status never registered.
+                Ok(_)
+                    if e.status == ExporterStatus::Offline as i32
+                        || (!view.online.unwrap_or(true)
+                            && e.status != ExporterStatus::Unspecified as i32) =>
+                {
+                    view.drivers_note =
+                        Some("the exporter is offline; they are known while it runs".into())
+                }
                 Ok(_) => view.drivers_note = Some("the exporter has not registered yet".into()),
                 Err(s) if s.code() == tonic::Code::Unimplemented => {
                     view.drivers_note = Some("the controller does not report drivers".into())

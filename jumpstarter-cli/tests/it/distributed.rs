@@ -325,6 +325,20 @@ async fn shell_leases_by_selector_and_drives_the_exporter_through_the_router() {
         lab.exporter_status("ex1").await,
         Some(ExporterStatusValue::Offline)
     );
+    // `jmp describe` says why it cannot list the drivers now (not "not registered yet").
+    let out = lab
+        .cmd(JMP)
+        .args(["describe", "exporter", "ex1", "--client-config"])
+        .arg(&client)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("the exporter is offline"),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

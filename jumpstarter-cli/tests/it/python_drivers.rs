@@ -305,6 +305,15 @@ async fn python_drivers_are_served_beside_rust_ones_in_one_tree() {
     let rack_lamp = session.driver("rack.lamp").unwrap();
     let r: String = rack_lamp.call("switch", (false,)).await.unwrap();
     assert_eq!(r, "lamp off at 3");
+    // A method the Python driver lacks: NOT_FOUND with upstream's one message, not wrapped
+    // again by the bridge and the client.
+    match lamp.call::<String>("nosuch", ()).await {
+        Err(jumpstarter_core::client::ClientError::Call {
+            error: jumpstarter_core::DriverError::MethodNotFound(m),
+            ..
+        }) => assert_eq!(m, "nosuch"),
+        other => panic!("expected method not found, got {other:?}"),
+    }
     let found = tokio::time::timeout(Duration::from_secs(20), async {
         while let Some(Ok(rec)) = logs.next().await {
             if rec.message.contains("lamp switched True") {

@@ -24,7 +24,7 @@ const KEYS_MAX_AGE: Duration = Duration::from_secs(3600);
 
 /// `issuer` of a JWTAuthenticator (`apiserver.config.k8s.io/v1beta1`).
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct IssuerConfig {
     /// The issuer URL; must equal the tokens' `iss`.
     pub url: String,
@@ -44,6 +44,7 @@ pub struct IssuerConfig {
 
 /// `claimMappings.username`.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct UsernameMapping {
     /// The claim holding the username.
     #[serde(default)]
@@ -56,17 +57,29 @@ pub struct UsernameMapping {
     pub expression: Option<String>,
 }
 
-/// `claimMappings` (only `username` matters to Jumpstarter; the rest is ignored).
+/// `claimMappings`. Jumpstarter authorizes by the username alone (as upstream); `groups`,
+/// `uid` and `extra` are Kubernetes' other mappings, accepted so that a configuration shared
+/// with an API server loads, and with no meaning here. Any other key is refused.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ClaimMappings {
     /// How to form the username.
     #[serde(default)]
     pub username: UsernameMapping,
+    /// Kubernetes' group mapping (no meaning to Jumpstarter).
+    #[serde(default)]
+    pub groups: Option<Value>,
+    /// Kubernetes' uid mapping (no meaning to Jumpstarter).
+    #[serde(default)]
+    pub uid: Option<Value>,
+    /// Kubernetes' extra attributes (no meaning to Jumpstarter).
+    #[serde(default)]
+    pub extra: Option<Value>,
 }
 
 /// One of `claimValidationRules`.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ClaimValidationRule {
     /// The claim that must be present...
     #[serde(default)]
@@ -84,7 +97,7 @@ pub struct ClaimValidationRule {
 
 /// One JWTAuthenticator document (the entries of `authentication.jwt`).
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct JwtAuthenticatorConfig {
     /// The issuer.
     pub issuer: IssuerConfig,
@@ -482,6 +495,7 @@ mod tests {
                     prefix: Some("dex:".into()),
                     expression: None,
                 },
+                ..Default::default()
             },
             ..Default::default()
         })
@@ -687,5 +701,51 @@ mod tests {
         .unwrap_err();
         assert!(e.contains("/nonexistent/ca.pem"), "{e}");
         assert!(JwtAuthenticatorConfig::from_value(&serde_json::json!({"issuer": 3})).is_err());
+    }
+
+    #[test]
+    fn an_unknown_field_is_refused_with_the_issuer_and_its_name() {
+        let with = |patch: Value| {
+            let mut doc = serde_json::json!({
+                "issuer": {"url": "https://i.example", "audiences": ["a"]},
+                "claimMappings": {"username": {"claim": "email"}},
+            });
+            for (k, v) in patch.as_object().unwrap() {
+                doc[k] = v.clone();
+            }
+            JwtAuthenticatorConfig::from_value(&doc).map_err(|e| e.to_string())
+        };
+        for (patch, field) in [
+            (
+                serde_json::json!({"issuer": {"url": "https://i.example", "audiences": ["a"], "bogusField": 1}}),
+                "bogusField",
+            ),
+            (
+                serde_json::json!({"claimMappings": {"username": {"claim": "email", "bogus": 1}}}),
+                "bogus",
+            ),
+            (
+                serde_json::json!({"claimMappings": {"usernme": {"claim": "email"}}}),
+                "usernme",
+            ),
+            (
+                serde_json::json!({"claimValidationRules": [{"clam": "x"}]}),
+                "clam",
+            ),
+            (serde_json::json!({"topLevel": 1}), "topLevel"),
+        ] {
+            let e = with(patch.clone()).expect_err(&patch.to_string());
+            assert!(e.contains("https://i.example") && e.contains(field), "{e}");
+        }
+        // Kubernetes' other mappings load (Jumpstarter goes by the username alone).
+        assert!(
+            with(serde_json::json!({"claimMappings": {
+                "username": {"claim": "email"},
+                "groups": {"claim": "groups", "prefix": ""},
+                "uid": {"claim": "sub"},
+                "extra": [{"key": "example.com/x", "valueExpression": "claims.x"}],
+            }}))
+            .is_ok()
+        );
     }
 }

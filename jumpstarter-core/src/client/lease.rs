@@ -37,7 +37,7 @@ use tonic::Code;
 use crate::{
     client::{
         ClientError, SessionChannel,
-        channel::{AuthChannel, TlsSettings, client_credentials, connect_authenticated},
+        channel::{AuthChannel, TlsSettings, client_credentials, connect_client},
         direct::{self, DIRECT_CONNECT_TIMEOUT, DIRECT_COPY_BUFFER, DirectTarget},
         tunnel::{self, RetryPolicy, TicketError, TicketSource, TunnelTicket},
     },
@@ -166,12 +166,11 @@ pub struct ControllerClient {
 }
 
 impl ControllerClient {
-    /// Connects as the client of `cfg`.
+    /// Connects as the client of `cfg`, with its `grpcOptions` applied (an option that
+    /// cannot be is refused, naming it).
     pub async fn connect(cfg: &ClientConfig) -> Result<Self, LeaseError> {
-        let (endpoint, tls, auth) = client_credentials(cfg).map_err(LeaseError::Connect)?;
-        let channel = connect_authenticated(&endpoint, &tls, &auth)
-            .await
-            .map_err(LeaseError::Connect)?;
+        let (_, tls, auth) = client_credentials(cfg).map_err(LeaseError::Connect)?;
+        let channel = connect_client(cfg).await.map_err(LeaseError::Connect)?;
         Ok(Self {
             channel,
             namespace: auth.namespace,

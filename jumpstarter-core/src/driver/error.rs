@@ -22,6 +22,10 @@ pub enum DriverError {
         /// The upstream marker name of the call style (e.g. `marker_drivercall`).
         marker: &'static str,
     },
+    /// Something else not found, with the whole message (NOT_FOUND): what a client makes of
+    /// a NOT_FOUND status that is not [`DriverError::MethodNotFound`]'s text.
+    #[error("{0}")]
+    NotFound(String),
     /// No driver with that uuid in this exporter (UNKNOWN, as upstream).
     #[error("Unexpected <class 'KeyError'>: UUID('{0}')")]
     UnknownDriver(String),
@@ -82,7 +86,9 @@ impl DriverError {
     pub fn to_status(&self) -> tonic::Status {
         use tonic::Code;
         let code = match self {
-            DriverError::MethodNotFound(_) | DriverError::MissingMarker { .. } => Code::NotFound,
+            DriverError::MethodNotFound(_)
+            | DriverError::MissingMarker { .. }
+            | DriverError::NotFound(_) => Code::NotFound,
             DriverError::UnknownDriver(_) | DriverError::Failed(_) | DriverError::Other(_) => {
                 Code::Unknown
             }
@@ -99,7 +105,17 @@ impl DriverError {
         use tonic::Code;
         let msg = status.message().to_string();
         match status.code() {
-            Code::NotFound => DriverError::MethodNotFound(msg),
+            // The message is kept as it came: "method X not found on driver" gives back
+            // `MethodNotFound(X)` (its text is the same again), anything else stays whole.
+            // Wrapping the whole text again doubled it at every hop (a Python driver behind
+            // the bridge read "method method X not found on driver not found on driver").
+            Code::NotFound => match msg
+                .strip_prefix("method ")
+                .and_then(|m| m.strip_suffix(" not found on driver"))
+            {
+                Some(method) => DriverError::MethodNotFound(method.to_string()),
+                None => DriverError::NotFound(msg),
+            },
             Code::InvalidArgument => DriverError::InvalidArgument(msg),
             Code::Unimplemented => DriverError::Unimplemented(msg),
             Code::DeadlineExceeded => DriverError::Timeout(msg),
@@ -122,6 +138,33 @@ impl From<std::io::Error> for DriverError {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_not_found_status_keeps_its_message_through_any_number_of_hops() {
+        let first = DriverError::MethodNotFound("nosuch".into()).to_status();
+        assert_eq!(first.code(), tonic::Code::NotFound);
+        // Client to bridge to client: the same status every time.
+        let mut status = first.clone();
+        for _ in 0..3 {
+            let e = DriverError::from_status(&status);
+            assert!(
+                matches!(&e, DriverError::MethodNotFound(m) if m == "nosuch"),
+                "{e:?}"
+            );
+            status = e.to_status();
+            assert_eq!(status.message(), first.message());
+            assert_eq!(status.code(), tonic::Code::NotFound);
+        }
+        let marker = DriverError::MissingMarker {
+            method: "on".into(),
+            marker: "marker_drivercall",
+        }
+        .to_status();
+        let e = DriverError::from_status(&marker);
+        assert_eq!(e.to_string(), marker.message());
+        assert_eq!(e.to_status().code(), tonic::Code::NotFound);
+    }
+
     use super::*;
 
     #[test]
