@@ -440,8 +440,21 @@ async fn bad_input_is_a_clear_error() {
             .spawn()
             .unwrap()
     };
+    // The same client with a grpcOptions entry nothing applies: refused, naming it.
+    let odd = lab.path("odd-options.yaml");
+    std::fs::write(
+        &odd,
+        std::fs::read_to_string(&client).unwrap()
+            + "grpcOptions:\n  grpc.max_receive_message_length: 10\n",
+    )
+    .unwrap();
+    let odd = odd.to_str().unwrap();
     let client = client.to_str().unwrap();
-    let cases: [(&[&str], &str); 7] = [
+    let cases: [(&[&str], &str); 8] = [
+        (
+            &["--client-config", odd, "-l", "a=b"],
+            "grpc.max_receive_message_length",
+        ),
         (
             &[
                 "--client-config",
