@@ -15,7 +15,7 @@ use jumpstarter_core::{
 use crate::{
     Novnc,
     command::{CliFuture, DriverCommand},
-    storage::{Progress, ProgressWriter, detect_encoding, presigned_get, url_of},
+    storage::{Progress, ProgressWriter, detect_encoding, presigned_get, refuse_url_dump, url_of},
 };
 
 /// Typed client of the board (`jumpstarter_driver_qemu.client.QemuClient`); its children
@@ -109,12 +109,7 @@ impl QemuFlasherClient {
         partition: Option<&str>,
         progress: &Progress,
     ) -> Result<(), ClientError> {
-        if let Some(url) = url_of(path) {
-            return Err(ClientError::Value(format!(
-                "cannot dump to a URL ({}): dump to a local file",
-                url.split('?').next().unwrap_or_default()
-            )));
-        }
+        refuse_url_dump(path)?;
         let file = std::fs::File::create(path).map_err(|e| io_err("creating", path, e))?;
         let sink = ProgressWriter::new(FileWriter::new(file), progress.clone());
         let partition = partition.map(str::to_string);

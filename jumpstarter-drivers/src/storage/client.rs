@@ -61,6 +61,18 @@ pub fn url_of(path: &Path) -> Option<String> {
     (s.starts_with("http://") || s.starts_with("https://")).then(|| s.to_string())
 }
 
+/// A dump goes to a local file: `path` as a URL is refused (as upstream's client, which
+/// cannot write to one either), rather than taken for a file name.
+pub fn refuse_url_dump(path: &Path) -> Result<(), ClientError> {
+    match url_of(path) {
+        Some(url) => Err(ClientError::Value(format!(
+            "cannot dump to a URL ({}): dump to a local file",
+            url.split('?').next().unwrap_or_default()
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// The resource handle that makes the exporter `GET` `url` itself.
 pub fn presigned_get(url: String) -> ResourceHandle {
     ResourceHandle::PresignedRequest {

@@ -13,7 +13,7 @@ use super::{
     Progress, ProgressWriter, TransferOptions,
     client::{
         compression_arg, encoding_for, file_arg, file_source, no_encoding_with_url, open_local,
-        presigned_get, progress_for, url_of, write_local_atomically,
+        presigned_get, progress_for, refuse_url_dump, url_of, write_local_atomically,
     },
 };
 use crate::command::{CliFuture, DriverCommand};
@@ -58,13 +58,14 @@ impl FlasherClient {
     }
 
     /// Dumps `target` (the default partition when `None`) into a local file, which appears
-    /// only once complete.
+    /// only once complete. A URL is refused.
     pub async fn dump(
         &self,
         path: &Path,
         target: Option<&str>,
         opts: &TransferOptions,
     ) -> Result<(), ClientError> {
+        refuse_url_dump(path)?;
         let this = self.0.clone();
         let encoding = opts.encoding;
         let progress = opts.progress.clone();

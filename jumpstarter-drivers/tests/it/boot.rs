@@ -147,6 +147,12 @@ async fn flash_from_a_url_follows_redirects_keeps_encoding_and_logs_progress() {
         .await
         .unwrap_err();
     assert!(e.to_string().contains("404"), "{e}");
+    // A dump cannot go to a URL: refused, not taken for a file name.
+    let e = c
+        .dump(Path::new(&url), None, &TransferOptions::default())
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("cannot dump to a URL"), "{e}");
     // Compression cannot apply to a URL: refused before anything is sent.
     let opts = TransferOptions {
         encoding: Some(jumpstarter_core::wire::resource::ContentEncoding::Gzip),
