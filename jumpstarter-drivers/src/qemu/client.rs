@@ -84,6 +84,15 @@ impl QemuFlasherClient {
                 .await?;
             return Ok(());
         }
+        // An OCI reference goes to the exporter as given, which says whether it can flash
+        // it (ours answers UNIMPLEMENTED); it is not a local file.
+        if let Some(reference) = path.to_str().filter(|s| s.starts_with("oci://")) {
+            let partition = partition.map(str::to_string);
+            self.0
+                .call::<serde_json::Value>("flash", (reference, partition))
+                .await?;
+            return Ok(());
+        }
         let encoding = detect_encoding(path).await?;
         let file = std::fs::File::open(path).map_err(|e| io_err("opening", path, e))?;
         let p = progress.clone();

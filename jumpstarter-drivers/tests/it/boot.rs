@@ -769,6 +769,16 @@ async fn qemu_flasher_flashes_from_a_url() {
         .await
         .unwrap_err();
     assert!(e.to_string().contains("cannot dump to a URL"), "{e}");
+    // An OCI reference reaches the exporter, which refuses it by name (not a local file).
+    let e = flasher
+        .flash(
+            Path::new("oci://quay.io/example/image:latest"),
+            None,
+            &Progress::hidden(),
+        )
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("OCI images (oci://)"), "{e}");
     // The failed flash left the image in place.
     flasher
         .dump(&back, None, &Progress::hidden())
