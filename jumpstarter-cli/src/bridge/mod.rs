@@ -164,7 +164,9 @@ fn start_failure(
     e: host::StartError,
 ) -> anyhow::Error {
     let failed = match &e {
-        host::StartError::Import { field, .. } => fields.iter().find(|(f, _, _)| f == field),
+        host::StartError::Import { field, .. } | host::StartError::Build { field, .. } => {
+            fields.iter().find(|(f, _, _)| f == field)
+        }
         _ => fields.first(),
     };
     let Some((field, type_name, line)) =
@@ -179,10 +181,15 @@ fn start_failure(
             .unwrap_or_else(|| std::path::PathBuf::from("<config>")),
         line: *line,
         field: format!("{field}.type"),
-        message: format!(
-            "unknown driver type {type_name:?}: no Rust driver provides it, and \
-             Python cannot serve it (docs/python-drivers.md): {e}"
-        ),
+        // A type Python imported but whose constructor failed is known: Python's error
+        // says why (a config value, most often).
+        message: match &e {
+            host::StartError::Build { .. } => e.to_string(),
+            _ => format!(
+                "unknown driver type {type_name:?}: no Rust driver provides it, and \
+                 Python cannot serve it (docs/python-drivers.md): {e}"
+            ),
+        },
     }
     .into()
 }
