@@ -100,7 +100,9 @@ fn certs(args: &CertsArgs) -> Result<()> {
         ca_dir.display(),
         ca_pem.display(),
     );
-    eprintln!("Exporter: jmp run --exporter-config exporter.yaml --tls-grpc-listener PORT \\");
+    eprintln!(
+        "Exporter: jmp run --exporter-config exporter.yaml --tls-grpc-listener [ADDRESS:]PORT \\"
+    );
     eprintln!(
         "              --tls-cert {} --tls-key {}",
         cert.display(),
@@ -110,6 +112,9 @@ fn certs(args: &CertsArgs) -> Result<()> {
         "Client:   jmp shell --tls-grpc {}:PORT --tls-ca {}",
         bracketed(&sans[0]),
         ca_pem.display()
+    );
+    eprintln!(
+        "(A PORT alone listens on every network interface; 127.0.0.1:PORT on this machine only.)"
     );
     Ok(())
 }
