@@ -531,8 +531,9 @@ async fn distributed_end_lease_failure_skips_the_after_lease_hook() {
     let (code, stdout, stderr) = finish(child).await;
     assert_eq!(code, 1, "{stdout}{stderr}");
     assert!(!stdout.contains("ran"), "{stdout}");
-    // One line with the reason: from the exporter's status when the client got in during
-    // the hook, or from the controller's refusal to dial an exporter whose hook failed.
+    // One line with the reason, naming the exit code: from the exporter's status when the
+    // client got in during the hook, or from the controller's refusal to dial an exporter
+    // whose hook failed, which carries the exporter's reason.
     let reason = stderr
         .lines()
         .filter(|l| l.starts_with("Error: "))
@@ -541,13 +542,34 @@ async fn distributed_end_lease_failure_skips_the_after_lease_hook() {
     assert!(
         reason[0].contains(
             "beforeLease hook failed (on_failure=endLease): Hook failed with exit code 4"
-        ) || reason[0].contains("Dial: exporter beforeLease hook failed"),
+        ),
         "{stderr}"
     );
     // The exporter is free again and the afterLease hook never ran.
     lab.wait_status("hk2", ExporterStatusValue::Available).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(!after.exists(), "{}", lab.log("hk2.log"));
+}
+
+/// A beforeLease hook that fails at once: the client usually meets the failure when it
+/// dials, and the controller's refusal carries the exporter's reason (the exit code).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn distributed_a_hook_that_fails_at_once_is_reported_with_its_exit_code() {
+    let lab = lab().await;
+    let cfg = lab_exporter(
+        &lab,
+        "hk5",
+        "  beforeLease:\n    script: exit 5\n    onFailure: endLease\n",
+    )
+    .await;
+    let client = lab.client("carol").await;
+    let _exporter = lab.run_exporter(&cfg, "hk5.log");
+    lab.wait_status("hk5", ExporterStatusValue::Available).await;
+    let child = shell(&lab, &client, &["-l", "hooks=hk5"], "echo ran");
+    let (code, stdout, stderr) = finish(child).await;
+    assert_eq!(code, 1, "{stdout}{stderr}");
+    assert!(!stdout.contains("ran"), "{stdout}");
+    assert!(stderr.contains("Hook failed with exit code 5"), "{stderr}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

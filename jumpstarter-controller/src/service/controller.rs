@@ -527,14 +527,10 @@ impl<S: Store> ControllerService for ControllerApi<S> {
                     return Err(Status::failed_precondition("exporter is offline"));
                 }
                 Some(ExporterStatusValue::BeforeLeaseHookFailed) => {
-                    return Err(Status::failed_precondition(
-                        "exporter beforeLease hook failed",
-                    ));
+                    return Err(Status::failed_precondition(hook_failed("beforeLease", &e)));
                 }
                 Some(ExporterStatusValue::AfterLeaseHookFailed) => {
-                    return Err(Status::failed_precondition(
-                        "exporter afterLease hook failed",
-                    ));
+                    return Err(Status::failed_precondition(hook_failed("afterLease", &e)));
                 }
                 Some(ExporterStatusValue::Available) => {
                     if tokio::time::Instant::now() + delay > deadline {
@@ -778,5 +774,24 @@ impl<S: Store> Drop for ListenGuard<S> {
         self.state
             .listeners
             .unlisten(&self.namespace, &self.lease, self.id);
+    }
+}
+
+/// Dial's refusal of an exporter whose `which` hook failed: upstream's text ("exporter
+/// beforeLease hook failed"), with the exporter's own reason when it reported one (our
+/// exporter's message starts with the same words and names the exit code or timeout).
+fn hook_failed(which: &str, e: &Exporter) -> String {
+    let base = format!("{which} hook failed");
+    let message = e
+        .status
+        .as_ref()
+        .map(|s| s.status_message.trim())
+        .unwrap_or_default();
+    if message.is_empty() {
+        format!("exporter {base}")
+    } else if message.starts_with(&base) {
+        format!("exporter {message}")
+    } else {
+        format!("exporter {base}: {message}")
     }
 }
