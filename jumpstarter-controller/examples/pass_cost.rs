@@ -49,6 +49,23 @@ fn arg(args: &[String], i: usize, what: &str) -> usize {
         .unwrap_or_else(|| panic!("usage: pass_cost EXPORTERS LEASES PASSES [ENDED] (bad {what})"))
 }
 
+/// A lease of an hour on `pool=x` for the client `alice`, in `default`.
+fn alices_lease(name: &str) -> Lease {
+    let mut l = Lease::new(
+        name,
+        LeaseSpec {
+            client_ref: LocalObjectReference {
+                name: "alice".into(),
+            },
+            duration: Some(GoDuration::from_secs(3600)),
+            selector: LabelSelector::parse("pool=x").expect("selector").to_k8s(),
+            ..Default::default()
+        },
+    );
+    l.metadata.namespace = Some("default".into());
+    l
+}
+
 #[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -94,18 +111,7 @@ async fn main() {
         .map(|i| {
             let store = store.clone();
             async move {
-                let mut l = Lease::new(
-                    &format!("ended-{i:06}"),
-                    LeaseSpec {
-                        client_ref: LocalObjectReference {
-                            name: "alice".into(),
-                        },
-                        duration: Some(GoDuration::from_secs(3600)),
-                        selector: LabelSelector::parse("pool=x").expect("selector").to_k8s(),
-                        ..Default::default()
-                    },
-                );
-                l.metadata.namespace = Some("default".into());
+                let mut l = alices_lease(&format!("ended-{i:06}"));
                 l.metadata.labels =
                     Some([(LEASE_ENDED_LABEL.to_string(), "true".to_string())].into());
                 let mut l = store.create(&l).await.expect("create an ended lease");
@@ -135,18 +141,7 @@ async fn main() {
         .map(|i| {
             let store = store.clone();
             async move {
-                let mut l = Lease::new(
-                    &format!("lease-{i:05}"),
-                    LeaseSpec {
-                        client_ref: LocalObjectReference {
-                            name: "alice".into(),
-                        },
-                        duration: Some(GoDuration::from_secs(3600)),
-                        selector: LabelSelector::parse("pool=x").expect("selector").to_k8s(),
-                        ..Default::default()
-                    },
-                );
-                l.metadata.namespace = Some("default".into());
+                let l = alices_lease(&format!("lease-{i:05}"));
                 store.create(&l).await.expect("create a lease");
             }
         })

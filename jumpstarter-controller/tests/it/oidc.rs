@@ -380,19 +380,31 @@ async fn unusable_authentication_config_stops_the_start() {
         Err(e) => e.to_string(),
     };
     assert!(e.contains("issuer.url"), "{e}");
-    let bad = dir.path().join("bad.yaml");
-    std::fs::write(&bad, "jwt:\n- issuer: {url: https://x}\n  bogus: 1\n").unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_jumpstarter-controller"))
-        .args(["--listen", "127.0.0.1:0", "--router-listen", "127.0.0.1:0"])
-        .args(["--metrics-listen", "off", "--no-admin-config"])
-        .arg("--data-dir")
-        .arg(dir.path().join("data2"))
-        .arg("--authentication-config")
-        .arg(&bad)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("issuer.audiences"), "{err}");
+    // From the command line: no audiences, and an unknown field, each named.
+    for (i, (text, want)) in [
+        ("jwt:\n- issuer: {url: https://x}\n", "issuer.audiences"),
+        (
+            "jwt:\n- issuer: {url: https://x, audiences: [a]}\n  bogus: 1\n",
+            "unknown field `bogus`",
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let bad = dir.path().join(format!("bad{i}.yaml"));
+        std::fs::write(&bad, text).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_jumpstarter-controller"))
+            .args(["--listen", "127.0.0.1:0", "--router-listen", "127.0.0.1:0"])
+            .args(["--metrics-listen", "off", "--no-admin-config"])
+            .arg("--data-dir")
+            .arg(dir.path().join(format!("data-bad{i}")))
+            .arg("--authentication-config")
+            .arg(&bad)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want) && err.contains("https://x"), "{err}");
+    }
 }
