@@ -335,11 +335,34 @@ pub(crate) enum WriteTarget {
     InPlace,
 }
 
+/// Where the chain of symbolic links at `path` ends (at most 40 links, as the kernel
+/// follows): `path` itself when it is no link.
+async fn dangling_link_target(path: &Path) -> PathBuf {
+    let mut at = path.to_path_buf();
+    for _ in 0..40 {
+        let is_link = tokio::fs::symlink_metadata(&at)
+            .await
+            .is_ok_and(|m| m.file_type().is_symlink());
+        let Some(next) = is_link
+            .then_some(())
+            .and(tokio::fs::read_link(&at).await.ok())
+        else {
+            return at;
+        };
+        at = match at.parent() {
+            Some(dir) if next.is_relative() => dir.join(next),
+            _ => next,
+        };
+    }
+    at
+}
+
 /// How `path` receives a new content; a directory is refused before anything moves.
 pub(crate) async fn write_target(path: &Path) -> Result<WriteTarget, StorageError> {
     let Ok(meta) = tokio::fs::metadata(path).await else {
-        // Missing (or unreadable: creating the partial file reports it).
-        return Ok(WriteTarget::Replace(path.to_path_buf()));
+        // Missing (or unreadable: creating the partial file reports it). A symbolic link
+        // to a file that does not exist yet names where the content goes: the link stays.
+        return Ok(WriteTarget::Replace(dangling_link_target(path).await));
     };
     if meta.is_dir() {
         return Err(is_a_directory("writing", path));
@@ -576,6 +599,18 @@ mod tests {
             write_target(&link).await.unwrap(),
             WriteTarget::Replace(real.canonicalize().unwrap())
         );
+        // A link to a file not there yet: the content goes to the file it names, through
+        // a relative link and a second link too.
+        let dangling = dir.path().join("dangling.img");
+        std::os::unix::fs::symlink("later.img", &dangling).unwrap();
+        let twice = dir.path().join("twice.img");
+        std::os::unix::fs::symlink(&dangling, &twice).unwrap();
+        for l in [&dangling, &twice] {
+            assert_eq!(
+                write_target(l).await.unwrap(),
+                WriteTarget::Replace(dir.path().join("later.img"))
+            );
+        }
         let e = write_target(dir.path()).await.unwrap_err().to_string();
         assert!(e.contains("it is a directory"), "{e}");
         assert_eq!(
