@@ -34,7 +34,7 @@ fn parse_optional_duration(s: &str) -> Result<OptionalDuration, String> {
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
-    let d = crate::duration::GoDuration::parse(s).map_err(|e| e.to_string())?;
+    let d = crate::objects::duration::GoDuration::parse(s).map_err(|e| e.to_string())?;
     u64::try_from(d.as_nanos())
         .ok()
         .filter(|n| *n > 0)
@@ -295,11 +295,11 @@ impl Args {
 
     /// The leader election settings these arguments describe (used with the Kubernetes
     /// store only).
-    pub fn leader_config(&self) -> crate::leader::LeaderConfig {
-        crate::leader::LeaderConfig {
+    pub fn leader_config(&self) -> crate::kubernetes::leader::LeaderConfig {
+        crate::kubernetes::leader::LeaderConfig {
             lease_duration: self.leader_lease_duration,
             renew_period: self.leader_renew_period,
-            ..crate::leader::LeaderConfig::new(&self.namespace)
+            ..crate::kubernetes::leader::LeaderConfig::new(&self.namespace)
         }
     }
 }
@@ -359,14 +359,14 @@ async fn run(args: Args) -> Result<std::process::ExitCode, String> {
     if let Some(cmd) = args.command.clone() {
         let data = config.data_dir.clone();
         let done = tokio::task::spawn_blocking(move || match cmd {
-            StoreCommand::Backup { file } => crate::backup::backup(&data, &file).map(|()| {
+            StoreCommand::Backup { file } => crate::store::backup::backup(&data, &file).map(|()| {
                 format!(
                     "Store of {} backed up to {}",
                     data.display(),
                     file.display()
                 )
             }),
-            StoreCommand::Restore { file } => crate::backup::restore(&data, &file)
+            StoreCommand::Restore { file } => crate::store::backup::restore(&data, &file)
                 .map(|db| format!("Store {} restored from {}", db.display(), file.display())),
         })
         .await
@@ -376,12 +376,14 @@ async fn run(args: Args) -> Result<std::process::ExitCode, String> {
         return Ok(std::process::ExitCode::SUCCESS);
     }
     if let Some(path) = &args.routers {
-        config.routers =
-            Some(crate::cluster_config::routers_from_file(path).map_err(|e| e.to_string())?);
+        config.routers = Some(
+            crate::kubernetes::cluster_config::routers_from_file(path)
+                .map_err(|e| e.to_string())?,
+        );
     }
     if let Some(path) = &args.authentication_config {
-        let (auth, provisioning) =
-            crate::external_auth::read_authentication_file(path).map_err(|e| e.to_string())?;
+        let (auth, provisioning) = crate::auth::external_auth::read_authentication_file(path)
+            .map_err(|e| e.to_string())?;
         apply_internal_authentication(&auth, &mut config, &path.display().to_string())?;
         config.jwt_authenticators = auth.jwt;
         config.provisioning |= provisioning;
@@ -406,7 +408,7 @@ async fn run(args: Args) -> Result<std::process::ExitCode, String> {
 /// a `prefix` other than its own `internal:`, and `k8s.enabled: true` (which upstream 0.9.0
 /// parses without applying either).
 pub fn apply_internal_authentication(
-    auth: &crate::cluster_config::Authentication,
+    auth: &crate::kubernetes::cluster_config::Authentication,
     config: &mut ControllerConfig,
     source: &str,
 ) -> Result<(), String> {
@@ -441,15 +443,18 @@ pub fn apply_internal_authentication(
 /// `provisioning` are then not used, and provisioning stays off); else `config`'s
 /// `authentication` and `provisioning`. (`--authentication-config` replaces both.)
 pub fn apply_cluster_authentication(
-    cluster: &crate::cluster_config::ClusterConfig,
+    cluster: &crate::kubernetes::cluster_config::ClusterConfig,
     config: &mut ControllerConfig,
     source: &str,
 ) -> Result<(), String> {
     match &cluster.legacy_authentication {
         Some(text) => {
-            let (auth, _) =
-                crate::external_auth::parse_authentication_text(text, source, "authentication")
-                    .map_err(|e| e.to_string())?;
+            let (auth, _) = crate::auth::external_auth::parse_authentication_text(
+                text,
+                source,
+                "authentication",
+            )
+            .map_err(|e| e.to_string())?;
             apply_internal_authentication(&auth, config, source)?;
             config.jwt_authenticators = auth.jwt;
         }
@@ -495,7 +500,7 @@ fn positive(
 /// Refused, naming the key: `grpc.keepalive.permitWithoutStream: false` and
 /// `maxConnectionIdle`, which ask the server to close connections in ways it cannot.
 pub fn apply_settings(
-    settings: &crate::cluster_config::ControllerSettings,
+    settings: &crate::kubernetes::cluster_config::ControllerSettings,
     config: &mut ControllerConfig,
     flags: (bool, bool),
     source: &str,
@@ -556,7 +561,10 @@ async fn run_kubernetes(
     args: &Args,
     mut config: ControllerConfig,
 ) -> Result<std::process::ExitCode, String> {
-    use crate::{cluster_config, leader::LeaderElector, store::KubeStore};
+    use crate::{
+        kubernetes::{cluster_config, leader::LeaderElector},
+        store::KubeStore,
+    };
     let store = KubeStore::from_env().await.map_err(|e| e.to_string())?;
     let cluster = cluster_config::load(&store, &args.namespace)
         .await
@@ -593,20 +601,20 @@ async fn run_kubernetes(
         Some(e)
     };
     // The leader alone moves key material, so replicas cannot race on the first start.
-    crate::key_secret::restore(&store, &args.namespace, &config.data_dir)
+    crate::kubernetes::key_secret::restore(&store, &args.namespace, &config.data_dir)
         .await
         .map_err(|e| e.to_string())?;
     let running = crate::server::start_with_store(config.clone(), store.clone())
         .await
         .map_err(|e| e.to_string())?;
-    crate::key_secret::save(&store, &args.namespace, &config.data_dir)
+    crate::kubernetes::key_secret::save(&store, &args.namespace, &config.data_dir)
         .await
         .map_err(|e| e.to_string())?;
     // The standalone routers (deploy/kubernetes) serve with a certificate from our CA.
     let ca = jumpstarter_core::auth::CertificateAuthority::load(&config.data_dir.join("ca"))
         .map_err(|e| e.to_string())?;
-    let sans = crate::key_secret::router_sans(&running.state.routers, &args.namespace);
-    crate::key_secret::ensure_router_tls(&store, &args.namespace, &ca, &sans)
+    let sans = crate::kubernetes::key_secret::router_sans(&running.state.routers, &args.namespace);
+    crate::kubernetes::key_secret::ensure_router_tls(&store, &args.namespace, &ca, &sans)
         .await
         .map_err(|e| e.to_string())?;
     let lost = async {
@@ -630,7 +638,7 @@ async fn run_kubernetes(
 async fn serve<S: Store>(
     running: RunningController<S>,
     config: &ControllerConfig,
-    lost: impl std::future::Future<Output = crate::leader::LeaderError>,
+    lost: impl std::future::Future<Output = crate::kubernetes::leader::LeaderError>,
 ) -> std::process::ExitCode {
     if let Some(p) = &running.admin_config {
         eprintln!(
@@ -712,8 +720,8 @@ mod tests {
 
     /// The ConfigMap's `config` key as text, applied to a default config.
     fn applied(yaml: &str, flags: (bool, bool)) -> Result<ControllerConfig, String> {
-        let settings =
-            crate::cluster_config::parse_settings(yaml, "cm").map_err(|e| e.to_string())?;
+        let settings = crate::kubernetes::cluster_config::parse_settings(yaml, "cm")
+            .map_err(|e| e.to_string())?;
         let mut config = ControllerConfig::new("/nonexistent".into());
         apply_settings(&settings, &mut config, flags, "cm")?;
         apply_internal_authentication(&settings.authentication, &mut config, "cm")?;
@@ -734,15 +742,17 @@ mod tests {
             d
         };
         let cluster = |legacy: Option<&str>| {
-            crate::cluster_config::from_config_map(&k8s_openapi::api::core::v1::ConfigMap {
-                metadata: kube::api::ObjectMeta {
-                    name: Some("jumpstarter-controller".into()),
-                    namespace: Some("lab".into()),
+            crate::kubernetes::cluster_config::from_config_map(
+                &k8s_openapi::api::core::v1::ConfigMap {
+                    metadata: kube::api::ObjectMeta {
+                        name: Some("jumpstarter-controller".into()),
+                        namespace: Some("lab".into()),
+                        ..Default::default()
+                    },
+                    data: Some(data(legacy)),
                     ..Default::default()
                 },
-                data: Some(data(legacy)),
-                ..Default::default()
-            })
+            )
             .unwrap()
         };
         let legacy = "apiVersion: jumpstarter.dev/v1alpha1

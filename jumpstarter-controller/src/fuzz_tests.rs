@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use jumpstarter_core::auth::{ObjectKind, Subject};
 use proptest::prelude::*;
 
-use crate::{auth::TokenIssuer, selector::LabelSelector};
+use crate::{auth::TokenIssuer, objects::selector::LabelSelector};
 
 /// Valid selectors the mutations start from.
 const SELECTORS: &[&str] = &[

@@ -13,48 +13,50 @@
 //! - The parts [`start_with_store`] assembles, for embedding them differently: the shared
 //!   [`ControllerState`], the gRPC services [`ClientApi`], [`ControllerApi`] and [`AdminApi`],
 //!   and the reconcile loop ([`run_reconcile_loop`], one pass: [`reconcile_once`]).
+//!
+//! # Layout
+//! The files are in folders by job:
+//! - `service/`: the gRPC services ([`AdminApi`], [`ClientApi`], [`ControllerApi`], the
+//!   client API extensions), the easy-login endpoint and the size limits on every request.
+//! - `lease/`: scheduling and leases: the scheduler (a pure function), the reconcile loop
+//!   that runs it, a client's change to its lease, garbage collection of ended leases, the
+//!   guard against queued leases nobody waits for, and the copies of objects the loop keeps.
+//! - [`store`]: where the objects live ([`store::Store`], SQLite and Kubernetes backends),
+//!   the data directory, its PID lock, and backup/restore of the SQLite store.
+//! - [`auth`]: who is calling: the controller's tokens, OIDC verification, external issuers
+//!   ([`ExternalAuth`]) and the admin token.
+//! - `kubernetes/`: what a cluster deployment adds: [`crd`], [`cluster_config`],
+//!   [`key_secret`], leader election, Events about exporters and owner references.
+//! - [`objects`]: the data model, with [`GoDuration`] and [`LabelSelector`].
+//! - At the root: [`cli`], `server.rs` ([`start`]), `state.rs` ([`ControllerState`]),
+//!   `metrics.rs` (Prometheus), `testing/` (the `test-util` fakes).
 
 pub mod auth;
 pub mod cli;
-pub mod cluster_config;
-pub mod crd;
-pub mod key_secret;
 pub mod objects;
 pub mod store;
 #[cfg(all(feature = "kubernetes", any(test, feature = "test-util")))]
 pub mod testing;
 
-mod admin_token;
-mod backup;
-mod data_dir;
-mod duration;
-mod events;
-mod exporter_view;
-mod external_auth;
 #[cfg(test)]
 mod fuzz_tests;
-mod leader;
-mod lease_gc;
-mod lease_update;
-mod limits;
-mod login_service;
+mod kubernetes;
+mod lease;
 mod metrics;
-mod object_view;
-mod owner_refs;
-mod pending_guard;
-mod pid_lock;
-mod reconcile;
-mod scheduler;
-mod selector;
 mod server;
 mod service;
 mod state;
 
-pub use duration::GoDuration;
-pub use external_auth::{ExternalAuth, read_authentication_file};
-pub use pending_guard::REASON_CLIENT_GONE;
-pub use reconcile::{reconcile_once, run as run_reconcile_loop};
-pub use selector::{LabelSelector, SelectorError};
+pub use auth::external_auth::{ExternalAuth, read_authentication_file};
+pub use kubernetes::{cluster_config, crd, key_secret};
+pub use lease::{
+    pending_guard::REASON_CLIENT_GONE,
+    reconcile::{reconcile_once, run as run_reconcile_loop},
+};
+pub use objects::{
+    duration::GoDuration,
+    selector::{LabelSelector, SelectorError},
+};
 pub use server::{ControllerConfig, RunningController, ServerError, start, start_with_store};
 pub use service::{admin::AdminApi, client::ClientApi, controller::ControllerApi};
 pub use state::{Authenticator, Caller, ControllerState, ExporterCache, ListenQueues, RouterEntry};

@@ -14,8 +14,7 @@ use std::{
 };
 
 use crate::{
-    objects::{Exporter, Lease, conditions},
-    selector::LabelSelector,
+    objects::{Exporter, Lease, conditions, selector::LabelSelector},
     state::ControllerState,
     store::{ListParams, Store},
 };

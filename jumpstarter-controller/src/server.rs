@@ -24,15 +24,19 @@ use tokio::{net::TcpListener, sync::watch, task::JoinHandle};
 use tonic::transport::{Identity, Server};
 
 use crate::{
-    admin_token::{ADMIN_TOKEN_FILE, AdminToken},
-    auth::TokenIssuer,
+    auth::{
+        TokenIssuer,
+        admin_token::{ADMIN_TOKEN_FILE, AdminToken},
+    },
     metrics::{RpcMetrics, RpcMetricsLayer},
-    pid_lock::{LockError, PidLock},
     service::{
         admin::AdminApi, client::ClientApi, controller::ControllerApi, devices::ClientExtApi,
     },
     state::{ControllerState, RouterEntry},
-    store::{SqliteStore, Store},
+    store::{
+        SqliteStore, Store,
+        pid_lock::{LockError, PidLock},
+    },
 };
 
 /// Errors starting or running a controller.
@@ -63,7 +67,7 @@ pub enum ServerError {
     },
     /// The data directory (or its `ca/`, `server/`) is unsafe or cannot be created.
     #[error(transparent)]
-    UnsafeDataDir(#[from] crate::data_dir::DataDirError),
+    UnsafeDataDir(#[from] crate::store::data_dir::DataDirError),
     /// A listener could not be opened.
     #[error("cannot listen on {addr}: {source}")]
     Listen {
@@ -95,7 +99,7 @@ pub enum ServerError {
     Reflection(#[source] tonic_reflection::server::Error),
     /// The login listener's certificate or key is unusable.
     #[error(transparent)]
-    LoginTls(#[from] crate::login_service::AcceptorError),
+    LoginTls(#[from] crate::service::login::AcceptorError),
     /// The admin config could not be written.
     #[error(
         "cannot write the admin config {path}: {source} (choose another place with \
@@ -171,9 +175,9 @@ pub struct ControllerConfig {
     /// The namespace `/v1/auth/config` tells clients to use.
     pub login_namespace: String,
     /// A lease still waiting for an exporter whose client has not been heard from for this
-    /// long is ended (see the `pending_guard` module); `None` never ends one.
+    /// long is ended (see the `lease::pending_guard` module); `None` never ends one.
     pub pending_client_timeout: Option<std::time::Duration>,
-    /// Ended leases are deleted this long after they ended (the `lease_gc` module); `None`
+    /// Ended leases are deleted this long after they ended (`lease::gc`); `None`
     /// keeps them (the binary sets `None` with the Kubernetes store, which keeps them as
     /// upstream does).
     pub ended_lease_retention: Option<std::time::Duration>,
@@ -209,8 +213,8 @@ impl ControllerConfig {
             provisioning: false,
             login_listen: None,
             login_namespace: "default".into(),
-            pending_client_timeout: Some(crate::pending_guard::DEFAULT_TIMEOUT),
-            ended_lease_retention: Some(crate::lease_gc::DEFAULT_RETENTION),
+            pending_client_timeout: Some(crate::lease::pending_guard::DEFAULT_TIMEOUT),
+            ended_lease_retention: Some(crate::lease::gc::DEFAULT_RETENTION),
             accept_empty_store: false,
             connection_limits: ConnectionLimits::default(),
         }
@@ -290,7 +294,7 @@ async fn bind(addr: &str) -> Result<TcpListener, ServerError> {
         })
 }
 
-use crate::data_dir::SERVER_CERT_DIR;
+use crate::store::data_dir::SERVER_CERT_DIR;
 /// A kept server certificate is re-issued once it is this old (it is valid for a year).
 const SERVER_CERT_RENEW_AFTER: std::time::Duration =
     std::time::Duration::from_secs(300 * 24 * 3600);
@@ -426,7 +430,7 @@ fn check_store_present(dir: &std::path::Path, accept: bool) -> Result<(), Server
 /// One controller per data directory: a second one is refused, naming the PID of the first.
 pub async fn start(config: ControllerConfig) -> Result<RunningController, ServerError> {
     let dir = &config.data_dir;
-    crate::data_dir::prepare(dir)?;
+    crate::store::data_dir::prepare(dir)?;
     let lock = lock_data_dir(dir)?;
     check_store_present(dir, config.accept_empty_store)?;
     let store = SqliteStore::open(dir.clone())
@@ -442,7 +446,7 @@ pub async fn start_with_store<S: Store>(
     store: S,
 ) -> Result<RunningController<S>, ServerError> {
     let dir = &config.data_dir;
-    crate::data_dir::prepare(dir)?;
+    crate::store::data_dir::prepare(dir)?;
     let lock = lock_data_dir(dir)?;
     start_locked(config, store, lock).await
 }
@@ -479,7 +483,7 @@ async fn start_locked<S: Store>(
 ) -> Result<RunningController<S>, ServerError> {
     let dir = &config.data_dir;
     let secrets = load_secrets(&config)?;
-    let external_auth = crate::external_auth::ExternalAuth::from_documents(
+    let external_auth = crate::auth::external_auth::ExternalAuth::from_documents(
         &config.jwt_authenticators,
         config.provisioning,
     )
@@ -520,7 +524,7 @@ async fn start_locked<S: Store>(
             labels: Default::default(),
         }],
     };
-    let login_document = crate::login_service::LoginDocument {
+    let login_document = crate::service::login::LoginDocument {
         grpc_endpoint: endpoint.clone(),
         router_endpoint: routers.first().map(|r| r.endpoint.clone()),
         namespace: config.login_namespace.clone(),
@@ -565,10 +569,10 @@ async fn start_locked<S: Store>(
         let gc_state = state.clone();
         let rx = stopped.clone();
         tasks.push(tokio::spawn(async move {
-            crate::lease_gc::run(&gc_state.store, retention, until_stopped(rx)).await;
+            crate::lease::gc::run(&gc_state.store, retention, until_stopped(rx)).await;
         }));
     }
-    tasks.push(tokio::spawn(crate::reconcile::run(
+    tasks.push(tokio::spawn(crate::lease::reconcile::run(
         state.clone(),
         until_stopped(stopped.clone()),
     )));
@@ -589,8 +593,8 @@ async fn start_locked<S: Store>(
         ));
     }
     if let Some(l) = listeners.login {
-        let acceptor = crate::login_service::acceptor(&secrets.identity_pem)?;
-        tasks.push(tokio::spawn(crate::login_service::serve(
+        let acceptor = crate::service::login::acceptor(&secrets.identity_pem)?;
+        tasks.push(tokio::spawn(crate::service::login::serve(
             l,
             acceptor,
             Arc::new(login_document),

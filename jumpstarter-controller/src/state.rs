@@ -20,8 +20,8 @@ pub use self::{
     exporters::{ExporterCache, ExporterChanges},
     listen::ListenQueues,
 };
-pub use crate::cluster_config::RouterEntry;
-use crate::{exporter_view::ExporterView, store::Store};
+pub use crate::kubernetes::cluster_config::RouterEntry;
+use crate::{lease::exporter_view::ExporterView, store::Store};
 
 /// The state shared by the controller's services.
 pub struct ControllerState<S: Store> {
@@ -44,7 +44,7 @@ pub struct ControllerState<S: Store> {
     /// Which exporter labels clients are shown (`hiddenLabels`, `deprecatedLabels`).
     pub label_policy: crate::objects::LabelPolicy,
     /// A waiting lease whose client has not been heard from for this long is ended
-    /// (the `pending_guard` module); `None` never ends one.
+    /// (the `lease::pending_guard` module); `None` never ends one.
     pub pending_client_timeout: Option<Duration>,
     /// Set once the controller cannot go on (a damaged store): the binary then exits
     /// non-zero with this message instead of failing every second.
@@ -54,10 +54,11 @@ pub struct ControllerState<S: Store> {
     /// The reconcile loop's own copy of the exporters, updated from the cache's changes.
     pub(crate) exporter_view: tokio::sync::Mutex<Option<ExporterView>>,
     /// The reconcile loop's copy of the leases, fed by the store's watch (only for a store
-    /// whose watch is synchronous, see [`crate::object_view`]).
-    pub(crate) lease_view: tokio::sync::Mutex<Option<crate::object_view::LeaseView>>,
+    /// whose watch is synchronous, see [`crate::lease::object_view`]).
+    pub(crate) lease_view: tokio::sync::Mutex<Option<crate::lease::object_view::LeaseView>>,
     /// The reconcile loop's copy of the access policies (as `lease_view`).
-    pub(crate) policy_view: crate::object_view::ViewSlot<crate::objects::ExporterAccessPolicy>,
+    pub(crate) policy_view:
+        crate::lease::object_view::ViewSlot<crate::objects::ExporterAccessPolicy>,
     /// The client of every lease holding an exporter, as of the last reconcile pass (which
     /// builds it before it writes the exporters' `leaseRef`): a Status message names the
     /// lease's client without reading the lease from the store.
@@ -88,7 +89,7 @@ impl<S: Store> ControllerState<S> {
             endpoint,
             max_tags: crate::objects::DEFAULT_MAX_TAGS,
             label_policy: Default::default(),
-            pending_client_timeout: Some(crate::pending_guard::DEFAULT_TIMEOUT),
+            pending_client_timeout: Some(crate::lease::pending_guard::DEFAULT_TIMEOUT),
             fatal: watch::channel(None).0,
             wake: Notify::new(),
             exporter_view: tokio::sync::Mutex::new(None),

@@ -2,7 +2,7 @@
 //! policies managed over gRPC, for controllers that do not run on Kubernetes.
 //!
 //! Every RPC needs `authorization: Bearer <admin token>` (the secret in the data directory,
-//! see [`crate::admin_token`]). A client or exporter token is refused with
+//! see [`crate::auth::admin_token`]). A client or exporter token is refused with
 //! PERMISSION_DENIED; anything else with UNAUTHENTICATED.
 //!
 //! Names follow Kubernetes: object names are DNS-1123 subdomains, namespaces DNS-1123 labels,
@@ -23,18 +23,22 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1 as metav1;
 use tonic::{Request, Response, Status, metadata::MetadataMap};
 
 use crate::{
-    admin_token::AdminToken,
-    duration::GoDuration,
-    limits::{self, MAX_LABELS, MAX_RULES, MAX_SELECTOR, MAX_TEXT},
+    auth::admin_token::AdminToken,
     objects::{
         Client, ClientSpec, Exporter, ExporterAccessPolicy, ExporterAccessPolicySpec, ExporterSpec,
-        Lease, Policy, PolicyFrom, RESERVED_LABEL_PREFIX, conditions, exporter_status_to_proto,
+        Lease, Policy, PolicyFrom, RESERVED_LABEL_PREFIX, conditions,
+        duration::GoDuration,
+        exporter_status_to_proto,
+        selector::{
+            LabelSelector, validate_dns1123_subdomain, validate_label_value,
+            validate_qualified_name,
+        },
         timestamp_to_proto,
     },
-    selector::{
-        LabelSelector, validate_dns1123_subdomain, validate_label_value, validate_qualified_name,
+    service::{
+        controller::{update_exporter, update_lease},
+        limits::{self, MAX_LABELS, MAX_RULES, MAX_SELECTOR, MAX_TEXT},
     },
-    service::controller::{update_exporter, update_lease},
     state::{ControllerState, store_status},
     store::{ListParams, Store, StoreObject},
 };

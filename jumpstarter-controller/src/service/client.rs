@@ -15,14 +15,16 @@ use jumpstarter_proto::client_v1::{
 use tonic::{Request, Response, Status};
 
 use crate::{
-    lease_update::{AccessView, LeaseChange, apply_change},
-    limits::{self, MAX_IDENTIFIER, MAX_LABEL_TEXT, MAX_NAME, MAX_SELECTOR, MAX_TEXT},
+    lease::update::{AccessView, LeaseChange, apply_change},
     objects::{
         Client, Exporter, LEASE_ENDED_LABEL, Lease, TAG_LABEL_PREFIX, exporter_to_proto,
         lease_from_proto, lease_times_from_proto, lease_to_proto,
+        selector::{LabelSelector, validate_dns1123_subdomain},
     },
-    selector::{LabelSelector, validate_dns1123_subdomain},
-    service::controller::update_lease,
+    service::{
+        controller::update_lease,
+        limits::{self, MAX_IDENTIFIER, MAX_LABEL_TEXT, MAX_NAME, MAX_SELECTOR, MAX_TEXT},
+    },
     state::{Caller, ControllerState, store_status},
     store::{ListParams, Store},
 };
@@ -75,7 +77,7 @@ fn selector(s: &str) -> Result<LabelSelector, Status> {
     LabelSelector::parse(s).map_err(|e| Status::invalid_argument(format!("invalid selector: {e}")))
 }
 
-/// The size limits of a lease message from a client ([`crate::limits`]).
+/// The size limits of a lease message from a client ([`crate::service::limits`]).
 fn check_lease_limits(pb: &PbLease) -> Result<(), Status> {
     limits::check_len("lease.name", &pb.name, MAX_IDENTIFIER)?;
     limits::check_len("lease.selector", &pb.selector, MAX_SELECTOR)?;

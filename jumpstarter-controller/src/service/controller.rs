@@ -17,12 +17,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1 as metav1;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::{
-    limits::{self, MAX_IDENTIFIER, MAX_LABEL_TEXT, MAX_REPORTS, MAX_SELECTOR, MAX_TEXT},
     objects::{
         Device, Exporter, ExporterStatus, ExporterStatusValue, LEASE_ENDED_LABEL, Lease,
-        RESERVED_LABEL_PREFIX, condition_to_proto, conditions, set_condition, timestamp_to_proto,
+        RESERVED_LABEL_PREFIX, condition_to_proto, conditions, selector::LabelSelector,
+        set_condition, timestamp_to_proto,
     },
-    selector::LabelSelector,
+    service::limits::{self, MAX_IDENTIFIER, MAX_LABEL_TEXT, MAX_REPORTS, MAX_SELECTOR, MAX_TEXT},
     state::{Caller, ControllerState, store_status},
     store::{ListParams, Store},
 };

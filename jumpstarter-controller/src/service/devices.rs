@@ -11,9 +11,11 @@ use jumpstarter_proto::ext_v1::{
 use tonic::{Request, Response, Status};
 
 use crate::{
-    limits::{self, MAX_IDENTIFIER},
     objects::Exporter,
-    service::client::{check_namespace, object_name},
+    service::{
+        client::{check_namespace, object_name},
+        limits::{self, MAX_IDENTIFIER},
+    },
     state::{ControllerState, store_status},
     store::Store,
 };

@@ -1,6 +1,9 @@
-//! The controller's gRPC services.
+//! The controller's gRPC services, the easy-login endpoint ([`login`]) and the size limits on
+//! what they accept ([`limits`]).
 
 pub mod admin;
 pub mod client;
 pub mod controller;
 pub mod devices;
+pub mod limits;
+pub mod login;

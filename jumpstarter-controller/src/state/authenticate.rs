@@ -10,8 +10,8 @@ use tonic::{Status, metadata::MetadataMap};
 
 use super::errors::store_status;
 use crate::{
-    external_auth::ExternalAuth,
-    object_view::{ViewSlot, read_view},
+    auth::external_auth::ExternalAuth,
+    lease::object_view::{ViewSlot, read_view},
     objects::{Client, Exporter},
     store::{Store, StoreError},
 };
@@ -37,13 +37,13 @@ pub struct Authenticator<S: Store> {
     /// External OIDC issuers (tried before the internal issuer) and Client provisioning.
     pub external_auth: ExternalAuth,
     /// When each client was last heard from (every authenticated client call notes it).
-    pub client_activity: crate::pending_guard::ClientActivity,
+    pub client_activity: crate::lease::pending_guard::ClientActivity,
     /// Where an exporter's uid is looked up before the store (see
     /// [`super::ExporterCache::cached_uid`]).
     pub exporters: Option<Arc<super::ExporterCache>>,
     /// The clients, whose uids a client's token must match, when the store's watch is
-    /// synchronous (see [`crate::object_view`]): with 1,000 leases asked at once, each one
-    /// read and decoded its client, and a reconcile pass's own reads queued behind them.
+    /// synchronous (see [`crate::lease::object_view`]): with 1,000 leases asked at once, each
+    /// one read and decoded its client, and a reconcile pass's own reads queued behind them.
     clients: ViewSlot<Client>,
 }
 

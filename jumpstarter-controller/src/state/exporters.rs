@@ -15,9 +15,8 @@ use jiff::Timestamp;
 use tokio::sync::{Notify, watch};
 
 use crate::{
-    events::EventRecorder,
-    objects::{Exporter, ObjectKey, exporter_key},
-    selector::LabelSelector,
+    kubernetes::events::EventRecorder,
+    objects::{Exporter, ObjectKey, exporter_key, selector::LabelSelector},
     store::{ListParams, Store, StoreError, WatchEvent},
 };
 use jumpstarter_core::sync::LockExt;

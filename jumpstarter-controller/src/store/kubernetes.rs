@@ -31,7 +31,7 @@ use super::{
     Because, BoxError, ListParams, ObjectList, Store, StoreError, StoreObject, WatchEvent,
     WatchStream,
 };
-use crate::selector::{LabelSelector, validate_dns1123_subdomain};
+use crate::objects::selector::{LabelSelector, validate_dns1123_subdomain};
 
 /// How long one watch request may last before the server ends it (and we re-issue it), by
 /// default.
@@ -235,8 +235,8 @@ fn kube_list_params(selector: &LabelSelector, params: &ListParams) -> KubeListPa
 }
 
 impl Store for KubeStore {
-    fn event_recorder(&self) -> crate::events::EventRecorder {
-        crate::events::EventRecorder::kubernetes(self.client.clone())
+    fn event_recorder(&self) -> crate::kubernetes::events::EventRecorder {
+        crate::kubernetes::events::EventRecorder::kubernetes(self.client.clone())
     }
 
     async fn get<K: StoreObject>(

@@ -28,9 +28,12 @@
 //! `KubeStore` (the CRDs of a cluster; `KubeStore::from_env()`); the `test-util` feature adds
 //! an in-memory API server for tests (`testing::FakeApiServer`). [`credentials`] keeps tokens in Secrets as upstream does.
 
+pub(crate) mod backup;
 pub mod credentials;
+pub(crate) mod data_dir;
 #[cfg(feature = "kubernetes")]
 pub mod kubernetes;
+pub(crate) mod pid_lock;
 pub mod sqlite;
 
 use jumpstarter_core::{Because, BoxError};
@@ -44,7 +47,7 @@ use serde::{Serialize, de::DeserializeOwned};
 pub use kubernetes::KubeStore;
 pub use sqlite::SqliteStore;
 
-use crate::selector::LabelSelector;
+use crate::objects::selector::LabelSelector;
 
 /// How many events a watcher may fall behind, at least, before it is cut off with
 /// [`StoreError::WatchLagged`]; also how many recent events per kind are kept, at least, so a
@@ -534,9 +537,9 @@ pub trait Store: Clone + Send + Sync + 'static {
     }
 
     /// Where Kubernetes Events about exporters go: nowhere, unless the backend is a cluster
-    /// (see the `events` module). Called once per controller.
-    fn event_recorder(&self) -> crate::events::EventRecorder {
-        crate::events::EventRecorder::disabled()
+    /// (see the `kubernetes::events` module). Called once per controller.
+    fn event_recorder(&self) -> crate::kubernetes::events::EventRecorder {
+        crate::kubernetes::events::EventRecorder::disabled()
     }
 }
 

@@ -32,7 +32,7 @@ use super::{
     Because, BoxError, ListParams, ObjectList, Store, StoreError, StoreObject, WATCH_BUFFER,
     WatchEvent, WatchStream,
 };
-use crate::selector::LabelSelector;
+use crate::objects::selector::LabelSelector;
 use jumpstarter_core::sync::LockExt;
 
 /// File name of the database inside the data directory.

@@ -10,7 +10,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::*;
-use crate::selector::LabelSelector;
+use crate::objects::selector::LabelSelector;
 
 /// A small namespaced kind with a status subresource, standing in for the controller kinds.
 #[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]

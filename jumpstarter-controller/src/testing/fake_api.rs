@@ -39,7 +39,7 @@ use http_body_util::{BodyExt, Full, StreamBody, combinators::UnsyncBoxBody};
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
-use crate::selector::{LabelSelector, validate_dns1123_subdomain};
+use crate::objects::selector::{LabelSelector, validate_dns1123_subdomain};
 use crate::store::WATCH_BUFFER;
 use jumpstarter_core::sync::LockExt;
 

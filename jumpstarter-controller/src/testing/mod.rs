@@ -27,6 +27,6 @@ pub fn state_with_new_keys<S: crate::store::Store>(
 /// The exporter event recorder and leader election, for the tests against a real API server
 /// (`tests/it/real_kube.rs`).
 pub mod internals {
-    pub use crate::events::{EventRecorder, EventType, ExporterEvent, reasons};
-    pub use crate::leader::{LeaderConfig, LeaderElector};
+    pub use crate::kubernetes::events::{EventRecorder, EventType, ExporterEvent, reasons};
+    pub use crate::kubernetes::leader::{LeaderConfig, LeaderElector};
 }

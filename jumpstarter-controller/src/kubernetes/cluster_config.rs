@@ -20,7 +20,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use serde::Deserialize;
 
 use crate::{
-    duration::GoDuration,
+    objects::duration::GoDuration,
     store::{Store, StoreError},
 };
 

@@ -5,11 +5,11 @@ use k8s_openapi::api::core::v1::LocalObjectReference;
 use proptest::prelude::*;
 
 use super::*;
+use crate::lease::scheduler::{Action, Snapshot, schedule};
 use crate::objects::{
     ClientSpec, Device, ExporterAccessPolicySpec, ExporterSpec, ExporterStatus,
     ExporterStatusValue, LeaseSpec, LeaseStatus, Policy, PolicyFrom,
 };
-use crate::scheduler::{Action, Snapshot, schedule};
 
 const NS: &str = "lab";
 
@@ -297,7 +297,7 @@ proptest! {
             }
             for l in leases.iter().filter(|l| !l.is_ended()) {
                 let Some(exporter) = l.assigned_exporter() else { continue };
-                let held = crate::scheduler::policy_duration(l)
+                let held = crate::lease::scheduler::policy_duration(l)
                     .map(|d| d.as_secs())
                     .unwrap_or(i64::MAX);
                 prop_assert!(

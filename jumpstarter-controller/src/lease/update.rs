@@ -1,17 +1,18 @@
 //! A client's change to its lease (UpdateLease): new times and/or a transfer to another
 //! client, applied only when the changed lease passes the same ExporterAccessPolicy
-//! evaluation as a new request ([`crate::scheduler::check_access`]). Without that check a
-//! client could extend a granted lease past a policy's `maximumDuration`, or hand it to a
-//! client the policies refuse.
+//! evaluation as a new request ([`crate::lease::scheduler::check_access`]). Without that
+//! check a client could extend a granted lease past a policy's `maximumDuration`, or hand it
+//! to a client the policies refuse.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1 as metav1;
 use tonic::Status;
 
 use crate::{
-    duration::GoDuration,
-    objects::{Client, Exporter, ExporterAccessPolicy, Lease, LeaseTimes, lease_labels},
-    scheduler::check_access,
-    selector::LabelSelector,
+    lease::scheduler::check_access,
+    objects::{
+        Client, Exporter, ExporterAccessPolicy, Lease, LeaseTimes, duration::GoDuration,
+        lease_labels, selector::LabelSelector,
+    },
     state::store_status,
     store::{ListParams, Store},
 };
@@ -108,5 +109,4 @@ pub fn apply_change(
 }
 
 #[cfg(test)]
-#[path = "lease_update/tests.rs"]
 mod tests;

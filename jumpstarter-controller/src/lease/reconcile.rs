@@ -1,6 +1,6 @@
-//! The reconcile loop: reads the objects, runs the [`crate::scheduler`], writes what changed
-//! (lease statuses and labels, exporters' `leaseRef` and `Online` condition), and sleeps until
-//! the next deadline or until a service pokes [`ControllerState::wake`].
+//! The reconcile loop: reads the objects, runs the [`crate::lease::scheduler`], writes what
+//! changed (lease statuses and labels, exporters' `leaseRef` and `Online` condition), and
+//! sleeps until the next deadline or until a service pokes [`ControllerState::wake`].
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
@@ -13,16 +13,17 @@ use jumpstarter_core::sync::LockExt;
 use k8s_openapi::api::core::v1::LocalObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1 as metav1;
 
-use crate::object_view::{ViewSlot, read_view};
+use crate::lease::object_view::{ViewSlot, read_view};
 use crate::{
-    exporter_view::ExporterView,
+    lease::{
+        exporter_view::ExporterView,
+        scheduler::{Snapshot, exporter_lease_refs, schedule},
+    },
     objects::{
         Client, EXPORTER_OFFLINE_AFTER, Exporter, ExporterAccessPolicy, ExporterStatus,
         ExporterStatusValue, LEASE_ENDED_LABEL, Lease, ObjectKey, conditions,
-        exporter_online_state, meta_key, set_condition,
+        exporter_online_state, meta_key, selector::LabelSelector, set_condition,
     },
-    scheduler::{Snapshot, exporter_lease_refs, schedule},
-    selector::LabelSelector,
     state::{ControllerState, ExporterChanges},
     store::{ListParams, Parts, Store, StoreError},
 };
@@ -51,7 +52,7 @@ async fn current<S: Store, K: crate::store::StoreObject>(
 }
 
 /// The leases a pass works on: those that have not ended. Ended leases stay in the store as
-/// history (a week by default in the embedded store, see [`crate::lease_gc`]; on Kubernetes
+/// history (a week by default in the embedded store, see [`crate::lease::gc`]; on Kubernetes
 /// until the cluster's own tooling deletes them) and the scheduler ignores them, but every
 /// pass copied them (from the view) or listed them (on Kubernetes, where their number has no
 /// bound): with 7,000 of them beside 1,000 held leases an idle pass took four times as long.
@@ -135,7 +136,7 @@ pub async fn reconcile_once<S: Store>(
         now,
     });
     if let Some(timeout) = state.pending_client_timeout {
-        crate::pending_guard::end_abandoned(
+        crate::lease::pending_guard::end_abandoned(
             &mut decisions,
             &leases,
             |ns, client| state.auth.client_activity.last_heard(ns, client),
@@ -316,7 +317,7 @@ struct LeasesWritten<'a> {
 async fn write_leases<'a, S: Store>(
     store: &S,
     leases: &'a [Lease],
-    decisions: &'a [crate::scheduler::LeaseDecision],
+    decisions: &'a [crate::lease::scheduler::LeaseDecision],
     owners: &HashMap<(&str, &str), &Exporter>,
     now: Timestamp,
     next: &mut Option<Timestamp>,
@@ -342,8 +343,8 @@ async fn write_leases<'a, S: Store>(
     // granted to another one in the same pass is never named by two live leases in the store,
     // not even between the two writes. When an end could not be written, its exporter's grant
     // waits for the next pass.
-    let ends = |d: &crate::scheduler::LeaseDecision| {
-        matches!(d.action, crate::scheduler::Action::Ended { .. })
+    let ends = |d: &crate::lease::scheduler::LeaseDecision| {
+        matches!(d.action, crate::lease::scheduler::Action::Ended { .. })
     };
     let mut still_held: HashSet<(String, String)> = HashSet::new();
     for d in decisions {
@@ -358,7 +359,7 @@ async fn write_leases<'a, S: Store>(
     // taking turns on the store's writer (a second and a half of the grant time with 1,000
     // leases asked at once); as two writes per lease, a third of the pass.
     for ending in [true, false] {
-        let mut todo: Vec<(&crate::scheduler::LeaseDecision, &Lease, Parts)> = Vec::new();
+        let mut todo: Vec<(&crate::lease::scheduler::LeaseDecision, &Lease, Parts)> = Vec::new();
         let mut objects: Vec<(Lease, Parts)> = Vec::new();
         for d in decisions.iter().filter(|d| ends(d) == ending) {
             let Some(lease) = lease_index.get(&(d.namespace.as_str(), d.name.as_str())) else {
@@ -367,7 +368,7 @@ async fn write_leases<'a, S: Store>(
             if !d.status_changed && !d.labels_changed {
                 continue;
             }
-            if let crate::scheduler::Action::Assigned { exporter, .. } = &d.action
+            if let crate::lease::scheduler::Action::Assigned { exporter, .. } = &d.action
                 && still_held.contains(&(d.namespace.clone(), exporter.clone()))
             {
                 *next = Some(now);
@@ -384,7 +385,7 @@ async fn write_leases<'a, S: Store>(
             if d.labels_changed {
                 given.metadata.labels = (!d.labels.is_empty()).then(|| d.labels.clone());
             }
-            match crate::owner_refs::set_lease_owner(&mut given, &d.status, owners) {
+            match crate::kubernetes::owner_refs::set_lease_owner(&mut given, &d.status, owners) {
                 Ok(changed) => parts.metadata |= changed,
                 Err(e) => tracing::warn!("lease owner reference not set: {e}"),
             }
@@ -453,7 +454,7 @@ async fn sync_owners<S: Store>(
             .and_then(|k| rewritten.get(&k).copied())
             .unwrap_or(l)
     });
-    crate::owner_refs::sync_lease_owners(store, latest, &statuses, exporters).await
+    crate::kubernetes::owner_refs::sync_lease_owners(store, latest, &statuses, exporters).await
 }
 
 /// One exporter's status as this pass wants it: the lease holding it (`want_ref`), its

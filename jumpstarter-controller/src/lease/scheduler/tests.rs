@@ -1,5 +1,5 @@
 use super::*;
-use crate::duration::GoDuration;
+use crate::objects::duration::GoDuration;
 use crate::objects::{
     ClientSpec, Device, ExporterAccessPolicySpec, ExporterSpec, ExporterStatus, LeaseSpec, Policy,
     PolicyFrom,

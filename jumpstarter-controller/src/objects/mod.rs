@@ -2,6 +2,9 @@
 //! ExporterAccessPolicy), field-compatible with the upstream CRDs, plus the pure conversions the
 //! services need: object ↔ protobuf, lease time reconciliation and tag validation.
 
+pub(crate) mod duration;
+pub(crate) mod selector;
+
 use std::collections::{BTreeMap, HashMap};
 
 use jiff::{SignedDuration, Timestamp};
@@ -12,8 +15,8 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::duration::GoDuration;
-use crate::selector::{self, LabelSelector, SelectorError};
+use duration::GoDuration;
+use selector::{LabelSelector, SelectorError};
 
 /// The API group of every kind here.
 pub const GROUP: &str = "jumpstarter.dev";
@@ -1078,5 +1081,4 @@ pub fn lease_times_from_proto(req: &client_v1::Lease) -> Result<LeaseTimes, Obje
 }
 
 #[cfg(test)]
-#[path = "objects/tests.rs"]
 mod tests;

@@ -136,8 +136,7 @@ pub fn restore(data_dir: &Path, file: &Path) -> Result<PathBuf, BackupError> {
 mod tests {
     use super::*;
     use crate::{
-        objects::{Client, ClientSpec},
-        selector::LabelSelector,
+        objects::{Client, ClientSpec, selector::LabelSelector},
         store::{ListParams, SqliteStore, Store},
     };
 

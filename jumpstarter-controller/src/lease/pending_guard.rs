@@ -14,8 +14,8 @@ use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1 as metav1;
 
 use crate::{
+    lease::scheduler::{Action, LeaseDecision},
     objects::{Lease, conditions as c, lease_labels_with, set_condition},
-    scheduler::{Action, LeaseDecision},
 };
 
 /// The condition reason of a lease ended by this guard.
@@ -131,10 +131,8 @@ pub fn end_abandoned(
 mod tests {
     use super::*;
     use crate::{
-        duration::GoDuration,
-        objects::{LeaseSpec, find_condition},
-        scheduler::{Snapshot, schedule},
-        selector::LabelSelector,
+        lease::scheduler::{Snapshot, schedule},
+        objects::{LeaseSpec, duration::GoDuration, find_condition, selector::LabelSelector},
     };
     use k8s_openapi::api::core::v1::LocalObjectReference;
 

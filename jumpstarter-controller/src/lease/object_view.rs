@@ -7,8 +7,7 @@ use std::collections::BTreeMap;
 #[cfg(doc)]
 use crate::store::Store as _;
 use crate::{
-    objects::{ObjectKey, meta_key},
-    selector::LabelSelector,
+    objects::{ObjectKey, meta_key, selector::LabelSelector},
     store::{ListParams, Store, StoreError, StoreObject, WatchEvent, WatchStream},
 };
 

@@ -24,7 +24,7 @@ pub const FILES: &[(&str, &str)] = &[
     ("ca.key", "ca/ca.key"),
     ("signing-key.pem", "signing-key.pem"),
     ("router-key", "router-key"),
-    ("admin-token", crate::admin_token::ADMIN_TOKEN_FILE),
+    ("admin-token", crate::auth::admin_token::ADMIN_TOKEN_FILE),
 ];
 
 /// Moving key material between the Secret and the data directory failed.

@@ -21,12 +21,12 @@ use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::LocalObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1 as metav1;
 
+use crate::objects::selector::LabelSelector;
 use crate::objects::{
     Client, Exporter, ExporterAccessPolicy, ExporterStatusValue, Lease, LeaseStatus,
     condition_is_true, conditions as c, exporter_online_state, exporter_registered, find_condition,
     lease_labels_with, set_condition,
 };
-use crate::selector::LabelSelector;
 
 /// How long a waiting lease waits before it is looked at again (upstream: 1 s).
 pub const PENDING_REQUEUE: SignedDuration = SignedDuration::from_secs(1);
@@ -1055,5 +1055,4 @@ fn names_of<'a>(exporters: impl Iterator<Item = &'a Exporter>) -> String {
 }
 
 #[cfg(test)]
-#[path = "scheduler/tests.rs"]
 mod tests;

@@ -5,7 +5,7 @@
 //! equals its (unverified) `iss`; every other token goes to the internal issuer, which comes
 //! last. An external token's username is `claimMappings.username.prefix` + the claim; the
 //! object it acts as is the `spec.username` match described in
-//! [`crate::state::ControllerState::authenticate`].
+//! [`crate::state::Authenticator::authenticate`].
 
 use std::path::Path;
 
@@ -13,7 +13,7 @@ use jumpstarter_core::oidc::{OidcError, token_issuer};
 
 use crate::auth::{ExternalVerifier, JwtAuthenticatorConfig};
 
-use crate::cluster_config::{Authentication, ClusterConfigError};
+use crate::kubernetes::cluster_config::{Authentication, ClusterConfigError};
 
 /// The external issuers and whether unknown Clients are created on first login.
 #[derive(Debug, Default)]
@@ -126,7 +126,7 @@ pub fn parse_authentication_text(
                     .into(),
             });
         }
-        let settings = crate::cluster_config::parse_settings(text, &source_name)?;
+        let settings = crate::kubernetes::cluster_config::parse_settings(text, &source_name)?;
         return Ok((settings.authentication, settings.provisioning.enabled));
     }
     // An AuthenticationConfiguration manifest carries apiVersion/kind around the same fields.

@@ -8,8 +8,7 @@ use std::time::Duration;
 use jiff::{SignedDuration, Timestamp};
 
 use crate::{
-    objects::{LEASE_ENDED_LABEL, Lease},
-    selector::LabelSelector,
+    objects::{LEASE_ENDED_LABEL, Lease, selector::LabelSelector},
     store::{ListParams, Store, StoreError},
 };
 

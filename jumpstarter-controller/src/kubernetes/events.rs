@@ -647,7 +647,7 @@ mod tests {
             .name
             .unwrap();
         assert!(name.len() <= 253, "{}", name.len());
-        crate::selector::validate_dns1123_subdomain(&name).unwrap();
+        crate::objects::selector::validate_dns1123_subdomain(&name).unwrap();
         // Not an object in a namespace: no event.
         let mut nowhere = e;
         nowhere.metadata.namespace = None;
@@ -674,7 +674,7 @@ mod tests {
         };
 
         use super::*;
-        use crate::selector::LabelSelector;
+        use crate::objects::selector::LabelSelector;
         use crate::store::{KubeStore, ListParams, Store};
         use crate::testing::{FakeApiServer, FakeBody};
 
