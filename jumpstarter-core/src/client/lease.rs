@@ -42,6 +42,7 @@ use crate::{
         tunnel::{self, RetryPolicy, TicketError, TicketSource, TunnelTicket},
     },
     config::ClientConfig,
+    sync::LockExt,
 };
 
 /// Why leasing or reaching an exporter failed.
@@ -372,6 +373,7 @@ pub async fn acquire(
         dialer: Arc::new(LeaseDialer {
             channel: controller.channel.clone(),
             lease: name.clone(),
+            refused: std::sync::Mutex::new(None),
         }),
         controller: controller.clone(),
         retry: RetryPolicy::new(tunnel::DEFAULT_RETRY_TIMEOUT),
@@ -428,6 +430,10 @@ async fn wait_ready(
 pub struct LeaseDialer {
     channel: AuthChannel,
     lease: String,
+    /// The controller's last final refusal to dial for the exporter's state
+    /// (FAILED_PRECONDITION, e.g. a failed hook): what a connection dropped for it could not
+    /// say.
+    refused: std::sync::Mutex<Option<String>>,
 }
 
 /// How long `Dial` is retried while the exporter is not ready or not listening.
@@ -482,6 +488,11 @@ impl TicketSource for LeaseDialer {
                         return Err(if dial_is_transient(&s) {
                             TicketError::transient(error)
                         } else {
+                            // The exporter's own state (a failed hook), not the lease's end
+                            // (UNKNOWN "lease not active"): worth telling the user.
+                            if s.code() == Code::FailedPrecondition {
+                                *self.refused.lock_or_recover() = Some(error.to_string());
+                            }
                             TicketError::permanent(error)
                         });
                     }
@@ -512,6 +523,14 @@ pub struct AcquiredLease {
 }
 
 impl AcquiredLease {
+    /// The controller's last final refusal to connect to the exporter for its state (`Dial`
+    /// refused with FAILED_PRECONDITION, e.g. because its beforeLease hook failed), as the
+    /// error says it; not a refusal because the lease ended. A local connection that was
+    /// refused is only dropped; this says why.
+    pub fn refusal(&self) -> Option<String> {
+        self.dialer.refused.lock_or_recover().clone()
+    }
+
     /// How tunnels are retried while the router (or the exporter) is unreachable; by default
     /// for [`tunnel::DEFAULT_RETRY_TIMEOUT`], without events.
     pub fn set_retry(&mut self, policy: RetryPolicy) {
