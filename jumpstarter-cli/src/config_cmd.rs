@@ -543,7 +543,7 @@ async fn exporter_edit(a: EditArgs) -> Result<i32> {
 async fn check_exporter_config(text: &str, path: &Path) -> Result<Vec<String>> {
     let mut cfg = ExporterConfig::parse(text, path)?;
     cfg.path = Some(path.to_path_buf());
-    crate::bridge::check_config(crate::toolkit::current().registry(), &cfg).await
+    Ok(jumpstarter_exporter::check_config(crate::toolkit::current().registry(), &cfg).await?)
 }
 
 fn exporter_list(a: ListArgs) -> Result<i32> {

@@ -22,7 +22,7 @@ use jumpstarter_core::{
 };
 use tokio_util::sync::CancellationToken;
 
-use crate::{exporter, lease_end, shell};
+use crate::{lease_end, shell};
 
 /// What `jmp shell` needs to lease an exporter.
 #[derive(Debug, Clone, Default)]
@@ -244,11 +244,11 @@ pub async fn shell(opts: ShellLease, command: &[String]) -> Result<i32> {
         )
         .await?;
         let logs =
-            crate::lifecycle::follow_logs(channel.clone(), shell::take_follow_exporter_logs());
+            crate::hook_wait::follow_logs(channel.clone(), shell::take_follow_exporter_logs());
         let mut server = Some(server);
         let mut watch = RunWatch::default();
         let (code, end) = tokio::select! {
-            ready = crate::lifecycle::before_command(channel.clone()) => match ready {
+            ready = crate::hook_wait::before_command(channel.clone(), || lease.refusal()) => match ready {
                 Ok(None) => {
                     let (code, end) = run_until_end(
                         &lease, command, &env, &socket, &cancel, &mut server, &mut watch,
@@ -256,7 +256,7 @@ pub async fn shell(opts: ShellLease, command: &[String]) -> Result<i32> {
                     .await;
                     // EndSession (and the afterLease output) only while the lease lives.
                     if end_session && end.is_none() {
-                        match crate::lifecycle::after_command(channel).await {
+                        match crate::hook_wait::after_command(channel).await {
                             Ok(()) => (code, end),
                             Err(e) => (Err(e), end),
                         }
@@ -269,7 +269,7 @@ pub async fn shell(opts: ShellLease, command: &[String]) -> Result<i32> {
             },
             sig = terminated() => (Ok(128 + sig), None),
         };
-        crate::lifecycle::stop_logs(logs).await;
+        crate::hook_wait::stop_logs(logs).await;
         cancel.cancel();
         if let Some(server) = server {
             let _ = server.await;
@@ -423,25 +423,16 @@ fn drivers_allow(cfg: &ClientConfig) -> String {
     }
 }
 
-/// `jmp run` without a listener: register with the controller of `cfg` and serve leases
-/// until SIGINT/SIGTERM.
+/// `jmp run` in controller mode: the exporter of `cfg` until a signal.
 pub async fn run_exporter(
     cfg: &ExporterConfig,
     limits: jumpstarter_core::server::listener::ConnectionLimits,
 ) -> Result<i32> {
-    let target = exporter::ControllerTarget::from_config(cfg)?;
-    let (tree, _python) = crate::bridge::build_tree(crate::toolkit::current().registry(), cfg)
-        .await
-        .with_context(|| format!("exporter {}", cfg.metadata.name))?;
-    let mut options = exporter::ExporterOptions::from_config(cfg)?;
-    if options.hooks.is_some() {
-        // Hook sockets of an earlier run killed with SIGKILL.
-        crate::hooks::lifecycle::sweep_stale_hook_dirs();
-    }
-    if let Some(direct) = options.direct.as_mut() {
-        direct.limits = limits;
-    }
-    exporter::run_with_options(target, tree, options, crate::signals::shutdown_signal()).await?;
+    crate::toolkit::current()
+        .exporter(cfg)
+        .with_connection_limits(limits)
+        .run(crate::signals::shutdown_signal())
+        .await?;
     Ok(0)
 }
 

@@ -3,8 +3,7 @@
 //! wait for `LEASE_READY` before the command starts, and after it `EndSession` and wait for
 //! the afterLease hook.
 //!
-//! Also `jmp run --tls-grpc-listener` (standalone) with hooks: the beforeLease hook runs once
-//! at start, the afterLease hook at shutdown, as upstream.
+//! The exporter side of hooks (running them around a lease) is in `jumpstarter-exporter`.
 
 use std::{
     sync::{
@@ -16,18 +15,11 @@ use std::{
 
 use anyhow::{Result, anyhow};
 use jumpstarter_core::{
-    DriverNode, Session,
     client::SessionChannel,
-    config::ExporterConfig,
     hooks::wait::{self, Ended, HOOK_WAIT, Ready},
 };
 use jumpstarter_proto::v1::{LogSource, exporter_service_client::ExporterServiceClient};
 use tokio::task::JoinHandle;
-
-use crate::hooks::{
-    LeaseHooks,
-    lifecycle::{LeaseHookRun, NoController, Verdict},
-};
 
 /// How often the log follower (re)opens `LogStream`, as upstream.
 const LOG_STREAM_ATTEMPTS: u32 = 10;
@@ -105,7 +97,14 @@ impl LogFollower {
 /// Waits for `LEASE_READY` before the command starts. `Ok(None)`: go on; `Ok(Some(code))`:
 /// leave with `code` (the lease ended during the hook: a clean end, as upstream); `Err`:
 /// the beforeLease hook failed (`endLease` / `exit`), its status message as the reason.
-pub async fn before_command(channel: SessionChannel) -> Result<Option<i32>> {
+///
+/// When the connection goes away during the hook, `refusal` says whether the controller
+/// refused to connect us for good meanwhile (the hook failed and the exporter is ending
+/// the lease, faster than a status poll saw it): that refusal is then the error.
+pub async fn before_command(
+    channel: SessionChannel,
+    refusal: impl FnOnce() -> Option<String>,
+) -> Result<Option<i32>> {
     match wait::wait_ready(channel, HOOK_WAIT).await {
         Ready::Ready { warning } => {
             if let Some(w) = warning {
@@ -114,10 +113,13 @@ pub async fn before_command(channel: SessionChannel) -> Result<Option<i32>> {
             Ok(None)
         }
         Ready::Failed(reason) => Err(anyhow!(reason)),
-        Ready::LeaseEnded => {
-            eprintln!("Lease ended while waiting for the beforeLease hook to complete");
-            Ok(Some(0))
-        }
+        Ready::LeaseEnded => match refusal() {
+            Some(refusal) => Err(anyhow!(refusal)),
+            None => {
+                eprintln!("Lease ended while waiting for the beforeLease hook to complete");
+                Ok(Some(0))
+            }
+        },
     }
 }
 
@@ -151,66 +153,4 @@ pub async fn stop_logs(logs: LogFollower) {
         tokio::time::sleep((LOG_QUIET - quiet).min(deadline - now)).await;
     }
     logs.task.abort();
-}
-
-/// The hooks of a standalone exporter (`jmp run --tls-grpc-listener`).
-pub struct Standalone {
-    run: Arc<LeaseHookRun>,
-    exit: tokio::sync::watch::Receiver<bool>,
-}
-
-/// The session of a standalone exporter, and its hooks when the config has some: the
-/// beforeLease hook starts at once (clients may connect; their driver calls wait for it).
-pub fn standalone(
-    cfg: &ExporterConfig,
-    tree: DriverNode,
-) -> Result<(Arc<Session>, Option<Standalone>)> {
-    let hooks = LeaseHooks::from_config(&cfg.hooks).map_err(|e| {
-        let path = cfg
-            .path
-            .as_ref()
-            .map(|p| p.display().to_string())
-            .unwrap_or_else(|| "exporter config".into());
-        anyhow!("{path}: {e}")
-    })?;
-    let Some(hooks) = hooks else {
-        return Ok((Session::new_ready(tree, Default::default()), None));
-    };
-    // Hook sockets of an earlier run killed with SIGKILL.
-    crate::hooks::lifecycle::sweep_stale_hook_dirs();
-    let session = Session::new(tree.clone(), Default::default());
-    if hooks.before.is_some() {
-        session.block_driver_calls(true);
-    }
-    let run = LeaseHookRun::start(
-        Arc::new(hooks),
-        tree,
-        Arc::clone(&session),
-        "standalone",
-        "",
-    )?;
-    let (tx, exit) = tokio::sync::watch::channel(false);
-    let before = Arc::clone(&run);
-    tokio::spawn(async move {
-        if before.before_lease(&NoController).await == Verdict::Exit {
-            let _ = tx.send(true);
-        }
-    });
-    Ok((session, Some(Standalone { run, exit })))
-}
-
-impl Standalone {
-    /// Resolves when a hook failed with `onFailure: exit`.
-    pub async fn exit_requested(&mut self) {
-        if self.exit.wait_for(|e| *e).await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    }
-
-    /// At shutdown: the afterLease hook (unless the beforeLease hook failed with
-    /// `endLease`/`exit`). Returns whether the exporter must exit with code 1.
-    pub async fn finish(&self) -> bool {
-        let verdict = self.run.after_lease(&NoController).await;
-        verdict == Verdict::Exit || self.run.exiting()
-    }
 }

@@ -1,6 +1,6 @@
 //! `jmp`: the Jumpstarter CLI.
 
-use std::{path::PathBuf, process::ExitCode, sync::Arc, time::Duration};
+use std::{path::PathBuf, process::ExitCode, time::Duration};
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
@@ -10,7 +10,6 @@ use jumpstarter_core::{
     server::{
         ServeOptions,
         listener::{ConnectionLimits, DEFAULT_MAX_CONNECTIONS},
-        serve_tcp,
     },
 };
 
@@ -334,14 +333,14 @@ async fn shell(args: ShellArgs) -> Result<i32> {
         // standalone exporter's session outlives this client).
         let channel = jumpstarter_core::client::connect_channel(addr, &opts).await?;
         let logs =
-            crate::lifecycle::follow_logs(channel.clone(), shell::take_follow_exporter_logs());
-        let ready = crate::lifecycle::before_command(channel).await;
+            crate::hook_wait::follow_logs(channel.clone(), shell::take_follow_exporter_logs());
+        let ready = crate::hook_wait::before_command(channel, || None).await;
         let code = match ready {
             Ok(None) => shell::run_child(&args.command, &env, "direct").await,
             Ok(Some(code)) => Ok(code),
             Err(e) => Err(e),
         };
-        crate::lifecycle::stop_logs(logs).await;
+        crate::hook_wait::stop_logs(logs).await;
         return code;
     }
     match args.exporter.load()? {
@@ -415,9 +414,10 @@ async fn run_exporter(args: RunArgs) -> Result<i32> {
         (None, None, true) => None,
         _ => bail!("--tls-grpc-listener needs --tls-cert and --tls-key, or --tls-grpc-insecure"),
     };
-    let (tree, _python) =
-        crate::bridge::build_tree(crate::toolkit::current().registry(), &cfg).await?;
-    let (session, mut hooks) = crate::lifecycle::standalone(&cfg, tree)?;
+    let standalone = crate::toolkit::current()
+        .exporter(&cfg)
+        .standalone()
+        .await?;
     let addr = listen_addr(spec)?;
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
@@ -433,25 +433,9 @@ async fn run_exporter(args: RunArgs) -> Result<i32> {
         passphrase: args.passphrase.clone(),
         limits: args.limits(),
     };
-    let stop = async {
-        match hooks.as_mut() {
-            Some(h) => tokio::select! {
-                _ = crate::signals::shutdown_signal() => {}
-                _ = h.exit_requested() => {}
-            },
-            None => crate::signals::shutdown_signal().await,
-        }
-    };
-    let served = serve_tcp(Arc::clone(&session), listener, opts, stop).await;
-    let exit = match &hooks {
-        Some(h) => h.finish().await,
-        None => false,
-    };
-    session.close().await;
-    served?;
-    if exit {
-        bail!("exporter shut down: a lease hook failed with onFailure: exit");
-    }
+    standalone
+        .serve_tcp(listener, opts, crate::signals::shutdown_signal())
+        .await?;
     Ok(0)
 }
 

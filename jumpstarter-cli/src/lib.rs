@@ -11,18 +11,15 @@
 
 mod admin;
 mod auth;
-mod bridge;
 mod completion;
 mod config_cmd;
 mod direct_certs;
 mod distributed;
-mod exporter;
 mod hints;
-mod hooks;
+mod hook_wait;
 mod j;
 mod jmp;
 mod lease_end;
-mod lifecycle;
 mod logging;
 mod login;
 mod mcp;

@@ -4,19 +4,15 @@
 use std::{
     collections::BTreeMap,
     path::Path,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
+    sync::atomic::{AtomicBool, Ordering},
     time::Duration,
 };
 
 use anyhow::{Context, Result};
 use jumpstarter_core::{
-    Session,
     client::{ConnectOptions, connect_channel},
     config::ExporterConfig,
-    server::{local_socket_path, serve_unix},
+    server::local_socket_path,
 };
 use jumpstarter_proto::v1::{LogSource, exporter_service_client::ExporterServiceClient};
 
@@ -41,7 +37,7 @@ pub fn follow_exporter_logs(on: bool) {
 }
 
 /// Whether `--exporter-logs` was given; the caller then follows the logs itself (around the
-/// lease hooks, see [`crate::lifecycle`]), so `run_child` no longer does.
+/// lease hooks, see [`crate::hook_wait`]), so `run_child` no longer does.
 pub fn take_follow_exporter_logs() -> bool {
     FOLLOW_EXPORTER_LOGS.swap(false, Ordering::Relaxed)
 }
@@ -129,7 +125,7 @@ pub async fn run_child(command: &[String], env: &ShellEnv, context: &str) -> Res
         c
     };
     cmd.envs(env);
-    if let Some(path) = path_with_own_j() {
+    if let Some(path) = crate::toolkit::path_with_own_j() {
         cmd.env("PATH", path);
     }
     // If jmp is told to stop while the child runs, the child must not outlive it.
@@ -163,42 +159,6 @@ fn exit_code(status: std::process::ExitStatus) -> i32 {
     }
 }
 
-/// `PATH` for a child that runs `j`: `path` (the caller's `PATH`) with `dir` added last when
-/// `dir` holds the `j` program and `path` does not name `dir` already; `None` when nothing
-/// changes. Added last, a `j` the user put on `PATH` still wins.
-fn path_with_j_dir(
-    path: Option<&std::ffi::OsStr>,
-    dir: &Path,
-    j_program: &str,
-) -> Option<std::ffi::OsString> {
-    if !dir.join(j_program).is_file() {
-        return None;
-    }
-    let mut parts: Vec<std::path::PathBuf> = path
-        .map(std::env::split_paths)
-        .into_iter()
-        .flatten()
-        .collect();
-    if parts.iter().any(|p| p == dir) {
-        return None;
-    }
-    parts.push(dir.to_path_buf());
-    std::env::join_paths(parts).ok()
-}
-
-/// `PATH` for a child of `jmp shell` or a hook of `jmp run`, which may run `j`: this
-/// process's `PATH` with the directory of this `jmp` added last when the `j` built beside it
-/// is there, so that `target/debug/jmp shell ... -- j power on` finds `target/debug/j`
-/// without either being installed (`None`: `PATH` stays as it is).
-pub fn path_with_own_j() -> Option<std::ffi::OsString> {
-    let exe = std::env::current_exe().ok()?;
-    path_with_j_dir(
-        std::env::var_os("PATH").as_deref(),
-        exe.parent()?,
-        crate::toolkit::current().j_program(),
-    )
-}
-
 /// The environment every `jmp shell` child gets besides `JUMPSTARTER_HOST`.
 pub fn base_env(host: &str) -> ShellEnv {
     let mut env = ShellEnv::new();
@@ -211,13 +171,11 @@ pub fn base_env(host: &str) -> ShellEnv {
 /// Builds the exporter of `cfg` in this process, serves it on a private Unix socket and runs
 /// `command` against it. Unlike upstream 0.9.0, the command's exit code is returned.
 pub async fn local(cfg: &ExporterConfig, command: &[String]) -> Result<i32> {
-    let (tree, _python) =
-        crate::bridge::build_tree(crate::toolkit::current().registry(), cfg).await?;
-    let session = Session::new_ready(tree, BTreeMap::new());
+    let exporter = crate::toolkit::current().exporter(cfg).local().await?;
     let dir = private_dir()?;
     let socket = local_socket_path(dir.path());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = serve_unix(Arc::clone(&session), &socket, async {
+    let server = exporter.serve_unix(&socket, async {
         let _ = stopped.await;
     })?;
     let server = tokio::spawn(server);
@@ -229,7 +187,7 @@ pub async fn local(cfg: &ExporterConfig, command: &[String]) -> Result<i32> {
         Ok(Err(e)) => tracing::warn!("exporter stopped with an error: {e}"),
         Err(e) => tracing::warn!("exporter task failed: {e}"),
     }
-    session.close().await;
+    exporter.close().await;
     code
 }
 
@@ -257,36 +215,4 @@ pub fn private_dir() -> Result<tempfile::TempDir> {
 /// they could: `jmp` does this at start, whatever the command.
 pub fn sweep_stale_dirs() {
     jumpstarter_core::leftovers::sweep_in(&private_base(), SHELL_DIR_KIND);
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_directory_of_j_is_added_last_once_and_only_when_j_is_there() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = std::ffi::OsString::from("/usr/bin:/bin");
-        assert_eq!(
-            path_with_j_dir(Some(&path), dir.path(), "j"),
-            None,
-            "no j there"
-        );
-        std::fs::write(dir.path().join("j"), "").unwrap();
-        let with = path_with_j_dir(Some(&path), dir.path(), "j").unwrap();
-        assert_eq!(
-            with,
-            std::ffi::OsString::from(format!("/usr/bin:/bin:{}", dir.path().display()))
-        );
-        assert_eq!(
-            path_with_j_dir(Some(&with), dir.path(), "j"),
-            None,
-            "already there"
-        );
-        assert_eq!(
-            path_with_j_dir(None, dir.path(), "j").unwrap(),
-            dir.path().as_os_str()
-        );
-        assert_eq!(path_with_j_dir(Some(&path), dir.path(), "other-j"), None);
-    }
 }

@@ -3,10 +3,17 @@
 //! [`Toolkit::stock`]; a lab's own binaries add their drivers to it and call
 //! [`crate::jmp_main_with`] / [`crate::j_main_with`] (see `docs/writing-a-driver.md`).
 
-use std::sync::{Arc, OnceLock};
+use std::{
+    path::Path,
+    sync::{Arc, OnceLock},
+};
 
-use jumpstarter_core::driver::{Constructor, DriverRegistry};
+use jumpstarter_core::{
+    config::ExporterConfig,
+    driver::{Constructor, DriverRegistry},
+};
 use jumpstarter_drivers::{CommandTable, DriverCommand};
+use jumpstarter_exporter::Exporter;
 
 /// The drivers a `jmp` builds from exporter configs and the commands a `j` offers for them:
 /// the stock set, plus a lab's own.
@@ -89,6 +96,16 @@ impl Toolkit {
         &self.commands
     }
 
+    /// The exporter of `cfg` with this toolkit's drivers; its hooks find the `j` built
+    /// beside this `jmp` ([`path_with_own_j`]).
+    pub(crate) fn exporter(&self, cfg: &ExporterConfig) -> Exporter {
+        let exporter = Exporter::from_config(cfg.clone(), Arc::clone(&self.registry));
+        match path_with_own_j() {
+            Some(path) => exporter.with_hook_path(path),
+            None => exporter,
+        }
+    }
+
     /// The `j` program `jmp mcp` runs.
     pub fn j_program(&self) -> &str {
         &self.j_program
@@ -109,6 +126,42 @@ pub(crate) fn install(toolkit: Toolkit) {
 /// The toolkit of this process: what the entry point installed, else the stock one.
 pub(crate) fn current() -> &'static Toolkit {
     CURRENT.get_or_init(Toolkit::stock)
+}
+
+/// `PATH` for a child that runs `j`: `path` (the caller's `PATH`) with `dir` added last when
+/// `dir` holds the `j` program and `path` does not name `dir` already; `None` when nothing
+/// changes. Added last, a `j` the user put on `PATH` still wins.
+fn path_with_j_dir(
+    path: Option<&std::ffi::OsStr>,
+    dir: &Path,
+    j_program: &str,
+) -> Option<std::ffi::OsString> {
+    if !dir.join(j_program).is_file() {
+        return None;
+    }
+    let mut parts: Vec<std::path::PathBuf> = path
+        .map(std::env::split_paths)
+        .into_iter()
+        .flatten()
+        .collect();
+    if parts.iter().any(|p| p == dir) {
+        return None;
+    }
+    parts.push(dir.to_path_buf());
+    std::env::join_paths(parts).ok()
+}
+
+/// `PATH` for a child of `jmp shell` or a hook of `jmp run`, which may run `j`: this
+/// process's `PATH` with the directory of this `jmp` added last when the `j` built beside it
+/// is there, so that `target/debug/jmp shell ... -- j power on` finds `target/debug/j`
+/// without either being installed (`None`: `PATH` stays as it is).
+pub(crate) fn path_with_own_j() -> Option<std::ffi::OsString> {
+    let exe = std::env::current_exe().ok()?;
+    path_with_j_dir(
+        std::env::var_os("PATH").as_deref(),
+        exe.parent()?,
+        current().j_program(),
+    )
 }
 
 #[cfg(test)]
@@ -153,5 +206,32 @@ mod tests {
         assert!(!stock.registry().types().any(|t| t == "lab.driver.Thing"));
         assert!(stock.commands().get("lab.client.ThingClient").is_none());
         assert_eq!(stock.j_program(), "j");
+    }
+
+    #[test]
+    fn the_directory_of_j_is_added_last_once_and_only_when_j_is_there() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = std::ffi::OsString::from("/usr/bin:/bin");
+        assert_eq!(
+            path_with_j_dir(Some(&path), dir.path(), "j"),
+            None,
+            "no j there"
+        );
+        std::fs::write(dir.path().join("j"), "").unwrap();
+        let with = path_with_j_dir(Some(&path), dir.path(), "j").unwrap();
+        assert_eq!(
+            with,
+            std::ffi::OsString::from(format!("/usr/bin:/bin:{}", dir.path().display()))
+        );
+        assert_eq!(
+            path_with_j_dir(Some(&with), dir.path(), "j"),
+            None,
+            "already there"
+        );
+        assert_eq!(
+            path_with_j_dir(None, dir.path(), "j").unwrap(),
+            dir.path().as_os_str()
+        );
+        assert_eq!(path_with_j_dir(Some(&path), dir.path(), "other-j"), None);
     }
 }

@@ -19,7 +19,7 @@ use crate::{
     tftp,
 };
 
-pub use crate::command::{CliFuture, CommandTable, DriverCommand};
+use crate::command::{CliFuture, CommandTable};
 
 /// The `j` commands of the stock drivers' client classes.
 pub fn stock_commands() -> CommandTable {

@@ -88,6 +88,22 @@ pub enum ExporterError {
     /// The direct listener could not be set up.
     #[error("{0}")]
     Direct(#[from] DirectError),
+    /// The driver tree could not be built (the exporter's name comes first when it has
+    /// one).
+    #[error("{}{source}", if name.is_empty() { String::new() } else { format!("exporter {name}: ") })]
+    Build {
+        /// The exporter's name.
+        name: String,
+        /// Why.
+        #[source]
+        source: Box<crate::bridge::BuildError>,
+    },
+    /// The private socket lease hooks reach the drivers through could not be set up.
+    #[error("lease hooks: {0}")]
+    HookSocket(#[source] Box<crate::hooks::lifecycle::HookSocketError>),
+    /// Serving the session failed (a listener could not be bound, or it failed).
+    #[error("{0}")]
+    Serve(#[source] Box<jumpstarter_core::CoreError>),
     /// A lease hook failed with `onFailure: exit`: the exporter shut down (exit code 1).
     #[error("exporter shut down: {0}")]
     HookExit(String),
@@ -111,6 +127,26 @@ pub enum ExporterError {
         /// The last failure.
         last: String,
     },
+}
+
+impl From<jumpstarter_core::CoreError> for ExporterError {
+    fn from(e: jumpstarter_core::CoreError) -> Self {
+        Self::Serve(Box::new(e))
+    }
+}
+
+impl From<crate::hooks::lifecycle::HookSocketError> for ExporterError {
+    fn from(e: crate::hooks::lifecycle::HookSocketError) -> Self {
+        Self::HookSocket(Box::new(e))
+    }
+}
+
+/// The config file's path as errors name it.
+pub(crate) fn config_path(cfg: &ExporterConfig) -> String {
+    cfg.path
+        .as_ref()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|| "exporter config".into())
 }
 
 /// Where and as whom the exporter reaches its controller.
@@ -184,6 +220,17 @@ pub struct ExporterOptions {
 }
 
 impl ExporterOptions {
+    /// Runs lease hooks and health checks with `PATH` set to `path` (see
+    /// [`crate::Exporter::with_hook_path`]).
+    pub fn set_hook_path(&mut self, path: &std::ffi::OsStr) {
+        if let Some(hooks) = self.hooks.as_mut() {
+            Arc::make_mut(hooks).set_path(path);
+        }
+        if let Some(check) = self.health.as_mut().and_then(|h| h.check.as_mut()) {
+            check.path = Some(path.to_owned());
+        }
+    }
+
     /// From a config's `directListener` / `directAdvertise`.
     pub fn from_config(cfg: &ExporterConfig) -> Result<Self, ExporterError> {
         let config_error = |message: String| ExporterError::Config {

@@ -27,15 +27,17 @@ use proc_macro2::{TokenStream, TokenTree};
 use syn::visit::Visit;
 
 /// The crates whose files must not form import cycles.
-const CRATES: [&str; 8] = [
+const CRATES: [&str; 10] = [
     "jumpstarter-proto",
     "jumpstarter-macros",
     "jumpstarter-core",
     "jumpstarter-drivers",
+    "jumpstarter-exporter",
     "jumpstarter-router",
     "jumpstarter-controller",
     "jumpstarter-cli",
     "examples/custom-driver",
+    "xtask",
 ];
 
 /// Crate names (prefixes) the controller must not depend on.

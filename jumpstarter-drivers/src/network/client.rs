@@ -13,7 +13,7 @@ use tokio::{
     task::JoinHandle,
 };
 
-use crate::cli::{CliFuture, DriverCommand};
+use crate::command::{CliFuture, DriverCommand};
 
 /// Connections one forwarder relays at once; more wait in the listener's backlog.
 const MAX_FORWARDED: usize = 64;

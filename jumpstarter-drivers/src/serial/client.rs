@@ -7,7 +7,7 @@ use jumpstarter_core::{ClientError, client::DriverClient};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::expect::Console;
-use crate::cli::{CliFuture, DriverCommand};
+use crate::command::{CliFuture, DriverCommand};
 
 /// Ctrl-B: pressed three times in a row, it leaves `start-console`.
 const CTRL_B: u8 = 0x02;

@@ -17,7 +17,6 @@ mod proxy;
 
 use std::{collections::BTreeMap, sync::Arc};
 
-use anyhow::Result;
 use jumpstarter_core::{
     CallContext, Driver, DriverError, DriverNode,
     config::{ConfigError, ExporterConfig},
@@ -26,6 +25,23 @@ use jumpstarter_core::{
 };
 
 pub use drivers::PythonDrivers;
+pub use host::StartError;
+
+/// Why a driver tree could not be built or checked.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// The config is invalid (the error names the file, line and field).
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The Python child could not serve the types sent to it.
+    #[error(transparent)]
+    Python(#[from] StartError),
+    /// The Python child's report does not match the config.
+    #[error("the Python child's drivers do not match the config: {0}")]
+    Graft(String),
+}
+
+type Result<T, E = BuildError> = std::result::Result<T, E>;
 
 /// Builds the driver tree of `cfg`: Rust drivers from `registry`, the rest hosted by a
 /// Python child (started here; keep the returned [`PythonDrivers`] for as long as the tree
@@ -90,14 +106,13 @@ fn hang_rust_child(
     let Some((name, parents)) = path.split_last() else {
         return Ok(());
     };
-    let mut inst =
-        instance_at(cfg, field).ok_or_else(|| anyhow::anyhow!("no config node at {field}"))?;
+    let mut inst = instance_at(cfg, field)
+        .ok_or_else(|| BuildError::Graft(format!("no config node at {field}")))?;
     let mut child_field = field.to_string();
     for n in path {
-        inst = inst
-            .children
-            .get(n)
-            .ok_or_else(|| anyhow::anyhow!("no config node {n:?} under {child_field}"))?;
+        inst = inst.children.get(n).ok_or_else(|| {
+            BuildError::Graft(format!("no config node {n:?} under {child_field}"))
+        })?;
         child_field = format!("{child_field}.children.{n}");
     }
     // Built alone, as the one entry of a config; its errors then name its real field.
@@ -126,7 +141,11 @@ fn hang_rust_child(
     for n in parents {
         parent = match parent.children.iter_mut().find(|(c, _)| c == n) {
             Some((_, c)) => c,
-            None => anyhow::bail!("the Python child reported no driver at {field}.{n}"),
+            None => {
+                return Err(BuildError::Graft(format!(
+                    "the Python child reported no driver at {field}.{n}"
+                )));
+            }
         };
     }
     parent.children.push((name.clone(), child));
@@ -162,7 +181,7 @@ fn start_failure(
     cfg: &ExporterConfig,
     fields: &[(String, String, u64)],
     e: host::StartError,
-) -> anyhow::Error {
+) -> BuildError {
     let failed = match &e {
         host::StartError::Import { field, .. } | host::StartError::Build { field, .. } => {
             fields.iter().find(|(f, _, _)| f == field)

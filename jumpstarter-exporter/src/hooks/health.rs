@@ -61,6 +61,7 @@ impl HealthPolicy {
                 script: script.clone(),
                 timeout: Duration::from_secs(hc.timeout),
                 on_failure: OnFailure::Warn,
+                path: None,
             });
         if check.is_none() && hc.exec.is_some() {
             return Err(bad("exec", "needs a script"));
@@ -236,6 +237,7 @@ mod tests {
             script: "echo checking; test -S \"$JUMPSTARTER_HOST\" && echo socket-ok; exit 4".into(),
             timeout: Duration::from_secs(30),
             on_failure: OnFailure::Warn,
+            path: None,
         };
         let o = run_check(&spec, tree).await;
         assert_eq!(o.result, Err("Hook failed with exit code 4".into()));

@@ -115,6 +115,8 @@ pub struct HookSpec {
     pub timeout: Duration,
     /// What a failure does.
     pub on_failure: OnFailure,
+    /// The `PATH` it runs with (`None`: the exporter's own).
+    pub path: Option<std::ffi::OsString>,
 }
 
 impl HookSpec {
@@ -139,6 +141,7 @@ impl HookSpec {
             script: hook.script.clone(),
             timeout: Duration::from_secs(hook.timeout),
             on_failure,
+            path: None,
         })
     }
 
@@ -186,6 +189,13 @@ impl LeaseHooks {
             .map(|h| HookSpec::from_config(HookKind::AfterLease, h))
             .transpose()?;
         Ok((before.is_some() || after.is_some()).then_some(Self { before, after }))
+    }
+
+    /// Runs both hooks with `PATH` set to `path`.
+    pub fn set_path(&mut self, path: &std::ffi::OsStr) {
+        for hook in [&mut self.before, &mut self.after].into_iter().flatten() {
+            hook.path = Some(path.to_owned());
+        }
     }
 }
 

@@ -128,7 +128,7 @@ pub async fn run(spec: &HookSpec, out: OutputTo, env: &HookEnv) -> Outcome {
     }
     let key = out.key;
     let argv = spec.command_line();
-    let (master, mut child) = match spawn(&argv, env) {
+    let (master, mut child) = match spawn(&argv, spec.path.as_deref(), env) {
         Ok(x) => x,
         Err(e) => return Outcome::failed(format!("Error executing hook: {}: {e}", argv[0])),
     };
@@ -184,7 +184,11 @@ fn exit_result(status: std::process::ExitStatus) -> Result<(), String> {
 }
 
 /// Opens a PTY and starts the hook on its slave side, in a new process group.
-fn spawn(argv: &[String], env: &HookEnv) -> io::Result<(OwnedFd, tokio::process::Child)> {
+fn spawn(
+    argv: &[String],
+    path: Option<&std::ffi::OsStr>,
+    env: &HookEnv,
+) -> io::Result<(OwnedFd, tokio::process::Child)> {
     // Close-on-exec: later children of the exporter do not inherit the master.
     let master =
         rustix::pty::openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC)?;
@@ -205,7 +209,7 @@ fn spawn(argv: &[String], env: &HookEnv) -> io::Result<(OwnedFd, tokio::process:
         let mut cmd = tokio::process::Command::new(&argv[0]);
         cmd.args(&argv[1..])
             .envs(env.vars())
-            .envs(crate::shell::path_with_own_j().map(|p| ("PATH", p)))
+            .envs(path.map(|p| ("PATH", p)))
             .env_remove("PS1")
             .stdin(Stdio::from(slave.try_clone()?))
             .stdout(Stdio::from(slave.try_clone()?))
