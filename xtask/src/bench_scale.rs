@@ -1,5 +1,5 @@
 //! `cargo xtask bench-scale [--quick] [--exporters N] [--per-conn K] [--only controller|router]`:
-//! the lab at full load on one machine (issue 27).
+//! the lab at full load on one machine.
 //!
 //! 1. The controller with N live exporters (default 10,000; `--quick`: 200), all spoken for
 //!    by one load-generator process (`jumpstarter-controller` example `scale_load`), K
@@ -11,21 +11,12 @@
 //! `--quick` (a CI smoke, debug builds) checks only that the machinery works and that the
 //! counts add up; it asserts nothing about speed.
 
-use std::{
-    io::Read,
-    process::{Command, Stdio},
-};
-
 use anyhow::{Context, Result, bail};
 
-use crate::bench::json_number;
-
-/// `/proc/loadavg`'s first three fields.
-pub fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "?".into())
-}
+use crate::{
+    bench::json_number,
+    bench_table::{loadavg, row, run_example},
+};
 
 fn flag_value(args: &[String], name: &str) -> Result<Option<usize>> {
     match args.iter().position(|a| a == name) {
@@ -36,38 +27,6 @@ fn flag_value(args: &[String], name: &str) -> Result<Option<usize>> {
             .map(Some)
             .with_context(|| format!("{name} needs a number")),
     }
-}
-
-/// Runs the example `name` (built in `profile_dir`) with `args`: its progress on stderr goes
-/// to ours, its last stdout line (a JSON object) is returned. Fails when it exits non-zero.
-pub fn run_example(path: &std::path::Path, args: &[String]) -> Result<String> {
-    let mut child = Command::new(path)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .with_context(|| format!("starting {}", path.display()))?;
-    let mut out = String::new();
-    if let Some(mut stdout) = child.stdout.take() {
-        stdout.read_to_string(&mut out)?;
-    }
-    let status = child.wait()?;
-    let line = out.lines().last().unwrap_or_default().to_string();
-    if !status.success() {
-        bail!("{} failed ({status}): {line}", path.display());
-    }
-    Ok(line)
-}
-
-/// Prints one line of a figures table: what, the value, the target and whether it is met.
-pub fn row(what: &str, value: String, target: &str, met: Option<bool>) {
-    let mark = match met {
-        Some(true) => "met",
-        Some(false) => "NOT MET",
-        None => "",
-    };
-    println!("{what:<52} {value:>12}  {target:<16} {mark}");
 }
 
 /// Runs the scale benchmark.
@@ -198,7 +157,7 @@ pub fn run(args: &[String]) -> Result<()> {
         "all",
         Some(f("granted")? as usize == clients),
     );
-    // The floor under the grants (session 28): the cheapest call the controller answers, sent
+    // The floor under the grants: the cheapest call the controller answers, sent
     // by every client at once over the same connections, and the ES256 check each client's
     // first call pays. The grant p99 cannot be lower than what these cost the two cores.
     row(
@@ -283,7 +242,7 @@ pub fn run(args: &[String]) -> Result<()> {
         "",
         None,
     );
-    // Once each: the exporter cache was never cut off by the store's watch (session 26).
+    // Once each: the exporter cache was never cut off by the store's watch.
     for (what, key) in [
         ("exporter cache lists (1 = never cut off)", "cache_lists"),
         ("the same after the restart", "cache_lists_after_restart"),

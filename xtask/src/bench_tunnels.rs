@@ -7,7 +7,7 @@ use anyhow::Result;
 
 use crate::{
     bench::json_number,
-    bench_scale::{loadavg, row},
+    bench_table::{loadavg, row, run_example},
 };
 
 /// Runs the tunnel benchmark with the binaries in `dir` (`quick`: 50 tunnels, 2 s windows).
@@ -18,7 +18,7 @@ pub fn run(dir: &Path, quick: bool) -> Result<()> {
          load average {}",
         loadavg()
     );
-    let line = crate::bench_scale::run_example(
+    let line = run_example(
         &dir.join("examples/tunnel_load"),
         &[
             dir.join("jumpstarter-router").display().to_string(),

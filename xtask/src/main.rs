@@ -10,6 +10,7 @@ mod bench_direct;
 mod bench_scale;
 mod bench_startup;
 mod bench_storage;
+mod bench_table;
 mod bench_tunnels;
 mod boot_tools;
 mod ci_summary;
@@ -28,8 +29,11 @@ mod qemu_board;
 mod quickstart;
 mod s3;
 mod snmpd;
+mod workspace;
 
-use anyhow::{Result, bail};
+use anyhow::Result;
+
+pub use workspace::{cargo, cargo_with_env, target_dir, workspace_root};
 
 fn main() -> std::process::ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -96,40 +100,6 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
-}
-
-/// Runs a command from the workspace root, failing on a non-zero exit.
-pub fn cargo(args: &[&str]) -> Result<()> {
-    cargo_with_env(args, &[])
-}
-
-/// [`cargo`] with extra environment variables.
-fn cargo_with_env(args: &[&str], env: &[(&str, &str)]) -> Result<()> {
-    let status =
-        std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-            .args(args)
-            .envs(env.iter().copied())
-            .current_dir(workspace_root())
-            .status()?;
-    if !status.success() {
-        bail!("cargo {} failed ({status})", args.join(" "));
-    }
-    Ok(())
-}
-
-/// The workspace root.
-pub fn workspace_root() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(std::path::Path::to_path_buf)
-        .unwrap_or_else(|| ".".into())
-}
-
-/// Cargo's target directory (`CARGO_TARGET_DIR` or `<workspace>/target`).
-pub fn target_dir() -> std::path::PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("target"))
 }
 
 /// Call benchmarks, then storage benchmarks (`--quick`: small counts and 64 MiB).
