@@ -54,20 +54,7 @@ pub fn run(args: &[String]) -> Result<()> {
     // (`bench::build_release`); the smoke run in CI uses debug builds (CI has no release
     // build), most of them already built by `cargo test --workspace`.
     let dir = if quick {
-        crate::cargo(&[
-            "build",
-            "--quiet",
-            "-p",
-            "jumpstarter-controller",
-            "-p",
-            "jumpstarter-router",
-            "--bins",
-            "--example",
-            "scale_load",
-            "--example",
-            "tunnel_load",
-        ])?;
-        crate::target_dir().join("debug")
+        crate::debug_build()?
     } else {
         crate::bench::build_release()?
     };

@@ -2,7 +2,7 @@
 
 use std::{
     io::{BufRead, BufReader},
-    process::{Command, Stdio},
+    process::Stdio,
     time::Duration,
 };
 
@@ -45,11 +45,8 @@ impl TestCounts {
 /// Runs `cargo ARGS` from the workspace root with its output passed through (stdout line by
 /// line, as it comes), counting the tests; fails on a non-zero exit.
 pub fn cargo_test(args: &[&str], env: &[(&str, &str)]) -> Result<TestCounts> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut child = Command::new(cargo)
-        .args(args)
+    let mut child = crate::cargo_command(args)
         .envs(env.iter().copied())
-        .current_dir(crate::workspace_root())
         .stdout(Stdio::piped())
         .spawn()
         .context("cannot start cargo")?;

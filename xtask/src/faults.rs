@@ -1201,7 +1201,7 @@ pub fn run(args: &[String]) -> Result<()> {
     if o.release {
         crate::cargo(&["build", "--workspace", "--bins", "--release"])?;
     } else {
-        crate::cargo(&["build", "--workspace", "--all-targets"])?;
+        crate::debug_build()?;
     }
     let bin = crate::target_dir().join(if o.release { "release" } else { "debug" });
     let dir = crate::target_dir().join("faults");

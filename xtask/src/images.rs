@@ -697,8 +697,7 @@ pub fn run(args: &[String]) -> Result<()> {
     // `--debug` (what `cargo xtask ci` uses): the debug binaries the tests built, so CI
     // checks the images without a release build of its own; they are larger, not different.
     let release = if debug {
-        crate::cargo(&["build", "--workspace", "--all-targets"])?;
-        crate::target_dir().join("debug")
+        crate::debug_build()?
     } else {
         crate::bench::build_release()?
     };

@@ -34,14 +34,9 @@ const GO_DIRECTIVE: &str = "1.24.0";
 /// The namespace the controller's ServiceAccount lives in (as in `deploy/kubernetes/base`).
 pub const NAMESPACE: &str = "jumpstarter";
 
-/// `~/.cache/jumpstarter-rs/kube` (or under `XDG_CACHE_HOME`).
+/// `~/.cache/jumpstarter-rs/kube` (see [`crate::cache_root`]).
 fn cache_root() -> PathBuf {
-    std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .filter(|p| p.is_absolute())
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .unwrap_or_else(|| PathBuf::from("/tmp"))
-        .join("jumpstarter-rs/kube")
+    crate::cache_root().join("kube")
 }
 
 /// Where the built binaries of this version pair are kept.

@@ -35,23 +35,29 @@ pub fn run(args: &[String]) -> Result<()> {
     };
     let admin = kube::admin_kubeconfig().display().to_string();
     let controller = kube::controller_kubeconfig().display().to_string();
-    let feature = ["-p", "jumpstarter-controller", "--features", "kube-e2e"];
+    // The real-server tests are `#[ignore]`d in `cargo test --workspace`; these run them,
+    // with the build and the feature set every other suite shares (nothing is rebuilt).
+    let test = |target: &[&str], filter: &str| -> Vec<String> {
+        ["test", "--workspace", "--features", crate::TEST_FEATURES]
+            .iter()
+            .chain(target)
+            .chain(&["--", "--ignored", filter])
+            .map(|s| s.to_string())
+            .collect()
+    };
     println!(
         "== the Store contract suite against kube-apiserver {}",
         kube::K8S_VERSION
     );
+    let args = test(&["--lib"], "store::tests::real_kube_backend::");
     crate::cargo_with_env(
-        &[
-            &["test"],
-            &feature[..],
-            &["--lib", "store::tests::real_kube_backend::"],
-        ]
-        .concat(),
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
         &[("KUBECONFIG", &admin)],
     )?;
     println!("== the controller's real-server tests (as its ServiceAccount)");
+    let args = test(&["--test", "it"], "real_kube");
     crate::cargo_with_env(
-        &[&["test"], &feature[..], &["--test", "it", "real_kube"]].concat(),
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
         &[
             ("KUBECONFIG", &admin),
             ("JMP_TEST_CONTROLLER_KUBECONFIG", &controller),
@@ -60,6 +66,7 @@ pub fn run(args: &[String]) -> Result<()> {
     println!("== the quickstart with jumpstarter-controller --store kubernetes");
     forget_last_walkthrough()?;
     crate::quickstart::walkthrough(
+        &crate::debug_build()?,
         &crate::target_dir().join("kube-e2e-lab"),
         &["--store", "kubernetes", "--namespace", kube::NAMESPACE],
         &[("KUBECONFIG", &controller)],

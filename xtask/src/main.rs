@@ -13,6 +13,7 @@ mod bench_storage;
 mod bench_table;
 mod bench_tunnels;
 mod boot_tools;
+mod ci;
 mod ci_summary;
 mod conformance;
 mod crds;
@@ -33,12 +34,18 @@ mod workspace;
 
 use anyhow::Result;
 
-pub use workspace::{cargo, cargo_with_env, target_dir, workspace_root};
+pub use workspace::{
+    TEST_FEATURES, cache_root, cargo, cargo_command, cargo_with_env, debug_build, target_dir,
+    workspace_root,
+};
 
 fn main() -> std::process::ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
-        Some("ci") => ci(),
+        Some("ci") => ci::run(&args[1..]),
+        // Hidden: the background steps of `ci` (started by it, output in target/ci/).
+        Some("ci-prepare") => ci::prepare(),
+        Some("kube-build") => ci::kube_build(),
         Some("arch") => arch::run(),
         Some("interop") => interop::run(args.get(1).map(String::as_str)).map(|_| ()),
         Some("bench") => bench(&args[1..]),
@@ -74,7 +81,7 @@ fn main() -> std::process::ExitCode {
             eprintln!(
                 "usage: cargo xtask <task>\n\n\
                  tasks:\n  \
-                 ci        fmt check, clippy and rustdoc -D warnings, all tests, interop checks (what CI runs)\n  \
+                 ci        [--timings] [--full] fmt, arch, clippy and rustdoc -D warnings, all tests and suites (what CI runs)\n  \
                  arch      no import cycles between a crate's files; the controller without compression crates\n  \
                  interop   [FILTER] upstream Python 0.9.0 tools against ours (builds a venv)\n  \
                  bench     [--quick] latency/throughput, ours vs upstream Python, in one run\n  \
@@ -118,57 +125,4 @@ fn bench(args: &[String]) -> Result<()> {
     bench_boards::run(args)?;
     bench_bridge::run(args)?;
     bench_controller::run(args)
-}
-
-fn ci() -> Result<()> {
-    let started = std::time::Instant::now();
-    println!("== cargo fmt --check");
-    cargo(&["fmt", "--all", "--", "--check"])?;
-    println!("== architecture (cargo xtask arch)");
-    arch::run()?;
-    println!("== cargo clippy -D warnings");
-    cargo(&[
-        "clippy",
-        "--workspace",
-        "--all-targets",
-        "--",
-        "-D",
-        "warnings",
-    ])?;
-    println!("== cargo doc -D warnings");
-    cargo_with_env(
-        &["doc", "--workspace", "--no-deps", "--quiet"],
-        &[("RUSTDOCFLAGS", "-D warnings")],
-    )?;
-    println!("== QEMU test board (cargo xtask qemu-board)");
-    qemu_board::prepare()?;
-    snmpd::prepare()?;
-    boot_tools::ensure()?;
-    // Tests with upstream's Python client in a hook need the pinned venv.
-    let venv = interop::ensure_venv()?;
-    println!("== cargo test");
-    let tests = ci_summary::cargo_test(
-        &["test", "--workspace"],
-        &[("JUMPSTARTER_UPSTREAM_VENV", &venv.to_string_lossy())],
-    )?;
-    s3::run()?;
-    // A real kube-apiserver and etcd (a cold Go build is about 7 CPU-minutes; cached in
-    // ~/.cache/jumpstarter-rs/kube between runs).
-    println!("== the Kubernetes backend against a real API server (cargo xtask kube-e2e)");
-    kube_e2e::run(&[])?;
-    println!("== interop with upstream 0.9.0");
-    let interop = interop::run(None)?;
-    println!("== fault injection (cargo xtask faults --quick)");
-    faults::run(&["--quick".to_string()])?;
-    // With the debug binaries faults built (CI has no release build); layers, checks and
-    // `--help` in a chroot.
-    println!("== container images without a container engine (cargo xtask images --debug)");
-    images::run(&["--debug".to_string()])?;
-    println!("== lab at scale, smoke (cargo xtask bench-scale --quick)");
-    bench_scale::run(&["--quick".to_string()])?;
-    println!(
-        "{}",
-        ci_summary::pass_line(tests, interop, started.elapsed())
-    );
-    Ok(())
 }

@@ -16,8 +16,6 @@ use std::{
 
 use anyhow::{Context, Result, bail, ensure};
 
-use crate::target_dir;
-
 /// Bump when the image recipe changes (the cache is rebuilt).
 const RECIPE: &str = "board-v1";
 
@@ -71,9 +69,12 @@ LABEL linux
   APPEND console=ttyS0,115200 panic=-1 loglevel=4
 ";
 
-/// The cache directory of the board.
+/// The cache directory of the board, outside the checkout and named after its recipe.
 pub fn cache_dir() -> PathBuf {
-    target_dir().join("qemu-board")
+    crate::cache_root().join(format!(
+        "qemu-board-{}",
+        crate::workspace::short_hash(RECIPE)
+    ))
 }
 
 /// `cargo xtask qemu-board`: prepares the board and prints the image's path.

@@ -143,18 +143,9 @@ fn next_steps(bin: &str, exporter_config: &str) -> String {
     )
 }
 
-/// Runs the quickstart.
+/// Runs the quickstart: builds the controller, `jmp` and `j` (only those: a newcomer's first
+/// build), then walks through the lab.
 pub fn run(_args: &[String]) -> Result<()> {
-    walkthrough(&home(), &[], &[])
-}
-
-/// The quickstart with its lab in `home`, the controller started with `controller_extra`
-/// arguments and `controller_env` (e.g. `--store kubernetes` and a `KUBECONFIG`).
-pub fn walkthrough(
-    home: &Path,
-    controller_extra: &[&str],
-    controller_env: &[(&str, &str)],
-) -> Result<()> {
     println!(
         "== building jumpstarter-controller, jmp and j (a first build compiles about 450 \
          crates: 10-15 minutes on 2 cores; later runs take seconds)"
@@ -167,8 +158,20 @@ pub fn walkthrough(
         "jumpstarter-cli",
         "--bins",
     ])?;
+    walkthrough(&crate::target_dir().join("debug"), &home(), &[], &[])
+}
+
+/// The quickstart with the binaries of `bin` and its lab in `home`, the controller started
+/// with `controller_extra` arguments and `controller_env` (e.g. `--store kubernetes` and a
+/// `KUBECONFIG`).
+pub fn walkthrough(
+    bin: &Path,
+    home: &Path,
+    controller_extra: &[&str],
+    controller_env: &[(&str, &str)],
+) -> Result<()> {
     let lab = Lab {
-        bin: crate::target_dir().join("debug"),
+        bin: bin.to_path_buf(),
         home: home.to_path_buf(),
     };
     if lab.home.exists() {

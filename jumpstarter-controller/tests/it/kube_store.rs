@@ -1,7 +1,7 @@
 //! The Kubernetes store: requests checked one by one against a scripted API server (the
 //! kube-rs `ApiServerVerifier` pattern with tower-test), the lease flow over the in-memory
-//! fake API server (the same flow against a real API server is in `real_kube`, feature
-//! `kube-e2e`).
+//! fake API server (the same flow against a real API server is in `real_kube`, run by `cargo
+//! xtask kube-e2e`).
 
 use futures::StreamExt;
 use http::{Method, Request, Response};

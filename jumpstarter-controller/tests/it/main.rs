@@ -17,9 +17,7 @@ mod log_output;
 mod oidc;
 mod pending_guard;
 mod policy_update;
-#[cfg(feature = "kube-e2e")]
 mod real_kube;
-#[cfg(feature = "kube-e2e")]
 mod real_kube_storm;
 mod restart;
 mod store_integrity;

@@ -1,4 +1,4 @@
-//! The Kubernetes store against a real `kube-apiserver` (feature `kube-e2e`; `cargo xtask
+//! The Kubernetes store against a real `kube-apiserver` (ignored unless asked for; `cargo xtask
 //! kube-e2e` starts one with `cargo xtask kube-up` and runs these). `KUBECONFIG` is the
 //! cluster's admin; `JMP_TEST_CONTROLLER_KUBECONFIG` authenticates as the controller's
 //! ServiceAccount, bound to the ClusterRole of `deploy/kubernetes/base/rbac.yaml`, so every
@@ -54,6 +54,7 @@ pub(crate) async fn admin_client() -> kube::Client {
 }
 
 #[tokio::test]
+#[ignore = "needs a real API server: cargo xtask kube-e2e runs it"]
 async fn real_lease_flow_pending_to_ready_as_the_controller() {
     let _serial = SERIAL.lock().await;
     let store = controller_store().await;
@@ -61,6 +62,7 @@ async fn real_lease_flow_pending_to_ready_as_the_controller() {
 }
 
 #[tokio::test]
+#[ignore = "needs a real API server: cargo xtask kube-e2e runs it"]
 async fn real_conflicts_secrets_and_deletes_as_the_controller() {
     let _serial = SERIAL.lock().await;
     let store = controller_store().await;
@@ -139,6 +141,7 @@ async fn real_conflicts_secrets_and_deletes_as_the_controller() {
 /// Events with an `eventTime` are accepted (they used to be refused with 422 for lack of
 /// `action` and `reportingInstance`).
 #[tokio::test]
+#[ignore = "needs a real API server: cargo xtask kube-e2e runs it"]
 async fn real_exporter_events_are_accepted() {
     let _serial = SERIAL.lock().await;
     let store = controller_store().await;
@@ -199,6 +202,7 @@ async fn real_exporter_events_are_accepted() {
 /// RBAC is on (the ServiceAccount may not do what the role does not grant) and the role
 /// grants leader election.
 #[tokio::test]
+#[ignore = "needs a real API server: cargo xtask kube-e2e runs it"]
 async fn real_rbac_is_enforced_and_leader_election_works_as_the_controller() {
     let _serial = SERIAL.lock().await;
     let store = controller_store().await;
@@ -224,6 +228,7 @@ async fn real_rbac_is_enforced_and_leader_election_works_as_the_controller() {
 /// our types): our controller reads them, schedules the Lease under the access policy and
 /// writes the statuses.
 #[tokio::test]
+#[ignore = "needs a real API server: cargo xtask kube-e2e runs it"]
 async fn real_upstream_style_objects_are_read_and_scheduled() {
     let _serial = SERIAL.lock().await;
     use jumpstarter_controller::{

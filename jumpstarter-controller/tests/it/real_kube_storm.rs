@@ -1,4 +1,4 @@
-//! Leader handover under a lease storm, against a real `kube-apiserver` (feature `kube-e2e`).
+//! Leader handover under a lease storm, against a real `kube-apiserver` (ignored unless asked for: `cargo xtask kube-e2e`).
 //!
 //! Two `jumpstarter-controller --store kubernetes` processes run as the controller's
 //! ServiceAccount with a short leader lease; clients keep creating, awaiting and releasing
@@ -468,6 +468,7 @@ async fn watch_leases(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs a real API server: cargo xtask kube-e2e runs it"]
 async fn real_leader_handover_under_a_lease_storm() {
     let _serial = SERIAL.lock().await;
     let s = suffix();

@@ -19,7 +19,7 @@ const READY_LINE: &str = "jumpstarter-controller ready:";
 /// Starts our controller (data in `work/DATA`, admin config in `work/rs-config`); returns it
 /// with its advertised endpoint.
 pub(super) fn start_controller(env: &Env, data: &str) -> Result<(Background, String)> {
-    crate::cargo(&["build", "--quiet", "-p", "jumpstarter-controller", "--bins"])?;
+    crate::debug_build()?;
     let bin = env
         .jmp
         .parent()

@@ -41,13 +41,7 @@ fn py_shell(env: &Env, client: &Path, command: &[&std::ffi::OsStr]) -> Result<pr
 
 /// The scenario.
 pub(super) fn py_client_to_custom_driver(env: &Env) -> Result<()> {
-    crate::cargo(&[
-        "build",
-        "--quiet",
-        "-p",
-        "jumpstarter-example-custom-driver",
-        "--bins",
-    ])?;
+    crate::debug_build()?;
     let my_jmp = env
         .jmp
         .parent()

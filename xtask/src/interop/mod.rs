@@ -42,17 +42,20 @@ pub const REQUIREMENTS: &[&str] = &[
 
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 
-use crate::target_dir;
-
 /// Creates (once) the venv with the pinned upstream packages; returns its directory.
 pub fn ensure_venv() -> Result<PathBuf> {
     venv_with("interop-venv", REQUIREMENTS)
 }
 
-/// Creates (once, again when `requirements` change) the venv `target/NAME` with
-/// `requirements` installed; returns its directory.
+/// Creates (once) the venv `NAME-HASH` with `requirements` installed, in the cache outside
+/// the checkout ([`crate::cache_root`]`/venvs`; `HASH` is of the requirements and the
+/// Python that runs it, so a change makes a new one); returns its directory.
 pub fn venv_with(name: &str, requirements: &[&str]) -> Result<PathBuf> {
-    let venv = target_dir().join(name);
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let key = format!("{python}\n{}", requirements.join("\n"));
+    let venv = crate::cache_root()
+        .join("venvs")
+        .join(format!("{name}-{}", crate::workspace::short_hash(&key)));
     let stamp = venv.join("requirements.stamp");
     let wanted = requirements.join("\n");
     if std::fs::read_to_string(&stamp).is_ok_and(|s| s == wanted) {
@@ -63,7 +66,6 @@ pub fn venv_with(name: &str, requirements: &[&str]) -> Result<PathBuf> {
         venv.display(),
         requirements.join(" ")
     );
-    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
     let status = Command::new(&python)
         .args(["-m", "venv", "--clear"])
         .arg(&venv)

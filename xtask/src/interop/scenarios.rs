@@ -7,8 +7,7 @@ use super::*;
 /// ran (all of them, or it fails).
 pub fn run(filter: Option<&str>) -> Result<(usize, usize)> {
     let venv = ensure_venv()?;
-    crate::cargo(&["build", "--quiet", "-p", "jumpstarter-cli", "--bins"])?;
-    let bin = target_dir().join("debug");
+    let bin = crate::debug_build()?;
     let env = Env {
         venv,
         jmp: bin.join("jmp"),
@@ -191,8 +190,7 @@ pub fn against_kubernetes(
     forget: &dyn Fn() -> Result<()>,
 ) -> Result<()> {
     let venv = ensure_venv()?;
-    crate::cargo(&["build", "--quiet", "-p", "jumpstarter-cli", "--bins"])?;
-    let bin = target_dir().join("debug");
+    let bin = crate::debug_build()?;
     let env = Env {
         venv,
         jmp: bin.join("jmp"),
