@@ -97,12 +97,14 @@ fn steps(o: Options, t: &mut Timings) -> Result<(ci_summary::TestCounts, (usize,
 
     let venv = crate::interop::ensure_venv()?;
     let s3_python = crate::s3::venv()?.join("bin/python");
+    let board = crate::qemu_board::prepare()?;
     let tests = t.step("cargo test --workspace (with S3 against moto)", || {
         ci_summary::cargo_test(
             &["test", "--workspace", "--features", crate::TEST_FEATURES],
             &[
                 ("JUMPSTARTER_UPSTREAM_VENV", &venv.to_string_lossy()),
                 ("JMP_TEST_S3_PYTHON", &s3_python.to_string_lossy()),
+                ("JUMPSTARTER_QEMU_BOARD_IMAGE", &board.to_string_lossy()),
             ],
         )
     })?;

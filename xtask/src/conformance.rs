@@ -19,8 +19,9 @@ pub fn script_path() -> PathBuf {
 
 /// Runs the descriptor conformance check.
 ///
-/// Writes [`jumpstarter_proto::FILE_DESCRIPTOR_SET`] to `work_dir/ours.bin`,
-/// then runs `python conformance.py ours.bin --self-test` once with `work_dir`
+/// Writes our descriptor set (`jumpstarter_proto::FILE_DESCRIPTOR_SET`, through the
+/// `descriptor_set` example of the workspace's debug build) to `work_dir/ours.bin`, then
+/// runs `python conformance.py ours.bin --self-test` once with `work_dir`
 /// as the current directory: a structural comparison with the upstream
 /// descriptors, then a check that deliberate mutations of ours are reported.
 /// The script's output (one report) is passed through.
@@ -39,8 +40,14 @@ pub fn run(python: &Path, work_dir: &Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(work_dir)
         .with_context(|| format!("creating work dir {}", work_dir.display()))?;
     let ours = work_dir.join("ours.bin");
-    std::fs::write(&ours, jumpstarter_proto::FILE_DESCRIPTOR_SET)
-        .with_context(|| format!("writing {}", ours.display()))?;
+    let example = crate::debug_build()?.join("examples/descriptor_set");
+    let status = Command::new(&example)
+        .arg(&ours)
+        .status()
+        .with_context(|| format!("starting {}", example.display()))?;
+    if !status.success() {
+        bail!("{} failed ({status})", example.display());
+    }
 
     // One run: with `--self-test` the script compares first (printing its report once),
     // then checks that deliberate mutations are caught.

@@ -77,9 +77,17 @@ pub fn cache_dir() -> PathBuf {
     ))
 }
 
-/// `cargo xtask qemu-board`: prepares the board and prints the image's path.
+/// `cargo xtask qemu-board`: prepares the board, links it as `<target>/qemu-board/board.img`
+/// (where `cargo test`'s QEMU tests look without `JUMPSTARTER_QEMU_BOARD_IMAGE`) and prints
+/// the image's path.
 pub fn run() -> Result<()> {
     let img = prepare()?;
+    let link_dir = crate::target_dir().join("qemu-board");
+    std::fs::create_dir_all(&link_dir)?;
+    let link = link_dir.join("board.img");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(&img, &link)
+        .with_context(|| format!("linking {}", link.display()))?;
     println!("{}", img.display());
     Ok(())
 }

@@ -3,7 +3,8 @@
 //! expect API, reached through a forwarded port and powered off, through `jmp shell` and `j`;
 //! and no QEMU left behind when the exporter is killed with `SIGKILL` mid-boot.
 //!
-//! Needs `qemu-system-x86_64` and the image (`<target>/qemu-board/board.img`, or
+//! Needs `qemu-system-x86_64` and the image (`<target>/qemu-board/board.img`, which `cargo
+//! xtask qemu-board` links to the one it built, or
 //! `JUMPSTARTER_QEMU_BOARD_IMAGE`). Without them the tests say so and pass, except in CI
 //! (`CI=true`), where they fail naming what is missing. The guest runs with TCG unless
 //! `JUMPSTARTER_TEST_QEMU_ACCEL` says `kvm` or `auto` (nested KVM hangs some hosts' BIOS).

@@ -1,6 +1,6 @@
 //! `cargo xtask interop`: the upstream Python tools (PyPI 0.9.0) against ours, both ways.
 //!
-//! Builds a venv with the pinned packages under `target/interop-venv` (once), builds our
+//! Builds a venv with the pinned packages (once, in `~/.cache/jumpstarter-rs/venvs`), builds our
 //! binaries, checks descriptor conformance, then runs each scenario and prints
 //! `N passed, N failed`.
 
