@@ -10,7 +10,7 @@ pub fn init(level: Option<&str>) {
         Some("WARNING") | Some("WARN") => "warn".to_string(),
         Some("ERROR") | Some("CRITICAL") => "error".to_string(),
         _ => std::env::var("JMP_LOG").unwrap_or_else(|_| {
-            "warn,driver=info,hook=info,jumpstarter_cli::exporter=info".to_string()
+            "warn,driver=info,hook=info,jumpstarter_exporter::controller=info".to_string()
         }),
     };
     let _ = fmt()
