@@ -22,6 +22,7 @@
 
 use std::{
     fs::File,
+    os::unix::process::CommandExt,
     path::PathBuf,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
@@ -233,7 +234,9 @@ impl Helper {
         let out = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
         let err = out.try_clone()?;
         let exe = std::env::current_exe().context("cannot find the xtask binary")?;
+        // A process group of its own: stopping it stops what it started (go build, pip).
         let child = Command::new("nice")
+            .process_group(0)
             .arg("-n")
             .arg(nice.to_string())
             .arg(exe)
@@ -281,8 +284,11 @@ impl Helper {
 }
 
 impl Drop for Helper {
+    /// A failed step before the wait: the helper and everything it started stop.
     fn drop(&mut self) {
         if let Some(child) = self.child.as_mut() {
+            let group = format!("-{}", child.id());
+            let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
             let _ = child.kill();
             let _ = child.wait();
         }
