@@ -160,7 +160,7 @@ fn build_and_lint() -> Result<()> {
         "--features",
         crate::TEST_FEATURES,
         "--message-format",
-        "json-diagnostic-rendered-ansi",
+        "json",
     ])
     .stdout(Stdio::piped())
     .spawn()

@@ -1,6 +1,8 @@
 //! The exporter runtime as a library: what an embedder's own binary or test harness does
 //! with the `Exporter` facade, with the stock drivers and no CLI.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
 use std::path::Path;
 
 use jumpstarter_core::{
