@@ -151,20 +151,19 @@ pub fn kube_build() -> Result<()> {
 
 /// Builds every target of the workspace (what `cargo test --workspace` runs, and the
 /// examples) with the lints on, printing the compiler's messages; fails on any warning.
+/// The workspace has no benches, so these are all its targets.
 fn build_and_lint() -> Result<()> {
-    let mut child = crate::cargo_command(&[
-        "test",
-        "--workspace",
-        "--all-targets",
-        "--no-run",
-        "--features",
-        crate::TEST_FEATURES,
-        "--message-format",
-        "json",
-    ])
-    .stdout(Stdio::piped())
-    .spawn()
-    .context("cannot start cargo")?;
+    // The one debug build of the run, with cargo's JSON messages instead of `--quiet`.
+    let args: Vec<&str> = crate::workspace::DEBUG_BUILD
+        .iter()
+        .copied()
+        .filter(|a| *a != "--quiet")
+        .chain(["--message-format", "json"])
+        .collect();
+    let mut child = crate::cargo_command(&args)
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("cannot start cargo")?;
     let mut lint = LintCount::default();
     if let Some(out) = child.stdout.take() {
         use std::io::BufRead;

@@ -2,7 +2,8 @@
 //! the checkout, and running cargo there.
 //!
 //! Every task that needs the workspace's debug binaries or examples gets them from one
-//! build, [`debug_build`]: `cargo build --workspace --all-targets` with [`TEST_FEATURES`].
+//! build, [`debug_build`]: the build of `cargo test --workspace` with [`TEST_FEATURES`]
+//! (its binaries, its examples, its test programs).
 //! Building one package alone (`cargo build -p jumpstarter-cli`) would resolve the
 //! dependencies' features for that package only, and so rebuild tokio and most of the tree
 //! next to what `cargo test --workspace` built; one feature set for every build of a run
@@ -83,20 +84,24 @@ pub fn cargo_with_env(args: &[&str], env: &[(&str, &str)]) -> Result<()> {
 /// Whether [`debug_build`] ran in this process already.
 static BUILT: Mutex<bool> = Mutex::new(false);
 
-/// The workspace's debug build (`cargo build --workspace --all-targets` with
-/// [`TEST_FEATURES`]), once per process; returns `target/debug`, where the binaries and the
-/// examples are.
+/// The arguments of the workspace's one debug build: what `cargo test --workspace` builds
+/// (libraries, binaries, test programs, and the examples as programs), with
+/// [`TEST_FEATURES`]. Exactly these, so that no step builds anything another did not.
+pub const DEBUG_BUILD: [&str; 6] = [
+    "test",
+    "--workspace",
+    "--no-run",
+    "--features",
+    TEST_FEATURES,
+    "--quiet",
+];
+
+/// The workspace's debug build ([`DEBUG_BUILD`]), once per process; returns `target/debug`,
+/// where the binaries and the examples are.
 pub fn debug_build() -> Result<PathBuf> {
     let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
     if !*built {
-        cargo(&[
-            "build",
-            "--quiet",
-            "--workspace",
-            "--all-targets",
-            "--features",
-            TEST_FEATURES,
-        ])?;
+        cargo(&DEBUG_BUILD)?;
         *built = true;
     }
     Ok(target_dir().join("debug"))
