@@ -11,6 +11,28 @@ use jumpstarter_core::{DriverError, sync::LockExt};
 
 use super::process::Vm;
 
+/// The kind of the boards' private directories: `jumpstarter-qemu-PID-RANDOM` (0700, in the
+/// temporary directory; [`jumpstarter_core::leftovers`]), so the disk images of a killed
+/// exporter are removed when the next board starts.
+pub const DIR_KIND: &str = "jumpstarter-qemu";
+
+/// Makes a board's private directory (disk images, the cloud-init password, the QMP and VNC
+/// sockets): `jumpstarter-qemu-PID-RANDOM`, 0700 whatever the umask, in the temporary
+/// directory, after removing those that exporters killed since left there. Removed when
+/// dropped.
+// For `Qemu::new` (qemu/mod.rs), which still makes its directory with `tempfile`'s
+// defaults: to be replaced by a call to this (then this `allow` goes).
+#[allow(dead_code)]
+pub fn private_dir() -> Result<tempfile::TempDir, DriverError> {
+    let base = std::env::temp_dir();
+    jumpstarter_core::leftovers::private_dir_in(&base, DIR_KIND).map_err(|e| {
+        DriverError::because(
+            format!("cannot create the board's directory in {}", base.display()),
+            e,
+        )
+    })
+}
+
 /// The partitions a board has (upstream's names).
 pub const PARTITIONS: [&str; 4] = ["root", "bios", "OVMF_CODE.fd", "OVMF_VARS.fd"];
 
@@ -117,4 +139,37 @@ pub fn check_readable(path: &Path) -> std::io::Result<()> {
         return Err(std::io::Error::other("is a directory"));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_board_directory_is_private_and_a_killed_exporters_is_removed_at_start() {
+        use std::os::unix::fs::PermissionsExt as _;
+        // As a process killed with SIGKILL leaves it: named after a PID that no longer runs,
+        // with a half-written disk image.
+        let stale = std::env::temp_dir().join(format!(
+            "{DIR_KIND}-4294967294-{}",
+            uuid::Uuid::new_v4().simple()
+        ));
+        std::fs::create_dir(&stale).unwrap();
+        std::fs::write(stale.join("root.partial"), b"half an image").unwrap();
+        let dir = private_dir().unwrap();
+        assert!(!stale.exists(), "{} is still there", stale.display());
+        let mode = std::fs::metadata(dir.path()).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700, "{}", dir.path().display());
+        let name = dir
+            .path()
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        assert_eq!(
+            jumpstarter_core::leftovers::owner_pid(&name, DIR_KIND),
+            Some(std::process::id()),
+            "{name}"
+        );
+    }
 }

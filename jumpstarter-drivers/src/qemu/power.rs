@@ -353,11 +353,14 @@ impl QemuPower {
         })
     }
 
-    /// The cloud-init `CIDATA` directory: the host name and the user (JSON is YAML).
+    /// The cloud-init `CIDATA` directory: the host name and the user (JSON is YAML), with
+    /// the user's password: 0700 whatever the umask, inside the board's private directory.
     fn cidata(&self) -> Result<tempfile::TempDir, DriverError> {
+        use std::os::unix::fs::PermissionsExt as _;
         let s = &self.shared.settings;
         let dir = tempfile::Builder::new()
             .prefix("cidata-")
+            .permissions(std::fs::Permissions::from_mode(0o700))
             .tempdir_in(self.shared.dir.path())
             .map_err(|e| DriverError::because("cannot create the CIDATA directory", e))?;
         let meta = serde_json::json!({
@@ -497,6 +500,39 @@ mod tests {
             e.starts_with("arch: qemu-system-no-such-arch is not installed"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn the_cloud_init_directory_holding_the_password_is_private() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let shared = Shared {
+            settings: super::super::board::Settings {
+                arch: std::env::consts::ARCH.into(),
+                cpu: None,
+                smp: 1,
+                hostname: "demo".into(),
+                username: "jumpstarter".into(),
+                password: "secret".into(),
+                default_partitions: Default::default(),
+                hostfwd: Default::default(),
+                flash_timeout: Duration::from_secs(1),
+                accel: Accel::Tcg,
+                instance_id: uuid::Uuid::new_v4(),
+            },
+            dir: super::super::board::private_dir().unwrap(),
+            mem: "512M".to_string().into(),
+            disk_size: None.into(),
+            vm: None.into(),
+        };
+        let power = QemuPower::new(Arc::new(shared));
+        let cidata = power.cidata().unwrap();
+        let mode = std::fs::metadata(cidata.path())
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o700, "{}", cidata.path().display());
+        let user = std::fs::read_to_string(cidata.path().join("user-data")).unwrap();
+        assert!(user.contains("secret"), "{user}");
     }
 
     #[test]

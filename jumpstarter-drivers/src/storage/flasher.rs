@@ -17,6 +17,11 @@ use super::mux::Medium;
 /// The partition a flash or dump without a target uses (as upstream).
 pub const DEFAULT_PARTITION: &str = "default";
 
+/// The kind of the flashers' private directories: `jmp-mock-flasher-PID-RANDOM` (0700, in
+/// the temporary directory; [`jumpstarter_core::leftovers`]), so the partitions of a killed
+/// exporter are removed when the next flasher starts.
+const DIR_KIND: &str = "jmp-mock-flasher";
+
 /// A flasher without hardware: `flash(source, partition)` stores the image of each
 /// partition in a file of a temporary directory, `dump(target, partition)` sends it back.
 #[derive(Debug)]
@@ -52,12 +57,19 @@ impl MockFlasher {
         Ok(Arc::new(Self::new()?))
     }
 
-    /// A flasher with no partition written yet.
+    /// A flasher with no partition written yet, its partitions in a private directory of
+    /// the temporary directory (after removing those killed exporters left there).
     pub fn new() -> Result<Self, DriverError> {
-        let dir = tempfile::Builder::new()
-            .prefix("jmp-mock-flasher-")
-            .tempdir()
-            .map_err(|e| DriverError::because("cannot create the mock flasher's directory", e))?;
+        let base = std::env::temp_dir();
+        let dir = jumpstarter_core::leftovers::private_dir_in(&base, DIR_KIND).map_err(|e| {
+            DriverError::because(
+                format!(
+                    "cannot create the mock flasher's directory in {}",
+                    base.display()
+                ),
+                e,
+            )
+        })?;
         Ok(Self {
             dir,
             media: Mutex::new(BTreeMap::new()),
@@ -134,5 +146,33 @@ mod tests {
             assert!(check_partition(bad).is_err(), "{bad:?}");
         }
         assert!(check_partition(&"x".repeat(256)).is_err());
+    }
+
+    #[test]
+    fn the_partitions_are_private_and_a_killed_exporters_are_removed_at_start() {
+        use std::os::unix::fs::PermissionsExt as _;
+        // As a process killed with SIGKILL leaves it: named after a PID that no longer runs.
+        let stale = std::env::temp_dir().join(format!(
+            "{DIR_KIND}-4294967294-{}",
+            uuid::Uuid::new_v4().simple()
+        ));
+        std::fs::create_dir(&stale).unwrap();
+        std::fs::write(stale.join(DEFAULT_PARTITION), b"old image").unwrap();
+        let flasher = MockFlasher::new().unwrap();
+        assert!(!stale.exists(), "{} is still there", stale.display());
+        // Its own directory: 0700, named after this process (so a later sweep takes it once
+        // this process is gone), removed with the flasher.
+        let dir = flasher.partition_path(DEFAULT_PARTITION).unwrap();
+        let dir = dir.parent().unwrap().to_path_buf();
+        let mode = std::fs::metadata(&dir).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700, "{}", dir.display());
+        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+        assert_eq!(
+            jumpstarter_core::leftovers::owner_pid(&name, DIR_KIND),
+            Some(std::process::id()),
+            "{name}"
+        );
+        drop(flasher);
+        assert!(!dir.exists());
     }
 }

@@ -41,6 +41,12 @@ const STDERR_TAIL: usize = 20;
 /// How long a stopping exporter lets the child close its drivers before killing its group.
 const STOP_GRACE: Duration = Duration::from_secs(8);
 
+/// The kind of the hosts' private directories (the bootstrap script, the child's sockets):
+/// `jmp-python-PID-RANDOM` (0700, in the temporary directory;
+/// [`jumpstarter_core::leftovers`]), so those of a killed exporter are removed when the next
+/// host starts.
+const DIR_KIND: &str = "jmp-python";
+
 /// Longest wait between two restarts.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
@@ -223,15 +229,15 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl Host {
     /// A host for `subtrees`, not started: writes the bootstrap script to a private
-    /// directory and picks the interpreter ([`PYTHON_ENV`], else `python3`).
+    /// directory (after removing those killed exporters left) and picks the interpreter ([`PYTHON_ENV`], else `python3`).
     pub(crate) fn new(subtrees: Vec<Subtree>) -> Result<Self, StartError> {
         let python = std::env::var(PYTHON_ENV)
             .ok()
             .filter(|p| !p.is_empty())
             .unwrap_or_else(|| "python3".into());
-        let dir = tempfile::Builder::new()
-            .prefix("jmp-python-")
-            .tempdir()
+        // 0700 whatever the umask: the script is run again at each restart and the sockets
+        // take no credentials.
+        let dir = jumpstarter_core::leftovers::private_dir_in(&std::env::temp_dir(), DIR_KIND)
             .map_err(StartError::Io)?;
         let script = dir.path().join("bootstrap.py");
         std::fs::write(&script, BOOTSTRAP).map_err(StartError::Io)?;
@@ -632,5 +638,31 @@ mod tests {
         for other in ["ready", r#"{"log": ["INFO", "x"]}"#, r#"{"ready": "/s"}"#] {
             assert!(serde_json::from_str::<LogLine>(other).is_err(), "{other}");
         }
+    }
+
+    #[test]
+    fn the_host_directory_is_private_and_a_killed_exporters_is_removed_at_start() {
+        use std::os::unix::fs::PermissionsExt as _;
+        // As a process killed with SIGKILL leaves it: named after a PID that no longer runs.
+        let stale = std::env::temp_dir().join(format!(
+            "{DIR_KIND}-4294967294-{}",
+            uuid::Uuid::new_v4().simple()
+        ));
+        std::fs::create_dir(&stale).unwrap();
+        std::fs::write(stale.join("bootstrap.py"), BOOTSTRAP).unwrap();
+        let host = Host::new(Vec::new()).unwrap();
+        assert!(!stale.exists(), "{} is still there", stale.display());
+        let dir = host.dir.path().to_path_buf();
+        assert_eq!(host.script.parent(), Some(dir.as_path()));
+        let mode = std::fs::metadata(&dir).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700, "{}", dir.display());
+        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+        assert_eq!(
+            jumpstarter_core::leftovers::owner_pid(&name, DIR_KIND),
+            Some(std::process::id()),
+            "{name}"
+        );
+        drop(host);
+        assert!(!dir.exists());
     }
 }
