@@ -49,12 +49,32 @@ pub const PROGRESS_EVERY: Duration = Duration::from_secs(2);
 /// Where progress lines go (the driver's logger).
 pub type ProgressFn = Arc<dyn Fn(String) + Send + Sync>;
 
-/// The URL without its query and fragment, for messages.
+/// The URL for messages, without what may hold a secret: the query and fragment become
+/// `?[REDACTED]` (signatures, API tokens, `?user=..&password=..`), and the user
+/// information `user:password@` becomes `[REDACTED]@`. Text that is not a URL is treated
+/// the same way (everything before an `@` ahead of the first `/` is hidden).
 pub fn redact(url: &str) -> String {
-    match url.split_once(['?', '#']) {
-        Some((base, _)) => format!("{base}?[REDACTED]"),
-        None => url.to_string(),
-    }
+    let (base, query) = match url.split_once(['?', '#']) {
+        Some((base, _)) => (base, "?[REDACTED]"),
+        None => (url, ""),
+    };
+    // The scheme, when there is one (`http://`); otherwise the text starts with the host.
+    let (scheme, rest) = match base.split_once("://") {
+        Some((s, r))
+            if !s.is_empty()
+                && s.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')) =>
+        {
+            (&base[..s.len() + 3], r)
+        }
+        _ => ("", base),
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let rest = match rest[..authority_end].rfind('@') {
+        Some(at) => format!("[REDACTED]{}", &rest[at..]),
+        None => rest.to_string(),
+    };
+    format!("{scheme}{rest}{query}")
 }
 
 fn err(kind: io::ErrorKind, msg: String) -> io::Error {
@@ -664,6 +684,28 @@ mod tests {
     fn redact_drops_query() {
         assert_eq!(redact("http://h/p?sig=1"), "http://h/p?[REDACTED]");
         assert_eq!(redact("http://h/p"), "http://h/p");
+    }
+
+    #[test]
+    fn redact_drops_user_information() {
+        for (url, shown) in [
+            ("http://u:pw@h/p", "http://[REDACTED]@h/p"),
+            (
+                "https://u:pw@h:8/p?t=1",
+                "https://[REDACTED]@h:8/p?[REDACTED]",
+            ),
+            ("http://a@b:pw@h", "http://[REDACTED]@h"),
+            ("u:pw@h/p", "[REDACTED]@h/p"),
+            ("http://h/a@b", "http://h/a@b"),
+            ("http://h#u:pw@x", "http://h?[REDACTED]"),
+            ("/local/path", "/local/path"),
+        ] {
+            assert_eq!(redact(url), shown, "{url}");
+        }
+        let Err(e) = Target::parse("http://user:hunter2@host/") else {
+            panic!("credentials in the URL accepted");
+        };
+        assert!(!e.to_string().contains("hunter2"), "{e}");
     }
 
     use std::sync::Mutex;

@@ -1,5 +1,10 @@
 //! One HTTP/1.1 request per connection (`http://` or `https://` with the system's roots),
 //! with optional basic auth, a bounded response body and a timeout on the whole exchange.
+//!
+//! Errors reach the lease holder, so every URL in them is redacted
+//! ([`jumpstarter_core::wire::presigned::redact`]): the query (plugs that take
+//! `?user=..&password=..` or an API token there) and any `user:password@` are hidden, in
+//! the configured URL and in a redirect's `Location` alike.
 
 use std::{sync::Arc, time::Duration};
 
@@ -8,18 +13,19 @@ use bytes::Bytes;
 use http::{Method, Request, Uri, header};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::rt::TokioIo;
+use jumpstarter_core::wire::presigned::redact;
 use tokio_rustls::rustls;
 
 /// Responses larger than this are refused (a PDU's status document is a few KiB).
 const MAX_BODY: usize = 1024 * 1024;
 
-/// What a request can fail with.
+/// What a request can fail with. Every `url` is redacted (no query, no user information).
 #[derive(Debug, thiserror::Error)]
 pub enum HttpError {
     /// The URL cannot be used.
     #[error("{url:?}: {why}")]
     BadUrl {
-        /// The URL.
+        /// The URL, redacted.
         url: String,
         /// What is wrong with it.
         why: String,
@@ -27,7 +33,7 @@ pub enum HttpError {
     /// The text is not a URL.
     #[error("{url:?}: not a URL ({source})")]
     NotAUrl {
-        /// The text.
+        /// The text, redacted.
         url: String,
         /// Why it does not parse.
         #[source]
@@ -38,7 +44,7 @@ pub enum HttpError {
     Transfer {
         /// The method.
         method: Method,
-        /// The URL.
+        /// The URL, redacted.
         url: String,
         /// The step that failed.
         what: &'static str,
@@ -51,7 +57,7 @@ pub enum HttpError {
     Timeout {
         /// The method.
         method: Method,
-        /// The URL.
+        /// The URL, redacted.
         url: String,
         /// The limit.
         timeout: Duration,
@@ -61,19 +67,20 @@ pub enum HttpError {
     Status {
         /// The method.
         method: Method,
-        /// The URL.
+        /// The URL, redacted.
         url: String,
         /// The status.
         status: http::StatusCode,
-        /// ` (redirected to ...)` for redirects, which are not followed.
+        /// ` (redirected to ...)` for redirects, which are not followed (redacted as `url`).
         location: String,
     },
 }
 
-/// A checked endpoint URL.
-#[derive(Debug, Clone)]
+/// A checked endpoint URL. Its `Debug` shows it redacted.
+#[derive(Clone)]
 pub struct Url {
-    text: String,
+    /// The URL for messages ([`redact`]ed); the URL itself is only sent, never shown.
+    shown: String,
     host: String,
     port: u16,
     https: bool,
@@ -81,15 +88,21 @@ pub struct Url {
     path: String,
 }
 
+impl std::fmt::Debug for Url {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.shown)
+    }
+}
+
 impl Url {
     /// Parses an `http://` or `https://` URL.
     pub fn parse(url: &str) -> Result<Url, HttpError> {
         let bad = |why: String| HttpError::BadUrl {
-            url: url.to_string(),
+            url: redact(url),
             why,
         };
         let uri: Uri = url.parse().map_err(|source| HttpError::NotAUrl {
-            url: url.to_string(),
+            url: redact(url),
             source,
         })?;
         let https = match uri.scheme_str() {
@@ -117,7 +130,7 @@ impl Url {
             ));
         }
         Ok(Url {
-            text: url.to_string(),
+            shown: redact(url),
             port: uri.port_u16().unwrap_or(if https { 443 } else { 80 }),
             host,
             https,
@@ -154,7 +167,7 @@ pub async fn request(
     timeout: Duration,
 ) -> Result<Bytes, HttpError> {
     let method = call.method.clone();
-    let url = call.url.text.clone();
+    let url = call.url.shown.clone();
     tokio::time::timeout(timeout, exchange(tls, call))
         .await
         .map_err(|_| HttpError::Timeout {
@@ -171,7 +184,7 @@ async fn exchange(
     let url = call.url;
     let transfer = |what: &'static str| {
         let method = call.method.clone();
-        let url = url.text.clone();
+        let url = url.shown.clone();
         move |e: Box<dyn std::error::Error + Send + Sync>| HttpError::Transfer {
             method,
             url,
@@ -215,10 +228,15 @@ async fn exchange(
     if !status.is_success() {
         return Err(HttpError::Status {
             method: call.method.clone(),
-            url: url.text.clone(),
+            url: url.shown.clone(),
             status,
             location: location
-                .map(|l| format!(" (redirected to {l}; redirects are not followed)"))
+                .map(|l| {
+                    format!(
+                        " (redirected to {}; redirects are not followed)",
+                        redact(&l)
+                    )
+                })
                 .unwrap_or_default(),
         });
     }
@@ -293,5 +311,85 @@ mod tests {
         for bad in ["", "ftp://h/x", "/relative", "http://", "http://u:p@h/"] {
             assert!(Url::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn url_errors_and_debug_show_no_secret() {
+        for bad in [
+            "http://admin:hunter2@h/",
+            "ftp://h/x?password=hunter2",
+            "http://h/a b?password=hunter2",
+        ] {
+            let e = Url::parse(bad).unwrap_err().to_string();
+            assert!(!e.contains("hunter2"), "{e}");
+        }
+        let u = Url::parse("http://h/cm?user=admin&password=hunter2").unwrap();
+        assert_eq!(format!("{u:?}"), "\"http://h/cm?[REDACTED]\"");
+    }
+
+    fn get(url: &Url) -> Call<'_> {
+        Call {
+            method: &Method::GET,
+            url,
+            body: None,
+            basic: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn request_errors_show_no_secret() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        // Nothing listens: the connection is refused.
+        let closed = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let url = Url::parse(&format!(
+            "http://127.0.0.1:{closed}/cm?user=admin&password=hunter2"
+        ))
+        .unwrap();
+        let e = request(None, get(&url), Duration::from_secs(30))
+            .await
+            .unwrap_err();
+        let text = jumpstarter_core::error_chain(&e);
+        assert!(text.contains("cannot connect"), "{text}");
+        assert!(!text.contains("hunter2"), "{text}");
+        assert!(text.contains("/cm?[REDACTED]"), "{text}");
+
+        // A redirect whose target carries credentials too.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = tokio::spawn(async move {
+            let (mut conn, _) = listener.accept().await.unwrap();
+            let mut head = Vec::new();
+            let mut chunk = [0u8; 1024];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = conn.read(&mut chunk).await.unwrap();
+                if n == 0 {
+                    break;
+                }
+                head.extend_from_slice(&chunk[..n]);
+            }
+            conn.write_all(
+                b"HTTP/1.1 302 Found\r\nLocation: http://u:hunter2@plug/login?token=hunter2\r\n\
+                  Content-Length: 0\r\nConnection: close\r\n\r\n",
+            )
+            .await
+            .unwrap();
+            let _ = conn.shutdown().await;
+        });
+        let url = Url::parse(&format!("http://127.0.0.1:{port}/relay?token=hunter2")).unwrap();
+        let e = request(None, get(&url), Duration::from_secs(30))
+            .await
+            .unwrap_err();
+        server.await.unwrap();
+        let text = jumpstarter_core::error_chain(&e);
+        assert!(text.contains("HTTP 302"), "{text}");
+        assert!(
+            text.contains("redirected to http://[REDACTED]@plug/login?[REDACTED]"),
+            "{text}"
+        );
+        assert!(!text.contains("hunter2"), "{text}");
     }
 }

@@ -8,7 +8,9 @@
 //! paths `voltage_path` / `current_path` such as `meters.0.voltage`, else at the top level,
 //! a missing default key reading 0) and `auth.basic` (`user`, `password`).
 //!
-//! A non-2xx answer fails the call naming the method and URL. Where upstream's `requests`
+//! A non-2xx answer fails the call naming the method and URL. URLs in errors (which reach
+//! the lease holder) are redacted: no query, no `user:password@`; the basic-auth password
+//! and request bodies appear in no error and no `Debug`. Where upstream's `requests`
 //! would wait forever, each request here has [`REQUEST_TIMEOUT`]; redirects are not followed
 //! (the error names where it points). A key upstream reads and ignores (`data` with a method
 //! that sends no body, paths on `power_on`/`power_off`) is refused naming it.
@@ -128,7 +130,7 @@ impl Endpoint {
 }
 
 /// Power through HTTP requests (upstream `jumpstarter_driver_http_power.driver.HttpPower`).
-#[derive(Debug)]
+/// Its `Debug` shows the name and the redacted URLs only.
 pub struct HttpPower {
     name: String,
     power_on: Endpoint,
@@ -136,6 +138,17 @@ pub struct HttpPower {
     power_read: Option<Endpoint>,
     basic: Option<(String, String)>,
     tls: Option<Arc<rustls::ClientConfig>>,
+}
+
+impl std::fmt::Debug for HttpPower {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpPower")
+            .field("name", &self.name)
+            .field("power_on", &self.power_on.url)
+            .field("power_off", &self.power_off.url)
+            .field("power_read", &self.power_read.as_ref().map(|e| &e.url))
+            .finish_non_exhaustive()
+    }
 }
 
 impl HttpPower {
@@ -312,6 +325,25 @@ mod tests {
             let err = build(cfg.clone()).unwrap_err().to_string();
             assert!(err.contains(field), "{cfg}: {err}");
         }
+    }
+
+    #[test]
+    fn config_errors_and_debug_show_no_secret() {
+        let on = json!({"url": "http://h/on"});
+        let e = build(json!({"power_on": on, "power_off": {"url": "http://admin:hunter2@h/off"}}))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("power_off.url"), "{e}");
+        assert!(!e.contains("hunter2"), "{e}");
+        let p = build(json!({
+            "power_on": {"url": "http://h/cm?cmnd=Power%20On&password=hunter2"},
+            "power_off": {"url": "http://h/off", "method": "POST", "data": "pw=hunter2"},
+            "auth": {"basic": {"user": "admin", "password": "hunter2"}}
+        }))
+        .unwrap();
+        let shown = format!("{p:?}");
+        assert!(shown.contains("http://h/cm?[REDACTED]"), "{shown}");
+        assert!(!shown.contains("hunter2"), "{shown}");
     }
 
     #[test]

@@ -110,7 +110,8 @@ fn parse_oid(s: &str) -> Result<Vec<u32>, DriverError> {
 }
 
 /// Switches one PDU outlet over SNMPv3 (upstream `jumpstarter_driver_snmp.driver.SNMPServer`).
-#[derive(Debug)]
+/// Its `Debug` names the security level, never the keys (a master key stands for the
+/// password at every agent).
 pub struct SnmpServer {
     host: String,
     port: u16,
@@ -118,6 +119,24 @@ pub struct SnmpServer {
     security: Security,
     full_oid: Vec<u32>,
     timeout: Duration,
+}
+
+impl std::fmt::Debug for SnmpServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let level = match &self.security {
+            Security::None => "noAuthNoPriv",
+            Security::Auth { .. } => "authNoPriv",
+            Security::Priv { .. } => "authPriv",
+        };
+        f.debug_struct("SnmpServer")
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("user", &self.user)
+            .field("security", &level)
+            .field("full_oid", &self.full_oid)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
 }
 
 impl SnmpServer {
@@ -267,6 +286,22 @@ mod tests {
         assert_eq!(s.full_oid.last(), Some(&32));
         assert_eq!(s.full_oid.len(), 15);
         assert!(matches!(s.security, Security::None));
+    }
+
+    #[test]
+    fn debug_shows_no_key() {
+        let s = build(json!({
+            "host": "h", "user": "u", "plug": 1, "auth_protocol": "SHA", "auth_key": "authpass",
+            "priv_protocol": "AES", "priv_key": "privpass"
+        }))
+        .unwrap();
+        let shown = format!("{s:?}");
+        assert!(shown.contains("authPriv"), "{shown}");
+        for secret in [b"authpass".as_slice(), b"privpass"] {
+            let key = usm::password_to_key(AuthProto::Sha, secret);
+            let key_text = format!("{key:?}");
+            assert!(!shown.contains(&key_text[1..key_text.len() - 1]), "{shown}");
+        }
     }
 
     #[test]
