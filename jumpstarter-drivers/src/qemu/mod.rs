@@ -27,6 +27,13 @@
 //! refused at start, `oci://` sources with UNIMPLEMENTED. The vsock `ssh` child is not
 //! provided.
 //!
+//! Every config value that reaches QEMU's or `qemu-img`'s command line is checked at start
+//! and refused naming its field, so that none can add options of its own (QEMU splits
+//! option values at `,` and reads `key=value` in them): `hostfwd.NAME.hostaddr` is an IPv4
+//! address, `cpu` a CPU model with its features (letters, digits and `_-.+=,`, not
+//! starting with `-` or `,`), `arch` a target name, a `default_partitions` path UTF-8 and not
+//! starting with `-` (sizes and ports are numbers already).
+//!
 //! Problems only a boot can see (no `qemu-system-<arch>`, an unreadable image) are logged at
 //! start and fail `power on` with an error naming the field; the exporter and its other
 //! drivers keep working.
@@ -45,7 +52,8 @@ mod size;
 
 use std::{
     collections::BTreeMap,
-    path::PathBuf,
+    net::Ipv4Addr,
+    path::{Path, PathBuf},
     sync::{Arc, Mutex},
 };
 
@@ -193,6 +201,49 @@ fn invalid(field: &str, msg: impl std::fmt::Display) -> DriverError {
     DriverError::InvalidArgument(format!("{field}: {msg}"))
 }
 
+/// Checks `cpu`, passed as `-cpu CPU`: a model and `,`-separated features (`+sse4.2`,
+/// `-vmx`, `pmu=off`), nothing that QEMU would read as another option.
+fn check_cpu(cpu: &str) -> Result<(), DriverError> {
+    let bad = |why: &str| {
+        invalid(
+            "cpu",
+            format!("{cpu:?} {why} (expected a CPU model and features, e.g. host,+ssse3,pmu=off)"),
+        )
+    };
+    if let Some(c) = cpu
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '+' | '=' | ',')))
+    {
+        return Err(bad(&format!("holds {c:?}")));
+    }
+    if cpu.starts_with('-') {
+        return Err(bad("starts with -"));
+    }
+    if cpu.split(',').any(str::is_empty) {
+        return Err(bad("has an empty model or feature"));
+    }
+    Ok(())
+}
+
+/// Checks a `default_partitions` path, passed to QEMU (`-bios PATH`, `file=PATH`) and to
+/// `qemu-img` as a separate argument: text, and not something `qemu-img` reads as an
+/// option.
+fn check_partition_path(field: &str, path: &Path) -> Result<(), DriverError> {
+    let Some(text) = path.to_str() else {
+        return Err(invalid(field, "the path is not UTF-8"));
+    };
+    if text.is_empty() {
+        return Err(invalid(field, "empty path"));
+    }
+    if text.starts_with('-') {
+        return Err(invalid(
+            field,
+            format!("{text:?} starts with - (write ./{text} for a relative path)"),
+        ));
+    }
+    Ok(())
+}
+
 impl Qemu {
     fn built_in(&self) -> Vec<(String, Arc<dyn Driver>)> {
         self.children.clone()
@@ -254,9 +305,10 @@ impl Qemu {
                     ),
                 ));
             }
-            if path.as_os_str().is_empty() {
-                return Err(invalid(&format!("default_partitions.{name}"), "empty path"));
-            }
+            check_partition_path(&format!("default_partitions.{name}"), path)?;
+        }
+        if let Some(cpu) = &c.cpu {
+            check_cpu(cpu)?;
         }
         let accel = match c.accel.as_deref() {
             None | Some("auto") => Accel::Auto,
@@ -287,11 +339,16 @@ impl Qemu {
                     .filter(|p| *p >= 1)
                     .ok_or_else(|| invalid(&format!("{field}.{f}"), "must be from 1 to 65535"))
             };
-            if h.hostaddr.is_empty() || h.hostaddr.contains([',', ':']) && !h.hostaddr.contains('.')
-            {
+            // Pasted into `-netdev user,...,hostfwd=tcp:HOSTADDR:...`: an address and nothing
+            // else (a `,` would add options of QEMU's own).
+            if h.hostaddr.parse::<Ipv4Addr>().is_err() {
                 return Err(invalid(
                     &format!("{field}.hostaddr"),
-                    format!("{:?} is not an IPv4 address or host name", h.hostaddr),
+                    format!(
+                        "{:?} is not an IPv4 address (e.g. 127.0.0.1; QEMU's user network \
+                         takes no host name here)",
+                        h.hostaddr
+                    ),
                 ));
             }
             hostfwd.insert(
@@ -436,6 +493,62 @@ mod tests {
         }
         let e = build(serde_json::json!({"memory": "1G"})).err().unwrap();
         assert!(e.to_string().contains("memory"), "{e}");
+    }
+
+    #[test]
+    fn values_that_would_add_qemu_options_are_refused_by_name() {
+        let fwd = |hostaddr: &str| {
+            serde_json::json!({"hostfwd": {"http": {"hostaddr": hostaddr, "hostport": 8080,
+                                                    "guestport": 80}}})
+        };
+        let part = |path: &str| serde_json::json!({"default_partitions": {"root": path}});
+        for (cfg, field) in [
+            (
+                fwd("127.0.0.1,guestfwd=tcp:10.0.2.100:1-cmd:touch /tmp/x"),
+                "hostfwd.http.hostaddr",
+            ),
+            (
+                fwd("127.0.0.1:22-:22,hostfwd=tcp:0.0.0.0"),
+                "hostfwd.http.hostaddr",
+            ),
+            (fwd("-x"), "hostfwd.http.hostaddr"),
+            (fwd("localhost"), "hostfwd.http.hostaddr"),
+            (fwd(""), "hostfwd.http.hostaddr"),
+            (fwd("::1"), "hostfwd.http.hostaddr"),
+            (serde_json::json!({"cpu": "host -device x"}), "cpu"),
+            (serde_json::json!({"cpu": "-help"}), "cpu"),
+            (serde_json::json!({"cpu": ",x"}), "cpu"),
+            (serde_json::json!({"cpu": "host,,x=1"}), "cpu"),
+            (serde_json::json!({"cpu": "host\n-S"}), "cpu"),
+            (serde_json::json!({"cpu": ""}), "cpu"),
+            (serde_json::json!({"arch": "x86_64,help"}), "arch"),
+            (serde_json::json!({"arch": "x86_64 -S"}), "arch"),
+            (part("--help"), "default_partitions.root"),
+            (part(""), "default_partitions.root"),
+        ] {
+            let e = build(cfg.clone())
+                .err()
+                .unwrap_or_else(|| panic!("{cfg} accepted"));
+            assert!(
+                e.to_string().starts_with(&format!("{field}:")),
+                "{cfg}: {e}"
+            );
+        }
+        // What real configs hold is still accepted.
+        for cfg in [
+            fwd("127.0.0.1"),
+            fwd("0.0.0.0"),
+            serde_json::json!({"cpu": "host"}),
+            serde_json::json!({"cpu": "qemu64,+ssse3,+sse4.1,+sse4.2,+popcnt"}),
+            serde_json::json!({"cpu": "host,-vmx,pmu=off,hv-spinlocks=0x1fff"}),
+            serde_json::json!({"cpu": "cortex-a57"}),
+            serde_json::json!({"arch": "aarch64"}),
+            part("/images/board,v2.img"),
+            part("images/-board.img"),
+            part("./-board.img"),
+        ] {
+            build(cfg.clone()).unwrap_or_else(|e| panic!("{cfg}: {e}"));
+        }
     }
 
     #[test]
