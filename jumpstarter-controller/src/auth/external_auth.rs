@@ -6,6 +6,12 @@
 //! last. An external token's username is `claimMappings.username.prefix` + the claim; the
 //! object it acts as is the `spec.username` match described in
 //! [`crate::state::Authenticator::authenticate`].
+//!
+//! Two issuers must not be able to yield the same username, or a user of one could act as
+//! (and take the clients of) a user of the other. Since a username is the prefix followed
+//! by any non-empty claim value, two entries can yield the same one exactly when one's
+//! prefix is a prefix of the other's (equal prefixes, both unset, or `dex` and `dex:`);
+//! such a configuration is refused naming both entries ([`prefixes_collide`]).
 
 use std::path::Path;
 
@@ -26,7 +32,8 @@ pub struct ExternalAuth {
 
 impl ExternalAuth {
     /// From the `authentication.jwt` documents; refuses unusable ones, naming the issuer and
-    /// field, and duplicate issuers.
+    /// field, duplicate issuers, and two issuers whose username prefixes collide
+    /// ([`prefixes_collide`]).
     pub fn from_documents(
         docs: &[serde_json::Value],
         provisioning: bool,
@@ -46,6 +53,27 @@ impl ExternalAuth {
                     issuer: v.issuer().to_owned(),
                     field: "issuer.url".into(),
                     source: "is the internal issuer's URL".into(),
+                });
+            }
+            if let Some((i, o)) = verifiers
+                .iter()
+                .enumerate()
+                .find(|(_, o)| prefixes_collide(o.username_prefix(), v.username_prefix()))
+            {
+                return Err(OidcError::Config {
+                    issuer: v.issuer().to_owned(),
+                    field: "claimMappings.username.prefix".into(),
+                    source: format!(
+                        "jwt[{}] (prefix {:?}) and jwt[{i}] (issuer {:?}, prefix {:?}) can \
+                         yield the same username, so a user of one issuer could act as a user \
+                         of the other: give each issuer a prefix that does not start with \
+                         another's, e.g. \"dex:\" and \"gitlab:\"",
+                        verifiers.len(),
+                        v.username_prefix(),
+                        o.issuer(),
+                        o.username_prefix(),
+                    )
+                    .into(),
                 });
             }
             verifiers.push(v);
@@ -74,6 +102,15 @@ impl ExternalAuth {
         let iss = token_issuer(token)?;
         self.verifiers.iter().find(|v| v.issuer() == iss)
     }
+}
+
+/// Whether two issuers with these username prefixes can yield the same username. A username
+/// is the prefix followed by a non-empty claim value of any text, so `a + x == b + y` has a
+/// solution exactly when one prefix starts with the other (`"dex"` + `":bob"` is `"dex:"` +
+/// `"bob"`); when neither does, they differ at a position both have, and so do all their
+/// usernames.
+pub fn prefixes_collide(a: &str, b: &str) -> bool {
+    a.starts_with(b) || b.starts_with(a)
 }
 
 /// Reads `--authentication-config FILE`: upstream's `authentication:` section (`jwt: [...]`,
@@ -217,6 +254,96 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("twice"), "{e}");
+    }
+
+    fn issuer(url: &str, prefix: Option<&str>) -> serde_json::Value {
+        let mut username = serde_json::json!({"claim": "sub"});
+        if let Some(p) = prefix {
+            username["prefix"] = p.into();
+        }
+        serde_json::json!({
+            "issuer": {"url": url, "audiences": ["x"]},
+            "claimMappings": {"username": username},
+        })
+    }
+
+    #[test]
+    fn issuers_that_can_yield_the_same_username_are_refused_naming_both() {
+        for (a, b) in [
+            (None, None),
+            (Some(""), None),
+            (Some("dex:"), Some("dex:")),
+            (None, Some("dex:")),
+            (Some("gitlab:"), Some("")),
+            (Some("dex"), Some("dex:")),
+            (Some("dex:ci:"), Some("dex:")),
+        ] {
+            let docs = [
+                issuer("https://one.example", a),
+                issuer("https://two.example", b),
+            ];
+            let e = ExternalAuth::from_documents(&docs, false)
+                .unwrap_err()
+                .to_string();
+            for want in [
+                "claimMappings.username.prefix",
+                "https://two.example",
+                "jwt[1]",
+                "jwt[0]",
+                "https://one.example",
+                "same username",
+            ] {
+                assert!(e.contains(want), "{a:?} {b:?}: {want} not in {e}");
+            }
+        }
+        // Among others: the later entry is named with the one it collides with.
+        let docs = [
+            issuer("https://a.example", Some("a:")),
+            issuer("https://dex.example", Some("dex:")),
+            issuer("https://b.example", Some("b:")),
+            issuer("https://dex-ci.example", Some("dex:ci:")),
+        ];
+        let e = ExternalAuth::from_documents(&docs, false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("\"https://dex-ci.example\"")
+                && e.contains(
+                    "jwt[3] (prefix \"dex:ci:\") and jwt[1] (issuer \"https://dex.example\""
+                ),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn issuers_with_distinct_prefixes_are_accepted() {
+        let docs = [
+            issuer("https://dex.example", Some("dex:")),
+            issuer("https://gitlab.example", Some("gitlab:")),
+            issuer("https://k8s.example", Some("k8s:")),
+            issuer("https://dex2.example", Some("dex2:")),
+        ];
+        let ext = ExternalAuth::from_documents(&docs, false).unwrap();
+        assert_eq!(ext.issuers().count(), 4);
+        // One issuer alone may leave the prefix empty (as a shared API server config does).
+        ExternalAuth::from_documents(&[issuer("https://dex.example", None)], false).unwrap();
+        ExternalAuth::from_documents(&[issuer("https://dex.example", Some(""))], false).unwrap();
+    }
+
+    #[test]
+    fn prefixes_collide_when_one_starts_with_the_other() {
+        for (a, b, collide) in [
+            ("", "", true),
+            ("", "dex:", true),
+            ("dex", "dex:", true),
+            ("dex:", "dex:", true),
+            ("dex:", "dex2:", false),
+            ("dex:", "gitlab:", false),
+            ("Dex:", "dex:", false),
+        ] {
+            assert_eq!(prefixes_collide(a, b), collide, "{a:?} {b:?}");
+            assert_eq!(prefixes_collide(b, a), collide, "{b:?} {a:?}");
+        }
     }
 
     #[test]
