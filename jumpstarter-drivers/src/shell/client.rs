@@ -123,7 +123,13 @@ fn with_method_args(cmd: Command) -> Command {
             .long("env")
             .action(ArgAction::Append)
             .value_name("KEY=VALUE")
-            .help("Environment variables in KEY=VALUE format"),
+            .help("Environment variables in KEY=VALUE format")
+            .long_help(
+                "Environment variables in KEY=VALUE format. KEY is letters, digits and '_'; \
+                 the exporter refuses names that change how its shell, dynamic loader or \
+                 interpreters behave (PATH, HOME, SHELLOPTS, PS4, IFS, ENV, BASH_*, LD_*, \
+                 PYTHON*, GIT_*, ...)",
+            ),
     )
     .arg(
         Arg::new("args")

@@ -10,8 +10,13 @@
 //! `call_method(method, env, *args)` streams `[stdout, stderr, returncode]` triples: output
 //! as it comes (returncode `null`), then a last one carrying the exit code (negative: killed
 //! by that signal; 199: the method's timeout expired, as upstream). `env` adds environment
-//! variables to the exporter's own; names must be identifiers and those that could take over
-//! the process (`PATH`, `HOME`, `LD_*`, ...) are refused, as upstream does.
+//! variables to the exporter's own. Only the configured script may run, so a client's
+//! variables are data for it and nothing more: a name must be a plain identifier
+//! (`[A-Za-z_][A-Za-z0-9_]*`) and not one that changes how the shell, the dynamic loader, the
+//! C library or a common interpreter behaves (`SHELLOPTS`, `PS4`, `IFS`, `PATH`, `HOME`,
+//! `BASH_*`, `LD_*`, `PYTHON*`, ...: see [`REFUSED_NAMES`] and [`REFUSED_PREFIXES`]). Such a
+//! call is refused (INVALID_ARGUMENT naming the variable and why) before anything runs. This
+//! is a superset of upstream's list, which lets `SHELLOPTS=xtrace PS4='$(cmd)'` run `cmd`.
 //!
 //! [`ShellClient`] is the client half and [`cli`] the `j NAME METHOD [ARGS]` commands.
 
@@ -34,19 +39,132 @@ pub use run::TIMEOUT_EXIT_CODE;
 /// Upstream client class of the shell driver.
 pub const SHELL_CLIENT: &str = "jumpstarter_driver_shell.client.ShellClient";
 
-/// Environment variables a caller may not set (upstream's list).
-const BLOCKED_ENV: &[&str] = &[
-    "LD_PRELOAD",
-    "LD_LIBRARY_PATH",
-    "PATH",
-    "PYTHONPATH",
-    "BASH_ENV",
-    "KUBECONFIG",
-    "HOME",
+/// Why a client may not set a variable: what the name changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refusal {
+    /// Read by the shell itself (bash, sh/dash, ksh, zsh, fish): its options, start-up
+    /// files, prompts and traces, word splitting, command lookup, `cd`, here-documents.
+    Shell,
+    /// Read by the dynamic loader or the C library: libraries loaded into every program,
+    /// modules loaded by `iconv`, tunables, locale and resolver files.
+    Loader,
+    /// Read at start by an interpreter the configured `shell` may be, or a tool scripts
+    /// commonly run: code, modules or configuration it loads, commands it runs.
+    Interpreter,
+}
+
+impl Refusal {
+    fn why(self) -> &'static str {
+        match self {
+            Refusal::Shell => "it changes how the shell runs the script",
+            Refusal::Loader => {
+                "it changes how the dynamic loader or the C library loads code and data"
+            }
+            Refusal::Interpreter => {
+                "an interpreter or tool the script may start would load code or configuration from it"
+            }
+        }
+    }
+}
+
+/// Environment variables a client may not set (exact names; case matters, as for the
+/// programs that read them). Upstream refuses `LD_PRELOAD`, `LD_LIBRARY_PATH`, `PATH`,
+/// `PYTHONPATH`, `BASH_ENV`, `KUBECONFIG` and `HOME`; this list adds what else the shell,
+/// the loader and common interpreters read.
+const REFUSED_NAMES: &[(&str, Refusal)] = &[
+    // The shell: options and start-up files.
+    ("SHELLOPTS", Refusal::Shell),
+    ("BASHOPTS", Refusal::Shell),
+    ("ENV", Refusal::Shell),
+    ("POSIXLY_CORRECT", Refusal::Shell),
+    ("ZDOTDIR", Refusal::Shell),
+    ("INPUTRC", Refusal::Shell),
+    // Prompts and traces (`PS4` is expanded for every traced command).
+    ("PS0", Refusal::Shell),
+    ("PS1", Refusal::Shell),
+    ("PS2", Refusal::Shell),
+    ("PS3", Refusal::Shell),
+    ("PS4", Refusal::Shell),
+    ("PROMPT_COMMAND", Refusal::Shell),
+    ("PROMPT_DIRTRIM", Refusal::Shell),
+    ("TIMEFORMAT", Refusal::Shell),
+    // Parsing, expansion and command lookup.
+    ("IFS", Refusal::Shell),
+    ("PATH", Refusal::Shell),
+    ("FPATH", Refusal::Shell),
+    ("CDPATH", Refusal::Shell),
+    ("GLOBIGNORE", Refusal::Shell),
+    ("GLOBSORT", Refusal::Shell),
+    ("EXECIGNORE", Refusal::Shell),
+    ("FIGNORE", Refusal::Shell),
+    ("FUNCNEST", Refusal::Shell),
+    ("TMOUT", Refusal::Shell),
+    ("OPTIND", Refusal::Shell),
+    ("OPTERR", Refusal::Shell),
+    ("OPTARG", Refusal::Shell),
+    ("RANDOM", Refusal::Shell),
+    ("SRANDOM", Refusal::Shell),
+    ("SECONDS", Refusal::Shell),
+    ("SHLVL", Refusal::Shell),
+    // Where the shell and what it starts find the user's files, other shells, directories.
+    ("HOME", Refusal::Shell),
+    ("SHELL", Refusal::Shell),
+    ("PWD", Refusal::Shell),
+    ("OLDPWD", Refusal::Shell),
+    ("TMPDIR", Refusal::Shell),
+    ("TEXTDOMAIN", Refusal::Shell),
+    ("TEXTDOMAINDIR", Refusal::Shell),
+    ("MAIL", Refusal::Shell),
+    ("MAILPATH", Refusal::Shell),
+    ("MAILCHECK", Refusal::Shell),
+    ("HOSTFILE", Refusal::Shell),
+    ("HISTFILE", Refusal::Shell),
+    ("HISTFILESIZE", Refusal::Shell),
+    ("HISTSIZE", Refusal::Shell),
+    ("HISTCONTROL", Refusal::Shell),
+    ("HISTIGNORE", Refusal::Shell),
+    ("HISTTIMEFORMAT", Refusal::Shell),
+    // The C library: glibc's own list of variables unsafe for privileged programs
+    // (`LD_*` is a prefix below).
+    ("GCONV_PATH", Refusal::Loader),
+    ("GETCONF_DIR", Refusal::Loader),
+    ("GLIBC_TUNABLES", Refusal::Loader),
+    ("HOSTALIASES", Refusal::Loader),
+    ("LOCALDOMAIN", Refusal::Loader),
+    ("LOCPATH", Refusal::Loader),
+    ("NIS_PATH", Refusal::Loader),
+    ("NLSPATH", Refusal::Loader),
+    ("RESOLV_HOST_CONF", Refusal::Loader),
+    ("RES_OPTIONS", Refusal::Loader),
+    ("TZDIR", Refusal::Loader),
+    // Interpreters (the configured `shell` may be one) and tools.
+    ("RUBYOPT", Refusal::Interpreter),
+    ("RUBYLIB", Refusal::Interpreter),
+    ("NODE_OPTIONS", Refusal::Interpreter),
+    ("NODE_PATH", Refusal::Interpreter),
+    ("JAVA_TOOL_OPTIONS", Refusal::Interpreter),
+    ("_JAVA_OPTIONS", Refusal::Interpreter),
+    ("JDK_JAVA_OPTIONS", Refusal::Interpreter),
+    ("TAR_OPTIONS", Refusal::Interpreter),
+    ("KUBECONFIG", Refusal::Interpreter),
 ];
 
-/// Prefixes of environment variables a caller may not set (upstream's list).
-const BLOCKED_ENV_PREFIXES: &[&str] = &["LD_", "BASH_FUNC_"];
+/// Prefixes of environment variables a client may not set.
+const REFUSED_PREFIXES: &[(&str, Refusal)] = &[
+    // `BASH_ENV`, `BASH_XTRACEFD`, `BASH_COMPAT`, `BASH_LOADABLES_PATH`, exported functions
+    // (`BASH_FUNC_name%%`, not identifiers anyway), ...
+    ("BASH_", Refusal::Shell),
+    // fish reads its function and configuration paths from these.
+    ("fish_", Refusal::Shell),
+    ("XDG_", Refusal::Shell),
+    ("LD_", Refusal::Loader),
+    ("MALLOC_", Refusal::Loader),
+    // PYTHONPATH, PYTHONHOME, PYTHONSTARTUP, PYTHONWARNINGS (which can import a module), ...
+    ("PYTHON", Refusal::Interpreter),
+    ("PERL", Refusal::Interpreter),
+    ("LUA_", Refusal::Interpreter),
+    ("GIT_", Refusal::Interpreter),
+];
 
 /// Upstream's default timeout of a method, in seconds.
 const DEFAULT_TIMEOUT: u64 = 300;
@@ -280,23 +398,47 @@ fn parse_method(
     Ok(method)
 }
 
-/// Upstream's rules for caller-supplied environment variables: identifier names, and none
-/// that could take over the process.
+/// Whether a client may set variable `name`: `Err` says why not.
+///
+/// A name must be a plain identifier, `[A-Za-z_][A-Za-z0-9_]*` (upstream's Python
+/// `isidentifier()` also lets non-ASCII letters through; no shell takes those), and none of
+/// [`REFUSED_NAMES`] nor start with one of [`REFUSED_PREFIXES`].
+fn check_env_name(name: &str) -> Result<(), String> {
+    let mut chars = name.chars();
+    let identifier = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !identifier {
+        // Escaped: the name may hold control characters, and the message reaches logs.
+        return Err(format!(
+            "Invalid environment variable name: {} (a name is ASCII letters, digits and \
+             '_', not starting with a digit)",
+            name.escape_debug()
+        ));
+    }
+    let refusal = REFUSED_NAMES
+        .iter()
+        .find(|(n, _)| *n == name)
+        .or_else(|| REFUSED_PREFIXES.iter().find(|(p, _)| name.starts_with(p)))
+        .map(|(_, r)| *r);
+    match refusal {
+        None => Ok(()),
+        Some(r) => Err(format!(
+            "Environment variable '{name}' is blocked for security reasons: {}",
+            r.why()
+        )),
+    }
+}
+
+/// Checks a call's environment before anything runs: every name (see [`check_env_name`]),
+/// and no value with a NUL byte (no program could receive it).
 fn check_env(env: &BTreeMap<String, String>) -> Result<(), DriverError> {
-    for key in env.keys() {
-        let mut chars = key.chars();
-        let identifier = chars.next().is_some_and(|c| c.is_alphabetic() || c == '_')
-            && chars.all(|c| c.is_alphanumeric() || c == '_');
-        if !identifier {
+    for (key, value) in env {
+        check_env_name(key).map_err(DriverError::InvalidArgument)?;
+        if value.contains('\0') {
             return Err(DriverError::InvalidArgument(format!(
-                "Invalid environment variable name: {key}"
-            )));
-        }
-        if BLOCKED_ENV.contains(&key.as_str())
-            || BLOCKED_ENV_PREFIXES.iter().any(|p| key.starts_with(p))
-        {
-            return Err(DriverError::InvalidArgument(format!(
-                "Environment variable '{key}' is blocked for security reasons"
+                "Environment variable '{key}': the value contains a NUL byte"
             )));
         }
     }
@@ -489,27 +631,120 @@ mod tests {
     }
 
     #[test]
-    fn env_rules_as_upstream() {
-        let env = |k: &str| BTreeMap::from([(k.to_string(), "v".to_string())]);
-        assert!(check_env(&env("FOO_1")).is_ok());
-        assert!(check_env(&env("_x")).is_ok());
-        for bad in ["1A", "A-B", "", "A B", "A=B"] {
-            assert_eq!(
-                check_env(&env(bad)).unwrap_err().to_string(),
-                format!("Invalid environment variable name: {bad}")
+    fn env_names_a_client_may_and_may_not_set() {
+        const SH: Option<&str> = Some("changes how the shell runs the script");
+        const LD: Option<&str> = Some("dynamic loader");
+        const TOOL: Option<&str> = Some("interpreter or tool");
+        // (name, None: allowed | Some(what the refusal says))
+        let table: &[(&str, Option<&str>)] = &[
+            ("FOO", None),
+            ("FOO_1", None),
+            ("_x", None),
+            ("board", None),
+            ("BOARD_IP", None),
+            ("LANG", None),
+            ("LC_ALL", None),
+            ("TZ", None),
+            ("TERM", None),
+            ("SHELL_LEVEL", None), // only the exact name SHELL
+            ("PATH_TO_IMAGE", None),
+            ("path", None), // case matters, as for the programs that read them
+            ("ld_preload", None),
+            // Not identifiers.
+            ("", Some("Invalid environment variable name: ")),
+            ("1A", Some("Invalid environment variable name: 1A")),
+            ("A-B", Some("Invalid environment variable name: A-B")),
+            ("A B", Some("Invalid environment variable name: A B")),
+            ("A=B", Some("Invalid environment variable name: A=B")),
+            (
+                "BASH_FUNC_x%%",
+                Some("Invalid environment variable name: BASH_FUNC_x%%"),
+            ),
+            ("\u{e9}t\u{e9}", Some("Invalid environment variable name: ")),
+            ("A\0", Some("Invalid environment variable name: A\\0 (")),
+            ("A\nB", Some("Invalid environment variable name: A\\nB (")),
+            // The shell.
+            ("SHELLOPTS", SH),
+            ("BASHOPTS", SH),
+            ("BASH_ENV", SH),
+            ("BASH_XTRACEFD", SH),
+            ("BASH_FUNC_x", SH),
+            ("ENV", SH),
+            ("PS1", SH),
+            ("PS2", SH),
+            ("PS3", SH),
+            ("PS4", SH),
+            ("PROMPT_COMMAND", SH),
+            ("IFS", SH),
+            ("CDPATH", SH),
+            ("GLOBIGNORE", SH),
+            ("PATH", SH),
+            ("HOME", SH),
+            ("SHELL", SH),
+            ("POSIXLY_CORRECT", SH),
+            ("ZDOTDIR", SH),
+            ("XDG_CONFIG_HOME", SH),
+            ("TMPDIR", SH),
+            // The loader and the C library.
+            ("LD_PRELOAD", LD),
+            ("LD_LIBRARY_PATH", LD),
+            ("LD_AUDIT", LD),
+            ("GCONV_PATH", LD),
+            ("GLIBC_TUNABLES", LD),
+            ("MALLOC_CHECK_", LD),
+            ("LOCPATH", LD),
+            // Interpreters and tools.
+            ("PYTHONPATH", TOOL),
+            ("PYTHONSTARTUP", TOOL),
+            ("PYTHONWARNINGS", TOOL),
+            ("PERL5OPT", TOOL),
+            ("RUBYOPT", TOOL),
+            ("NODE_OPTIONS", TOOL),
+            ("GIT_SSH_COMMAND", TOOL),
+            ("KUBECONFIG", TOOL),
+        ];
+        for (name, refused) in table {
+            match (check_env_name(name), refused) {
+                (Ok(()), None) => {}
+                (Err(e), Some(what)) => assert!(e.contains(what), "{name:?}: {e}"),
+                (Ok(()), Some(_)) => panic!("{name:?} accepted"),
+                (Err(e), None) => panic!("{name:?} refused: {e}"),
+            }
+        }
+        // Upstream's wording comes first, then why.
+        assert_eq!(
+            check_env_name("PS4").unwrap_err(),
+            "Environment variable 'PS4' is blocked for security reasons: it changes how the \
+             shell runs the script"
+        );
+        // Every listed name is refused, and none is covered by a prefix already (each entry
+        // matters).
+        for (n, _) in REFUSED_NAMES {
+            assert!(check_env_name(n).is_err(), "{n}");
+            assert!(
+                !REFUSED_PREFIXES.iter().any(|(p, _)| n.starts_with(p)),
+                "{n} is covered by a prefix"
             );
         }
-        for blocked in [
-            "PATH",
-            "HOME",
-            "LD_PRELOAD",
-            "LD_ANYTHING",
-            "BASH_FUNC_x%%",
-            "BASH_ENV",
-        ] {
-            let e = check_env(&env(blocked));
-            assert!(e.is_err(), "{blocked} accepted");
-        }
+    }
+
+    #[test]
+    fn env_is_checked_whole_before_anything_runs() {
+        let env = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        assert!(check_env(&env(&[("FOO", "bar"), ("X", "$(touch y)")])).is_ok());
+        let e = check_env(&env(&[("FOO", "bar"), ("SHELLOPTS", "xtrace")])).unwrap_err();
+        assert!(matches!(e, DriverError::InvalidArgument(_)), "{e:?}");
+        assert!(e.to_string().contains("'SHELLOPTS'"), "{e}");
+        let e = check_env(&env(&[("FOO", "a\0b")])).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "Environment variable 'FOO': the value contains a NUL byte"
+        );
     }
 
     #[test]

@@ -11,6 +11,7 @@ mod qemu;
 mod s3;
 mod serial;
 mod shell;
+mod shell_env;
 mod storage;
 
 use std::{collections::BTreeMap, path::PathBuf, sync::Arc};

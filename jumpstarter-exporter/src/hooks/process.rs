@@ -54,6 +54,14 @@ pub struct HookEnv {
 impl HookEnv {
     /// The variables set for the hook (on top of the exporter's environment; `PS1` is
     /// removed), as upstream.
+    ///
+    /// Their names are fixed here: nothing a client or the controller sends names a variable,
+    /// so nothing they send can set one that changes how the hook's shell behaves (`PS4`,
+    /// `SHELLOPTS`, `BASH_ENV`, `LD_PRELOAD`, ...). The two values that come from outside,
+    /// `LEASE_NAME` and `CLIENT_NAME` (the controller's names of the lease and of its
+    /// client), are passed only when they are plain object names (at most 253 ASCII
+    /// letters, digits, `-`, `.` and `_`, starting with a letter or digit); anything else is
+    /// passed as the empty string, with a warning.
     pub fn vars(&self) -> Vec<(&'static str, String)> {
         vec![
             (
@@ -61,12 +69,44 @@ impl HookEnv {
                 self.socket.to_string_lossy().into_owned(),
             ),
             ("JMP_DRIVERS_ALLOW", "UNSAFE".into()),
-            ("LEASE_NAME", self.lease_name.clone()),
-            ("CLIENT_NAME", self.client_name.clone()),
+            ("LEASE_NAME", plain_name("LEASE_NAME", &self.lease_name)),
+            ("CLIENT_NAME", plain_name("CLIENT_NAME", &self.client_name)),
             ("TERM", "dumb".into()),
             ("DEBIAN_FRONTEND", "noninteractive".into()),
             ("GIT_TERMINAL_PROMPT", "0".into()),
         ]
+    }
+}
+
+/// The longest name passed to a hook (a Kubernetes object name's limit).
+const MAX_NAME: usize = 253;
+
+/// `value` when it is a plain object name (what a controller names leases and clients:
+/// Kubernetes object names, UUIDs): at most [`MAX_NAME`] ASCII letters, digits, `-`, `.` and
+/// `_`, starting with a letter or digit. Anything else (spaces, quotes, `$`, `;`, globs,
+/// control characters, a NUL byte, a leading `-` that a command would read as an option) is
+/// replaced by the empty string, so that a hook that uses `$CLIENT_NAME` unquoted, in a
+/// command line or in a log line cannot be steered by the name. The names come from the
+/// controller; an exporter does not trust them to be well formed.
+fn plain_name(var: &str, value: &str) -> String {
+    let plain = value.len() <= MAX_NAME
+        && value
+            .chars()
+            .next()
+            .is_none_or(|c| c.is_ascii_alphanumeric())
+        && value
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'));
+    if plain {
+        value.to_string()
+    } else {
+        let shown: String = value.chars().take(80).collect();
+        let cut = if shown.len() < value.len() { "..." } else { "" };
+        tracing::warn!(
+            "{var} {shown:?}{cut} is not a plain object name (letters, digits, '-', '.', \
+             '_'); the hook gets {var} empty"
+        );
+        String::new()
     }
 }
 
@@ -389,6 +429,62 @@ fn start_watcher(pgid: Pid) -> io::Result<(tokio::process::Child, std::io::PipeW
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_plain_names_reach_a_hook() {
+        for ok in [
+            "",
+            "standalone",
+            "my-client",
+            "lab.client_1",
+            "0199a3b2-7c4e-7d1a-9f00-123456789abc",
+            "Upper",
+        ] {
+            assert_eq!(plain_name("CLIENT_NAME", ok), ok);
+        }
+        for bad in [
+            "$(touch /tmp/x)",
+            "`id`",
+            "a b",
+            "a;b",
+            "a*",
+            "a\nb",
+            "a\0b",
+            "-rf",
+            ".hidden",
+            "ns/name",
+            "\u{1b}[2J",
+            "caf\u{e9}",
+        ] {
+            assert_eq!(plain_name("CLIENT_NAME", bad), "", "{bad:?}");
+        }
+        assert_eq!(
+            plain_name("LEASE_NAME", &"a".repeat(MAX_NAME)).len(),
+            MAX_NAME
+        );
+        assert_eq!(plain_name("LEASE_NAME", &"a".repeat(MAX_NAME + 1)), "");
+        let env = HookEnv {
+            lease_name: "lease-1".into(),
+            client_name: "x; $(reboot)".into(),
+            socket: PathBuf::from("/run/hook.sock"),
+        };
+        let vars: std::collections::BTreeMap<_, _> = env.vars().into_iter().collect();
+        assert_eq!(vars["LEASE_NAME"], "lease-1");
+        assert_eq!(vars["CLIENT_NAME"], "");
+        // Only these fixed names, none of which a shell or the loader reads.
+        assert_eq!(
+            vars.keys().copied().collect::<Vec<_>>(),
+            [
+                "CLIENT_NAME",
+                "DEBIAN_FRONTEND",
+                "GIT_TERMINAL_PROMPT",
+                "JMP_DRIVERS_ALLOW",
+                "JUMPSTARTER_HOST",
+                "LEASE_NAME",
+                "TERM"
+            ]
+        );
+    }
 
     #[test]
     fn tail_keeps_the_last_lines_within_bounds() {
