@@ -248,7 +248,7 @@ pub async fn shell(opts: ShellLease, command: &[String]) -> Result<i32> {
         let mut server = Some(server);
         let mut watch = RunWatch::default();
         let (code, end) = tokio::select! {
-            ready = crate::hook_wait::before_command(channel.clone(), || lease.refusal()) => match ready {
+            ready = crate::hook_wait::before_command(channel.clone(), || lease_end::is_over(&lease), || lease.refusal()) => match ready {
                 Ok(None) => {
                     let (code, end) = run_until_end(
                         &lease, command, &env, &socket, &cancel, &mut server, &mut watch,

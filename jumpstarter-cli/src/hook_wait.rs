@@ -95,17 +95,25 @@ impl LogFollower {
 }
 
 /// Waits for `LEASE_READY` before the command starts. `Ok(None)`: go on; `Ok(Some(code))`:
-/// leave with `code` (the lease ended during the hook: a clean end, as upstream); `Err`:
-/// the beforeLease hook failed (`endLease` / `exit`), its status message as the reason.
+/// leave with `code`, the command not run (the lease ended during the hook); `Err`: the
+/// beforeLease hook failed (`endLease` / `exit`), its status message as the reason, or the
+/// exporter could not be reached for the whole wait.
 ///
-/// When the connection goes away during the hook, `refusal` says whether the controller
-/// refused to connect us for good meanwhile (the hook failed and the exporter is ending
-/// the lease, faster than a status poll saw it): that refusal is then the error.
-pub async fn before_command(
+/// A status poll that fails does not end the wait while the lease goes on (`lease_over`
+/// says when it has ended): the exporter may be restarting, the router or the controller
+/// away for a while. When the connection went away, `refusal` says whether the controller
+/// refused to connect us for good meanwhile (the hook failed and the exporter is ending the
+/// lease, faster than a status poll saw it): that refusal is then the error.
+pub async fn before_command<F, Fut>(
     channel: SessionChannel,
+    lease_over: F,
     refusal: impl FnOnce() -> Option<String>,
-) -> Result<Option<i32>> {
-    match wait::wait_ready(channel, HOOK_WAIT).await {
+) -> Result<Option<i32>>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    match wait::wait_ready_or(channel, HOOK_WAIT, lease_over).await {
         Ready::Ready { warning } => {
             if let Some(w) = warning {
                 eprintln!("Warning: {w}");
@@ -116,8 +124,14 @@ pub async fn before_command(
         Ready::LeaseEnded => match refusal() {
             Some(refusal) => Err(anyhow!(refusal)),
             None => {
-                eprintln!("Lease ended while waiting for the beforeLease hook to complete");
-                Ok(Some(0))
+                // Upstream exits 0 here; a script must not take a command that never ran
+                // for one that passed.
+                eprintln!(
+                    "Lease ended while waiting for the beforeLease hook to complete; the \
+                     command did not run (exit code {})",
+                    crate::lease_end::LEASE_ENDED_EXIT_CODE
+                );
+                Ok(Some(crate::lease_end::LEASE_ENDED_EXIT_CODE))
             }
         },
     }

@@ -334,7 +334,9 @@ async fn shell(args: ShellArgs) -> Result<i32> {
         let channel = jumpstarter_core::client::connect_channel(addr, &opts).await?;
         let logs =
             crate::hook_wait::follow_logs(channel.clone(), shell::take_follow_exporter_logs());
-        let ready = crate::hook_wait::before_command(channel, || None).await;
+        let ready = // No controller to ask: a standalone exporter's session outlives every client, so
+        // polls that fail are retried for the whole wait.
+        crate::hook_wait::before_command(channel, || std::future::ready(false), || None).await;
         let code = match ready {
             Ok(None) => shell::run_child(&args.command, &env, "direct").await,
             Ok(Some(code)) => Ok(code),

@@ -158,6 +158,22 @@ pub async fn watch(lease: &AcquiredLease) -> LeaseEnd {
     }
 }
 
+/// Whether the lease has ended (expired, released, or deleted by someone else), as the
+/// controller says now; a controller that cannot be reached says nothing (`false`).
+pub async fn is_over(lease: &AcquiredLease) -> bool {
+    match lease.status().await {
+        Ok(l) => ended(&l, jiff::Timestamp::now()).is_some(),
+        Err(LeaseError::Rpc {
+            code: tonic::Code::NotFound,
+            ..
+        }) => true,
+        Err(e) => {
+            tracing::debug!("checking lease {}: {e}", lease.name);
+            false
+        }
+    }
+}
+
 /// A gRPC service named `NAME` that answers every call with UNAVAILABLE and one message.
 #[derive(Clone)]
 struct Unavailable<const EXPORTER: bool> {

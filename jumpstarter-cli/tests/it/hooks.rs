@@ -591,10 +591,13 @@ async fn distributed_lease_timeout_during_a_slow_hook_ends_cleanly() {
         "echo ran",
     );
     let (code, stdout, stderr) = finish(child).await;
-    assert_eq!(code, 0, "{stdout}{stderr}\n{}", lab.log("hk3.log"));
+    // The command never ran: not a success (75, as for a lease that ends under the
+    // command), and no error either.
+    assert_eq!(code, 75, "{stdout}{stderr}\n{}", lab.log("hk3.log"));
     assert!(!stdout.contains("ran"), "{stdout}");
     assert!(!stderr.contains("Error"), "{stderr}");
     assert!(stderr.contains("[beforeLease] slow"), "{stderr}");
+    assert!(stderr.contains("the command did not run"), "{stderr}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -41,7 +41,7 @@ pub enum Ready {
     },
     /// The beforeLease hook failed (`endLease` / `exit`): the status message.
     Failed(String),
-    /// The connection went away while waiting (the lease ended during the hook).
+    /// The connection went away while waiting and the lease has ended (during the hook).
     LeaseEnded,
 }
 
@@ -89,17 +89,45 @@ fn warning(message: &str) -> Option<String> {
     message.strip_prefix(HOOK_WARNING_PREFIX).map(String::from)
 }
 
-/// Waits until the exporter is ready for commands (at most `limit`).
+/// Waits until the exporter is ready for commands (at most `limit`), taking a status poll
+/// that fails for the end of the lease (as upstream 0.9.0's client does). Prefer
+/// [`wait_ready_or`] where the lease's state can be asked for.
 pub async fn wait_ready(channel: SessionChannel, limit: Duration) -> Ready {
+    wait_ready_or(channel, limit, || std::future::ready(true)).await
+}
+
+/// How often a lost exporter is polled again while the lease goes on.
+const LOST_POLL: Duration = Duration::from_secs(1);
+
+/// Waits until the exporter is ready for commands (at most `limit`). A status poll that
+/// fails (the exporter restarting, a router or the controller away for a while) is not the
+/// end of the wait: `lease_over` says whether the lease has ended; until it says so, the
+/// polls go on, and a wait that runs out says the exporter could not be reached.
+pub async fn wait_ready_or<F, Fut>(
+    channel: SessionChannel,
+    limit: Duration,
+    mut lease_over: F,
+) -> Ready
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
     let mut client = ExporterServiceClient::new(channel);
     let deadline = tokio::time::Instant::now() + limit;
     let mut last = String::new();
     let mut hook_seen = false;
     let mut interval = FIRST_POLL;
     loop {
+        let mut lost = false;
         match poll(&mut client).await {
             Poll::Unimplemented => return Ready::Ready { warning: None },
-            Poll::Lost => return Ready::LeaseEnded,
+            Poll::Lost => {
+                if lease_over().await {
+                    return Ready::LeaseEnded;
+                }
+                lost = true;
+                last = "the exporter could not be reached".into();
+            }
             Poll::Status(ExporterStatus::LeaseReady, msg) => {
                 return Ready::Ready {
                     warning: warning(&msg),
@@ -128,8 +156,12 @@ pub async fn wait_ready(channel: SessionChannel, limit: Duration) -> Ready {
                 format!("Timeout waiting for beforeLease hook ({last})")
             });
         }
-        tokio::time::sleep(interval).await;
-        interval = next_poll(interval);
+        if lost {
+            tokio::time::sleep(LOST_POLL.min(deadline - tokio::time::Instant::now())).await;
+        } else {
+            tokio::time::sleep(interval).await;
+            interval = next_poll(interval);
+        }
     }
 }
 

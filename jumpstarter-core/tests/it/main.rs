@@ -5,6 +5,7 @@
 #[allow(dead_code)]
 mod thermostat;
 
+mod hook_wait;
 mod session;
 mod transport;
 mod tunnel;
