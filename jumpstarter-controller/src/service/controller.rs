@@ -49,6 +49,24 @@ pub struct ControllerApi<S: Store>(pub Arc<ControllerState<S>>);
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
+/// How many times a read-modify-write is tried before it gives up with ABORTED.
+const CONFLICT_TRIES: u32 = 16;
+
+/// Waits before the next try of a read-modify-write that met a conflict: 1 ms doubling up
+/// to 64 ms, each 50-100% of that at random. Without it, two writers of one object that
+/// retry at once (this one and, e.g., the batch that stores when exporters were last seen)
+/// can meet each other every time on a loaded machine, and the call fails after 16 tries in
+/// a few milliseconds.
+async fn conflict_backoff(attempt: u32) {
+    let random = (uuid::Uuid::new_v4().as_u128() % 1000) as f64 / 1000.0;
+    tokio::time::sleep(conflict_delay(attempt, random)).await;
+}
+
+/// The wait before try `attempt + 2`, for a `random` number in [0, 1).
+fn conflict_delay(attempt: u32, random: f64) -> Duration {
+    Duration::from_millis(1u64 << attempt.min(6)).mul_f64(0.5 + random.clamp(0.0, 1.0) / 2.0)
+}
+
 /// Re-reads and modifies an exporter until the write does not conflict.
 pub async fn update_exporter<S: Store>(
     store: &S,
@@ -57,7 +75,10 @@ pub async fn update_exporter<S: Store>(
     status_only: bool,
     mut f: impl FnMut(&mut Exporter) -> bool,
 ) -> Result<Exporter, Status> {
-    for _ in 0..16 {
+    for attempt in 0..CONFLICT_TRIES {
+        if attempt > 0 {
+            conflict_backoff(attempt - 1).await;
+        }
         let mut e: Exporter = store
             .get(namespace, name)
             .await
@@ -89,7 +110,10 @@ pub async fn update_lease<S: Store>(
     name: &str,
     mut f: impl FnMut(&mut Lease) -> Result<bool, Status>,
 ) -> Result<Lease, Status> {
-    for _ in 0..16 {
+    for attempt in 0..CONFLICT_TRIES {
+        if attempt > 0 {
+            conflict_backoff(attempt - 1).await;
+        }
         let mut l: Lease = store
             .get(namespace, name)
             .await
@@ -793,5 +817,33 @@ fn hook_failed(which: &str, e: &Exporter) -> String {
         format!("exporter {message}")
     } else {
         format!("exporter {base}: {message}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conflicting_writes_wait_longer_each_time_and_long_enough_in_all() {
+        // Each wait grows (up to its cap) and stays within 50-100% of its nominal length.
+        for attempt in 0..10 {
+            let nominal = Duration::from_millis(1 << attempt.min(6));
+            assert_eq!(conflict_delay(attempt, 0.0), nominal / 2);
+            assert!(conflict_delay(attempt, 0.999) < nominal);
+        }
+        // Even at the shortest, the tries of one call span a few hundred milliseconds: a
+        // busy writer of the same object (a batch waiting for its disk sync on a loaded
+        // machine) gets out of the way, where 16 tries in a row took a few milliseconds.
+        let shortest: Duration = (0..CONFLICT_TRIES - 1)
+            .map(|a| conflict_delay(a, 0.0))
+            .sum();
+        assert!(shortest >= Duration::from_millis(300), "{shortest:?}");
+        assert!(
+            (0..CONFLICT_TRIES - 1)
+                .map(|a| conflict_delay(a, 0.999))
+                .sum::<Duration>()
+                < Duration::from_secs(1)
+        );
     }
 }
