@@ -20,9 +20,6 @@ pub const DIR_KIND: &str = "jumpstarter-qemu";
 /// sockets): `jumpstarter-qemu-PID-RANDOM`, 0700 whatever the umask, in the temporary
 /// directory, after removing those that exporters killed since left there. Removed when
 /// dropped.
-// For `Qemu::new` (qemu/mod.rs), which still makes its directory with `tempfile`'s
-// defaults: to be replaced by a call to this (then this `allow` goes).
-#[allow(dead_code)]
 pub fn private_dir() -> Result<tempfile::TempDir, DriverError> {
     let base = std::env::temp_dir();
     jumpstarter_core::leftovers::private_dir_in(&base, DIR_KIND).map_err(|e| {

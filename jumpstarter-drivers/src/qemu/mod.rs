@@ -360,10 +360,7 @@ impl Qemu {
                 },
             );
         }
-        let dir = tempfile::Builder::new()
-            .prefix("jumpstarter-qemu-")
-            .tempdir()
-            .map_err(|e| DriverError::because("cannot create the board's directory", e))?;
+        let dir = board::private_dir()?;
         let settings = Settings {
             arch,
             cpu: c.cpu,
@@ -426,6 +423,22 @@ mod tests {
     fn build(yaml: serde_json::Value) -> Result<Qemu, DriverError> {
         let args = DriverArgs { config: yaml };
         Qemu::new(args.parse()?)
+    }
+
+    #[test]
+    fn the_board_directory_is_private_and_named_for_the_sweep() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let q = build(serde_json::Value::Null).unwrap();
+        let dir = q.shared.dir.path();
+        assert_eq!(
+            std::fs::metadata(dir).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
+        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+        assert_eq!(
+            jumpstarter_core::leftovers::owner_pid(&name, board::DIR_KIND),
+            Some(std::process::id())
+        );
     }
 
     #[test]
