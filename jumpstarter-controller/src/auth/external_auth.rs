@@ -33,7 +33,7 @@ pub struct ExternalAuth {
 impl ExternalAuth {
     /// From the `authentication.jwt` documents; refuses unusable ones, naming the issuer and
     /// field, duplicate issuers, and two issuers whose username prefixes collide
-    /// ([`prefixes_collide`]).
+    /// (`prefixes_collide`).
     pub fn from_documents(
         docs: &[serde_json::Value],
         provisioning: bool,
