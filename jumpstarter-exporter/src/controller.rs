@@ -164,11 +164,7 @@ impl ControllerTarget {
     /// From an exporter config (`endpoint`, `token`, `tls`, `metadata`); errors name the file
     /// and the missing field.
     pub fn from_config(cfg: &ExporterConfig) -> Result<Self, ExporterError> {
-        let path = cfg
-            .path
-            .as_ref()
-            .map(|p| p.display().to_string())
-            .unwrap_or_else(|| "exporter config".into());
+        let path = config_path(cfg);
         let missing = |field| ExporterError::MissingField {
             path: path.clone(),
             field,
@@ -234,11 +230,7 @@ impl ExporterOptions {
     /// From a config's `directListener` / `directAdvertise`.
     pub fn from_config(cfg: &ExporterConfig) -> Result<Self, ExporterError> {
         let config_error = |message: String| ExporterError::Config {
-            path: cfg
-                .path
-                .as_ref()
-                .map(|p| p.display().to_string())
-                .unwrap_or_else(|| "exporter config".into()),
+            path: config_path(cfg),
             message,
         };
         let hooks = LeaseHooks::from_config(&cfg.hooks)
@@ -262,16 +254,8 @@ impl ExporterOptions {
         .map_err(|e| config_error(e.to_string()))?;
         let direct = match cfg.direct_listener.as_deref() {
             Some(spec) => Some(
-                DirectListenerSpec::parse(spec, cfg.direct_advertise.as_deref()).map_err(|e| {
-                    ExporterError::Config {
-                        path: cfg
-                            .path
-                            .as_ref()
-                            .map(|p| p.display().to_string())
-                            .unwrap_or_else(|| "exporter config".into()),
-                        message: format!("directListener: {e}"),
-                    }
-                })?,
+                DirectListenerSpec::parse(spec, cfg.direct_advertise.as_deref())
+                    .map_err(|e| config_error(format!("directListener: {e}")))?,
             ),
             None => None,
         };
