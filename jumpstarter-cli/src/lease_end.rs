@@ -129,30 +129,48 @@ fn next_check(lease: &Lease, now: jiff::Timestamp) -> Duration {
     }
 }
 
+/// What the controller says of a lease now.
+enum Check {
+    /// It has ended, when and why.
+    Ended(LeaseEnd),
+    /// It goes on; check again after this long.
+    Live(Duration),
+    /// The controller could not be asked.
+    Unknown,
+}
+
+/// Asks the controller about `lease`: ended (expired, released, or deleted by someone else:
+/// NOT_FOUND), live, or unknown.
+async fn check(lease: &AcquiredLease) -> Check {
+    let now = jiff::Timestamp::now();
+    match lease.status().await {
+        Ok(l) => match ended(&l, now) {
+            Some(end) => Check::Ended(end),
+            None => Check::Live(next_check(&l, now)),
+        },
+        Err(LeaseError::Rpc {
+            code: tonic::Code::NotFound,
+            ..
+        }) => Check::Ended(LeaseEnd {
+            at: now,
+            reason: "it no longer exists on the controller".into(),
+        }),
+        Err(e) => {
+            tracing::debug!("checking lease {}: {e}", lease.name);
+            Check::Unknown
+        }
+    }
+}
+
 /// Resolves when the lease has ended (expired, released or deleted by someone else), with
 /// when and why; checks with the controller around the lease's end time and every
 /// `CHECK_INTERVAL` besides. A controller that cannot be reached for a while is no end.
 pub async fn watch(lease: &AcquiredLease) -> LeaseEnd {
     loop {
-        let now = jiff::Timestamp::now();
-        let wait = match lease.status().await {
-            Ok(l) => match ended(&l, now) {
-                Some(end) => return end,
-                None => next_check(&l, now),
-            },
-            Err(LeaseError::Rpc {
-                code: tonic::Code::NotFound,
-                ..
-            }) => {
-                return LeaseEnd {
-                    at: now,
-                    reason: "it no longer exists on the controller".into(),
-                };
-            }
-            Err(e) => {
-                tracing::debug!("checking lease {}: {e}", lease.name);
-                CHECK_INTERVAL.min(Duration::from_secs(2))
-            }
+        let wait = match check(lease).await {
+            Check::Ended(end) => return end,
+            Check::Live(wait) => wait,
+            Check::Unknown => CHECK_INTERVAL.min(Duration::from_secs(2)),
         };
         tokio::time::sleep(wait).await;
     }
@@ -161,17 +179,7 @@ pub async fn watch(lease: &AcquiredLease) -> LeaseEnd {
 /// Whether the lease has ended (expired, released, or deleted by someone else), as the
 /// controller says now; a controller that cannot be reached says nothing (`false`).
 pub async fn is_over(lease: &AcquiredLease) -> bool {
-    match lease.status().await {
-        Ok(l) => ended(&l, jiff::Timestamp::now()).is_some(),
-        Err(LeaseError::Rpc {
-            code: tonic::Code::NotFound,
-            ..
-        }) => true,
-        Err(e) => {
-            tracing::debug!("checking lease {}: {e}", lease.name);
-            false
-        }
-    }
+    matches!(check(lease).await, Check::Ended(_))
 }
 
 /// A gRPC service named `NAME` that answers every call with UNAVAILABLE and one message.
