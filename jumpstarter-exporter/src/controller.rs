@@ -658,6 +658,12 @@ impl Runtime {
         let Some(lease) = self.lease.take() else {
             return;
         };
+        // From now on the lease's clients call nothing (their open streams are cut), also
+        // while the afterLease hook runs: its own `j` is served by a session of its own.
+        lease.session.revoke(format!(
+            "lease {} has ended: the exporter refuses its driver calls",
+            lease.name
+        ));
         if let (Some(run), Some(channel)) = (&lease.hooks, &self.channel) {
             // The afterLease hook runs while the session is still served (once: it may
             // have run already after `EndSession`).
@@ -949,6 +955,11 @@ async fn on_end_session(
     exit: &tokio::sync::watch::Sender<Option<String>>,
 ) {
     tracing::info!("lease {name}: the client ended the session");
+    // The session is over for its clients, though the lease lasts until the afterLease
+    // hook is done: their driver calls are refused from now on.
+    session.revoke(format!(
+        "the session of lease {name} was ended (EndSession): the exporter refuses its driver calls"
+    ));
     let Some(run) = hooks else {
         session.set_status(
             ExporterStatus::Available,

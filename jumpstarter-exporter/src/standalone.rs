@@ -111,6 +111,9 @@ impl Standalone {
             }
         };
         let served = serve_tcp(Arc::clone(&self.session), listener, opts, stop).await;
+        // No client calls a driver while the afterLease hook runs.
+        self.session
+            .revoke("the exporter is shutting down: it refuses driver calls");
         let exit = match &self.hooks {
             Some(h) => h.finish().await,
             None => false,

@@ -893,3 +893,90 @@ async fn distributed_sigkill_during_before_lease_leaves_no_hook_child_and_the_le
     }
     assert!(ended, "the lease of a killed exporter stayed assigned");
 }
+
+/// Once a lease has ended, its client's connection to the exporter calls nothing, also
+/// while the afterLease hook runs (whose own `j` keeps working). The client here holds one
+/// connection over the whole lease, as upstream's Python client does, rather than `j`,
+/// which connects anew for every command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn distributed_driver_calls_are_refused_once_the_lease_ended() {
+    use jumpstarter_core::{
+        client::{
+            ExporterSession,
+            lease::{ControllerClient, LeaseRequest, LeaseSource, acquire},
+        },
+        config::ClientConfig,
+    };
+    let lab = lab().await;
+    let (started, release, done) = (lab.path("started"), lab.path("release"), lab.path("done"));
+    let cfg = lab_exporter(
+        &lab,
+        "hk6",
+        &format!(
+            "  afterLease:\n    script: |\n      j power on\n      touch {started}\n      \
+             for i in $(seq 300); do [ -e {release} ] && break; sleep 0.1; done\n      \
+             j power off\n      touch {done}\n    timeout: 60\n",
+            started = started.display(),
+            release = release.display(),
+            done = done.display()
+        ),
+    )
+    .await;
+    let client = ClientConfig::load(&lab.client("erin").await).unwrap();
+    let _exporter = lab.run_exporter(&cfg, "hk6.log");
+    lab.wait_status("hk6", ExporterStatusValue::Available).await;
+
+    let controller = ControllerClient::connect(&client).await.unwrap();
+    let lease = acquire(
+        &controller,
+        LeaseSource::Create(LeaseRequest::new("hooks=hk6", Duration::from_secs(3))),
+        Duration::from_secs(30),
+        |_, _| {},
+    )
+    .await
+    .unwrap();
+    let session = ExporterSession::from_channel(lease.session_channel().await.unwrap())
+        .await
+        .unwrap();
+    let power = session.driver("power").unwrap();
+    let mut ready = false;
+    for _ in 0..100 {
+        if power.call::<()>("on", ()).await.is_ok() {
+            ready = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(ready, "{}", lab.log("hk6.log"));
+
+    // The duration runs out; the afterLease hook starts (its `j` works) and waits.
+    for _ in 0..300 {
+        if started.exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(started.exists(), "{}", lab.log("hk6.log"));
+    let e = power
+        .call::<()>("off", ())
+        .await
+        .expect_err("a driver call after the lease ended was served");
+    assert!(e.to_string().contains("has ended"), "{e}");
+    let e = power
+        .streaming_call::<serde_json::Value>("read", ())
+        .await
+        .err()
+        .expect("a streaming call after the lease ended was served");
+    assert!(e.to_string().contains("has ended"), "{e}");
+
+    // The hook's own `j` still works.
+    std::fs::write(&release, "").unwrap();
+    for _ in 0..300 {
+        if done.exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(done.exists(), "{}", lab.log("hk6.log"));
+    lab.wait_status("hk6", ExporterStatusValue::Available).await;
+}

@@ -62,6 +62,9 @@ pub struct Session {
     /// Driver calls refused whatever the status (a beforeLease hook runs: only its own
     /// connection, served by another session over the same drivers, may call them).
     calls_blocked: std::sync::atomic::AtomicBool,
+    /// Set, with the reason, once the lease this session serves has ended: driver calls
+    /// and streams are refused for good, and the open ones are cut.
+    revoked: watch::Sender<Option<String>>,
 }
 
 impl Session {
@@ -86,6 +89,7 @@ impl Session {
             alternative_endpoints: Mutex::new(Vec::new()),
             closed: std::sync::atomic::AtomicBool::new(false),
             calls_blocked: std::sync::atomic::AtomicBool::new(false),
+            revoked: watch::channel(None).0,
         })
     }
 
@@ -152,6 +156,45 @@ impl Session {
             .store(blocked, std::sync::atomic::Ordering::SeqCst);
     }
 
+    /// The lease this session serves has ended (`why` says how): from now on every driver
+    /// call, streaming call and driver or resource stream of its clients is refused with
+    /// FAILED_PRECONDITION, and the ones in progress are cut with that error. Status,
+    /// report, log and `EndSession` calls keep working, so that a client can follow the
+    /// afterLease hook (whose own `j` is served by another session). Only the first call
+    /// counts.
+    pub fn revoke(&self, why: impl Into<String>) {
+        let why = why.into();
+        self.revoked.send_if_modified(|r| {
+            if r.is_none() {
+                *r = Some(why);
+                true
+            } else {
+                false
+            }
+        });
+    }
+
+    /// Why driver calls are refused for good, once [`Session::revoke`] was called.
+    pub fn revoked(&self) -> Option<String> {
+        self.revoked.borrow().clone()
+    }
+
+    /// Completes (with the reason) when the session is revoked.
+    fn until_revoked(&self) -> impl Future<Output = String> + Send + 'static {
+        let mut rx = self.revoked.subscribe();
+        async move {
+            let why = rx
+                .wait_for(Option::is_some)
+                .await
+                .map(|why| why.clone().unwrap_or_default());
+            match why {
+                Ok(why) => why,
+                // The session is gone: nothing is served any more anyway.
+                Err(_) => std::future::pending().await,
+            }
+        }
+    }
+
     /// Records hook output for this session's `LogStream` (see [`LogSink::emit_hook`]).
     pub fn hook_log(&self, source: LogSource, severity: &str, message: String) {
         self.logs.emit_hook(source, severity, message);
@@ -212,7 +255,15 @@ impl Session {
             .ok_or_else(|| DriverError::UnknownDriver(uuid.to_string()))
     }
 
+    fn check_revoked(&self) -> Result<(), DriverError> {
+        match self.revoked() {
+            Some(why) => Err(DriverError::NotReady(why)),
+            None => Ok(()),
+        }
+    }
+
     fn check_ready(&self) -> Result<(), DriverError> {
+        self.check_revoked()?;
         let s = self.status.borrow().status;
         if self.calls_blocked.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(DriverError::NotReady(format!(
@@ -241,7 +292,12 @@ impl Session {
         self.check_ready()?;
         let (name, driver) = self.lookup(uuid)?;
         let ctx = self.context(&name);
-        driver.call(ctx, method, args).await
+        let revoked = self.until_revoked();
+        tokio::select! {
+            biased;
+            why = revoked => Err(DriverError::NotReady(why)),
+            r = driver.call(ctx, method, args) => r,
+        }
     }
 
     /// The gRPC services of this session, to add to a tonic router.
@@ -299,7 +355,10 @@ impl ExporterService for SessionService {
             })
             .map_err(|e| e.to_status())
         });
-        Ok(Response::new(Box::pin(out)))
+        Ok(Response::new(cut_when_revoked(
+            Box::pin(out),
+            self.0.until_revoked(),
+        )))
     }
 
     type LogStreamStream = BoxStatusStream<LogStreamResponse>;
@@ -428,6 +487,7 @@ impl SessionService {
             req.into_body(),
             stream_rpc::Side::Server,
         );
+        self.0.check_revoked().map_err(|e| e.to_status())?;
         let mut headers = http::HeaderMap::new();
         let out: BoxStatusStream<StreamResponse> = match meta {
             StreamRequestMetadata::Driver { uuid, method } => {
@@ -465,8 +525,29 @@ impl SessionService {
                 response
             }
         };
+        let out = cut_when_revoked(out, self.0.until_revoked());
         Ok(stream_rpc::response(out, headers))
     }
+}
+
+/// `stream` until `revoked` completes; then one FAILED_PRECONDITION error with its reason,
+/// and the end (dropping `stream` stops whatever it drives, both ways).
+fn cut_when_revoked<T: Send + 'static>(
+    stream: BoxStatusStream<T>,
+    revoked: impl Future<Output = String> + Send + 'static,
+) -> BoxStatusStream<T> {
+    let revoked: std::pin::Pin<Box<dyn Future<Output = String> + Send>> = Box::pin(revoked);
+    Box::pin(futures::stream::unfold(
+        Some((stream, revoked)),
+        |state| async move {
+            let (mut stream, mut revoked) = state?;
+            tokio::select! {
+                biased;
+                why = &mut revoked => Some((Err(Status::failed_precondition(why)), None)),
+                item = stream.next() => item.map(|item| (item, Some((stream, revoked)))),
+            }
+        },
+    ))
 }
 
 /// Serves one resource stream: registers the driver's end, pipes the client's frames into

@@ -282,3 +282,80 @@ async fn raw_stream_rpc_refuses_what_it_cannot_serve() {
         .await
         .unwrap();
 }
+
+/// A session whose lease ended refuses its clients' driver calls and streams at once, cuts
+/// the ones in progress with the reason, and keeps answering status calls (so that a
+/// client can follow the afterLease hook).
+#[tokio::test]
+async fn a_revoked_session_refuses_driver_calls_and_cuts_open_streams() {
+    let served = serve_ready();
+    let client = served.client().await;
+    let thermostat = client.driver("thermostat").unwrap();
+    let uuid = thermostat.node().uuid.clone();
+    let mut readings = thermostat
+        .streaming_call::<f64>("readings", (u32::MAX,))
+        .await
+        .unwrap();
+    assert!(readings.next().await.unwrap().is_ok());
+
+    served
+        .session
+        .revoke("lease l1 ended: its duration ran out");
+    let end = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        loop {
+            match readings.next().await {
+                Some(Ok(_)) => continue,
+                other => break other,
+            }
+        }
+    })
+    .await
+    .expect("the open stream was not cut");
+    let e = end
+        .expect("the stream ended without saying why")
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("lease l1 ended: its duration ran out"),
+        "{e}"
+    );
+
+    let e = raw_call(&served, &uuid, "status", vec![])
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition);
+    assert_eq!(e.message(), "lease l1 ended: its duration ran out");
+    let e = thermostat
+        .streaming_call::<f64>("readings", (1,))
+        .await
+        .err()
+        .expect("a streaming call after the end");
+    assert!(e.to_string().contains("lease l1 ended"), "{e}");
+
+    // A driver stream is refused before the driver is even looked up.
+    let req = http::Request::builder()
+        .method("POST")
+        .uri("/jumpstarter.v1.RouterService/Stream")
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header(
+            "request",
+            format!(r#"{{"kind":"driver","uuid":"{uuid}","method":"connect"}}"#),
+        )
+        .body(tonic::body::Body::empty())
+        .unwrap();
+    let resp = tower::ServiceExt::oneshot(served.channel().await, req)
+        .await
+        .unwrap();
+    let s = jumpstarter_core::wire::stream_rpc::status_from_headers(resp.headers())
+        .expect("a trailers-only status");
+    assert_eq!(s.code(), Code::FailedPrecondition, "{s:?}");
+
+    // Status calls keep working.
+    let status = ExporterServiceClient::new(served.channel().await)
+        .get_status(GetStatusRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(status.status, ExporterStatus::LeaseReady as i32);
+}
