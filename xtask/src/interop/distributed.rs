@@ -239,10 +239,16 @@ const HOOK_LINES: [&str; 3] = [
 /// An exporter config as [`exporter_config`] writes it, with [`HOOKS`].
 fn exporter_config_with_hooks(env: &Env, name: &str, board: &str) -> Result<PathBuf> {
     let path = exporter_config(env, name, board)?;
+    replace_hooks(&path, HOOKS)?;
+    Ok(path)
+}
+
+/// Replaces the `hooks:` section of the exporter config at `path` with `hooks`.
+fn replace_hooks(path: &Path, hooks: &str) -> Result<()> {
     // Our `jmp admin create` writes an empty `hooks:` section: replace it.
     let mut text = String::new();
     let mut in_hooks = false;
-    for line in std::fs::read_to_string(&path)?.lines() {
+    for line in std::fs::read_to_string(path)?.lines() {
         if line.starts_with("hooks:") {
             in_hooks = true;
             continue;
@@ -254,8 +260,8 @@ fn exporter_config_with_hooks(env: &Env, name: &str, board: &str) -> Result<Path
         text.push_str(line);
         text.push('\n');
     }
-    std::fs::write(&path, format!("{text}{HOOKS}"))?;
-    Ok(path)
+    std::fs::write(path, format!("{text}{hooks}"))?;
+    Ok(())
 }
 
 /// Every hook line appears in one of the client's output streams, in order.
@@ -312,4 +318,51 @@ pub(super) fn py_client_to_our_exporter_with_hooks(env: &Env) -> Result<()> {
     )?;
     check(&out, "(python) jmp shell -l board=rshooks -- j power on")?;
     hook_output_in_order(&out, "(python) jmp shell -l board=rshooks")
+}
+
+/// Upstream's Python client holds one connection to our exporter over a lease that ends
+/// while the afterLease hook runs: its calls after the end are refused; the hook's own `j`
+/// keeps working.
+pub(super) fn py_raw_client_is_refused_after_the_lease_ended(env: &Env) -> Result<()> {
+    let _controller = super::controller::start_controller(env, "lease-end-raw-data")?.0;
+    let exporter = exporter_config(env, "rs-lease-end-exporter", "rsleaseend")?;
+    let client = client_config(env, "py-lease-end-client")?;
+    let (started, done) = (
+        env.work.path().join("lease-end-hook-started"),
+        env.work.path().join("lease-end-hook-done"),
+    );
+    let hooks = format!(
+        "hooks:\n  afterLease:\n    script: |\n      j power on\n      touch {started}\n      \
+         sleep 3\n      j power off\n      touch {done}\n    timeout: 60\n",
+        started = quoted(&started),
+        done = quoted(&done)
+    );
+    replace_hooks(&exporter, &hooks)?;
+    let mut c = env.ours(&env.jmp);
+    c.arg("run").arg("--exporter-config").arg(&exporter);
+    let mut our_exporter = Background::start("jmp run", c)?;
+    our_exporter.wait_for_line("registered with controller", Duration::from_secs(60))?;
+    let mut c = env.upstream("python");
+    c.env("PATH", path_with_venv(env))
+        .arg(env.scripts.join("lease_end_raw_client.py"))
+        .arg(&client)
+        .arg("board=rsleaseend")
+        .arg(&started);
+    let out = procs::run(c, STORAGE_TIMEOUT)?;
+    check(&out, "(python) lease_end_raw_client.py")?;
+    ensure!(
+        out.stdout
+            .contains("driver call after the lease ended: refused:")
+            && out.stdout.contains("has ended"),
+        "stdout:\n{}\nstderr:\n{}",
+        out.stdout,
+        out.stderr
+    );
+    for _ in 0..300 {
+        if done.exists() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    anyhow::bail!("the afterLease hook's own j did not work after the client was refused")
 }

@@ -152,6 +152,10 @@ pub fn run(filter: Option<&str>) -> Result<(usize, usize)> {
             "hooks: python jmp shell -> our exporter with beforeLease/afterLease, output in order",
             distributed::py_client_to_our_exporter_with_hooks,
         ),
+        (
+            "lease end: python client's open connection -> our exporter refuses its calls while the afterLease hook runs",
+            distributed::py_raw_client_is_refused_after_the_lease_ended,
+        ),
     ];
     let (mut passed, mut failed) = (0, 0);
     let mut failures = Vec::new();
