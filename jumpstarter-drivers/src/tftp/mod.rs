@@ -3,9 +3,12 @@
 //!
 //! The driver serves the files under `root_dir` read-only over TFTP ([`server`]: RFC 1350
 //! read requests with the `blksize`, `tsize` and `timeout` options), for boot ROMs and
-//! bootloaders (PXE, U-Boot) that fetch kernels, device trees and configs. Its `storage`
-//! child is an `Opendal` driver on `root_dir` (scheme `fs`), as upstream's: what a client
-//! writes through it is what the board fetches.
+//! bootloaders (PXE, U-Boot) that fetch kernels, device trees and configs. At most 64
+//! transfers run at once, 8 of them to one client address; a transfer whose first packet
+//! is not acknowledged within 6 s is abandoned, and gives way sooner when every slot is
+//! taken (see [`server`]), so requests from forged addresses cannot lock the server. Its
+//! `storage` child is an `Opendal` driver on `root_dir` (scheme `fs`), as upstream's: what
+//! a client writes through it is what the board fetches.
 //!
 //! Config fields as upstream: `root_dir` (`/var/lib/tftpboot`, created if missing), `host`
 //! (the address to listen on; default: this machine's address on its default route),
@@ -19,6 +22,8 @@
 
 mod client;
 mod server;
+
+pub(crate) use server::client_key;
 
 use std::{path::PathBuf, sync::Arc};
 
