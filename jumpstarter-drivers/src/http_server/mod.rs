@@ -12,6 +12,10 @@
 //! silent, `600`), `remove_created_on_close` (`true`: files written through `storage` are
 //! removed when the session ends).
 //!
+//! Whatever `timeout` says, a request head must arrive whole within 10 s, and one client
+//! address holds at most 8 of the 64 connections served at once (see [`serve`]), so
+//! half-sent requests cannot keep a board from its files.
+//!
 //! Methods: `start` (a port that cannot be bound is an error naming `port`; the exporter
 //! and its other drivers go on), `stop`, `get_url`, `get_host`, `get_port` (the bound port
 //! while running, `0` when stopped, as upstream). The server stops when the session ends.
