@@ -9,13 +9,16 @@ use futures::TryStreamExt;
 use jumpstarter_core::{
     ClientError,
     client::{DriverClient, UploadSource},
-    wire::resource::{FileWriter, file_chunks},
+    wire::resource::file_chunks,
 };
 
 use crate::{
     Novnc,
     command::{CliFuture, DriverCommand},
-    storage::{Progress, ProgressWriter, detect_encoding, presigned_get, refuse_url_dump, url_of},
+    storage::{
+        Progress, ProgressWriter, detect_encoding, presigned_get, refuse_url_dump, url_of,
+        write_local_atomically,
+    },
 };
 
 /// Typed client of the board (`jumpstarter_driver_qemu.client.QemuClient`); its children
@@ -110,7 +113,10 @@ impl QemuFlasherClient {
         r.map(|_| ())
     }
 
-    /// Dumps `partition` (`root` when `None`) into a local file. A URL is refused (as
+    /// Dumps `partition` (`root` when `None`) into a local file, which appears only once
+    /// complete: the bytes go to a hidden sibling renamed over `path` at the end, and removed
+    /// if the dump fails or is interrupted (a file that was there stays as it was). A
+    /// device, pipe or socket (`/dev/stdout`) is written directly. A URL is refused (as
     /// upstream's client, which cannot write to one either).
     pub async fn dump(
         &self,
@@ -119,16 +125,20 @@ impl QemuFlasherClient {
         progress: &Progress,
     ) -> Result<(), ClientError> {
         refuse_url_dump(path)?;
-        let file = std::fs::File::create(path).map_err(|e| io_err("creating", path, e))?;
-        let sink = ProgressWriter::new(FileWriter::new(file), progress.clone());
         let partition = partition.map(str::to_string);
         let this = self.0.clone();
-        let r = self
-            .0
-            .download(sink, None, |h| async move {
-                this.call::<serde_json::Value>("dump", (h, partition)).await
+        let shown = progress.clone();
+        let r = write_local_atomically(path, |file| async move {
+            let sink = ProgressWriter::new(file, shown);
+            let caller = this.clone();
+            this.download(sink, None, |h| async move {
+                caller
+                    .call::<serde_json::Value>("dump", (h, partition))
+                    .await
             })
-            .await;
+            .await
+        })
+        .await;
         finish(progress, &r);
         r.map(|_| ())
     }

@@ -149,7 +149,7 @@ pub async fn detect_encoding(path: &Path) -> Result<Option<ContentEncoding>, Cli
 /// A symbolic link is followed (the file it names is replaced, the link stays), and a
 /// device, pipe or socket that exists (`/dev/null`, `/dev/stdout`, a FIFO) is written
 /// directly: there is no file to put in place, and renaming over it would replace it.
-pub(super) async fn write_local_atomically<T, F, Fut>(
+pub(crate) async fn write_local_atomically<T, F, Fut>(
     path: &Path,
     body: F,
 ) -> Result<T, ClientError>

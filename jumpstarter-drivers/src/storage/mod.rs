@@ -32,7 +32,7 @@ pub use client::{
     OpendalClient, OpendalFile, Presign, StorageMuxClient, TransferOptions, detect_encoding,
     mux_cli, opendal_cli,
 };
-pub(crate) use client::{presigned_get, refuse_url_dump, url_of};
+pub(crate) use client::{presigned_get, refuse_url_dump, url_of, write_local_atomically};
 pub use flasher::{DEFAULT_PARTITION, MockFlasher};
 pub use flasher_client::{FlasherClient, flasher_cli};
 pub use mux::{MockStorageMux, MockStorageMuxFlasher};

@@ -1,10 +1,14 @@
 //! The QEMU board's children without booting: flasher (plain, compressed as upstream's
 //! client sends it, dump back), bad partitions, the unary methods.
 
+use std::sync::Arc;
+
 use jumpstarter_core::{
+    CallContext, DriverError,
     client::UploadSource,
+    driver,
     driver::DriverArgs,
-    wire::resource::{ContentEncoding, encoder},
+    wire::resource::{ContentEncoding, ResourceHandle, encoder},
 };
 use jumpstarter_drivers::{Progress, Qemu, QemuClient, QemuFlasherClient};
 use tokio::io::AsyncWriteExt;
@@ -80,4 +84,79 @@ async fn flasher_writes_expands_and_dumps_partitions() {
     q.set_memory_size("1G").await.unwrap();
     let e = q.set_disk_size("huge").await.unwrap_err();
     assert!(e.to_string().contains("invalid size"), "{e}");
+}
+
+/// A QEMU flasher whose `dump` sends part of the image, then fails (a read error midway).
+struct BrokenDump;
+
+#[driver(client = "jumpstarter_driver_qemu.client.QemuFlasherClient")]
+impl BrokenDump {
+    #[export]
+    async fn dump(
+        &self,
+        ctx: &CallContext,
+        target: ResourceHandle,
+        _partition: Option<String>,
+    ) -> Result<(), DriverError> {
+        let mut s = ctx.resource(&target)?;
+        s.write_all(&vec![7u8; 512 * 1024]).await?;
+        Err(DriverError::failed("disk image unreadable at sector 1024"))
+    }
+}
+
+fn files_in(dir: &std::path::Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+/// A dump that fails midway leaves nothing at the destination (no truncated file that
+/// looks like an image), and a file that was there keeps its content; a dump refused by
+/// the exporter does not touch it either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_dump_leaves_no_partial_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let served = Served::start(vec![("flasher", Arc::new(BrokenDump))]);
+    let session = served.client().await;
+    let flasher = QemuFlasherClient(session.driver("flasher").unwrap());
+    let out = dir.path().join("disk.img");
+    let e = flasher
+        .dump(&out, None, &Progress::hidden())
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("sector 1024"), "{e}");
+    assert!(
+        files_in(dir.path()).is_empty(),
+        "{:?}",
+        files_in(dir.path())
+    );
+
+    std::fs::write(&out, b"the previous dump").unwrap();
+    let e = flasher
+        .dump(&out, Some("root"), &Progress::hidden())
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("sector 1024"), "{e}");
+    assert_eq!(std::fs::read(&out).unwrap(), b"the previous dump");
+    assert_eq!(files_in(dir.path()), ["disk.img"]);
+
+    // The real board: a partition never flashed (and with no default image) is refused.
+    let board = Qemu::from_args(&DriverArgs {
+        config: serde_json::json!({"mem": "256M"}),
+    })
+    .unwrap();
+    let served = Served::start(vec![("board", board)]);
+    let session = served.client().await;
+    let flasher = QemuFlasherClient(session.driver("board.flasher").unwrap());
+    assert!(
+        flasher
+            .dump(&out, Some("bios"), &Progress::hidden())
+            .await
+            .is_err()
+    );
+    assert_eq!(std::fs::read(&out).unwrap(), b"the previous dump");
+    assert_eq!(files_in(dir.path()), ["disk.img"]);
 }
