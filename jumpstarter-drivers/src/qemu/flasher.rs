@@ -12,6 +12,7 @@ use jumpstarter_core::{
 use tokio::io::AsyncWriteExt;
 
 use super::board::Shared;
+use crate::storage::Partial;
 
 /// The board's flasher (`jumpstarter_driver_qemu.client.QemuFlasherClient`).
 pub struct QemuFlasher {
@@ -35,25 +36,26 @@ impl QemuFlasher {
         let stream = ctx.resource(&handle)?;
         let timeout = self.shared.settings.flash_timeout;
         let name = partition.as_deref().unwrap_or("root").to_string();
-        // Written beside the partition and renamed over it once complete: a broken
-        // transfer leaves the previous image.
-        let partial = path.with_extension("partial");
-        let written = tokio::time::timeout(timeout, write_expanded(stream, &partial)).await;
+        // Written into a hidden sibling of its own (`.NAME.partial-RANDOM`) and renamed over
+        // the partition once complete: a broken, timed out or cancelled transfer leaves the
+        // previous image and its sibling is removed (when `partial` is dropped); two flashes
+        // at once never write into the same file, the last to complete wins.
+        let (partial, file) = Partial::create(&path)
+            .await
+            .map_err(|e| DriverError::because(format!("flashing {name}"), e))?;
+        let written = tokio::time::timeout(timeout, write_expanded(stream, file)).await;
         let n = match written {
             Ok(Ok(n)) => n,
-            Ok(Err(e)) => {
-                let _ = tokio::fs::remove_file(&partial).await;
-                return Err(DriverError::because(format!("flashing {name}"), e));
-            }
+            Ok(Err(e)) => return Err(DriverError::because(format!("flashing {name}"), e)),
             Err(_) => {
-                let _ = tokio::fs::remove_file(&partial).await;
                 return Err(DriverError::Timeout(format!(
                     "flashing {name}: not done within flash_timeout ({}s)",
                     timeout.as_secs()
                 )));
             }
         };
-        tokio::fs::rename(&partial, &path)
+        partial
+            .commit(&path)
             .await
             .map_err(|e| DriverError::because(format!("flashing {name}"), e))?;
         ctx.log_info(format!("flashed {n} bytes to {name}"));
@@ -125,17 +127,12 @@ fn resource_handle(v: serde_json::Value) -> Result<ResourceHandle, DriverError> 
     serde_json::from_value(v).map_err(|e| DriverError::invalid_because("not a resource handle", e))
 }
 
-/// Writes the stream to `path`, expanding it when its first bytes are a compression format's
-/// magic; returns the bytes written.
-async fn write_expanded(
-    mut stream: ResourceStream,
-    path: &std::path::Path,
-) -> std::io::Result<u64> {
+/// Writes the stream into `file`, expanding it when its first bytes are a compression
+/// format's magic; returns the bytes written.
+async fn write_expanded(mut stream: ResourceStream, file: std::fs::File) -> std::io::Result<u64> {
     let Some(first) = stream.chunk().await? else {
-        std::fs::File::create(path)?;
         return Ok(0);
     };
-    let file = std::fs::File::create(path)?;
     match ContentEncoding::detect(&first) {
         None => {
             let mut f = tokio::fs::File::from_std(file);

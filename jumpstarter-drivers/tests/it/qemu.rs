@@ -13,7 +13,10 @@ use jumpstarter_core::{
 use jumpstarter_drivers::{Progress, Qemu, QemuClient, QemuFlasherClient};
 use tokio::io::AsyncWriteExt;
 
-use crate::{Served, storage::random_file};
+use crate::{
+    Served,
+    storage::{MIB, random_file},
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flasher_writes_expands_and_dumps_partitions() {
@@ -159,4 +162,55 @@ async fn a_failed_dump_leaves_no_partial_file() {
     );
     assert_eq!(std::fs::read(&out).unwrap(), b"the previous dump");
     assert_eq!(files_in(dir.path()), ["disk.img"]);
+}
+
+/// Two flashes of one partition at once: each writes into a file of its own, so the
+/// partition ends up holding one whole image (the last to complete), never a mix of both,
+/// and neither fails because of the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_flashes_never_mix_their_images() {
+    let board = Qemu::from_args(&DriverArgs {
+        config: serde_json::json!({"mem": "256M"}),
+    })
+    .unwrap();
+    let served = Served::start(vec![("board", board)]);
+    let session = served.client().await;
+    let flasher = QemuFlasherClient(session.driver("board.flasher").unwrap());
+    let dir = tempfile::tempdir().unwrap();
+
+    // A slow flash: its first MiB now, its second once the other flash is done.
+    let (tx, rx) = futures::channel::mpsc::unbounded::<std::io::Result<bytes::Bytes>>();
+    let raw = flasher.0.clone();
+    let slow = tokio::spawn(async move {
+        let client = raw.clone();
+        raw.upload(UploadSource::chunks(rx), None, |h| async move {
+            client.call::<serde_json::Value>("flash", (h, "root")).await
+        })
+        .await
+    });
+    tx.unbounded_send(Ok(vec![0xaa; MIB].into())).unwrap();
+    // Time for the exporter to take that first MiB (and open the file it writes into).
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let other = dir.path().join("other.img");
+    random_file(&other, 3 * MIB, 9);
+    flasher
+        .flash(&other, None, &Progress::hidden())
+        .await
+        .unwrap();
+    tx.unbounded_send(Ok(vec![0xbb; MIB].into())).unwrap();
+    drop(tx);
+    slow.await.unwrap().unwrap();
+
+    let back = dir.path().join("back.img");
+    flasher
+        .dump(&back, None, &Progress::hidden())
+        .await
+        .unwrap();
+    let got = std::fs::read(&back).unwrap();
+    let slow_image = [vec![0xaa; MIB], vec![0xbb; MIB]].concat();
+    assert!(
+        got == slow_image,
+        "the partition holds {} bytes that are not the last image flashed",
+        got.len()
+    );
 }
