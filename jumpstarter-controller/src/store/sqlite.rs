@@ -299,18 +299,28 @@ fn valid_subdomain(s: &str) -> bool {
     !s.is_empty() && s.len() <= 253 && s.split('.').all(valid_label)
 }
 
-fn check_key(t: &Target) -> Result<(), StoreError> {
-    if !valid_label(&t.namespace) {
-        return Err(t.invalid(
+/// What is wrong with an object's key by the rule every create and update applies (the
+/// namespace a DNS-1123 label, the name a DNS-1123 subdomain), naming the field; `None` when
+/// it is fine. A restore holds a backup's rows to it too.
+pub(crate) fn key_problem(namespace: &str, name: &str) -> Option<&'static str> {
+    if !valid_label(namespace) {
+        return Some(
             "metadata.namespace must be a DNS-1123 label (lowercase letters, digits, '-', at most 63)",
-        ));
+        );
     }
-    if !valid_subdomain(&t.name) {
-        return Err(t.invalid(
+    if !valid_subdomain(name) {
+        return Some(
             "metadata.name must be a DNS-1123 subdomain (lowercase letters, digits, '-', '.', at most 253)",
-        ));
+        );
     }
-    Ok(())
+    None
+}
+
+fn check_key(t: &Target) -> Result<(), StoreError> {
+    match key_problem(&t.namespace, &t.name) {
+        Some(problem) => Err(t.invalid(problem)),
+        None => Ok(()),
+    }
 }
 
 /// The target of an object passed in by a caller.
@@ -1096,8 +1106,9 @@ fn check_integrity(conn: &Connection) -> Result<(), String> {
     ))
 }
 
-/// Creates or checks the schema.
-fn migrate(conn: &mut Connection) -> Result<(), BoxError> {
+/// Creates or checks the schema. A restore runs it on an empty in-memory database to learn
+/// the schema a backup must have.
+pub(crate) fn migrate(conn: &mut Connection) -> Result<(), BoxError> {
     let version: i64 = conn.query_row("PRAGMA user_version", [], |row| row.get(0))?;
     match version {
         0 => {
