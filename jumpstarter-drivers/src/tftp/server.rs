@@ -18,7 +18,9 @@
 //!   ACKs are ignored (no "Sorcerer's Apprentice" resends). Block numbers roll over past
 //!   65535 (as tftp-hpa and most clients do), so files of any size go through.
 //! - Write requests are refused (access violation); file names with `..` components, or
-//!   leading through a symbolic link out of the root, are refused too.
+//!   leading through a symbolic link out of the root, are refused too. Error packets are
+//!   never answered (RFC 1350), so that two servers cannot bounce errors at each other
+//!   forever (the "TFTP Loop DoS", CVE-2024-2169).
 
 use std::{
     collections::HashMap,
@@ -149,6 +151,12 @@ async fn serve(socket: UdpSocket, root: Arc<PathBuf>, limits: Limits) {
                 continue;
             }
         };
+        // Error packets are never answered (RFC 1350): answering them lets two servers, or
+        // this one and itself with a forged source, bounce errors forever (CVE-2024-2169).
+        if buf[..n].starts_with(&ERROR.to_be_bytes()) {
+            tracing::debug!("Tftp: an error packet from {peer}, not answered");
+            continue;
+        }
         let req = match parse_request(&buf[..n]) {
             Ok(r) => r,
             Err((code, msg)) => {
@@ -725,5 +733,26 @@ mod tests {
             }
         }
         assert_eq!(got, kernel());
+    }
+
+    /// An error packet sent to the server's port gets no answer (were it answered, two
+    /// servers could bounce errors forever): the first answer that comes back is the one
+    /// to the write request sent after it.
+    #[tokio::test]
+    async fn error_packets_are_not_answered() {
+        let (_server, addr, _dir) = serving(Limits::default()).await;
+        let sock = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        sock.send_to(&error_packet(ERR_ILLEGAL, "bounce me"), addr)
+            .await
+            .unwrap();
+        sock.send_to(&[0, 5, 0], addr).await.unwrap();
+        let mut write = WRQ.to_be_bytes().to_vec();
+        write.extend_from_slice(b"f\0octet\0");
+        sock.send_to(&write, addr).await.unwrap();
+        let mut buf = vec![0u8; 1024];
+        let (n, from) = recv(&sock, &mut buf).await;
+        assert_eq!(from, addr);
+        assert_eq!(opcode(&buf[..n]), ERROR);
+        assert_eq!(u16::from_be_bytes([buf[2], buf[3]]), ERR_ACCESS);
     }
 }
