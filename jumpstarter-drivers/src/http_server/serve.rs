@@ -304,7 +304,8 @@ fn status(code: StatusCode, text: &str) -> Response<Body> {
     r
 }
 
-/// Decodes `%XX` escapes; `None` for a malformed escape.
+/// Decodes `%XX` escapes; `None` for a malformed escape (anything but two hex digits: not a
+/// sign, which `from_str_radix` would take).
 fn percent_decode(s: &str) -> Option<Vec<u8>> {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
@@ -312,6 +313,9 @@ fn percent_decode(s: &str) -> Option<Vec<u8>> {
     while i < b.len() {
         if b[i] == b'%' {
             let hex = b.get(i + 1..i + 3)?;
+            if !hex.iter().all(u8::is_ascii_hexdigit) {
+                return None;
+            }
             let hex = std::str::from_utf8(hex).ok()?;
             out.push(u8::from_str_radix(hex, 16).ok()?);
             i += 3;
@@ -506,6 +510,13 @@ mod tests {
         assert_eq!(resolve(root, "/out/passwd"), Err(StatusCode::NOT_FOUND));
         assert_eq!(resolve(root, "/nul%00"), Err(StatusCode::NOT_FOUND));
         assert_eq!(resolve(root, "/bad%zz"), Err(StatusCode::BAD_REQUEST));
+        // A sign is no hex digit (`%+1` is not byte 1, `%+0` not a NUL).
+        assert_eq!(resolve(root, "/sub/%+1"), Err(StatusCode::BAD_REQUEST));
+        assert_eq!(resolve(root, "/nul%+0"), Err(StatusCode::BAD_REQUEST));
+        assert_eq!(
+            resolve(root, "/sub/a%20b%2Eimg"),
+            resolve(root, "/sub/a b.img")
+        );
         assert_eq!(resolve(root, "/missing"), Err(StatusCode::NOT_FOUND));
     }
 
