@@ -63,6 +63,8 @@ pub struct ControllerState<S: Store> {
     /// builds it before it writes the exporters' `leaseRef`): a Status message names the
     /// lease's client without reading the lease from the store.
     pub(crate) lease_clients: std::sync::Mutex<Arc<LeaseClients>>,
+    /// The connection holding each online exporter identity (one per identity).
+    pub live_exporters: Arc<crate::service::live_exporters::LiveExporters>,
 }
 
 /// Lease (namespace, name) -> its client's name.
@@ -96,6 +98,7 @@ impl<S: Store> ControllerState<S> {
             lease_view: tokio::sync::Mutex::new(None),
             policy_view: Default::default(),
             lease_clients: std::sync::Mutex::new(Arc::default()),
+            live_exporters: Arc::default(),
             store,
         })
     }

@@ -85,6 +85,14 @@ pub enum ExporterError {
         /// The controller's message.
         message: String,
     },
+    /// Another process of this exporter identity is online at the controller.
+    #[error("{message} (controller {endpoint})")]
+    AlreadyOnline {
+        /// The controller endpoint.
+        endpoint: String,
+        /// The controller's message (where the other process connected from, and since).
+        message: String,
+    },
     /// The direct listener could not be set up.
     #[error("{0}")]
     Direct(#[from] DirectError),
@@ -361,6 +369,8 @@ pub async fn run_with_options(
     };
     tokio::pin!(shutdown);
     let mut rapid = 0u32;
+    // Since when another process of this exporter is online, refusing this one.
+    let mut duplicate: Option<tokio::time::Instant> = None;
     let outcome = loop {
         let attempt = tokio::time::Instant::now();
         let r = tokio::select! {
@@ -371,9 +381,26 @@ pub async fn run_with_options(
             }
             r = rt.connected_once() => r,
         };
+        if !matches!(r, Err(Failure::Duplicate(_))) {
+            duplicate = None;
+        }
         let e = match r {
             Ok(()) => "the controller ended the status stream".to_string(),
             Err(Failure::Fatal(e)) => break Err(e),
+            Err(Failure::Duplicate(e)) => {
+                let since = *duplicate.get_or_insert_with(|| {
+                    tracing::error!(
+                        "{e}. This process keeps trying for {} s (in case that is a \
+                         connection of an earlier run whose host went down), then stops.",
+                        DUPLICATE_GRACE.as_secs()
+                    );
+                    tokio::time::Instant::now()
+                });
+                if since.elapsed() >= DUPLICATE_GRACE {
+                    break Err(e);
+                }
+                e.to_string()
+            }
             Err(Failure::Retry(e)) => e,
         };
         // failureDetection, as upstream's `jmp run` applies it: its exporter process makes
@@ -410,7 +437,9 @@ pub async fn run_with_options(
     // A lease whose hook said `exit` has been released already; the afterLease hook of a
     // lease in progress still runs (as upstream, even at shutdown).
     rt.end_lease(false).await;
-    if let Some(channel) = rt.channel.clone() {
+    // An exporter refused because another process of its identity is online says no
+    // goodbye: the controller would refuse it anyway, as it is that one's to say.
+    if let Some(channel) = rt.channel.clone().filter(|_| duplicate.is_none()) {
         let bye = async {
             report_status(&channel, ExporterStatus::Offline, "Exporter shutting down").await;
             let r = ControllerServiceClient::new(channel)
@@ -433,7 +462,15 @@ pub async fn run_with_options(
 enum Failure {
     Retry(String),
     Fatal(ExporterError),
+    /// Another process of this exporter identity is online (`ALREADY_EXISTS`).
+    Duplicate(ExporterError),
 }
+
+/// How long an exporter refused because another process of its identity is online keeps
+/// trying before it stops: long enough for the controller to notice (by its keepalive) that
+/// a connection of an earlier run of this exporter is gone, when its host went down without
+/// closing it.
+const DUPLICATE_GRACE: Duration = Duration::from_secs(75);
 
 struct ActiveLease {
     name: String,
@@ -470,14 +507,20 @@ impl Runtime {
             status.code(),
             Code::Unauthenticated | Code::PermissionDenied | Code::InvalidArgument | Code::NotFound
         ) || status.message().contains("token is expired");
-        if fatal {
-            Failure::Fatal(ExporterError::Refused {
+        let refused = || ExporterError::Refused {
+            endpoint: self.target.endpoint.clone(),
+            namespace: self.target.auth.namespace.clone(),
+            name: self.target.auth.name.clone(),
+            code: status.code(),
+            message: status.message().to_string(),
+        };
+        if status.code() == Code::AlreadyExists {
+            Failure::Duplicate(ExporterError::AlreadyOnline {
                 endpoint: self.target.endpoint.clone(),
-                namespace: self.target.auth.namespace.clone(),
-                name: self.target.auth.name.clone(),
-                code: status.code(),
                 message: status.message().to_string(),
             })
+        } else if fatal {
+            Failure::Fatal(refused())
         } else {
             Failure::Retry(format!("{} ({:?})", status.message(), status.code()))
         }

@@ -17,6 +17,7 @@ mod python_drivers;
 mod qemu;
 mod router_faults;
 mod storage;
+mod twin;
 
 use std::{
     io::{BufRead, BufReader},

@@ -22,7 +22,10 @@ use crate::{
         RESERVED_LABEL_PREFIX, condition_to_proto, conditions, selector::LabelSelector,
         set_condition, timestamp_to_proto,
     },
-    service::limits::{self, MAX_IDENTIFIER, MAX_LABEL_TEXT, MAX_REPORTS, MAX_SELECTOR, MAX_TEXT},
+    service::{
+        limits::{self, MAX_IDENTIFIER, MAX_LABEL_TEXT, MAX_REPORTS, MAX_SELECTOR, MAX_TEXT},
+        live_exporters::ConnKey,
+    },
     state::{Caller, ControllerState, store_status},
     store::{ListParams, Store},
 };
@@ -155,6 +158,15 @@ impl<S: Store> ControllerApi<S> {
         self.0.auth.authenticate(req_md, ObjectKind::Exporter).await
     }
 
+    /// Refuses a caller that is not the connection holding its exporter identity online
+    /// (see [`crate::service::live_exporters`]).
+    fn check_live<T>(&self, caller: &Caller, request: &Request<T>) -> Result<(), Status> {
+        let (key, _) = conn_key(request);
+        self.0
+            .live_exporters
+            .check(&caller.namespace, &caller.name, &key)
+    }
+
     async fn status_response(&self, e: &Exporter) -> StatusResponse {
         let lease = e
             .status
@@ -186,6 +198,7 @@ impl<S: Store> ControllerService for ControllerApi<S> {
         request: Request<RegisterRequest>,
     ) -> Result<Response<RegisterResponse>, Status> {
         let caller = self.exporter(request.metadata()).await?;
+        self.check_live(&caller, &request)?;
         let req = request.into_inner();
         limits::check_labels("labels", req.labels.iter(), MAX_LABEL_TEXT)?;
         limits::check_count("reports", req.reports.len(), MAX_REPORTS)?;
@@ -264,6 +277,8 @@ impl<S: Store> ControllerService for ControllerApi<S> {
         request: Request<UnregisterRequest>,
     ) -> Result<Response<UnregisterResponse>, Status> {
         let caller = self.exporter(request.metadata()).await?;
+        // A second instance that stops does not unregister the one online.
+        self.check_live(&caller, &request)?;
         update_exporter(&self.0.store, &caller.namespace, &caller.name, true, |e| {
             let t = now();
             let s = status_mut(e);
@@ -289,6 +304,7 @@ impl<S: Store> ControllerService for ControllerApi<S> {
         request: Request<ReportStatusRequest>,
     ) -> Result<Response<ReportStatusResponse>, Status> {
         let caller = self.exporter(request.metadata()).await?;
+        let (key, _) = conn_key(&request);
         let req = request.into_inner();
         limits::check_len(
             "message",
@@ -299,6 +315,18 @@ impl<S: Store> ControllerService for ControllerApi<S> {
             Status::invalid_argument(format!("unknown exporter status {}", req.status))
         })?;
         let value = ExporterStatusValue::from(status);
+        // A second instance that stops takes neither the exporter offline nor its lease
+        // away. Other reports are taken from any connection of the identity: behind a
+        // proxy an upstream exporter's calls may come from several peers.
+        if matches!(
+            value,
+            ExporterStatusValue::Offline | ExporterStatusValue::Unspecified
+        ) || req.release_lease == Some(true)
+        {
+            self.0
+                .live_exporters
+                .check(&caller.namespace, &caller.name, &key)?;
+        }
         let message = req.message.clone().unwrap_or_default();
         let unhealthy = jumpstarter_core::hooks::Unhealthy::parse(&message);
         let e = update_exporter(&self.0.store, &caller.namespace, &caller.name, true, |e| {
@@ -424,6 +452,12 @@ impl<S: Store> ControllerService for ControllerApi<S> {
         request: Request<StatusRequest>,
     ) -> Result<Response<Self::StatusStream>, Status> {
         let caller = self.exporter(request.metadata()).await?;
+        // One stream per exporter identity: another instance's is refused.
+        let (key, peer) = conn_key(&request);
+        let claim = self
+            .0
+            .live_exporters
+            .claim(&caller.namespace, &caller.name, key, peer)?;
         let store = self.0.store.clone();
         // Seen now; a stale "Offline" from an earlier shutdown is cleared.
         update_exporter(&store, &caller.namespace, &caller.name, true, |e| {
@@ -449,6 +483,7 @@ impl<S: Store> ControllerService for ControllerApi<S> {
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<StatusResponse, Status>>(4);
         let api = ControllerApi(self.0.clone());
         tokio::spawn(async move {
+            let mut claim = claim;
             let mut last: Option<StatusResponse> = None;
             let mut heartbeat = tokio::time::interval(HEARTBEAT);
             heartbeat.tick().await;
@@ -484,6 +519,14 @@ impl<S: Store> ControllerService for ControllerApi<S> {
                 }
                 tokio::select! {
                     _ = tx.closed() => return,
+                    _ = claim.replaced() => {
+                        let _ = tx
+                            .send(Err(Status::aborted(
+                                "a newer connection of this exporter instance replaced this one",
+                            )))
+                            .await;
+                        return;
+                    }
                     _ = heartbeat.tick() => {
                         api.0.exporters.touch(&caller.namespace, &caller.name);
                         beats += 1;
@@ -721,6 +764,7 @@ impl<S: Store> ControllerService for ControllerApi<S> {
         request: Request<ReleaseLeaseRequest>,
     ) -> Result<Response<ReleaseLeaseResponse>, Status> {
         let md = request.metadata().clone();
+        let (key, _) = conn_key(&request);
         let name = request.into_inner().name;
         limits::check_len("name", &name, MAX_IDENTIFIER)?;
         let kind = md
@@ -728,10 +772,12 @@ impl<S: Store> ControllerService for ControllerApi<S> {
             .and_then(|v| v.to_str().ok())
             .unwrap_or_default();
         let (caller, exporter_path) = if kind == "Exporter" {
-            (
-                self.0.auth.authenticate(&md, ObjectKind::Exporter).await?,
-                true,
-            )
+            let caller = self.0.auth.authenticate(&md, ObjectKind::Exporter).await?;
+            // Only the process holding the exporter online ends its lease.
+            self.0
+                .live_exporters
+                .check(&caller.namespace, &caller.name, &key)?;
+            (caller, true)
         } else {
             (
                 self.0.auth.authenticate(&md, ObjectKind::Client).await?,
@@ -818,6 +864,16 @@ fn hook_failed(which: &str, e: &Exporter) -> String {
     } else {
         format!("exporter {base}: {message}")
     }
+}
+
+/// Who is calling (see [`ConnKey`]), and from which TCP peer.
+fn conn_key<T>(request: &Request<T>) -> (ConnKey, Option<std::net::SocketAddr>) {
+    let peer = request
+        .extensions()
+        .get::<jumpstarter_core::server::listener::GuardedConnInfo>()
+        .and_then(|i| i.peer)
+        .or_else(|| request.remote_addr());
+    (ConnKey::of(request.metadata(), peer), peer)
 }
 
 #[cfg(test)]

@@ -6,4 +6,5 @@ pub mod client;
 pub mod controller;
 pub mod devices;
 pub mod limits;
+pub mod live_exporters;
 pub mod login;

@@ -9,6 +9,10 @@ pub const KIND_KEY: &str = "jumpstarter-kind";
 pub const NAMESPACE_KEY: &str = "jumpstarter-namespace";
 /// Metadata key of the object name.
 pub const NAME_KEY: &str = "jumpstarter-name";
+/// Metadata key of the instance id our exporters send with every controller RPC (one per
+/// process), so that the controller tells a second process of one exporter identity from a
+/// reconnection of the first.
+pub const EXPORTER_INSTANCE_HEADER: &str = "x-jumpstarter-exporter-instance";
 
 /// The bearer token of `authorization`: exactly one, `Bearer <token>` (scheme
 /// case-insensitive); missing → `UNAUTHENTICATED "missing authorization header"`, several →

@@ -20,7 +20,7 @@ pub mod pem;
 
 use std::fmt;
 
-pub use bearer::{KIND_KEY, NAME_KEY, NAMESPACE_KEY, bearer_token};
+pub use bearer::{EXPORTER_INSTANCE_HEADER, KIND_KEY, NAME_KEY, NAMESPACE_KEY, bearer_token};
 pub use ca::{
     CA_CERT_FILE, CA_KEY_FILE, CertificateAuthority, IssuedCert, TlsError, load_identity,
     read_cert_pem, read_key_pem,

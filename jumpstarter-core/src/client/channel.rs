@@ -67,6 +67,16 @@ pub struct ControllerAuth {
     pub namespace: String,
     /// Name of the object.
     pub name: String,
+    /// For an exporter: this process's instance id, sent as
+    /// [`crate::auth::EXPORTER_INSTANCE_HEADER`] so that the controller tells a second
+    /// process of one exporter from a reconnection of the first.
+    pub instance: Option<String>,
+}
+
+/// This process's exporter instance id (a random UUID, the same for every connection).
+fn process_instance_id() -> String {
+    static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    ID.get_or_init(|| uuid::Uuid::new_v4().to_string()).clone()
 }
 
 impl ControllerAuth {
@@ -77,6 +87,7 @@ impl ControllerAuth {
             kind: Some("Client"),
             namespace: namespace.into(),
             name: name.into(),
+            instance: None,
         }
     }
 
@@ -87,6 +98,7 @@ impl ControllerAuth {
             kind: Some("Exporter"),
             namespace: namespace.into(),
             name: name.into(),
+            instance: Some(process_instance_id()),
         }
     }
 
@@ -97,6 +109,7 @@ impl ControllerAuth {
             kind: None,
             namespace: String::new(),
             name: String::new(),
+            instance: None,
         }
     }
 
@@ -116,6 +129,12 @@ impl ControllerAuth {
             entries.push((KIND_KEY, value(kind, "kind")?));
             entries.push((NAMESPACE_KEY, value(&self.namespace, "namespace")?));
             entries.push((NAME_KEY, value(&self.name, "name")?));
+        }
+        if let Some(instance) = &self.instance {
+            entries.push((
+                crate::auth::EXPORTER_INSTANCE_HEADER,
+                value(instance, "instance id")?,
+            ));
         }
         Ok(CallMetadata::new(entries))
     }

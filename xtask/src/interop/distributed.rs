@@ -366,3 +366,32 @@ pub(super) fn py_raw_client_is_refused_after_the_lease_ended(env: &Env) -> Resul
     }
     anyhow::bail!("the afterLease hook's own j did not work after the client was refused")
 }
+
+/// Upstream's exporter started as a second process of an exporter identity our exporter
+/// holds online: it is refused with the reason at once, and stopping it takes nothing
+/// offline (our exporter keeps serving leases).
+pub(super) fn py_second_exporter_process_is_refused(env: &Env) -> Result<()> {
+    let _controller = super::controller::start_controller(env, "twin-data")?.0;
+    let exporter = exporter_config(env, "twin-exporter", "twin")?;
+    let client = client_config(env, "twin-client")?;
+    let mut c = env.ours(&env.jmp);
+    c.arg("run").arg("--exporter-config").arg(&exporter);
+    let mut ours = Background::start("jmp run", c)?;
+    ours.wait_for_line("registered with controller", Duration::from_secs(60))?;
+
+    let mut c = env.upstream("jmp");
+    c.arg("run").arg("--exporter-config").arg(&exporter);
+    let mut py = Background::start("(python) jmp run, a second process", c)?;
+    let line = py.wait_for_line("is already online", Duration::from_secs(60))?;
+    ensure!(
+        line.contains("exporter default/twin-exporter is already online (connected from "),
+        "{line}"
+    );
+    py.stop();
+    let out = our_shell(env, &client, "twin", "j power on")?;
+    check(
+        &out,
+        "jmp shell -l board=twin -- j power on, after the second process stopped",
+    )?;
+    no_tunnel_lost(&out)
+}

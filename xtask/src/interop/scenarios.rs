@@ -156,6 +156,10 @@ pub fn run(filter: Option<&str>) -> Result<(usize, usize)> {
             "lease end: python client's open connection -> our exporter refuses its calls while the afterLease hook runs",
             distributed::py_raw_client_is_refused_after_the_lease_ended,
         ),
+        (
+            "one exporter twice: python jmp run as a second process of our online exporter is refused; stopping it takes nothing offline",
+            distributed::py_second_exporter_process_is_refused,
+        ),
     ];
     let (mut passed, mut failed) = (0, 0);
     let mut failures = Vec::new();
