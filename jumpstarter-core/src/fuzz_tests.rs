@@ -7,6 +7,9 @@
 //! They run under `cargo test` (and so in `cargo xtask ci`) with proptest: a bounded number
 //! of random inputs and mutations of valid ones, asserting no panic and the round-trip
 //! properties. (cargo-fuzz needs a nightly compiler, which this project does not use.)
+//! [`fuzz_config`] is the one knob of their case count, the stream-frame targets' too:
+//! `JUMPSTARTER_FUZZ_CASES`, else `PROPTEST_CASES`, else [`DEFAULT_CASES`]; `cargo xtask
+//! fuzz` runs them all with many more.
 
 use std::path::Path;
 
@@ -19,9 +22,31 @@ use crate::{
     value::{from_json, to_json},
 };
 
-pub(crate) fn cases() -> ProptestConfig {
+/// The environment variable that sets the number of cases of every fuzz target (what
+/// `cargo xtask fuzz --cases N` sets).
+pub(crate) const CASES_ENV: &str = "JUMPSTARTER_FUZZ_CASES";
+
+/// Cases per target without [`CASES_ENV`] (or `PROPTEST_CASES`): few enough that `cargo
+/// test` stays fast.
+pub(crate) const DEFAULT_CASES: u32 = 512;
+
+/// The proptest config of every fuzz target of this crate: the case count from
+/// [`CASES_ENV`], else `PROPTEST_CASES`, else [`DEFAULT_CASES`] (set explicitly, so that
+/// one variable sets them all); no regression files.
+pub(crate) fn fuzz_config() -> ProptestConfig {
+    let cases = [CASES_ENV, "PROPTEST_CASES"]
+        .iter()
+        .find_map(|var| {
+            let v = std::env::var(var).ok()?;
+            Some(
+                v.trim()
+                    .parse::<u32>()
+                    .unwrap_or_else(|_| panic!("{var}={v:?}: expected a number of cases")),
+            )
+        })
+        .unwrap_or(DEFAULT_CASES);
     ProptestConfig {
-        cases: 384,
+        cases,
         failure_persistence: None,
         ..ProptestConfig::default()
     }
@@ -128,7 +153,7 @@ fn json_value() -> impl Strategy<Value = serde_json::Value> {
 }
 
 proptest! {
-    #![proptest_config(cases())]
+    #![proptest_config(fuzz_config())]
 
     #[test]
     fn exporter_config_text_never_panics_and_round_trips(text in any::<String>()) {

@@ -734,6 +734,9 @@ mod tests {
     }
 
     proptest::proptest! {
+        // The fuzz targets' knob of the case count (`JUMPSTARTER_FUZZ_CASES`).
+        #![proptest_config(crate::fuzz_tests::fuzz_config())]
+
         #[test]
         fn any_frames_cut_anywhere_decode_to_the_same_stream(
             frames in proptest::collection::vec(
