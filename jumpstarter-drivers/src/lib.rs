@@ -22,6 +22,8 @@ mod boot_server;
 mod cli;
 mod command;
 mod composite;
+#[cfg(test)]
+mod fuzz_tests;
 mod http_power;
 mod http_server;
 mod network;

@@ -19,6 +19,8 @@
 mod agent;
 mod ber;
 mod error;
+#[cfg(test)]
+mod fuzz_tests;
 mod usm;
 
 use std::{sync::Arc, time::Duration};
