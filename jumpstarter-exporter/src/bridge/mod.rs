@@ -11,6 +11,8 @@
 
 mod drivers;
 mod fast;
+#[cfg(test)]
+mod fuzz_tests;
 mod host;
 mod plan;
 mod proxy;
