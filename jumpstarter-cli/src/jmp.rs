@@ -19,8 +19,9 @@ use crate::{completion::CompletionShell, shell};
 #[derive(Parser, Debug)]
 #[command(name = "jmp", version, about = "The Jumpstarter CLI")]
 pub struct Cli {
-    /// Set the log level
-    #[arg(long, global = true, value_parser = ["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"])]
+    /// Set the log level. DEBUG and INFO show what jmp does; TRACE adds the libraries under
+    /// it (TLS, HTTP/2, gRPC), as does RUST_LOG (e.g. RUST_LOG=h2=debug) without this flag
+    #[arg(long, global = true, value_parser = ["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL", "TRACE"])]
     pub log_level: Option<String>,
     #[command(subcommand)]
     command: Command,
