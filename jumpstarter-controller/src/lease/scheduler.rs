@@ -789,11 +789,18 @@ fn candidates<'a>(
                 return Err((
                     c::UNSATISFIABLE,
                     c::REASON_ALL_DISABLED,
-                    format!(
-                        "All {} exporters matching the selector {selector} are disabled (i.e. {})",
-                        matching.len(),
-                        names(&matching)
-                    ),
+                    if matching.len() == 1 {
+                        format!(
+                            "The 1 exporter matching the selector {selector} is disabled (i.e. {})",
+                            names(&matching)
+                        )
+                    } else {
+                        format!(
+                            "All {} exporters matching the selector {selector} are disabled (i.e. {})",
+                            matching.len(),
+                            names(&matching)
+                        )
+                    },
                 ));
             }
             Ok(enabled)
@@ -826,6 +833,8 @@ fn approve<'a>(
     if approved.is_empty() {
         let mut message = if candidates.is_empty() {
             format!("There are no exporters matching the selector {selector}")
+        } else if candidates.len() == 1 {
+            "While there is 1 exporter matching the selector, it is not approved by any policy for your client".to_string()
         } else {
             format!(
                 "While there are {} exporters matching the selector, none of them are approved by any policy for your client",
@@ -945,12 +954,21 @@ fn pick<'a>(
         .filter(|a| exporter_is_online(a.exporter, now))
         .collect();
     if online.is_empty() {
+        // Absolute times: the message is stored in the lease's condition, rewritten only
+        // when it changes.
+        let seen = last_seen_of(q.approved.iter().map(|a| a.exporter));
         return Pick::Wait(
             c::REASON_OFFLINE,
-            format!(
-                "While there are {} available exporters (i.e. {approved_names}), none of them are online",
-                q.approved.len()
-            ),
+            if q.approved.len() == 1 {
+                format!(
+                    "While there is 1 available exporter (i.e. {approved_names}), it is not online ({seen})"
+                )
+            } else {
+                format!(
+                    "While there are {} available exporters (i.e. {approved_names}), none of them are online ({seen})",
+                    q.approved.len()
+                )
+            },
         );
     }
     let is_busy = |a: &Approved<'_>| busy.contains_key(name_of(&a.exporter.metadata));
@@ -999,10 +1017,16 @@ fn pick<'a>(
     if free.is_empty() {
         return Pick::Wait(
             c::REASON_NOT_AVAILABLE,
-            format!(
-                "There are {} approved exporters, (i.e. {online_names}) but all of them are already leased",
-                online.len()
-            ),
+            if online.len() == 1 {
+                format!(
+                    "There is 1 approved exporter, (i.e. {online_names}) but it is already leased"
+                )
+            } else {
+                format!(
+                    "There are {} approved exporters, (i.e. {online_names}) but all of them are already leased",
+                    online.len()
+                )
+            },
         );
     }
     // Quarantine (ours, `docs/hooks.md`): an unhealthy exporter is leased to nobody.
@@ -1015,20 +1039,33 @@ fn pick<'a>(
     if free.is_empty() {
         return Pick::Wait(
             c::REASON_UNHEALTHY,
-            format!(
-                "There are {free_count} approved and free exporters, (i.e. {free_names}) but all of them are unhealthy (an admin clears that with `jmp admin clear-health exporter NAME`)"
-            ),
+            if free_count == 1 {
+                format!(
+                    "There is 1 approved and free exporter, (i.e. {free_names}) but it is unhealthy (an admin clears that with `jmp admin clear-health exporter NAME`)"
+                )
+            } else {
+                format!(
+                    "There are {free_count} approved and free exporters, (i.e. {free_names}) but all of them are unhealthy (an admin clears that with `jmp admin clear-health exporter NAME`)"
+                )
+            },
         );
     }
     match free.iter().find(|a| exporter_is_ready(a.exporter)) {
         Some(a) => Pick::Grant(*a),
         None => Pick::Wait(
             c::REASON_NOT_READY,
-            format!(
-                "There are {} approved and free exporters, (i.e. {}) but none are ready (still cleaning up previous lease)",
-                free.len(),
-                names_of(free.iter().map(|a| a.exporter))
-            ),
+            if free.len() == 1 {
+                format!(
+                    "There is 1 approved and free exporter, (i.e. {}) but it is not ready (still cleaning up previous lease)",
+                    names_of(free.iter().map(|a| a.exporter))
+                )
+            } else {
+                format!(
+                    "There are {} approved and free exporters, (i.e. {}) but none are ready (still cleaning up previous lease)",
+                    free.len(),
+                    names_of(free.iter().map(|a| a.exporter))
+                )
+            },
         ),
     }
 }
@@ -1038,6 +1075,22 @@ const NAMES_IN_MESSAGE: usize = 5;
 
 fn names(exporters: &[&Exporter]) -> String {
     names_of(exporters.iter().copied())
+}
+
+/// When each exporter was last seen (`e1 last seen 2026-12-06 19:40:02 UTC, e2 never
+/// seen`), for the first [`NAMES_IN_MESSAGE`].
+fn last_seen_of<'a>(exporters: impl Iterator<Item = &'a Exporter>) -> String {
+    exporters
+        .take(NAMES_IN_MESSAGE)
+        .map(|e| {
+            let name = name_of(&e.metadata);
+            match e.status.as_ref().and_then(|s| s.last_seen.as_ref()) {
+                Some(t) => format!("{name} last seen {}", t.0.strftime("%Y-%m-%d %H:%M:%S UTC")),
+                None => format!("{name} never seen"),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn names_of<'a>(exporters: impl Iterator<Item = &'a Exporter>) -> String {

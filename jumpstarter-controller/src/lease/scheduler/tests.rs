@@ -295,7 +295,7 @@ fn all_disabled_and_no_match() {
         &w.one("l1"),
         c::UNSATISFIABLE,
         c::REASON_ALL_DISABLED,
-        "All 1 exporters",
+        "The 1 exporter matching the selector board=rpi4 is disabled",
     );
     assert_ended(
         &w.one("l2"),
@@ -334,7 +334,7 @@ fn policies_grant_priority_and_deny() {
         &w.one("l1"),
         c::UNSATISFIABLE,
         c::REASON_NO_ACCESS,
-        "While there are 1 exporters matching the selector, none of them are approved by any policy for your client. Matching policies: rule 9",
+        "While there is 1 exporter matching the selector, it is not approved by any policy for your client. Matching policies: rule 9",
     );
     // A client no rule matches.
     w.policies[0].spec.policies[0].maximum_duration = None;
@@ -351,7 +351,7 @@ fn policies_grant_priority_and_deny() {
         &w.one("l1"),
         c::UNSATISFIABLE,
         c::REASON_NO_ACCESS,
-        "none of them",
+        "it is not approved by any policy",
     );
 }
 
@@ -393,7 +393,11 @@ fn pending_offline_not_available_not_ready() {
     assert_waiting(
         &w.one("l1"),
         c::REASON_OFFLINE,
-        "While there are 4 available exporters (i.e. e1, e2, e3, e4), none of them are online",
+        &format!(
+            "While there are 4 available exporters (i.e. e1, e2, e3, e4), none of them are online \
+             (e1 never seen, e2 last seen {}, e3 last seen",
+            at(-61).strftime("%Y-%m-%d %H:%M:%S UTC")
+        ),
         1,
     );
 
@@ -413,7 +417,7 @@ fn pending_offline_not_available_not_ready() {
     assert_waiting(
         &ds[1],
         c::REASON_NOT_AVAILABLE,
-        "There are 1 approved exporters, (i.e. e1) but all of them are already leased",
+        "There is 1 approved exporter, (i.e. e1) but it is already leased",
         1,
     );
 
@@ -425,7 +429,12 @@ fn pending_offline_not_available_not_ready() {
         exporters: vec![cleaning],
         ..Default::default()
     };
-    assert_waiting(&w.one("l1"), c::REASON_NOT_READY, "none are ready", 1);
+    assert_waiting(
+        &w.one("l1"),
+        c::REASON_NOT_READY,
+        "There is 1 approved and free exporter, (i.e. e1) but it is not ready",
+        1,
+    );
 
     // Unspecified and unset statuses count as ready (old exporters).
     for st in [None, Some(ExporterStatusValue::Unspecified)] {
@@ -923,7 +932,7 @@ fn unhealthy_exporters_are_leased_to_nobody_until_cleared() {
     assert_waiting(
         &w.one("l1"),
         c::REASON_UNHEALTHY,
-        "There are 1 approved and free exporters, (i.e. e1) but all of them are unhealthy",
+        "There is 1 approved and free exporter, (i.e. e1) but it is unhealthy",
         1,
     );
     // A healthy one beside it is chosen.

@@ -137,7 +137,7 @@ fn extending_past_the_policy_maximum_is_refused_and_changes_nothing() {
     assert_eq!(e.code(), tonic::Code::PermissionDenied);
     assert!(e.message().contains("NoAccess"), "{}", e.message());
     assert!(
-        e.message().contains("none of them are approved"),
+        e.message().contains("it is not approved"),
         "{}",
         e.message()
     );
