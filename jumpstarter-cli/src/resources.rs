@@ -1200,6 +1200,14 @@ pub fn exporters_table(
                 None if v.leased_by_someone_else() => {
                     row.extend(["(another client)".into(), "In-Use".into(), String::new()])
                 }
+                // Nobody holds it, but an offline exporter is not there to lease.
+                None if v.online == Some(false)
+                    || v.status
+                        .as_deref()
+                        .is_some_and(|s| s.eq_ignore_ascii_case("OFFLINE")) =>
+                {
+                    row.extend([String::new(), "Offline".into(), String::new()])
+                }
                 None => row.extend([String::new(), "Available".into(), String::new()]),
             }
         }
@@ -1695,6 +1703,24 @@ Lease:  <none>
             t.contains("yes     AVAILABLE  foo=bar             Available"),
             "{t}"
         );
+        // An offline exporter nobody holds is not shown as available for a lease.
+        let mut offline = seed_exporter();
+        offline.status = ExporterStatus::Offline as i32;
+        offline.online = false;
+        let t = exporters_table(
+            &[ExporterView::from_proto(&offline)],
+            true,
+            true,
+            true,
+            false,
+            &TimeZone::UTC,
+        )
+        .render(0);
+        assert!(
+            t.contains("no      OFFLINE  foo=bar             Offline"),
+            "{t}"
+        );
+        assert!(!t.contains("Available"), "{t}");
         let mut leased = seed_exporter();
         leased.status = ExporterStatus::LeaseReady as i32;
         let other = ExporterView::from_proto(&leased);
