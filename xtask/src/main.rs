@@ -18,6 +18,7 @@ mod ci_summary;
 mod conformance;
 mod crds;
 mod faults;
+mod fuzz;
 mod images;
 mod images_check;
 mod images_dockerfile;
@@ -66,6 +67,7 @@ fn main() -> std::process::ExitCode {
         Some("bench-boards") => bench_boards::run(&args[1..]),
         Some("crds") => crds::run(&args[1..]),
         Some("faults") => faults::run(&args[1..]),
+        Some("fuzz") => fuzz::run(&args[1..]),
         Some("images") => images::run(&args[1..]),
         Some("quickstart") => quickstart::run(&args[1..]),
         Some("s3") => s3::run(),
@@ -89,6 +91,7 @@ fn main() -> std::process::ExitCode {
                  crds      [--out DIR | --check DIR] our CRD YAML (stdout), written, or compared\n  \
                  images    [--out DIR] [--tag TAG] [--debug] the images of deploy/docker without a container engine, checked\n  \
                  faults    [--seed N] [--rounds N] [--quick] [--release] kill processes of a lab day at random, check nothing is lost\n  \
+                 fuzz      [--cases N] [--target FILTER] [--seed N] every fuzz target with many more cases (20,000) than cargo test\n  \
                  quickstart  the whole lab on one machine: controller, mock exporter, client, jmp shell\n  \
                  s3        the Opendal driver's S3 service (feature storage-s3) against moto's S3 on loopback\n  \
                  kube-up   a real kube-apiserver + etcd on loopback (built from Go modules, cached)\n  \
