@@ -19,8 +19,7 @@ use crate::{completion::CompletionShell, shell};
 #[derive(Parser, Debug)]
 #[command(name = "jmp", version, about = "The Jumpstarter CLI")]
 pub struct Cli {
-    /// Set the log level. DEBUG and INFO show what jmp does; TRACE adds the libraries under
-    /// it (TLS, HTTP/2, gRPC), as does RUST_LOG (e.g. RUST_LOG=h2=debug) without this flag
+    /// Set the log level (DEBUG: what jmp does; TRACE or RUST_LOG: also the libraries under it)
     #[arg(long, global = true, value_parser = ["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL", "TRACE"])]
     pub log_level: Option<String>,
     #[command(subcommand)]
@@ -155,7 +154,7 @@ struct ShellArgs {
     #[arg(long, value_name = "DURATION", default_value = "00:30:00")]
     duration: String,
     /// Override acquisition timeout (e.g. '30m', '3h30m', '1d', or seconds). Must be >= 5
-    /// seconds.
+    /// seconds. Default: the client config's leases.acquisition_timeout (2h unless set)
     #[arg(long, value_name = "DURATION")]
     acquisition_timeout: Option<String>,
     /// Override retry timeout for unreachable exporters (e.g., '5m', '30s', '0' to disable).

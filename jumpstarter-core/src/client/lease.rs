@@ -312,6 +312,57 @@ const POLL_INTERVAL: Duration = Duration::from_secs(1);
 /// condition from the controller (the place in the queue) is shown at once.
 const QUIET_WAIT: Duration = Duration::from_millis(500);
 
+/// A wait whose reason does not change is announced again after this long, then after
+/// twice as long each time, up to [`REMIND_MAX`] (so a long wait says it is still waiting
+/// without a line per poll).
+const REMIND_FIRST: Duration = Duration::from_secs(30);
+
+/// The longest time between two announcements of the same wait.
+const REMIND_MAX: Duration = Duration::from_secs(300);
+
+/// When a wait whose reason did not change is announced again.
+struct Reminder {
+    at: tokio::time::Instant,
+    gap: Duration,
+}
+
+impl Reminder {
+    fn new(now: tokio::time::Instant) -> Self {
+        Self {
+            at: now + REMIND_FIRST,
+            gap: REMIND_FIRST,
+        }
+    }
+
+    /// The reason changed (and was announced): the next reminder is one gap away.
+    fn reset(&mut self, now: tokio::time::Instant) {
+        self.at = now + self.gap;
+    }
+
+    /// Whether to announce the same reason again at `now`.
+    fn due(&mut self, now: tokio::time::Instant) -> bool {
+        if now < self.at {
+            return false;
+        }
+        self.gap = (self.gap * 2).min(REMIND_MAX);
+        self.at = now + self.gap;
+        true
+    }
+}
+
+/// `1h2m`, `5m30s`, `45s`: a wait's length for a person.
+fn short_duration(d: Duration) -> String {
+    let s = d.as_secs();
+    let (h, m, s) = (s / 3600, s / 60 % 60, s % 60);
+    match (h, m, s) {
+        (0, 0, s) => format!("{s}s"),
+        (0, m, 0) => format!("{m}m"),
+        (0, m, s) => format!("{m}m{s}s"),
+        (h, 0, _) => format!("{h}h"),
+        (h, m, _) => format!("{h}h{m}m"),
+    }
+}
+
 /// The next poll interval after `current`: doubled, at most [`POLL_INTERVAL`].
 fn next_poll(current: Duration) -> Duration {
     (current * 2).min(POLL_INTERVAL)
@@ -396,6 +447,7 @@ async fn wait_ready(
     let deadline = start + timeout;
     let mut last = String::new();
     let mut interval = FIRST_POLL;
+    let mut reminder = Reminder::new(start);
     loop {
         let lease = controller.get_lease(resource).await?;
         let why = match lease_state(&lease) {
@@ -410,9 +462,20 @@ async fn wait_ready(
             LeaseState::Waiting(why) => why,
         };
         let from_controller = condition(&lease, "Pending").is_some_and(|c| is_true(Some(c)));
+        let now = tokio::time::Instant::now();
         if why != last && (from_controller || start.elapsed() >= QUIET_WAIT) {
             on_wait(name, &why);
             last.clone_from(&why);
+            reminder.reset(now);
+        } else if !last.is_empty() && reminder.due(now) {
+            on_wait(
+                name,
+                &format!(
+                    "{why} (still waiting after {}; giving up after {})",
+                    short_duration(start.elapsed()),
+                    short_duration(timeout)
+                ),
+            );
         }
         if tokio::time::Instant::now() + interval > deadline {
             return Err(LeaseError::Timeout {
@@ -802,6 +865,20 @@ fn parse_iso(s: &str) -> Option<f64> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn waits_are_announced_again_less_and_less_often() {
+        let t0 = tokio::time::Instant::now();
+        let mut r = super::Reminder::new(t0);
+        let s = std::time::Duration::from_secs;
+        let due: Vec<u64> = (0..=1200).filter(|&t| r.due(t0 + s(t))).collect();
+        assert_eq!(due, [30, 90, 210, 450, 750, 1050]);
+        assert_eq!(super::short_duration(s(45)), "45s");
+        assert_eq!(super::short_duration(s(90)), "1m30s");
+        assert_eq!(super::short_duration(s(600)), "10m");
+        assert_eq!(super::short_duration(s(7200)), "2h");
+        assert_eq!(super::short_duration(s(3720)), "1h2m");
+    }
+
     use super::*;
 
     fn secs(s: &str) -> u64 {
