@@ -24,7 +24,9 @@
 //!   running exporter's own (named after its PID: its temporary medium, a running hook's
 //!   socket directory), and none at all in the clients' `TMPDIR` (a killed `jmp shell`'s
 //!   socket directory is removed by the next `jmp`). `XDG_RUNTIME_DIR` is unset, so every
-//!   socket directory goes to a `TMPDIR` the suite checks.
+//!   socket directory goes to a `TMPDIR` the suite checks (reached through a short link in
+//!   `/tmp`, so a socket's path fits);
+//! - every lease of the first exporter could run its hooks.
 //!
 //! `--seed N` replays a run (the seed is printed first), `--rounds N` sets its length,
 //! `--quick` is the bounded run `cargo xtask ci` does (one round per kind of process).
@@ -262,6 +264,68 @@ struct ExporterSlot {
     svc: Service,
     storage: PathBuf,
     tmp: PathBuf,
+    /// The log read by the last check, and how far.
+    log_seen: (PathBuf, usize),
+}
+
+/// How the short links to labs' directories are named in `/tmp`: `jmp-faults-PID`.
+const LINK_PREFIX: &str = "jmp-faults-";
+
+/// A short path to the lab's directory (`/tmp/jmp-faults-PID`, a symbolic link) through
+/// which exporters and clients get their `TMPDIR`: the socket a hook's or `jmp shell`'s `j`
+/// reaches, `TMPDIR/jumpstarter-hook-PID-RANDOM/exporter@socket`, must fit in a Unix socket
+/// address (at most 107 bytes), which it does not in a lab under a long target directory
+/// (the exporter then runs no hook: `cannot serve the hook socket`). Removed when dropped.
+struct ShortLink(Option<PathBuf>);
+
+impl ShortLink {
+    /// A link to `dir`, after removing the links of runs that were killed; none (the
+    /// directory itself is used) when `/tmp` takes no link.
+    fn new(dir: &Path) -> Self {
+        let base = Path::new("/tmp");
+        for f in entries(base).unwrap_or_default() {
+            let Some(pid) = f
+                .strip_prefix(LINK_PREFIX)
+                .and_then(|p| p.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            let path = base.join(&f);
+            if !Path::new(&format!("/proc/{pid}")).exists()
+                && fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_symlink())
+            {
+                let _ = fs::remove_file(&path);
+            }
+        }
+        let link = base.join(format!("{LINK_PREFIX}{}", std::process::id()));
+        if fs::symlink_metadata(&link).is_ok_and(|m| m.file_type().is_symlink()) {
+            let _ = fs::remove_file(&link);
+        }
+        match std::os::unix::fs::symlink(dir, &link) {
+            Ok(()) => Self(Some(link)),
+            Err(e) => {
+                println!(
+                    "cannot link {} to {} ({e}): TMPDIRs are under {0}",
+                    dir.display(),
+                    link.display()
+                );
+                Self(None)
+            }
+        }
+    }
+
+    /// `dir` (the lab's directory) through the link.
+    fn path(&self, dir: &Path) -> PathBuf {
+        self.0.clone().unwrap_or_else(|| dir.to_path_buf())
+    }
+}
+
+impl Drop for ShortLink {
+    fn drop(&mut self) {
+        if let Some(link) = &self.0 {
+            let _ = fs::remove_file(link);
+        }
+    }
 }
 
 /// The lab: its servers, configs and files.
@@ -275,6 +339,8 @@ struct Lab {
     clients: Vec<PathBuf>,
     auditor: PathBuf,
     image: PathBuf,
+    /// Dropped after the servers, which are stopped when dropped.
+    short: ShortLink,
 }
 
 impl Lab {
@@ -292,7 +358,7 @@ impl Lab {
                 self.dir.join("config").join("admin.yaml"),
             )
             .env("HOME", self.dir.join("home"))
-            .env("TMPDIR", self.dir.join("tmp"))
+            .env("TMPDIR", self.short.path(&self.dir).join("tmp"))
             .env_remove("XDG_RUNTIME_DIR")
             .env(MARKER, &self.tag)
             .env_remove("JMP_NAME")
@@ -484,6 +550,7 @@ fn start_lab(bin: PathBuf, dir: PathBuf, tag: String, rng: &mut Rng) -> Result<L
         clients: Vec::new(),
         auditor: PathBuf::new(),
         image,
+        short: ShortLink::new(&dir),
     };
     let mut controller = std::mem::replace(&mut lab.controller, placeholder("controller"));
     controller.start(&lab)?;
@@ -563,7 +630,15 @@ fn start_lab(bin: PathBuf, dir: PathBuf, tag: String, rng: &mut Rng) -> Result<L
             name: name.clone(),
             program: bin.join("jmp"),
             args,
-            env: vec![("TMPDIR".into(), tmp.clone().into_os_string())],
+            // The same directory as `tmp`, by a shorter path.
+            env: vec![(
+                "TMPDIR".into(),
+                lab.short
+                    .path(&dir)
+                    .join(&name)
+                    .join("tmp")
+                    .into_os_string(),
+            )],
             ready: "registered with controller",
             logs: logs.clone(),
             starts: 0,
@@ -576,6 +651,7 @@ fn start_lab(bin: PathBuf, dir: PathBuf, tag: String, rng: &mut Rng) -> Result<L
             svc,
             storage,
             tmp,
+            log_seen: (PathBuf::new(), 0),
         });
     }
     for i in 0..=CLIENTS {
@@ -1075,6 +1151,22 @@ fn check_round(
         }
     }
 
+    // Every hook could run (the exporter logs why not, and goes on without it).
+    for e in lab.exporters.iter_mut() {
+        let text = fs::read_to_string(&e.svc.log).unwrap_or_default();
+        let from = if e.log_seen.0 == e.svc.log {
+            e.log_seen.1.min(text.len())
+        } else {
+            0
+        };
+        for line in text.get(from..).unwrap_or_default().lines() {
+            if line.contains("hooks cannot run") {
+                problems.push(format!("{}: {}", e.name, line.trim()));
+            }
+        }
+        e.log_seen = (e.svc.log.clone(), text.len());
+    }
+
     // No stray process, no leftover file.
     problems.extend(settle(Duration::from_secs(15), || {
         let servers = lab.service_pids();
@@ -1376,6 +1468,23 @@ mod tests {
         ] {
             assert_eq!(temp_owner(other, k), None, "{other}");
         }
+    }
+
+    #[test]
+    fn a_hook_socket_under_the_short_link_fits_a_unix_socket_address() {
+        // The longest PIDs (pid_max is at most 2^22), an exporter.
+        let link = PathBuf::from(format!("/tmp/{LINK_PREFIX}4194304"));
+        let socket = link
+            .join("fault-e0")
+            .join("tmp")
+            .join("jumpstarter-hook-4194304-AbC123")
+            .join("exporter@socket");
+        assert!(
+            socket.as_os_str().len() <= 107,
+            "{} is {} bytes",
+            socket.display(),
+            socket.as_os_str().len()
+        );
     }
 
     #[test]
