@@ -194,6 +194,9 @@ pub struct EditArgs {
     /// Alias of the config
     #[arg(add = crate::completion::exporter_aliases())]
     alias: String,
+    /// Start from FILE instead of the saved config (the edits a refused edit kept aside)
+    #[arg(long, value_name = "FILE")]
+    from: Option<PathBuf>,
 }
 
 /// `list` commands.
@@ -487,7 +490,12 @@ async fn exporter_edit(a: EditArgs) -> Result<i32> {
         .suffix(".yaml")
         .tempfile()
         .context("cannot create a temporary file to edit")?;
-    std::io::Write::write_all(&mut draft, original.as_bytes())
+    let start = match &a.from {
+        Some(from) => std::fs::read_to_string(from)
+            .with_context(|| format!("cannot read --from {}", from.display()))?,
+        None => original.clone(),
+    };
+    std::io::Write::write_all(&mut draft, start.as_bytes())
         .context("cannot write the temporary file")?;
     let editor = editor();
     // Through the shell, so `EDITOR="code --wait"` works as it does for git.
@@ -512,15 +520,19 @@ async fn exporter_edit(a: EditArgs) -> Result<i32> {
     }
     let python = check_exporter_config(&edited, &path).await;
     if let Err(e) = &python {
-        // Keep the user's work: leave the draft in place and say where it is.
+        // Keep the user's work: leave the draft in place, name it where the error names the
+        // file (its line numbers are the draft's), and say how to go on.
         let kept = draft
             .into_temp_path()
             .keep()
             .map(|p| p.display().to_string())
             .unwrap_or_else(|_| "(lost)".into());
+        let e = format!("{e:#}").replace(&path.display().to_string(), &kept);
         bail!(
-            "the edited config is invalid, {} is unchanged: {e} (your edits are in {kept})",
-            path.display()
+            "the edited config is invalid: {e}\n{} is unchanged. Go on editing with: jmp config \
+             exporter edit {} --from {kept}",
+            path.display(),
+            a.alias
         );
     }
     write_private(&path, edited.as_bytes())?;

@@ -772,11 +772,55 @@ fn config_exporter_create_edit_list_delete() {
         .unwrap();
     let (_, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(
-        stderr.contains("unchanged") && stderr.contains("edits are in"),
-        "{stderr}"
-    );
+    // The config's path once (unchanged), the kept edits' path where the error points and
+    // in the command that goes on.
+    let kept = stderr
+        .split("--from ")
+        .nth(1)
+        .and_then(|s| s.lines().next())
+        .unwrap()
+        .to_string();
+    let shown = stderr
+        .replace(&kept, "KEPT")
+        .replace(&path.display().to_string(), "CONFIG");
+    let shown = &shown[shown.find("Error:").unwrap()..];
+    insta::assert_snapshot!(shown, @r"
+    Error: the edited config is invalid: KEPT: error: line 1 column 9: expected mapping start
+     --> <input>:1:9
+      |
+    1 | export: [oops
+      |         ^ expected mapping start
+    CONFIG is unchanged. Go on editing with: jmp config exporter edit lab --from KEPT
+    ");
     assert_eq!(std::fs::read_to_string(&path).unwrap(), original);
+    // Going on from the kept edits: an editor that repairs them, and the config is saved.
+    let fixed = home.join("fixed.yaml");
+    std::fs::write(
+        &fixed,
+        original.replace(
+            "\nexport:\n",
+            "\nexport:\n  power:\n    type: jumpstarter_driver_power.driver.MockPower\n",
+        ),
+    )
+    .unwrap();
+    let fix_editor = home.join("fix-editor.sh");
+    std::fs::write(
+        &fix_editor,
+        format!(
+            "#!/bin/sh\ngrep -q oops \"$1\" && cp {} \"$1\"\n",
+            fixed.display()
+        ),
+    )
+    .unwrap();
+    run_ok(
+        config_cmd(home)
+            .env("VISUAL", format!("sh {}", fix_editor.display()))
+            .args(["config", "exporter", "edit", "lab", "--from", &kept]),
+    );
+    let saved = std::fs::read_to_string(&path).unwrap();
+    assert!(saved.contains("MockPower"), "{saved}");
+    std::fs::write(&path, &original).unwrap();
+    let _ = std::fs::remove_file(&kept);
 
     // An editor that adds a driver of a type that does not exist: refused with the message
     // `jmp run` gives, the edits kept aside.
@@ -794,9 +838,9 @@ fn config_exporter_create_edit_list_delete() {
     let (_, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     let kept = stderr
-        .split("edits are in ")
+        .split("--from ")
         .nth(1)
-        .and_then(|s| s.split(')').next())
+        .and_then(|s| s.lines().next())
         .unwrap()
         .to_string();
     assert_eq!(std::fs::read_to_string(&path).unwrap(), original);
