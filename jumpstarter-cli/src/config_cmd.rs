@@ -32,6 +32,16 @@ pub fn version(args: VersionArgs) -> Result<i32> {
     Ok(0)
 }
 
+/// The upstream Jumpstarter release whose clients, exporters, drivers and config files
+/// this one works with.
+pub const UPSTREAM_COMPATIBLE: &str = "0.9.0";
+
+/// `jmp --version`: our version and the upstream release we are compatible with.
+pub const VERSION_TEXT: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (Rust; compatible with Jumpstarter 0.9.0)"
+);
+
 /// Prints `jmp version` / `jmp admin version` in a mode.
 pub fn print_version(mode: OutputMode) -> Result<()> {
     let version = env!("CARGO_PKG_VERSION");
@@ -43,17 +53,22 @@ pub fn print_version(mode: OutputMode) -> Result<()> {
                 git_version: &'static str,
                 #[serde(rename = "rustVersion")]
                 rust_version: &'static str,
+                #[serde(rename = "compatibleWith")]
+                compatible_with: &'static str,
             }
             print_structured(
                 mode,
                 &Version {
                     git_version: version,
                     rust_version: "stable",
+                    compatible_with: UPSTREAM_COMPATIBLE,
                 },
             )
         }
         _ => {
-            println!("Jumpstarter v{version} (Rust)");
+            println!(
+                "Jumpstarter v{version} (Rust; compatible with Jumpstarter {UPSTREAM_COMPATIBLE})"
+            );
             Ok(())
         }
     }

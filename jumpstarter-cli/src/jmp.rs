@@ -17,7 +17,7 @@ use crate::{completion::CompletionShell, shell};
 
 /// The Jumpstarter CLI
 #[derive(Parser, Debug)]
-#[command(name = "jmp", version, about = "The Jumpstarter CLI")]
+#[command(name = "jmp", version = crate::config_cmd::VERSION_TEXT, about = "The Jumpstarter CLI")]
 pub struct Cli {
     /// Set the log level (DEBUG: what jmp does; TRACE or RUST_LOG: also the libraries under it)
     #[arg(long, global = true, value_parser = ["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL", "TRACE"])]

@@ -714,6 +714,21 @@ fn config_client_create_list_use_delete() {
         serde_json::from_str(&run_ok(config_cmd(home).args(["version", "-o", "json"]))).unwrap();
     assert!(v["gitVersion"].is_string(), "{v}");
     assert!(run_ok(config_cmd(home).args(["version"])).starts_with("Jumpstarter v"));
+    // Which upstream release this one works with, in every form.
+    assert_eq!(v["compatibleWith"], "0.9.0", "{v}");
+    assert!(
+        run_ok(config_cmd(home).args(["version"]))
+            .trim_end()
+            .ends_with("(Rust; compatible with Jumpstarter 0.9.0)")
+    );
+    let long = run_ok(config_cmd(home).args(["--version"]));
+    assert_eq!(
+        long,
+        format!(
+            "jmp {} (Rust; compatible with Jumpstarter 0.9.0)\n",
+            env!("CARGO_PKG_VERSION")
+        )
+    );
     let j: serde_json::Value = serde_json::from_str(&run_ok(
         config_cmd(home).args(["config", "client", "ls", "-o", "json"]),
     ))
