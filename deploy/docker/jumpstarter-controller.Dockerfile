@@ -15,6 +15,10 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
 # COPY --from, ENV, EXPOSE, USER, WORKDIR, ENTRYPOINT and CMD (it refuses anything else).
 FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=build /out/jumpstarter-controller /usr/local/bin/jumpstarter-controller
-EXPOSE 8082 8083 8080
+# gRPC (8082) and the in-process router (8083), both TLS on every interface by default.
+# Metrics are not exposed: the binary serves them on 127.0.0.1:8084 by default, inside the
+# container only; --metrics-listen=0.0.0.0:PORT serves them outside (the Kubernetes
+# Deployment of deploy/kubernetes uses 0.0.0.0:8080).
+EXPOSE 8082 8083
 USER 65532:65532
 ENTRYPOINT ["/usr/local/bin/jumpstarter-controller"]

@@ -376,7 +376,7 @@ mod tests {
     fn the_repository_dockerfiles_are_understood() -> Result<()> {
         let c = parse(CONTROLLER)?;
         assert_eq!(c.entrypoint, ["/usr/local/bin/jumpstarter-controller"]);
-        assert_eq!(c.exposed, ["8082/tcp", "8083/tcp", "8080/tcp"]);
+        assert_eq!(c.exposed, ["8082/tcp", "8083/tcp"]);
         assert_eq!(c.user.as_deref(), Some("65532:65532"));
         assert_eq!(
             c.stages,
