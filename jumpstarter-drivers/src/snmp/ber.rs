@@ -142,6 +142,12 @@ impl<'a> Tlv<'a> {
                 self.tag
             )));
         }
+        // X.690 8.19.4: at least one subidentifier (the first two arcs).
+        if self.content.is_empty() {
+            return Err(malformed(
+                "an empty OBJECT IDENTIFIER (it needs at least one subidentifier)",
+            ));
+        }
         let mut arcs = Vec::new();
         let mut v: u32 = 0;
         for (i, b) in self.content.iter().enumerate() {
@@ -298,6 +304,8 @@ mod tests {
             assert!(res.is_err(), "{bad:?}");
         }
         let t = Reader::new(&[0x06, 2, 0x2b, 0x86]).read().unwrap();
+        assert!(t.oid().is_err());
+        let t = Reader::new(&[0x06, 0]).read().unwrap();
         assert!(t.oid().is_err());
     }
 }
