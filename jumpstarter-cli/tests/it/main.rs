@@ -7,6 +7,7 @@ mod console;
 mod direct;
 mod direct_path;
 mod distributed;
+mod doc_examples;
 mod first_hour;
 mod hooks;
 mod lease_end;
