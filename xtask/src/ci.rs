@@ -77,6 +77,10 @@ fn steps(o: Options, t: &mut Timings) -> Result<(ci_summary::TestCounts, (usize,
 
     let mut prepare = Helper::start("prepare", &["ci-prepare"], 10)?;
     let mut kube = Helper::start("kube-build", &["kube-build"], 19)?;
+    // Offline, a second or two (its venv, once: ~15 s); against the API server in kube-e2e.
+    t.step("Kubernetes manifests, strict schemas", || {
+        crate::manifests::run(&[])
+    })?;
 
     crate::workspace::lint_while_building()?;
     t.step("build all targets, with clippy -D warnings", build_and_lint)?;

@@ -33,6 +33,8 @@ pub fn run(args: &[String]) -> Result<()> {
     } else {
         Some(kube::up()?)
     };
+    println!("== deploy/kubernetes applied, its RBAC as the controller's ServiceAccount");
+    crate::manifests::against_cluster()?;
     let admin = kube::admin_kubeconfig().display().to_string();
     let controller = kube::controller_kubeconfig().display().to_string();
     // The real-server tests are `#[ignore]`d in `cargo test --workspace`; these run them,
