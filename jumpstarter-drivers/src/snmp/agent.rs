@@ -104,6 +104,13 @@ impl Agent {
         timeout: Duration,
     ) -> Result<(), SnmpError> {
         let deadline = tokio::time::Instant::now() + timeout;
+        let mut varbind = Vec::new();
+        {
+            let mut vb = Vec::new();
+            ber::oid(&mut vb, oid)?;
+            ber::integer(&mut vb, value);
+            ber::tlv(&mut varbind, ber::SEQUENCE, &vb);
+        }
         let bind: SocketAddr = if self.addr.is_ipv6() {
             "[::]:0"
                 .parse()
@@ -135,13 +142,6 @@ impl Agent {
         // Engine discovery (RFC 3414 4): an empty, unauthenticated request; the agent reports
         // its engine ID, boots and time.
         let mut engine = x.discover().await?;
-        let mut varbind = Vec::new();
-        {
-            let mut vb = Vec::new();
-            ber::oid(&mut vb, oid);
-            ber::integer(&mut vb, value);
-            ber::tlv(&mut varbind, ber::SEQUENCE, &vb);
-        }
         // A second try after a notInTimeWindow report, which carries the engine's clock.
         for _ in 0..2 {
             let request_id = random_id();
@@ -658,7 +658,7 @@ mod tests {
             let keys = Keys::localized(sec, &eng.id);
             let mut vb = Vec::new();
             let mut one = Vec::new();
-            ber::oid(&mut one, &[1, 3, 6, 1, 4, 1, 9, 1]);
+            ber::oid(&mut one, &[1, 3, 6, 1, 4, 1, 9, 1]).unwrap();
             ber::integer(&mut one, 1);
             ber::tlv(&mut vb, ber::SEQUENCE, &one);
             let msg = encode(42, &eng, "user", &keys, &pdu(ber::SET_REQUEST, 9, &vb)).unwrap();

@@ -55,14 +55,35 @@ pub fn octets(out: &mut Vec<u8>, v: &[u8]) {
     tlv(out, OCTET_STRING, v);
 }
 
-/// Appends an OBJECT IDENTIFIER (at least two arcs, the first 0..=2).
-pub fn oid(out: &mut Vec<u8>, arcs: &[u32]) {
-    let mut content = Vec::with_capacity(arcs.len() + 4);
-    let (first, rest) = match arcs {
-        [a, b, rest @ ..] => (a * 40 + b, rest),
-        [a] => (a * 40, &[][..]),
-        [] => (0, &[][..]),
+/// Appends an OBJECT IDENTIFIER: at least two arcs, the first 0, 1 or 2, the second below
+/// 40 unless the first is 2, and a first subidentifier (`40 * first + second`) that fits in
+/// 32 bits, as agents read it. Anything else is refused, naming the OID, and nothing is
+/// appended.
+pub fn oid(out: &mut Vec<u8>, arcs: &[u32]) -> Result<(), SnmpError> {
+    let bad = |why: &str| SnmpError::BadOid {
+        oid: arcs
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join("."),
+        why: why.to_string(),
     };
+    let (first, rest) = match arcs {
+        [a, b, rest @ ..] => {
+            if *a > 2 {
+                return Err(bad("its first arc is not 0, 1 or 2"));
+            }
+            if *a < 2 && *b >= 40 {
+                return Err(bad("its second arc is not below 40"));
+            }
+            let first = a.checked_mul(40).and_then(|f| f.checked_add(*b)).ok_or_else(|| {
+                bad("its first subidentifier (40 * first arc + second arc) does not fit in 32 bits")
+            })?;
+            (first, rest)
+        }
+        _ => return Err(bad("it has fewer than two arcs")),
+    };
+    let mut content = Vec::with_capacity(arcs.len() + 4);
     for arc in std::iter::once(first).chain(rest.iter().copied()) {
         let mut groups = [0u8; 5];
         let mut n = 0;
@@ -80,6 +101,7 @@ pub fn oid(out: &mut Vec<u8>, arcs: &[u32]) {
         }
     }
     tlv(out, OID, &content);
+    Ok(())
 }
 
 /// A TLV read from a buffer: its tag, its content and where the content starts in the
@@ -272,10 +294,39 @@ mod tests {
     fn oids_round_trip() {
         let arcs = [1, 3, 6, 1, 4, 1, 13742, 6, 4, 1, 2, 1, 2, 1, 32];
         let mut out = Vec::new();
-        oid(&mut out, &arcs);
+        oid(&mut out, &arcs).unwrap();
         assert_eq!(&out[..4], &[0x06, 15, 0x2b, 6]);
         let t = Reader::new(&out).read().unwrap();
         assert_eq!(t.oid().unwrap(), arcs);
+        let top = [2, u32::MAX - 80, 1];
+        let mut out = Vec::new();
+        oid(&mut out, &top).unwrap();
+        assert_eq!(Reader::new(&out).read().unwrap().oid().unwrap(), top);
+    }
+
+    #[test]
+    fn oids_without_an_encoding_are_refused_naming_them() {
+        for (arcs, why) in [
+            (&[][..], "fewer than two arcs"),
+            (&[1][..], "fewer than two arcs"),
+            (&[3, 1][..], "first arc"),
+            (&[1, 40, 5][..], "second arc"),
+            (&[2, u32::MAX - 79, 1][..], "32 bits"),
+            (&[u32::MAX, u32::MAX][..], "first arc"),
+        ] {
+            let mut out = Vec::new();
+            let err = oid(&mut out, arcs).unwrap_err().to_string();
+            let dotted = arcs
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(".");
+            assert!(
+                err.contains(why) && err.contains(&dotted),
+                "{arcs:?}: {err}"
+            );
+            assert!(out.is_empty(), "{arcs:?}");
+        }
     }
 
     #[test]

@@ -46,6 +46,14 @@ pub enum SnmpError {
         #[source]
         source: std::io::Error,
     },
+    /// An OID that has no BER encoding an agent reads (the configured one, with the plug).
+    #[error("OID {oid} cannot be encoded: {why} (config fields `oid`, `plug`)")]
+    BadOid {
+        /// The OID, dotted.
+        oid: String,
+        /// Why it has no encoding.
+        why: String,
+    },
     /// The agent sent something we cannot read.
     #[error("malformed SNMP message: {0}")]
     Malformed(String),

@@ -30,7 +30,7 @@ fn encode(out: &mut Vec<u8>, v: &Value) {
     match v {
         Value::Integer(i) => ber::integer(out, *i),
         Value::Octets(o) => ber::octets(out, o),
-        Value::Oid(arcs) => ber::oid(out, arcs),
+        Value::Oid(arcs) => ber::oid(out, arcs).expect("oid_arcs() gives encodable OIDs"),
         Value::Constructed(tag, children) => {
             let mut content = Vec::new();
             for c in children {
@@ -126,7 +126,13 @@ fn walk(buf: &[u8], depth: u32) -> Result<(), TestCaseError> {
         let _ = t.octets();
         if let Ok(arcs) = t.oid() {
             let mut e = Vec::new();
-            ber::oid(&mut e, &arcs);
+            let encoded = ber::oid(&mut e, &arcs);
+            prop_assert!(
+                encoded.is_ok(),
+                "{:?} reads but does not encode: {:?}",
+                arcs,
+                encoded
+            );
             prop_assert_eq!(
                 Reader::new(&e).read().and_then(|t| t.oid()).ok(),
                 Some(arcs)
@@ -370,7 +376,7 @@ fn encode_answer(a: &Answer, sec: &Security) -> Vec<u8> {
 
 fn varbind(oid: &[u32]) -> Vec<u8> {
     let mut vb = Vec::new();
-    ber::oid(&mut vb, oid);
+    ber::oid(&mut vb, oid).expect("an encodable OID");
     ber::tlv(&mut vb, 0x41, &[1]); // Counter32
     let mut out = Vec::new();
     ber::tlv(&mut out, ber::SEQUENCE, &vb);
@@ -555,8 +561,7 @@ proptest! {
     }
 
     /// The `oid` config field: any text is refused or parses to an OID that, with a plug
-    /// appended, is encoded and decoded back to itself. OIDs whose first subidentifier
-    /// (`40 * first + second`) overflows are left to `configured_oids_that_overflow_...`.
+    /// appended, is encoded and decoded back to itself.
     #[test]
     fn configured_oids_parse_or_are_refused_and_round_trip(
         text in prop_oneof![
@@ -569,10 +574,10 @@ proptest! {
         plug in any::<u32>(),
     ) {
         if let Ok(mut arcs) = parse_oid(&text) {
-            prop_assume!(arcs[0].checked_mul(40).and_then(|f| f.checked_add(arcs[1])).is_some());
             arcs.push(plug);
             let mut b = Vec::new();
-            ber::oid(&mut b, &arcs);
+            let encoded = ber::oid(&mut b, &arcs);
+            prop_assert!(encoded.is_ok(), "{}: accepted, and encoding it fails: {:?}", text, encoded);
             prop_assert_eq!(Reader::new(&b).read().and_then(|t| t.oid()).ok(), Some(arcs));
         }
     }
@@ -618,11 +623,9 @@ proptest! {
     }
 
     /// The `oid` config field: an OID whose first subidentifier (`40 * 2 + second`) does not
-    /// fit in 32 bits is refused, or encoded to itself. Ignored until `parse_oid`
-    /// (`snmp/mod.rs`) refuses it: today `ber::oid` overflows (a panic in a debug build, a
-    /// SET of another OID in a release build).
+    /// fit in 32 bits is refused, or encoded to itself (never an overflow: a panic in a debug
+    /// build, a SET of another OID in a release build).
     #[test]
-    #[ignore = "defect: snmp/mod.rs parse_oid accepts 2.N for N > 4294967215; ber::oid overflows"]
     fn configured_oids_whose_first_subidentifier_overflows_are_refused(
         second in (u32::MAX - 79)..=u32::MAX,
         rest in prop::collection::vec(0u32..100, 0..4),
@@ -631,12 +634,12 @@ proptest! {
         if let Ok(arcs) = parse_oid(&text) {
             let encoded = std::panic::catch_unwind(|| {
                 let mut b = Vec::new();
-                ber::oid(&mut b, &arcs);
-                b
+                ber::oid(&mut b, &arcs).map(|()| b)
             });
             let Ok(b) = encoded else {
                 return Err(TestCaseError::fail(format!("{text}: accepted, and encoding it panics")));
             };
+            let b = b.map_err(|e| TestCaseError::fail(format!("{text}: accepted, and encoding it fails: {e}")))?;
             prop_assert_eq!(Reader::new(&b).read().and_then(|t| t.oid()).ok(), Some(arcs), "{}", text);
         }
     }

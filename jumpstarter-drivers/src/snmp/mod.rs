@@ -96,6 +96,9 @@ fn invalid(field: &str, message: impl std::fmt::Display) -> DriverError {
     DriverError::InvalidArgument(format!("{field}: {message}"))
 }
 
+/// The largest second arc under the first arc 2 (`2.N` is encoded as the 32-bit `80 + N`).
+const MAX_SECOND_ARC_UNDER_2: u32 = u32::MAX - 80;
+
 /// Parses a dotted OID (a leading dot allowed).
 fn parse_oid(s: &str) -> Result<Vec<u32>, DriverError> {
     let arcs = s
@@ -107,6 +110,18 @@ fn parse_oid(s: &str) -> Result<Vec<u32>, DriverError> {
         .map_err(|e| invalid("oid", format!("{s:?} is not a dotted OID: {e}")))?;
     if arcs.len() < 2 || arcs[0] > 2 || (arcs[0] < 2 && arcs[1] >= 40) || arcs.len() > 120 {
         return Err(invalid("oid", format!("{s:?} is not a valid OID")));
+    }
+    // BER encodes the first two arcs as one subidentifier, 40 * first + second, which agents
+    // read as 32 bits.
+    if arcs[0] == 2 && arcs[1] > MAX_SECOND_ARC_UNDER_2 {
+        return Err(invalid(
+            "oid",
+            format!(
+                "{s:?}: its second arc {} is over {MAX_SECOND_ARC_UNDER_2}, the largest under 2 \
+                 whose BER encoding (80 + second arc) fits in 32 bits",
+                arcs[1]
+            ),
+        ));
     }
     Ok(arcs)
 }
@@ -316,6 +331,10 @@ mod tests {
             (
                 json!({"host": "h", "user": "u", "plug": 1, "oid": "1.3.x"}),
                 "oid",
+            ),
+            (
+                json!({"host": "h", "user": "u", "plug": 1, "oid": "2.4294967216.1"}),
+                "4294967216",
             ),
             (
                 json!({"host": "h", "user": "u", "plug": 1, "timeout": 0}),
