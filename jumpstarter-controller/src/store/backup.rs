@@ -9,6 +9,7 @@
 //! as the API would have accepted it), and checks the copy it is about to put in place, not
 //! the file it was given: nothing replaces the live store before that copy passed.
 
+mod error;
 mod verify;
 
 use std::{
@@ -19,104 +20,10 @@ use std::{
 
 use rusqlite::{Connection, OpenFlags};
 
-use crate::store::sqlite::{DB_FILE, SCHEMA_VERSION};
-pub use verify::ObjectProblem;
-
-/// Why a backup or restore failed.
-#[derive(Debug, thiserror::Error)]
-pub enum BackupError {
-    /// The file exists already (a backup never overwrites one).
-    #[error("{} exists already; choose a new file name", .0.display())]
-    Exists(PathBuf),
-    /// The database could not be read or written.
-    #[error("{}: {reason}", path.display())]
-    Database {
-        /// The database file.
-        path: PathBuf,
-        /// What failed.
-        reason: String,
-    },
-    /// A file operation failed.
-    #[error("{what} {}: {source}", path.display())]
-    Io {
-        /// What was being done.
-        what: &'static str,
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The backup given is not a regular file (a symbolic link, a directory, a pipe…): a
-    /// restore reads only the file itself, so that what it checks is what it copies.
-    #[error(
-        "{} is {found}, not a regular file; give the path of the backup file itself",
-        path.display()
-    )]
-    NotARegularFile {
-        /// The path given.
-        path: PathBuf,
-        /// What it is.
-        found: &'static str,
-    },
-    /// The backup's schema version (`PRAGMA user_version`) is not this controller's.
-    #[error("{}: {}", path.display(), version_problem(*found))]
-    SchemaVersion {
-        /// The backup.
-        path: PathBuf,
-        /// Its version.
-        found: i64,
-    },
-    /// The backup's tables, indexes, triggers or views are not exactly the store's.
-    #[error(
-        "{}: not this controller's store schema, refused: {}",
-        path.display(),
-        problems.join("; ")
-    )]
-    Schema {
-        /// The backup.
-        path: PathBuf,
-        /// Each difference, naming the table, index, trigger or view.
-        problems: Vec<String>,
-    },
-    /// The `meta` table does not hold just the store revision.
-    #[error("{}: table `meta`: {reason}", path.display())]
-    Meta {
-        /// The backup.
-        path: PathBuf,
-        /// What is wrong with it.
-        reason: String,
-    },
-    /// An object of the backup is one the API would have refused.
-    #[error("{}: {kind} {namespace}/{name}: {problem}", path.display())]
-    Object {
-        /// The backup.
-        path: PathBuf,
-        /// The object's kind (its row's `kind`).
-        kind: String,
-        /// Its namespace.
-        namespace: String,
-        /// Its name.
-        name: String,
-        /// What is wrong, naming the field.
-        #[source]
-        problem: Box<ObjectProblem>,
-    },
-}
+use crate::store::sqlite::DB_FILE;
+pub use error::BackupError;
 
 /// What is wrong with schema version `found` (it is not [`SCHEMA_VERSION`]).
-fn version_problem(found: i64) -> String {
-    if found == 0 {
-        "not a Jumpstarter controller store (schema version 0: no store schema)".into()
-    } else if found > SCHEMA_VERSION {
-        format!(
-            "schema version {found} is newer than this controller's ({SCHEMA_VERSION}); \
-             restore it with the controller version that wrote it, or a newer one"
-        )
-    } else {
-        format!("schema version {found} is not one this controller reads ({SCHEMA_VERSION})")
-    }
-}
 
 fn db_err(path: &Path) -> impl Fn(rusqlite::Error) -> BackupError + '_ {
     move |e| BackupError::Database {

@@ -26,13 +26,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1 as metav1;
 use rusqlite::{Connection, OpenFlags, types::ValueRef};
 use serde_json::Value;
 
-use super::BackupError;
+use super::error::{BackupError, ObjectProblem};
 use crate::{
     objects::{
-        Client, Exporter, ExporterAccessPolicy, Lease, ObjectError, RESERVED_LABEL_PREFIX,
-        lease_labels_with,
+        Client, Exporter, ExporterAccessPolicy, Lease, RESERVED_LABEL_PREFIX, lease_labels_with,
         selector::{
-            LabelSelector, SelectorError, validate_dns1123_subdomain, validate_label_value,
+            LabelSelector, validate_dns1123_subdomain, validate_label_value,
             validate_qualified_name,
         },
         validate_lease_tags,
@@ -46,65 +45,6 @@ use crate::{
         sqlite::{self, SCHEMA_VERSION},
     },
 };
-
-/// Why one object of a backup would not have been accepted by the API.
-#[derive(Debug, thiserror::Error)]
-pub enum ObjectProblem {
-    /// A kind the controller does not store.
-    #[error(
-        "kind {0:?} is not one this controller stores (Client, Exporter, Lease, \
-         ExporterAccessPolicy)"
-    )]
-    UnknownKind(String),
-    /// A column of its row holds the wrong type of value.
-    #[error("column `{column}` of table `objects` holds {found}, not {expected}")]
-    Column {
-        /// The column.
-        column: &'static str,
-        /// What it holds.
-        found: String,
-        /// What the store writes there.
-        expected: &'static str,
-    },
-    /// The body is not JSON.
-    #[error("the body is not JSON: {0}")]
-    NotJson(#[source] serde_json::Error),
-    /// The body is JSON but not an object of its kind.
-    #[error("the body is not a valid {kind}: {source}")]
-    Decode {
-        /// The row's kind.
-        kind: String,
-        /// The decoder's error.
-        #[source]
-        source: serde_json::Error,
-    },
-    /// The namespace or name breaks the rule every store write applies.
-    #[error("{0}")]
-    Key(&'static str),
-    /// Over a size or count limit of the API (the message names the field and the limit).
-    #[error("{}", .0.message())]
-    Limit(#[source] Box<tonic::Status>),
-    /// A field that the API would have refused.
-    #[error("{field}: {reason}")]
-    Field {
-        /// The field, as a JSON path (`metadata.labels`, `spec.policies[0].description`).
-        field: String,
-        /// What is wrong with it.
-        reason: String,
-    },
-    /// A label selector that the API would not have parsed.
-    #[error("{field}: {source}")]
-    Selector {
-        /// The field holding the selector.
-        field: String,
-        /// What is wrong with it.
-        #[source]
-        source: SelectorError,
-    },
-    /// Lease tags that CreateLease would have refused.
-    #[error("spec.tags: {0}")]
-    Tags(#[source] ObjectError),
-}
 
 /// [`ObjectProblem::Limit`] of a limit check's refusal.
 fn over_limit(status: tonic::Status) -> ObjectProblem {
