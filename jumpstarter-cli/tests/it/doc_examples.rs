@@ -1,5 +1,5 @@
-//! The command blocks of README.md and docs/quickstart.md, run against the binaries cargo
-//! built, so that a doc example that stops working fails the tests.
+//! The command blocks of README.md, docs/quickstart.md and docs/storage.md, run against the
+//! binaries cargo built, so that a doc example that stops working fails the tests.
 //!
 //! Each doc is one story: its fenced blocks tagged `sh`, `shell`, `bash` or `console` run in
 //! order in one scratch environment (fresh `HOME`, `XDG_CONFIG_HOME`, `XDG_DATA_HOME`,
@@ -31,10 +31,14 @@
 //!   127.0.0.1:PORT accepts connections.
 //! - `<!-- doc-test: wait-until COMMAND -->`: before the block, run COMMAND until it
 //!   succeeds (up to 60 s).
+//! - `<!-- doc-test: setup COMMAND -->`: before the block, run COMMAND once: what the doc
+//!   takes for granted (an image to flash, the config of the exporter a block runs in).
 //! - `<!-- doc-test: env NAME=VALUE -->`: the block runs with NAME set (an `EDITOR` that
 //!   makes the edit the doc describes, say).
 //! - `<!-- doc-test: stdin "TEXT" -->`: the block's standard input (`\n` escapes), for the
 //!   interactive `jmp shell`; otherwise it is empty.
+//! - `<!-- doc-test: inside COMMAND -->`: the block runs as `COMMAND -- bash -e -c BLOCK`,
+//!   for the `j` commands a doc shows "inside `jmp shell`".
 //! - `<!-- doc-test: output-of COMMAND -->`: on a `text` block: COMMAND prints it (checked
 //!   as soon as it matches, then COMMAND is stopped; its exit code is not checked).
 //! - `<!-- doc-test: varies WORD "SOME WORDS" ... -->`: on expected output: these parts of
@@ -76,6 +80,11 @@ fn readme() {
 #[test]
 fn quickstart() {
     doc_test("quickstart", "docs/quickstart.md");
+}
+
+#[test]
+fn storage() {
+    doc_test("storage", "docs/storage.md");
 }
 
 /// Runs the blocks of `doc` (relative to the workspace root); `test` is the name of the
@@ -270,6 +279,8 @@ enum Note {
     Stdin(String),
     OutputOf(String),
     Varies(Vec<String>),
+    Setup(String),
+    Inside(String),
 }
 
 /// A fenced block.
@@ -306,23 +317,6 @@ impl Block {
     /// Whether running the doc starts anything for this block.
     fn runs(&self) -> bool {
         self.skip().is_none() && (self.runnable() || self.output_of().is_some())
-    }
-
-    fn stdin(&self) -> Option<&str> {
-        self.notes.iter().find_map(|n| match n {
-            Note::Stdin(s) => Some(s.as_str()),
-            _ => None,
-        })
-    }
-
-    fn env(&self) -> Vec<(String, String)> {
-        self.notes
-            .iter()
-            .filter_map(|n| match n {
-                Note::Env(k, v) => Some((k.clone(), v.clone())),
-                _ => None,
-            })
-            .collect()
     }
 
     fn varies(&self) -> Vec<String> {
@@ -439,12 +433,14 @@ fn parse_note(s: &str) -> Result<Note, String> {
             Note::Stdin(text.clone())
         }
         "output-of" => Note::OutputOf(nonempty("a command")?),
+        "setup" => Note::Setup(nonempty("a command")?),
+        "inside" => Note::Inside(nonempty("a command")?),
         "varies" => Note::Varies(words(rest)?),
         _ => {
             return Err(format!(
                 "unknown doc-test annotation {s:?}; known: skip REASON, file NAME, background, \
-                 wait-for-port PORT, wait-until COMMAND, env NAME=VALUE, stdin \"TEXT\", \
-                 output-of COMMAND, varies WORDS"
+                 wait-for-port PORT, wait-until COMMAND, setup COMMAND, env NAME=VALUE, \
+                 stdin \"TEXT\", inside COMMAND, output-of COMMAND, varies WORDS"
             ));
         }
     })
@@ -496,8 +492,8 @@ fn check_notes(doc: &str, block: &Block, previous: Option<&Block>) -> Result<(),
     for note in &block.notes {
         let fits = match note {
             Note::Skip(_) => block.runnable() || block.output_of().is_some(),
-            Note::Background | Note::Stdin(_) => block.runnable(),
-            Note::WaitForPort(_) | Note::WaitUntil(_) | Note::Env(..) => {
+            Note::Background | Note::Stdin(_) | Note::Inside(_) => block.runnable(),
+            Note::WaitForPort(_) | Note::WaitUntil(_) | Note::Setup(_) | Note::Env(..) => {
                 block.runnable() || block.output_of().is_some()
             }
             Note::File(_) => !block.runnable(),
@@ -873,6 +869,10 @@ impl Lab {
                 match note {
                     Note::WaitForPort(p) => self.wait_for_port(b.line, *p)?,
                     Note::WaitUntil(c) => self.wait_until(b.line, c)?,
+                    Note::Setup(c) => {
+                        self.foreground(b.line, c, &[])
+                            .map_err(|e| format!("the setup of the block failed: {e}"))?;
+                    }
                     _ => {}
                 }
             }
@@ -880,7 +880,7 @@ impl Lab {
                 self.output_of(b, command)?;
             } else if b.lang == "console" {
                 for c in console_commands(&doc, b)? {
-                    let out = self.foreground(c.line, &c.script, &b.env(), b.stdin())?;
+                    let out = self.foreground(c.line, &c.script, &b.notes)?;
                     if !c.expected.is_empty() {
                         compare(&doc, c.line + 1, &c.script, &c.expected, &b.varies(), &out)?;
                     }
@@ -888,12 +888,12 @@ impl Lab {
             } else {
                 let script = b.body.join("\n");
                 if b.notes.contains(&Note::Background) {
-                    let (_, log) = self.spawn(b.line + 1, &script, &b.env(), b.stdin())?;
+                    let (_, log) = self.spawn(b.line + 1, &script, &b.notes)?;
                     self.background.push((b.line, log));
                     self.say(b.line, "started in the background");
                     continue;
                 }
-                let out = self.foreground(b.line + 1, &script, &b.env(), b.stdin())?;
+                let out = self.foreground(b.line + 1, &script, &b.notes)?;
                 if script.lines().any(|l| {
                     let l = l.split(" #").next().unwrap_or(l).trim_end();
                     l.ends_with('&') && !l.ends_with("&&")
@@ -925,44 +925,57 @@ impl Lab {
     }
 
     /// Starts `script` (its first line at doc line `line`) with `bash -e` in its own process
-    /// group, in the current directory, its stdout and stderr into a log; the directory it
-    /// ends in becomes the current one once it is waited for ([`Lab::foreground`]), and the
-    /// line of the command that failed is noted.
+    /// group, in the current directory, with what `notes` say (env, stdin, inside), its
+    /// stdout and stderr into a log; the directory it ends in becomes the current one once it
+    /// is waited for ([`Lab::foreground`]), and the line of the command that failed is noted.
     fn spawn(
         &mut self,
         line: usize,
         script: &str,
-        env: &[(String, String)],
-        stdin: Option<&str>,
+        notes: &[Note],
     ) -> Result<(Child, PathBuf), String> {
         self.steps += 1;
         let log = self.log_path(self.steps, line);
         let cwd_file = log.with_extension("cwd");
         let out = File::create(&log).unwrap();
-        let stdin = match stdin {
-            Some(text) => {
-                let p = log.with_extension("stdin");
-                fs::write(&p, text).unwrap();
-                Stdio::from(File::open(&p).unwrap())
-            }
-            None => Stdio::null(),
-        };
-        let child = Command::new("bash")
-            .arg("-e")
-            .arg("-c")
-            .arg(format!(
-                "trap 'pwd >\"$JMP_DOC_TEST_CWD_FILE\"' EXIT\n\
-                 trap 'echo $LINENO >\"$JMP_DOC_TEST_CWD_FILE.failed\"' ERR\n{script}\n"
-            ))
-            .current_dir(&self.cwd)
+        let script = format!(
+            "trap 'pwd >\"$JMP_DOC_TEST_CWD_FILE\"' EXIT\n\
+             trap 'echo $LINENO >\"$JMP_DOC_TEST_CWD_FILE.failed\"' ERR\n{script}\n"
+        );
+        let mut bash = Command::new("bash");
+        bash.current_dir(&self.cwd)
             .env_clear()
             .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .envs(env.iter().map(|(k, v)| (k, v)))
             .env("JMP_DOC_TEST_CWD_FILE", &cwd_file)
-            .stdin(stdin)
+            .stdin(Stdio::null())
             .stdout(out.try_clone().unwrap())
             .stderr(out)
             .process_group(0)
+            .args(["-e", "-c"]);
+        match notes.iter().find_map(|n| match n {
+            Note::Inside(c) => Some(c),
+            _ => None,
+        }) {
+            // The script is the command of COMMAND (`jmp shell ... -- bash -e -c SCRIPT`).
+            Some(command) => bash
+                .arg(format!("{command} -- bash -e -c \"$JMP_DOC_TEST_SCRIPT\""))
+                .env("JMP_DOC_TEST_SCRIPT", &script),
+            None => bash.arg(&script),
+        };
+        for note in notes {
+            match note {
+                Note::Env(k, v) => {
+                    bash.env(k, v);
+                }
+                Note::Stdin(text) => {
+                    let p = log.with_extension("stdin");
+                    fs::write(&p, text).unwrap();
+                    bash.stdin(File::open(&p).unwrap());
+                }
+                _ => {}
+            }
+        }
+        let child = bash
             .spawn()
             .map_err(|e| format!("{}:{line}: cannot start bash: {e}", self.doc))?;
         self.groups.push(child.id() as i32);
@@ -971,15 +984,9 @@ impl Lab {
 
     /// Runs `script` (its first line at doc line `line`) to its end (at most
     /// [`STEP_TIMEOUT`]); returns its output, or how it failed.
-    fn foreground(
-        &mut self,
-        line: usize,
-        script: &str,
-        env: &[(String, String)],
-        stdin: Option<&str>,
-    ) -> Result<String, String> {
+    fn foreground(&mut self, line: usize, script: &str, notes: &[Note]) -> Result<String, String> {
         let started = Instant::now();
-        let (mut child, log) = self.spawn(line, script, env, stdin)?;
+        let (mut child, log) = self.spawn(line, script, notes)?;
         let status = wait_bounded(&mut child, self.step_timeout());
         let out = fs::read_to_string(&log).unwrap_or_default();
         let Some(status) = status else {
@@ -997,9 +1004,19 @@ impl Lab {
                 self.cwd = cwd;
             }
         }
+        let first: String = script
+            .lines()
+            .next()
+            .unwrap_or("")
+            .chars()
+            .take(60)
+            .collect();
         self.say(
             line,
-            &format!("ran in {:.1} s", started.elapsed().as_secs_f64()),
+            &format!(
+                "ran `{first}...` in {:.1} s",
+                started.elapsed().as_secs_f64()
+            ),
         );
         if status.success() {
             return Ok(out);
@@ -1029,7 +1046,7 @@ impl Lab {
     /// Runs `command` until its output is the text of `block` (then stops it), or it ends.
     fn output_of(&mut self, block: &Block, command: &str) -> Result<(), String> {
         let doc = self.doc.clone();
-        let (mut child, log) = self.spawn(block.line, command, &block.env(), None)?;
+        let (mut child, log) = self.spawn(block.line, command, &block.notes)?;
         let deadline = Instant::now() + self.step_timeout();
         let check = |out: &str| {
             compare(
@@ -1091,7 +1108,7 @@ impl Lab {
     fn wait_until(&mut self, line: usize, command: &str) -> Result<(), String> {
         let deadline = Instant::now() + self.step_timeout();
         loop {
-            let (mut child, log) = self.spawn(line, command, &[], None)?;
+            let (mut child, log) = self.spawn(line, command, &[])?;
             let status = wait_bounded(&mut child, Duration::from_secs(10));
             if status.is_none() {
                 kill_group(child.id(), Signal::KILL);
@@ -1237,10 +1254,12 @@ fn annotations_are_checked() {
     )
     .unwrap();
     assert_eq!(parsed[0].skip(), Some("needs a board"));
-    assert_eq!(parsed[1].stdin(), Some("j power on\nexit\n"));
     assert_eq!(
-        parsed[1].env(),
-        [("EDITOR".to_string(), "sed -i 's/a/b/'".to_string())]
+        parsed[1].notes,
+        [
+            Note::Stdin("j power on\nexit\n".into()),
+            Note::Env("EDITOR".into(), "sed -i 's/a/b/'".into())
+        ]
     );
     let cmds = console_commands("d.md", &parsed[1]).unwrap();
     assert_eq!(cmds[0].script, "jmp shell \\\n  -l a=b");
