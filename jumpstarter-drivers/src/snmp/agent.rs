@@ -22,6 +22,14 @@ const RETRANSMIT: Duration = Duration::from_secs(1);
 const USM_STATS: [u32; 9] = [1, 3, 6, 1, 6, 3, 15, 1, 1];
 /// `snmpUnknownPDUHandlers`'s tree and friends (RFC 3412 `snmpMPDStats`).
 const MPD_STATS: [u32; 9] = [1, 3, 6, 1, 6, 3, 11, 2, 1];
+/// `usmStatsNotInTimeWindows.0`: the report that carries the agent's clock.
+const NOT_IN_TIME_WINDOW: [u32; 11] = [1, 3, 6, 1, 6, 3, 15, 1, 1, 2, 0];
+/// `msgFlags` authFlag.
+const AUTH_FLAG: u8 = 0x01;
+/// `msgFlags` privFlag.
+const PRIV_FLAG: u8 = 0x02;
+/// `msgFlags` reportableFlag.
+const REPORTABLE_FLAG: u8 = 0x04;
 
 /// A user's security level and keys (the master keys, before localization).
 #[derive(Debug, Clone)]
@@ -164,7 +172,8 @@ impl Agent {
                 }
                 ber::REPORT => {
                     let report = reply.oids.first().cloned().unwrap_or_default();
-                    if report == [&USM_STATS[..], &[2, 0]].concat() {
+                    // Authenticated (`decode` drops one that is not): the agent's clock.
+                    if report == NOT_IN_TIME_WINDOW {
                         engine = reply.engine;
                         continue;
                     }
@@ -349,10 +358,15 @@ impl Keys {
         }
     }
 
+    /// The authFlag and privFlag of messages with these keys (their security level).
+    fn level(&self) -> u8 {
+        let auth = if self.auth.is_some() { AUTH_FLAG } else { 0 };
+        let privacy = if self.privacy.is_some() { PRIV_FLAG } else { 0 };
+        auth | privacy
+    }
+
     fn flags(&self) -> u8 {
-        // reportable, auth, priv
-        0x04 | if self.auth.is_some() { 0x01 } else { 0 }
-            | if self.privacy.is_some() { 0x02 } else { 0 }
+        REPORTABLE_FLAG | self.level()
     }
 }
 
@@ -488,10 +502,18 @@ fn parse_header(buf: &[u8]) -> Result<Header<'_>, SnmpError> {
     })
 }
 
-/// Decodes an answer; `Ok(None)` for a message that is not for us to read.
+/// Decodes an answer to a message sent with `keys`; `Ok(None)` for a message that is not
+/// for us to read, or that is not the agent's for its security level.
 fn decode(buf: &[u8], keys: &Keys) -> Result<Option<Incoming>, SnmpError> {
     let h = parse_header(buf)?;
-    if h.flags & 0x01 != 0 {
+    let level = h.flags & (AUTH_FLAG | PRIV_FLAG);
+    if level == PRIV_FLAG {
+        // RFC 3412 7.2.5.
+        return Err(SnmpError::Malformed(
+            "msgFlags ask for privacy without authentication".into(),
+        ));
+    }
+    if h.flags & AUTH_FLAG != 0 {
         let Some((proto, key)) = &keys.auth else {
             return Ok(None);
         };
@@ -507,7 +529,7 @@ fn decode(buf: &[u8], keys: &Keys) -> Result<Option<Incoming>, SnmpError> {
         }
     }
     let plain;
-    let scoped = if h.flags & 0x02 != 0 {
+    let scoped = if h.flags & PRIV_FLAG != 0 {
         let Some((proto, key)) = &keys.privacy else {
             return Ok(None);
         };
@@ -534,6 +556,14 @@ fn decode(buf: &[u8], keys: &Keys) -> Result<Option<Incoming>, SnmpError> {
     let _context_engine = s.read()?.octets()?;
     let _context_name = s.read()?.octets()?;
     let p = s.read()?;
+    // RFC 3412 7.2.10: a Response comes at the security level of its request. One below it
+    // is not the agent's: whoever sees the request (its msgID is in clear) could forge it.
+    // Only a Report may come below (RFC 3414 3.2: the agent sends the errors it could not
+    // authenticate or decrypt, unknownEngineID among them, in noAuthNoPriv). (An answer
+    // above the request's level was dropped above: we have no key for it.)
+    if p.tag != ber::REPORT && level != keys.level() {
+        return Ok(None);
+    }
     let mut pr = p.reader();
     let request_id = pr.read()?.integer()?;
     let error_status = pr.read()?.integer()?;
@@ -543,6 +573,14 @@ fn decode(buf: &[u8], keys: &Keys) -> Result<Option<Incoming>, SnmpError> {
     while !vbs.is_empty() && oids.len() < 64 {
         let mut vb = vbs.expect(ber::SEQUENCE, "VarBind")?.reader();
         oids.push(vb.read()?.oid()?);
+    }
+    // notInTimeWindow sets our notion of the agent's clock, for the message sent again: so
+    // it is only read authenticated, as the agent sends it (RFC 3414 3.2 step 7b).
+    if p.tag == ber::REPORT
+        && level & AUTH_FLAG == 0
+        && oids.first().is_some_and(|o| *o == NOT_IN_TIME_WINDOW)
+    {
+        return Ok(None);
     }
     Ok(Some(Incoming {
         msg_id: h.msg_id,
@@ -676,6 +714,67 @@ mod tests {
                 assert!(decode(&bad, &keys).is_err());
             }
         }
+    }
+
+    #[test]
+    fn answers_below_the_requests_security_level_are_dropped_but_error_reports() {
+        let eng = engine();
+        let sha = AuthProto::Sha;
+        let auth_priv = Keys::localized(
+            &Security::Priv {
+                proto: sha,
+                key: usm::password_to_key(sha, b"authpass"),
+                priv_proto: PrivProto::Aes,
+                priv_key: usm::password_to_key(sha, b"privpass"),
+            },
+            &eng.id,
+        );
+        let auth_only = Keys {
+            auth: auth_priv.auth.clone(),
+            privacy: None,
+        };
+        let none = Keys::localized(&Security::None, &eng.id);
+        let answer = |tag: u8, oid: &[u32], keys: &Keys| {
+            let mut one = Vec::new();
+            ber::oid(&mut one, oid).unwrap();
+            ber::integer(&mut one, 1);
+            let mut vb = Vec::new();
+            ber::tlv(&mut vb, ber::SEQUENCE, &one);
+            encode(42, &eng, "user", keys, &pdu(tag, 9, &vb)).unwrap()
+        };
+        let unknown_engine = [&USM_STATS[..], &[4, 0]].concat();
+        let read = |msg: &[u8], keys: &Keys| decode(msg, keys).unwrap().is_some();
+        // A Response: only at the request's level.
+        let response = |keys: &Keys| answer(ber::RESPONSE, &[1, 3, 6, 1, 4, 1, 9, 1], keys);
+        assert!(read(&response(&auth_priv), &auth_priv));
+        assert!(!read(&response(&none), &auth_priv));
+        assert!(!read(&response(&auth_only), &auth_priv));
+        assert!(!read(&response(&none), &auth_only));
+        assert!(read(&response(&none), &none));
+        // Error reports come in noAuthNoPriv.
+        assert!(read(
+            &answer(ber::REPORT, &unknown_engine, &none),
+            &auth_priv
+        ));
+        // notInTimeWindow moves the clock: authenticated only (authNoPriv, as agents send it).
+        let late = |keys: &Keys| answer(ber::REPORT, &NOT_IN_TIME_WINDOW, keys);
+        assert!(read(&late(&auth_only), &auth_priv));
+        assert!(read(&late(&auth_only), &auth_only));
+        assert!(!read(&late(&none), &auth_priv));
+        assert!(!read(&late(&none), &auth_only));
+        assert!(!read(&late(&none), &none));
+        // Other PDUs below the level are not read for what they say either.
+        assert!(!read(&answer(0xa4, &[1, 3, 6], &none), &auth_only));
+        // Privacy without authentication is no security level (RFC 3412 7.2.5).
+        let mut priv_only = response(&none);
+        let flags_at = priv_only
+            .windows(3)
+            .position(|w| w == [ber::OCTET_STRING, 1, REPORTABLE_FLAG])
+            .unwrap()
+            + 2;
+        priv_only[flags_at] = REPORTABLE_FLAG | PRIV_FLAG;
+        let err = decode(&priv_only, &auth_priv).unwrap_err().to_string();
+        assert!(err.contains("privacy without authentication"), "{err}");
     }
 
     #[test]

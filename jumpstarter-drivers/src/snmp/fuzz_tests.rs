@@ -646,10 +646,8 @@ proptest! {
 
     /// RFC 3412 7.2.10 / RFC 3414 3.2: a Response must come at the security level of the
     /// request; one in plain text without authentication, to an authenticated request, is
-    /// dropped (whoever can see the request could forge it). Ignored until `decode` in
-    /// `snmp/agent.rs` checks the level: today the forged answer is read for what it says.
+    /// dropped (whoever can see the request could forge it).
     #[test]
-    #[ignore = "defect: snmp/agent.rs accepts an unauthenticated Response to an authenticated request"]
     fn unauthenticated_responses_to_authenticated_requests_are_dropped(
         sec in 1usize..4,
         error_status in 1i64..6,
