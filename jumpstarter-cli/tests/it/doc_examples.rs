@@ -69,7 +69,7 @@ const INSIDE: &str = "JMP_DOC_TEST_INSIDE";
 /// The directory of the `jumpstarter-controller` binary, for the run inside.
 const CONTROLLER_DIR: &str = "JMP_DOC_TEST_CONTROLLER_DIR";
 /// The most a doc may take, and one command or wait.
-const DOC_TIMEOUT: Duration = Duration::from_secs(150);
+const DOC_TIMEOUT: Duration = Duration::from_secs(120);
 const STEP_TIMEOUT: Duration = Duration::from_secs(60);
 
 #[test]
@@ -200,29 +200,14 @@ fn namespaces() -> Option<&'static [&'static str]> {
 /// The directory of an up-to-date `jumpstarter-controller` binary. It is another package's,
 /// so cargo does not build it for these tests: `cargo test --workspace` does (the
 /// controller's own tests need it) and it is used as it is; if it is missing or older than
-/// the sources it is built from, it is built here, into the same target directory.
+/// a source file it was built from (cargo's dep-info beside it lists them), it is built
+/// here, into the same target directory.
 fn controller_dir() -> PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let dir = Path::new(JMP).parent().unwrap().to_path_buf();
         let bin = dir.join("jumpstarter-controller");
-        let built = fs::metadata(&bin).and_then(|m| m.modified()).ok();
-        let root = workspace_root();
-        let mut newest = fs::metadata(root.join("Cargo.lock"))
-            .and_then(|m| m.modified())
-            .ok();
-        for krate in [
-            "jumpstarter-controller",
-            "jumpstarter-core",
-            "jumpstarter-macros",
-            "jumpstarter-proto",
-            "jumpstarter-router",
-        ] {
-            for part in ["Cargo.toml", "build.rs", "src", "proto"] {
-                newest = newest.max(newest_mtime(&root.join(krate).join(part)));
-            }
-        }
-        if built.is_some() && built >= newest {
+        if !stale(&bin) {
             return dir;
         }
         let profile = dir.file_name().unwrap().to_string_lossy().into_owned();
@@ -236,7 +221,7 @@ fn controller_dir() -> PathBuf {
             .args(["build", "--quiet", "-p", "jumpstarter-controller"])
             .args(["--bin", "jumpstarter-controller", "--target-dir"])
             .arg(target)
-            .current_dir(&root);
+            .current_dir(workspace_root());
         if profile == "release" {
             cargo.arg("--release");
         }
@@ -252,16 +237,22 @@ fn controller_dir() -> PathBuf {
     .clone()
 }
 
-fn newest_mtime(path: &Path) -> Option<std::time::SystemTime> {
-    let meta = fs::symlink_metadata(path).ok()?;
-    if !meta.is_dir() {
-        return meta.modified().ok();
-    }
-    fs::read_dir(path)
-        .ok()?
-        .filter_map(Result::ok)
-        .filter_map(|e| newest_mtime(&e.path()))
-        .max()
+/// Whether `bin` is missing, or older than one of the files its dep-info (`BIN.d`, written
+/// by cargo: `BIN: FILE FILE ...`, spaces in names escaped) lists.
+fn stale(bin: &Path) -> bool {
+    let mtime = |p: &Path| fs::metadata(p).and_then(|m| m.modified()).ok();
+    let (Some(built), Ok(dep_info)) = (mtime(bin), fs::read_to_string(bin.with_extension("d")))
+    else {
+        return true;
+    };
+    let Some((_, files)) = dep_info.lines().next().and_then(|l| l.split_once(": ")) else {
+        return true;
+    };
+    let files = files.replace("\\ ", "\0");
+    files
+        .split_whitespace()
+        .map(|f| PathBuf::from(f.replace('\0', " ")))
+        .any(|f| mtime(&f).is_none_or(|m| m > built))
 }
 
 // ---------------------------------------------------------------------------------------
