@@ -15,7 +15,8 @@ pub enum ClientError {
     Connect {
         /// The address, socket path or config file.
         target: String,
-        /// Why: the transport's error, or a message where no error caused it.
+        /// Why: the transport's error (in a [`crate::client::TlsMismatch`] when a TLS
+        /// setting does not match the exporter's), or a message where no error caused it.
         #[source]
         source: BoxError,
     },

@@ -9,6 +9,7 @@ mod error;
 pub mod grpc_options;
 pub mod lease;
 mod session;
+pub mod tls_mismatch;
 pub mod tunnel;
 
 pub use channel::CallMetadata;
@@ -17,3 +18,4 @@ pub use session::{
     ClientNode, ClientResource, ConnectOptions, DriverClient, ExporterSession, IntoArgs,
     RouterStreamEnds, SessionChannel, Target, UploadSource, connect_channel,
 };
+pub use tls_mismatch::TlsMismatch;

@@ -158,7 +158,23 @@ pub async fn connect_channel(
                 }
                 endpoint = endpoint.tls_config(tls).map_err(connect_err)?;
             }
-            endpoint.connect().await.map_err(connect_err)?
+            match endpoint.connect().await {
+                Ok(channel) => channel,
+                // Say which setting does not match the exporter's, when that is why.
+                Err(e) if !opts.insecure => {
+                    return Err(ClientError::connect(
+                        host,
+                        super::tls_mismatch::classify(&addr, e).await,
+                    ));
+                }
+                Err(e) if super::tls_mismatch::closed_at_handshake(&e) => {
+                    return Err(ClientError::connect(
+                        host,
+                        super::tls_mismatch::classify_plaintext(&addr, e.into()).await,
+                    ));
+                }
+                Err(e) => return Err(connect_err(e)),
+            }
         }
     };
     let channel = GrpcChannel::new(channel);
@@ -283,7 +299,23 @@ impl ExporterSession {
     /// Connects to `host` (Unix path or `host:port`) and reads the driver tree.
     pub async fn connect(host: &str, opts: &ConnectOptions) -> Result<Self, ClientError> {
         let channel = connect_channel(host, opts).await?;
-        Self::from_channel(channel).await
+        match Self::from_channel(channel).await {
+            // A plaintext client whose first call lost its connection (the status was made
+            // here, from a transport error): say so if the exporter speaks TLS.
+            Err(ClientError::Rpc { rpc, status })
+                if opts.insecure && std::error::Error::source(&*status).is_some() =>
+            {
+                let Target::Tcp(addr) = Target::parse(host) else {
+                    return Err(ClientError::Rpc { rpc, status });
+                };
+                let cause = super::tls_mismatch::classify_plaintext(&addr, status).await;
+                match cause.downcast::<Status>() {
+                    Ok(status) => Err(ClientError::Rpc { rpc, status }),
+                    Err(cause) => Err(ClientError::connect(host, cause)),
+                }
+            }
+            other => other,
+        }
     }
 
     /// Reads the driver tree over an existing channel.
