@@ -9,6 +9,7 @@ pub use client::{
     AdminConfig, ClientConfig, DriversConfig, LeasesConfig, ShellConfig, UserConfig,
     UserConfigBody, decode_ca, encode_ca, write_private,
 };
+pub(crate) use exporter::edit_distance;
 pub use exporter::{
     API_VERSION, ConfigError, DriverInstance, EMPTY_EXPORT, ExporterConfig, FailureDetection,
     HealthCheck, Hook, Hooks, ObjectMeta, SYSTEM_EXPORTER_DIR, TlsConfig, config_dir,

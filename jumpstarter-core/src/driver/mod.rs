@@ -16,5 +16,5 @@ pub mod value;
 pub use error::{DriverError, SharedError};
 pub use log::LogSink;
 pub use model::{BoxDuplex, BoxFuture, CallContext, Driver, Duplex, ValueStream, encode_stream};
-pub use registry::{COMPOSITE_TYPE, Constructor, DriverArgs, DriverRegistry};
+pub use registry::{COMPOSITE_TYPE, Constructor, DriverArgs, DriverRegistry, TypeSuggestion};
 pub use tree::{CLIENT_LABEL, DriverNode, NAME_LABEL};

@@ -35,6 +35,50 @@ impl DriverArgs {
 /// Builds a driver from its config.
 pub type Constructor = fn(&DriverArgs) -> Result<Arc<dyn Driver>, DriverError>;
 
+/// How many edits (letters added, removed or changed) away a `type:` may be from a registered
+/// one to be taken for a typo of it.
+const MAX_TYPO: usize = 2;
+
+/// The module of a `type:` (`jumpstarter_driver_power.driver` of
+/// `jumpstarter_driver_power.driver.MockPower`).
+fn module_of(type_name: &str) -> Option<&str> {
+    type_name
+        .rsplit_once('.')
+        .map(|(m, _)| m)
+        .filter(|m| !m.is_empty())
+}
+
+/// What a registry has near a `type:` it does not register ([`DriverRegistry::suggest`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TypeSuggestion {
+    /// A registered type a typo away.
+    Close(String),
+    /// No type is close, but these (class names) are registered in the same module.
+    SameModule {
+        /// The module (`jumpstarter_driver_power.driver`).
+        module: String,
+        /// Its registered classes (`MockPower`, `SyncMockPower`).
+        types: Vec<String>,
+    },
+}
+
+impl std::fmt::Display for TypeSuggestion {
+    /// `did you mean "X"?`, or `the Rust drivers of module M are A and B`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TypeSuggestion::Close(t) => write!(f, "did you mean {t:?}?"),
+            TypeSuggestion::SameModule { module, types } => {
+                let list = match types.split_last() {
+                    Some((last, [])) => last.clone(),
+                    Some((last, rest)) => format!("{} and {last}", rest.join(", ")),
+                    None => String::new(),
+                };
+                write!(f, "the Rust drivers of module {module} are {list}")
+            }
+        }
+    }
+}
+
 /// Maps config `type:` names to driver constructors.
 #[derive(Default, Clone)]
 pub struct DriverRegistry {
@@ -56,6 +100,31 @@ impl DriverRegistry {
     /// The registered type names.
     pub fn types(&self) -> impl Iterator<Item = &str> {
         self.ctors.keys().map(String::as_str)
+    }
+
+    /// What the registry has near `type_name`, a type it does not register: a registered
+    /// type a typo away (in its class or its module), or else the registered types of its
+    /// module. `None` when the registry knows nothing of that module.
+    pub fn suggest(&self, type_name: &str) -> Option<TypeSuggestion> {
+        let close = self
+            .types()
+            .filter(|t| *t != type_name)
+            .map(|t| (crate::config::edit_distance(type_name, t), t))
+            .filter(|(d, _)| *d <= MAX_TYPO)
+            .min();
+        if let Some((_, t)) = close {
+            return Some(TypeSuggestion::Close(t.to_string()));
+        }
+        let module = module_of(type_name)?;
+        let types: Vec<String> = self
+            .types()
+            .filter(|t| module_of(t) == Some(module))
+            .map(|t| t[module.len() + 1..].to_string())
+            .collect();
+        (!types.is_empty()).then(|| TypeSuggestion::SameModule {
+            module: module.to_string(),
+            types,
+        })
     }
 
     /// Builds the driver tree of an exporter config: an implicit Composite whose children
@@ -132,10 +201,13 @@ impl DriverRegistry {
             invalid(
                 line,
                 format!("{field}.type"),
-                format!(
-                    "unknown driver type {type_name:?} (known types: {})",
-                    self.ctors.keys().cloned().collect::<Vec<_>>().join(", ")
-                ),
+                match self.suggest(type_name) {
+                    Some(suggestion) => format!("unknown driver type {type_name:?}: {suggestion}"),
+                    None => format!(
+                        "unknown driver type {type_name:?} (known types: {})",
+                        self.ctors.keys().cloned().collect::<Vec<_>>().join(", ")
+                    ),
+                },
             )
         })?;
         let driver = ctor(&DriverArgs {
@@ -222,5 +294,164 @@ mod tests {
     fn node_paths() {
         assert_eq!(node_path("export.a"), "a");
         assert_eq!(node_path("export.a.children.b"), "a.b");
+    }
+
+    /// A driver that answers nothing, for the tree these tests build.
+    struct Nothing;
+
+    impl Driver for Nothing {
+        fn client_class(&self) -> String {
+            String::new()
+        }
+
+        fn type_name(&self) -> &'static str {
+            "Nothing"
+        }
+
+        fn call(
+            self: Arc<Self>,
+            _ctx: crate::CallContext,
+            _method: String,
+            _args: Vec<crate::value::Value>,
+        ) -> crate::driver::BoxFuture<Result<crate::value::Value, DriverError>> {
+            Box::pin(std::future::ready(Err(DriverError::Failed(
+                "nothing".into(),
+            ))))
+        }
+
+        fn streaming_call(
+            self: Arc<Self>,
+            _ctx: crate::CallContext,
+            _method: String,
+            _args: Vec<crate::value::Value>,
+        ) -> crate::driver::BoxFuture<Result<crate::driver::ValueStream, DriverError>> {
+            Box::pin(std::future::ready(Err(DriverError::Failed(
+                "nothing".into(),
+            ))))
+        }
+
+        fn open_stream(
+            self: Arc<Self>,
+            _ctx: crate::CallContext,
+            _method: String,
+        ) -> crate::driver::BoxFuture<Result<crate::driver::BoxDuplex, DriverError>> {
+            Box::pin(std::future::ready(Err(DriverError::Failed(
+                "nothing".into(),
+            ))))
+        }
+    }
+
+    fn registry() -> DriverRegistry {
+        fn none(_: &DriverArgs) -> Result<Arc<dyn Driver>, DriverError> {
+            Ok(Arc::new(Nothing))
+        }
+        let mut r = DriverRegistry::new();
+        r.register(COMPOSITE_TYPE, none);
+        for t in [
+            "jumpstarter_driver_power.driver.MockPower",
+            "jumpstarter_driver_power.driver.SyncMockPower",
+            "jumpstarter_driver_network.driver.TcpNetwork",
+            "jumpstarter_driver_network.driver.UdpNetwork",
+            "jumpstarter_driver_shell.driver.Shell",
+        ] {
+            r.register(t, none);
+        }
+        r
+    }
+
+    #[test]
+    fn a_typo_gets_the_close_type_in_its_module_or_another() {
+        let r = registry();
+        let close = |t: &str| match r.suggest(t) {
+            Some(TypeSuggestion::Close(c)) => c,
+            other => panic!("{t}: {other:?}"),
+        };
+        // A letter left out, changed, added; two; in the class or the module.
+        assert_eq!(
+            close("jumpstarter_driver_power.driver.MockPowr"),
+            "jumpstarter_driver_power.driver.MockPower"
+        );
+        assert_eq!(
+            close("jumpstarter_driver_power.driver.mockpower"),
+            "jumpstarter_driver_power.driver.MockPower"
+        );
+        assert_eq!(
+            close("jumpstarter_driver_powr.driver.MockPower"),
+            "jumpstarter_driver_power.driver.MockPower"
+        );
+        assert_eq!(
+            close("jumpstarter_driver_shell.drivers.Shell"),
+            "jumpstarter_driver_shell.driver.Shell"
+        );
+        // Equally close to two: the first by name.
+        assert_eq!(
+            close("jumpstarter_driver_network.driver.TdpNetwork"),
+            "jumpstarter_driver_network.driver.TcpNetwork"
+        );
+        assert_eq!(
+            TypeSuggestion::Close("a.B".into()).to_string(),
+            "did you mean \"a.B\"?"
+        );
+    }
+
+    #[test]
+    fn a_type_of_a_known_module_gets_the_modules_types() {
+        let r = registry();
+        let s = r.suggest("jumpstarter_driver_power.driver.Foo").unwrap();
+        assert_eq!(
+            s,
+            TypeSuggestion::SameModule {
+                module: "jumpstarter_driver_power.driver".into(),
+                types: vec!["MockPower".into(), "SyncMockPower".into()],
+            }
+        );
+        assert_eq!(
+            s.to_string(),
+            "the Rust drivers of module jumpstarter_driver_power.driver are MockPower and \
+             SyncMockPower"
+        );
+        let one = r.suggest("jumpstarter_driver_shell.driver.Bash").unwrap();
+        assert_eq!(
+            one.to_string(),
+            "the Rust drivers of module jumpstarter_driver_shell.driver are Shell"
+        );
+    }
+
+    #[test]
+    fn other_types_get_no_suggestion() {
+        let r = registry();
+        for t in [
+            "acme_relays.driver.Relay",
+            "jumpstarter_driver_power.Foo",
+            "Relay",
+            ".Relay",
+            "",
+        ] {
+            assert_eq!(r.suggest(t), None, "{t:?}");
+        }
+        // A registered type is no typo of itself.
+        assert_eq!(
+            r.suggest("jumpstarter_driver_shell.driver.Shell"),
+            Some(TypeSuggestion::SameModule {
+                module: "jumpstarter_driver_shell.driver".into(),
+                types: vec!["Shell".into()],
+            })
+        );
+    }
+
+    #[test]
+    fn the_registry_says_did_you_mean_when_it_builds() {
+        let cfg = ExporterConfig::parse(
+            "export:\n  power:\n    type: jumpstarter_driver_power.driver.MockPowr\n",
+            std::path::Path::new("x.yaml"),
+        )
+        .unwrap();
+        let e = registry().build(&cfg).err().unwrap().to_string();
+        assert_eq!(
+            e,
+            "<config>:3: export.power.type: unknown driver type \
+             \"jumpstarter_driver_power.driver.MockPowr\": did you mean \
+             \"jumpstarter_driver_power.driver.MockPower\"?"
+        );
     }
 }
