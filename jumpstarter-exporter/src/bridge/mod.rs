@@ -22,7 +22,7 @@ use std::{collections::BTreeMap, sync::Arc};
 use jumpstarter_core::{
     CallContext, Driver, DriverError, DriverNode,
     config::{ConfigError, ExporterConfig},
-    driver::{BoxDuplex, BoxFuture, DriverRegistry, ValueStream},
+    driver::{BoxDuplex, BoxFuture, DriverRegistry, TypeSuggestion, ValueStream},
     value::Value,
 };
 
@@ -188,7 +188,12 @@ fn start_failure(
         host::StartError::Import { field, .. } | host::StartError::Build { field, .. } => {
             fields.iter().find(|(f, _, _)| f == field)
         }
-        _ => fields.first(),
+        // Not one type's failure (no interpreter, no runtime): a typo of a Rust driver's
+        // type, or a type of a module the Rust drivers serve, is named first.
+        _ => fields
+            .iter()
+            .find(|(_, t, _)| registry.suggest(t).is_some())
+            .or(fields.first()),
     };
     let Some((field, type_name, line)) =
         failed.filter(|(_, t, _)| !registry.types().any(|r| r == t))
@@ -204,9 +209,19 @@ fn start_failure(
         field: format!("{field}.type"),
         // A type Python imported but whose constructor failed is known: Python's error
         // says why (a config value, most often).
-        message: match &e {
-            host::StartError::Build { .. } => e.to_string(),
-            _ => format!(
+        message: match (&e, registry.suggest(type_name)) {
+            (host::StartError::Build { .. }, _) => e.to_string(),
+            // A typo of a Rust driver's type: Python's reason (what to install) is beside the
+            // point.
+            (_, Some(close @ TypeSuggestion::Close(_))) => {
+                format!("unknown driver type {type_name:?}: {close}")
+            }
+            // A module the Rust drivers serve: its Rust types, not a package to install.
+            (_, Some(module @ TypeSuggestion::SameModule { .. })) => format!(
+                "unknown driver type {type_name:?}: {module}; Python could not serve it either \
+                 (docs/python-drivers.md)"
+            ),
+            (_, None) => format!(
                 "unknown driver type {type_name:?}: no Rust driver provides it, and \
                  Python cannot serve it (docs/python-drivers.md): {e}"
             ),

@@ -76,6 +76,20 @@ async fn controller_mode_without_a_controller_is_refused_naming_the_field() {
     assert!(e.to_string().contains("/lab/bench-1.yaml"), "{e}");
 }
 
+/// A typo of a Rust driver's type is named as one, whatever Python could do with it.
+#[tokio::test]
+async fn a_typo_in_a_rust_drivers_type_says_did_you_mean() {
+    let text = CONFIG.replace("MockPower", "MockPowr");
+    let e = exporter(&text).local().await.err().unwrap().to_string();
+    assert!(
+        e.ends_with(
+            "export.power.type: unknown driver type \"jumpstarter_driver_power.driver.MockPowr\": \
+             did you mean \"jumpstarter_driver_power.driver.MockPower\"?"
+        ),
+        "{e}"
+    );
+}
+
 #[tokio::test]
 async fn an_unknown_driver_type_is_refused_before_anything_is_served() {
     let text = CONFIG.replace(
