@@ -594,8 +594,39 @@ async fn run_kubernetes(
     } else {
         let mut e =
             LeaderElector::new(store.clone(), args.leader_config()).map_err(|e| e.to_string())?;
+        // While another replica leads, this one forwards its ports to it (so that every
+        // replica is Ready and rolling updates complete), and serves on the same ports once
+        // it leads.
+        let grpc = tokio::net::TcpListener::bind(&config.listen)
+            .await
+            .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
+        let router = tokio::net::TcpListener::bind(&config.router_listen)
+            .await
+            .map_err(|e| format!("cannot listen on {}: {e}", config.router_listen))?;
+        for (l, at) in [
+            (&grpc, &mut config.listen),
+            (&router, &mut config.router_listen),
+        ] {
+            if let Ok(a) = l.local_addr() {
+                *at = a.to_string();
+            }
+        }
+        tracing::info!(
+            "standby listeners: grpc={} router={}; forwarded to the leader until this replica \
+             leads",
+            config.listen,
+            config.router_listen
+        );
+        let standby = crate::kubernetes::standby::forward(
+            vec![
+                (grpc, crate::kubernetes::standby::Port::Grpc),
+                (router, crate::kubernetes::standby::Port::Router),
+            ],
+            e.leader_endpoints(),
+        );
         tokio::select! {
             _ = e.acquire() => {}
+            _ = standby => {}
             _ = stop_signal() => return Ok(std::process::ExitCode::SUCCESS),
         }
         Some(e)
@@ -607,6 +638,24 @@ async fn run_kubernetes(
     let running = crate::server::start_with_store(config.clone(), store.clone())
         .await
         .map_err(|e| e.to_string())?;
+    if let Some(e) = elector.as_mut() {
+        // Written with the next renewal: the standbys forward here.
+        let pod_ip = std::env::var("POD_IP")
+            .ok()
+            .and_then(|ip| ip.trim().parse().ok());
+        match crate::kubernetes::standby::Endpoints::advertised(
+            running.addr,
+            running.router_addr,
+            pod_ip,
+        ) {
+            Some(at) => e.set_endpoints(at.annotation()),
+            None => tracing::warn!(
+                "POD_IP is not set and the controller listens on every interface: standby \
+                 replicas cannot forward to this one (set POD_IP from status.podIP, as \
+                 deploy/kubernetes does)"
+            ),
+        }
+    }
     crate::kubernetes::key_secret::save(&store, &args.namespace, &config.data_dir)
         .await
         .map_err(|e| e.to_string())?;

@@ -23,6 +23,10 @@ use crate::store::{Store, StoreError};
 /// Name of the Lease object the controllers compete for.
 pub const LEASE_NAME: &str = "jumpstarter-controller-leader";
 
+/// Annotation of the Lease where its holder says where it serves (see
+/// [`crate::kubernetes::standby`]), for the standbys to forward connections to.
+pub const ENDPOINTS_ANNOTATION: &str = "jumpstarter.dev/leader-endpoints";
+
 /// Leader election failed in a way that retrying cannot fix, or leadership was lost.
 #[derive(Debug, thiserror::Error)]
 pub enum LeaderError {
@@ -114,6 +118,11 @@ pub struct LeaderElector<S: Store> {
     config: LeaderConfig,
     /// The Lease's resourceVersion when we last saw it change, and when that was.
     observed: Option<(String, Instant)>,
+    /// What we write to [`ENDPOINTS_ANNOTATION`] while we hold the Lease.
+    endpoints: Option<String>,
+    /// The current holder's [`ENDPOINTS_ANNOTATION`], while another controller validly
+    /// holds the Lease.
+    leader_endpoints: tokio::sync::watch::Sender<Option<String>>,
 }
 
 fn micro_now() -> MicroTime {
@@ -132,7 +141,28 @@ impl<S: Store> LeaderElector<S> {
             store,
             config,
             observed: None,
+            endpoints: None,
+            leader_endpoints: tokio::sync::watch::channel(None).0,
         })
+    }
+
+    /// Where we serve, written to the Lease with each renewal while we hold it.
+    pub fn set_endpoints(&mut self, endpoints: String) {
+        self.endpoints = Some(endpoints);
+    }
+
+    /// Where the controller holding the Lease serves, as its [`ENDPOINTS_ANNOTATION`] said
+    /// when we last looked; `None` while nobody else validly holds it.
+    pub fn leader_endpoints(&self) -> tokio::sync::watch::Receiver<Option<String>> {
+        self.leader_endpoints.subscribe()
+    }
+
+    fn annotate(&self, meta: &mut ObjectMeta) {
+        if let Some(e) = &self.endpoints {
+            meta.annotations
+                .get_or_insert_with(Default::default)
+                .insert(ENDPOINTS_ANNOTATION.to_owned(), e.clone());
+        }
     }
 
     fn store_err(&self, source: StoreError) -> LeaderError {
@@ -153,12 +183,15 @@ impl<S: Store> LeaderElector<S> {
             .await
             .map_err(|e| self.store_err(e))?;
         let Some(mut lease) = current else {
+            self.leader_endpoints.send_replace(None);
+            let mut metadata = ObjectMeta {
+                name: Some(name),
+                namespace: Some(ns),
+                ..ObjectMeta::default()
+            };
+            self.annotate(&mut metadata);
             let lease = Lease {
-                metadata: ObjectMeta {
-                    name: Some(name),
-                    namespace: Some(ns),
-                    ..ObjectMeta::default()
-                },
+                metadata,
                 spec: Some(LeaseSpec {
                     holder_identity: Some(self.config.identity.clone()),
                     lease_duration_seconds: Some(duration_secs(self.config.lease_duration)),
@@ -189,9 +222,22 @@ impl<S: Store> LeaderElector<S> {
                 .map_or(self.config.lease_duration, Duration::from_secs);
             let seen_at = self.observed.as_ref().map_or(now, |(_, at)| *at);
             if now < seen_at + valid_for {
+                let theirs = lease
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(ENDPOINTS_ANNOTATION))
+                    .cloned();
+                self.leader_endpoints.send_if_modified(|e| {
+                    let changed = *e != theirs;
+                    *e = theirs;
+                    changed
+                });
                 return Ok(false);
             }
         }
+        self.leader_endpoints
+            .send_if_modified(|e| e.take().is_some());
         let mut next = spec;
         if !ours {
             next.acquire_time = Some(micro_now());
@@ -201,6 +247,7 @@ impl<S: Store> LeaderElector<S> {
         next.lease_duration_seconds = Some(duration_secs(self.config.lease_duration));
         next.renew_time = Some(micro_now());
         lease.spec = Some(next);
+        self.annotate(&mut lease.metadata);
         match self.store.update(&lease).await {
             Ok(stored) => {
                 self.observe(&stored, Instant::now());
@@ -301,6 +348,9 @@ impl<S: Store> LeaderElector<S> {
         }
         spec.holder_identity = None;
         spec.lease_duration_seconds = Some(1);
+        if let Some(a) = lease.metadata.annotations.as_mut() {
+            a.remove(ENDPOINTS_ANNOTATION);
+        }
         spec.renew_time = Some(micro_now());
         lease.spec = Some(spec);
         match self.store.update(&lease).await {

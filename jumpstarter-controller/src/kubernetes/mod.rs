@@ -9,3 +9,4 @@ pub mod events;
 pub mod key_secret;
 pub mod leader;
 pub mod owner_refs;
+pub mod standby;

@@ -112,6 +112,7 @@ impl Ctl {
                 let Ok(line) = line else { break };
                 if line.contains(jumpstarter_controller::cli::READY_LINE_PREFIX)
                     || line.contains("standing by")
+                    || line.contains("standby listeners")
                 {
                     let _ = tx.try_send(line.clone());
                 }
@@ -721,4 +722,97 @@ async fn real_leader_handover_under_a_lease_storm() {
         b.log()
     );
     drop(b);
+}
+
+/// A standby replica listens on the controller's ports and forwards to the leader (so it is
+/// Ready, and a Service may send it anything); once the leader is killed it serves on those
+/// same ports itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs a real API server: cargo xtask kube-e2e runs it"]
+async fn real_a_standby_forwards_to_the_leader_then_serves_on_the_same_ports() {
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = Ctl::spawn(dir.path(), "fwd-a");
+    a.wait_ready(Duration::from_secs(60)).await;
+    let mut b = Ctl::spawn(dir.path(), "fwd-b");
+    let line = b
+        .wait_for("standby listeners", Duration::from_secs(30))
+        .await;
+    let port = line
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix("grpc="))
+        .and_then(|a| a.rsplit(':').next())
+        .map(|p| p.to_string())
+        .unwrap_or_else(|| panic!("no grpc address in {line:?}"));
+    b.wait_for("standing by", Duration::from_secs(30)).await;
+    let cfg = AdminConfig::load(&dir.path().join("fwd-a-admin.yaml")).unwrap();
+    let ca = cfg.ca_pem().unwrap().unwrap().into_bytes();
+    let via_b = format!("localhost:{port}");
+
+    // Through the standby: the leader answers (once the standby has read where it serves).
+    let call = |endpoint: String| {
+        let (ca, token) = (ca.clone(), cfg.token.clone());
+        async move {
+            let ch = connect_channel(
+                &endpoint,
+                &ConnectOptions {
+                    insecure: false,
+                    passphrase: None,
+                    ca_pem: Some(ca),
+                },
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+            let mut admin = AdminServiceClient::new(ch);
+            let mut req = tonic::Request::new(jumpstarter_proto::admin_v1::ListRequest::default());
+            req.metadata_mut().insert(
+                "authorization",
+                format!("Bearer {token}").parse().map_err(|_| "token")?,
+            );
+            tokio::time::timeout(Duration::from_secs(5), admin.list_exporters(req))
+                .await
+                .map_err(|_| "timed out".to_string())?
+                .map(|_| ())
+                .map_err(|s| s.to_string())
+        }
+    };
+    let mut last = String::new();
+    let mut forwarded = false;
+    for _ in 0..60 {
+        match call(via_b.clone()).await {
+            Ok(()) => {
+                forwarded = true;
+                break;
+            }
+            Err(e) => last = e,
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(
+        forwarded,
+        "the standby did not forward: {last}\n{}",
+        b.log()
+    );
+
+    // The leader dies without a word; the standby takes over on the same address.
+    let killed_at = Instant::now();
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+    let mut served = false;
+    for _ in 0..120 {
+        if call(via_b.clone()).await.is_ok() {
+            served = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(
+        served,
+        "the standby never served after the leader died:\n{}",
+        b.log()
+    );
+    eprintln!(
+        "leader killed -> the standby's address answered again after {:?}",
+        killed_at.elapsed()
+    );
 }

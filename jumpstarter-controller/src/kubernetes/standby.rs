@@ -1,0 +1,261 @@
+//! What a standby controller replica does while another one leads: it listens on the
+//! controller's own ports and forwards each connection, byte for byte, to the leader.
+//!
+//! The whole controller (services, Listen queues, the reconcile loop, the in-process router)
+//! runs in the leader only. A standby that opened none of its ports would never pass the
+//! Deployment's readiness probe, so a Deployment of two replicas would never be Available
+//! and every rolling update would stall. Instead every replica is Ready and the Service
+//! spreads connections over all of them: a standby forwards its share to the leader, found
+//! in the leader election Lease ([`super::leader::ENDPOINTS_ANNOTATION`], `grpc=IP:PORT,
+//! router=IP:PORT`). TLS passes through untouched (every replica serves the same
+//! certificate, from the key Secret), so clients and exporters see the leader itself.
+//!
+//! When the leader goes away its forwarded connections break like its own; clients and
+//! exporters reconnect by themselves, and reach the new leader (the standby that took the
+//! Lease now serves on the same ports).
+
+use std::{net::SocketAddr, sync::Arc, time::Duration};
+
+use tokio::{
+    net::{TcpListener, TcpStream},
+    sync::{Semaphore, watch},
+    task::JoinSet,
+};
+
+/// Connections forwarded at once by one standby; more are closed at once.
+pub const MAX_FORWARDED: usize = 4096;
+
+/// How long a standby tries to reach the leader for one connection.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Where the leader serves: its controller gRPC and router listeners.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Endpoints {
+    /// The controller's gRPC listener.
+    pub grpc: SocketAddr,
+    /// The in-process router's listener.
+    pub router: SocketAddr,
+}
+
+impl Endpoints {
+    /// The annotation text: `grpc=IP:PORT,router=IP:PORT`.
+    pub fn annotation(self) -> String {
+        format!("grpc={},router={}", self.grpc, self.router)
+    }
+
+    /// Reads [`Endpoints::annotation`]'s text; `None` for anything else.
+    pub fn parse(text: &str) -> Option<Self> {
+        let (mut grpc, mut router) = (None, None);
+        for part in text.split(',') {
+            match part.trim().split_once('=') {
+                Some(("grpc", a)) => grpc = a.parse().ok(),
+                Some(("router", a)) => router = a.parse().ok(),
+                _ => return None,
+            }
+        }
+        Some(Self {
+            grpc: grpc?,
+            router: router?,
+        })
+    }
+
+    /// Where this process serves, for the standbys: the bound addresses, with `pod_ip`
+    /// (the downward API's `status.podIP`, as `POD_IP`) in place of an unspecified one.
+    /// `None` when an address is unspecified and there is no pod IP: the standbys could not
+    /// reach us (and loopback would be their own port).
+    pub fn advertised(
+        grpc: SocketAddr,
+        router: SocketAddr,
+        pod_ip: Option<std::net::IpAddr>,
+    ) -> Option<Self> {
+        let fix = |a: SocketAddr| match (a.ip().is_unspecified(), pod_ip) {
+            (false, _) => Some(a),
+            (true, Some(ip)) => Some(SocketAddr::new(ip, a.port())),
+            (true, None) => None,
+        };
+        Some(Self {
+            grpc: fix(grpc)?,
+            router: fix(router)?,
+        })
+    }
+}
+
+/// Which of the leader's listeners a standby listener stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Port {
+    /// The controller's gRPC port.
+    Grpc,
+    /// The router's port.
+    Router,
+}
+
+/// Forwards every connection `listeners` accept to the leader's matching endpoint in
+/// `leader` (the latest annotation seen); a connection that arrives while no leader is
+/// known, or that cannot reach it, is closed. Runs until dropped; dropping it closes the
+/// listeners and cuts the forwarded connections.
+pub async fn forward(listeners: Vec<(TcpListener, Port)>, leader: watch::Receiver<Option<String>>) {
+    // Never forward to ourselves (a leader advertising an address that is ours).
+    let own: Vec<SocketAddr> = listeners
+        .iter()
+        .filter_map(|(l, _)| l.local_addr().ok())
+        .collect();
+    let slots = Arc::new(Semaphore::new(MAX_FORWARDED));
+    let mut conns = JoinSet::new();
+    let mut accepts = JoinSet::new();
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<(TcpStream, Port)>(64);
+    for (listener, port) in listeners {
+        let tx = tx.clone();
+        accepts.spawn(async move {
+            loop {
+                match listener.accept().await {
+                    Ok((conn, _)) => {
+                        if tx.send((conn, port)).await.is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) => {
+                        tracing::debug!("standby: accept failed: {e}");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+            }
+        });
+    }
+    drop(tx);
+    while let Some((conn, port)) = rx.recv().await {
+        while conns.try_join_next().is_some() {}
+        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+            tracing::warn!(
+                "standby: {MAX_FORWARDED} connections forwarded already; closed a new one"
+            );
+            continue;
+        };
+        let target = leader
+            .borrow()
+            .as_deref()
+            .and_then(Endpoints::parse)
+            .map(|e| match port {
+                Port::Grpc => e.grpc,
+                Port::Router => e.router,
+            });
+        let Some(target) = target.filter(|t| !own.contains(t)) else {
+            tracing::debug!("standby: no leader known yet; closed a connection");
+            continue;
+        };
+        conns.spawn(async move {
+            let _slot = slot;
+            let mut conn = conn;
+            let upstream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(target)).await;
+            let mut upstream = match upstream {
+                Ok(Ok(u)) => u,
+                Ok(Err(e)) => {
+                    tracing::debug!("standby: leader at {target}: {e}");
+                    return;
+                }
+                Err(_) => {
+                    tracing::debug!("standby: leader at {target} did not answer");
+                    return;
+                }
+            };
+            let _ = conn.set_nodelay(true);
+            let _ = upstream.set_nodelay(true);
+            let _ = tokio::io::copy_bidirectional(&mut conn, &mut upstream).await;
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[test]
+    fn endpoints_round_trip_and_bad_text_is_none() {
+        let e = Endpoints {
+            grpc: "10.0.0.7:8082".parse().unwrap(),
+            router: "[fd00::1]:8083".parse().unwrap(),
+        };
+        assert_eq!(e.annotation(), "grpc=10.0.0.7:8082,router=[fd00::1]:8083");
+        assert_eq!(Endpoints::parse(&e.annotation()), Some(e));
+        for bad in [
+            "",
+            "grpc=10.0.0.7:8082",
+            "grpc=x,router=y",
+            "a=b,grpc=1.2.3.4:1",
+        ] {
+            assert_eq!(Endpoints::parse(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn an_unspecified_address_is_advertised_only_with_a_pod_ip() {
+        let any: SocketAddr = "0.0.0.0:8082".parse().unwrap();
+        let router: SocketAddr = "0.0.0.0:8083".parse().unwrap();
+        assert_eq!(Endpoints::advertised(any, router, None), None);
+        let e = Endpoints::advertised(any, router, Some("10.1.2.3".parse().unwrap())).unwrap();
+        assert_eq!(e.annotation(), "grpc=10.1.2.3:8082,router=10.1.2.3:8083");
+        let lo: SocketAddr = "127.0.0.1:9000".parse().unwrap();
+        assert_eq!(
+            Endpoints::advertised(lo, lo, None).map(|e| e.grpc),
+            Some(lo)
+        );
+    }
+
+    #[tokio::test]
+    async fn connections_reach_the_leader_named_in_the_lease() {
+        // The "leader": echoes what it gets, prefixed with which port it is.
+        let mut leader = Vec::new();
+        for tag in ["grpc", "router"] {
+            let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = l.local_addr().unwrap();
+            tokio::spawn(async move {
+                loop {
+                    let (mut c, _) = l.accept().await.unwrap();
+                    tokio::spawn(async move {
+                        let mut buf = [0u8; 5];
+                        c.read_exact(&mut buf).await.unwrap();
+                        c.write_all(tag.as_bytes()).await.unwrap();
+                        c.write_all(&buf).await.unwrap();
+                    });
+                }
+            });
+            leader.push(addr);
+        }
+        let (tx, rx) = watch::channel(None);
+        let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let router = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (g, r) = (grpc.local_addr().unwrap(), router.local_addr().unwrap());
+        let standby = tokio::spawn(forward(
+            vec![(grpc, Port::Grpc), (router, Port::Router)],
+            rx,
+        ));
+
+        // No leader known: the connection is closed.
+        let mut c = TcpStream::connect(g).await.unwrap();
+        let mut out = Vec::new();
+        let n = tokio::time::timeout(Duration::from_secs(5), c.read_to_end(&mut out))
+            .await
+            .unwrap()
+            .unwrap_or(0);
+        assert_eq!(n, 0);
+
+        tx.send_replace(Some(
+            Endpoints {
+                grpc: leader[0],
+                router: leader[1],
+            }
+            .annotation(),
+        ));
+        for (addr, want) in [(g, "grpchello"), (r, "routerhello")] {
+            let mut c = TcpStream::connect(addr).await.unwrap();
+            c.write_all(b"hello").await.unwrap();
+            let mut out = Vec::new();
+            tokio::time::timeout(Duration::from_secs(5), c.read_to_end(&mut out))
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(String::from_utf8(out).unwrap(), want);
+        }
+        standby.abort();
+    }
+}
