@@ -23,8 +23,6 @@ use rusqlite::{Connection, OpenFlags};
 use crate::store::sqlite::DB_FILE;
 pub use error::BackupError;
 
-/// What is wrong with schema version `found` (it is not [`SCHEMA_VERSION`]).
-
 fn db_err(path: &Path) -> impl Fn(rusqlite::Error) -> BackupError + '_ {
     move |e| BackupError::Database {
         path: path.to_path_buf(),

@@ -148,6 +148,7 @@ pub enum ObjectProblem {
     Tags(#[source] ObjectError),
 }
 
+/// What is wrong with schema version `found` (it is not [`SCHEMA_VERSION`]).
 fn version_problem(found: i64) -> String {
     if found == 0 {
         "not a Jumpstarter controller store (schema version 0: no store schema)".into()
