@@ -14,9 +14,11 @@
 //! answers and errors are those its gRPC server gives, without grpcio's three thread
 //! hand-offs per call and without HTTP/2 on our side. Frames are bounded both ways by
 //! [`MAX_MESSAGE`] (gRPC's default limit on a received message). Dropping a call closes its
-//! connection, and the child cancels the call, as for a cancelled gRPC call.
+//! connection, and the child cancels the call, as for a cancelled gRPC call. A connection
+//! the child closed, or sent anything on past its answer, is dropped rather than reused, so
+//! that no call reads bytes that are not the answer to its own request.
 
-use std::{path::PathBuf, sync::Arc};
+use std::{os::fd::AsFd, path::PathBuf, sync::Arc};
 
 use jumpstarter_proto::v1::{DriverCallRequest, DriverCallResponse};
 use prost::Message;
@@ -97,7 +99,7 @@ impl FastPool {
         let mut frame = Vec::with_capacity(4 + len);
         frame.extend_from_slice(&(len as u32).to_be_bytes());
         request.encode(&mut frame).ok()?;
-        let reused = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let reused = self.take_idle();
         let result = match reused {
             Some(mut stream) => match exchange(&mut stream, &frame).await {
                 // An idle connection the child has closed: the request never left, so it is
@@ -110,15 +112,29 @@ impl FastPool {
         Some(match result {
             Ok((answer, stream)) => {
                 // Dropped with the future if the call is cancelled: only a connection that
-                // finished its exchange goes back.
-                self.idle
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push(stream);
+                // finished its exchange goes back, and only with nothing after its answer.
+                if reusable(&stream) {
+                    self.idle
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push(stream);
+                }
                 Ok(answer)
             }
             Err(e) => Err(e.into()),
         })
+    }
+
+    /// An idle connection still fit for a call: those the child closed or sent bytes on
+    /// while they were idle are dropped.
+    fn take_idle(&self) -> Option<UnixStream> {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        while let Some(stream) = idle.pop() {
+            if reusable(&stream) {
+                return Some(stream);
+            }
+        }
+        None
     }
 
     async fn fresh(&self, frame: &[u8]) -> Result<(Answer, UnixStream), Exchange> {
@@ -127,6 +143,30 @@ impl FastPool {
             .map_err(|e| Exchange::Failed(FastError::Connect(e)))?;
         let answer = exchange(&mut stream, frame).await?;
         Ok((answer, stream))
+    }
+}
+
+/// Whether a connection can carry another call: the child has not closed it and sent
+/// nothing after its last answer. Bytes there are no answer to the next request (one call at
+/// a time): read as one, they would give a call another call's answer. This asks the kernel
+/// with a non-blocking read, not tokio's cached readiness, which may not have seen bytes
+/// that just arrived; the byte it may take goes with the connection, which is dropped.
+fn reusable(stream: &UnixStream) -> bool {
+    let mut byte = [0u8; 1];
+    match rustix::io::read(stream.as_fd(), &mut byte[..]) {
+        Err(rustix::io::Errno::AGAIN) => true,
+        Ok(0) => false,
+        Ok(_) => {
+            tracing::warn!(
+                "the host process sent bytes after its answer on a fast call connection; \
+                 dropping the connection"
+            );
+            false
+        }
+        Err(e) => {
+            tracing::debug!("a fast call connection is not reused: {e}");
+            false
+        }
     }
 }
 
@@ -300,6 +340,79 @@ mod tests {
         cut.truncate(6);
         assert!(matches!(answer_of(cut).await, Err(FastError::Closed)));
         assert!(matches!(answer_of(vec![]).await, Err(FastError::Closed)));
+    }
+
+    /// Bytes the child sends on a connection after it went back to the pool are not taken
+    /// for the next call's answer: the connection is dropped and the call takes a fresh one.
+    #[tokio::test]
+    async fn bytes_that_arrive_on_an_idle_connection_are_not_taken_for_an_answer() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fast.sock");
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        let answer = |text: &str| {
+            let resp = DriverCallResponse {
+                uuid: "u".into(),
+                result: Some(Value {
+                    kind: Some(Kind::StringValue(text.into())),
+                }),
+            };
+            frame(&[vec![0], resp.encode_to_vec()].concat())
+        };
+        let (first, stale, second) = (answer("first"), answer("stale"), answer("second"));
+        let (idle_tx, idle_rx) = tokio::sync::oneshot::channel::<()>();
+        let (stale_tx, stale_rx) = tokio::sync::oneshot::channel::<()>();
+        let child = tokio::spawn(async move {
+            let mut signals = Some((idle_rx, stale_tx));
+            loop {
+                let Ok((mut s, _)) = listener.accept().await else {
+                    return;
+                };
+                let (first, stale, second) = (first.clone(), stale.clone(), second.clone());
+                let mut signals = signals.take();
+                tokio::spawn(async move {
+                    loop {
+                        let mut head = [0u8; 4];
+                        if s.read_exact(&mut head).await.is_err() {
+                            return;
+                        }
+                        let mut body = vec![0u8; u32::from_be_bytes(head) as usize];
+                        if s.read_exact(&mut body).await.is_err() {
+                            return;
+                        }
+                        let Some((idle_rx, stale_tx)) = signals.take() else {
+                            let _ = s.write_all(&second).await;
+                            continue;
+                        };
+                        let _ = s.write_all(&first).await;
+                        let _ = idle_rx.await;
+                        let _ = s.write_all(&stale).await;
+                        let _ = stale_tx.send(());
+                    }
+                });
+            }
+        });
+        let pool = FastPool::new(path);
+        let request = DriverCallRequest {
+            uuid: "u".into(),
+            method: "m".into(),
+            args: vec![],
+        };
+        let text = |got: Option<Result<Answer, FastError>>| match got {
+            Some(Ok(Ok(DriverCallResponse {
+                result:
+                    Some(Value {
+                        kind: Some(Kind::StringValue(s)),
+                    }),
+                ..
+            }))) => s,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(text(pool.call(&request).await), "first");
+        idle_tx.send(()).unwrap();
+        stale_rx.await.unwrap();
+        assert_eq!(text(pool.call(&request).await), "second");
+        assert_eq!(text(pool.call(&request).await), "second");
+        child.abort();
     }
 
     #[tokio::test]
