@@ -1,7 +1,31 @@
 //! Errors that say what to do next: a controller that does not answer, TLS spoken to a
-//! plaintext port and the reverse.
+//! plaintext port and the reverse, an exporter certificate the client does not trust or
+//! that does not name the host the client connected to.
 
-use jumpstarter_core::config::ClientConfig;
+use jumpstarter_core::{
+    client::{TlsMismatch, tls_mismatch::CertName},
+    config::ClientConfig,
+};
+
+use crate::direct_certs::{CA_PEM, SERVER_CERT, SERVER_KEY};
+
+/// An error, and on a line of its own what to do about it; the error stays the cause.
+#[derive(Debug, thiserror::Error)]
+#[error("{}\n{hint}", jumpstarter_core::error_chain(&**source))]
+struct WithHint {
+    #[source]
+    source: jumpstarter_core::BoxError,
+    hint: String,
+}
+
+impl WithHint {
+    fn wrap(error: anyhow::Error, hint: String) -> anyhow::Error {
+        anyhow::Error::new(Self {
+            source: error.into(),
+            hint,
+        })
+    }
+}
 
 /// Whether an error's text says nothing listens there (refused, unreachable, unknown host,
 /// timed out).
@@ -80,13 +104,30 @@ pub fn controller_error(cfg: &ClientConfig, error: anyhow::Error) -> anyhow::Err
 /// (`jmp shell --tls-grpc ADDR`); `insecure` is whether we spoke plaintext.
 pub fn direct_error(addr: &str, insecure: bool, error: anyhow::Error) -> anyhow::Error {
     let text = crate::output::format_error(&error);
-    if !insecure && is_plaintext_answer(&text) {
+    let mismatch = error.chain().find_map(|e| e.downcast_ref::<TlsMismatch>());
+    if !insecure
+        && (matches!(mismatch, Some(TlsMismatch::Plaintext(_))) || is_plaintext_answer(&text))
+    {
         anyhow::anyhow!(
-            "the exporter at {addr} speaks plaintext (it runs with --tls-grpc-insecure) and we \
-             spoke TLS: add --tls-grpc-insecure here too, or give `jmp run` --tls-cert and \
-             --tls-key ({text})"
+            "the exporter at {addr} looks plaintext (no TLS: it runs with --tls-grpc-insecure) \
+             and we spoke TLS: add --tls-grpc-insecure here too, or give `jmp run` --tls-cert \
+             and --tls-key ({text})"
         )
-    } else if insecure && is_tls_answer(&text) {
+    } else if let Some(TlsMismatch::UntrustedCertificate(_)) = mismatch {
+        let hint = format!(
+            "Pass the CA certificate that `jmp config direct certs` wrote beside the exporter's \
+             {SERVER_CERT}: jmp shell --tls-grpc {addr} --tls-ca {CA_PEM} ..."
+        );
+        WithHint::wrap(error, hint)
+    } else if let Some(TlsMismatch::WrongName {
+        name, presented, ..
+    }) = mismatch
+    {
+        let hint = wrong_name_hint(name, presented);
+        WithHint::wrap(error, hint)
+    } else if insecure
+        && (matches!(mismatch, Some(TlsMismatch::SpeaksTls(_))) || is_tls_answer(&text))
+    {
         anyhow::anyhow!(
             "the exporter at {addr} closed the connection: it probably speaks TLS (it runs \
              with --tls-cert/--tls-key) and we spoke plaintext (--tls-grpc-insecure): drop \
@@ -100,6 +141,49 @@ pub fn direct_error(addr: &str, insecure: bool, error: anyhow::Error) -> anyhow:
     } else {
         error
     }
+}
+
+/// What to do when the exporter's certificate does not name `name` (it names `presented`):
+/// connect by a name it has, or make one that has `name` too.
+fn wrong_name_hint(name: &str, presented: &[CertName]) -> String {
+    let mut hosts = Vec::new();
+    let mut ips = Vec::new();
+    for n in presented {
+        match n {
+            // A wildcard is no name `jmp config direct certs` makes.
+            CertName::Dns(h) if !h.contains('*') => hosts.push(h.clone()),
+            CertName::Ip(ip) => ips.push(ip.to_string()),
+            _ => {}
+        }
+    }
+    let known: Vec<String> = hosts.iter().chain(&ips).cloned().collect();
+    let (list, name_text) = match name.parse::<std::net::IpAddr>() {
+        Ok(ip) => (&mut ips, ip.to_string()),
+        Err(_) => (&mut hosts, name.to_string()),
+    };
+    if !list.contains(&name_text) {
+        list.push(name_text);
+    }
+    let mut command = String::from("jmp config direct certs");
+    for h in &hosts {
+        command.push_str(&format!(" --host {h}"));
+    }
+    for ip in &ips {
+        command.push_str(&format!(" --ip {ip}"));
+    }
+    command.push_str(" --out . --force");
+    let make = if known.is_empty() {
+        format!("Make the exporter a certificate for {name}")
+    } else {
+        format!(
+            "Connect by a name it is for ({}), or make the exporter a certificate for {name} too",
+            known.join(", ")
+        )
+    };
+    format!(
+        "{make}: `{command}` (add --ca-dir DIR if its CA is not the default one), and restart \
+         `jmp run` with the new {SERVER_CERT} and {SERVER_KEY}."
+    )
 }
 
 #[cfg(test)]
@@ -145,7 +229,7 @@ mod tests {
         assert!(
             tls_to_plain
                 .to_string()
-                .starts_with("the exporter at host:1 speaks plaintext"),
+                .starts_with("the exporter at host:1 looks plaintext (no TLS"),
             "{tls_to_plain}"
         );
         let plain_to_tls = direct_error(
@@ -157,5 +241,17 @@ mod tests {
             plain_to_tls.to_string().contains("probably speaks TLS"),
             "{plain_to_tls}"
         );
+    }
+
+    #[test]
+    fn a_wrong_name_gets_the_command_that_adds_it() {
+        let presented = [
+            CertName::Dns("localhost".into()),
+            CertName::Dns("*.lab".into()),
+            CertName::Ip("10.0.0.5".parse().unwrap()),
+            CertName::Other("DirectoryName".into()),
+        ];
+        insta::assert_snapshot!(wrong_name_hint("127.0.0.1", &presented), @"Connect by a name it is for (localhost, 10.0.0.5), or make the exporter a certificate for 127.0.0.1 too: `jmp config direct certs --host localhost --ip 10.0.0.5 --ip 127.0.0.1 --out . --force` (add --ca-dir DIR if its CA is not the default one), and restart `jmp run` with the new server.pem and server-key.pem.");
+        insta::assert_snapshot!(wrong_name_hint("board1.lab", &[]), @"Make the exporter a certificate for board1.lab: `jmp config direct certs --host board1.lab --out . --force` (add --ca-dir DIR if its CA is not the default one), and restart `jmp run` with the new server.pem and server-key.pem.");
     }
 }

@@ -9,6 +9,7 @@ mod direct_path;
 mod distributed;
 mod doc_examples;
 mod first_hour;
+mod hints;
 mod hooks;
 mod lease_end;
 mod local;
