@@ -1706,7 +1706,10 @@ Lease:  <none>
         // An offline exporter nobody holds is not shown as available for a lease.
         let mut offline = seed_exporter();
         offline.status = ExporterStatus::Offline as i32;
-        offline.online = false;
+        #[allow(deprecated)]
+        {
+            offline.online = false;
+        }
         let t = exporters_table(
             &[ExporterView::from_proto(&offline)],
             true,
