@@ -4,14 +4,20 @@
 //! standalone `jumpstarter-router`, three exporters (`jmp run`: mock power and a mock storage
 //! mux backed by a file in the exporter's own storage directory, except the second, whose
 //! medium is the mux's temporary file; the first runs `beforeLease`/`afterLease` shell
-//! hooks, the last also serves the direct path) — and runs a
-//! scripted lab day in rounds: clients (`jmp shell -l SELECTOR -- sh -c 'j power on && j
-//! storage flash IMAGE && j power off'`) lease exporters by selector, more of them than there
-//! are exporters, while one process of one kind (controller, router, exporter or client) is
-//! killed with SIGKILL at a seeded random moment and, for a server, started again.
+//! hooks, the last also serves the direct path) and a board exporter (a QEMU board that is
+//! flashed, into its private directory, but never powered on) — and runs a scripted lab day
+//! in rounds: clients (`jmp shell -l SELECTOR -- sh -c 'j power on && j storage flash IMAGE
+//! && j power off'`) lease exporters by selector, more of them than there are exporters, and
+//! one flashes a 256 MiB disk image to the board (`j board flasher flash`), while one process
+//! of one kind is killed with SIGKILL and, for a server, started again: at a seeded random
+//! moment the controller, the router, an exporter or a client; the board exporter once a
+//! flash has written a seeded amount of its partial file; the controller, away for 30 s,
+//! while a hook of the first exporter runs (seen from the lines the hook prints in its log;
+//! the suite holds the hook at a gate file until a seeded moment of the outage).
 //!
 //! After each round it checks, and counts every violation as a loss:
-//! - every client ended by itself (an exit code, success or error) within a bound;
+//! - every client ended by itself (an exit code, success or error) within a bound; one that
+//!   exited 0 ran all its commands;
 //! - every server is still running (none exited on its own) and every exporter is online;
 //! - once the leases' time is up, no lease is active (each client lists its own) and no
 //!   exporter is held by a lease;
@@ -22,10 +28,11 @@
 //!   environment, so orphans and other process groups count too) is one of the servers;
 //! - no temporary or partial file in an exporter's storage directory or `TMPDIR` but the
 //!   running exporter's own (named after its PID: its temporary medium, a running hook's
-//!   socket directory), and none at all in the clients' `TMPDIR` (a killed `jmp shell`'s
-//!   socket directory is removed by the next `jmp`). `XDG_RUNTIME_DIR` is unset, so every
-//!   socket directory goes to a `TMPDIR` the suite checks (reached through a short link in
-//!   `/tmp`, so a socket's path fits);
+//!   socket directory, its board's directory, which holds no partial image), and none at all
+//!   in the clients' `TMPDIR` (a killed `jmp shell`'s socket directory is removed by the next
+//!   `jmp`); a killed board exporter's directory is gone once it is started again.
+//!   `XDG_RUNTIME_DIR` is unset, so every socket directory goes to a `TMPDIR` the suite
+//!   checks (reached through a short link in `/tmp`, so a socket's path fits);
 //! - every lease of the first exporter could run its hooks.
 //!
 //! `--seed N` replays a run (the seed is printed first), `--rounds N` sets its length,
@@ -46,8 +53,19 @@ use anyhow::{Context, Result, bail, ensure};
 /// The environment variable every process of the suite carries (inherited by whatever
 /// they start), with a value unique to the run.
 const MARKER: &str = "JMP_FAULTS_RUN";
-/// Exporters in the lab.
+/// Exporters with mock drivers in the lab (the board exporter comes after them).
 const EXPORTERS: usize = 3;
+/// The board exporter's name, and its label `board=` (the mock exporters' is `fault`).
+const BOARD: &str = "fault-board";
+/// Size of the disk image each board operation flashes: a sparse file of zeros (the
+/// exporter writes every byte), big enough that a kill lands mid-flash.
+const BOARD_IMAGE_BYTES: u64 = 256 * 1024 * 1024;
+/// The kind of the QEMU board's private directory, `jumpstarter-qemu-PID-RANDOM` in the
+/// board exporter's `TMPDIR`, where a flash writes a partial file (`.root.partial-RANDOM`)
+/// and renames it over `root` once complete.
+const BOARD_DIR_KIND: &str = "jumpstarter-qemu";
+/// How long the controller is away in a [`Kind::HookController`] round.
+const HOOK_AWAY: Duration = Duration::from_secs(30);
 /// Clients (each its own client object and config).
 const CLIENTS: usize = 4;
 /// Lease duration of each client operation.
@@ -69,9 +87,20 @@ enum Kind {
     Router,
     Exporter,
     Client,
+    /// The board exporter, while a flash writes its disk image.
+    BoardFlash,
+    /// The controller, for [`HOOK_AWAY`], while a hook of the first exporter runs.
+    HookController,
 }
 
-const KINDS: [Kind; 4] = [Kind::Controller, Kind::Router, Kind::Exporter, Kind::Client];
+const KINDS: [Kind; 6] = [
+    Kind::Controller,
+    Kind::Router,
+    Kind::Exporter,
+    Kind::Client,
+    Kind::BoardFlash,
+    Kind::HookController,
+];
 
 impl Kind {
     fn name(self) -> &'static str {
@@ -80,6 +109,8 @@ impl Kind {
             Kind::Router => "router",
             Kind::Exporter => "exporter",
             Kind::Client => "client",
+            Kind::BoardFlash => "board exporter mid-flash",
+            Kind::HookController => "controller during a hook",
         }
     }
 }
@@ -264,8 +295,26 @@ struct ExporterSlot {
     svc: Service,
     storage: PathBuf,
     tmp: PathBuf,
+    /// The board exporter (a QEMU board, flashed but never powered on).
+    board: bool,
     /// The log read by the last check, and how far.
     log_seen: (PathBuf, usize),
+}
+
+impl ExporterSlot {
+    /// The running exporter's board directory (`jumpstarter-qemu-PID-RANDOM` in its
+    /// `TMPDIR`), when it has one.
+    fn board_dir(&self) -> Option<PathBuf> {
+        if !self.board {
+            return None;
+        }
+        let pid = self.svc.pid()?;
+        entries(&self.tmp)
+            .ok()?
+            .into_iter()
+            .find(|f| temp_owner(f, &[BOARD_DIR_KIND]) == Some(pid))
+            .map(|f| self.tmp.join(f))
+    }
 }
 
 /// How the short links to labs' directories are named in `/tmp`: `jmp-faults-PID`.
@@ -339,6 +388,7 @@ struct Lab {
     clients: Vec<PathBuf>,
     auditor: PathBuf,
     image: PathBuf,
+    board_image: PathBuf,
     /// Dropped after the servers, which are stopped when dropped.
     short: ShortLink,
 }
@@ -450,8 +500,18 @@ fn export_section(storage: Option<&Path>) -> String {
 }
 
 /// The kinds of temporary files and directories a running exporter keeps in its `TMPDIR`,
-/// named `KIND-PID-RANDOM` after it: a temporary medium, a hook's socket directory.
-const EXPORTER_TEMP_KINDS: [&str; 2] = ["jmp-storage-mux", "jumpstarter-hook"];
+/// named `KIND-PID-RANDOM` after it: a temporary medium, a hook's socket directory, the
+/// board's directory.
+const EXPORTER_TEMP_KINDS: [&str; 3] = ["jmp-storage-mux", "jumpstarter-hook", BOARD_DIR_KIND];
+
+/// The drivers of the board exporter: a QEMU board, which is flashed (into its directory)
+/// but never powered on, so no QEMU runs.
+const BOARD_EXPORT: &str = "export:
+  board:
+    type: jumpstarter_driver_qemu.driver.Qemu
+    config:
+      mem: 256M
+";
 
 /// The PID in `name` when it is `KIND-PID-RANDOM` of one of `kinds`.
 fn temp_owner(name: &str, kinds: &[&str]) -> Option<u32> {
@@ -465,21 +525,44 @@ fn temp_owner(name: &str, kinds: &[&str]) -> Option<u32> {
     })
 }
 
-/// The hooks of the first exporter.
-const HOOKS: &str = "hooks:
-  beforeLease:
-    script: j power on
+/// The hooks of the first exporter: `j power on` before a lease, `j power off` after it.
+/// Each prints [`HOOK_BEGIN`] first and [`HOOK_END`] last (the exporter logs them as
+/// `[beforeLease] faults-hook-begin` ...), so the suite sees from the log when one runs, and
+/// waits (20 s at most) while the suite holds its gate, the file `GATES/beforeLease` or
+/// `GATES/afterLease`, so that the suite can keep one running. The hook's exit status is
+/// its `j`'s.
+fn hooks(gates: &Path) -> String {
+    let hook = |name: &str, call: &str| {
+        format!(
+            "  {name}:
+    script: |
+      echo {HOOK_BEGIN}
+      i=0
+      while [ -e '{gate}' ] && [ $i -lt 200 ]; do sleep 0.1; i=$((i + 1)); done
+      {call}
+      rc=$?
+      echo {HOOK_END}
+      exit $rc
     timeout: 30
     onFailure: warn
-  afterLease:
-    script: j power off
-    timeout: 30
-    onFailure: warn
-";
+",
+            gate = gates.join(name).display()
+        )
+    };
+    format!(
+        "hooks:\n{}{}",
+        hook("beforeLease", "j power on"),
+        hook("afterLease", "j power off")
+    )
+}
+/// The line a hook of [`hooks`] prints first.
+const HOOK_BEGIN: &str = "faults-hook-begin";
+/// The line a hook of [`hooks`] prints last.
+const HOOK_END: &str = "faults-hook-end";
 
 /// Sets the lab up: builds nothing (the caller did), writes configs, starts the servers.
 fn start_lab(bin: PathBuf, dir: PathBuf, tag: String, rng: &mut Rng) -> Result<Lab> {
-    for sub in ["config", "home", "logs", "ops", "tmp"] {
+    for sub in ["config", "gates", "home", "logs", "ops", "tmp"] {
         fs::create_dir_all(dir.join(sub))?;
     }
     let grpc_port = crate::procs::free_port()?;
@@ -498,6 +581,8 @@ fn start_lab(bin: PathBuf, dir: PathBuf, tag: String, rng: &mut Rng) -> Result<L
         chunk.copy_from_slice(&v[..chunk.len()]);
     }
     fs::write(&image, bytes)?;
+    let board_image = dir.join("board.img");
+    fs::File::create(&board_image)?.set_len(BOARD_IMAGE_BYTES)?;
 
     let os = |s: &str| OsString::from(s);
     let controller = Service {
@@ -550,6 +635,7 @@ fn start_lab(bin: PathBuf, dir: PathBuf, tag: String, rng: &mut Rng) -> Result<L
         clients: Vec::new(),
         auditor: PathBuf::new(),
         image,
+        board_image,
         short: ShortLink::new(&dir),
     };
     let mut controller = std::mem::replace(&mut lab.controller, placeholder("controller"));
@@ -579,8 +665,20 @@ fn start_lab(bin: PathBuf, dir: PathBuf, tag: String, rng: &mut Rng) -> Result<L
     router.start(&lab)?;
     lab.router = router;
 
-    for i in 0..EXPORTERS {
-        let name = format!("fault-e{i}");
+    // The mock exporters, then the board exporter.
+    for i in 0..=EXPORTERS {
+        let board = i == EXPORTERS;
+        let (name, labels) = if board {
+            (
+                BOARD.to_string(),
+                [format!("board={BOARD}"), "slot=b0".into()],
+            )
+        } else {
+            (
+                format!("fault-e{i}"),
+                ["board=fault".into(), format!("slot=e{i}")],
+            )
+        };
         let root = dir.join(&name);
         let (storage, tmp) = (root.join("storage"), root.join("tmp"));
         fs::create_dir_all(&storage)?;
@@ -594,9 +692,9 @@ fn start_lab(bin: PathBuf, dir: PathBuf, tag: String, rng: &mut Rng) -> Result<L
             &name,
             "--nointeractive",
             "-l",
-            "board=fault",
+            &labels[0],
             "-l",
-            &format!("slot=e{i}"),
+            &labels[1],
             "--out",
             &config_s,
         ])?;
@@ -607,18 +705,24 @@ fn start_lab(bin: PathBuf, dir: PathBuf, tag: String, rng: &mut Rng) -> Result<L
         );
         // The second exporter's medium is the mux's temporary file (in its TMPDIR).
         let medium_dir = (i != 1).then_some(storage.as_path());
-        let mut text = text.replace("\nexport:\n", &format!("\n{}", export_section(medium_dir)));
+        let export = if board {
+            BOARD_EXPORT.to_string()
+        } else {
+            export_section(medium_dir)
+        };
+        let mut text = text.replace("\nexport:\n", &format!("\n{export}"));
         if i == 0 {
             // `jmp admin create exporter` writes empty hooks; ours replace them.
+            let hooks = hooks(&lab.gates());
             let empty = "\nhooks:\n  beforeLease: null\n  afterLease: null\n";
             text = if text.contains(empty) {
-                text.replace(empty, &format!("\n{HOOKS}"))
+                text.replace(empty, &format!("\n{hooks}"))
             } else {
                 ensure!(
                     !text.contains("\nhooks:"),
                     "{config_s} has hooks of an unknown shape:\n{text}"
                 );
-                text + HOOKS
+                text + &hooks
             };
         }
         fs::write(&config, text)?;
@@ -651,6 +755,7 @@ fn start_lab(bin: PathBuf, dir: PathBuf, tag: String, rng: &mut Rng) -> Result<L
             svc,
             storage,
             tmp,
+            board,
             log_seen: (PathBuf::new(), 0),
         });
     }
@@ -684,10 +789,14 @@ fn start_lab(bin: PathBuf, dir: PathBuf, tag: String, rng: &mut Rng) -> Result<L
 /// One client operation: a `jmp shell` running power and storage calls.
 struct Op {
     id: usize,
+    /// A flash of the board exporter.
+    board: bool,
     child: Option<Child>,
     out: PathBuf,
     err: PathBuf,
     started: Instant,
+    /// How long it ran, once it ended by itself.
+    took: Option<Duration>,
     /// Exit code, once it ended by itself.
     code: Option<i32>,
     killed: bool,
@@ -730,14 +839,24 @@ impl Counts {
     }
 }
 
-fn start_op(lab: &Lab, id: usize, client: &Path, selector: &str) -> Result<Op> {
+/// Starts a client operation on an exporter `selector` picks: on a mock exporter power
+/// and storage calls, on the board exporter (`board`) a flash of its disk image.
+fn start_op(lab: &Lab, id: usize, client: &Path, selector: &str, board: bool) -> Result<Op> {
     let out = lab.dir.join("ops").join(format!("op{id}.out"));
     let err = lab.dir.join("ops").join(format!("op{id}.err"));
-    let image = lab.image.to_string_lossy().into_owned();
-    let script = format!(
-        "echo \"lease=$JMP_LEASE exporter=$JMP_EXPORTER\" && j power on && \
-         j storage flash '{image}' && j power off && echo op-done"
-    );
+    let script = if board {
+        let image = lab.board_image.to_string_lossy().into_owned();
+        format!(
+            "echo \"lease=$JMP_LEASE exporter=$JMP_EXPORTER\" && \
+             j board flasher flash '{image}' && echo op-done"
+        )
+    } else {
+        let image = lab.image.to_string_lossy().into_owned();
+        format!(
+            "echo \"lease=$JMP_LEASE exporter=$JMP_EXPORTER\" && j power on && \
+             j storage flash '{image}' && j power off && echo op-done"
+        )
+    };
     let mut cmd = lab.jmp();
     cmd.arg("shell")
         .arg("--client-config")
@@ -762,10 +881,12 @@ fn start_op(lab: &Lab, id: usize, client: &Path, selector: &str) -> Result<Op> {
     let child = cmd.spawn().context("starting jmp shell")?;
     Ok(Op {
         id,
+        board,
         child: Some(child),
         out,
         err,
         started: Instant::now(),
+        took: None,
         code: None,
         killed: false,
         hung: false,
@@ -780,6 +901,7 @@ impl Op {
         match c.try_wait() {
             Ok(Some(status)) => {
                 self.code = Some(status.code().unwrap_or(-1));
+                self.took = Some(self.started.elapsed());
                 self.child = None;
                 false
             }
@@ -805,16 +927,87 @@ impl Op {
     }
 }
 
+/// Where a server of the lab is kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    Controller,
+    Router,
+    Exporter(usize),
+}
+
+impl Lab {
+    /// Takes the server out of `slot` (a placeholder stays until [`Lab::put`]).
+    fn take(&mut self, slot: Slot) -> Service {
+        let place = match slot {
+            Slot::Controller => &mut self.controller,
+            Slot::Router => &mut self.router,
+            Slot::Exporter(i) => &mut self.exporters[i].svc,
+        };
+        std::mem::replace(place, dummy())
+    }
+
+    fn put(&mut self, slot: Slot, svc: Service) {
+        match slot {
+            Slot::Controller => self.controller = svc,
+            Slot::Router => self.router = svc,
+            Slot::Exporter(i) => self.exporters[i].svc = svc,
+        }
+    }
+
+    /// The index of the board exporter.
+    fn board(&self) -> usize {
+        EXPORTERS
+    }
+
+    /// Where the gates of the first exporter's hooks are (see [`hooks`]).
+    fn gates(&self) -> PathBuf {
+        self.dir.join("gates")
+    }
+}
+
 /// The kill of one round.
 struct Fault {
     kind: Kind,
+    /// When (from the round's start) the kill happens, or, for a kill tied to a flash or a
+    /// hook, when the suite starts waiting for one.
     at: Duration,
     /// Which exporter (for [`Kind::Exporter`]).
     index: usize,
     /// How long a killed server stays down.
     down: Duration,
+    /// For [`Kind::BoardFlash`]: how much of the image the flash has written when the
+    /// exporter is killed.
+    flashed: u64,
+    /// For [`Kind::HookController`]: the hook (`beforeLease`, `afterLease`) during which the
+    /// controller is killed.
+    hook: &'static str,
+    /// For [`Kind::HookController`]: the first exporter's log and its length when the suite
+    /// began to wait; only a hook that begins after that counts.
+    log_from: Option<(PathBuf, usize)>,
+    /// For [`Kind::HookController`]: the gate that holds the hook (see [`hooks`]), while
+    /// the suite holds it.
+    gate: Option<PathBuf>,
+    /// For [`Kind::HookController`]: when the held hook was seen to run.
+    hook_seen: Option<Instant>,
+    /// For [`Kind::HookController`]: how long the hook runs before the controller is killed.
+    hold: Duration,
+    /// For [`Kind::HookController`]: how long after the kill the hook goes on (its gate
+    /// opens), and when.
+    release: Duration,
+    release_at: Option<Instant>,
+    /// The killed server, and when it is started again.
+    away: Option<(Slot, Service, Instant)>,
+    /// For [`Kind::BoardFlash`]: the killed exporter's board directory, which its next
+    /// start must remove.
+    leftover: Option<PathBuf>,
+    /// Operations started because the round's own ended before the kill could happen.
+    extra: usize,
     done: bool,
 }
+
+/// How many operations a round starts at most when its own ended before the kill could
+/// happen.
+const EXTRA_OPS: usize = 10;
 
 /// Runs one round; returns the leases its clients were handed (lease → exporter).
 fn round(
@@ -826,79 +1019,203 @@ fn round(
     next_op: &mut usize,
 ) -> Result<BTreeMap<String, String>> {
     let n_ops = CLIENTS + rng.below(3) as usize;
-    let mut plan: Vec<(Duration, usize, String)> = (0..n_ops)
+    // (start, client, selector, board)
+    let mut plan: Vec<(Duration, usize, String, bool)> = (0..n_ops)
         .map(|i| {
             let selector = match rng.below(3) {
                 0 => format!("board=fault,slot=e{}", rng.below(EXPORTERS as u64)),
                 _ => "board=fault".to_string(),
             };
-            (rng.millis(0, 2500), i % CLIENTS, selector)
+            (rng.millis(0, 2500), i % CLIENTS, selector, false)
         })
         .collect();
+    // One flash of the board exporter in every round.
+    plan.push((
+        rng.millis(0, 2500),
+        rng.below(CLIENTS as u64) as usize,
+        format!("board={BOARD}"),
+        true,
+    ));
+    if kind == Kind::HookController {
+        // A lease of the first exporter (the one with hooks) at least.
+        plan[0].2 = "board=fault,slot=e0".to_string();
+    }
     plan.sort_by_key(|p| p.0);
     let mut fault = Fault {
         kind,
-        at: rng.millis(300, 7000),
+        // The controller goes away while the round's clients start: some hold a lease
+        // then, some wait for one, some start while it is away.
+        at: if kind == Kind::HookController {
+            rng.millis(300, 2500)
+        } else {
+            rng.millis(300, 7000)
+        },
         index: rng.below(EXPORTERS as u64) as usize,
         down: rng.millis(100, 2000),
+        flashed: (1 << 20) + rng.below(BOARD_IMAGE_BYTES / 2),
+        hook: if rng.below(2) == 0 {
+            "beforeLease"
+        } else {
+            "afterLease"
+        },
+        log_from: None,
+        gate: None,
+        hook_seen: None,
+        hold: rng.millis(300, 3000),
+        release: rng.millis(0, 10_000),
+        release_at: None,
+        away: None,
+        leftover: None,
+        extra: 0,
         done: false,
     };
-    println!(
-        "-- round {number}: {n_ops} clients, SIGKILL of the {}{} at {:?}",
-        kind.name(),
-        if kind == Kind::Exporter {
-            format!(" {}", lab.exporters[fault.index].name)
-        } else {
-            String::new()
-        },
-        fault.at
-    );
+    // The choices that depend on how the round goes (which running client is killed, the
+    // operations started when the round's own ended early) draw from a generator of their
+    // own, so that every round of a replay starts with the same plan.
+    let mut rng_late = Rng(rng.next());
+    let rng = &mut rng_late;
+    let at = fault.at;
+    let what = match kind {
+        Kind::Exporter => format!(
+            "SIGKILL of the exporter {} at {at:?}",
+            lab.exporters[fault.index].name
+        ),
+        Kind::BoardFlash => format!(
+            "SIGKILL of the board exporter {BOARD} once a flash has written {} MiB \
+             (watching from {at:?})",
+            fault.flashed >> 20
+        ),
+        Kind::HookController => format!(
+            "SIGKILL of the controller for {HOOK_AWAY:?} during {}'s next {} hook \
+             (watching from {at:?})",
+            lab.exporters[0].name, fault.hook
+        ),
+        _ => format!("SIGKILL of the {} at {at:?}", kind.name()),
+    };
+    println!("-- round {number}: {} clients, {what}", n_ops + 1);
     let t0 = Instant::now();
     let mut ops: Vec<Op> = Vec::new();
     let mut planned = plan.into_iter().peekable();
     loop {
         let now = t0.elapsed();
         while planned.peek().is_some_and(|p| p.0 <= now) {
-            if let Some((_, client, selector)) = planned.next() {
+            if let Some((_, client, selector, board)) = planned.next() {
                 *next_op += 1;
-                ops.push(start_op(lab, *next_op, &lab.clients[client], &selector)?);
+                ops.push(start_op(
+                    lab,
+                    *next_op,
+                    &lab.clients[client],
+                    &selector,
+                    board,
+                )?);
                 counts.operations += 1;
             }
         }
-        if !fault.done && now >= fault.at {
-            inject(lab, &mut fault, &mut ops, rng, counts)?;
+        if !fault.done && fault.away.is_none() && now >= fault.at {
+            inject(lab, &mut fault, &mut ops, rng, number, t0, counts)?;
+        }
+        if fault.release_at.is_some_and(|at| Instant::now() >= at)
+            && let Some(gate) = fault.gate.take()
+        {
+            let _ = fs::remove_file(gate);
+        }
+        if fault
+            .away
+            .as_ref()
+            .is_some_and(|(_, _, back)| Instant::now() >= *back)
+            && let Some((slot, mut svc, _)) = fault.away.take()
+        {
+            let started = svc.start(lab);
+            lab.put(slot, svc);
+            started?;
+            if let Some(dir) = fault.leftover.take()
+                && dir.exists()
+            {
+                counts.losses.push(format!(
+                    "round {number}: the killed board exporter's directory {} was not \
+                     removed when it started again",
+                    dir.display()
+                ));
+            }
+            *counts.faults.entry(fault.kind).or_default() += 1;
+            fault.done = true;
         }
         let mut any_running = false;
+        let mut board_running = false;
         for op in ops.iter_mut() {
             if op.running() {
                 any_running = true;
+                board_running |= op.board;
                 if op.started.elapsed() > OP_LIMIT {
                     op.kill();
                     op.hung = true;
                 }
             }
         }
-        if planned.peek().is_none() && !any_running {
-            if fault.done {
-                break;
-            }
-            // Every client ended before the moment to kill one came: start one more.
-            if fault.kind == Kind::Client {
-                *next_op += 1;
-                let client = rng.below(CLIENTS as u64) as usize;
-                ops.push(start_op(
-                    lab,
-                    *next_op,
-                    &lab.clients[client],
-                    "board=fault",
-                )?);
-                counts.operations += 1;
-                fault.at = t0.elapsed() + rng.millis(100, 3000);
+        if planned.peek().is_none() && !fault.done && fault.away.is_none() {
+            // The round's operations ended before the moment to kill came: start one more
+            // (for a flash or a hook, once the suite waits for one).
+            let armed = t0.elapsed() >= fault.at;
+            let more = match fault.kind {
+                Kind::Client => (!any_running).then_some(("board=fault".to_string(), false)),
+                Kind::BoardFlash => {
+                    (armed && !board_running).then(|| (format!("board={BOARD}"), true))
+                }
+                Kind::HookController => {
+                    (fault.log_from.is_some() && fault.hook_seen.is_none() && !any_running)
+                        .then_some(("board=fault,slot=e0".to_string(), false))
+                }
+                _ => None,
+            };
+            if let Some((selector, board)) = more {
+                if fault.extra == EXTRA_OPS {
+                    counts.losses.push(format!(
+                        "round {number}: no moment to inject the fault ({}) came in {} \
+                         operations more (see {})",
+                        fault.kind.name(),
+                        EXTRA_OPS,
+                        lab.dir.join("logs").display()
+                    ));
+                    fault.done = true;
+                } else {
+                    fault.extra += 1;
+                    *next_op += 1;
+                    let client = rng.below(CLIENTS as u64) as usize;
+                    ops.push(start_op(
+                        lab,
+                        *next_op,
+                        &lab.clients[client],
+                        &selector,
+                        board,
+                    )?);
+                    counts.operations += 1;
+                    if fault.kind == Kind::Client {
+                        // A moment within 3 s, then within ever less: on an idle machine
+                        // an operation takes a quarter of a second.
+                        let within = 300 + 2700 / fault.extra as u64;
+                        fault.at = t0.elapsed() + rng.millis(50, within);
+                    }
+                }
             }
         }
-        std::thread::sleep(Duration::from_millis(50));
+        if planned.peek().is_none() && !any_running && fault.done {
+            break;
+        }
+        // A kill tied to a flash or a hook must come while it runs: look often.
+        let waiting = !fault.done
+            && fault.away.is_none()
+            && matches!(fault.kind, Kind::BoardFlash | Kind::HookController);
+        std::thread::sleep(Duration::from_millis(if waiting { 5 } else { 50 }));
     }
 
+    if let Some(gate) = fault.gate.take() {
+        let _ = fs::remove_file(gate);
+    }
+    let longest = ops.iter().filter_map(|o| o.took).max().unwrap_or_default();
+    println!(
+        "   {:.1?}: every client ended, the longest after {longest:.1?}",
+        t0.elapsed()
+    );
     let mut handed = BTreeMap::new();
     for op in &ops {
         if let Some((lease, exporter)) = op.lease() {
@@ -945,15 +1262,47 @@ fn round(
     Ok(handed)
 }
 
-/// Kills what `fault` names (a server is started again after `fault.down`).
+/// Whether a hook `hook` of [`hooks`] runs according to `log` (from a point on): the last
+/// line it printed there is its first.
+fn hook_running(log: &str, hook: &str) -> bool {
+    let begin = format!("[{hook}] {HOOK_BEGIN}");
+    let end = format!("[{hook}] {HOOK_END}");
+    match (log.rfind(&begin), log.rfind(&end)) {
+        (Some(b), Some(e)) => b > e,
+        (Some(_), None) => true,
+        (None, _) => false,
+    }
+}
+
+/// Whether `name` is a half-written file: `NAME.partial`, or the hidden
+/// `.NAME.partial-RANDOM` the QEMU flasher and the storage drivers write into.
+fn is_partial(name: &str) -> bool {
+    name.ends_with(".partial") || (name.starts_with('.') && name.contains(".partial-"))
+}
+
+/// The size of the board image a flash is writing in the board directory `dir` (the
+/// largest partial file; `None`: none).
+fn partial_size(dir: &Path) -> Option<u64> {
+    entries(dir)
+        .ok()?
+        .into_iter()
+        .filter(|f| is_partial(f))
+        .filter_map(|f| fs::metadata(dir.join(f)).ok().map(|m| m.len()))
+        .max()
+}
+
+/// Kills what `fault` names when its moment has come; a killed server is started again by
+/// the round once `fault.away` says so.
 fn inject(
     lab: &mut Lab,
     fault: &mut Fault,
     ops: &mut [Op],
     rng: &mut Rng,
+    number: usize,
+    t0: Instant,
     counts: &mut Counts,
 ) -> Result<()> {
-    match fault.kind {
+    let (slot, down) = match fault.kind {
         Kind::Client => {
             let running: Vec<usize> = ops
                 .iter_mut()
@@ -967,26 +1316,85 @@ fn inject(
             let op = &mut ops[running[rng.below(running.len() as u64) as usize]];
             op.kill();
             op.killed = true;
+            *counts.faults.entry(fault.kind).or_default() += 1;
+            fault.done = true;
+            return Ok(());
         }
-        Kind::Controller | Kind::Router | Kind::Exporter => {
-            let mut svc = match fault.kind {
-                Kind::Controller => std::mem::replace(&mut lab.controller, dummy()),
-                Kind::Router => std::mem::replace(&mut lab.router, dummy()),
-                _ => std::mem::replace(&mut lab.exporters[fault.index].svc, dummy()),
+        Kind::Controller => (Slot::Controller, fault.down),
+        Kind::Router => (Slot::Router, fault.down),
+        Kind::Exporter => (Slot::Exporter(fault.index), fault.down),
+        Kind::BoardFlash => {
+            let board = &lab.exporters[lab.board()];
+            let Some(dir) = board.board_dir() else {
+                return Ok(());
             };
-            svc.kill();
-            std::thread::sleep(fault.down);
-            let started = svc.start(lab);
-            match fault.kind {
-                Kind::Controller => lab.controller = svc,
-                Kind::Router => lab.router = svc,
-                _ => lab.exporters[fault.index].svc = svc,
-            }
-            started?;
+            let Some(written) = partial_size(&dir).filter(|n| *n >= fault.flashed) else {
+                return Ok(());
+            };
+            println!(
+                "   {:.1?}: {BOARD} killed with {} MiB of the flash written",
+                t0.elapsed(),
+                written >> 20
+            );
+            fault.leftover = Some(dir);
+            (Slot::Exporter(lab.board()), fault.down)
         }
+        Kind::HookController => {
+            let log = lab.exporters[0].svc.log.clone();
+            let text = fs::read_to_string(&log).unwrap_or_default();
+            let from = match &fault.log_from {
+                Some((path, from)) if *path == log => (*from).min(text.len()),
+                _ => {
+                    // From now on the next such hook is held at its gate.
+                    let gate = lab.gates().join(fault.hook);
+                    fs::write(&gate, "")
+                        .with_context(|| format!("cannot create {}", gate.display()))?;
+                    fault.gate = Some(gate);
+                    fault.log_from = Some((log, text.len()));
+                    return Ok(());
+                }
+            };
+            if !text.is_char_boundary(from) || !hook_running(&text[from..], fault.hook) {
+                return Ok(());
+            }
+            let name = &lab.exporters[0].name;
+            let Some(seen) = fault.hook_seen else {
+                println!(
+                    "   {:.1?}: {name}'s {} hook runs (held at its gate)",
+                    t0.elapsed(),
+                    fault.hook
+                );
+                fault.hook_seen = Some(Instant::now());
+                return Ok(());
+            };
+            if seen.elapsed() < fault.hold {
+                return Ok(());
+            }
+            println!(
+                "   {:.1?}: controller killed during {name}'s {} hook, which goes on {:.1?} \
+                 later",
+                t0.elapsed(),
+                fault.hook,
+                fault.release
+            );
+            fault.release_at = Some(Instant::now() + fault.release);
+            (Slot::Controller, HOOK_AWAY)
+        }
+    };
+    let mut svc = lab.take(slot);
+    svc.kill();
+    if let Some(dir) = &fault.leftover
+        && partial_size(dir).is_none()
+    {
+        // The flash ended between the look and the kill; the directory is swept all the
+        // same.
+        println!(
+            "   round {number}: the flash had ended when {BOARD} was killed ({} has no \
+             partial file)",
+            dir.display()
+        );
     }
-    *counts.faults.entry(fault.kind).or_default() += 1;
-    fault.done = true;
+    fault.away = Some((slot, svc, Instant::now() + down));
     Ok(())
 }
 
@@ -1199,6 +1607,18 @@ fn check_round(
                     e.tmp.join(&f).display()
                 ));
             }
+            // No flash runs: the running board's directory holds no half-written image.
+            if let Some(dir) = e.board_dir() {
+                for f in entries(&dir)? {
+                    if is_partial(&f) {
+                        p.push(format!(
+                            "{} left {} in its board directory",
+                            e.name,
+                            dir.join(&f).display()
+                        ));
+                    }
+                }
+            }
         }
         // Every client has ended: nothing of theirs may be left.
         let clients_tmp = lab.dir.join("tmp");
@@ -1324,16 +1744,24 @@ pub fn run(args: &[String]) -> Result<()> {
         }
         let kind = order[r % KINDS.len()];
         let before = counts.losses.len();
+        let r0 = Instant::now();
         let handed = round(&mut lab, &mut rng, r + 1, kind, &mut counts, &mut next_op)?;
         check_round(&mut lab, r + 1, &handed, &mut counts)?;
+        println!("   {:.1?}: checked", r0.elapsed());
         for l in &counts.losses[before..] {
             println!("LOSS {l}");
         }
     }
 
-    for svc in lab.services_mut() {
-        svc.stop();
+    // The exporters first, while the controller they unregister from still runs (stopped
+    // after it, each would wait for it in vain).
+    let stopping = Instant::now();
+    for e in lab.exporters.iter_mut() {
+        e.svc.stop();
     }
+    lab.router.stop();
+    lab.controller.stop();
+    println!("lab stopped in {:.1?}", stopping.elapsed());
     let left = settle(Duration::from_secs(15), || {
         Ok(marked_processes(&tag)
             .into_iter()
@@ -1471,11 +1899,51 @@ mod tests {
     }
 
     #[test]
+    fn the_board_directory_and_half_written_images_are_recognised() {
+        let k = &EXPORTER_TEMP_KINDS;
+        assert_eq!(temp_owner("jumpstarter-qemu-42-AbC123", k), Some(42));
+        assert_eq!(temp_owner("jumpstarter-qemu-AbC123", k), None);
+        for partial in [
+            "root.partial",
+            ".root.partial-79c1a2f57f23475288a731f820206503",
+            ".medium.img.partial-42-x",
+        ] {
+            assert!(is_partial(partial), "{partial}");
+        }
+        for other in ["root", "bios", "root.partial.d/x", "partial", "cidata.iso"] {
+            assert!(!is_partial(other), "{other}");
+        }
+    }
+
+    #[test]
+    fn a_hook_runs_from_its_first_line_to_its_last() {
+        let before = "[beforeLease] faults-hook-begin\n";
+        let after = "[afterLease] faults-hook-begin\n";
+        let before_end = "[beforeLease] faults-hook-end\n";
+        assert!(hook_running(before, "beforeLease"));
+        assert!(!hook_running(before, "afterLease"));
+        assert!(!hook_running(
+            &format!("{before}{before_end}"),
+            "beforeLease"
+        ));
+        assert!(hook_running(
+            &format!("{before}{before_end}{after}"),
+            "afterLease"
+        ));
+        // A second run of the same hook, begun after the first ended.
+        assert!(hook_running(
+            &format!("{before}{before_end}{before}"),
+            "beforeLease"
+        ));
+        assert!(!hook_running("", "beforeLease"));
+    }
+
+    #[test]
     fn a_hook_socket_under_the_short_link_fits_a_unix_socket_address() {
-        // The longest PIDs (pid_max is at most 2^22), an exporter.
+        // The longest PIDs (pid_max is at most 2^22), the longest exporter name.
         let link = PathBuf::from(format!("/tmp/{LINK_PREFIX}4194304"));
         let socket = link
-            .join("fault-e0")
+            .join(BOARD)
             .join("tmp")
             .join("jumpstarter-hook-4194304-AbC123")
             .join("exporter@socket");
@@ -1510,7 +1978,8 @@ mod tests {
         assert_eq!(
             c.summary(9, 2),
             "faults: seed 9, 2 rounds: 2 faults injected (controller 0, router 2, exporter 0, \
-             client 0), 5 operations (3 succeeded, 1 failed with an error, 1 killed), 0 losses"
+             client 0, board exporter mid-flash 0, controller during a hook 0), 5 operations \
+             (3 succeeded, 1 failed with an error, 1 killed), 0 losses"
         );
     }
 }
