@@ -197,62 +197,20 @@ fn namespaces() -> Option<&'static [&'static str]> {
     })
 }
 
-/// The directory of an up-to-date `jumpstarter-controller` binary. It is another package's,
-/// so cargo does not build it for these tests: `cargo test --workspace` does (the
-/// controller's own tests need it) and it is used as it is; if it is missing or older than
-/// a source file it was built from (cargo's dep-info beside it lists them), it is built
-/// here, into the same target directory.
+/// The directory of the `jumpstarter-controller` binary, beside `jmp`. It is another
+/// package's, so cargo does not build it for these tests: `cargo test --workspace` does (as
+/// `cargo xtask ci` runs them). Building it from inside a test would compete with the test
+/// run for the machine and could build it with other settings than the run's.
 fn controller_dir() -> PathBuf {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = Path::new(JMP).parent().unwrap().to_path_buf();
-        let bin = dir.join("jumpstarter-controller");
-        if !stale(&bin) {
-            return dir;
-        }
-        let profile = dir.file_name().unwrap().to_string_lossy().into_owned();
-        let target = dir.parent().unwrap();
-        println!(
-            "building {} (missing or older than its sources)",
-            bin.display()
-        );
-        let mut cargo = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-        cargo
-            .args(["build", "--quiet", "-p", "jumpstarter-controller"])
-            .args(["--bin", "jumpstarter-controller", "--target-dir"])
-            .arg(target)
-            .current_dir(workspace_root());
-        if profile == "release" {
-            cargo.arg("--release");
-        }
-        let status = cargo.status().unwrap();
-        assert!(status.success(), "cannot build jumpstarter-controller");
-        assert!(
-            bin.exists(),
-            "cargo built jumpstarter-controller, but not into {}",
-            dir.display()
-        );
-        dir
-    })
-    .clone()
-}
-
-/// Whether `bin` is missing, or older than one of the files its dep-info (`BIN.d`, written
-/// by cargo: `BIN: FILE FILE ...`, spaces in names escaped) lists.
-fn stale(bin: &Path) -> bool {
-    let mtime = |p: &Path| fs::metadata(p).and_then(|m| m.modified()).ok();
-    let (Some(built), Ok(dep_info)) = (mtime(bin), fs::read_to_string(bin.with_extension("d")))
-    else {
-        return true;
-    };
-    let Some((_, files)) = dep_info.lines().next().and_then(|l| l.split_once(": ")) else {
-        return true;
-    };
-    let files = files.replace("\\ ", "\0");
-    files
-        .split_whitespace()
-        .map(|f| PathBuf::from(f.replace('\0', " ")))
-        .any(|f| mtime(&f).is_none_or(|m| m > built))
+    let dir = Path::new(JMP).parent().unwrap().to_path_buf();
+    let bin = dir.join("jumpstarter-controller");
+    assert!(
+        bin.exists(),
+        "{} is missing: run these tests with `cargo test --workspace` (or `cargo build -p \
+         jumpstarter-controller` first)",
+        bin.display()
+    );
+    dir
 }
 
 // ---------------------------------------------------------------------------------------
