@@ -518,6 +518,8 @@ struct Proxy {
     port: u16,
     conns: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
     accept: tokio::task::JoinHandle<()>,
+    /// While set, new connections are closed at once (the controller is away).
+    down: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Proxy {
@@ -526,8 +528,14 @@ impl Proxy {
         let port = listener.local_addr().unwrap().port();
         let conns = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let list = conns.clone();
+        let down = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let is_down = down.clone();
         let accept = tokio::spawn(async move {
             while let Ok((mut inbound, _)) = listener.accept().await {
+                if is_down.load(std::sync::atomic::Ordering::SeqCst) {
+                    drop(inbound);
+                    continue;
+                }
                 let task = tokio::spawn(async move {
                     if let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await {
                         let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
@@ -540,7 +548,18 @@ impl Proxy {
             port,
             conns,
             accept,
+            down,
         }
+    }
+
+    /// Cuts every connection and refuses new ones until [`Proxy::up`].
+    fn down(&self) {
+        self.down.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.cut();
+    }
+
+    fn up(&self) {
+        self.down.store(false, std::sync::atomic::Ordering::SeqCst);
     }
 
     fn cut(&self) {
@@ -614,4 +633,65 @@ async fn terminated_shell_still_releases_its_lease() {
     let (code, out, err) = finish(sh).await;
     assert_eq!(code, 143, "{out}{err}");
     assert!(lab.lease(&lease_name).await.spec.release);
+}
+
+/// A `jmp shell` waiting in the queue keeps waiting while the controller is away for a
+/// moment (its lease is still queued there) and runs its command once it gets the exporter;
+/// it does not give up at the first failed poll, leaving its lease queued for nobody.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_shell_keeps_waiting_while_the_controller_is_away() {
+    let lab = lab().await;
+    let exporter_cfg = lab.exporter("q1", &[("queue", "q1")]).await;
+    let holder = lab.client("holder").await;
+    let waiter = lab.client("waiter").await;
+    let proxy = Proxy::start(lab.ctl().addr).await;
+    let yaml = std::fs::read_to_string(&waiter).unwrap().replace(
+        &format!("localhost:{}", lab.ctl().addr.port()),
+        &format!("localhost:{}", proxy.port),
+    );
+    std::fs::write(&waiter, yaml).unwrap();
+    let _exporter = lab.run_exporter(&exporter_cfg, "q1.log");
+    lab.wait_status("q1", ExporterStatusValue::Available).await;
+
+    let held = shell(&lab, &holder, &["-l", "queue=q1"], "sleep 8");
+    lab.wait_status("q1", ExporterStatusValue::LeaseReady).await;
+    let mut queued = shell(&lab, &waiter, &["-l", "queue=q1"], "echo ran");
+    // Queued: it says why it waits.
+    let stderr = queued.stderr.take().unwrap();
+    let mut lines = BufReader::new(stderr).lines();
+    let mut seen = Vec::new();
+    loop {
+        let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+            .await
+            .expect("the queued shell said nothing")
+            .unwrap()
+            .expect("the queued shell ended");
+        seen.push(line.clone());
+        if line.contains("Waiting for lease") {
+            break;
+        }
+    }
+    proxy.down();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    proxy.up();
+    let rest = tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            seen.push(line);
+        }
+        seen.join("\n")
+    });
+    let out = tokio::time::timeout(Duration::from_secs(90), queued.wait_with_output())
+        .await
+        .expect("the queued shell did not finish")
+        .unwrap();
+    let stderr = rest.await.unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
+    assert!(stdout.contains("ran"), "{stdout}{stderr}");
+    assert!(
+        stderr.contains("the controller cannot be reached"),
+        "{stderr}"
+    );
+    let (code, stdout, stderr) = finish(held).await;
+    assert_eq!(code, 0, "{stdout}{stderr}");
 }

@@ -449,7 +449,32 @@ async fn wait_ready(
     let mut interval = FIRST_POLL;
     let mut reminder = Reminder::new(start);
     loop {
-        let lease = controller.get_lease(resource).await?;
+        let lease = match controller.get_lease(resource).await {
+            Ok(lease) => lease,
+            // The controller restarting, or away for a moment: the lease is still queued
+            // there, so keep waiting (a client that left would leave it queued for nobody).
+            Err(
+                e @ LeaseError::Rpc {
+                    code: Code::Unavailable | Code::DeadlineExceeded | Code::ResourceExhausted,
+                    ..
+                },
+            ) => {
+                let now = tokio::time::Instant::now();
+                if now + interval > deadline {
+                    return Err(e);
+                }
+                let why = format!("the controller cannot be reached ({e}); retrying");
+                if why != last {
+                    on_wait(name, &why);
+                    last = why;
+                    reminder.reset(now);
+                }
+                tokio::time::sleep(interval).await;
+                interval = next_poll(interval);
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         let why = match lease_state(&lease) {
             LeaseState::Ready => return Ok(lease),
             LeaseState::Failed(state, message) => {
