@@ -661,7 +661,16 @@ impl Runtime {
                 &name,
                 &client,
             )
-            .inspect_err(|e| tracing::error!("lease {name}: hooks cannot run: {e}"))
+            .inspect_err(|e| {
+                // With its causes: the reason (e.g. a socket path too long) is in them.
+                let mut why = e.to_string();
+                let mut cause = std::error::Error::source(e);
+                while let Some(c) = cause {
+                    why.push_str(&format!(": {c}"));
+                    cause = c.source();
+                }
+                tracing::error!("lease {name}: hooks cannot run: {why}")
+            })
             .ok()
         });
         if let Some(run) = &hooks
