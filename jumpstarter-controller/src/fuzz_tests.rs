@@ -3,7 +3,7 @@
 //! `cargo xtask ci`) with proptest: a bounded number of random inputs and mutations of valid
 //! ones, asserting no panic and the round-trip properties. (cargo-fuzz needs a nightly
 //! compiler, which this project does not use.) [`fuzz_config`] is the one knob of their
-//! case count: `JUMPSTARTER_FUZZ_CASES`, else `PROPTEST_CASES`, else [`DEFAULT_CASES`];
+//! case count: `JUMPSTARTER_FUZZ_CASES`, else `PROPTEST_CASES`, else 512 (`jumpstarter-core/src/fuzz_support.rs`);
 //! `cargo xtask fuzz` runs them with many more.
 
 use std::collections::BTreeMap;
@@ -38,35 +38,9 @@ fn mutate(seed: &str, edits: &[(prop::sample::Index, u8, u8)]) -> String {
     String::from_utf8_lossy(&b).into_owned()
 }
 
-/// The environment variable that sets the number of cases of every fuzz target (what
-/// `cargo xtask fuzz --cases N` sets).
-const CASES_ENV: &str = "JUMPSTARTER_FUZZ_CASES";
-
-/// Cases per target without [`CASES_ENV`] (or `PROPTEST_CASES`): few enough that `cargo
-/// test` stays fast.
-const DEFAULT_CASES: u32 = 512;
-
-/// The proptest config of every fuzz target of this crate: the case count from
-/// [`CASES_ENV`], else `PROPTEST_CASES`, else [`DEFAULT_CASES`] (set explicitly, so that
-/// one variable sets them all); no regression files.
-fn fuzz_config() -> ProptestConfig {
-    let cases = [CASES_ENV, "PROPTEST_CASES"]
-        .iter()
-        .find_map(|var| {
-            let v = std::env::var(var).ok()?;
-            Some(
-                v.trim()
-                    .parse::<u32>()
-                    .unwrap_or_else(|_| panic!("{var}={v:?}: expected a number of cases")),
-            )
-        })
-        .unwrap_or(DEFAULT_CASES);
-    ProptestConfig {
-        cases,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    }
-}
+#[path = "../../jumpstarter-core/src/fuzz_support.rs"]
+mod fuzz_support;
+use fuzz_support::fuzz_config;
 
 /// Label maps the parsed selectors are matched against.
 fn labels() -> impl Strategy<Value = BTreeMap<String, String>> {

@@ -8,7 +8,7 @@
 //! of random inputs and mutations of valid ones, asserting no panic and the round-trip
 //! properties. (cargo-fuzz needs a nightly compiler, which this project does not use.)
 //! [`fuzz_config`] is the one knob of their case count, the stream-frame targets' too:
-//! `JUMPSTARTER_FUZZ_CASES`, else `PROPTEST_CASES`, else [`DEFAULT_CASES`]; `cargo xtask
+//! `JUMPSTARTER_FUZZ_CASES`, else `PROPTEST_CASES`, else 512 (`jumpstarter-core/src/fuzz_support.rs`); `cargo xtask
 //! fuzz` runs them all with many more.
 
 use std::path::Path;
@@ -22,59 +22,9 @@ use crate::{
     value::{from_json, to_json},
 };
 
-/// The environment variable that sets the number of cases of every fuzz target (what
-/// `cargo xtask fuzz --cases N` sets).
-pub(crate) const CASES_ENV: &str = "JUMPSTARTER_FUZZ_CASES";
-
-/// Cases per target without [`CASES_ENV`] (or `PROPTEST_CASES`): few enough that `cargo
-/// test` stays fast.
-pub(crate) const DEFAULT_CASES: u32 = 512;
-
-/// The proptest config of every fuzz target of this crate: the case count from
-/// [`CASES_ENV`], else `PROPTEST_CASES`, else [`DEFAULT_CASES`] (set explicitly, so that
-/// one variable sets them all); no regression files.
-pub(crate) fn fuzz_config() -> ProptestConfig {
-    let cases = [CASES_ENV, "PROPTEST_CASES"]
-        .iter()
-        .find_map(|var| {
-            let v = std::env::var(var).ok()?;
-            Some(
-                v.trim()
-                    .parse::<u32>()
-                    .unwrap_or_else(|_| panic!("{var}={v:?}: expected a number of cases")),
-            )
-        })
-        .unwrap_or(DEFAULT_CASES);
-    ProptestConfig {
-        cases,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    }
-}
-
-/// Replaces, inserts or removes bytes of `seed` at the given places.
-pub(crate) fn mutate_bytes(seed: &[u8], edits: &[(prop::sample::Index, u8, u8)]) -> Vec<u8> {
-    let mut b = seed.to_vec();
-    for (at, op, byte) in edits {
-        let i = at.index(b.len() + 1);
-        match op % 3 {
-            0 if i < b.len() => b[i] = *byte,
-            1 => b.insert(i, *byte),
-            _ if i < b.len() => {
-                b.remove(i);
-            }
-            _ => {}
-        }
-    }
-    b
-}
-
-pub(crate) fn edits() -> impl Strategy<Value = Vec<(prop::sample::Index, u8, u8)>> {
-    prop::collection::vec(
-        (any::<prop::sample::Index>(), any::<u8>(), any::<u8>()),
-        0..8,
-    )
-}
+#[path = "fuzz_support.rs"]
+mod fuzz_support;
+pub(crate) use fuzz_support::{edits, fuzz_config, mutate_bytes};
 
 const EXPORTER: &str = "apiVersion: jumpstarter.dev/v1alpha1
 kind: ExporterConfig

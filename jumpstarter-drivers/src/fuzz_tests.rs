@@ -10,7 +10,7 @@
 //! acknowledged). (cargo-fuzz needs a nightly compiler, which this project does not use.)
 //!
 //! [`fuzz_config`] is the one knob of the case count: `JUMPSTARTER_FUZZ_CASES` (what `cargo
-//! xtask fuzz --cases N` sets), else `PROPTEST_CASES`, else [`DEFAULT_CASES`].
+//! xtask fuzz --cases N` sets), else `PROPTEST_CASES`, else 512 (`jumpstarter-core/src/fuzz_support.rs`).
 
 use std::{
     net::SocketAddr,
@@ -28,58 +28,9 @@ use tokio::{
 
 use crate::{HttpServer, Tftp};
 
-/// The environment variable that sets the number of cases of every fuzz target.
-pub(crate) const CASES_ENV: &str = "JUMPSTARTER_FUZZ_CASES";
-
-/// Cases per target without [`CASES_ENV`] (or `PROPTEST_CASES`): small, so that `cargo
-/// test` stays fast; `cargo xtask fuzz` runs many more.
-pub(crate) const DEFAULT_CASES: u32 = 512;
-
-/// The proptest config of every fuzz target of this crate: the case count from
-/// [`CASES_ENV`], else `PROPTEST_CASES`, else [`DEFAULT_CASES`]; no regression files.
-pub(crate) fn fuzz_config() -> ProptestConfig {
-    let cases = [CASES_ENV, "PROPTEST_CASES"]
-        .iter()
-        .find_map(|var| {
-            let v = std::env::var(var).ok()?;
-            Some(
-                v.trim()
-                    .parse::<u32>()
-                    .unwrap_or_else(|_| panic!("{var}={v:?}: expected a number of cases")),
-            )
-        })
-        .unwrap_or(DEFAULT_CASES);
-    ProptestConfig {
-        cases,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    }
-}
-
-/// Replaces, inserts or removes bytes of `seed` at the given places.
-pub(crate) fn mutate_bytes(seed: &[u8], edits: &[(prop::sample::Index, u8, u8)]) -> Vec<u8> {
-    let mut b = seed.to_vec();
-    for (at, op, byte) in edits {
-        let i = at.index(b.len() + 1);
-        match op % 3 {
-            0 if i < b.len() => b[i] = *byte,
-            1 => b.insert(i, *byte),
-            _ if i < b.len() => {
-                b.remove(i);
-            }
-            _ => {}
-        }
-    }
-    b
-}
-
-/// Up to eight byte edits for [`mutate_bytes`].
-pub(crate) fn edits() -> impl Strategy<Value = Vec<(prop::sample::Index, u8, u8)>> {
-    prop::collection::vec(
-        (any::<prop::sample::Index>(), any::<u8>(), any::<u8>()),
-        0..8,
-    )
-}
+#[path = "../../jumpstarter-core/src/fuzz_support.rs"]
+mod fuzz_support;
+pub(crate) use fuzz_support::{edits, fuzz_config, mutate_bytes};
 
 /// Bytes shown as an escaped byte string in a failure's report.
 #[derive(Clone, PartialEq)]

@@ -5,7 +5,7 @@
 //! however the stream is cut, that what is read is what was sent, and that a pool whose
 //! child sent garbage still makes the next call. [`fuzz_config`] is the knob of the case
 //! count: `JUMPSTARTER_FUZZ_CASES` (what `cargo xtask fuzz --cases N` sets), else
-//! `PROPTEST_CASES`, else [`DEFAULT_CASES`].
+//! `PROPTEST_CASES`, else 512 (`jumpstarter-core/src/fuzz_support.rs`).
 
 use std::{
     collections::VecDeque,
@@ -21,32 +21,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadBuf};
 
 use super::fast::{Answer, FastError, FastPool, decode_answer, read_answer};
 
-/// The environment variable that sets the number of cases of every fuzz target.
-const CASES_ENV: &str = "JUMPSTARTER_FUZZ_CASES";
-
-/// Cases per target without [`CASES_ENV`] (or `PROPTEST_CASES`).
-const DEFAULT_CASES: u32 = 512;
-
-/// The proptest config of every fuzz target of this crate: the case count from
-/// [`CASES_ENV`], else `PROPTEST_CASES`, else [`DEFAULT_CASES`]; no regression files.
-fn fuzz_config() -> ProptestConfig {
-    let cases = [CASES_ENV, "PROPTEST_CASES"]
-        .iter()
-        .find_map(|var| {
-            let v = std::env::var(var).ok()?;
-            Some(
-                v.trim()
-                    .parse::<u32>()
-                    .unwrap_or_else(|_| panic!("{var}={v:?}: expected a number of cases")),
-            )
-        })
-        .unwrap_or(DEFAULT_CASES);
-    ProptestConfig {
-        cases,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    }
-}
+#[path = "../../../jumpstarter-core/src/fuzz_support.rs"]
+mod fuzz_support;
+use fuzz_support::{edits, fuzz_config, mutate_bytes};
 
 /// Bytes shown as an escaped byte string in a failure's report.
 #[derive(Clone, PartialEq)]
@@ -56,30 +33,6 @@ impl std::fmt::Debug for Shown {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "b\"{}\"", self.0.escape_ascii())
     }
-}
-
-/// Replaces, inserts or removes bytes of `seed` at the given places.
-fn mutate_bytes(seed: &[u8], edits: &[(prop::sample::Index, u8, u8)]) -> Vec<u8> {
-    let mut b = seed.to_vec();
-    for (at, op, byte) in edits {
-        let i = at.index(b.len() + 1);
-        match op % 3 {
-            0 if i < b.len() => b[i] = *byte,
-            1 => b.insert(i, *byte),
-            _ if i < b.len() => {
-                b.remove(i);
-            }
-            _ => {}
-        }
-    }
-    b
-}
-
-fn edits() -> impl Strategy<Value = Vec<(prop::sample::Index, u8, u8)>> {
-    prop::collection::vec(
-        (any::<prop::sample::Index>(), any::<u8>(), any::<u8>()),
-        0..8,
-    )
 }
 
 /// A reader that hands out its bytes in the given pieces (a pipe's reads).
