@@ -4,11 +4,10 @@ use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use jiff::Timestamp;
 use jumpstarter_core::config::{ClientConfig, UserConfig};
-use jumpstarter_proto::client_v1::RotateTokenRequest;
 
 use crate::{
     output::{Describe, format_utc, jwt_expiry, token_status},
-    resources::{ClientApi, ClientSelect, rpc_error},
+    resources::{ClientSelect, api_error, connect},
 };
 
 /// `jmp auth`.
@@ -84,15 +83,11 @@ pub async fn run(cmd: AuthCommand) -> Result<i32> {
                 "this client config comes from JMP_* variables, not a file; rotate the token \
                  of a saved config with --client ALIAS",
             )?;
-            let mut api = ClientApi::connect(&a.client).await?;
-            let resp = api
-                .rpc
-                .rotate_token(RotateTokenRequest {
-                    parent: format!("namespaces/{}", api.namespace),
-                })
+            let resp = connect(&a.client)
+                .await?
+                .rotate_token()
                 .await
-                .map_err(|s| rpc_error("cannot rotate the token", s))?
-                .into_inner();
+                .map_err(|e| api_error("cannot rotate the token", e))?;
             let mut new = cfg;
             new.token = Some(resp.token);
             new.save(&path)?;

@@ -18,11 +18,8 @@ use std::{ffi::OsString, path::PathBuf, time::Duration};
 
 use clap_complete::engine::{ArgValueCandidates, CompletionCandidate};
 use jumpstarter_core::{
-    client::channel::connect_client,
+    client::{ControllerClient, ExporterQuery, LeaseQuery},
     config::{ClientConfig, SYSTEM_EXPORTER_DIR, config_dir},
-};
-use jumpstarter_proto::client_v1::{
-    ListExportersRequest, ListLeasesRequest, client_service_client::ClientServiceClient,
 };
 
 /// The environment variable that switches `jmp` into answering completions (its value
@@ -199,22 +196,20 @@ fn from_controller(what: Names) -> Vec<CompletionCandidate> {
 const PAGE: i32 = 500;
 
 async fn query(cfg: &ClientConfig, what: Names) -> Option<Vec<CompletionCandidate>> {
-    let channel = connect_client(cfg).await.ok()?;
-    let mut rpc = ClientServiceClient::new(channel);
-    let namespace = cfg.metadata.namespace.as_deref().unwrap_or("default");
-    let parent = format!("namespaces/{namespace}");
+    let api = ControllerClient::connect(cfg).await.ok()?;
     let short = |n: &str| n.rsplit('/').next().unwrap_or(n).to_string();
     let mut out = match what {
-        Names::Exporters => rpc
-            .list_exporters(ListExportersRequest {
-                parent,
-                page_size: PAGE,
-                ..Default::default()
-            })
+        Names::Exporters => api
+            .list_exporters_page(
+                &ExporterQuery {
+                    page_size: PAGE,
+                    ..ExporterQuery::default()
+                },
+                None,
+            )
             .await
             .ok()?
-            .into_inner()
-            .exporters
+            .items
             .into_iter()
             .map(|e| {
                 let labels: Vec<String> =
@@ -224,24 +219,20 @@ async fn query(cfg: &ClientConfig, what: Names) -> Option<Vec<CompletionCandidat
                 CompletionCandidate::new(short(&e.name)).help(Some(labels.join(",").into()))
             })
             .collect::<Vec<_>>(),
-        Names::Leases => rpc
-            .list_leases(ListLeasesRequest {
-                parent,
-                page_size: PAGE,
-                only_active: Some(true),
-                ..Default::default()
-            })
+        Names::Leases => api
+            .list_leases_page(
+                &LeaseQuery {
+                    page_size: PAGE,
+                    ..LeaseQuery::default()
+                },
+                None,
+            )
             .await
             .ok()?
-            .into_inner()
-            .leases
+            .items
             .into_iter()
             // The caller's own leases: the ones it can describe, update and delete.
-            .filter(|l| {
-                l.client
-                    .as_deref()
-                    .is_some_and(|c| short(c) == cfg.metadata.name)
-            })
+            .filter(|l| api.owns(l))
             .map(|l| {
                 let exporter = l.exporter.as_deref().map(short).unwrap_or_default();
                 let help = if exporter.is_empty() {

@@ -13,8 +13,8 @@ use std::{
 use anyhow::{Context, Result};
 use jumpstarter_core::{
     client::{
-        direct,
-        lease::{self, ControllerClient, LeaseRequest, LeaseSource},
+        ControllerClient, LeaseRequest, direct,
+        lease::{self, LeaseSource},
         tunnel::{self, RetryPolicy},
     },
     config::{ClientConfig, ExporterConfig},
@@ -107,15 +107,8 @@ pub async fn shell(opts: ShellLease, command: &[String]) -> Result<i32> {
         Some(name) => LeaseSource::Existing(name),
         None => {
             let duration = lease::parse_duration(&opts.duration)?;
-            let selector = opts
-                .selectors
-                .iter()
-                .map(|s| s.trim())
-                .filter(|s| !s.is_empty())
-                .collect::<Vec<_>>()
-                .join(",");
             LeaseSource::Create(LeaseRequest {
-                selector,
+                selector: crate::values::join_selectors(&opts.selectors),
                 exporter_name: opts.name.clone(),
                 duration,
                 // Named here, so that a signal arriving while it is being created or queued

@@ -7,15 +7,14 @@ use anyhow::{Result, bail};
 use clap::{Args, Subcommand};
 use jiff::{Timestamp, tz::TimeZone};
 use jumpstarter_core::{
-    client::channel::{AuthChannel, connect_client},
+    client::{
+        ControllerClient, ExporterQuery, LeaseQuery, LeaseRequest, LeaseUpdate,
+        lease::{LeaseError, parse_duration},
+    },
     config::{ClientConfig, UserConfig},
 };
 use jumpstarter_proto::{
-    client_v1::{
-        CreateLeaseRequest, DeleteLeaseRequest, Exporter, GetExporterRequest, GetLeaseRequest,
-        Lease, ListExportersRequest, ListLeasesRequest, UpdateLeaseRequest,
-        client_service_client::ClientServiceClient,
-    },
+    client_v1::{Exporter, Lease},
     ext_v1::{
         ExporterDevices, GetExporterDevicesRequest,
         client_extension_service_client::ClientExtensionServiceClient,
@@ -30,10 +29,7 @@ use crate::{
         format_timedelta, format_utc, jwt_expiry, labels_text, name_namespace, print_structured,
         short_name, timestamp, token_status, yes_no,
     },
-    values::{
-        join_selectors, parse_begin_time, parse_key_values, parse_positive_duration,
-        proto_duration, proto_timestamp,
-    },
+    values::{join_selectors, parse_begin_time, parse_key_values},
 };
 
 /// Which client config to use (upstream's `--client-config` / `--client`).
@@ -50,9 +46,12 @@ pub struct ClientSelect {
 
 /// A gRPC error as one line naming what failed (no status debug dump).
 pub fn rpc_error(what: &str, status: tonic::Status) -> anyhow::Error {
+    rpc_error_text(what, status.code(), status.message())
+}
+
+fn rpc_error_text(what: &str, code: tonic::Code, msg: &str) -> anyhow::Error {
     use tonic::Code;
-    let msg = status.message();
-    match status.code() {
+    match code {
         Code::Unavailable => anyhow::anyhow!("{what}: the controller is unreachable: {msg}"),
         Code::Unauthenticated | Code::PermissionDenied => anyhow::anyhow!(
             "{what}: {msg} (check the credentials in your config, e.g. with `jmp describe client`)"
@@ -62,116 +61,37 @@ pub fn rpc_error(what: &str, status: tonic::Status) -> anyhow::Error {
     }
 }
 
-/// A connection to the controller as a client.
-pub struct ClientApi {
-    /// The stub.
-    pub rpc: ClientServiceClient<AuthChannel>,
-    /// The client's namespace.
-    pub namespace: String,
-    /// The client's name.
-    pub name: String,
-    /// The channel, for our extension API ([`ClientExtensionServiceClient`]).
-    pub channel: AuthChannel,
+/// A failed [`ControllerClient`] call as one line naming what failed, with the same hints
+/// as [`rpc_error`].
+pub fn api_error(what: &str, e: LeaseError) -> anyhow::Error {
+    match e {
+        LeaseError::Rpc { code, message, .. } => rpc_error_text(what, code, &message),
+        other => anyhow::Error::new(other).context(what.to_string()),
+    }
 }
 
-impl ClientApi {
-    /// Resolves the client config as upstream does and connects.
-    pub async fn connect(select: &ClientSelect) -> Result<Self> {
-        let cfg = ClientConfig::resolve(select.client_config.as_deref(), select.client.as_deref())?;
-        let channel = connect_client(&cfg)
-            .await
-            .map_err(|e| crate::hints::controller_error(&cfg, e.into()))?;
-        Ok(Self {
-            rpc: ClientServiceClient::new(channel.clone()),
-            channel,
-            namespace: cfg
-                .metadata
-                .namespace
-                .clone()
-                .unwrap_or_else(|| "default".into()),
-            name: cfg.metadata.name.clone(),
-        })
-    }
+/// Resolves the client config as upstream does and connects to its controller.
+pub async fn connect(select: &ClientSelect) -> Result<ControllerClient> {
+    let cfg = ClientConfig::resolve(select.client_config.as_deref(), select.client.as_deref())?;
+    ControllerClient::connect(&cfg)
+        .await
+        .map_err(|e| crate::hints::controller_error(&cfg, e.into()))
+}
 
-    fn parent(&self) -> String {
-        format!("namespaces/{}", self.namespace)
-    }
+/// The caller's active leases (what `--with leases` and `describe exporter` show).
+pub async fn active_leases(api: &ControllerClient) -> Result<Vec<Lease>> {
+    api.list_leases(&LeaseQuery::default())
+        .await
+        .map_err(|e| api_error("cannot list leases", e))
+}
 
-    fn exporter_name(&self, name: &str) -> String {
-        format!("namespaces/{}/exporters/{name}", self.namespace)
+/// Parses a lease duration in the formats upstream accepts, refusing zero.
+pub fn parse_lease_duration(text: &str) -> Result<std::time::Duration> {
+    let d = parse_duration(text)?;
+    if d.is_zero() {
+        bail!("invalid duration {text:?}: a lease duration must be greater than zero");
     }
-
-    fn lease_name(&self, name: &str) -> String {
-        format!("namespaces/{}/leases/{name}", self.namespace)
-    }
-
-    fn client_ref(&self, name: &str) -> String {
-        format!("namespaces/{}/clients/{name}", self.namespace)
-    }
-
-    /// Every exporter matching `filter`, all pages.
-    pub async fn list_exporters(&mut self, filter: &str, hidden: bool) -> Result<Vec<Exporter>> {
-        let mut out = Vec::new();
-        let mut token = String::new();
-        loop {
-            let resp = self
-                .rpc
-                .list_exporters(ListExportersRequest {
-                    parent: self.parent(),
-                    page_size: 0,
-                    page_token: token.clone(),
-                    filter: filter.to_string(),
-                    show_hidden_labels: hidden,
-                })
-                .await
-                .map_err(|s| rpc_error("cannot list exporters", s))?
-                .into_inner();
-            out.extend(resp.exporters);
-            if resp.next_page_token.is_empty() {
-                return Ok(out);
-            }
-            token = resp.next_page_token;
-        }
-    }
-
-    /// Every lease matching the filters, all pages.
-    pub async fn list_leases(
-        &mut self,
-        filter: &str,
-        only_active: bool,
-        tag_filter: &str,
-    ) -> Result<Vec<Lease>> {
-        let mut out = Vec::new();
-        let mut token = String::new();
-        loop {
-            let resp = self
-                .rpc
-                .list_leases(ListLeasesRequest {
-                    parent: self.parent(),
-                    page_size: 0,
-                    page_token: token.clone(),
-                    filter: filter.to_string(),
-                    only_active: Some(only_active),
-                    tag_filter: tag_filter.to_string(),
-                })
-                .await
-                .map_err(|s| rpc_error("cannot list leases", s))?
-                .into_inner();
-            out.extend(resp.leases);
-            if resp.next_page_token.is_empty() {
-                return Ok(out);
-            }
-            token = resp.next_page_token;
-        }
-    }
-
-    /// Whether a lease belongs to this client.
-    fn owns(&self, lease: &Lease) -> bool {
-        lease
-            .client
-            .as_deref()
-            .is_some_and(|c| short_name(c) == self.name)
-    }
+    Ok(d)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1095,12 +1015,19 @@ async fn get_exporters(args: GetExportersArgs) -> Result<i32> {
         with_online || wide,
         with_status || wide,
     );
-    let mut api = ClientApi::connect(&args.client).await?;
-    let filter = join_selectors(&args.selector);
-    let exporters = api.list_exporters(&filter, args.show_hidden_labels).await?;
+    let api = connect(&args.client).await?;
+    let query = ExporterQuery {
+        selector: join_selectors(&args.selector),
+        show_hidden_labels: args.show_hidden_labels,
+        ..ExporterQuery::default()
+    };
+    let exporters = api
+        .list_exporters(&query)
+        .await
+        .map_err(|e| api_error("cannot list exporters", e))?;
     let now = Timestamp::now();
     let leases = if with_leases {
-        leases_by_exporter(&api.list_leases("", true, "").await?, now)
+        leases_by_exporter(&active_leases(&api).await?, now)
     } else {
         BTreeMap::new()
     };
@@ -1297,11 +1224,17 @@ fn print_lease(mode: OutputMode, view: LeaseView, now: Timestamp) -> Result<()> 
 
 async fn get_leases(args: GetLeasesArgs) -> Result<i32> {
     let (mode, wide) = get_mode(args.output.as_deref())?;
-    let mut api = ClientApi::connect(&args.client).await?;
-    let filter = join_selectors(&args.selector);
+    let api = connect(&args.client).await?;
+    let query = LeaseQuery {
+        selector: join_selectors(&args.selector),
+        include_ended: args.all,
+        tag_filter: args.tag_filter.clone().unwrap_or_default(),
+        ..LeaseQuery::default()
+    };
     let leases = api
-        .list_leases(&filter, !args.all, args.tag_filter.as_deref().unwrap_or(""))
-        .await?;
+        .list_leases(&query)
+        .await
+        .map_err(|e| api_error("cannot list leases", e))?;
     let now = Timestamp::now();
     let views: Vec<LeaseView> = leases
         .iter()
@@ -1317,27 +1250,22 @@ pub async fn describe(cmd: DescribeCommand) -> Result<i32> {
     match cmd {
         DescribeCommand::Exporter(args) => {
             let mode = OutputMode::from_flag(args.output.as_deref())?;
-            let mut api = ClientApi::connect(&args.client).await?;
+            let api = connect(&args.client).await?;
             let e = api
-                .rpc
-                .get_exporter(GetExporterRequest {
-                    name: api.exporter_name(&args.name),
-                    show_hidden_labels: false,
-                })
+                .get_exporter(&args.name, false)
                 .await
-                .map_err(|s| rpc_error(&format!("cannot get exporter {:?}", args.name), s))?
-                .into_inner();
+                .map_err(|e| api_error(&format!("cannot get exporter {:?}", args.name), e))?;
             let now = Timestamp::now();
             let mut view = ExporterView::from_proto(&e);
             // Only the caller's own leases are visible; another client's lease shows in
             // the status (LEASE_READY) but not here.
-            let leases = api.list_leases("", true, "").await.unwrap_or_default();
+            let leases = active_leases(&api).await.unwrap_or_default();
             view.lease = leases_by_exporter(&leases, now).remove(&view.name);
             // The drivers come from our extension API; an upstream controller does not have
             // it, and describing the rest must not fail for want of them.
-            match ClientExtensionServiceClient::new(api.channel.clone())
+            match ClientExtensionServiceClient::new(api.channel())
                 .get_exporter_devices(GetExporterDevicesRequest {
-                    name: api.exporter_name(&args.name),
+                    name: e.name.clone(),
                 })
                 .await
             {
@@ -1368,15 +1296,11 @@ pub async fn describe(cmd: DescribeCommand) -> Result<i32> {
         }
         DescribeCommand::Lease(args) => {
             let mode = OutputMode::from_flag(args.output.as_deref())?;
-            let mut api = ClientApi::connect(&args.client).await?;
+            let api = connect(&args.client).await?;
             let l = api
-                .rpc
-                .get_lease(GetLeaseRequest {
-                    name: api.lease_name(&args.name),
-                })
+                .get_lease(&args.name)
                 .await
-                .map_err(|s| rpc_error(&format!("cannot get lease {:?}", args.name), s))?
-                .into_inner();
+                .map_err(|e| api_error(&format!("cannot get lease {:?}", args.name), e))?;
             let view = LeaseView::from_proto(&l, Timestamp::now());
             match mode {
                 OutputMode::Plain => print!("{}", describe_lease(&view, &TimeZone::system())),
@@ -1411,39 +1335,26 @@ pub async fn create(cmd: CreateCommand) -> Result<i32> {
     let CreateCommand::Lease(args) = cmd;
     let mode = OutputMode::from_flag(args.output.as_deref())?;
     // Check everything before talking to the controller, so bad input changes nothing.
-    let secs = parse_positive_duration(&args.duration)?;
-    let begin = args
-        .begin_time
-        .as_deref()
-        .map(|b| parse_begin_time(b, &TimeZone::system()))
-        .transpose()?;
-    let tags = parse_key_values(&args.tag, "tag")?;
-    let selector = join_selectors(&args.selector);
-    if let Some(n) = &args.name
-        && n.trim().is_empty()
-    {
-        bail!("--name must not be empty");
-    }
-    let mut api = ClientApi::connect(&args.client).await?;
-    let lease = Lease {
-        selector,
-        duration: Some(proto_duration(secs)),
-        begin_time: begin.map(proto_timestamp),
+    let request = LeaseRequest {
+        selector: join_selectors(&args.selector),
         exporter_name: args.name.clone(),
-        tags: tags.into_iter().collect(),
+        duration: parse_lease_duration(&args.duration)?,
+        begin_time: args
+            .begin_time
+            .as_deref()
+            .map(|b| parse_begin_time(b, &TimeZone::system()))
+            .transpose()?
+            .map(std::time::SystemTime::from),
+        tags: parse_key_values(&args.tag, "tag")?,
+        lease_id: args.lease_id.clone(),
         allow_disabled: args.allow_disabled,
-        ..Default::default()
     };
+    request.check()?;
+    let api = connect(&args.client).await?;
     let created = api
-        .rpc
-        .create_lease(CreateLeaseRequest {
-            parent: api.parent(),
-            lease_id: args.lease_id.clone().unwrap_or_default(),
-            lease: Some(lease),
-        })
+        .create_lease(&request)
         .await
-        .map_err(|s| rpc_error("cannot create the lease", s))?
-        .into_inner();
+        .map_err(|e| api_error("cannot create the lease", e))?;
     let now = Timestamp::now();
     print_lease(mode, LeaseView::from_proto(&created, now), now)?;
     Ok(0)
@@ -1453,48 +1364,30 @@ pub async fn create(cmd: CreateCommand) -> Result<i32> {
 pub async fn update(cmd: UpdateCommand) -> Result<i32> {
     let UpdateCommand::Lease(args) = cmd;
     let mode = OutputMode::from_flag(args.output.as_deref())?;
-    let secs = args
-        .duration
-        .as_deref()
-        .map(parse_positive_duration)
-        .transpose()?;
-    let begin = args
-        .begin_time
-        .as_deref()
-        .map(|b| parse_begin_time(b, &TimeZone::system()))
-        .transpose()?;
     if let Some(c) = &args.to_client
         && (c.is_empty() || c.contains('/'))
     {
         bail!("invalid --to-client {c:?}: give the name of a client in the same namespace");
     }
-    let mut api = ClientApi::connect(&args.client).await?;
-    let mut paths = Vec::new();
-    if secs.is_some() {
-        paths.push("duration".to_string());
-    }
-    if begin.is_some() {
-        paths.push("begin_time".to_string());
-    }
-    if args.to_client.is_some() {
-        paths.push("client".to_string());
-    }
-    let lease = Lease {
-        name: api.lease_name(&args.name),
-        duration: secs.map(proto_duration),
-        begin_time: begin.map(proto_timestamp),
-        client: args.to_client.as_deref().map(|c| api.client_ref(c)),
-        ..Default::default()
+    let update = LeaseUpdate {
+        duration: args
+            .duration
+            .as_deref()
+            .map(parse_lease_duration)
+            .transpose()?,
+        begin_time: args
+            .begin_time
+            .as_deref()
+            .map(|b| parse_begin_time(b, &TimeZone::system()))
+            .transpose()?
+            .map(std::time::SystemTime::from),
+        to_client: args.to_client.clone(),
     };
+    let api = connect(&args.client).await?;
     let updated = api
-        .rpc
-        .update_lease(UpdateLeaseRequest {
-            lease: Some(lease),
-            update_mask: Some(prost_types::FieldMask { paths }),
-        })
+        .update_lease(&args.name, &update)
         .await
-        .map_err(|s| rpc_error(&format!("cannot update lease {:?}", args.name), s))?
-        .into_inner();
+        .map_err(|e| api_error(&format!("cannot update lease {:?}", args.name), e))?;
     let now = Timestamp::now();
     print_lease(mode, LeaseView::from_proto(&updated, now), now)?;
     Ok(0)
@@ -1511,11 +1404,15 @@ pub async fn delete(cmd: DeleteCommand) -> Result<i32> {
     if !args.names.is_empty() && by_query {
         bail!("give lease names, or -l/--all/--all-clients, not both");
     }
-    let mut api = ClientApi::connect(&args.client).await?;
+    let api = connect(&args.client).await?;
     let names: Vec<String> = if by_query {
-        let filter = join_selectors(&args.selector);
-        api.list_leases(&filter, true, "")
-            .await?
+        let query = LeaseQuery {
+            selector: join_selectors(&args.selector),
+            ..LeaseQuery::default()
+        };
+        api.list_leases(&query)
+            .await
+            .map_err(|e| api_error("cannot list leases", e))?
             .iter()
             .filter(|l| args.all_clients || api.owns(l))
             .map(|l| short_name(&l.name).to_string())
@@ -1524,12 +1421,9 @@ pub async fn delete(cmd: DeleteCommand) -> Result<i32> {
         args.names.clone()
     };
     for name in &names {
-        api.rpc
-            .delete_lease(DeleteLeaseRequest {
-                name: api.lease_name(name),
-            })
+        api.delete_lease(name)
             .await
-            .map_err(|s| rpc_error(&format!("cannot delete lease {name:?}"), s))?;
+            .map_err(|e| api_error(&format!("cannot delete lease {name:?}"), e))?;
         match mode {
             OutputMode::Name => println!("{name}"),
             _ => println!("lease \"{name}\" deleted"),
@@ -1875,10 +1769,10 @@ Lease:  <none>
             ..Default::default()
         }];
         assert_eq!(lease_status(&l, now), "Waiting");
-        l.begin_time = Some(proto_timestamp(
-            now.checked_add(jiff::SignedDuration::from_hours(1))
-                .unwrap(),
-        ));
+        l.begin_time = Some(prost_types::Timestamp {
+            seconds: now.as_second() + 3600,
+            nanos: 0,
+        });
         assert_eq!(lease_status(&l, now), "Scheduled");
         l.conditions.push(Condition {
             r#type: Some("Unsatisfiable".into()),

@@ -1,5 +1,5 @@
-//! Parsers for command-line values: `key=value` labels and tags, lease durations and begin
-//! times.
+//! Parsers for command-line values: `key=value` labels and tags, selectors and begin times
+//! (lease durations are parsed by `jumpstarter_core::client::lease::parse_duration`).
 
 use std::collections::BTreeMap;
 
@@ -37,25 +37,6 @@ pub fn join_selectors(selectors: &[String]) -> String {
         .join(",")
 }
 
-/// Parses a lease duration in the formats upstream accepts (see
-/// [`jumpstarter_core::client::lease::parse_duration`]), refusing zero. Returns seconds.
-pub fn parse_positive_duration(text: &str) -> Result<f64> {
-    let secs = jumpstarter_core::client::lease::parse_duration(text)?.as_secs_f64();
-    if secs <= 0.0 {
-        bail!("invalid duration {text:?}: a lease duration must be greater than zero");
-    }
-    Ok(secs)
-}
-
-/// A protobuf duration from seconds.
-pub fn proto_duration(secs: f64) -> prost_types::Duration {
-    let whole = secs.trunc();
-    prost_types::Duration {
-        seconds: whole as i64,
-        nanos: ((secs - whole) * 1e9).round() as i32,
-    }
-}
-
 /// Parses `--begin-time`: ISO 8601 with an offset (`2024-01-01T12:00:00Z`) or without one
 /// (then in `tz`, the local zone for users).
 pub fn parse_begin_time(text: &str, tz: &TimeZone) -> Result<Timestamp> {
@@ -75,28 +56,9 @@ pub fn parse_begin_time(text: &str, tz: &TimeZone) -> Result<Timestamp> {
     }
 }
 
-/// A protobuf timestamp.
-pub fn proto_timestamp(ts: Timestamp) -> prost_types::Timestamp {
-    prost_types::Timestamp {
-        seconds: ts.as_second(),
-        nanos: ts.subsec_nanosecond(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn durations_must_be_positive() {
-        assert_eq!(parse_positive_duration("5m").unwrap(), 300.0);
-        assert_eq!(parse_positive_duration("1 day, 0:00:10").unwrap(), 86_410.0);
-        for bad in ["0", "0s", "PT0S", "-5", "soon", ""] {
-            assert!(parse_positive_duration(bad).is_err(), "{bad}");
-        }
-        let e = parse_positive_duration("0").unwrap_err().to_string();
-        assert!(e.contains("greater than zero"), "{e}");
-    }
 
     #[test]
     fn labels_are_checked() {
@@ -118,6 +80,5 @@ mod tests {
         let t = parse_begin_time("2024-01-01T12:00:00", &ny).unwrap();
         assert_eq!(t.as_second(), 1_704_110_400 + 5 * 3600);
         assert!(parse_begin_time("tomorrow", &utc).is_err());
-        assert_eq!(proto_duration(1.5).nanos, 500_000_000);
     }
 }

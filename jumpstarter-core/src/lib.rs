@@ -25,7 +25,9 @@ pub mod wire;
 #[cfg(test)]
 mod fuzz_tests;
 
-pub use client::ClientError;
+pub use client::{
+    ClientError, ControllerClient, ExporterQuery, LeaseQuery, LeaseRequest, LeaseUpdate,
+};
 pub use driver::{CallContext, Driver, DriverError, DriverNode, value};
 pub use error::{Because, BoxError, CoreError, error_chain};
 pub use jumpstarter_macros::driver;

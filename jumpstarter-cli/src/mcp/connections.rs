@@ -13,8 +13,8 @@ use anyhow::{Context, Result, bail};
 use jiff::Timestamp;
 use jumpstarter_core::{
     client::{
-        ConnectOptions, ExporterSession, direct,
-        lease::{self, AcquiredLease, ControllerClient, LeaseSource},
+        ConnectOptions, ControllerClient, ExporterSession, direct,
+        lease::{self, AcquiredLease, LeaseSource},
     },
     config::ClientConfig,
     server::local_socket_path,

@@ -10,12 +10,12 @@ use anyhow::Context;
 use futures::StreamExt;
 use jiff::Timestamp;
 use jumpstarter_core::{
-    client::lease::{LeaseRequest, LeaseSource},
+    client::{ExporterQuery, LeaseQuery, LeaseRequest, lease::LeaseSource},
     config::ClientConfig,
     value,
 };
 use jumpstarter_drivers::{POWER_CLIENT, PowerClient};
-use jumpstarter_proto::client_v1::{CreateLeaseRequest, DeleteLeaseRequest, Lease};
+use jumpstarter_proto::client_v1::Lease;
 use serde_json::{Map, Value, json};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
@@ -25,8 +25,7 @@ use super::{
 };
 use crate::{
     output::short_name,
-    resources::{ClientApi, ClientSelect, ExporterView, LeaseView},
-    values::proto_duration,
+    resources::{ClientSelect, ExporterView, LeaseView, active_leases, api_error, connect},
 };
 
 /// Why a tool call failed.
@@ -575,12 +574,17 @@ impl Tools {
     async fn list_exporters(&self, a: &Arguments<'_>) -> Result<Value, ToolError> {
         let include_leases = a.bool("include_leases", true);
         let include_online = a.bool("include_online", true);
-        let mut api = ClientApi::connect(&self.client).await?;
+        let api = connect(&self.client).await?;
+        let query = ExporterQuery {
+            selector: a.str("selector").unwrap_or("").to_string(),
+            ..ExporterQuery::default()
+        };
         let exporters = api
-            .list_exporters(a.str("selector").unwrap_or(""), false)
-            .await?;
+            .list_exporters(&query)
+            .await
+            .map_err(|e| api_error("cannot list exporters", e))?;
         let leases = if include_leases {
-            api.list_leases("", true, "").await?
+            active_leases(&api).await?
         } else {
             Vec::new()
         };
@@ -635,10 +639,15 @@ impl Tools {
     }
 
     async fn list_leases(&self, a: &Arguments<'_>) -> Result<Value, ToolError> {
-        let mut api = ClientApi::connect(&self.client).await?;
+        let api = connect(&self.client).await?;
+        let query = LeaseQuery {
+            selector: a.str("selector").unwrap_or("").to_string(),
+            ..LeaseQuery::default()
+        };
         let leases = api
-            .list_leases(a.str("selector").unwrap_or(""), true, "")
-            .await?;
+            .list_leases(&query)
+            .await
+            .map_err(|e| api_error("cannot list leases", e))?;
         let now = Timestamp::now();
         let out: Vec<Value> = leases
             .iter()
@@ -670,23 +679,17 @@ impl Tools {
                 message: "one of \"selector\" or \"exporter_name\" is required".into(),
             });
         }
-        let mut api = ClientApi::connect(&self.client).await?;
-        let lease = Lease {
+        let request = LeaseRequest {
             selector: selector.unwrap_or_default().to_string(),
-            duration: Some(proto_duration(secs as f64)),
             exporter_name: exporter_name.map(str::to_string),
-            ..Default::default()
+            duration: Duration::from_secs(unsigned(secs)),
+            ..LeaseRequest::default()
         };
-        let created = api
-            .rpc
-            .create_lease(CreateLeaseRequest {
-                parent: format!("namespaces/{}", api.namespace),
-                lease_id: String::new(),
-                lease: Some(lease),
-            })
+        let created = connect(&self.client)
+            .await?
+            .create_lease(&request)
             .await
-            .map_err(|s| crate::resources::rpc_error("cannot create the lease", s))?
-            .into_inner();
+            .map_err(|e| api_error("cannot create the lease", e))?;
         let mut out = json!({
             "name": short_name(&created.name),
             "status": "created",
@@ -705,21 +708,17 @@ impl Tools {
 
     async fn delete_lease(&self, a: &Arguments<'_>) -> Result<Value, ToolError> {
         let id = a.required_str("lease_id")?;
-        let mut api = ClientApi::connect(&self.client).await?;
-        let resource = if id.starts_with("namespaces/") {
-            id.to_string()
-        } else if id.contains('/') {
+        if id.contains('/') && !id.starts_with("namespaces/") {
             return Err(ToolError::InvalidArguments {
                 tool: a.tool,
                 message: format!("invalid lease name {id:?}"),
             });
-        } else {
-            format!("namespaces/{}/leases/{id}", api.namespace)
-        };
-        api.rpc
-            .delete_lease(DeleteLeaseRequest { name: resource })
+        }
+        connect(&self.client)
+            .await?
+            .delete_lease(id)
             .await
-            .map_err(|s| crate::resources::rpc_error(&format!("cannot delete lease {id:?}"), s))?;
+            .map_err(|e| api_error(&format!("cannot delete lease {id:?}"), e))?;
         let name = short_name(id);
         let closed = self.connections.forget_lease(name).await;
         Ok(json!({"name": name, "status": "deleted", "connections_closed": closed}))

@@ -902,8 +902,8 @@ async fn distributed_sigkill_during_before_lease_leaves_no_hook_child_and_the_le
 async fn distributed_driver_calls_are_refused_once_the_lease_ended() {
     use jumpstarter_core::{
         client::{
-            ExporterSession,
-            lease::{ControllerClient, LeaseRequest, LeaseSource, acquire},
+            ControllerClient, ExporterSession, LeaseRequest,
+            lease::{LeaseSource, acquire},
         },
         config::ClientConfig,
     };

@@ -4,6 +4,7 @@
 //! ([`direct`], whose listener is the server's `server::direct`).
 
 pub mod channel;
+pub mod controller;
 pub mod direct;
 mod error;
 pub mod grpc_options;
@@ -13,6 +14,9 @@ pub mod tls_mismatch;
 pub mod tunnel;
 
 pub use channel::CallMetadata;
+pub use controller::{
+    ControllerClient, ExporterQuery, LeaseQuery, LeaseRequest, LeaseUpdate, Page, proto_duration,
+};
 pub use error::ClientError;
 pub use session::{
     ClientNode, ClientResource, ConnectOptions, DriverClient, ExporterSession, IntoArgs,
