@@ -207,6 +207,10 @@ struct RunArgs {
     /// machine's name when it listens on all addresses).
     #[arg(long, value_name = "HOST", conflicts_with = "tls_grpc_listener")]
     direct_advertise: Option<String>,
+    /// Exit after the current lease ends instead of waiting for a new one (the config's
+    /// `exitOnLeaseEnd: true`). Controller mode only.
+    #[arg(long, conflicts_with = "tls_grpc_listener")]
+    exit_on_lease_end: bool,
     /// Concurrent connections on --tls-grpc-listener or --direct-listener (established or
     /// handshaking); more are closed at once, with a warning in the log.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_CONNECTIONS,
@@ -403,6 +407,9 @@ async fn run_exporter(args: RunArgs) -> Result<i32> {
         if args.direct_advertise.is_some() {
             cfg.direct_advertise = args.direct_advertise.clone();
         }
+        if args.exit_on_lease_end {
+            cfg.exit_on_lease_end = true;
+        }
         return crate::distributed::run_exporter(&cfg, args.limits()).await;
     };
     let tls = match (&args.tls_cert, &args.tls_key, args.tls_grpc_insecure) {
@@ -416,6 +423,13 @@ async fn run_exporter(args: RunArgs) -> Result<i32> {
         (None, None, true) => None,
         _ => bail!("--tls-grpc-listener needs --tls-cert and --tls-key, or --tls-grpc-insecure"),
     };
+    if cfg.exit_on_lease_end {
+        // A standalone exporter serves one session until it is stopped: it has no leases.
+        eprintln!(
+            "Warning: `exitOnLeaseEnd` of the exporter config applies to controller mode only; \
+             --tls-grpc-listener serves until it is stopped"
+        );
+    }
     let standalone = crate::toolkit::current()
         .exporter(&cfg)
         .standalone()

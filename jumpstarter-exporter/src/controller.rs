@@ -221,6 +221,10 @@ pub struct ExporterOptions {
     /// `healthCheck` (ours): health checks between leases and quarantine (see
     /// [`crate::hooks::health`]).
     pub health: Option<HealthPolicy>,
+    /// `exitOnLeaseEnd`: stop (and [`run_with_options`] return `Ok`) once the first lease
+    /// has ended and its afterLease hook is done, instead of waiting for the next lease.
+    /// The exporter is not reported available in between, so it gets no second lease.
+    pub exit_on_lease_end: bool,
 }
 
 impl ExporterOptions {
@@ -277,6 +281,7 @@ impl ExporterOptions {
                 cfg.failure_detection.max_rapid_failures,
                 cfg.failure_detection.rapid_failure_window,
             )),
+            exit_on_lease_end: cfg.exit_on_lease_end,
         })
     }
 }
@@ -366,6 +371,8 @@ pub async fn run_with_options(
         lease: None,
         backoff: Backoff::new(Duration::from_millis(500), Duration::from_secs(30)),
         channel: None,
+        exit_on_lease_end: options.exit_on_lease_end,
+        served_its_lease: false,
     };
     tokio::pin!(shutdown);
     let mut rapid = 0u32;
@@ -381,6 +388,17 @@ pub async fn run_with_options(
             }
             r = rt.connected_once() => r,
         };
+        if rt.served_its_lease {
+            // `exitOnLeaseEnd`: the lease is over and its afterLease hook done (a hook that
+            // failed with `onFailure: exit` still makes this an error).
+            match exit_rx.borrow().clone() {
+                Some(why) => break Err(ExporterError::HookExit(why)),
+                None => {
+                    tracing::info!("the lease has ended: exiting (exitOnLeaseEnd)");
+                    break Ok(());
+                }
+            }
+        }
         if !matches!(r, Err(Failure::Duplicate(_))) {
             duplicate = None;
         }
@@ -436,7 +454,7 @@ pub async fn run_with_options(
     };
     // A lease whose hook said `exit` has been released already; the afterLease hook of a
     // lease in progress still runs (as upstream, even at shutdown).
-    rt.end_lease(false).await;
+    rt.end_lease(LeaseEnd::Shutdown).await;
     // An exporter refused because another process of its identity is online says no
     // goodbye: the controller would refuse it anyway, as it is that one's to say.
     if let Some(channel) = rt.channel.clone().filter(|_| duplicate.is_none()) {
@@ -499,6 +517,22 @@ struct Runtime {
     lease: Option<ActiveLease>,
     backoff: Backoff,
     channel: Option<AuthChannel>,
+    /// `exitOnLeaseEnd`.
+    exit_on_lease_end: bool,
+    /// With `exitOnLeaseEnd`: a lease has been served and has ended; the exporter stops.
+    served_its_lease: bool,
+}
+
+/// Why a lease's session ends on the exporter's side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LeaseEnd {
+    /// The controller ended it; the exporter is available for the next lease.
+    Ended,
+    /// The controller ended it and the exporter stops after it (`exitOnLeaseEnd`): it is
+    /// not reported available, so that it gets no other lease meanwhile.
+    EndedLast,
+    /// The exporter is shutting down: it releases the lease itself.
+    Shutdown,
 }
 
 impl Runtime {
@@ -588,6 +622,9 @@ impl Runtime {
                 msg = status.next() => match msg {
                     Some(Ok(msg)) => {
                         self.on_status(msg, &channel).await;
+                        if self.served_its_lease {
+                            return Ok(());
+                        }
                         if self.lease.is_some() && check.take().is_some() {
                             tracing::info!("health check stopped: a lease started");
                         }
@@ -642,7 +679,12 @@ impl Runtime {
             return;
         }
         if current.is_some() {
-            self.end_lease(true).await;
+            if self.exit_on_lease_end {
+                self.end_lease(LeaseEnd::EndedLast).await;
+                self.served_its_lease = true;
+                return;
+            }
+            self.end_lease(LeaseEnd::Ended).await;
         }
         if let Some(name) = wanted {
             self.start_lease(name, msg.client_name.unwrap_or_default(), channel);
@@ -705,8 +747,9 @@ impl Runtime {
         });
     }
 
-    /// Ends the current lease's tunnels and session; reports `AVAILABLE` when `report`.
-    async fn end_lease(&mut self, report: bool) {
+    /// Ends the current lease's tunnels and session; reports `AVAILABLE` after
+    /// [`LeaseEnd::Ended`].
+    async fn end_lease(&mut self, how: LeaseEnd) {
         let Some(lease) = self.lease.take() else {
             return;
         };
@@ -725,7 +768,7 @@ impl Runtime {
                 health: self.health.clone(),
             };
             let verdict = run.after_lease(&sink).await;
-            if !report {
+            if how == LeaseEnd::Shutdown {
                 // Shutting down: nobody else will release the lease.
                 release_lease(channel, &lease.name, lease.session.status().status).await;
             }
@@ -747,7 +790,7 @@ impl Runtime {
             self.next_check = tokio::time::Instant::now() + *interval;
         }
         let exiting = self.exit.borrow().is_some();
-        if report
+        if how == LeaseEnd::Ended
             && !exiting
             && let Some(channel) = &self.channel
         {

@@ -310,9 +310,17 @@ pub struct ExporterConfig {
         skip_serializing_if = "Option::is_none"
     )]
     pub direct_advertise: Option<String>,
+    /// `exitOnLeaseEnd` (upstream main): in controller mode, exit (code 0) once the first
+    /// lease ends, after its afterLease hook, instead of waiting for the next lease.
+    #[serde(rename = "exitOnLeaseEnd", default, skip_serializing_if = "is_false")]
+    pub exit_on_lease_end: bool,
     /// Where it was loaded from (not part of the file).
     #[serde(skip)]
     pub path: Option<PathBuf>,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// The `export:` of a generated config without drivers: empty, and ready to be extended by
@@ -636,5 +644,25 @@ export:
         let again = ExporterConfig::parse(&cfg.to_yaml().unwrap(), Path::new("a.yaml")).unwrap();
         assert_eq!(again.direct_listener, cfg.direct_listener);
         assert_eq!(again.direct_advertise, cfg.direct_advertise);
+    }
+
+    #[test]
+    fn exit_on_lease_end_is_upstreams_key_off_by_default_and_round_trips() {
+        let cfg = ExporterConfig::parse(DEMO, Path::new("demo.yaml")).unwrap();
+        assert!(!cfg.exit_on_lease_end);
+        assert!(!cfg.to_yaml().unwrap().contains("exitOnLeaseEnd"));
+        let text = format!("{DEMO}exitOnLeaseEnd: true\n");
+        let cfg = ExporterConfig::parse(&text, Path::new("x.yaml")).unwrap();
+        assert!(cfg.exit_on_lease_end);
+        assert!(crate::config::keys::unknown_exporter_keys(&text).is_empty());
+        let again = ExporterConfig::parse(&cfg.to_yaml().unwrap(), Path::new("a.yaml")).unwrap();
+        assert!(again.exit_on_lease_end);
+        let e = ExporterConfig::parse(
+            &format!("{DEMO}exitOnLeaseEnd: maybe\n"),
+            Path::new("b.yaml"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("b.yaml"), "{e}");
     }
 }

@@ -48,6 +48,7 @@ const EXPORTER: Schema = Schema {
         "healthCheck",
         "directListener",
         "directAdvertise",
+        "exitOnLeaseEnd",
     ],
     sections: &[
         ("metadata", &META),
