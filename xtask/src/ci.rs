@@ -134,18 +134,21 @@ fn steps(o: Options, t: &mut Timings) -> Result<(ci_summary::TestCounts, (usize,
     // Last: on a cold machine the Go build, at the lowest priority, takes what the steps
     // above leave of the two cores.
     t.step("(waiting) kube-apiserver and etcd", || kube.wait())?;
+    // The archives of the container images step, run by podman against its API server.
+    let images = crate::target_dir().join("images").display().to_string();
     t.step("the Kubernetes backend against a real API server", || {
-        crate::kube_e2e::run(&[])
+        crate::kube_e2e::run(&["--images".to_string(), images])
     })?;
     Ok((tests, interop))
 }
 
-/// `cargo xtask ci-prepare` (started by `ci`): the Debian packages, the QEMU board and the
-/// venvs the tests need.
+/// `cargo xtask ci-prepare` (started by `ci`): the Debian packages (podman and runc for the
+/// images among them), the QEMU board and the venvs the tests need.
 pub fn prepare() -> Result<()> {
     crate::qemu_board::prepare()?;
     crate::snmpd::prepare()?;
     crate::boot_tools::ensure()?;
+    crate::images_run::ensure_podman()?;
     crate::interop::ensure_venv()?;
     crate::s3::venv()?;
     Ok(())

@@ -14,19 +14,30 @@
 //! 4. clients authenticated with ServiceAccount tokens through the external-issuer path
 //!    ([`crate::kube_oidc`]);
 //! 5. upstream's Python exporter and client (pinned 0.9.0 venv) through that controller, and
-//!    our `jmp shell` against the Python exporter.
+//!    our `jmp shell` against the Python exporter;
+//! 6. with `--images DIR` (as `cargo xtask ci` runs it), the image archives of DIR run by
+//!    podman: the controller image against this API server, the router image from the
+//!    Secrets it wrote, `jmp` from the jmp image through them ([`crate::images_run`]).
 
 use anyhow::{Result, bail};
 
 use crate::kube;
 
-/// Runs the suite (`--reuse`: on the running cluster).
+/// Runs the suite (`--reuse`: on the running cluster; `--images DIR`: also the image
+/// archives of DIR under podman, [`crate::images_run`]).
 pub fn run(args: &[String]) -> Result<()> {
-    let reuse = match args {
-        [] => false,
-        [a] if a == "--reuse" => true,
-        _ => bail!("usage: cargo xtask kube-e2e [--reuse]"),
-    };
+    let (mut reuse, mut images) = (false, None);
+    let mut rest = args.iter();
+    while let Some(a) = rest.next() {
+        match (a.as_str(), rest.as_slice().first()) {
+            ("--reuse", _) => reuse = true,
+            ("--images", Some(dir)) => {
+                images = Some(std::path::PathBuf::from(dir));
+                rest.next();
+            }
+            _ => bail!("usage: cargo xtask kube-e2e [--reuse] [--images DIR]"),
+        }
+    }
     let cluster = if reuse {
         kube::running()?;
         None
@@ -82,6 +93,10 @@ pub fn run(args: &[String]) -> Result<()> {
     crate::interop::against_kubernetes(&kube::controller_kubeconfig(), kube::NAMESPACE, &|| {
         forget(exporters, clients)
     })?;
+    if let Some(dir) = images {
+        println!("== the container images under podman against this API server");
+        crate::images_run::against_cluster(&dir)?;
+    }
     drop(cluster);
     println!("== kube-e2e passed");
     Ok(())

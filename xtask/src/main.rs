@@ -101,7 +101,7 @@ fn main() -> std::process::ExitCode {
                  s3        the Opendal driver's S3 service (feature storage-s3) against moto's S3 on loopback\n  \
                  kube-up   a real kube-apiserver + etcd on loopback (built from Go modules, cached)\n  \
                  kube-down stop what kube-up started\n  \
-                 kube-e2e  [--reuse] the Kubernetes store and controller against that real API server\n  \
+                 kube-e2e  [--reuse] [--images DIR] the Kubernetes store and controller against that real API server (and the images of DIR under podman)\n  \
                  manifests [--cluster] deploy/kubernetes validated strictly offline (several Kubernetes versions); --cluster: applied to the kube-up API server, RBAC as the controller\n  \
                  qemu-board  install QEMU and build the test board image (cached); print its path\n  \
                  venv      create the pinned upstream venv and print its path"
