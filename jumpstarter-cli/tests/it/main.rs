@@ -18,6 +18,7 @@ mod mcp;
 mod python_drivers;
 mod qemu;
 mod router_faults;
+mod selectors;
 mod single_lease;
 mod storage;
 mod twin;

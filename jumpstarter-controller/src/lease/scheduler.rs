@@ -818,6 +818,7 @@ fn approve<'a>(
     policies: &[&ExporterAccessPolicy],
     client_labels: &BTreeMap<String, String>,
 ) -> Result<Vec<Approved<'a>>, Terminal> {
+    check_policy_selectors(policies)?;
     let requested = policy_duration(lease);
     let mut approved = Vec::new();
     let mut descriptions: BTreeSet<String> = BTreeSet::new();
@@ -848,6 +849,37 @@ fn approve<'a>(
         return Err((c::UNSATISFIABLE, c::REASON_NO_ACCESS, message));
     }
     Ok(approved)
+}
+
+/// A policy whose exporter or client selector the API server would refuse (an unknown
+/// operator in a match expression, a bad key): the lease is `Invalid`, naming the policy and
+/// what is wrong, rather than the policy matching nothing (which could hand the lease to an
+/// exporter another rule grants with a lower priority, or end it as `NoAccess` for no
+/// visible reason). Upstream's reconciler fails on such a policy too.
+fn check_policy_selectors(policies: &[&ExporterAccessPolicy]) -> Result<(), Terminal> {
+    for p in policies {
+        let broken = |field: String, e: crate::objects::selector::SelectorError| {
+            (
+                c::INVALID,
+                c::REASON_INVALID_SELECTOR,
+                format!(
+                    "ExporterAccessPolicy {}/{}: {field} is invalid: {e}",
+                    namespace_of(&p.metadata),
+                    name_of(&p.metadata)
+                ),
+            )
+        };
+        LabelSelector::from_k8s(&p.spec.exporter_selector)
+            .map_err(|e| broken("spec.exporterSelector".into(), e))?;
+        for (i, rule) in p.spec.policies.iter().enumerate() {
+            for (j, from) in rule.from.iter().enumerate() {
+                LabelSelector::from_k8s(&from.client_selector).map_err(|e| {
+                    broken(format!("spec.policies[{i}].from[{j}].clientSelector"), e)
+                })?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The best rule granting exporter `e` to a client with `client_labels` for `requested`

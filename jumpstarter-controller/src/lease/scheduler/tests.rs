@@ -997,3 +997,51 @@ fn leases_asking_the_same_share_an_evaluation_and_others_stay_apart() {
         );
     }
 }
+
+#[test]
+fn a_policy_with_an_unknown_operator_is_an_error_naming_it_not_a_policy_matching_nothing() {
+    let bad_operator = |sel: &mut metav1::LabelSelector| {
+        sel.match_expressions = Some(vec![metav1::LabelSelectorRequirement {
+            key: "board".into(),
+            operator: "Matches".into(),
+            values: Some(vec!["rpi4".into()]),
+        }]);
+    };
+    let exporters = vec![exporter("e1", &[("board", "rpi4")])];
+    let clients = vec![client("c1", &[("team", "a")])];
+    // A broken exporter selector beside a policy that would grant the exporter.
+    let mut broken = policy("broken", "board=rpi4", vec![rule(10, "team=a")]);
+    bad_operator(&mut broken.spec.exporter_selector);
+    let w = World {
+        leases: vec![lease("l1", "board=rpi4", 0)],
+        exporters: exporters.clone(),
+        policies: vec![
+            broken,
+            policy("good", "board=rpi4", vec![rule(1, "team=a")]),
+        ],
+        clients: clients.clone(),
+    };
+    let d = w.one("l1");
+    assert_ended(&d, c::INVALID, c::REASON_INVALID_SELECTOR, "\"Matches\"");
+    assert_ended(
+        &d,
+        c::INVALID,
+        c::REASON_INVALID_SELECTOR,
+        "ExporterAccessPolicy lab/broken: spec.exporterSelector",
+    );
+    // The same in a rule's client selector.
+    let mut broken = policy("broken2", "board=rpi4", vec![rule(1, "team=a")]);
+    bad_operator(&mut broken.spec.policies[0].from[0].client_selector);
+    let w = World {
+        leases: vec![lease("l2", "board=rpi4", 0)],
+        exporters,
+        policies: vec![broken],
+        clients,
+    };
+    assert_ended(
+        &w.one("l2"),
+        c::INVALID,
+        c::REASON_INVALID_SELECTOR,
+        "spec.policies[0].from[0].clientSelector is invalid: invalid label selector requirement for key \"board\": \"Matches\"",
+    );
+}
