@@ -149,7 +149,8 @@ pub struct CreateClientArgs {
     /// Disable TLS certificate verification for connections
     #[arg(short = 'k', long)]
     insecure_tls: bool,
-    /// Disable interactive prompts (for use in scripts); nothing here prompts.
+    /// Disable interactive prompts (for use in scripts); nothing here prompts, and the
+    /// --insecure-tls warning is not printed.
     #[arg(long)]
     nointeractive: bool,
     #[arg(short, long, value_parser = ["path"], help = PATH_HELP)]
@@ -176,7 +177,8 @@ pub struct CreateExporterArgs {
     /// Disable TLS certificate verification for connections
     #[arg(short = 'k', long)]
     insecure_tls: bool,
-    /// Disable interactive prompts (for use in scripts); nothing here prompts.
+    /// Disable interactive prompts (for use in scripts); nothing here prompts, and the
+    /// --insecure-tls warning is not printed.
     #[arg(long)]
     nointeractive: bool,
     #[arg(short, long, value_parser = ["path"], help = PATH_HELP)]
@@ -269,6 +271,7 @@ fn client_create(a: CreateClientArgs) -> Result<i32> {
             a.alias
         );
     }
+    warn_insecure_tls(a.insecure_tls, a.nointeractive);
     let cfg = ClientConfig {
         metadata: ObjectMeta {
             namespace: Some(a.namespace.clone().unwrap_or_else(|| "default".into())),
@@ -448,6 +451,7 @@ fn exporter_create(a: CreateExporterArgs) -> Result<i32> {
             path.display()
         );
     }
+    warn_insecure_tls(a.insecure_tls, a.nointeractive);
     let text = format!(
         "apiVersion: {API_VERSION}\nkind: ExporterConfig\nmetadata:\n  namespace: {ns}\n  name: {name}\n\
          endpoint: {endpoint}\ntls:\n  ca: ''\n  insecure: {insecure}\ntoken: {token}\ngrpcOptions: {{}}\n\
@@ -464,6 +468,17 @@ fn exporter_create(a: CreateExporterArgs) -> Result<i32> {
     write_private(&path, text.as_bytes())?;
     print_path(a.output.as_deref(), &path)?;
     Ok(0)
+}
+
+/// `--insecure-tls` (`-k`): upstream main asks for confirmation unless `--nointeractive`;
+/// `jmp config` never prompts, so it says what the flag does instead.
+fn warn_insecure_tls(insecure_tls: bool, nointeractive: bool) {
+    if insecure_tls && !nointeractive {
+        eprintln!(
+            "Warning: Insecure TLS mode is enabled. Certificate verification will be disabled \
+             for the connections of this config (tls.insecure: true)."
+        );
+    }
 }
 
 /// A YAML scalar, quoted.

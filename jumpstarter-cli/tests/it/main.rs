@@ -11,6 +11,7 @@ mod doc_examples;
 mod first_hour;
 mod hints;
 mod hooks;
+mod insecure_tls;
 mod lease_end;
 mod local;
 mod login;
