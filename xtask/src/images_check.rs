@@ -32,7 +32,7 @@ pub fn sha256(bytes: &[u8]) -> String {
 const ONLY_IN_A_SHELL: &[(&str, &str)] = &[("j", "must be used inside a jmp shell")];
 
 /// Every regular file of a tar, by path.
-fn read_archive(path: &Path) -> Result<HashMap<String, Vec<u8>>> {
+pub fn read_archive(path: &Path) -> Result<HashMap<String, Vec<u8>>> {
     let file = std::fs::File::open(path)?;
     let mut archive = tar::Archive::new(file);
     let mut files = HashMap::new();

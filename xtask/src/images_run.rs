@@ -7,7 +7,9 @@
 //! (systemd may not run; crun does not work on hybrid cgroups), the host's network (every
 //! server listens on 127.0.0.1, as the API server does). Every container runs as the image
 //! says (`USER 65532:65532`, checked in `/proc`), with a read-only root file system, no
-//! capabilities and `no-new-privileges`, as the Deployments of `deploy/kubernetes` run them:
+//! capabilities and `no-new-privileges`, as the Deployments of `deploy/kubernetes` run them.
+//! First each archive's file layout is compared with `podman build` of its Dockerfile
+//! ([`crate::images_layout`]); then:
 //! 1. `jumpstarter-controller --store kubernetes` in namespace [`NAMESPACE`], with a mounted
 //!    kubeconfig of the controller's ServiceAccount and a data directory that is an empty
 //!    host directory (the Deployment's `emptyDir`); the ConfigMap names the router below as
@@ -52,14 +54,30 @@ const NONROOT: u32 = 65532;
 const EXPORTER: &str = "board-images";
 const CLIENT: &str = "ci-images";
 
-/// `cargo xtask images-run [--dir DIR]`: the archives in DIR (default `target/images`)
-/// against the running `kube-up` cluster.
+/// `cargo xtask images-run [--dir DIR] [--layout]`: the archives in DIR (default
+/// `target/images`) compared with `podman build` of their Dockerfiles and run against the
+/// running `kube-up` cluster; `--layout`: only compared (no cluster needed).
 pub fn run(args: &[String]) -> Result<()> {
-    let dir = match args {
-        [] => crate::target_dir().join("images"),
-        [flag, dir] if flag == "--dir" => PathBuf::from(dir),
-        _ => bail!("usage: cargo xtask images-run [--dir DIR] (with cargo xtask kube-up running)"),
-    };
+    let mut dir = crate::target_dir().join("images");
+    let mut layout_only = false;
+    let mut rest = args.iter();
+    while let Some(a) = rest.next() {
+        match (a.as_str(), rest.as_slice().first()) {
+            ("--layout", _) => layout_only = true,
+            ("--dir", Some(d)) => {
+                dir = PathBuf::from(d);
+                rest.next();
+            }
+            _ => bail!(
+                "usage: cargo xtask images-run [--dir DIR] [--layout] (without --layout, with \
+                 cargo xtask kube-up running)"
+            ),
+        }
+    }
+    if layout_only {
+        ensure_podman()?;
+        return crate::images_layout::compare(&dir, &Podman::new());
+    }
     kube::running()?;
     against_cluster(&dir)
 }
@@ -97,13 +115,13 @@ pub fn ensure_podman() -> Result<()> {
 }
 
 /// podman with this step's store and runtime settings.
-struct Podman {
+pub struct Podman {
     root: PathBuf,
     runroot: PathBuf,
 }
 
 impl Podman {
-    fn new() -> Self {
+    pub fn new() -> Self {
         Self {
             root: crate::cache_root().join("podman"),
             // Run state (locks, pids) belongs in a directory a reboot clears.
@@ -111,7 +129,7 @@ impl Podman {
         }
     }
 
-    fn command(&self, args: &[&str]) -> Command {
+    pub fn command(&self, args: &[&str]) -> Command {
         let mut c = Command::new("podman");
         c.arg("--root")
             .arg(&self.root)
@@ -124,7 +142,7 @@ impl Podman {
     }
 
     /// Runs podman to completion; its stdout, or an error with its output.
-    fn run(&self, args: &[&str], timeout: Duration) -> Result<String> {
+    pub fn run(&self, args: &[&str], timeout: Duration) -> Result<String> {
         self.run_cmd(self.command(args), timeout)
     }
 
@@ -334,8 +352,10 @@ pub fn against_cluster(dir: &Path) -> Result<()> {
         names: Vec::new(),
     };
     containers.remove_all();
+    crate::images_layout::compare(dir, &podman)?;
 
     // Loaded by the name their manifest.json gives them (`docker.io/library/NAME:TAG`).
+    let t = Instant::now();
     let mut refs = Vec::new();
     for name in IMAGES {
         let archive = dir.join(format!("{name}.tar"));
@@ -378,7 +398,7 @@ pub fn against_cluster(dir: &Path) -> Result<()> {
     println!(
         "   loaded {} into podman: {:.1}s",
         refs.join(", "),
-        started.elapsed().as_secs_f64()
+        t.elapsed().as_secs_f64()
     );
 
     let work = crate::target_dir().join("images-run");

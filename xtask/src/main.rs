@@ -22,6 +22,7 @@ mod fuzz;
 mod images;
 mod images_check;
 mod images_dockerfile;
+mod images_layout;
 mod images_run;
 mod interop;
 mod kube;
@@ -94,7 +95,7 @@ fn main() -> std::process::ExitCode {
                  bench-scale [--quick] [--exporters N] [--per-conn K] [--only controller|router] 10,000 live exporters on one controller, 1,000 tunnels through one router\n  \
                  crds      [--out DIR | --check DIR] our CRD YAML (stdout), written, or compared\n  \
                  images    [--out DIR] [--tag TAG] [--debug] the images of deploy/docker without a container engine, checked\n  \
-                 images-run [--dir DIR] those images run by podman against the kube-up API server\n  \
+                 images-run [--dir DIR] [--layout] those images compared with podman build of their Dockerfiles, and run by podman against the kube-up API server\n  \
                  faults    [--seed N] [--rounds N] [--quick] [--release] kill processes of a lab day at random, check nothing is lost\n  \
                  fuzz      [--cases N] [--target FILTER] [--seed N] every fuzz target with many more cases (20,000) than cargo test\n  \
                  quickstart  the whole lab on one machine: controller, mock exporter, client, jmp shell\n  \
