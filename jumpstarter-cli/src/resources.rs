@@ -772,12 +772,49 @@ pub struct GetExportersArgs {
     /// Include fields: leases, online, status (comma-separated or repeated)
     #[arg(long = "with", value_name = "TEXT")]
     with: Vec<String>,
-    /// Show labels hidden by controller config
-    #[arg(long)]
+    /// Show labels hidden by controller config, and those under hidden.jumpstarter.dev/
+    #[arg(long, visible_alias = "show-hidden")]
     show_hidden_labels: bool,
     /// Include disabled exporters in the listing
     #[arg(long)]
     allow_disabled: bool,
+    /// Number of results per page for pagination
+    #[arg(long, value_name = "INTEGER", default_value_t = DEFAULT_PAGE_SIZE,
+          value_parser = clap::value_parser!(i32).range(1..))]
+    page_size: i32,
+}
+
+/// `--page-size` of `jmp get exporters|leases` when not given (upstream main's).
+const DEFAULT_PAGE_SIZE: i32 = 100;
+
+/// `Warning: ...` on stderr for each deprecated label an exporter carries, in upstream
+/// main's words.
+fn warn_deprecated_exporter_labels(exporter: &str, deprecated: &BTreeMap<String, String>) {
+    for (key, message) in deprecated {
+        let mut warning = format!("label '{key}' on exporter '{exporter}' is deprecated");
+        if !message.is_empty() {
+            warning.push_str(&format!(": {message}"));
+        }
+        eprintln!("Warning: {warning}");
+    }
+}
+
+/// `Warning: ...` on stderr for each deprecated label a lease's selector uses (`lease`:
+/// which lease, when there are several), in upstream main's words.
+pub(crate) fn warn_deprecated_selector_labels(
+    lease: Option<&str>,
+    deprecated: &BTreeMap<String, String>,
+) {
+    for (key, message) in deprecated {
+        let mut warning = match lease {
+            Some(name) => format!("selector label '{key}' on lease '{name}' is deprecated"),
+            None => format!("selector label '{key}' is deprecated"),
+        };
+        if !message.is_empty() {
+            warning.push_str(&format!(": {message}"));
+        }
+        eprintln!("Warning: {warning}");
+    }
 }
 
 /// `jmp get leases`.
@@ -800,6 +837,10 @@ pub struct GetLeasesArgs {
     /// Filter leases by tags (label selector syntax, e.g. build=1234)
     #[arg(long, value_name = "TEXT")]
     tag_filter: Option<String>,
+    /// Number of results per page for pagination
+    #[arg(long, value_name = "INTEGER", default_value_t = DEFAULT_PAGE_SIZE,
+          value_parser = clap::value_parser!(i32).range(1..))]
+    page_size: i32,
 }
 
 /// `jmp describe`.
@@ -1019,7 +1060,7 @@ async fn get_exporters(args: GetExportersArgs) -> Result<i32> {
     let query = ExporterQuery {
         selector: join_selectors(&args.selector),
         show_hidden_labels: args.show_hidden_labels,
-        ..ExporterQuery::default()
+        page_size: args.page_size,
     };
     let exporters = api
         .list_exporters(&query)
@@ -1036,6 +1077,11 @@ async fn get_exporters(args: GetExportersArgs) -> Result<i32> {
         .map(ExporterView::from_proto)
         .filter(|v| args.allow_disabled || v.enabled != Some(false))
         .map(|mut v| {
+            if !args.show_hidden_labels {
+                // Also from a controller that does not hide them itself.
+                v.labels
+                    .retain(|k, _| !jumpstarter_core::labels::is_hidden_label(k));
+            }
             v.lease = leases.get(&v.name).cloned();
             if !with_online {
                 v.online = None;
@@ -1050,6 +1096,9 @@ async fn get_exporters(args: GetExportersArgs) -> Result<i32> {
         })
         .collect();
     views.sort_by(|a, b| a.name.cmp(&b.name));
+    for v in &views {
+        warn_deprecated_exporter_labels(&v.name, &v.deprecated_labels);
+    }
     match mode {
         OutputMode::Json | OutputMode::Yaml => {
             print_structured(mode, &ExporterList { exporters: views })?
@@ -1229,7 +1278,7 @@ async fn get_leases(args: GetLeasesArgs) -> Result<i32> {
         selector: join_selectors(&args.selector),
         include_ended: args.all,
         tag_filter: args.tag_filter.clone().unwrap_or_default(),
-        ..LeaseQuery::default()
+        page_size: args.page_size,
     };
     let leases = api
         .list_leases(&query)
@@ -1241,6 +1290,9 @@ async fn get_leases(args: GetLeasesArgs) -> Result<i32> {
         .filter(|l| args.all_clients || api.owns(l))
         .map(|l| LeaseView::from_proto(l, now))
         .collect();
+    for v in &views {
+        warn_deprecated_selector_labels(Some(&v.name), &v.deprecated_labels);
+    }
     print_leases(mode, views, now, wide)?;
     Ok(0)
 }
@@ -1356,7 +1408,9 @@ pub async fn create(cmd: CreateCommand) -> Result<i32> {
         .await
         .map_err(|e| api_error("cannot create the lease", e))?;
     let now = Timestamp::now();
-    print_lease(mode, LeaseView::from_proto(&created, now), now)?;
+    let view = LeaseView::from_proto(&created, now);
+    warn_deprecated_selector_labels(None, &view.deprecated_labels);
+    print_lease(mode, view, now)?;
     Ok(0)
 }
 

@@ -2,6 +2,15 @@
 //! for the CLI's `--label`/`--tag` flags and the controller's selectors and objects. Each
 //! check's error says which part is wrong, in the words of the Kubernetes API server.
 
+/// Exporter labels under this prefix are hidden from `jmp get exporters` (and the client
+/// API's exporter listings) unless asked for with `--show-hidden` (`show_hidden_labels`).
+pub const HIDDEN_LABEL_PREFIX: &str = "hidden.jumpstarter.dev/";
+
+/// Whether an exporter label key is hidden by default ([`HIDDEN_LABEL_PREFIX`]).
+pub fn is_hidden_label(key: &str) -> bool {
+    key.starts_with(HIDDEN_LABEL_PREFIX)
+}
+
 /// The longest name part of a qualified name, and the longest label value.
 const QUALIFIED_NAME_MAX: usize = 63;
 /// The longest DNS subdomain.

@@ -51,6 +51,22 @@ pub(crate) async fn lab() -> Lab {
     }
 }
 
+/// A lab whose controller has `settings` applied to its config (a label policy, say).
+pub(crate) async fn lab_with(settings: impl FnOnce(&mut ControllerConfig)) -> Lab {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = ControllerConfig {
+        listen: "127.0.0.1:0".into(),
+        router_listen: "127.0.0.1:0".into(),
+        advertise_host: "localhost".into(),
+        ..ControllerConfig::new(dir.path().join("data"))
+    };
+    settings(&mut config);
+    Lab {
+        ctl: Some(start(config).await.unwrap()),
+        dir,
+    }
+}
+
 impl Lab {
     pub(crate) fn ctl(&self) -> &RunningController {
         self.ctl.as_ref().unwrap()

@@ -12,6 +12,7 @@ mod first_hour;
 mod hints;
 mod hooks;
 mod insecure_tls;
+mod labels;
 mod lease_end;
 mod local;
 mod login;

@@ -835,8 +835,8 @@ pub struct LabelPolicy {
 impl LabelPolicy {
     /// Applies the policy to an exporter as the client API returns it, in upstream's order:
     /// each deprecated key the exporter carries is reported in `deprecated_labels` with its
-    /// message; then, unless `show_hidden`, the hidden and the deprecated keys are taken out
-    /// of `labels`. The labels stay on the object: selectors still match them.
+    /// message; then, unless `show_hidden`, the hidden and the deprecated keys, and every key
+    /// under `hidden.jumpstarter.dev/` (ours), are taken out of `labels`. The labels stay on the object: selectors still match them.
     pub fn apply(&self, exporter: &mut client_v1::Exporter, show_hidden: bool) {
         for (key, message) in &self.deprecated {
             if exporter.labels.contains_key(key) {
@@ -846,9 +846,29 @@ impl LabelPolicy {
             }
         }
         if !show_hidden {
-            exporter
-                .labels
-                .retain(|k, _| !self.hidden.contains(k) && !self.deprecated.contains_key(k));
+            exporter.labels.retain(|k, _| {
+                !self.hidden.contains(k)
+                    && !self.deprecated.contains_key(k)
+                    && !jumpstarter_core::labels::is_hidden_label(k)
+            });
+        }
+    }
+
+    /// Reports in `deprecated_labels` each deprecated key the lease's selector uses, with
+    /// its message (upstream main's `annotateLeaseDeprecatedLabels`).
+    pub fn annotate_lease(&self, lease: &mut client_v1::Lease) {
+        if self.deprecated.is_empty() {
+            return;
+        }
+        let Ok(selector) = LabelSelector::parse(&lease.selector) else {
+            return;
+        };
+        for r in selector.requirements() {
+            if let Some(message) = self.deprecated.get(&r.key) {
+                lease
+                    .deprecated_labels
+                    .insert(r.key.clone(), message.clone());
+            }
         }
     }
 }

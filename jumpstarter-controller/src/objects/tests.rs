@@ -629,6 +629,7 @@ fn hidden_and_deprecated_labels_are_shown_as_the_policy_says() {
             ("board", "rpi4"),
             ("internal.example.com/rack", "r7"),
             ("old-board", "rpi4"),
+            ("hidden.jumpstarter.dev/owner", "ci"),
         ]
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .into(),
@@ -660,12 +661,46 @@ fn hidden_and_deprecated_labels_are_shown_as_the_policy_says() {
     policy.apply(&mut p, true);
     assert_eq!(
         keys(&p),
-        ["board", "internal.example.com/rack", "old-board"]
+        [
+            "board",
+            "hidden.jumpstarter.dev/owner",
+            "internal.example.com/rack",
+            "old-board"
+        ]
     );
     assert_eq!(p.deprecated_labels.len(), 1);
-    // No policy: as stored.
+    // No policy: as stored, but for the keys under `hidden.jumpstarter.dev/`.
     let mut p = exporter_to_proto(&e);
     LabelPolicy::default().apply(&mut p, false);
-    assert_eq!(keys(&p).len(), 3);
+    assert_eq!(
+        keys(&p),
+        ["board", "internal.example.com/rack", "old-board"]
+    );
     assert!(p.deprecated_labels.is_empty());
+    let mut p = exporter_to_proto(&e);
+    LabelPolicy::default().apply(&mut p, true);
+    assert_eq!(keys(&p).len(), 4);
+}
+
+#[test]
+fn a_lease_selector_using_deprecated_labels_reports_them_with_their_messages() {
+    let policy = LabelPolicy {
+        deprecated: [("old-board".to_string(), "use board".to_string())].into(),
+        ..LabelPolicy::default()
+    };
+    let mut lease = client_v1::Lease {
+        selector: "old-board=rpi4,!old-board-x,team in (a,b)".into(),
+        ..Default::default()
+    };
+    policy.annotate_lease(&mut lease);
+    assert_eq!(
+        lease.deprecated_labels,
+        [("old-board".to_string(), "use board".to_string())].into()
+    );
+    let mut lease = client_v1::Lease {
+        selector: "board=rpi4".into(),
+        ..Default::default()
+    };
+    policy.annotate_lease(&mut lease);
+    assert!(lease.deprecated_labels.is_empty());
 }

@@ -112,6 +112,14 @@ fn page(size: i32, token: &str) -> ListParams {
 }
 
 impl<S: Store> ClientApi<S> {
+    /// A lease as the client API returns it: with the deprecated labels its selector uses
+    /// (`deprecatedLabels.keys`), as upstream main.
+    fn lease_out(&self, lease: &Lease, now: Timestamp) -> PbLease {
+        let mut pb = lease_to_proto(lease, now);
+        self.0.label_policy.annotate_lease(&mut pb);
+        pb
+    }
+
     async fn client(&self, md: &tonic::metadata::MetadataMap) -> Result<Caller, Status> {
         self.0.auth.authenticate(md, ObjectKind::Client).await
     }
@@ -199,7 +207,7 @@ impl<S: Store> ClientService for ClientApi<S> {
         let name = request.into_inner().name;
         limits::check_len("name", &name, MAX_IDENTIFIER)?;
         let lease = self.own_lease(&caller, &name).await?;
-        Ok(Response::new(lease_to_proto(&lease, Timestamp::now())))
+        Ok(Response::new(self.lease_out(&lease, Timestamp::now())))
     }
 
     async fn list_leases(
@@ -241,7 +249,7 @@ impl<S: Store> ClientService for ClientApi<S> {
                 .items
                 .iter()
                 .filter(|l| l.spec.client_ref.name == caller.name)
-                .map(|l| lease_to_proto(l, now))
+                .map(|l| self.lease_out(l, now))
                 .collect(),
             next_page_token: list.continue_token.unwrap_or_default(),
         }))
@@ -284,7 +292,7 @@ impl<S: Store> ClientService for ClientApi<S> {
             })?;
         let created = self.0.store.create(&lease).await.map_err(store_status)?;
         self.0.wake.notify_one();
-        Ok(Response::new(lease_to_proto(&created, Timestamp::now())))
+        Ok(Response::new(self.lease_out(&created, Timestamp::now())))
     }
 
     async fn update_lease(
@@ -342,7 +350,7 @@ impl<S: Store> ClientService for ClientApi<S> {
             self.0.forget_lease_client(ns, name);
         }
         self.0.wake.notify_one();
-        Ok(Response::new(lease_to_proto(&updated, Timestamp::now())))
+        Ok(Response::new(self.lease_out(&updated, Timestamp::now())))
     }
 
     async fn delete_lease(
