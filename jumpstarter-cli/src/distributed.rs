@@ -13,8 +13,8 @@ use std::{
 use anyhow::{Context, Result};
 use jumpstarter_core::{
     client::{
-        ControllerClient, LeaseRequest, direct,
-        lease::{self, LeaseSource},
+        ControllerClient, LeaseRequest, LeaseSession,
+        lease::{self, LeaseError, LeaseSource},
         tunnel::{self, RetryPolicy},
     },
     config::{ClientConfig, ExporterConfig},
@@ -147,11 +147,27 @@ pub async fn shell(opts: ShellLease, command: &[String]) -> Result<i32> {
     let controller = ControllerClient::connect(&cfg)
         .await
         .map_err(|e| crate::hints::controller_error(&cfg, e.into()))?;
+    // `grpcOptions` apply to the router channels too, as upstream's client applies them
+    // (already checked when the controller channel was opened).
+    let router_keepalive = jumpstarter_core::client::grpc_options::keepalive(
+        &cfg.grpc_options,
+        tunnel::ROUTER_KEEPALIVE,
+    )
+    .unwrap_or(tunnel::ROUTER_KEEPALIVE);
     let waiting = QuietWait::new(WAIT_NOTICE_DELAY);
-    let acquired = tokio::select! {
-        r = lease::acquire(&controller, source, timeout, |name, why| {
-            waiting.say(format!("Waiting for lease {name}: {why}"));
-        }) => r,
+    // The exporter is reached once before the command starts: a router that stays
+    // unreachable (past --retry-timeout) is one clear error here, not one per command.
+    let opened = tokio::select! {
+        r = LeaseSession::from_source(&controller, source)
+            .acquisition_timeout(timeout)
+            .direct(!opts.no_direct)
+            .retry(
+                RetryPolicy::new(retry)
+                    .with_events(retry_events(retry))
+                    .with_keepalive(router_keepalive),
+            )
+            .on_wait(|name, why| waiting.say(format!("Waiting for lease {name}: {why}")))
+            .acquire() => r,
         sig = &mut stop => {
             waiting.stop();
             if let Some(name) = &ours {
@@ -164,19 +180,12 @@ pub async fn shell(opts: ShellLease, command: &[String]) -> Result<i32> {
         }
     };
     waiting.stop();
-    let mut lease = acquired?;
-    // `grpcOptions` apply to the router channels too, as upstream's client applies them
-    // (already checked when the controller channel was opened).
-    let router_keepalive = jumpstarter_core::client::grpc_options::keepalive(
-        &cfg.grpc_options,
-        tunnel::ROUTER_KEEPALIVE,
-    )
-    .unwrap_or(tunnel::ROUTER_KEEPALIVE);
-    lease.set_retry(
-        RetryPolicy::new(retry)
-            .with_events(retry_events(retry))
-            .with_keepalive(router_keepalive),
-    );
+    let session = match opened {
+        Ok(session) => session,
+        Err(e @ LeaseError::Connect(_)) => return Err(unreachable(e, retry)),
+        Err(e) => return Err(e.into()),
+    };
+    let lease = session.lease();
     tracing::info!(
         "lease {} acquired (exporter {})",
         lease.name,
@@ -188,32 +197,7 @@ pub async fn shell(opts: ShellLease, command: &[String]) -> Result<i32> {
         let dir = shell::private_dir()?;
         let socket = local_socket_path(dir.path());
         let cancel = CancellationToken::new();
-        // The exporter is reached once before the command starts: a router that stays
-        // unreachable (past --retry-timeout) is one clear error here, not one per command.
-        let connect = async {
-            if opts.no_direct {
-                if let Err(e) = lease.session_channel().await {
-                    return Err(unreachable(e, retry));
-                }
-                Ok(None)
-            } else {
-                match lease.find_direct(direct::DIRECT_CONNECT_TIMEOUT).await {
-                    Ok(d) => Ok(d),
-                    Err(e @ lease::LeaseError::Connect(_)) => Err(unreachable(e, retry)),
-                    // The tunnel works but the report is unreadable: the commands in the
-                    // shell will report the problem.
-                    Err(e) => {
-                        tracing::warn!("cannot read the exporter's report: {e}");
-                        Ok(None)
-                    }
-                }
-            }
-        };
-        // A signal while connecting ends the shell; the lease is released below.
-        let direct = tokio::select! {
-            d = connect => d?,
-            sig = &mut stop => return Ok(128 + sig),
-        };
+        let direct = session.direct_path().cloned();
         match &direct {
             Some(d) => eprintln!(
                 "Connected to {} directly ({})",
@@ -241,15 +225,15 @@ pub async fn shell(opts: ShellLease, command: &[String]) -> Result<i32> {
         let mut server = Some(server);
         let mut watch = RunWatch::default();
         let (code, end) = tokio::select! {
-            ready = crate::hook_wait::before_command(channel.clone(), || lease_end::is_over(&lease), || lease.refusal()) => match ready {
+            ready = session.wait_ready_on(channel.clone()) => match crate::hook_wait::on_ready(ready, || lease.refusal()) {
                 Ok(None) => {
                     let (code, end) = run_until_end(
-                        &lease, command, &env, &socket, &cancel, &mut server, &mut watch,
+                        lease, command, &env, &socket, &cancel, &mut server, &mut watch,
                     )
                     .await;
                     // EndSession (and the afterLease output) only while the lease lives.
                     if end_session && end.is_none() {
-                        match crate::hook_wait::after_command(channel).await {
+                        match crate::hook_wait::on_ended(session.end_session_on(channel).await) {
                             Ok(()) => (code, end),
                             Err(e) => (Err(e), end),
                         }
@@ -288,8 +272,16 @@ pub async fn shell(opts: ShellLease, command: &[String]) -> Result<i32> {
         }
     }
     .await;
-    if !ended && let Err(e) = lease.release().await {
-        eprintln!("Warning: could not release lease {}: {e}", lease.name);
+    if ended {
+        // The lease ended by itself: nothing to end or release.
+        session.detach();
+    } else {
+        let name = lease.name.clone();
+        // EndSession was sent above when the command ran to its end; after a signal or a
+        // failed hook the lease is released at once.
+        if let Err(e) = session.release_now().await {
+            eprintln!("Warning: could not release lease {name}: {e}");
+        }
     }
     outcome
 }

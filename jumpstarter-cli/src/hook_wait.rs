@@ -113,7 +113,16 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    match wait::wait_ready_or(channel, HOOK_WAIT, lease_over).await {
+    on_ready(
+        wait::wait_ready_or(channel, HOOK_WAIT, lease_over).await,
+        refusal,
+    )
+}
+
+/// What [`before_command`] does with the end of the wait (also for a wait done by
+/// [`jumpstarter_core::LeaseSession::wait_ready_on`]).
+pub fn on_ready(ready: Ready, refusal: impl FnOnce() -> Option<String>) -> Result<Option<i32>> {
+    match ready {
         Ready::Ready { warning } => {
             if let Some(w) = warning {
                 eprintln!("Warning: {w}");
@@ -137,10 +146,12 @@ where
     }
 }
 
-/// After the command: `EndSession` and wait for the afterLease hook (its output is printed
-/// by the log follower meanwhile). `Err`: the afterLease hook failed (`endLease`/`exit`).
-pub async fn after_command(channel: SessionChannel) -> Result<()> {
-    match wait::end_session(channel, HOOK_WAIT).await {
+/// After the command, once `EndSession` was sent and the afterLease hook waited for
+/// ([`jumpstarter_core::LeaseSession::end_session_on`]; its output is printed by the log
+/// follower meanwhile): says how it went. `Err`: the afterLease hook failed
+/// (`endLease`/`exit`).
+pub fn on_ended(ended: Ended) -> Result<()> {
+    match ended {
         Ended::Done { warning } => {
             if let Some(w) = warning {
                 eprintln!("Warning: {w}");

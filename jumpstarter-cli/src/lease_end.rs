@@ -176,12 +176,6 @@ pub async fn watch(lease: &AcquiredLease) -> LeaseEnd {
     }
 }
 
-/// Whether the lease has ended (expired, released, or deleted by someone else), as the
-/// controller says now; a controller that cannot be reached says nothing (`false`).
-pub async fn is_over(lease: &AcquiredLease) -> bool {
-    matches!(check(lease).await, Check::Ended(_))
-}
-
 /// A gRPC service named `NAME` that answers every call with UNAVAILABLE and one message.
 #[derive(Clone)]
 struct Unavailable<const EXPORTER: bool> {

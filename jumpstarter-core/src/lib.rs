@@ -26,7 +26,7 @@ pub mod wire;
 mod fuzz_tests;
 
 pub use client::{
-    ClientError, ControllerClient, ExporterQuery, LeaseQuery, LeaseRequest, LeaseUpdate,
+    ClientError, ControllerClient, ExporterQuery, LeaseQuery, LeaseRequest, LeaseSession, LeaseUpdate,
 };
 pub use driver::{CallContext, Driver, DriverError, DriverNode, value};
 pub use error::{Because, BoxError, CoreError, error_chain};

@@ -12,10 +12,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 use jiff::Timestamp;
 use jumpstarter_core::{
-    client::{
-        ConnectOptions, ControllerClient, ExporterSession, direct,
-        lease::{self, AcquiredLease, LeaseSource},
-    },
+    client::{ConnectOptions, ControllerClient, ExporterSession, LeaseSession, lease::LeaseSource},
     config::ClientConfig,
     server::local_socket_path,
 };
@@ -43,7 +40,10 @@ pub struct Connection {
     pub created_at: Timestamp,
     /// The client session over the socket.
     pub session: ExporterSession,
-    lease: AcquiredLease,
+    /// Whether the lease was created for this connection.
+    owned: bool,
+    /// The lease, until the connection is closed.
+    lease: tokio::sync::Mutex<Option<LeaseSession>>,
     cancel: CancellationToken,
     server: Mutex<Option<JoinHandle<()>>>,
     // Holds the socket's private directory until the connection is dropped.
@@ -53,7 +53,7 @@ pub struct Connection {
 impl Connection {
     /// Whether the lease was created for this connection (and so is released with it).
     pub fn owns_lease(&self) -> bool {
-        self.lease.owned
+        self.owned
     }
 
     /// Stops serving the socket; then releases the lease if `release` and we created it.
@@ -64,13 +64,17 @@ impl Connection {
         if let Some(server) = server {
             let _ = server.await;
         }
-        if release && self.lease.owned {
-            self.lease
-                .release()
+        let Some(lease) = self.lease.lock().await.take() else {
+            return Ok(false);
+        };
+        if release && self.owned {
+            lease
+                .release_now()
                 .await
                 .with_context(|| format!("cannot release lease {}", self.lease_name))?;
             return Ok(true);
         }
+        lease.detach();
         Ok(false)
     }
 }
@@ -102,10 +106,12 @@ impl Connections {
         let timeout =
             timeout.unwrap_or_else(|| Duration::from_secs(cfg.leases.acquisition_timeout));
         let controller = ControllerClient::connect(cfg).await?;
-        let lease = lease::acquire(&controller, source, timeout, |name, why| {
-            tracing::info!("waiting for lease {name}: {why}");
-        })
-        .await?;
+        // As `jmp shell`: go straight to the exporter when it offers a path that answers.
+        let lease = LeaseSession::from_source(&controller, source)
+            .acquisition_timeout(timeout)
+            .on_wait(|name, why| tracing::info!("waiting for lease {name}: {why}"))
+            .acquire()
+            .await?;
         let drivers_allow = if cfg.allows_unsafe() {
             "UNSAFE".to_string()
         } else {
@@ -114,22 +120,25 @@ impl Connections {
         let served = match serve(&lease).await {
             Ok(s) => s,
             Err(e) => {
-                if let Err(r) = lease.release().await {
-                    tracing::warn!("cannot release lease {}: {r}", lease.name);
+                let name = lease.lease().name.clone();
+                if let Err(r) = lease.release_now().await {
+                    tracing::warn!("cannot release lease {name}: {r}");
                 }
                 return Err(e);
             }
         };
+        let acquired = lease.lease();
         let conn = Arc::new(Connection {
             id: uuid::Uuid::new_v4().simple().to_string()[..8].to_string(),
-            lease_name: lease.name.clone(),
-            exporter_name: lease.exporter.clone(),
-            exporter_labels: lease.exporter_labels.clone(),
+            lease_name: acquired.name.clone(),
+            exporter_name: acquired.exporter.clone(),
+            exporter_labels: acquired.exporter_labels.clone(),
+            owned: acquired.owned,
             socket_path: served.socket,
             drivers_allow,
             created_at: Timestamp::now(),
             session: served.session,
-            lease,
+            lease: tokio::sync::Mutex::new(Some(lease)),
             cancel: served.cancel,
             server: Mutex::new(Some(served.server)),
             _dir: served.dir,
@@ -220,17 +229,11 @@ struct Served {
 }
 
 /// Serves the lease on a private socket and connects a session to it.
-async fn serve(lease: &AcquiredLease) -> Result<Served> {
+async fn serve(session: &LeaseSession) -> Result<Served> {
     let dir = crate::shell::private_dir()?;
     let socket = local_socket_path(dir.path());
-    // As `jmp shell`: go straight to the exporter when it offers a path that answers.
-    let direct = lease
-        .find_direct(direct::DIRECT_CONNECT_TIMEOUT)
-        .await
-        .unwrap_or_else(|e| {
-            tracing::debug!("cannot read the exporter's report: {e}");
-            None
-        });
+    let lease = session.lease();
+    let direct = session.direct_path().cloned();
     let cancel = CancellationToken::new();
     let server = tokio::spawn(lease.serve_local_via(&socket, direct, cancel.clone())?);
     match ExporterSession::connect(&socket.to_string_lossy(), &ConnectOptions::default()).await {

@@ -980,3 +980,102 @@ async fn distributed_driver_calls_are_refused_once_the_lease_ended() {
     assert!(done.exists(), "{}", lab.log("hk6.log"));
     lab.wait_status("hk6", ExporterStatusValue::Available).await;
 }
+
+/// The embedders' facade: a [`LeaseSession`] reports its place in the queue while another
+/// holds the board, hands out its session only once the beforeLease hook is over, ends the
+/// session (afterLease hook) and the lease on `release()`, and releases a lease it created
+/// when dropped.
+///
+/// [`LeaseSession`]: jumpstarter_core::LeaseSession
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_session_queues_waits_for_the_hook_and_releases() {
+    use jumpstarter_core::{ControllerClient, LeaseRequest, LeaseSession, config::ClientConfig};
+    let lab = lab().await;
+    let (before, after) = (lab.path("before"), lab.path("after"));
+    let cfg = lab_exporter(
+        &lab,
+        "hk7",
+        &format!(
+            "  beforeLease:\n    script: |\n      sleep 1\n      echo x >> {before}\n    \
+             onFailure: endLease\n  afterLease:\n    script: |\n      echo x >> {after}\n",
+            before = before.display(),
+            after = after.display()
+        ),
+    )
+    .await;
+    let client = ClientConfig::load(&lab.client("frank").await).unwrap();
+    let _exporter = lab.run_exporter(&cfg, "hk7.log");
+    lab.wait_status("hk7", ExporterStatusValue::Available).await;
+    let controller = ControllerClient::connect(&client).await.unwrap();
+    let request = || LeaseRequest::new("hooks=hk7", Duration::from_secs(600));
+
+    let first = LeaseSession::builder(&controller, request())
+        .connect()
+        .await
+        .unwrap();
+    // The session is handed out after the beforeLease hook, not while it runs.
+    assert_eq!(std::fs::read_to_string(&before).unwrap(), "x\n");
+    first
+        .session()
+        .unwrap()
+        .driver("power")
+        .unwrap()
+        .call::<()>("on", ())
+        .await
+        .unwrap();
+    let first_name = first.lease().name.clone();
+
+    // A second session waits in the queue and says so; it gets the board once the first
+    // is released.
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<String>(16);
+    let waiting = tokio::spawn({
+        let controller = controller.clone();
+        async move {
+            LeaseSession::builder(&controller, request())
+                .acquisition_timeout(Duration::from_secs(60))
+                .on_wait(move |_, why| {
+                    let _ = tx.try_send(why.to_string());
+                })
+                .connect()
+                .await
+        }
+    });
+    let why = tokio::time::timeout(Duration::from_secs(30), rx.recv())
+        .await
+        .expect("no queue report within 30s")
+        .unwrap();
+    assert!(why.contains("position 1 in queue"), "{why}");
+    first.release().await.unwrap();
+    assert_eq!(
+        std::fs::read_to_string(&after).unwrap(),
+        "x\n",
+        "afterLease hook"
+    );
+    assert!(
+        ends(&controller, &first_name).await,
+        "lease {first_name} did not end"
+    );
+
+    let second = waiting.await.unwrap().unwrap();
+    assert_eq!(std::fs::read_to_string(&before).unwrap(), "x\nx\n");
+    let second_name = second.lease().name.clone();
+    // Dropped: released in the background (no EndSession), so the board is free again.
+    drop(second);
+    let released = ends(&controller, &second_name).await;
+    assert!(released, "lease {second_name} was not released on drop");
+}
+
+/// Whether lease `name` ends (`Ready` False) within 10 s.
+async fn ends(controller: &jumpstarter_core::ControllerClient, name: &str) -> bool {
+    for _ in 0..100 {
+        let l = controller.get_lease(name).await.unwrap();
+        if l.conditions
+            .iter()
+            .any(|c| c.r#type.as_deref() == Some("Ready") && c.status.as_deref() == Some("False"))
+        {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}

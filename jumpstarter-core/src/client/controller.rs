@@ -100,7 +100,7 @@ impl LeaseRequest {
         }
         if self.duration.is_zero() {
             return Err(LeaseError::Invalid(
-                "the lease duration must be greater than zero".into(),
+                "the lease duration must be positive".into(),
             ));
         }
         Ok(())
@@ -152,7 +152,7 @@ impl LeaseUpdate {
         }
         if self.duration.is_some_and(|d| d.is_zero()) {
             return Err(LeaseError::Invalid(
-                "the lease duration must be greater than zero".into(),
+                "the lease duration must be positive".into(),
             ));
         }
         let mut paths = Vec::new();
@@ -489,7 +489,7 @@ mod tests {
             r.check()
                 .unwrap_err()
                 .to_string()
-                .contains("greater than zero")
+                .contains("must be positive")
         );
         let r = LeaseRequest::new("", Duration::from_secs(1)).with_exporter(" ");
         assert!(

@@ -1,5 +1,6 @@
 //! The client in distributed mode: lease an exporter through the controller and reach it
-//! through the router.
+//! through the router. The steps one by one; [`crate::LeaseSession`] does them all (and the
+//! hooks and the release) for most callers.
 //!
 //! ```no_run
 //! # async fn demo(cfg: jumpstarter_core::config::ClientConfig) -> Result<(), jumpstarter_core::client::lease::LeaseError> {
@@ -81,6 +82,15 @@ pub enum LeaseError {
     /// A bad argument (duration, selector, lease name).
     #[error("{0}")]
     Invalid(String),
+    /// The exporter's beforeLease or afterLease hook failed (`onFailure: endLease` or
+    /// `exit`), or the controller refused to connect for the exporter's state.
+    #[error("lease {lease}: {message}")]
+    Hook {
+        /// The lease name.
+        lease: String,
+        /// The exporter's status message.
+        message: String,
+    },
     /// A local socket could not be opened.
     #[error("cannot listen on {path}: {source}")]
     Listen {
@@ -455,6 +465,7 @@ impl TicketSource for LeaseDialer {
 }
 
 /// A ready lease.
+#[derive(Clone)]
 pub struct AcquiredLease {
     controller: ControllerClient,
     dialer: Arc<LeaseDialer>,
@@ -625,6 +636,22 @@ impl AcquiredLease {
     /// has ended, and why.
     pub async fn status(&self) -> Result<Lease, LeaseError> {
         self.controller.get_lease(&self.resource).await
+    }
+
+    /// Whether the lease has ended (expired, released, or gone from the controller), as the
+    /// controller says now; a controller that cannot be reached says nothing (`false`).
+    pub async fn has_ended(&self) -> bool {
+        match self.status().await {
+            Ok(lease) => matches!(lease_state(&lease), LeaseState::Failed("has ended", _)),
+            Err(LeaseError::Rpc {
+                code: Code::NotFound,
+                ..
+            }) => true,
+            Err(e) => {
+                tracing::debug!("checking lease {}: {e}", self.name);
+                false
+            }
+        }
     }
 
     /// Releases the lease (`DeleteLease`) if we created it.

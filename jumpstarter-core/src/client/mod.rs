@@ -9,6 +9,7 @@ pub mod direct;
 mod error;
 pub mod grpc_options;
 pub mod lease;
+mod lease_session;
 mod session;
 pub mod tls_mismatch;
 pub mod tunnel;
@@ -18,6 +19,7 @@ pub use controller::{
     ControllerClient, ExporterQuery, LeaseQuery, LeaseRequest, LeaseUpdate, Page, proto_duration,
 };
 pub use error::ClientError;
+pub use lease_session::{DEFAULT_ACQUISITION_TIMEOUT, LeaseSession, LeaseSessionBuilder};
 pub use session::{
     ClientNode, ClientResource, ConnectOptions, DriverClient, ExporterSession, IntoArgs,
     RouterStreamEnds, SessionChannel, Target, UploadSource, connect_channel,
