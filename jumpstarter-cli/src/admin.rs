@@ -757,6 +757,7 @@ fn blank_exporter_config() -> ExporterConfig {
         health_check: None,
         direct_listener: None,
         direct_advertise: None,
+        motd: None,
         exit_on_lease_end: false,
         path: None,
     }

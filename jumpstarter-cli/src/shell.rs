@@ -49,13 +49,8 @@ const LOG_STREAM_ATTEMPTS: u32 = 10;
 /// `JMP_GRPC_*` settings) on stderr until cancelled. Exporters without `LogStream` are left
 /// alone after the first answer that says so.
 async fn print_exporter_logs(env: ShellEnv) {
-    let Some(host) = env.get("JUMPSTARTER_HOST").cloned() else {
+    let Some((host, opts)) = exporter_address(&env) else {
         return;
-    };
-    let opts = ConnectOptions {
-        insecure: env.contains_key("JMP_GRPC_INSECURE"),
-        passphrase: env.get("JMP_GRPC_PASSPHRASE").cloned(),
-        ca_pem: env.get("JMP_GRPC_CA").and_then(|p| std::fs::read(p).ok()),
     };
     for _ in 0..LOG_STREAM_ATTEMPTS {
         if let Ok(channel) = connect_channel(&host, &opts).await {
@@ -81,6 +76,44 @@ async fn print_exporter_logs(env: ShellEnv) {
             }
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Where the child of `jmp shell` reaches the exporter: `JUMPSTARTER_HOST` and the
+/// `JMP_GRPC_*` settings of `env`.
+fn exporter_address(env: &ShellEnv) -> Option<(String, ConnectOptions)> {
+    let host = env.get("JUMPSTARTER_HOST")?.clone();
+    let opts = ConnectOptions {
+        insecure: env.contains_key("JMP_GRPC_INSECURE"),
+        passphrase: env.get("JMP_GRPC_PASSPHRASE").cloned(),
+        ca_pem: env.get("JMP_GRPC_CA").and_then(|p| std::fs::read(p).ok()),
+    };
+    Some((host, opts))
+}
+
+/// How long `jmp shell` waits for the exporter's message of the day.
+const MOTD_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The exporter's message of the day (upstream main's `GetReport.motd`), asked for after
+/// the beforeLease hook (which may add to it); `None` when it has none or does not answer
+/// within [`MOTD_TIMEOUT`] (the shell starts anyway).
+async fn exporter_motd(env: &ShellEnv) -> Option<String> {
+    let (host, opts) = exporter_address(env)?;
+    let ask = async {
+        let channel = connect_channel(&host, &opts).await.ok()?;
+        let report = ExporterServiceClient::new(channel)
+            .get_report(())
+            .await
+            .ok()?;
+        Some(report.into_inner().motd)
+    };
+    match tokio::time::timeout(MOTD_TIMEOUT, ask).await {
+        Ok(Some(motd)) if !motd.is_empty() => Some(motd),
+        Ok(_) => None,
+        Err(_) => {
+            tracing::debug!("the exporter did not send its motd in time");
+            None
+        }
     }
 }
 
@@ -116,6 +149,10 @@ pub async fn run_child(command: &[String], env: &ShellEnv, context: &str) -> Res
             _ => {
                 c.env("PS1", format!("⚡{context} ➤ "));
             }
+        }
+        // Interactive shells only, as upstream main: `-- CMD` output stays the command's.
+        if let Some(motd) = exporter_motd(env).await {
+            println!("{}", motd.trim_end());
         }
         if CONNECTION_ANNOUNCED.load(Ordering::Relaxed) {
             eprintln!("Type `exit` to leave.");

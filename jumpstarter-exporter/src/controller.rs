@@ -225,6 +225,9 @@ pub struct ExporterOptions {
     /// has ended and its afterLease hook is done, instead of waiting for the next lease.
     /// The exporter is not reported available in between, so it gets no second lease.
     pub exit_on_lease_end: bool,
+    /// `motd`: the message of the day each lease's session starts with (a beforeLease hook
+    /// may add to it).
+    pub motd: Option<String>,
 }
 
 impl ExporterOptions {
@@ -282,6 +285,7 @@ impl ExporterOptions {
                 cfg.failure_detection.rapid_failure_window,
             )),
             exit_on_lease_end: cfg.exit_on_lease_end,
+            motd: cfg.motd.clone(),
         })
     }
 }
@@ -373,6 +377,7 @@ pub async fn run_with_options(
         channel: None,
         exit_on_lease_end: options.exit_on_lease_end,
         served_its_lease: false,
+        motd: options.motd.clone().unwrap_or_default(),
     };
     tokio::pin!(shutdown);
     let mut rapid = 0u32;
@@ -521,6 +526,8 @@ struct Runtime {
     exit_on_lease_end: bool,
     /// With `exitOnLeaseEnd`: a lease has been served and has ended; the exporter stops.
     served_its_lease: bool,
+    /// `motd`.
+    motd: String,
 }
 
 /// Why a lease's session ends on the exporter's side.
@@ -695,6 +702,7 @@ impl Runtime {
         tracing::info!("lease {name} started (client {client})");
         let cancel = CancellationToken::new();
         let session = Session::new(self.tree.clone(), BTreeMap::new());
+        session.set_motd(&self.motd);
         let hooks = self.hooks.clone().and_then(|hooks| {
             LeaseHookRun::start(
                 hooks,

@@ -118,8 +118,10 @@ impl Exporter {
     /// and a ready session; serve it with [`Local::serve_unix`].
     pub async fn local(self) -> Result<Local, ExporterError> {
         let (tree, python) = self.build().await?;
+        let session = Session::new_ready(tree, Default::default());
+        session.set_motd(self.config.motd.as_deref().unwrap_or_default());
         Ok(Local {
-            session: Session::new_ready(tree, Default::default()),
+            session,
             _python: python,
         })
     }

@@ -49,9 +49,12 @@ impl Standalone {
             path: config_path(cfg),
             message: e.to_string(),
         })?;
+        let motd = cfg.motd.as_deref().unwrap_or_default();
         let Some(mut hooks) = hooks else {
+            let session = Session::new_ready(tree, Default::default());
+            session.set_motd(motd);
             return Ok(Self {
-                session: Session::new_ready(tree, Default::default()),
+                session,
                 hooks: None,
                 _python: python,
             });
@@ -62,6 +65,7 @@ impl Standalone {
         // Hook sockets of an earlier run killed with SIGKILL.
         sweep_stale_hook_dirs();
         let session = Session::new(tree.clone(), Default::default());
+        session.set_motd(motd);
         if hooks.before.is_some() {
             session.block_driver_calls(true);
         }

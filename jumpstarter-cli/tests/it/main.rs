@@ -17,6 +17,7 @@ mod lease_end;
 mod local;
 mod login;
 mod mcp;
+mod motd;
 mod python_drivers;
 mod qemu;
 mod router_faults;

@@ -310,6 +310,10 @@ pub struct ExporterConfig {
         skip_serializing_if = "Option::is_none"
     )]
     pub direct_advertise: Option<String>,
+    /// `motd` (upstream main): a message of the day, returned to clients in `GetReport` and
+    /// printed by `jmp shell` before an interactive shell.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub motd: Option<String>,
     /// `exitOnLeaseEnd` (upstream main): in controller mode, exit (code 0) once the first
     /// lease ends, after its afterLease hook, instead of waiting for the next lease.
     #[serde(rename = "exitOnLeaseEnd", default, skip_serializing_if = "is_false")]

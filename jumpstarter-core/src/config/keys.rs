@@ -49,6 +49,7 @@ const EXPORTER: Schema = Schema {
         "directListener",
         "directAdvertise",
         "exitOnLeaseEnd",
+        "motd",
     ],
     sections: &[
         ("metadata", &META),

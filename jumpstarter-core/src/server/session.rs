@@ -58,6 +58,8 @@ pub struct Session {
     status: watch::Sender<StatusState>,
     end_requested: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
     alternative_endpoints: Mutex<Vec<Endpoint>>,
+    /// The message of the day `GetReport` returns (upstream main's `motd`).
+    motd: Mutex<String>,
     closed: std::sync::atomic::AtomicBool,
     /// Driver calls refused whatever the status (a beforeLease hook runs: only its own
     /// connection, served by another session over the same drivers, may call them).
@@ -87,6 +89,7 @@ impl Session {
             status,
             end_requested: Mutex::new(None),
             alternative_endpoints: Mutex::new(Vec::new()),
+            motd: Mutex::new(String::new()),
             closed: std::sync::atomic::AtomicBool::new(false),
             calls_blocked: std::sync::atomic::AtomicBool::new(false),
             revoked: watch::channel(None).0,
@@ -226,6 +229,31 @@ impl Session {
             .unwrap_or_else(|p| p.into_inner()) = endpoints;
     }
 
+    /// Sets the message of the day clients get in `GetReport` (the exporter config's
+    /// `motd`).
+    pub fn set_motd(&self, motd: &str) {
+        *self.motd.lock().unwrap_or_else(|p| p.into_inner()) = motd.to_string();
+    }
+
+    /// Appends `text` (trimmed; nothing when empty) to the message of the day on a line of
+    /// its own, as upstream main appends what a beforeLease hook wrote to `$JMP_MOTD_FILE`.
+    pub fn append_motd(&self, text: &str) {
+        let text = text.trim();
+        if text.is_empty() {
+            return;
+        }
+        let mut motd = self.motd.lock().unwrap_or_else(|p| p.into_inner());
+        if !motd.is_empty() {
+            motd.push('\n');
+        }
+        motd.push_str(text);
+    }
+
+    /// The message of the day.
+    pub fn motd(&self) -> String {
+        self.motd.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
     /// The `GetReport` answer.
     pub fn report(&self) -> GetReportResponse {
         GetReportResponse {
@@ -237,6 +265,7 @@ impl Session {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .clone(),
+            motd: self.motd(),
         }
     }
 

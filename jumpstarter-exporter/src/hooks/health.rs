@@ -144,6 +144,7 @@ pub async fn run_check(spec: &HookSpec, tree: DriverNode) -> Outcome {
         lease_name: String::new(),
         client_name: String::new(),
         socket: socket.path().to_path_buf(),
+        motd_file: None,
     };
     let out = OutputTo {
         key: HEALTH_CHECK,

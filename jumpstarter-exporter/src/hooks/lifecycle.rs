@@ -167,6 +167,11 @@ impl HookSocket {
     pub fn path(&self) -> &std::path::Path {
         &self.path
     }
+
+    /// The private (0700) directory the socket is in, removed with it.
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir
+    }
 }
 
 impl Drop for HookSocket {
@@ -209,6 +214,7 @@ impl LeaseHookRun {
                 lease_name: lease_name.to_string(),
                 client_name: client_name.to_string(),
                 socket: socket.path().to_path_buf(),
+                motd_file: None,
             },
             _socket: socket,
             before_done: watch::channel(false).0,
@@ -253,12 +259,30 @@ impl LeaseHookRun {
     ) -> process::Outcome {
         self.set(sink, kind.running(), status).await;
         tracing::info!("Executing {name} hook for lease {}", self.env.lease_name);
-        process::run(
-            spec,
-            process::OutputTo::hook(kind, &self.session),
-            &self.env,
-        )
-        .await
+        // A beforeLease hook may add to the message of the day through `$JMP_MOTD_FILE`
+        // (upstream main): an empty file in the hook's private directory, read once the
+        // hook is over, whatever its outcome.
+        let motd_file = (kind == HookKind::BeforeLease)
+            .then(|| self._socket.dir().join("motd"))
+            .filter(|p| match std::fs::File::create(p) {
+                Ok(_) => true,
+                Err(e) => {
+                    tracing::warn!("no $JMP_MOTD_FILE for the hook: {}: {e}", p.display());
+                    false
+                }
+            });
+        let env = HookEnv {
+            motd_file: motd_file.clone(),
+            ..self.env.clone()
+        };
+        let outcome = process::run(spec, process::OutputTo::hook(kind, &self.session), &env).await;
+        if let Some(path) = motd_file {
+            if let Some(text) = process::read_motd_file(&path) {
+                self.session.append_motd(&text);
+            }
+            let _ = std::fs::remove_file(&path);
+        }
+        outcome
     }
 
     fn log(&self, kind: HookKind, severity: &str, message: String) {

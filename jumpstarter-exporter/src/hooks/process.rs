@@ -49,6 +49,10 @@ pub struct HookEnv {
     pub client_name: String,
     /// `JUMPSTARTER_HOST`: the dedicated Unix socket serving the session to the hook.
     pub socket: PathBuf,
+    /// `JMP_MOTD_FILE` (beforeLease hooks only, as upstream main): a file whose text is
+    /// appended to the message of the day clients get. Without it, an inherited
+    /// `JMP_MOTD_FILE` is removed from the hook's environment.
+    pub motd_file: Option<PathBuf>,
 }
 
 impl HookEnv {
@@ -63,7 +67,7 @@ impl HookEnv {
     /// letters, digits, `-`, `.` and `_`, starting with a letter or digit); anything else is
     /// passed as the empty string, with a warning.
     pub fn vars(&self) -> Vec<(&'static str, String)> {
-        vec![
+        let mut vars = vec![
             (
                 "JUMPSTARTER_HOST",
                 self.socket.to_string_lossy().into_owned(),
@@ -74,8 +78,56 @@ impl HookEnv {
             ("TERM", "dumb".into()),
             ("DEBIAN_FRONTEND", "noninteractive".into()),
             ("GIT_TERMINAL_PROMPT", "0".into()),
-        ]
+        ];
+        if let Some(motd) = &self.motd_file {
+            vars.push((JMP_MOTD_FILE, motd.to_string_lossy().into_owned()));
+        }
+        vars
     }
+}
+
+/// The variable naming the file a beforeLease hook may write motd text to.
+pub const JMP_MOTD_FILE: &str = "JMP_MOTD_FILE";
+
+/// The most of a hook's motd file that is read (upstream main's cap).
+pub const MAX_MOTD_BYTES: u64 = 64 * 1024;
+
+/// What a hook wrote to its motd file `path` (at most [`MAX_MOTD_BYTES`], trimmed), or
+/// `None` (with a warning) when it is not a regular file or cannot be read. Opened without
+/// blocking and without following a symlink: the hook controls the path's contents.
+pub fn read_motd_file(path: &std::path::Path) -> Option<String> {
+    use std::{io::Read, os::unix::fs::OpenOptionsExt};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags((OFlags::NONBLOCK | OFlags::NOFOLLOW).bits() as i32)
+        .open(path);
+    let file = match file {
+        Ok(f) => f,
+        Err(e) => {
+            tracing::warn!("cannot open the hook's motd file {}: {e}", path.display());
+            return None;
+        }
+    };
+    match file.metadata() {
+        Ok(m) if m.is_file() => {}
+        Ok(_) => {
+            tracing::warn!(
+                "the hook's motd file {} is not a regular file; ignored",
+                path.display()
+            );
+            return None;
+        }
+        Err(e) => {
+            tracing::warn!("cannot read the hook's motd file {}: {e}", path.display());
+            return None;
+        }
+    }
+    let mut bytes = Vec::new();
+    if let Err(e) = file.take(MAX_MOTD_BYTES).read_to_end(&mut bytes) {
+        tracing::warn!("cannot read the hook's motd file {}: {e}", path.display());
+        return None;
+    }
+    Some(String::from_utf8_lossy(&bytes).trim().to_string())
 }
 
 /// The longest name passed to a hook (a Kubernetes object name's limit).
@@ -250,8 +302,11 @@ fn spawn(
         cmd.args(&argv[1..])
             .envs(env.vars())
             .envs(path.map(|p| ("PATH", p)))
-            .env_remove("PS1")
-            .stdin(Stdio::from(slave.try_clone()?))
+            .env_remove("PS1");
+        if env.motd_file.is_none() {
+            cmd.env_remove(JMP_MOTD_FILE);
+        }
+        cmd.stdin(Stdio::from(slave.try_clone()?))
             .stdout(Stdio::from(slave.try_clone()?))
             .stderr(Stdio::from(slave))
             .process_group(0)
@@ -467,6 +522,7 @@ mod tests {
             lease_name: "lease-1".into(),
             client_name: "x; $(reboot)".into(),
             socket: PathBuf::from("/run/hook.sock"),
+            motd_file: None,
         };
         let vars: std::collections::BTreeMap<_, _> = env.vars().into_iter().collect();
         assert_eq!(vars["LEASE_NAME"], "lease-1");
