@@ -142,6 +142,13 @@ pub struct Args {
     /// docs/authentication.md).
     #[arg(long, value_name = "FILE", env = "JUMPSTARTER_AUTHENTICATION_CONFIG")]
     pub authentication_config: Option<PathBuf>,
+    /// The controller settings, for the SQLite store: YAML as the `config` key of upstream's
+    /// ConfigMap `jumpstarter-controller` (`leasePolicy`, `hiddenLabels`, `deprecatedLabels`,
+    /// `grpc.keepalive`, `authentication`, `provisioning`), under the same rules. With
+    /// --store kubernetes they come from the ConfigMap. --authentication-config, when given
+    /// too, replaces its `authentication` and `provisioning`.
+    #[arg(long = "config", value_name = "FILE", env = "JUMPSTARTER_CONFIG")]
+    pub config_file: Option<PathBuf>,
     /// Create a Client on the first login of an unknown external OIDC user (upstream's
     /// `provisioning.enabled`).
     #[arg(long, env = "JUMPSTARTER_PROVISIONING")]
@@ -381,6 +388,16 @@ async fn run(args: Args) -> Result<std::process::ExitCode, String> {
                 .map_err(|e| e.to_string())?,
         );
     }
+    if let Some(path) = &args.config_file {
+        if args.store == StoreKind::Kubernetes {
+            return Err(format!(
+                "--config {}: with --store kubernetes the settings come from the ConfigMap {}",
+                path.display(),
+                crate::kubernetes::cluster_config::CONFIG_MAP_NAME
+            ));
+        }
+        apply_settings_file(path, &args, &mut config)?;
+    }
     if let Some(path) = &args.authentication_config {
         let (auth, provisioning) = crate::auth::external_auth::read_authentication_file(path)
             .map_err(|e| e.to_string())?;
@@ -400,6 +417,32 @@ async fn run(args: Args) -> Result<std::process::ExitCode, String> {
             Err("--store kubernetes: this binary was built without the `kubernetes` feature".into())
         }
     }
+}
+
+/// `--config FILE`: the ConfigMap's `config` key from a file, applied as the ConfigMap's is.
+fn apply_settings_file(
+    path: &std::path::Path,
+    args: &Args,
+    config: &mut ControllerConfig,
+) -> Result<(), String> {
+    let source = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {source}: {e}"))?;
+    let settings = crate::kubernetes::cluster_config::parse_settings(&text, &source)
+        .map_err(|e| e.to_string())?;
+    apply_settings(
+        &settings,
+        config,
+        (
+            args.keepalive_interval.is_some(),
+            args.keepalive_timeout.is_some(),
+        ),
+        &source,
+    )?;
+    let cluster = crate::kubernetes::cluster_config::ClusterConfig {
+        settings,
+        ..Default::default()
+    };
+    apply_cluster_authentication(&cluster, config, &source)
 }
 
 /// Applies `authentication.internal` (from the ConfigMap or `--authentication-config`) to
@@ -1046,5 +1089,31 @@ deprecatedLabels:
         ] {
             assert!(parse(args).is_err(), "{args:?} was accepted");
         }
+    }
+
+    #[test]
+    fn a_settings_file_configures_the_embedded_store_as_the_config_map_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("controller.yaml");
+        std::fs::write(
+            &file,
+            "deprecatedLabels:\n  keys:\n    old-board: use board\nhiddenLabels:\n  keys: [rack]\n\
+             leasePolicy:\n  maxTags: 3\n",
+        )
+        .unwrap();
+        let path = file.to_string_lossy().into_owned();
+        let args = parse(&["--config", &path]).unwrap();
+        let mut config = args.config();
+        apply_settings_file(&file, &args, &mut config).unwrap();
+        assert_eq!(config.label_policy.deprecated["old-board"], "use board");
+        assert!(config.label_policy.hidden.contains("rack"));
+        assert_eq!(config.max_tags, Some(3));
+        // Strict, as the ConfigMap: an unknown key is refused, naming the file.
+        std::fs::write(&file, "deprecatedLabel:\n  keys: {}\n").unwrap();
+        let e = apply_settings_file(&file, &args, &mut args.config()).unwrap_err();
+        assert!(e.contains(&path) && e.contains("deprecatedLabel"), "{e}");
+        let e = apply_settings_file(&dir.path().join("nope.yaml"), &args, &mut args.config())
+            .unwrap_err();
+        assert!(e.contains("nope.yaml"), "{e}");
     }
 }
