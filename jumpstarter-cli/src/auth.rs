@@ -50,10 +50,10 @@ pub enum DriverCommand {
 }
 
 /// Runs `jmp driver ...`.
-pub fn driver(cmd: DriverCommand) -> Result<i32> {
+pub fn driver(cmd: DriverCommand, toolkit: &crate::Toolkit) -> Result<i32> {
     match cmd {
         DriverCommand::List => {
-            for t in crate::toolkit::current().registry().types() {
+            for t in toolkit.registry().types() {
                 println!("{t}");
             }
         }

@@ -224,7 +224,7 @@ pub struct ListArgs {
 }
 
 /// Runs `jmp config ...`.
-pub async fn run(cmd: ConfigCommand) -> Result<i32> {
+pub async fn run(cmd: ConfigCommand, toolkit: &crate::Toolkit) -> Result<i32> {
     match cmd {
         ConfigCommand::Client(c) => match c {
             ClientCommand::Create(a) => client_create(a),
@@ -235,7 +235,7 @@ pub async fn run(cmd: ConfigCommand) -> Result<i32> {
         ConfigCommand::Exporter(c) => match c {
             ExporterCommand::Create(a) => exporter_create(a),
             ExporterCommand::Delete(a) => exporter_delete(a),
-            ExporterCommand::Edit(a) => exporter_edit(a).await,
+            ExporterCommand::Edit(a) => exporter_edit(a, toolkit).await,
             ExporterCommand::List(a) => exporter_list(a),
         },
         ConfigCommand::Direct(c) => crate::direct_certs::run(c),
@@ -510,7 +510,7 @@ fn editor() -> String {
         .unwrap_or_else(|| "vi".into())
 }
 
-async fn exporter_edit(a: EditArgs) -> Result<i32> {
+async fn exporter_edit(a: EditArgs, toolkit: &crate::Toolkit) -> Result<i32> {
     let path = exporter_config_path(&a.alias)?;
     let original = std::fs::read_to_string(&path)
         .with_context(|| format!("cannot read {}", path.display()))?;
@@ -548,7 +548,7 @@ async fn exporter_edit(a: EditArgs) -> Result<i32> {
         eprintln!("No changes; {} is unchanged.", path.display());
         return Ok(0);
     }
-    let python = check_exporter_config(&edited, &path).await;
+    let python = check_exporter_config(toolkit, &edited, &path).await;
     if let Err(e) = &python {
         // Keep the user's work: leave the draft in place, name it where the error names the
         // file (its line numbers are the draft's), and say how to go on.
@@ -582,10 +582,14 @@ async fn exporter_edit(a: EditArgs) -> Result<i32> {
 /// The check `jmp run` makes of an exporter config, with the same messages: it parses, its
 /// Rust drivers build (known types, valid `config:`; dropped at once), and the Python
 /// interpreter imports the types no Rust driver provides. Returns those Python types.
-async fn check_exporter_config(text: &str, path: &Path) -> Result<Vec<String>> {
+async fn check_exporter_config(
+    toolkit: &crate::Toolkit,
+    text: &str,
+    path: &Path,
+) -> Result<Vec<String>> {
     let mut cfg = ExporterConfig::parse(text, path)?;
     cfg.path = Some(path.to_path_buf());
-    Ok(jumpstarter_exporter::check_config(crate::toolkit::current().registry(), &cfg).await?)
+    Ok(jumpstarter_exporter::check_config(toolkit.registry(), &cfg).await?)
 }
 
 fn exporter_list(a: ListArgs) -> Result<i32> {

@@ -46,6 +46,8 @@ pub struct ShellLease {
     /// `--retry-timeout` (or `JMP_RETRY_TIMEOUT`): how long a new connection waits for an
     /// unreachable router or exporter; `0` disables waiting. Default: 5m.
     pub retry_timeout: Option<String>,
+    /// `--exporter-logs`: print every exporter log record, not only the hooks' output.
+    pub exporter_logs: bool,
 }
 
 /// Parses `--retry-timeout` (default [`tunnel::DEFAULT_RETRY_TIMEOUT`]).
@@ -96,7 +98,7 @@ fn retry_events(timeout: Duration) -> tunnel::TunnelEvents {
 /// Leases an exporter (or uses the given lease), serves a local socket tunnelled to it,
 /// runs `command` (or a shell) there and releases the lease afterwards. Returns the
 /// command's exit code.
-pub async fn shell(opts: ShellLease, command: &[String]) -> Result<i32> {
+pub async fn shell(toolkit: &crate::Toolkit, opts: ShellLease, command: &[String]) -> Result<i32> {
     let cfg = ClientConfig::resolve(opts.client_config.as_deref(), opts.client.as_deref())?;
     let existing = opts
         .lease
@@ -206,7 +208,6 @@ pub async fn shell(opts: ShellLease, command: &[String]) -> Result<i32> {
             ),
             None => eprintln!("Connected to {} via router", lease.exporter),
         }
-        shell::connection_announced();
         let server = tokio::spawn(lease.serve_local_via(&socket, direct, cancel.clone())?);
         let mut env = shell::base_env(&socket.to_string_lossy());
         env.insert("JMP_DRIVERS_ALLOW".into(), drivers_allow(&cfg));
@@ -220,15 +221,15 @@ pub async fn shell(opts: ShellLease, command: &[String]) -> Result<i32> {
             &jumpstarter_core::client::ConnectOptions::default(),
         )
         .await?;
-        let logs =
-            crate::hook_wait::follow_logs(channel.clone(), shell::take_follow_exporter_logs());
+        let logs = crate::hook_wait::follow_logs(channel.clone(), opts.exporter_logs);
         let mut server = Some(server);
         let mut watch = RunWatch::default();
         let (code, end) = tokio::select! {
             ready = session.wait_ready_on(channel.clone()) => match crate::hook_wait::on_ready(ready, || lease.refusal()) {
                 Ok(None) => {
                     let (code, end) = run_until_end(
-                        lease, command, &env, &socket, &cancel, &mut server, &mut watch,
+                        lease, (command, &env, toolkit.j_program()), &socket, &cancel,
+                        &mut server, &mut watch,
                     )
                     .await;
                     // EndSession (and the afterLease output) only while the lease lives.
@@ -292,14 +293,18 @@ pub async fn shell(opts: ShellLease, command: &[String]) -> Result<i32> {
 /// code and, when the lease ended first, its end.
 async fn run_until_end(
     lease: &lease::AcquiredLease,
-    command: &[String],
-    env: &shell::ShellEnv,
+    (command, env, j_program): (&[String], &shell::ShellEnv, &str),
     socket: &std::path::Path,
     cancel: &CancellationToken,
     server: &mut Option<tokio::task::JoinHandle<()>>,
     watch: &mut RunWatch,
 ) -> (Result<i32>, Option<lease_end::LeaseEnd>) {
-    let child = shell::run_child(command, env, &lease.exporter);
+    let announced = shell::ChildOptions {
+        exporter_logs: false,
+        announced: true,
+        j_program,
+    };
+    let child = shell::run_child(command, env, &lease.exporter, announced);
     let signal = terminated();
     let ends = lease_end::watch(lease);
     tokio::pin!(child, signal, ends);
@@ -410,10 +415,11 @@ fn drivers_allow(cfg: &ClientConfig) -> String {
 
 /// `jmp run` in controller mode: the exporter of `cfg` until a signal.
 pub async fn run_exporter(
+    toolkit: &crate::Toolkit,
     cfg: &ExporterConfig,
     limits: jumpstarter_core::server::listener::ConnectionLimits,
 ) -> Result<i32> {
-    crate::toolkit::current()
+    toolkit
         .exporter(cfg)
         .with_connection_limits(limits)
         .run(crate::signals::shutdown_signal())

@@ -256,7 +256,6 @@ pub fn main() -> ExitCode {
 /// `toolkit` (`jmp run`, local `jmp shell`, `jmp driver list`, the config check of
 /// `jmp config exporter edit`) and its `j` commands and `j` program (`jmp mcp`).
 pub fn main_with(toolkit: crate::Toolkit) -> ExitCode {
-    crate::toolkit::install(toolkit);
     crate::pipe::exit_quietly_on_closed_stdout();
     crate::completion::answer_if_asked(<Cli as clap::CommandFactory>::command);
     let cli = Cli::parse();
@@ -271,7 +270,7 @@ pub fn main_with(toolkit: crate::Toolkit) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(run(cli)) {
+    match rt.block_on(run(cli, &toolkit)) {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
         Err(e) => {
             eprintln!("Error: {}", crate::output::format_error(&e));
@@ -280,15 +279,16 @@ pub fn main_with(toolkit: crate::Toolkit) -> ExitCode {
     }
 }
 
-/// Runs a parsed command line; returns the exit code.
-pub async fn run(cli: Cli) -> Result<i32> {
+/// Runs a parsed command line with the drivers and `j` commands of `toolkit`; returns the
+/// exit code.
+pub async fn run(cli: Cli, toolkit: &crate::Toolkit) -> Result<i32> {
     // What a `jmp` killed with SIGKILL left (its socket directory): the next `jmp` removes it.
     crate::shell::sweep_stale_dirs();
     match cli.command {
-        Command::Shell(args) => shell(args).await,
-        Command::Run(args) => run_exporter(args).await,
+        Command::Shell(args) => shell(args, toolkit).await,
+        Command::Run(args) => run_exporter(args, toolkit).await,
         Command::Admin(cmd) => crate::admin::run(cmd).await,
-        Command::Config(cmd) => crate::config_cmd::run(cmd).await,
+        Command::Config(cmd) => crate::config_cmd::run(cmd, toolkit).await,
         Command::Get(cmd) => crate::resources::get(cmd).await,
         Command::Describe(cmd) => crate::resources::describe(cmd).await,
         Command::Create(cmd) => crate::resources::create(cmd).await,
@@ -296,15 +296,14 @@ pub async fn run(cli: Cli) -> Result<i32> {
         Command::Delete(cmd) => crate::resources::delete(cmd).await,
         Command::Auth(cmd) => crate::auth::run(cmd).await,
         Command::Login(args) => crate::login::run(*args).await,
-        Command::Driver(cmd) => crate::auth::driver(cmd),
-        Command::Mcp(cmd) => crate::mcp::run(cmd).await,
+        Command::Driver(cmd) => crate::auth::driver(cmd, toolkit),
+        Command::Mcp(cmd) => crate::mcp::run(cmd, toolkit.clone()).await,
         Command::Version(args) => crate::config_cmd::version(args),
         Command::Completion { shell } => completion(shell),
     }
 }
 
-async fn shell(args: ShellArgs) -> Result<i32> {
-    shell::follow_exporter_logs(args.exporter_logs);
+async fn shell(args: ShellArgs, toolkit: &crate::Toolkit) -> Result<i32> {
     if let Some(addr) = &args.tls_grpc {
         let opts = ConnectOptions {
             insecure: args.tls_grpc_insecure,
@@ -336,13 +335,18 @@ async fn shell(args: ShellArgs) -> Result<i32> {
         // As upstream: show hook output, wait for LEASE_READY; no EndSession (the
         // standalone exporter's session outlives this client).
         let channel = jumpstarter_core::client::connect_channel(addr, &opts).await?;
-        let logs =
-            crate::hook_wait::follow_logs(channel.clone(), shell::take_follow_exporter_logs());
+        let logs = crate::hook_wait::follow_logs(channel.clone(), args.exporter_logs);
         let ready = // No controller to ask: a standalone exporter's session outlives every client, so
         // polls that fail are retried for the whole wait.
         crate::hook_wait::before_command(channel, || std::future::ready(false), || None).await;
         let code = match ready {
-            Ok(None) => shell::run_child(&args.command, &env, "direct").await,
+            Ok(None) => {
+                let child = shell::ChildOptions {
+                    j_program: toolkit.j_program(),
+                    ..shell::ChildOptions::default()
+                };
+                shell::run_child(&args.command, &env, "direct", child).await
+            }
             Ok(Some(code)) => Ok(code),
             Err(e) => Err(e),
         };
@@ -357,7 +361,7 @@ async fn shell(args: ShellArgs) -> Result<i32> {
                     "Warning: `hooks` of the exporter config are not run by a local shell (they run around leases of `jmp run`)"
                 );
             }
-            shell::local(&cfg, &args.command).await
+            shell::local(toolkit, &cfg, &args.command, args.exporter_logs).await
         }
         // No exporter: lease one through the controller of a client config.
         None => {
@@ -371,8 +375,9 @@ async fn shell(args: ShellArgs) -> Result<i32> {
                 acquisition_timeout: args.acquisition_timeout,
                 retry_timeout: args.retry_timeout,
                 no_direct: args.no_direct,
+                exporter_logs: args.exporter_logs,
             };
-            crate::distributed::shell(lease, &args.command).await
+            crate::distributed::shell(toolkit, lease, &args.command).await
         }
     }
 }
@@ -394,7 +399,7 @@ fn listen_addr(spec: &str) -> Result<String> {
     })
 }
 
-async fn run_exporter(args: RunArgs) -> Result<i32> {
+async fn run_exporter(args: RunArgs, toolkit: &crate::Toolkit) -> Result<i32> {
     let cfg = args
         .exporter
         .load()?
@@ -410,7 +415,7 @@ async fn run_exporter(args: RunArgs) -> Result<i32> {
         if args.exit_on_lease_end {
             cfg.exit_on_lease_end = true;
         }
-        return crate::distributed::run_exporter(&cfg, args.limits()).await;
+        return crate::distributed::run_exporter(toolkit, &cfg, args.limits()).await;
     };
     let tls = match (&args.tls_cert, &args.tls_key, args.tls_grpc_insecure) {
         (Some(_), Some(_), true) => {
@@ -430,10 +435,7 @@ async fn run_exporter(args: RunArgs) -> Result<i32> {
              --tls-grpc-listener serves until it is stopped"
         );
     }
-    let standalone = crate::toolkit::current()
-        .exporter(&cfg)
-        .standalone()
-        .await?;
+    let standalone = toolkit.exporter(&cfg).standalone().await?;
     let addr = listen_addr(spec)?;
     let listener = tokio::net::TcpListener::bind(&addr)
         .await

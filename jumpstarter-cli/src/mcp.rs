@@ -72,19 +72,21 @@ pub struct ServeArgs {
 }
 
 /// Runs `jmp mcp ...`.
-pub async fn run(cmd: McpCommand) -> Result<i32> {
+pub async fn run(cmd: McpCommand, toolkit: crate::Toolkit) -> Result<i32> {
     match cmd {
-        McpCommand::Serve(args) => serve(args).await.map(|()| 0),
+        McpCommand::Serve(args) => serve(args, toolkit).await.map(|()| 0),
     }
 }
 
 /// Serves MCP on stdin/stdout until end of input or SIGINT/SIGTERM.
-pub async fn serve(args: ServeArgs) -> Result<()> {
+/// The `j` commands and program of `toolkit` serve the tools that run `j`.
+pub async fn serve(args: ServeArgs, toolkit: crate::Toolkit) -> Result<()> {
     let lines = read_lines(std::io::stdin());
     serve_lines(
         lines,
         std::io::stdout(),
         args,
+        toolkit,
         crate::signals::shutdown_signal(),
     )
     .await
@@ -121,10 +123,11 @@ async fn serve_lines(
     mut lines: mpsc::Receiver<std::io::Result<Line>>,
     output: impl Write + Send + 'static,
     args: ServeArgs,
+    toolkit: crate::Toolkit,
     shutdown: impl Future<Output = ()>,
 ) -> Result<()> {
     let server = Arc::new(Server {
-        tools: tools::Tools::new(args.client),
+        tools: tools::Tools::new(args.client, toolkit),
     });
     let (out, out_rx) = mpsc::channel::<Value>(64);
     let writer = write_messages(output, out_rx);
@@ -367,6 +370,7 @@ mod tests {
             read_lines(input),
             output.clone(),
             ServeArgs::default(),
+            crate::Toolkit::stock(),
             std::future::pending(),
         )
         .await

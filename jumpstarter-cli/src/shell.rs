@@ -1,12 +1,7 @@
 //! What `jmp shell` does once it has an exporter to talk to: run a command (or the user's
 //! shell) with `JUMPSTARTER_HOST` and friends set, and return its exit code.
 
-use std::{
-    collections::BTreeMap,
-    path::Path,
-    sync::atomic::{AtomicBool, Ordering},
-    time::Duration,
-};
+use std::{collections::BTreeMap, path::Path, time::Duration};
 
 use anyhow::{Context, Result};
 use jumpstarter_core::{
@@ -16,30 +11,19 @@ use jumpstarter_core::{
 };
 use jumpstarter_proto::v1::{LogSource, exporter_service_client::ExporterServiceClient};
 
-/// Whether `run_child` also prints the exporter's log records (`jmp shell --exporter-logs`).
-static FOLLOW_EXPORTER_LOGS: AtomicBool = AtomicBool::new(false);
-
-/// Whether the caller already said where the shell is connected (`jmp shell` with a lease
-/// says "Connected to EXPORTER via router"), so that an interactive shell does not say it
-/// again.
-static CONNECTION_ANNOUNCED: AtomicBool = AtomicBool::new(false);
-
-/// Records that "Connected to ..." has been printed: `run_child` then only says how to
-/// leave an interactive shell.
-pub fn connection_announced() {
-    CONNECTION_ANNOUNCED.store(true, Ordering::Relaxed);
-}
-
-/// `jmp shell --exporter-logs`: while the command runs, print the exporter's log records
-/// (its `LogStream`) on stderr.
-pub fn follow_exporter_logs(on: bool) {
-    FOLLOW_EXPORTER_LOGS.store(on, Ordering::Relaxed);
-}
-
-/// Whether `--exporter-logs` was given; the caller then follows the logs itself (around the
-/// lease hooks, see [`crate::hook_wait`]), so `run_child` no longer does.
-pub fn take_follow_exporter_logs() -> bool {
-    FOLLOW_EXPORTER_LOGS.swap(false, Ordering::Relaxed)
+/// How [`run_child`] runs its child besides the environment.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ChildOptions<'a> {
+    /// Print the exporter's log records on stderr while the child runs (`jmp shell
+    /// --exporter-logs` of a local shell; a caller that follows the logs itself, around the
+    /// lease hooks, leaves it off).
+    pub exporter_logs: bool,
+    /// The caller already said where the shell is connected ("Connected to EXPORTER via
+    /// router"): an interactive shell then only says how to leave.
+    pub announced: bool,
+    /// The `j` program of the toolkit: the directory of this `jmp` is added to the child's
+    /// `PATH` when that `j` is beside it (empty: `PATH` stays as it is).
+    pub j_program: &'a str,
 }
 
 /// How often the log follower tries to (re)open the exporter's `LogStream`, as upstream.
@@ -122,7 +106,12 @@ pub type ShellEnv = BTreeMap<String, String>;
 
 /// Runs `command` (or an interactive shell when empty) with `env` added; returns the exit
 /// code to leave with (128 + signal when the child was killed by a signal).
-pub async fn run_child(command: &[String], env: &ShellEnv, context: &str) -> Result<i32> {
+pub async fn run_child(
+    command: &[String],
+    env: &ShellEnv,
+    context: &str,
+    opts: ChildOptions<'_>,
+) -> Result<i32> {
     let mut cmd = if let Some((prog, args)) = command.split_first() {
         let mut c = tokio::process::Command::new(prog);
         c.args(args);
@@ -154,7 +143,7 @@ pub async fn run_child(command: &[String], env: &ShellEnv, context: &str) -> Res
         if let Some(motd) = exporter_motd(env).await {
             println!("{}", motd.trim_end());
         }
-        if CONNECTION_ANNOUNCED.load(Ordering::Relaxed) {
+        if opts.announced {
             eprintln!("Type `exit` to leave.");
         } else {
             eprintln!("Connected to {context}; type `exit` to leave.");
@@ -162,7 +151,10 @@ pub async fn run_child(command: &[String], env: &ShellEnv, context: &str) -> Res
         c
     };
     cmd.envs(env);
-    if let Some(path) = crate::toolkit::path_with_own_j() {
+    if let Some(path) = Some(opts.j_program)
+        .filter(|j| !j.is_empty())
+        .and_then(crate::toolkit::path_with_own_j)
+    {
         cmd.env("PATH", path);
     }
     // If jmp is told to stop while the child runs, the child must not outlive it.
@@ -171,8 +163,8 @@ pub async fn run_child(command: &[String], env: &ShellEnv, context: &str) -> Res
     let mut child = cmd
         .spawn()
         .with_context(|| format!("cannot run {program:?}"))?;
-    let logs = FOLLOW_EXPORTER_LOGS
-        .load(Ordering::Relaxed)
+    let logs = opts
+        .exporter_logs
         .then(|| tokio::spawn(print_exporter_logs(env.clone())));
     // Ctrl-C belongs to the child (it shares our terminal); we keep serving until it exits.
     let status = loop {
@@ -207,8 +199,14 @@ pub fn base_env(host: &str) -> ShellEnv {
 
 /// Builds the exporter of `cfg` in this process, serves it on a private Unix socket and runs
 /// `command` against it. Unlike upstream 0.9.0, the command's exit code is returned.
-pub async fn local(cfg: &ExporterConfig, command: &[String]) -> Result<i32> {
-    let exporter = crate::toolkit::current().exporter(cfg).local().await?;
+/// `exporter_logs`: print the exporter's log records while the command runs.
+pub async fn local(
+    toolkit: &crate::Toolkit,
+    cfg: &ExporterConfig,
+    command: &[String],
+    exporter_logs: bool,
+) -> Result<i32> {
+    let exporter = toolkit.exporter(cfg).local().await?;
     let dir = private_dir()?;
     let socket = local_socket_path(dir.path());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -217,7 +215,12 @@ pub async fn local(cfg: &ExporterConfig, command: &[String]) -> Result<i32> {
     })?;
     let server = tokio::spawn(server);
     let env = base_env(&socket.to_string_lossy());
-    let code = run_child(command, &env, "local").await;
+    let opts = ChildOptions {
+        exporter_logs,
+        announced: false,
+        j_program: toolkit.j_program(),
+    };
+    let code = run_child(command, &env, "local", opts).await;
     let _ = stop.send(());
     match server.await {
         Ok(Ok(())) => {}

@@ -3,10 +3,7 @@
 //! [`Toolkit::stock`]; a lab's own binaries add their drivers to it and call
 //! [`crate::jmp_main_with`] / [`crate::j_main_with`] (see `docs/writing-a-driver.md`).
 
-use std::{
-    path::Path,
-    sync::{Arc, OnceLock},
-};
+use std::{path::Path, sync::Arc};
 
 use jumpstarter_core::{
     config::ExporterConfig,
@@ -100,7 +97,7 @@ impl Toolkit {
     /// beside this `jmp` ([`path_with_own_j`]).
     pub(crate) fn exporter(&self, cfg: &ExporterConfig) -> Exporter {
         let exporter = Exporter::from_config(cfg.clone(), Arc::clone(&self.registry));
-        match path_with_own_j() {
+        match path_with_own_j(&self.j_program) {
             Some(path) => exporter.with_hook_path(path),
             None => exporter,
         }
@@ -110,22 +107,6 @@ impl Toolkit {
     pub fn j_program(&self) -> &str {
         &self.j_program
     }
-}
-
-/// The toolkit of this process, set once by the entry point.
-static CURRENT: OnceLock<Toolkit> = OnceLock::new();
-
-/// Makes `toolkit` the one [`current`] returns. The first call wins: an entry point runs
-/// once per process, and a second one (a test calling `main` twice) keeps the first.
-pub(crate) fn install(toolkit: Toolkit) {
-    if CURRENT.set(toolkit).is_err() {
-        tracing::debug!("a toolkit was already installed; keeping it");
-    }
-}
-
-/// The toolkit of this process: what the entry point installed, else the stock one.
-pub(crate) fn current() -> &'static Toolkit {
-    CURRENT.get_or_init(Toolkit::stock)
 }
 
 /// `PATH` for a child that runs `j`: `path` (the caller's `PATH`) with `dir` added last when
@@ -151,16 +132,17 @@ fn path_with_j_dir(
     std::env::join_paths(parts).ok()
 }
 
-/// `PATH` for a child of `jmp shell` or a hook of `jmp run`, which may run `j`: this
-/// process's `PATH` with the directory of this `jmp` added last when the `j` built beside it
+/// `PATH` for a child of `jmp shell` or a hook of `jmp run`, which may run `j` (named
+/// `j_program`): this process's `PATH` with the directory of this `jmp` added last when the
+/// `j` built beside it
 /// is there, so that `target/debug/jmp shell ... -- j power on` finds `target/debug/j`
 /// without either being installed (`None`: `PATH` stays as it is).
-pub(crate) fn path_with_own_j() -> Option<std::ffi::OsString> {
+pub(crate) fn path_with_own_j(j_program: &str) -> Option<std::ffi::OsString> {
     let exe = std::env::current_exe().ok()?;
     path_with_j_dir(
         std::env::var_os("PATH").as_deref(),
         exe.parent()?,
-        current().j_program(),
+        j_program,
     )
 }
 

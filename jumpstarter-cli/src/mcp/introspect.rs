@@ -234,6 +234,7 @@ pub fn driver_methods(
     session: &ExporterSession,
     connection_id: &str,
     path: &[String],
+    commands: &jumpstarter_drivers::CommandTable,
 ) -> Result<Value, String> {
     let dotted = path.join(".");
     let driver = session.driver(&dotted).map_err(|e| e.to_string())?;
@@ -268,7 +269,7 @@ pub fn driver_methods(
             })
             .collect::<Vec<_>>()
     });
-    let j = jumpstarter_drivers::j_command_with(session, crate::toolkit::current().commands());
+    let j = jumpstarter_drivers::j_command_with(session, commands);
     let cli = find_command(&j, path).ok().map(command_tree);
     let mut out = json!({
         "path": dotted,

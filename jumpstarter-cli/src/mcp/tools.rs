@@ -501,6 +501,7 @@ impl<'a> Arguments<'a> {
 /// The tools' state: which client config to use and the open connections.
 pub struct Tools {
     client: ClientSelect,
+    toolkit: crate::Toolkit,
     connections: Connections,
 }
 
@@ -512,9 +513,11 @@ fn unsigned(v: i64) -> u64 {
 impl Tools {
     /// Tools using the client config `client` selects (resolved at each call, as upstream,
     /// so `jmp config client use` takes effect without a restart).
-    pub fn new(client: ClientSelect) -> Self {
+    /// `toolkit`'s `j` commands and program serve the tools that run or describe `j`.
+    pub fn new(client: ClientSelect, toolkit: crate::Toolkit) -> Self {
         Self {
             client,
+            toolkit,
             connections: Connections::default(),
         }
     }
@@ -757,10 +760,7 @@ impl Tools {
         };
         let cfg = self.config()?;
         let conn = self.connections.open(&cfg, source, timeout).await?;
-        let j = jumpstarter_drivers::j_command_with(
-            &conn.session,
-            crate::toolkit::current().commands(),
-        );
+        let j = jumpstarter_drivers::j_command_with(&conn.session, self.toolkit.commands());
         Ok(json!({
             "connection_id": conn.id,
             "lease_name": conn.lease_name,
@@ -821,12 +821,13 @@ impl Tools {
                 message: "\"command\" must name a j command (e.g. [\"power\", \"on\"])".into(),
             });
         }
-        Ok(run_j(&conn, &command, Duration::from_secs(unsigned(timeout))).await?)
+        let j = j_program(&self.toolkit);
+        Ok(run_j(&j, &conn, &command, Duration::from_secs(unsigned(timeout))).await?)
     }
 
     async fn get_env(&self, a: &Arguments<'_>) -> Result<Value, ToolError> {
         let conn = self.conn(a).await?;
-        let j = j_program();
+        let j = j_program(&self.toolkit);
         let env = j_env(&conn);
         Ok(json!({
             "connection_id": conn.id,
@@ -846,10 +847,7 @@ impl Tools {
 
     async fn explore(&self, a: &Arguments<'_>) -> Result<Value, ToolError> {
         let conn = self.conn(a).await?;
-        let j = jumpstarter_drivers::j_command_with(
-            &conn.session,
-            crate::toolkit::current().commands(),
-        );
+        let j = jumpstarter_drivers::j_command_with(&conn.session, self.toolkit.commands());
         let path = a.list("command_path").unwrap_or_default();
         let cmd = introspect::find_command(&j, &path).map_err(ToolError::Failed)?;
         Ok(introspect::command_tree(cmd))
@@ -858,7 +856,8 @@ impl Tools {
     async fn driver_methods(&self, a: &Arguments<'_>) -> Result<Value, ToolError> {
         let conn = self.conn(a).await?;
         let path = a.list("driver_path").unwrap_or_default();
-        introspect::driver_methods(&conn.session, &conn.id, &path).map_err(ToolError::Failed)
+        introspect::driver_methods(&conn.session, &conn.id, &path, self.toolkit.commands())
+            .map_err(ToolError::Failed)
     }
 
     async fn call_method(&self, a: &Arguments<'_>) -> Result<Value, ToolError> {
@@ -1004,12 +1003,12 @@ fn timedelta_text(secs: f64) -> String {
 
 /// The `j` next to this `jmp`, else `j` from `PATH` (a lab's `jmp` names its own, see
 /// `Toolkit::with_j_program`).
-fn j_program() -> PathBuf {
+fn j_program(toolkit: &crate::Toolkit) -> PathBuf {
     std::env::current_exe()
         .ok()
-        .map(|exe| exe.with_file_name(crate::toolkit::current().j_program()))
+        .map(|exe| exe.with_file_name(toolkit.j_program()))
         .filter(|j| j.is_file())
-        .unwrap_or_else(|| PathBuf::from(crate::toolkit::current().j_program()))
+        .unwrap_or_else(|| PathBuf::from(toolkit.j_program()))
 }
 
 /// The environment a `j` command of `conn` gets, as inside `jmp shell`.
@@ -1056,9 +1055,13 @@ fn output_text((bytes, dropped): (Vec<u8>, usize)) -> String {
 }
 
 /// Runs `j COMMAND...` against the connection, capturing its output.
-async fn run_j(conn: &Connection, command: &[String], timeout: Duration) -> anyhow::Result<Value> {
-    let j = j_program();
-    let mut child = tokio::process::Command::new(&j)
+async fn run_j(
+    j: &std::path::Path,
+    conn: &Connection,
+    command: &[String],
+    timeout: Duration,
+) -> anyhow::Result<Value> {
+    let mut child = tokio::process::Command::new(j)
         .args(command)
         .envs(j_env(conn))
         // Settings for other exporters must not leak in from our own environment.
@@ -1245,7 +1248,7 @@ mod tests {
 
     #[tokio::test]
     async fn unknown_tools_and_connections_are_errors() {
-        let tools = Tools::new(ClientSelect::default());
+        let tools = Tools::new(ClientSelect::default(), crate::Toolkit::stock());
         let e = tools.call("jmp_nope", &Map::new()).await.unwrap_err();
         assert!(matches!(e, ToolError::UnknownTool(_)), "{e}");
         let e = tools
