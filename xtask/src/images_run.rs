@@ -122,11 +122,13 @@ pub struct Podman {
 
 impl Podman {
     pub fn new() -> Self {
-        Self {
-            root: crate::cache_root().join("podman"),
-            // Run state (locks, pids) belongs in a directory a reboot clears.
-            runroot: std::env::temp_dir().join("jumpstarter-rs-podman"),
-        }
+        let root = crate::cache_root().join("podman");
+        // Run state (locks, pids) belongs in a directory a reboot clears; one per store.
+        let runroot = std::env::temp_dir().join(format!(
+            "jumpstarter-rs-podman-{}",
+            crate::workspace::short_hash(&root.display().to_string())
+        ));
+        Self { root, runroot }
     }
 
     pub fn command(&self, args: &[&str]) -> Command {
