@@ -170,18 +170,23 @@ fn need_tool(tool: &str, why: &str) -> Result<()> {
     Ok(())
 }
 
-/// The two binaries.
+/// The binaries of the cluster.
 pub struct Binaries {
     etcd: PathBuf,
     apiserver: PathBuf,
+    /// kube-controller-manager, of the same Kubernetes build: `cargo xtask kube-rollout`
+    /// runs its Deployment and ReplicaSet controllers.
+    pub controller_manager: PathBuf,
 }
 
-/// Builds etcd and kube-apiserver with `go` unless the cache has them.
+/// Builds etcd, kube-apiserver and kube-controller-manager with `go` unless the cache has
+/// them (the last shares most of its packages with the API server: a minute or two more).
 pub fn ensure_binaries() -> Result<Binaries> {
     let bin = bin_dir();
     let bins = Binaries {
         etcd: bin.join("etcd"),
         apiserver: bin.join("kube-apiserver"),
+        controller_manager: bin.join("kube-controller-manager"),
     };
     let src = bin.parent().context("the cache directory has no parent")?;
     if !bins.etcd.is_file() {
@@ -198,6 +203,14 @@ pub fn ensure_binaries() -> Result<Binaries> {
             &k8s_requirements()?,
             "k8s.io/kubernetes/cmd/kube-apiserver",
             &bins.apiserver,
+        )?;
+    }
+    if !bins.controller_manager.is_file() {
+        go_build(
+            &src.join("src-k8s"),
+            &k8s_requirements()?,
+            "k8s.io/kubernetes/cmd/kube-controller-manager",
+            &bins.controller_manager,
         )?;
     }
     Ok(bins)

@@ -28,6 +28,8 @@ mod interop;
 mod kube;
 mod kube_e2e;
 mod kube_oidc;
+mod kube_podlet;
+mod kube_rollout;
 mod manifests;
 mod procs;
 mod qemu_board;
@@ -78,6 +80,7 @@ fn main() -> std::process::ExitCode {
         Some("kube-up") => kube::run_up(),
         Some("kube-down") => kube::run_down(),
         Some("kube-e2e") => kube_e2e::run(&args[1..]),
+        Some("kube-rollout") => kube_rollout::run(&args[1..]),
         Some("manifests") => manifests::run(&args[1..]),
         // Hidden: the ServiceAccount-token step of kube-e2e alone, on the kube-up cluster
         // (with the binaries already in target/debug).
@@ -103,6 +106,7 @@ fn main() -> std::process::ExitCode {
                  kube-up   a real kube-apiserver + etcd on loopback (built from Go modules, cached)\n  \
                  kube-down stop what kube-up started\n  \
                  kube-e2e  [--reuse] [--images DIR] the Kubernetes store and controller against that real API server (and the images of DIR under podman)\n  \
+                 kube-rollout [--reuse] [--no-build] deploy/kubernetes with kube-controller-manager and a stand-in node: rollouts, the leader killed under load\n  \
                  manifests [--cluster] deploy/kubernetes validated strictly offline (several Kubernetes versions); --cluster: applied to the kube-up API server, RBAC as the controller\n  \
                  qemu-board  install QEMU and build the test board image (cached); print its path\n  \
                  venv      create the pinned upstream venv and print its path"
