@@ -301,8 +301,13 @@ impl<S: Store> LeaderElector<S> {
     /// for [`LeaderConfig::renew_deadline`]. Call after [`Self::acquire`].
     pub async fn hold(&mut self) -> LeaderError {
         let mut renewed = Instant::now();
+        // The first renewal at once: it writes where we serve (set since `acquire`), which
+        // the standbys wait for before they forward.
+        let mut first = true;
         loop {
-            tokio::time::sleep(self.config.renew_period).await;
+            if !std::mem::take(&mut first) {
+                tokio::time::sleep(self.config.renew_period).await;
+            }
             let outcome = self.try_acquire_or_renew().await;
             match outcome {
                 Ok(true) => renewed = Instant::now(),

@@ -28,6 +28,10 @@ pub const MAX_FORWARDED: usize = 4096;
 /// How long a standby tries to reach the leader for one connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// How long a connection waits for a leader to be known (one that has just taken over
+/// writes where it serves with its first renewal) before it is closed.
+const LEADER_WAIT: Duration = Duration::from_secs(5);
+
 /// Where the leader serves: its controller gRPC and router listeners.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Endpoints {
@@ -94,11 +98,22 @@ pub enum Port {
 /// known, or that cannot reach it, is closed. Runs until dropped; dropping it closes the
 /// listeners and cuts the forwarded connections.
 pub async fn forward(listeners: Vec<(TcpListener, Port)>, leader: watch::Receiver<Option<String>>) {
+    forward_waiting(listeners, leader, LEADER_WAIT).await;
+}
+
+/// [`forward`], with a connection waiting `leader_wait` at most for a leader to be known.
+async fn forward_waiting(
+    listeners: Vec<(TcpListener, Port)>,
+    leader: watch::Receiver<Option<String>>,
+    leader_wait: Duration,
+) {
     // Never forward to ourselves (a leader advertising an address that is ours).
-    let own: Vec<SocketAddr> = listeners
-        .iter()
-        .filter_map(|(l, _)| l.local_addr().ok())
-        .collect();
+    let own: Arc<Vec<SocketAddr>> = Arc::new(
+        listeners
+            .iter()
+            .filter_map(|(l, _)| l.local_addr().ok())
+            .collect(),
+    );
     let slots = Arc::new(Semaphore::new(MAX_FORWARDED));
     let mut conns = JoinSet::new();
     let mut accepts = JoinSet::new();
@@ -130,21 +145,36 @@ pub async fn forward(listeners: Vec<(TcpListener, Port)>, leader: watch::Receive
             );
             continue;
         };
-        let target = leader
-            .borrow()
-            .as_deref()
-            .and_then(Endpoints::parse)
-            .map(|e| match port {
-                Port::Grpc => e.grpc,
-                Port::Router => e.router,
-            });
-        let Some(target) = target.filter(|t| !own.contains(t)) else {
-            tracing::debug!("standby: no leader known yet; closed a connection");
-            continue;
-        };
+        let (mut leader, own) = (leader.clone(), Arc::clone(&own));
         conns.spawn(async move {
             let _slot = slot;
             let mut conn = conn;
+            // A leader that has just taken over writes where it serves with its first
+            // renewal: a connection that comes before that waits for it (a while).
+            let pick = |text: &Option<String>| {
+                text.as_deref()
+                    .and_then(Endpoints::parse)
+                    .map(|e| match port {
+                        Port::Grpc => e.grpc,
+                        Port::Router => e.router,
+                    })
+                    .filter(|t| !own.contains(t))
+            };
+            let target = match tokio::time::timeout(
+                leader_wait,
+                leader.wait_for(|text| pick(text).is_some()),
+            )
+            .await
+            {
+                Ok(Ok(text)) => pick(&text),
+                _ => None,
+            };
+            let Some(target) = target else {
+                tracing::debug!(
+                    "standby: no leader known for {LEADER_WAIT:?}; closed a connection"
+                );
+                return;
+            };
             let upstream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(target)).await;
             let mut upstream = match upstream {
                 Ok(Ok(u)) => u,
@@ -225,12 +255,13 @@ mod tests {
         let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let router = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let (g, r) = (grpc.local_addr().unwrap(), router.local_addr().unwrap());
-        let standby = tokio::spawn(forward(
+        let standby = tokio::spawn(forward_waiting(
             vec![(grpc, Port::Grpc), (router, Port::Router)],
             rx,
+            Duration::from_millis(300),
         ));
 
-        // No leader known: the connection is closed.
+        // No leader known for a while: the connection is closed.
         let mut c = TcpStream::connect(g).await.unwrap();
         let mut out = Vec::new();
         let n = tokio::time::timeout(Duration::from_secs(5), c.read_to_end(&mut out))
@@ -239,6 +270,10 @@ mod tests {
             .unwrap_or(0);
         assert_eq!(n, 0);
 
+        // A connection made before the leader is known waits for it, then reaches it.
+        let mut early = TcpStream::connect(g).await.unwrap();
+        early.write_all(b"hello").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
         tx.send_replace(Some(
             Endpoints {
                 grpc: leader[0],
@@ -246,6 +281,12 @@ mod tests {
             }
             .annotation(),
         ));
+        let mut out = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), early.read_to_end(&mut out))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(String::from_utf8(out).unwrap(), "grpchello");
         for (addr, want) in [(g, "grpchello"), (r, "routerhello")] {
             let mut c = TcpStream::connect(addr).await.unwrap();
             c.write_all(b"hello").await.unwrap();
