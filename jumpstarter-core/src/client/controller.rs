@@ -17,7 +17,7 @@ use tonic::Code;
 use crate::{
     client::{
         channel::{AuthChannel, TlsSettings, client_credentials, connect_client},
-        lease::LeaseError,
+        lease_error::LeaseError,
     },
     config::ClientConfig,
 };

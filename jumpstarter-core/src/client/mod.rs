@@ -9,6 +9,7 @@ pub mod direct;
 mod error;
 pub mod grpc_options;
 pub mod lease;
+mod lease_error;
 mod lease_session;
 mod session;
 pub mod tls_mismatch;
