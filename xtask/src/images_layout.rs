@@ -232,9 +232,23 @@ fn config_fields(config: &Value) -> Value {
         "WorkingDir": or_null(&c["WorkingDir"]),
         "Entrypoint": or_null(&c["Entrypoint"]),
         "Cmd": or_null(&c["Cmd"]),
-        "Env": or_null(&c["Env"]),
+        // Sorted: the order of distinct variables means nothing, and builders may place a
+        // variable an `ENV` sets again differently.
+        "Env": or_null(&sorted(&c["Env"])),
         "ExposedPorts": or_null(&c["ExposedPorts"]),
     })
+}
+
+/// A JSON array sorted (strings), anything else as it is.
+fn sorted(v: &Value) -> Value {
+    match v.as_array() {
+        Some(a) => {
+            let mut a = a.clone();
+            a.sort_by(|x, y| x.as_str().cmp(&y.as_str()));
+            Value::Array(a)
+        }
+        None => v.clone(),
+    }
 }
 
 /// Writes the build context of the stand-in stages; returns their Dockerfile text.
@@ -435,6 +449,16 @@ mod tests {
             uid: 0,
             gid: 0,
         }
+    }
+
+    #[test]
+    fn configs_compare_what_the_dockerfile_decides() {
+        let a = serde_json::json!({"config": {"User": "65532:65532", "Env": ["B=2", "A=1"],
+            "ExposedPorts": {}, "Labels": {"io.buildah.version": "1"}}});
+        let b = serde_json::json!({"config": {"User": "65532:65532", "Env": ["A=1", "B=2"]}});
+        assert_eq!(config_fields(&a), config_fields(&b));
+        let c = serde_json::json!({"config": {"User": "65532", "Env": ["A=1", "B=2"]}});
+        assert_ne!(config_fields(&b), config_fields(&c));
     }
 
     #[test]
