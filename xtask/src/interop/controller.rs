@@ -19,6 +19,15 @@ const READY_LINE: &str = "jumpstarter-controller ready:";
 /// Starts our controller (data in `work/DATA`, admin config in `work/rs-config`); returns it
 /// with its advertised endpoint.
 pub(super) fn start_controller(env: &Env, data: &str) -> Result<(Background, String)> {
+    start_controller_with(env, data, &[])
+}
+
+/// As [`start_controller`], with `extra` arguments (`--config FILE`, say).
+pub(super) fn start_controller_with(
+    env: &Env,
+    data: &str,
+    extra: &[&str],
+) -> Result<(Background, String)> {
     crate::debug_build()?;
     let bin = env
         .jmp
@@ -40,6 +49,7 @@ pub(super) fn start_controller(env: &Env, data: &str) -> Result<(Background, Str
         .args(["--metrics-listen", "off"])
         .arg("--admin-config")
         .arg(env.work.path().join("rs-config").join("admin.yaml"))
+        .args(extra)
         .env("RUST_LOG", "info");
     let mut ctl = Background::start("jumpstarter-controller", c)?;
     let line = ctl.wait_for_line(READY_LINE, Duration::from_secs(60))?;
@@ -51,7 +61,7 @@ pub(super) fn start_controller(env: &Env, data: &str) -> Result<(Background, Str
     Ok((ctl, endpoint))
 }
 
-fn our_admin(env: &Env, args: &[&str]) -> Result<()> {
+pub(super) fn our_admin(env: &Env, args: &[&str]) -> Result<()> {
     let mut c = env.ours(&env.jmp);
     c.env_remove("JMP_ADMIN_CONFIG").arg("admin").args(args);
     let out = procs::run(c, CALL_TIMEOUT)?;
@@ -59,7 +69,12 @@ fn our_admin(env: &Env, args: &[&str]) -> Result<()> {
 }
 
 /// Upstream `jmp COMMAND... --client-config CLIENT ARGS...`.
-fn py_jmp(env: &Env, client: &Path, command: &[&str], args: &[&str]) -> Result<procs::Output> {
+pub(super) fn py_jmp(
+    env: &Env,
+    client: &Path,
+    command: &[&str],
+    args: &[&str],
+) -> Result<procs::Output> {
     let mut c = env.upstream("jmp");
     c.env("PATH", path_with_venv(env))
         .args(command)

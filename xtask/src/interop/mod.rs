@@ -23,6 +23,7 @@ mod distributed;
 mod qemu;
 mod scenarios;
 mod snmp;
+mod upstream_main;
 
 pub use scenarios::{KUBE_SCENARIO_OBJECTS, against_kubernetes, run};
 
@@ -260,7 +261,12 @@ fn py_script_unix(env: &Env) -> Result<()> {
 
 /// Starts our exporter on a TCP port (port 0) and returns it with its port.
 fn our_direct_exporter(env: &Env, extra: &[&str]) -> Result<(Background, u16)> {
-    procs::start_our_exporter(env.ours(&env.jmp), &env.config(), extra)
+    our_direct_exporter_with(env, &env.config(), extra)
+}
+
+/// As [`our_direct_exporter`], with the exporter config `config`.
+fn our_direct_exporter_with(env: &Env, config: &Path, extra: &[&str]) -> Result<(Background, u16)> {
+    procs::start_our_exporter(env.ours(&env.jmp), config, extra)
 }
 
 fn py_direct(env: &Env, port: u16, passphrase: Option<&str>) -> Command {

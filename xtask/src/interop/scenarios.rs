@@ -160,6 +160,14 @@ pub fn run(filter: Option<&str>) -> Result<(usize, usize)> {
             "one exporter twice: python jmp run as a second process of our online exporter is refused; stopping it takes nothing offline",
             distributed::py_second_exporter_process_is_refused,
         ),
+        (
+            "upstream main: python jmp shell --tls-grpc -- j -> our exporter with a motd and a beforeLease hook writing $JMP_MOTD_FILE",
+            upstream_main::py_client_to_our_exporter_with_motd,
+        ),
+        (
+            "upstream main: python jmp get exporters/create lease/get leases -> our controller with hidden and deprecated labels (--config)",
+            upstream_main::py_tools_with_hidden_and_deprecated_labels,
+        ),
     ];
     let (mut passed, mut failed) = (0, 0);
     let mut failures = Vec::new();
