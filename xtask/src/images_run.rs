@@ -677,6 +677,8 @@ pub fn against_cluster(dir: &Path) -> Result<()> {
         // The next build's binaries make new layers: keep the store small.
         let _ = podman.run(&["rmi", "--force", reference], Duration::from_secs(60));
     }
+    // The configs and keys of a throw-away cluster; kept after a failure, to look at.
+    std::fs::remove_dir_all(&work).with_context(|| format!("removing {}", work.display()))?;
     println!(
         "== the images ran under podman (runc): {:.1}s in all",
         started.elapsed().as_secs_f64()
