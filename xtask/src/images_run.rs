@@ -48,6 +48,8 @@ const RUNC: &str = "/usr/sbin/runc";
 const IMAGES: [&str; 3] = ["jumpstarter-controller", "jumpstarter-router", "jmp"];
 /// What every container is named after (removed by this name at start and end).
 const PREFIX: &str = "jumpstarter-xtask-";
+/// Every kubectl call here is bounded (kubectl waits for a stuck API server forever).
+const KUBECTL_TIMEOUT: &str = "--request-timeout=30s";
 /// The user of the distroless images.
 const NONROOT: u32 = 65532;
 /// The exporter and client this step creates.
@@ -301,6 +303,7 @@ fn secret_key(secret: &str, key: &str, timeout: Duration) -> Result<String> {
     let deadline = Instant::now() + timeout;
     loop {
         match kube::kubectl(&[
+            KUBECTL_TIMEOUT,
             "get",
             "secret",
             secret,
@@ -448,6 +451,7 @@ pub fn against_cluster(dir: &Path) -> Result<()> {
     // What an earlier run left; then the ConfigMap naming the router container.
     kube::kubectl_input(
         &[
+            KUBECTL_TIMEOUT,
             "apply",
             "--server-side",
             "--force-conflicts",
@@ -464,6 +468,7 @@ pub fn against_cluster(dir: &Path) -> Result<()> {
         )),
     )?;
     kube::kubectl(&[
+        KUBECTL_TIMEOUT,
         "delete",
         "-n",
         NAMESPACE,
@@ -478,6 +483,7 @@ pub fn against_cluster(dir: &Path) -> Result<()> {
         "leases.coordination.k8s.io/jumpstarter-controller-leader",
     ])?;
     kube::kubectl(&[
+        KUBECTL_TIMEOUT,
         "delete",
         "-n",
         NAMESPACE,
@@ -561,6 +567,7 @@ pub fn against_cluster(dir: &Path) -> Result<()> {
     // 3. jmp: the admin config from the key Secret, an exporter and a client.
     let t = Instant::now();
     let ca = kube::kubectl(&[
+        KUBECTL_TIMEOUT,
         "get",
         "secret",
         "jumpstarter-controller-keys",
