@@ -193,6 +193,16 @@ pub async fn shell(toolkit: &crate::Toolkit, opts: ShellLease, command: &[String
         lease.name,
         lease.exporter
     );
+    if lease.owned {
+        // The deprecated labels its selector uses, as upstream main warns of them.
+        match controller.get_lease(&lease.name).await {
+            Ok(l) => crate::resources::warn_deprecated_selector_labels(
+                None,
+                &l.deprecated_labels.into_iter().collect(),
+            ),
+            Err(e) => tracing::debug!("lease {}: {e}", lease.name),
+        }
+    }
 
     let mut ended = false;
     let outcome = async {

@@ -3,11 +3,11 @@
 
 use std::path::Path;
 
-use jumpstarter_controller::objects::LabelPolicy;
+use jumpstarter_controller::objects::{ExporterStatusValue, LabelPolicy};
 
 use crate::{
     JMP,
-    distributed::{Lab, lab, lab_with},
+    distributed::{Lab, finish, lab, lab_with, shell},
 };
 
 /// Runs `jmp ARGS --client-config CLIENT`: (exit code, stdout, stderr).
@@ -87,7 +87,8 @@ async fn hidden_labels_are_left_out_of_every_output_format_unless_show_hidden() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn deprecated_labels_warn_on_stderr_when_listing_exporters_and_creating_or_listing_leases() {
+async fn deprecated_labels_warn_on_stderr_when_listing_exporters_creating_or_listing_leases_and_in_jmp_shell()
+ {
     let lab = lab_with(|c| {
         c.label_policy = LabelPolicy {
             deprecated: [("old-board".to_string(), "use board instead".to_string())].into(),
@@ -139,6 +140,18 @@ async fn deprecated_labels_warn_on_stderr_when_listing_exporters_and_creating_or
         stderr.contains(&format!(
             "Warning: selector label 'old-board' on lease '{lease}' is deprecated: use board instead"
         )),
+        "{stderr}"
+    );
+    // jmp shell warns too, on stderr, and runs the command.
+    let cfg = lab.exporter("d2", &[("old-board", "pi5")]).await;
+    let _exporter = lab.run_exporter(&cfg, "d2.log");
+    lab.wait_status("d2", ExporterStatusValue::Available).await;
+    let (code, stdout, stderr) =
+        finish(shell(&lab, &client, &["-l", "old-board=pi5"], "echo ran")).await;
+    assert_eq!(code, 0, "{stdout}{stderr}\n{}", lab.log("d2.log"));
+    assert_eq!(stdout, "ran\n");
+    assert!(
+        stderr.contains("Warning: selector label 'old-board' is deprecated: use board instead"),
         "{stderr}"
     );
     // A lease by a label that is not deprecated: no warning.
