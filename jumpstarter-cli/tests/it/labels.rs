@@ -226,3 +226,94 @@ async fn page_size_pages_through_every_exporter_and_lease() {
         assert!(stderr.contains("--page-size"), "{stderr}");
     }
 }
+
+/// `jmp get exporters --with online,status,leases -o json` of exporter `name`.
+async fn listed(lab: &Lab, client: &Path, name: &str) -> serde_json::Value {
+    let (code, stdout, stderr) = jmp(
+        lab,
+        client,
+        &[
+            "get",
+            "exporters",
+            "--with",
+            "online,status,leases",
+            "-o",
+            "json",
+        ],
+    )
+    .await;
+    assert_eq!(code, 0, "{stderr}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    v["exporters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == name)
+        .cloned()
+        .unwrap_or_else(|| panic!("{name} not listed: {stdout}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exporters_are_listed_with_their_online_and_leased_state() {
+    let lab = lab().await;
+    let cfg = lab.exporter("av1", &[("board", "av1")]).await;
+    let client = lab.client("alice").await;
+    // Never connected: offline, as upstream main shows an exporter with no status yet.
+    let e = listed(&lab, &client, "av1").await;
+    assert_eq!(
+        (e["online"].clone(), e["status"].clone()),
+        (false.into(), "OFFLINE".into()),
+        "{e}"
+    );
+    let mut exporter = lab.run_exporter(&cfg, "av1.log");
+    lab.wait_status("av1", ExporterStatusValue::Available).await;
+    let e = listed(&lab, &client, "av1").await;
+    assert_eq!(
+        (e["online"].clone(), e["status"].clone()),
+        (true.into(), "AVAILABLE".into()),
+        "{e}"
+    );
+    assert!(e["lease"].is_null(), "{e}");
+    // Leased: LEASE_READY, with the caller's lease.
+    let (code, stdout, stderr) = jmp(
+        &lab,
+        &client,
+        &[
+            "create",
+            "lease",
+            "-l",
+            "board=av1",
+            "--duration",
+            "1h",
+            "-o",
+            "name",
+        ],
+    )
+    .await;
+    assert_eq!(code, 0, "{stderr}");
+    let lease = stdout.trim().to_string();
+    lab.wait_status("av1", ExporterStatusValue::LeaseReady)
+        .await;
+    let e = listed(&lab, &client, "av1").await;
+    assert_eq!(
+        (e["online"].clone(), e["status"].clone()),
+        (true.into(), "LEASE_READY".into()),
+        "{e}"
+    );
+    assert_eq!(e["lease"]["name"], lease.as_str(), "{e}");
+    // Stopped (it says goodbye): offline again.
+    let pid = exporter.id().unwrap().to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(30), exporter.wait()).await;
+    lab.wait_status("av1", ExporterStatusValue::Offline).await;
+    let e = listed(&lab, &client, "av1").await;
+    assert_eq!(
+        (e["online"].clone(), e["status"].clone()),
+        (false.into(), "OFFLINE".into()),
+        "{e}"
+    );
+}
