@@ -3,21 +3,6 @@
 //! callback, reach the exporter (directly when it offers a path that answers, else through
 //! the router), wait for its beforeLease hook, hand out the [`ExporterSession`], and at the
 //! end `EndSession` (the afterLease hook) and release the lease.
-//!
-//! ```no_run
-//! # async fn demo(cfg: jumpstarter_core::config::ClientConfig) -> Result<(), Box<dyn std::error::Error>> {
-//! use std::time::Duration;
-//! use jumpstarter_core::{ControllerClient, LeaseRequest, LeaseSession};
-//! let controller = ControllerClient::connect(&cfg).await?;
-//! let request = LeaseRequest::new("board=rpi4", Duration::from_secs(1800));
-//! let lease = LeaseSession::builder(&controller, request)
-//!     .on_wait(|lease, why| eprintln!("Waiting for lease {lease}: {why}"))
-//!     .connect()
-//!     .await?;
-//! lease.session()?.driver("power")?.call::<()>("on", ()).await?;
-//! lease.release().await?;
-//! # Ok(()) }
-//! ```
 
 use std::{
     sync::atomic::{AtomicBool, Ordering},
@@ -172,7 +157,23 @@ impl<'a> LeaseSessionBuilder<'a> {
     }
 }
 
-/// A leased exporter and the session with it; see the [module docs](self).
+/// A leased exporter and the session with it: what `jmp shell` does around a command, for
+/// any Rust program.
+///
+/// ```no_run
+/// # async fn demo(cfg: jumpstarter_core::config::ClientConfig) -> Result<(), jumpstarter_core::Error> {
+/// use std::time::Duration;
+/// use jumpstarter_core::{ControllerClient, LeaseRequest, LeaseSession};
+/// let controller = ControllerClient::connect(&cfg).await?;
+/// let request = LeaseRequest::new("board=rpi4", Duration::from_secs(1800));
+/// let lease = LeaseSession::builder(&controller, request)
+///     .on_wait(|lease, why| eprintln!("Waiting for lease {lease}: {why}"))
+///     .connect()
+///     .await?;
+/// lease.session()?.driver("power")?.call::<()>("on", ()).await?;
+/// lease.release().await?;
+/// # Ok(()) }
+/// ```
 ///
 /// Dropped without [`LeaseSession::release`], a lease it created is released in the
 /// background (when a tokio runtime is still there), without `EndSession`.
