@@ -632,6 +632,8 @@ async fn run_kubernetes(
     if args.authentication_config.is_none() {
         apply_cluster_authentication(&cluster, &mut config, &source)?;
     }
+    // Where the standby's connections go (the leader, or this process once it leads).
+    let forward_to = tokio::sync::watch::Sender::new(None);
     let mut elector = if args.no_leader_election {
         None
     } else {
@@ -665,13 +667,33 @@ async fn run_kubernetes(
                 (grpc, crate::kubernetes::standby::Port::Grpc),
                 (router, crate::kubernetes::standby::Port::Router),
             ],
-            e.leader_endpoints(),
+            forward_to.subscribe(),
         );
+        // The leader's endpoints, as the election sees them, while we stand by.
+        let mut theirs = e.leader_endpoints();
+        let relay = async {
+            loop {
+                let endpoints = theirs.borrow_and_update().clone();
+                forward_to.send_replace(endpoints.map(|endpoints| {
+                    crate::kubernetes::standby::Target {
+                        endpoints,
+                        ours: false,
+                    }
+                }));
+                if theirs.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+        };
         tokio::select! {
             _ = e.acquire() => {}
             _ = standby => {}
+            _ = relay => {}
             _ = stop_signal() => return Ok(std::process::ExitCode::SUCCESS),
         }
+        // The connections the standby accepted and holds wait for a leader: us, once we
+        // serve (below), unless another one shows up first.
+        forward_to.send_replace(None);
         Some(e)
     };
     // The leader alone moves key material, so replicas cannot race on the first start.
@@ -691,7 +713,13 @@ async fn run_kubernetes(
             running.router_addr,
             pod_ip,
         ) {
-            Some(at) => e.set_endpoints(at.annotation()),
+            Some(at) => {
+                e.set_endpoints(at.annotation());
+                forward_to.send_replace(Some(crate::kubernetes::standby::Target {
+                    endpoints: at.annotation(),
+                    ours: true,
+                }));
+            }
             None => tracing::warn!(
                 "POD_IP is not set and the controller listens on every interface: standby \
                  replicas cannot forward to this one (set POD_IP from status.podIP, as \

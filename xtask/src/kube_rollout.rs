@@ -589,11 +589,19 @@ impl Lab {
                 .arg("--client-config")
                 .arg(self.work.join("rollout-b.yaml"))
                 .args(["--", "j", "power", "on"]);
+            let started = Instant::now();
             let out = crate::procs::run(shell, Duration::from_secs(60))?;
             if out.code == 0 {
                 return Ok(());
             }
             last = format!("exit {}: {}{}", out.code, out.stdout, out.stderr);
+            if std::env::var_os("JMP_KUBE_ROLLOUT_TRACE").is_some() {
+                println!(
+                    "   (attempt of {:.1}s failed: {})",
+                    started.elapsed().as_secs_f64(),
+                    last.trim()
+                );
+            }
             thread::sleep(Duration::from_millis(100));
         }
         bail!("{when}: no lease served within 60 s; the last jmp shell: {last}")

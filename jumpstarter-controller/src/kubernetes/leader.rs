@@ -123,6 +123,8 @@ pub struct LeaderElector<S: Store> {
     /// The current holder's [`ENDPOINTS_ANNOTATION`], while another controller validly
     /// holds the Lease.
     leader_endpoints: tokio::sync::watch::Sender<Option<String>>,
+    /// When the Lease another controller holds expires unless renewed, as last seen.
+    expires: Option<Instant>,
 }
 
 fn micro_now() -> MicroTime {
@@ -143,6 +145,7 @@ impl<S: Store> LeaderElector<S> {
             observed: None,
             endpoints: None,
             leader_endpoints: tokio::sync::watch::channel(None).0,
+            expires: None,
         })
     }
 
@@ -222,6 +225,7 @@ impl<S: Store> LeaderElector<S> {
                 .map_or(self.config.lease_duration, Duration::from_secs);
             let seen_at = self.observed.as_ref().map_or(now, |(_, at)| *at);
             if now < seen_at + valid_for {
+                self.expires = Some(seen_at + valid_for);
                 let theirs = lease
                     .metadata
                     .annotations
@@ -236,6 +240,7 @@ impl<S: Store> LeaderElector<S> {
                 return Ok(false);
             }
         }
+        self.expires = None;
         self.leader_endpoints
             .send_if_modified(|e| e.take().is_some());
         let mut next = spec;
@@ -292,8 +297,18 @@ impl<S: Store> LeaderElector<S> {
                 Ok(false) => {}
                 Err(e) => tracing::warn!("{e}; retrying"),
             }
-            tokio::time::sleep(self.config.renew_period).await;
+            tokio::time::sleep(self.next_attempt_in()).await;
         }
+    }
+
+    /// How long a standby waits before its next attempt: a renew period, or less when the
+    /// holder's Lease expires sooner (so a dead leader is replaced as soon as it may be).
+    fn next_attempt_in(&self) -> Duration {
+        let period = self.config.renew_period;
+        self.expires.map_or(period, |at| {
+            let left = at.saturating_duration_since(Instant::now()) + Duration::from_millis(20);
+            left.min(period)
+        })
     }
 
     /// Renews the Lease every renew period while we hold it; returns (with
@@ -437,6 +452,32 @@ mod tests {
         // A released lease is taken at once.
         b.release().await.unwrap();
         assert!(a.try_acquire_or_renew().await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn a_standby_tries_again_when_the_lease_expires_not_a_renew_period_later() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::SqliteStore::open(dir.path()).await.unwrap();
+        let cfg = |id: &str| LeaderConfig {
+            lease_duration: Duration::from_secs(1),
+            renew_period: Duration::from_millis(600),
+            ..config(id)
+        };
+        let mut a = LeaderElector::new(store.clone(), cfg("a")).unwrap();
+        let mut b = LeaderElector::new(store.clone(), cfg("b")).unwrap();
+        // Nobody seen yet: a renew period.
+        assert_eq!(b.next_attempt_in(), Duration::from_millis(600));
+        assert!(a.try_acquire_or_renew().await.unwrap());
+        assert!(!b.try_acquire_or_renew().await.unwrap());
+        assert!(b.next_attempt_in() <= Duration::from_millis(600));
+        // 700 ms into the 1 s lease: b's next attempt is at its expiry (plus 20 ms), not
+        // 600 ms later.
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        assert!(
+            b.next_attempt_in() <= Duration::from_millis(320),
+            "{:?}",
+            b.next_attempt_in()
+        );
     }
 
     #[tokio::test]

@@ -28,9 +28,10 @@ pub const MAX_FORWARDED: usize = 4096;
 /// How long a standby tries to reach the leader for one connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// How long a connection waits for a leader to be known (one that has just taken over
-/// writes where it serves with its first renewal) before it is closed.
-const LEADER_WAIT: Duration = Duration::from_secs(5);
+/// How long a connection waits for a reachable leader to be known (one that has just taken
+/// over writes where it serves with its first renewal; one that died is replaced once its
+/// Lease expires) before it is closed.
+const LEADER_WAIT: Duration = Duration::from_secs(10);
 
 /// Where the leader serves: its controller gRPC and router listeners.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,21 +94,34 @@ pub enum Port {
     Router,
 }
 
-/// Forwards every connection `listeners` accept to the leader's matching endpoint in
-/// `leader` (the latest annotation seen); a connection that arrives while no leader is
-/// known, or that cannot reach it, is closed. Runs until dropped; dropping it closes the
-/// listeners and cuts the forwarded connections.
-pub async fn forward(listeners: Vec<(TcpListener, Port)>, leader: watch::Receiver<Option<String>>) {
+/// Where a standby forwards to: the leader's [`Endpoints::annotation`], and whether that
+/// leader is this very process (once a standby leads, it serves on the addresses its standby
+/// listeners had, and the connections they accepted before go there).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// The leader's `grpc=IP:PORT,router=IP:PORT`.
+    pub endpoints: String,
+    /// The leader is this process.
+    pub ours: bool,
+}
+
+/// Forwards every connection `listeners` accept to the matching endpoint of the latest
+/// [`Target`] in `leader`. A connection that arrives while no leader is known, or while the
+/// known one cannot be reached, waits for one (up to [`LEADER_WAIT`]) and is then closed.
+/// Runs until dropped; dropping it closes the listeners, while the connections accepted so
+/// far go on: forwarded, or still waiting (this process may be the leader they reach).
+pub async fn forward(listeners: Vec<(TcpListener, Port)>, leader: watch::Receiver<Option<Target>>) {
     forward_waiting(listeners, leader, LEADER_WAIT).await;
 }
 
 /// [`forward`], with a connection waiting `leader_wait` at most for a leader to be known.
 async fn forward_waiting(
     listeners: Vec<(TcpListener, Port)>,
-    leader: watch::Receiver<Option<String>>,
+    leader: watch::Receiver<Option<Target>>,
     leader_wait: Duration,
 ) {
-    // Never forward to ourselves (a leader advertising an address that is ours).
+    // Never forward to our own addresses while another process is said to serve there (a
+    // stale annotation): only to this process once it leads.
     let own: Arc<Vec<SocketAddr>> = Arc::new(
         listeners
             .iter()
@@ -115,7 +129,6 @@ async fn forward_waiting(
             .collect(),
     );
     let slots = Arc::new(Semaphore::new(MAX_FORWARDED));
-    let mut conns = JoinSet::new();
     let mut accepts = JoinSet::new();
     let (tx, mut rx) = tokio::sync::mpsc::channel::<(TcpStream, Port)>(64);
     for (listener, port) in listeners {
@@ -138,7 +151,6 @@ async fn forward_waiting(
     }
     drop(tx);
     while let Some((conn, port)) = rx.recv().await {
-        while conns.try_join_next().is_some() {}
         let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
             tracing::warn!(
                 "standby: {MAX_FORWARDED} connections forwarded already; closed a new one"
@@ -146,46 +158,44 @@ async fn forward_waiting(
             continue;
         };
         let (mut leader, own) = (leader.clone(), Arc::clone(&own));
-        conns.spawn(async move {
+        // Not tied to this future: accepted connections outlive the listeners.
+        tokio::spawn(async move {
             let _slot = slot;
             let mut conn = conn;
             // A leader that has just taken over writes where it serves with its first
             // renewal: a connection that comes before that waits for it (a while).
-            let pick = |text: &Option<String>| {
-                text.as_deref()
-                    .and_then(Endpoints::parse)
+            let pick = |target: &Option<Target>| {
+                let target = target.as_ref()?;
+                Endpoints::parse(&target.endpoints)
                     .map(|e| match port {
                         Port::Grpc => e.grpc,
                         Port::Router => e.router,
                     })
-                    .filter(|t| !own.contains(t))
+                    .filter(|t| target.ours || !own.contains(t))
             };
-            let target = match tokio::time::timeout(
-                leader_wait,
-                leader.wait_for(|text| pick(text).is_some()),
-            )
-            .await
-            {
-                Ok(Ok(text)) => pick(&text),
-                _ => None,
-            };
-            let Some(target) = target else {
-                tracing::debug!(
-                    "standby: no leader known for {LEADER_WAIT:?}; closed a connection"
-                );
-                return;
-            };
-            let upstream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(target)).await;
-            let mut upstream = match upstream {
-                Ok(Ok(u)) => u,
-                Ok(Err(e)) => {
-                    tracing::debug!("standby: leader at {target}: {e}");
+            // A leader that cannot be reached (it has just died) is tried again only once
+            // the Lease names another one: the connection waits for that (a while).
+            let deadline = tokio::time::Instant::now() + leader_wait;
+            let mut failed: Option<SocketAddr> = None;
+            let mut upstream = loop {
+                let next = tokio::time::timeout_at(
+                    deadline,
+                    leader.wait_for(|text| pick(text).is_some_and(|t| Some(t) != failed)),
+                )
+                .await;
+                let Some(target) = next.ok().and_then(Result::ok).and_then(|t| pick(&t)) else {
+                    tracing::debug!(
+                        "standby: no reachable leader known for {leader_wait:?}; closed a \
+                         connection"
+                    );
                     return;
+                };
+                match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(target)).await {
+                    Ok(Ok(u)) => break u,
+                    Ok(Err(e)) => tracing::debug!("standby: leader at {target}: {e}"),
+                    Err(_) => tracing::debug!("standby: leader at {target} did not answer"),
                 }
-                Err(_) => {
-                    tracing::debug!("standby: leader at {target} did not answer");
-                    return;
-                }
+                failed = Some(target);
             };
             let _ = conn.set_nodelay(true);
             let _ = upstream.set_nodelay(true);
@@ -274,13 +284,14 @@ mod tests {
         let mut early = TcpStream::connect(g).await.unwrap();
         early.write_all(b"hello").await.unwrap();
         tokio::time::sleep(Duration::from_millis(50)).await;
-        tx.send_replace(Some(
-            Endpoints {
+        tx.send_replace(Some(Target {
+            endpoints: Endpoints {
                 grpc: leader[0],
                 router: leader[1],
             }
             .annotation(),
-        ));
+            ours: false,
+        }));
         let mut out = Vec::new();
         tokio::time::timeout(Duration::from_secs(5), early.read_to_end(&mut out))
             .await
@@ -298,5 +309,49 @@ mod tests {
             assert_eq!(String::from_utf8(out).unwrap(), want);
         }
         standby.abort();
+    }
+
+    #[tokio::test]
+    async fn connections_waiting_when_the_standby_leads_reach_it() {
+        let (tx, rx) = watch::channel(None);
+        let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let router = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (g, r) = (grpc.local_addr().unwrap(), router.local_addr().unwrap());
+        let own = Endpoints { grpc: g, router: r }.annotation();
+        let standby = tokio::spawn(forward(
+            vec![(grpc, Port::Grpc), (router, Port::Router)],
+            rx,
+        ));
+        // A stale annotation naming our own addresses: never forwarded to (a loop).
+        tx.send_replace(Some(Target {
+            endpoints: own.clone(),
+            ours: false,
+        }));
+        let mut early = TcpStream::connect(g).await.unwrap();
+        early.write_all(b"hello").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+
+        // This process leads: the standby listeners close, the server binds the same
+        // address, and says it serves there.
+        standby.abort();
+        let _ = standby.await;
+        let server = TcpListener::bind(g).await.unwrap();
+        tokio::spawn(async move {
+            let (mut c, _) = server.accept().await.unwrap();
+            let mut buf = [0u8; 5];
+            c.read_exact(&mut buf).await.unwrap();
+            c.write_all(b"leader:").await.unwrap();
+            c.write_all(&buf).await.unwrap();
+        });
+        tx.send_replace(Some(Target {
+            endpoints: own,
+            ours: true,
+        }));
+        let mut out = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), early.read_to_end(&mut out))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(String::from_utf8(out).unwrap(), "leader:hello");
     }
 }
