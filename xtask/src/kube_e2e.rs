@@ -17,7 +17,10 @@
 //!    our `jmp shell` against the Python exporter;
 //! 6. with `--images DIR` (as `cargo xtask ci` runs it), the image archives of DIR run by
 //!    podman: the controller image against this API server, the router image from the
-//!    Secrets it wrote, `jmp` from the jmp image through them ([`crate::images_run`]).
+//!    Secrets it wrote, `jmp` from the jmp image through them ([`crate::images_run`]);
+//! 7. `deploy/kubernetes/base` under kube-controller-manager's Deployment and ReplicaSet
+//!    controllers with a stand-in node: `kubectl rollout status`, a rolling restart, the
+//!    leader killed under load ([`crate::kube_rollout`]).
 
 use anyhow::{Result, bail};
 
@@ -97,6 +100,8 @@ pub fn run(args: &[String]) -> Result<()> {
         println!("== the container images under podman against this API server");
         crate::images_run::against_cluster(&dir)?;
     }
+    let report = crate::kube_rollout::scenario(&crate::debug_build()?)?;
+    crate::kube_rollout::print_report(&report);
     drop(cluster);
     println!("== kube-e2e passed");
     Ok(())

@@ -100,6 +100,31 @@ pub fn run(args: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// The failover part of `cargo xtask bench`: a fresh `kube-up` cluster (stopped again), the
+/// scenario with the release binaries, its figures against the goal (under 5 s from the
+/// leader's kill to the next lease served).
+pub fn bench() -> Result<()> {
+    let rel = crate::bench::build_release()?;
+    println!("== controller failover on Kubernetes (deploy/kubernetes/base, 2 replicas)");
+    let cluster = kube::up()?;
+    let report = scenario(&rel)?;
+    print_report(&report);
+    for f in &report.failovers {
+        println!(
+            "   {}: {:.1} s to the next lease served (goal: under 5 s){}",
+            f.what,
+            f.next_lease.as_secs_f64(),
+            if f.next_lease < Duration::from_secs(5) {
+                ""
+            } else {
+                "  MISSED"
+            }
+        );
+    }
+    drop(cluster);
+    Ok(())
+}
+
 /// Prints the figures as a table.
 pub fn print_report(r: &Report) {
     println!("{:<64} {:>8}", "figure", "seconds");

@@ -81,6 +81,8 @@ fn main() -> std::process::ExitCode {
         Some("kube-down") => kube::run_down(),
         Some("kube-e2e") => kube_e2e::run(&args[1..]),
         Some("kube-rollout") => kube_rollout::run(&args[1..]),
+        // Hidden: the controller failover part of `bench` alone.
+        Some("bench-failover") => kube_rollout::bench(),
         Some("manifests") => manifests::run(&args[1..]),
         // Hidden: the ServiceAccount-token step of kube-e2e alone, on the kube-up cluster
         // (with the binaries already in target/debug).
@@ -138,5 +140,6 @@ fn bench(args: &[String]) -> Result<()> {
     bench_console::run(args)?;
     bench_boards::run(args)?;
     bench_bridge::run(args)?;
-    bench_controller::run(args)
+    bench_controller::run(args)?;
+    kube_rollout::bench()
 }
