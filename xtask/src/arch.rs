@@ -27,7 +27,7 @@ use proc_macro2::{TokenStream, TokenTree};
 use syn::visit::Visit;
 
 /// The crates whose files must not form import cycles.
-const CRATES: [&str; 10] = [
+const CRATES: [&str; 11] = [
     "jumpstarter-proto",
     "jumpstarter-macros",
     "jumpstarter-core",
@@ -37,6 +37,7 @@ const CRATES: [&str; 10] = [
     "jumpstarter-controller",
     "jumpstarter-cli",
     "examples/custom-driver",
+    "examples/lab-harness",
     "xtask",
 ];
 

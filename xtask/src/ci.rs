@@ -116,6 +116,10 @@ fn steps(o: Options, t: &mut Timings) -> Result<(ci_summary::TestCounts, (usize,
     })?;
 
     let interop = t.step("interop with upstream 0.9.0", || crate::interop::run(None))?;
+    // A Rust program that uses only the jumpstarter-core facade, against a lab on loopback.
+    t.step("examples/lab-harness against a local lab", || {
+        crate::lab_harness::run(&[])
+    })?;
     if o.full {
         t.step("fault injection (soak)", || crate::faults::run(&[]))?;
     } else {

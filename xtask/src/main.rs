@@ -30,6 +30,7 @@ mod kube_e2e;
 mod kube_oidc;
 mod kube_podlet;
 mod kube_rollout;
+mod lab_harness;
 mod manifests;
 mod procs;
 mod qemu_board;
@@ -76,6 +77,7 @@ fn main() -> std::process::ExitCode {
         Some("images") => images::run(&args[1..]),
         Some("images-run") => images_run::run(&args[1..]),
         Some("quickstart") => quickstart::run(&args[1..]),
+        Some("lab-harness") => lab_harness::run(&args[1..]),
         Some("s3") => s3::run(),
         Some("kube-up") => kube::run_up(),
         Some("kube-down") => kube::run_down(),
@@ -104,6 +106,7 @@ fn main() -> std::process::ExitCode {
                  faults    [--seed N] [--rounds N] [--quick] [--release] kill processes of a lab day at random, check nothing is lost\n  \
                  fuzz      [--cases N] [--target FILTER] [--seed N] every fuzz target with many more cases (20,000) than cargo test\n  \
                  quickstart  the whole lab on one machine: controller, mock exporter, client, jmp shell\n  \
+                 lab-harness examples/lab-harness (the jumpstarter-core facade) against a local lab with a mock board\n  \
                  s3        the Opendal driver's S3 service (feature storage-s3) against moto's S3 on loopback\n  \
                  kube-up   a real kube-apiserver + etcd on loopback (built from Go modules, cached)\n  \
                  kube-down stop what kube-up started\n  \
