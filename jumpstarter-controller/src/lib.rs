@@ -14,6 +14,26 @@
 //!   [`ControllerState`], the gRPC services [`ClientApi`], [`ControllerApi`] and [`AdminApi`],
 //!   and the reconcile loop ([`run_reconcile_loop`], one pass: [`reconcile_once`]).
 //!
+//! # Embed a controller
+//!
+//! A whole controller in a test or a tool: the SQLite store in a data directory of your
+//! choice, everything on loopback with ports the OS picks.
+//!
+//! ```
+//! use jumpstarter_controller::{ControllerConfig, start};
+//!
+//! # #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let data_dir = tempfile::tempdir()?;
+//! let controller = start(ControllerConfig::loopback(data_dir.path().to_path_buf())).await?;
+//! // Clients and exporters use this endpoint and trust this CA (`jmp admin create` writes
+//! // both into the configs it makes, with the admin token).
+//! assert!(controller.ca_pem.contains("BEGIN CERTIFICATE"));
+//! println!("controller at {}, router at {}", controller.endpoint, controller.router_addr);
+//! controller.shutdown().await;
+//! # Ok(()) }
+//! ```
+//!
 //! # Layout
 //! The files are in folders by job:
 //! - `service/`: the gRPC services ([`AdminApi`], [`ClientApi`], [`ControllerApi`], the

@@ -18,6 +18,31 @@
 //! controller) and a [`RouterConfig`], then [`serve`] on a bound listener (or add
 //! [`Router::service`] to your own tonic server); [`Router::stats`] gives the counters.
 //! [`cli::main`] is the `jumpstarter-router` binary.
+//!
+//! # Run a router
+//!
+//! ```
+//! use jumpstarter_core::server::listener::{ConnectionGuard, ConnectionLimits};
+//! use jumpstarter_router::{Router, RouterConfig, RouterTokenKey, serve};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // The key that signs router tokens; the controller that hands them out holds `secret`.
+//! let (key, secret) = RouterTokenKey::generate()?;
+//! assert!(!secret.is_empty());
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+//! println!("router on {}", listener.local_addr()?);
+//! let router = Router::new(key, RouterConfig::default());
+//! let guard = ConnectionGuard::new("router", ConnectionLimits::default());
+//! let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+//! // Plaintext here; pass an `IssuedCert` for TLS.
+//! let running = tokio::spawn(serve(router, listener, None, guard, async {
+//!     let _ = stopped.await;
+//! }));
+//! let _ = stop.send(());
+//! running.await??;
+//! # Ok(()) }
+//! ```
 
 pub mod cli;
 mod metrics;
