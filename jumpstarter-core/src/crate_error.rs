@@ -72,4 +72,19 @@ mod tests {
         let e = Error::Other(Box::new(io));
         assert_eq!(crate::error_chain(&e), "disk full");
     }
+
+    /// An error that only wraps another says what the other says, once: its chain does not
+    /// repeat the message.
+    #[test]
+    fn wrapping_variants_do_not_repeat_their_cause() {
+        let e = Error::from(ClientError::from(std::io::Error::other("disk full")));
+        assert_eq!(e.to_string(), "disk full");
+        assert!(e.source().is_none());
+        let e = Error::from(TunnelError::from(std::io::Error::other("reset")));
+        assert!(e.source().is_none());
+        let json = serde_json::from_str::<u8>("x").unwrap_err();
+        let text = json.to_string();
+        let e = Error::from(ValueError::Shape(json));
+        assert_eq!((e.to_string(), e.source().is_none()), (text, true));
+    }
 }

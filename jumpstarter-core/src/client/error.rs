@@ -60,7 +60,7 @@ pub enum ClientError {
     #[error(transparent)]
     Encoding(SharedError),
     /// Local I/O failed during a transfer.
-    #[error("{0}")]
+    #[error(transparent)]
     Io(#[from] std::io::Error),
 }
 

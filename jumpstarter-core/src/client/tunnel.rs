@@ -115,7 +115,7 @@ pub enum TunnelError {
         endpoint: String,
     },
     /// Local I/O failed.
-    #[error("{0}")]
+    #[error(transparent)]
     Io(#[from] std::io::Error),
 }
 

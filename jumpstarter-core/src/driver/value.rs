@@ -19,8 +19,8 @@ use super::error::DriverError;
 #[derive(Debug, thiserror::Error)]
 pub enum ValueError {
     /// The value does not have the shape the target type expects.
-    #[error("{0}")]
-    Shape(#[source] serde_json::Error),
+    #[error(transparent)]
+    Shape(serde_json::Error),
 }
 
 impl From<ValueError> for DriverError {
