@@ -841,6 +841,12 @@ pub(crate) struct ObjectView {
     endpoint: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     config_path: Option<String>,
+    /// Clients: when the token the controller last issued expires.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    token_expires_at: Option<Timestamp>,
+    /// Clients: the `TokenExpiring` condition's reason and message.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    token_expiring: Option<TokenExpiringView>,
     /// Only with `jmp admin get exporter --devices`.
     #[serde(skip_serializing_if = "Option::is_none")]
     devices: Option<Vec<DeviceView>>,
@@ -867,8 +873,20 @@ fn created(t: &Option<prost_types::Timestamp>) -> Option<Timestamp> {
     t.as_ref().and_then(crate::output::timestamp)
 }
 
+/// A client's `TokenExpiring` condition, as `jmp admin get clients -o json|yaml` shows it.
+#[derive(Serialize, Debug)]
+struct TokenExpiringView {
+    reason: String,
+    message: String,
+}
+
 fn client_view(c: &Client) -> ObjectView {
     ObjectView {
+        token_expires_at: created(&c.token_expires_at),
+        token_expiring: (!c.token_expiring_reason.is_empty()).then(|| TokenExpiringView {
+            reason: c.token_expiring_reason.clone(),
+            message: c.token_expiring_message.clone(),
+        }),
         kind: "Client",
         namespace: c.namespace.clone(),
         name: c.name.clone(),
@@ -887,6 +905,8 @@ fn client_view(c: &Client) -> ObjectView {
 
 fn exporter_view(e: &Exporter) -> ObjectView {
     ObjectView {
+        token_expires_at: None,
+        token_expiring: None,
         kind: "Exporter",
         namespace: e.namespace.clone(),
         name: e.name.clone(),
@@ -1166,6 +1186,25 @@ fn age(t: Option<Timestamp>, now: Timestamp) -> String {
         .unwrap_or_default()
 }
 
+/// The TOKEN EXPIRES column: the date, and how soon when the `TokenExpiring` condition says
+/// so (`expired`, `in 5d`); empty when the controller recorded none.
+fn token_expiry_text(v: &ObjectView, now: Timestamp) -> String {
+    let Some(at) = v.token_expires_at else {
+        return String::new();
+    };
+    let date = at.strftime("%Y-%m-%d").to_string();
+    let expiring = v
+        .token_expiring
+        .as_ref()
+        .is_some_and(|t| t.reason != "Valid");
+    let left = at.as_second() - now.as_second();
+    match () {
+        _ if left <= 0 => format!("{date} (expired)"),
+        _ if expiring => format!("{date} (in {})", format_age(left)),
+        _ => date,
+    }
+}
+
 async fn get_clients(a: GetArgs) -> Result<i32> {
     let mode = OutputMode::from_flag(a.output.as_deref())?;
     let mut api = AdminApi::connect(&a.connect, false).await?;
@@ -1190,13 +1229,14 @@ async fn get_clients(a: GetArgs) -> Result<i32> {
         }
     };
     let now = Timestamp::now();
-    let mut t = Table::new(["NAMESPACE", "NAME", "LABELS", "AGE"]);
+    let mut t = Table::new(["NAMESPACE", "NAME", "LABELS", "TOKEN EXPIRES", "AGE"]);
     let views: Vec<ObjectView> = clients.iter().map(client_view).collect();
     for v in &views {
         t.row([
             v.namespace.clone(),
             v.name.clone(),
             labels_text(&v.labels),
+            token_expiry_text(v, now),
             age(v.created, now),
         ]);
     }

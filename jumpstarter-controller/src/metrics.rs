@@ -14,7 +14,7 @@ use std::{
 };
 
 use crate::{
-    objects::{Exporter, Lease, conditions, selector::LabelSelector},
+    objects::{Client, Exporter, Lease, conditions, selector::LabelSelector},
     state::ControllerState,
     store::{ListParams, Store},
 };
@@ -257,6 +257,10 @@ pub async fn object_metrics<S: Store>(state: &ControllerState<S>) -> String {
         }
         Err(e) => tracing::warn!("metrics: cannot list exporters: {e}"),
     }
+    match state.store.list::<Client>(None, &all, &params).await {
+        Ok(list) => out.push_str(&client_token_metrics(&list.items)),
+        Err(e) => tracing::warn!("metrics: cannot list clients: {e}"),
+    }
     let _ = write!(
         out,
         "# HELP jumpstarter_controller_exporter_cache_lists_total Times the exporter cache \
@@ -284,6 +288,53 @@ pub async fn object_metrics<S: Store>(state: &ControllerState<S>) -> String {
              something (one disk sync each with the embedded store).\n\
              # TYPE jumpstarter_controller_store_commits_total counter\n\
              jumpstarter_controller_store_commits_total {n}\n"
+        );
+    }
+    out
+}
+
+/// Each client's token expiry (upstream main's `tokenExpiresAt`, as a Unix time) and how
+/// many clients' `TokenExpiring` condition is true, by reason.
+fn client_token_metrics(clients: &[Client]) -> String {
+    let mut out = String::from(
+        "# HELP jumpstarter_controller_client_token_expiry_timestamp_seconds When the token \
+         the controller last issued to the client expires (Unix time).\n\
+         # TYPE jumpstarter_controller_client_token_expiry_timestamp_seconds gauge\n",
+    );
+    let mut expiring: std::collections::BTreeMap<String, u64> =
+        ["Expired", "ExpiresWithin7Days", "ExpiresWithin30Days"]
+            .into_iter()
+            .map(|r| (r.to_string(), 0))
+            .collect();
+    for c in clients {
+        let Some(status) = &c.status else { continue };
+        let Some(at) = &status.token_expires_at else {
+            continue;
+        };
+        let _ = writeln!(
+            out,
+            "jumpstarter_controller_client_token_expiry_timestamp_seconds{{namespace=\"{}\",name=\"{}\"}} {}",
+            escape_label(c.metadata.namespace.as_deref().unwrap_or_default()),
+            escape_label(c.metadata.name.as_deref().unwrap_or_default()),
+            at.0.as_second()
+        );
+        if let Some(cond) =
+            crate::objects::find_condition(&status.conditions, crate::objects::TOKEN_EXPIRING)
+            && cond.status == conditions::TRUE
+        {
+            *expiring.entry(cond.reason.clone()).or_default() += 1;
+        }
+    }
+    out.push_str(
+        "# HELP jumpstarter_controller_clients_token_expiring Clients whose TokenExpiring \
+         condition is True, by reason.\n\
+         # TYPE jumpstarter_controller_clients_token_expiring gauge\n",
+    );
+    for (reason, n) in expiring {
+        let _ = writeln!(
+            out,
+            "jumpstarter_controller_clients_token_expiring{{reason=\"{}\"}} {n}",
+            escape_label(&reason)
         );
     }
     out

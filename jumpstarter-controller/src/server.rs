@@ -576,6 +576,17 @@ async fn start_locked<S: Store>(
         state.clone(),
         until_stopped(stopped.clone()),
     )));
+    {
+        // Clients' `TokenExpiring` conditions follow the clock.
+        let store = state.store.clone();
+        let rx = stopped.clone();
+        tasks.push(tokio::spawn(async move {
+            tokio::select! {
+                _ = crate::service::token_expiry::run(store) => {}
+                _ = until_stopped(rx) => {}
+            }
+        }));
+    }
     let rpc_metrics = Arc::new(RpcMetrics::default());
     if let Some(l) = listeners.metrics {
         let render = metrics_render(

@@ -24,6 +24,7 @@ mod router_faults;
 mod selectors;
 mod single_lease;
 mod storage;
+mod token_expiry;
 mod twin;
 
 use std::{

@@ -116,6 +116,7 @@ pub const EXPORTER_OFFLINE_AFTER: SignedDuration = SignedDuration::from_secs(60)
     kind = "Client",
     namespaced,
     status = "ClientStatus",
+    printcolumn = r#"{"name":"Token Expires","type":"string","jsonPath":".status.tokenExpiresAt"}"#,
     derive = "PartialEq",
     derive = "Default",
     doc = "Client is the Schema for the clients API"
@@ -131,12 +132,70 @@ pub struct ClientSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ClientStatus {
+    /// Conditions (upstream main: `TokenExpiring`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<metav1::Condition>,
     /// The Secret holding the client's credentials (`<name>-client`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credential: Option<LocalObjectReference>,
     /// The controller gRPC endpoint assigned to this client.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub endpoint: String,
+    /// When the token this controller last issued to the client expires (upstream main).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_expires_at: Option<metav1::Time>,
+}
+
+/// The `TokenExpiring` condition of a Client (upstream main's `reconcileTokenExpiry`).
+pub const TOKEN_EXPIRING: &str = "TokenExpiring";
+
+/// Records that the client's token expires at `expires` (the one just issued, or the one
+/// recorded) and sets `TokenExpiring` as upstream main does at `now`: True with reason
+/// `Expired`, `ExpiresWithin7Days` or `ExpiresWithin30Days`, else False (`Valid`); the
+/// message gives the date and the days left. Returns whether the status changed.
+pub fn set_token_expiry(
+    status: &mut ClientStatus,
+    expires: Timestamp,
+    generation: Option<i64>,
+    now: Timestamp,
+) -> bool {
+    let at = Some(metav1::Time(expires));
+    let mut changed = status.token_expires_at != at;
+    status.token_expires_at = at;
+    let when = expires.strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+    let remaining = expires.duration_since(now);
+    let days = remaining.as_secs() / 86_400;
+    let (expiring, reason, message) = if remaining <= SignedDuration::ZERO {
+        (true, "Expired", format!("Token expired on {when}"))
+    } else if remaining <= SignedDuration::from_hours(7 * 24) {
+        (
+            true,
+            "ExpiresWithin7Days",
+            format!("Token expires on {when} ({days} days remaining)"),
+        )
+    } else if remaining <= SignedDuration::from_hours(30 * 24) {
+        (
+            true,
+            "ExpiresWithin30Days",
+            format!("Token expires on {when} ({days} days remaining)"),
+        )
+    } else {
+        (
+            false,
+            "Valid",
+            format!("Token expires on {when} ({days} days remaining)"),
+        )
+    };
+    changed |= set_condition(
+        &mut status.conditions,
+        TOKEN_EXPIRING,
+        expiring,
+        reason,
+        &message,
+        generation,
+        now,
+    );
+    changed
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -102,9 +102,11 @@ fn compare_props(ours: &Value, theirs: &Value, at: &str, depth: usize) {
 
 #[test]
 fn crds_match_reference() {
+    // Upstream main's Client (0.9.0's plus `conditions`, `tokenExpiresAt` and its printer
+    // column): what the token expiry needs.
     compare_crd(
         serde_json::to_value(Client::crd()).unwrap(),
-        "jumpstarter.dev_clients.yaml",
+        "../upstream-main-2026-08/jumpstarter.dev_clients.yaml",
     );
     compare_crd(
         serde_json::to_value(Exporter::crd()).unwrap(),
@@ -703,4 +705,41 @@ fn a_lease_selector_using_deprecated_labels_reports_them_with_their_messages() {
     };
     policy.annotate_lease(&mut lease);
     assert!(lease.deprecated_labels.is_empty());
+}
+
+#[test]
+fn token_expiring_follows_upstream_mains_thresholds() {
+    let now: Timestamp = "2026-12-01T00:00:00Z".parse().unwrap();
+    let at = |days: i64| now + SignedDuration::from_hours(days * 24);
+    for (days, status, reason, message) in [
+        (
+            -1,
+            "True",
+            "Expired",
+            "Token expired on 2026-11-30T00:00:00Z",
+        ),
+        (
+            3,
+            "True",
+            "ExpiresWithin7Days",
+            "Token expires on 2026-12-04T00:00:00Z (3 days remaining)",
+        ),
+        (7, "True", "ExpiresWithin7Days", "(7 days remaining)"),
+        (20, "True", "ExpiresWithin30Days", "(20 days remaining)"),
+        (365, "False", "Valid", "(365 days remaining)"),
+    ] {
+        let mut s = ClientStatus::default();
+        assert!(set_token_expiry(&mut s, at(days), Some(2), now));
+        assert_eq!(s.token_expires_at, Some(metav1::Time(at(days))));
+        let c = find_condition(&s.conditions, TOKEN_EXPIRING).unwrap();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            (status, reason),
+            "{days}"
+        );
+        assert!(c.message.contains(message), "{days}: {}", c.message);
+        assert_eq!(c.observed_generation, Some(2));
+        // Nothing new: nothing changes.
+        assert!(!set_token_expiry(&mut s, at(days), Some(2), now));
+    }
 }

@@ -28,7 +28,7 @@ use crate::{
         Client, ClientSpec, Exporter, ExporterAccessPolicy, ExporterAccessPolicySpec, ExporterSpec,
         Lease, Policy, PolicyFrom, RESERVED_LABEL_PREFIX, conditions,
         duration::GoDuration,
-        exporter_status_to_proto,
+        exporter_status_to_proto, find_condition,
         selector::{
             LabelSelector, validate_dns1123_subdomain, validate_label_value,
             validate_qualified_name,
@@ -127,6 +127,17 @@ impl<S: Store> AdminApi<S> {
             .issuer
             .issue(&Subject::new(kind, namespace, name, uid))
             .map_err(|e| Status::internal(format!("cannot issue a token: {e}")))?;
+        if kind == ObjectKind::Client
+            && let Err(e) = crate::service::token_expiry::record(
+                &self.state.store,
+                namespace,
+                name,
+                issued.expires_at,
+            )
+            .await
+        {
+            tracing::warn!("client {namespace}/{name}: cannot record its token's expiry: {e}");
+        }
         Ok(Credentials {
             endpoint: self.state.endpoint.clone(),
             ca_pem: self.ca_pem.clone(),
@@ -323,7 +334,25 @@ pub fn client_to_admin(c: &Client) -> PbClient {
             .collect(),
         username: c.spec.username.clone().unwrap_or_default(),
         created: created(&c.metadata),
+        token_expires_at: c
+            .status
+            .as_ref()
+            .and_then(|s| s.token_expires_at.as_ref())
+            .map(|t| timestamp_to_proto(t.0)),
+        token_expiring_reason: token_expiring(c)
+            .map(|t| t.reason.clone())
+            .unwrap_or_default(),
+        token_expiring_message: token_expiring(c)
+            .map(|t| t.message.clone())
+            .unwrap_or_default(),
     }
+}
+
+/// The `TokenExpiring` condition of a client, if any.
+fn token_expiring(c: &Client) -> Option<&metav1::Condition> {
+    c.status
+        .as_ref()
+        .and_then(|s| find_condition(&s.conditions, crate::objects::TOKEN_EXPIRING))
 }
 
 /// An Exporter as the admin API shows it.

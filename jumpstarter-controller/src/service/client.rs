@@ -400,6 +400,20 @@ impl<S: Store> ClientService for ClientApi<S> {
             .issuer
             .issue(&subject)
             .map_err(|e| Status::internal(e.to_string()))?;
+        if let Err(e) = crate::service::token_expiry::record(
+            &self.0.store,
+            &caller.namespace,
+            &caller.name,
+            issued.expires_at,
+        )
+        .await
+        {
+            tracing::warn!(
+                "client {}/{}: cannot record its token's expiry: {e}",
+                caller.namespace,
+                caller.name
+            );
+        }
         Ok(Response::new(RotateTokenResponse {
             token: issued.token,
             expiry: Some(prost_types::Timestamp::from(issued.expires_at)),

@@ -8,3 +8,4 @@ pub mod devices;
 pub mod limits;
 pub mod live_exporters;
 pub mod login;
+pub mod token_expiry;
