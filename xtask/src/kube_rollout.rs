@@ -404,24 +404,8 @@ fn cleanup() {
         "--grace-period=0",
         "--force",
     ]);
-    let mut objects = Vec::new();
-    for e in EXPORTERS {
-        objects.push(format!("exporters.jumpstarter.dev/{}", e.0));
-        objects.push(format!("secrets/{}-exporter", e.0));
-    }
-    for c in CLIENTS {
-        objects.push(format!("clients.jumpstarter.dev/{c}"));
-        objects.push(format!("secrets/{c}-client"));
-    }
-    let mut args = vec![
-        "delete",
-        "-n",
-        "default",
-        "--ignore-not-found",
-        "--wait=false",
-    ];
-    args.extend(objects.iter().map(String::as_str));
-    let _ = kube::kubectl(&args);
+    let exporters: Vec<&str> = EXPORTERS.iter().map(|e| e.0).collect();
+    let _ = crate::kube_e2e::delete_objects(&exporters, &CLIENTS);
     let _ = kube::kubectl(&[
         "delete",
         "-n",
