@@ -72,6 +72,11 @@ pub struct LoginArgs {
     /// Do not request offline_access (no refresh token)
     #[arg(long, overrides_with = "offline_access")]
     pub no_offline_access: bool,
+    /// Use OAuth 2.0 Device Authorization Grant (RFC 8628) instead of authorization code
+    /// flow. Useful in headless or containerized environments where localhost callbacks are
+    /// not available. Also when JMP_OIDC_DEVICE_FLOW=1.
+    #[arg(long)]
+    pub device_flow: bool,
     /// A comma-separated list of driver client packages to load.
     #[arg(long, value_name = "TEXT")]
     pub allow: Option<String>,
@@ -390,10 +395,87 @@ async fn obtain_tokens(
         oidc::password_grant(&http, ep, client_id, username, password, &scope).await?
     } else if a.password.is_some() {
         bail!("--password needs --username");
+    } else if use_device_flow(a.device_flow) {
+        device_flow(&http, &discovery, client_id, &scope).await?
     } else {
         browser_flow(a, &http, &discovery, client_id, &scope).await?
     };
     Ok(tokens)
+}
+
+/// `--device-flow`, or `JMP_OIDC_DEVICE_FLOW=1` (exactly, as upstream main).
+fn use_device_flow(flag: bool) -> bool {
+    flag || std::env::var("JMP_OIDC_DEVICE_FLOW").is_ok_and(|v| v == "1")
+}
+
+/// The device authorization grant (RFC 8628), as upstream main: a device code from the
+/// issuer, its URL and user code printed, the token endpoint polled every `interval` seconds
+/// (5 more after each `slow_down`) until the user approves, denies, or the code expires.
+async fn device_flow(
+    http: &HttpsClient,
+    discovery: &oidc::Discovery,
+    client_id: &str,
+    scope: &str,
+) -> Result<TokenResponse> {
+    let endpoint = discovery
+        .device_authorization_endpoint
+        .as_deref()
+        .ok_or_else(|| {
+            anyhow!(
+                "The identity provider does not support Device Authorization Grant (RFC 8628). \
+             The OIDC discovery document of {} does not include a \
+             'device_authorization_endpoint'. Contact your IdP administrator to enable device \
+             flow, or use a different login method.",
+                discovery.issuer
+            )
+        })?;
+    let device = oidc::device_authorization(http, endpoint, client_id, scope)
+        .await
+        .context("Device authorization request failed")?;
+    match (&device.verification_uri_complete, &device.verification_uri) {
+        (Some(uri), _) => {
+            println!("To sign in, open the following URL in your browser:\n\n  {uri}\n")
+        }
+        (None, Some(uri)) => println!(
+            "To sign in, open the following URL in your browser:\n\n  {uri}\n\n\
+             Then enter the code: {}\n",
+            device.user_code.as_deref().unwrap_or_default()
+        ),
+        (None, None) => {}
+    }
+    // On stdout, as upstream main prints them (errors stay one line on stderr).
+    println!("Waiting for authentication...");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(device.expires_in);
+    let mut interval = Duration::from_secs(device.interval);
+    while tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(interval).await;
+        let poll = oidc::device_token_poll(
+            http,
+            &discovery.token_endpoint,
+            client_id,
+            &device.device_code,
+        )
+        .await;
+        match poll {
+            Ok(oidc::DevicePoll::Tokens(tokens)) => return Ok(tokens),
+            Ok(oidc::DevicePoll::Pending) => {}
+            Ok(oidc::DevicePoll::SlowDown) => interval += Duration::from_secs(5),
+            Err(oidc::OidcError::Grant { error, .. }) if error == "expired_token" => {
+                bail!("Device authorization has expired. Please try again.")
+            }
+            Err(oidc::OidcError::Grant { error, .. }) if error == "access_denied" => {
+                bail!("Authorization request was denied by the user.")
+            }
+            Err(oidc::OidcError::Grant {
+                error, description, ..
+            }) => bail!(
+                "Device authorization failed: {error}{}",
+                description.map(|d| format!(" - {d}")).unwrap_or_default()
+            ),
+            Err(e) => return Err(anyhow::Error::new(e).context("Device authorization failed")),
+        }
+    }
+    bail!("Device authorization timed out waiting for user approval. Please try again.")
 }
 
 /// The authorization-code flow: a loopback callback server, the URL printed (and opened in a

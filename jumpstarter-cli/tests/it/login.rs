@@ -16,7 +16,7 @@ use jumpstarter_controller::{
 };
 use jumpstarter_core::{config::ClientConfig, oidc::HttpsClient};
 
-use jumpstarter_controller::testing::FakeIssuer;
+use jumpstarter_controller::testing::{DeviceOutcome, DeviceScript, FakeIssuer};
 
 use crate::{JMP, text};
 
@@ -143,6 +143,30 @@ impl OidcLab {
 
     fn endpoint(&self) -> String {
         format!("localhost:{}", self.ctl().addr.port())
+    }
+
+    /// `jmp login --device-flow` into client alias `alias` (named `carol`, the user the fake
+    /// issuer approves device codes for).
+    fn device_login_args(&self, alias: &str) -> Vec<String> {
+        [
+            "login",
+            "--client",
+            alias,
+            "-e",
+            &self.endpoint(),
+            "--namespace",
+            "default",
+            "--name",
+            "carol",
+            "--issuer",
+            &self.issuer().url,
+            "--device-flow",
+            "-k",
+            "--nointeractive",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
     }
 
     /// `jmp login` with the password grant for `user` into client alias `user`.
@@ -440,4 +464,81 @@ fn easy_login_with_the_browser_flow() {
         lab.ok(&["get", "exporters", "--client", "carol", "-o", "name"])
             .contains("ex1")
     );
+}
+
+#[test]
+fn device_flow_login_polls_until_approved_and_slows_down_when_told() {
+    let lab = OidcLab::new(false);
+    lab.add_client("carol", "fake:carol");
+    // Pending, then slow_down (the next poll comes 5 s later), then approved.
+    lab.issuer().set_device_script(DeviceScript {
+        pending: 2,
+        slow_down_at: Some(2),
+        outcome: DeviceOutcome::Approve,
+        interval: 1,
+    });
+    let out = lab.ok(&args(&lab.device_login_args("headless")));
+    assert!(
+        out.contains("To sign in, open the following URL in your browser:")
+            && out.contains(&format!("{}/activate", lab.issuer().url))
+            && out.contains("Then enter the code: USER-"),
+        "{out}"
+    );
+    assert!(out.contains("Waiting for authentication..."), "{out}");
+    assert!(out.contains("Login successful"), "{out}");
+    let polls = &lab.issuer().device_polls()[0];
+    assert_eq!(polls.len(), 3, "{polls:?}");
+    assert!(polls[1] - polls[0] < Duration::from_secs(3), "{polls:?}");
+    assert!(polls[2] - polls[1] >= Duration::from_secs(6), "{polls:?}");
+    let cfg = load(&lab.client_path("headless"));
+    assert_eq!(
+        jumpstarter_core::oidc::token_issuer(cfg.token.as_deref().unwrap()).as_deref(),
+        Some(lab.issuer().url.as_str())
+    );
+    let listed = lab.ok(&["get", "exporters", "--client", "headless", "-o", "name"]);
+    assert!(listed.contains("ex1"), "{listed}");
+
+    // JMP_OIDC_DEVICE_FLOW=1 chooses it without the flag.
+    lab.issuer().set_device_script(DeviceScript {
+        pending: 0,
+        ..DeviceScript::default()
+    });
+    let mut a = lab.device_login_args("by-env");
+    a.retain(|x| x != "--device-flow");
+    let out = lab
+        .cmd()
+        .env("JMP_OIDC_DEVICE_FLOW", "1")
+        .args(args(&a))
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(stdout.contains("Then enter the code"), "{stdout}{stderr}");
+    assert!(lab.client_path("by-env").exists());
+}
+
+#[test]
+fn device_flow_denied_or_expired_is_a_clear_error_and_writes_nothing() {
+    let lab = OidcLab::new(false);
+    lab.add_client("carol", "fake:carol");
+    for (outcome, message) in [
+        (
+            DeviceOutcome::Deny,
+            "Authorization request was denied by the user.",
+        ),
+        (
+            DeviceOutcome::Expire,
+            "Device authorization has expired. Please try again.",
+        ),
+    ] {
+        lab.issuer().set_device_script(DeviceScript {
+            pending: 1,
+            slow_down_at: None,
+            outcome,
+            interval: 1,
+        });
+        let e = lab.fails(&args(&lab.device_login_args("nope")));
+        assert!(e.contains(message), "{e}");
+        assert!(!lab.client_path("nope").exists());
+    }
 }

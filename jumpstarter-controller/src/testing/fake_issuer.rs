@@ -4,7 +4,10 @@
 //! It serves discovery, a JWKS with one ES256 key generated here, a token endpoint with the
 //! password, refresh-token and authorization-code (PKCE S256) grants, and an authorize
 //! endpoint that approves at once: it redirects to the callback with a code for
-//! [`FakeIssuer::BROWSER_USER`].
+//! [`FakeIssuer::BROWSER_USER`]. Its device authorization endpoint (RFC 8628) hands out
+//! device codes that play a [`DeviceScript`]: some `authorization_pending` answers (one of
+//! them `slow_down`, if asked), then approval for [`FakeIssuer::BROWSER_USER`], denial or
+//! expiry.
 
 use std::{
     collections::HashMap,
@@ -42,6 +45,48 @@ struct Grant {
     client_id: String,
 }
 
+/// What the device codes handed out from now on answer when polled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceScript {
+    /// Polls answered `authorization_pending` first.
+    pub pending: u32,
+    /// The poll (1-based, among the pending ones) answered `slow_down` instead.
+    pub slow_down_at: Option<u32>,
+    /// What the poll after the pending ones gets.
+    pub outcome: DeviceOutcome,
+    /// The `interval` the device authorization response says (seconds).
+    pub interval: u64,
+}
+
+/// How a device code's approval ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceOutcome {
+    /// Tokens for [`FakeIssuer::BROWSER_USER`].
+    Approve,
+    /// `access_denied`.
+    Deny,
+    /// `expired_token`.
+    Expire,
+}
+
+impl Default for DeviceScript {
+    fn default() -> Self {
+        Self {
+            pending: 2,
+            slow_down_at: None,
+            outcome: DeviceOutcome::Approve,
+            interval: 1,
+        }
+    }
+}
+
+/// A device code handed out: its script, client and the times it was polled.
+struct Device {
+    script: DeviceScript,
+    client_id: String,
+    polls: Vec<std::time::Instant>,
+}
+
 struct State {
     url: String,
     key: EcdsaKeyPair,
@@ -51,6 +96,8 @@ struct State {
     jwks_fetches: AtomicUsize,
     token_lifetime: i64,
     counter: AtomicUsize,
+    device_script: Mutex<DeviceScript>,
+    devices: Mutex<HashMap<String, Device>>,
 }
 
 /// Seconds since the Unix epoch (the `iat`/`exp` clock of tokens).
@@ -144,6 +191,8 @@ impl FakeIssuer {
             jwks_fetches: AtomicUsize::new(0),
             token_lifetime: lifetime,
             counter: AtomicUsize::new(0),
+            device_script: Mutex::new(DeviceScript::default()),
+            devices: Mutex::new(HashMap::new()),
         });
         let s = state.clone();
         let task = tokio::spawn(async move {
@@ -183,6 +232,19 @@ impl FakeIssuer {
     /// A token signed with a key the JWKS does not hold, under `kid`.
     pub fn mint_with_foreign_key(&self, kid: &str, claims: &Value) -> String {
         sign(&new_key(), kid, claims)
+    }
+
+    /// What the device codes handed out from now on answer.
+    pub fn set_device_script(&self, script: DeviceScript) {
+        *self.state.device_script.lock().unwrap() = script;
+    }
+
+    /// When each device code handed out so far was polled, by code.
+    pub fn device_polls(&self) -> Vec<Vec<std::time::Instant>> {
+        let devices = self.state.devices.lock().unwrap();
+        let mut codes: Vec<&String> = devices.keys().collect();
+        codes.sort();
+        codes.iter().map(|c| devices[*c].polls.clone()).collect()
     }
 
     /// How often the JWKS was fetched.
@@ -268,11 +330,65 @@ impl State {
                 }
                 (200, self.tokens(g))
             }
+            oidc::DEVICE_CODE_GRANT => {
+                let mut devices = self.devices.lock().unwrap();
+                let Some(d) = devices.get_mut(&get("device_code")) else {
+                    return invalid("unknown device code");
+                };
+                if d.client_id != client_id {
+                    return invalid("client_id mismatch");
+                }
+                d.polls.push(std::time::Instant::now());
+                let n = d.polls.len() as u32;
+                let error = |e: &str| (400, json!({"error": e}));
+                if n <= d.script.pending {
+                    return if d.script.slow_down_at == Some(n) {
+                        error("slow_down")
+                    } else {
+                        error("authorization_pending")
+                    };
+                }
+                match d.script.outcome {
+                    DeviceOutcome::Approve => {
+                        let grant = Grant {
+                            user: FakeIssuer::BROWSER_USER.into(),
+                            client_id,
+                        };
+                        drop(devices);
+                        (200, self.tokens(grant))
+                    }
+                    DeviceOutcome::Deny => error("access_denied"),
+                    DeviceOutcome::Expire => error("expired_token"),
+                }
+            }
             other => (
                 400,
                 json!({"error": "unsupported_grant_type", "error_description": other}),
             ),
         }
+    }
+
+    /// `POST /device`: a device code playing the current [`DeviceScript`].
+    fn device_authorization(&self, form: &HashMap<String, String>) -> Value {
+        let device_code = self.next("device");
+        let user_code = self.next("USER");
+        let script = self.device_script.lock().unwrap().clone();
+        let interval = script.interval;
+        self.devices.lock().unwrap().insert(
+            device_code.clone(),
+            Device {
+                script,
+                client_id: form.get("client_id").cloned().unwrap_or_default(),
+                polls: Vec::new(),
+            },
+        );
+        json!({
+            "device_code": device_code,
+            "user_code": user_code,
+            "verification_uri": format!("{}/activate", self.url),
+            "expires_in": 300,
+            "interval": interval,
+        })
     }
 }
 
@@ -322,6 +438,7 @@ async fn handle<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
                 "jwks_uri": format!("{}/jwks", s.url),
                 "token_endpoint": format!("{}/token", s.url),
                 "authorization_endpoint": format!("{}/authorize", s.url),
+                "device_authorization_endpoint": format!("{}/device", s.url),
             })
             .to_string(),
         ),
@@ -379,6 +496,14 @@ async fn handle<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
                 );
                 (302, format!("Location: {location}\r\n"), String::new())
             }
+        }
+        ("POST", "/device") => {
+            let form: HashMap<String, String> = oidc::form_decode(&body).into_iter().collect();
+            (
+                200,
+                String::new(),
+                s.device_authorization(&form).to_string(),
+            )
         }
         ("POST", "/token") => {
             let form: HashMap<String, String> = oidc::form_decode(&body).into_iter().collect();

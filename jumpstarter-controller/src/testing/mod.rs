@@ -11,7 +11,7 @@ pub mod fake_api;
 pub mod fake_issuer;
 
 pub use fake_api::{FakeApiServer, FakeBody};
-pub use fake_issuer::FakeIssuer;
+pub use fake_issuer::{DeviceOutcome, DeviceScript, FakeIssuer};
 
 /// A controller state over `store` with newly made token and router keys, no routers and a
 /// placeholder endpoint: for tests and benchmarks that drive the state directly (a real

@@ -1,5 +1,6 @@
 //! The client side of OIDC for `jmp login` and `jmp auth refresh`: discovery, the token
-//! grants (password, authorization code with PKCE, refresh, Dex token exchange).
+//! grants (password, authorization code with PKCE, refresh, Dex token exchange, and the
+//! device authorization grant of RFC 8628).
 
 use base64::{Engine, engine::general_purpose::URL_SAFE_NO_PAD};
 use ring::rand::SecureRandom;
@@ -18,6 +19,8 @@ pub struct Discovery {
     pub authorization_endpoint: Option<String>,
     /// `token_endpoint`.
     pub token_endpoint: String,
+    /// `device_authorization_endpoint` (RFC 8628), when the issuer offers the device flow.
+    pub device_authorization_endpoint: Option<String>,
 }
 
 /// Fetches `<issuer>/.well-known/openid-configuration`.
@@ -35,8 +38,115 @@ pub async fn discover(http: &HttpsClient, issuer: &str) -> Result<Discovery, Oid
             url: url.clone(),
             reason: "no \"token_endpoint\"".into(),
         })?,
+        device_authorization_endpoint: field("device_authorization_endpoint"),
     })
 }
+
+/// A device authorization endpoint's answer (RFC 8628 section 3.2).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceAuthorization {
+    /// `device_code`, polled for at the token endpoint.
+    pub device_code: String,
+    /// `user_code`, to enter at `verification_uri`.
+    pub user_code: Option<String>,
+    /// `verification_uri`.
+    pub verification_uri: Option<String>,
+    /// `verification_uri_complete` (the URI with the code in it), when sent.
+    pub verification_uri_complete: Option<String>,
+    /// `expires_in` seconds (default 600, as upstream).
+    pub expires_in: u64,
+    /// `interval` seconds between polls (default 5, RFC 8628).
+    pub interval: u64,
+}
+
+/// Asks `endpoint` (the issuer's `device_authorization_endpoint`) for a device code.
+pub async fn device_authorization(
+    http: &HttpsClient,
+    endpoint: &str,
+    client_id: &str,
+    scope: &str,
+) -> Result<DeviceAuthorization, OidcError> {
+    let resp = http
+        .post_form(endpoint, &[("client_id", client_id), ("scope", scope)])
+        .await?;
+    if !resp.status.is_success() {
+        return Err(OidcError::Status {
+            url: endpoint.to_owned(),
+            status: resp.status.as_u16(),
+            body: snippet(&resp.body),
+        });
+    }
+    let doc = resp.json(endpoint)?;
+    let text = |name: &str| {
+        doc.get(name)
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+    };
+    let secs = |name: &str, default: u64| doc.get(name).and_then(Value::as_u64).unwrap_or(default);
+    let device_code = text("device_code").ok_or_else(|| OidcError::Json {
+        url: endpoint.to_owned(),
+        reason: "no \"device_code\"".into(),
+    })?;
+    let (verification_uri, verification_uri_complete) =
+        (text("verification_uri"), text("verification_uri_complete"));
+    if verification_uri.is_none() && verification_uri_complete.is_none() {
+        return Err(OidcError::Json {
+            url: endpoint.to_owned(),
+            reason: "no \"verification_uri\"".into(),
+        });
+    }
+    Ok(DeviceAuthorization {
+        device_code,
+        user_code: text("user_code"),
+        verification_uri,
+        verification_uri_complete,
+        expires_in: secs("expires_in", 600),
+        interval: secs("interval", 5).max(1),
+    })
+}
+
+/// One poll of the token endpoint for a device code (RFC 8628 section 3.4).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DevicePoll {
+    /// The user approved: the tokens.
+    Tokens(TokenResponse),
+    /// `authorization_pending`: ask again after the interval.
+    Pending,
+    /// `slow_down`: ask again, with the interval 5 s longer from now on.
+    SlowDown,
+}
+
+/// Polls the token endpoint for `device_code`. `expired_token`, `access_denied` and any
+/// other error are [`OidcError::Grant`] naming it.
+pub async fn device_token_poll(
+    http: &HttpsClient,
+    token_endpoint: &str,
+    client_id: &str,
+    device_code: &str,
+) -> Result<DevicePoll, OidcError> {
+    let r = token_request(
+        http,
+        token_endpoint,
+        &[
+            ("grant_type", DEVICE_CODE_GRANT),
+            ("device_code", device_code),
+            ("client_id", client_id),
+        ],
+    )
+    .await;
+    match r {
+        Ok(tokens) => Ok(DevicePoll::Tokens(tokens)),
+        Err(OidcError::Grant { error, .. }) if error == "authorization_pending" => {
+            Ok(DevicePoll::Pending)
+        }
+        Err(OidcError::Grant { error, .. }) if error == "slow_down" => Ok(DevicePoll::SlowDown),
+        Err(e) => Err(e),
+    }
+}
+
+/// The device code grant type (RFC 8628).
+pub const DEVICE_CODE_GRANT: &str = "urn:ietf:params:oauth:grant-type:device_code";
 
 /// A token endpoint's answer.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -9,7 +9,8 @@ mod client;
 mod http;
 
 pub use client::{
-    Discovery, TokenResponse, code_grant, discover, password_grant, pkce_pair, random_state,
+    DEVICE_CODE_GRANT, DeviceAuthorization, DevicePoll, Discovery, TokenResponse, code_grant,
+    device_authorization, device_token_poll, discover, password_grant, pkce_pair, random_state,
     refresh_grant, token_exchange_grant, token_issuer, unverified_claims,
 };
 pub use http::{
