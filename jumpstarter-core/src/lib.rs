@@ -84,9 +84,11 @@ mod crate_error;
 pub mod driver;
 mod error;
 pub mod hooks;
+#[doc(hidden)]
 pub mod labels;
 #[doc(hidden)]
 pub mod leftovers;
+#[doc(hidden)]
 pub mod oidc;
 #[doc(hidden)]
 pub mod private_file;
