@@ -87,4 +87,17 @@ mod tests {
         let e = Error::from(ValueError::Shape(json));
         assert_eq!((e.to_string(), e.source().is_none()), (text, true));
     }
+
+    #[test]
+    fn a_lease_error_names_the_socket_and_keeps_the_cause_once() {
+        let e = Error::from(LeaseError::Listen {
+            path: "/run/x.sock".into(),
+            source: std::io::Error::other("address in use"),
+        });
+        assert_eq!(e.to_string(), "cannot listen on /run/x.sock");
+        assert_eq!(
+            crate::error_chain(&e),
+            "cannot listen on /run/x.sock: address in use"
+        );
+    }
 }

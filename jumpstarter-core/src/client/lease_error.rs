@@ -9,7 +9,7 @@ use crate::client::ClientError;
 #[derive(Debug, thiserror::Error)]
 pub enum LeaseError {
     /// The controller (or the exporter through it) could not be reached.
-    #[error("{0}")]
+    #[error(transparent)]
     Connect(ClientError),
     /// A controller RPC failed.
     #[error("{rpc}: {message}")]
@@ -54,7 +54,7 @@ pub enum LeaseError {
         message: String,
     },
     /// A local socket could not be opened.
-    #[error("cannot listen on {path}: {source}")]
+    #[error("cannot listen on {path}")]
     Listen {
         /// The socket path.
         path: String,
