@@ -152,7 +152,7 @@ pub fn prepare() -> Result<()> {
     crate::qemu_board::prepare()?;
     crate::snmpd::prepare()?;
     crate::boot_tools::ensure()?;
-    crate::images_run::ensure_podman()?;
+    crate::podman::ensure_podman()?;
     crate::interop::ensure_venv()?;
     crate::s3::venv()?;
     Ok(())

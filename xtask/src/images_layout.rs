@@ -37,7 +37,7 @@ use serde_json::Value;
 use crate::{
     images_check::{read_archive, sha256},
     images_dockerfile::{self as dockerfile, StageKind},
-    images_run::Podman,
+    podman::Podman,
 };
 
 /// What a placeholder for a cargo stage's binary holds (`/out/NAME` appended).

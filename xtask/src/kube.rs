@@ -786,3 +786,27 @@ pub fn down() -> Result<()> {
     }
     std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))
 }
+
+/// Deletes, in namespace `default`, the Exporters `exporters` and Clients `clients` with
+/// their credential Secrets (those that exist).
+pub fn delete_objects(exporters: &[&str], clients: &[&str]) -> Result<()> {
+    let mut objects = Vec::new();
+    for e in exporters {
+        objects.push(format!("exporters.jumpstarter.dev/{e}"));
+        objects.push(format!("secrets/{e}-exporter"));
+    }
+    for c in clients {
+        objects.push(format!("clients.jumpstarter.dev/{c}"));
+        objects.push(format!("secrets/{c}-client"));
+    }
+    let mut args = vec![
+        "delete",
+        "-n",
+        "default",
+        "--ignore-not-found",
+        "--wait=false",
+    ];
+    args.extend(objects.iter().map(String::as_str));
+    kubectl(&args)?;
+    Ok(())
+}

@@ -118,7 +118,7 @@ fn forget_last_walkthrough() -> Result<()> {
 /// their credential Secrets, and every Lease there (the suite's tests that keep leases in
 /// `default` delete their own; what is left is from the walkthrough and interop scenarios).
 fn forget(exporters: &[&str], clients: &[&str]) -> Result<()> {
-    delete_objects(exporters, clients)?;
+    kube::delete_objects(exporters, clients)?;
     kube::kubectl(&[
         "delete",
         "-n",
@@ -128,29 +128,5 @@ fn forget(exporters: &[&str], clients: &[&str]) -> Result<()> {
         "--wait=false",
         "leases.jumpstarter.dev",
     ])?;
-    Ok(())
-}
-
-/// Deletes, in namespace `default`, the Exporters `exporters` and Clients `clients` with
-/// their credential Secrets (those that exist).
-pub fn delete_objects(exporters: &[&str], clients: &[&str]) -> Result<()> {
-    let mut objects = Vec::new();
-    for e in exporters {
-        objects.push(format!("exporters.jumpstarter.dev/{e}"));
-        objects.push(format!("secrets/{e}-exporter"));
-    }
-    for c in clients {
-        objects.push(format!("clients.jumpstarter.dev/{c}"));
-        objects.push(format!("secrets/{c}-client"));
-    }
-    let mut args = vec![
-        "delete",
-        "-n",
-        "default",
-        "--ignore-not-found",
-        "--wait=false",
-    ];
-    args.extend(objects.iter().map(String::as_str));
-    kube::kubectl(&args)?;
     Ok(())
 }

@@ -32,6 +32,7 @@ mod kube_podlet;
 mod kube_rollout;
 mod lab_harness;
 mod manifests;
+mod podman;
 mod procs;
 mod qemu_board;
 mod quickstart;
