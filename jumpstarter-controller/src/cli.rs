@@ -656,6 +656,10 @@ async fn run_kubernetes(
                 *at = a.to_string();
             }
         }
+        let (grpc_addr, router_addr) = match (grpc.local_addr(), router.local_addr()) {
+            (Ok(g), Ok(r)) => (g, r),
+            (Err(e), _) | (_, Err(e)) => return Err(format!("standby listeners: {e}")),
+        };
         tracing::info!(
             "standby listeners: grpc={} router={}; forwarded to the leader until this replica \
              leads",
@@ -685,10 +689,17 @@ async fn run_kubernetes(
                 }
             }
         };
+        // A leader whose process died is taken over at once, not when its Lease expires.
+        let holder_gone = tokio::sync::Notify::new();
+        let own =
+            crate::kubernetes::standby::Endpoints::advertised(grpc_addr, router_addr, pod_ip());
+        let probe =
+            crate::kubernetes::standby::watch_leader(e.leader_endpoints(), own, &holder_gone);
         tokio::select! {
-            _ = e.acquire() => {}
+            _ = e.acquire_or_take_over(&holder_gone) => {}
             _ = standby => {}
             _ = relay => {}
+            _ = probe => {}
             _ = stop_signal() => return Ok(std::process::ExitCode::SUCCESS),
         }
         // The connections the standby accepted and holds wait for a leader: us, once we
@@ -705,13 +716,10 @@ async fn run_kubernetes(
         .map_err(|e| e.to_string())?;
     if let Some(e) = elector.as_mut() {
         // Written with the next renewal: the standbys forward here.
-        let pod_ip = std::env::var("POD_IP")
-            .ok()
-            .and_then(|ip| ip.trim().parse().ok());
         match crate::kubernetes::standby::Endpoints::advertised(
             running.addr,
             running.router_addr,
-            pod_ip,
+            pod_ip(),
         ) {
             Some(at) => {
                 e.set_endpoints(at.annotation());
@@ -751,6 +759,13 @@ async fn run_kubernetes(
         tracing::warn!("{err}");
     }
     Ok(code)
+}
+
+/// `POD_IP` (the downward API's `status.podIP`), when set to an address.
+fn pod_ip() -> Option<std::net::IpAddr> {
+    std::env::var("POD_IP")
+        .ok()
+        .and_then(|ip| ip.trim().parse().ok())
 }
 
 /// Announces `running`, serves until a signal (success) or until `lost` resolves (failure:

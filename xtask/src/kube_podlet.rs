@@ -186,6 +186,29 @@ impl Podlet {
         Ok(())
     }
 
+    /// Stops pod `name`'s container with SIGSTOP, as a node that stops answering: its
+    /// address still takes connections (into the listen backlog) and answers nothing, and
+    /// the pod stays Ready (no kubelet reports it). It is killed when the pod goes.
+    pub fn freeze(&self, name: &str) -> Result<()> {
+        let pods = self.inner.lock();
+        let pod = pods
+            .get(name)
+            .with_context(|| format!("no pod {name} on the stand-in node"))?;
+        let child = pod
+            .child
+            .as_ref()
+            .with_context(|| format!("pod {name} has no running container"))?;
+        let status = Command::new("kill")
+            .args(["-STOP", &child.id().to_string()])
+            .status()
+            .context("kill -STOP")?;
+        anyhow::ensure!(
+            status.success(),
+            "kill -STOP of pod {name}'s container failed"
+        );
+        Ok(())
+    }
+
     /// What happened, one line an event, with seconds since the start.
     pub fn events(&self) -> Vec<String> {
         self.inner
@@ -716,9 +739,12 @@ fn copy(mut from: TcpStream, mut to: TcpStream) {
 
 /// SIGTERM, then SIGKILL after `grace`.
 fn stop_gracefully(mut child: Child, grace: Duration) {
-    let _ = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status();
+    // SIGCONT after the SIGTERM, for a frozen one, as a container runtime does.
+    for signal in ["-TERM", "-CONT"] {
+        let _ = Command::new("kill")
+            .args([signal, &child.id().to_string()])
+            .status();
+    }
     let deadline = Instant::now() + grace;
     while Instant::now() < deadline {
         if let Ok(Some(_)) = child.try_wait() {

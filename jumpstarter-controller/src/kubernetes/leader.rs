@@ -125,6 +125,9 @@ pub struct LeaderElector<S: Store> {
     leader_endpoints: tokio::sync::watch::Sender<Option<String>>,
     /// When the Lease another controller holds expires unless renewed, as last seen.
     expires: Option<Instant>,
+    /// The Lease's resourceVersion when we were told its holder is gone (its endpoints
+    /// refuse connections): unchanged since, the Lease is taken without waiting for expiry.
+    holder_gone: Option<String>,
 }
 
 fn micro_now() -> MicroTime {
@@ -146,6 +149,7 @@ impl<S: Store> LeaderElector<S> {
             endpoints: None,
             leader_endpoints: tokio::sync::watch::channel(None).0,
             expires: None,
+            holder_gone: None,
         })
     }
 
@@ -224,7 +228,16 @@ impl<S: Store> LeaderElector<S> {
                 .and_then(|s| u64::try_from(s).ok())
                 .map_or(self.config.lease_duration, Duration::from_secs);
             let seen_at = self.observed.as_ref().map_or(now, |(_, at)| *at);
-            if now < seen_at + valid_for {
+            let gone =
+                self.holder_gone.is_some() && self.holder_gone == lease.metadata.resource_version;
+            if gone {
+                tracing::info!(
+                    "leader election: {holder} refuses connections where it said it serves \
+                     and has not renewed since: taking Lease {ns}/{name} over without waiting \
+                     for its expiry"
+                );
+            }
+            if now < seen_at + valid_for && !gone {
                 self.expires = Some(seen_at + valid_for);
                 let theirs = lease
                     .metadata
@@ -273,7 +286,12 @@ impl<S: Store> LeaderElector<S> {
 
     /// Waits until we hold the Lease (retrying every renew period; store errors are logged
     /// and retried).
-    pub async fn acquire(&mut self) {
+    ///
+    /// Also tries at once when `holder_gone` is notified (the holder's endpoints refuse
+    /// connections: its process is gone, [`super::standby::watch_leader`]); the Lease is then
+    /// taken over, without waiting for its expiry, unless its holder renewed it since we last
+    /// saw it.
+    pub async fn acquire_or_take_over(&mut self, holder_gone: &tokio::sync::Notify) {
         let mut logged = false;
         loop {
             match self.try_acquire_or_renew().await {
@@ -297,7 +315,13 @@ impl<S: Store> LeaderElector<S> {
                 Ok(false) => {}
                 Err(e) => tracing::warn!("{e}; retrying"),
             }
-            tokio::time::sleep(self.next_attempt_in()).await;
+            self.holder_gone = None;
+            tokio::select! {
+                _ = tokio::time::sleep(self.next_attempt_in()) => {}
+                _ = holder_gone.notified() => {
+                    self.holder_gone = self.observed.as_ref().map(|(rv, _)| rv.clone());
+                }
+            }
         }
     }
 
@@ -432,9 +456,12 @@ mod tests {
         }
         // a stops renewing: b takes over once the lease has not changed for its duration.
         let started = Instant::now();
-        tokio::time::timeout(Duration::from_secs(5), b.acquire())
-            .await
-            .unwrap();
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            b.acquire_or_take_over(&tokio::sync::Notify::new()),
+        )
+        .await
+        .unwrap();
         assert!(started.elapsed() >= Duration::from_millis(700));
         let lease = store
             .get::<Lease>("lab", LEASE_NAME)
@@ -478,6 +505,57 @@ mod tests {
             "{:?}",
             b.next_attempt_in()
         );
+    }
+
+    #[tokio::test]
+    async fn a_standby_told_the_holder_is_gone_takes_over_unless_it_renewed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::SqliteStore::open(dir.path()).await.unwrap();
+        let cfg = |id: &str| LeaderConfig {
+            lease_duration: Duration::from_secs(30),
+            renew_period: Duration::from_millis(500),
+            ..config(id)
+        };
+        let mut a = LeaderElector::new(store.clone(), cfg("a")).unwrap();
+        let mut b = LeaderElector::new(store.clone(), cfg("b")).unwrap();
+        assert!(a.try_acquire_or_renew().await.unwrap());
+        assert!(!b.try_acquire_or_renew().await.unwrap());
+
+        // The holder renews after b looked, then b hears it is gone: it is not (it renewed).
+        let gone = std::sync::Arc::new(tokio::sync::Notify::new());
+        let waiting = {
+            let gone = gone.clone();
+            tokio::spawn(async move {
+                b.acquire_or_take_over(&gone).await;
+                b
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(a.try_acquire_or_renew().await.unwrap());
+        gone.notify_one();
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        assert!(
+            !waiting.is_finished(),
+            "took a Lease its holder had just renewed"
+        );
+        waiting.abort();
+
+        // Told the holder is gone, with no renewal since: taken at once, 30 s before expiry.
+        let mut c = LeaderElector::new(store.clone(), cfg("c")).unwrap();
+        assert!(!c.try_acquire_or_renew().await.unwrap());
+        let gone = tokio::sync::Notify::new();
+        gone.notify_one();
+        tokio::time::timeout(Duration::from_secs(5), c.acquire_or_take_over(&gone))
+            .await
+            .expect("the Lease of a gone holder was not taken over");
+        let lease = store
+            .get::<Lease>("lab", LEASE_NAME)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(lease.spec.unwrap().holder_identity.as_deref(), Some("c"));
+        // And a, renewing, learns it lost.
+        assert!(!a.try_acquire_or_renew().await.unwrap());
     }
 
     #[tokio::test]

@@ -204,6 +204,52 @@ async fn forward_waiting(
     }
 }
 
+/// How often a standby checks that the leader still listens.
+const PROBE_PERIOD: Duration = Duration::from_millis(250);
+
+/// Refused connections in a row that make the leader count as gone.
+const REFUSALS: u32 = 2;
+
+/// Checks, every [`PROBE_PERIOD`], that the leader named in `leader` still accepts
+/// connections on its gRPC endpoint, and notifies `gone` after [`REFUSALS`] refusals in a
+/// row: its process has died (a killed container's address answers with a reset; a node that
+/// is gone does not answer at all, and is replaced when its Lease expires). A leader that
+/// serves where this process serves (`own`: a container started again in the same pod, on
+/// ports it could bind) is gone for sure: `gone` is notified at once. Runs until dropped.
+pub async fn watch_leader(
+    leader: watch::Receiver<Option<String>>,
+    own: Option<Endpoints>,
+    gone: &tokio::sync::Notify,
+) {
+    let mut refused = 0;
+    loop {
+        let theirs = leader.borrow().as_deref().and_then(Endpoints::parse);
+        if theirs.is_some() && theirs == own {
+            tracing::info!(
+                "standby: the Lease names this pod's own address: its holder was an earlier \
+                 run of this container"
+            );
+            gone.notify_one();
+        }
+        tokio::time::sleep(PROBE_PERIOD).await;
+        let Some(target) = theirs.map(|e| e.grpc) else {
+            refused = 0;
+            continue;
+        };
+        match tokio::time::timeout(PROBE_PERIOD * 2, TcpStream::connect(target)).await {
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                refused += 1;
+                if refused >= REFUSALS {
+                    tracing::info!("standby: the leader at {target} refuses connections");
+                    gone.notify_one();
+                    refused = 0;
+                }
+            }
+            _ => refused = 0,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -309,6 +355,52 @@ mod tests {
             assert_eq!(String::from_utf8(out).unwrap(), want);
         }
         standby.abort();
+    }
+
+    #[tokio::test]
+    async fn a_leader_gone_is_noticed_by_its_refusals_or_its_own_address() {
+        // A leader whose port refuses connections (nothing listens there any more).
+        let closed = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let dead = closed.local_addr().unwrap();
+        drop(closed);
+        let alive = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let live = alive.local_addr().unwrap();
+        let at = |grpc| Endpoints { grpc, router: grpc };
+        let (_tx, rx) = watch::channel(Some(at(dead).annotation()));
+        let gone = tokio::sync::Notify::new();
+        tokio::time::timeout(Duration::from_secs(5), async {
+            tokio::select! {
+                _ = watch_leader(rx, None, &gone) => {}
+                _ = gone.notified() => {}
+            }
+        })
+        .await
+        .expect("a leader refusing connections was not noticed");
+
+        // One that accepts them is not gone.
+        let (_tx, rx) = watch::channel(Some(at(live).annotation()));
+        let gone = tokio::sync::Notify::new();
+        let quiet = tokio::time::timeout(Duration::from_millis(1500), async {
+            tokio::select! {
+                _ = watch_leader(rx, None, &gone) => {}
+                _ = gone.notified() => {}
+            }
+        })
+        .await;
+        assert!(quiet.is_err(), "a listening leader counted as gone");
+
+        // The Lease names our own address (an earlier run of this container): gone at once.
+        let (_tx, rx) = watch::channel(Some(at(live).annotation()));
+        let gone = tokio::sync::Notify::new();
+        tokio::time::timeout(Duration::from_secs(1), async {
+            tokio::select! {
+                _ = watch_leader(rx, Some(at(live)), &gone) => {}
+                _ = gone.notified() => {}
+            }
+        })
+        .await
+        .expect("a Lease naming our own address was not taken for a gone holder");
+        drop(alive);
     }
 
     #[tokio::test]
