@@ -70,8 +70,6 @@ struct Pod {
     gone: bool,
     /// What the pod waits for, said once.
     waiting: Option<String>,
-    /// Killed on purpose and not to be started again ([`Podlet::kill`] with `restart: false`).
-    held: bool,
 }
 
 /// The stand-in node (see the module docs). Dropping it stops every process it started.
@@ -166,9 +164,9 @@ impl Podlet {
             .collect()
     }
 
-    /// Kills pod `name`'s container with SIGKILL; `restart` as a kubelet restarts it, or
-    /// never again (the node is gone with it: its pod stays until deleted).
-    pub fn kill(&self, name: &str, restart: bool) -> Result<()> {
+    /// Kills pod `name`'s container with SIGKILL; it is started again at once, as a kubelet
+    /// restarts a container that exited for the first time.
+    pub fn kill(&self, name: &str) -> Result<()> {
         let mut pods = self.inner.lock();
         let pod = pods
             .get_mut(name)
@@ -180,7 +178,7 @@ impl Podlet {
         child.kill().context("SIGKILL")?;
         let _ = child.wait();
         pod.child = None;
-        pod.held = !restart;
+        pod.restarts += 1;
         pod.ready = false;
         pod.start_after = Instant::now();
         Ok(())
@@ -407,7 +405,6 @@ impl Inner {
                 deleting: None,
                 gone: false,
                 waiting: None,
-                held: false,
             },
         );
     }
@@ -475,7 +472,7 @@ impl Inner {
             self.event(line);
             return Ok(());
         }
-        if pod.child.is_none() && !pod.held && Instant::now() >= pod.start_after {
+        if pod.child.is_none() && Instant::now() >= pod.start_after {
             match self.start_container(pod) {
                 Ok(child) => {
                     pod.child = Some(child);

@@ -267,7 +267,7 @@ fn scenario_in(bins: &Path, kcm: &Path, work: &Path) -> Result<Report> {
         if frozen {
             podlet.freeze(&holder)?;
         } else {
-            podlet.kill(&holder, true)?;
+            podlet.kill(&holder)?;
         }
         let taken_over = loop {
             let now = leader(&podlet)?;
@@ -644,13 +644,11 @@ impl Lab {
                 return Ok(());
             }
             last = format!("exit {}: {}{}", out.code, out.stdout, out.stderr);
-            if std::env::var_os("JMP_KUBE_ROLLOUT_TRACE").is_some() {
-                println!(
-                    "   (attempt of {:.1}s failed: {})",
-                    started.elapsed().as_secs_f64(),
-                    last.trim()
-                );
-            }
+            println!(
+                "   (a jmp shell of {:.1}s failed: {})",
+                started.elapsed().as_secs_f64(),
+                last.trim()
+            );
             thread::sleep(Duration::from_millis(100));
         }
         bail!("{when}: no lease served within 60 s; the last jmp shell: {last}")
