@@ -18,6 +18,10 @@ proto3_optional, oneof_index, json_name, default_value, standard options such as
 type, client/server streaming, standard options).  Declaration order is checked
 too.
 
+Fields upstream added after 0.9.0 that we carry (``UPSTREAM_MAIN_FIELDS``, with upstream
+main's number and type) are listed as ``allowed`` instead of reported: 0.9.0 peers skip
+them as unknown proto3 fields.
+
 Options that cannot change the wire format or the gRPC method paths are ignored
 and listed as ``ignored (wire-neutral)``: all file options (``java_package``
 etc.), ``google/api/*`` imports, and ``google.api.*`` extension options on
@@ -55,6 +59,12 @@ UPSTREAM_MODULES = [
 IGNORED_IMPORT_PREFIX = "google/api/"
 # Extension options (on messages, fields, methods, ...) that are wire-neutral.
 IGNORED_EXTENSION_PREFIX = "google.api."
+# Fields upstream added after 0.9.0 (its main as of 2026-08) that we carry too: proto3
+# fields 0.9.0 peers skip as unknown, so the wire stays compatible. Each must have upstream
+# main's number and type: (number, FieldDescriptorProto type).
+UPSTREAM_MAIN_FIELDS = {
+    "jumpstarter.v1.GetReportResponse.motd": (5, descriptor_pb2.FieldDescriptorProto.TYPE_STRING),
+}
 # Files present in our set only because they are imported (well-known types
 # shipped by every protobuf runtime); they are not compared.
 IMPORT_ONLY_PREFIX = "google/protobuf/"
@@ -133,6 +143,7 @@ class _Ctx:
     def __init__(self) -> None:
         self.diffs: list[str] = []
         self.ignored: list[tuple[str, str, str]] = []  # (side, what, path)
+        self.allowed: list[str] = []  # upstream main's additions (UPSTREAM_MAIN_FIELDS)
         self.stats: Counter[str] = Counter()
 
     def diff(self, path: str, what: str, up: object, ours: object) -> None:
@@ -208,6 +219,10 @@ def _match(
             ctx.diffs.append(f"{path}: {what} {k} missing in ours")
     for k in our_map:
         if k not in up_map:
+            added = UPSTREAM_MAIN_FIELDS.get(f"{path}.{k}") if what == "field" else None
+            if added is not None and (our_map[k].number, our_map[k].type) == added:
+                ctx.allowed.append(f"{path}: field {k} = {added[0]} (upstream main, after 0.9.0)")
+                continue
             ctx.diffs.append(f"{path}: {what} {k} only in ours")
     up_order = [key(x) for x in up_list if key(x) in our_map]
     our_order = [key(x) for x in our_list if key(x) in up_map]
@@ -431,6 +446,11 @@ def _mut_wire_neutral(fdps):
     next(f for f in fdps if f.name == "jumpstarter/v1/router.proto").options.java_package = "x.y"
 
 
+def _mut_upstream_main_field(fdps: list[FDP]) -> None:
+    # An upstream-main field with another number than upstream main's is a difference.
+    _find_field(fdps, "jumpstarter.v1.GetReportResponse.motd").number = 6
+
+
 SELF_TEST_MUTATIONS: list[tuple[str, Callable[[list[FDP]], None], list[str]]] = [
     ("field number", _mut_field_number, ["jumpstarter.v1.DriverCallRequest.method: number 2 != 9"]),
     (
@@ -457,6 +477,11 @@ SELF_TEST_MUTATIONS: list[tuple[str, Callable[[list[FDP]], None], list[str]]] = 
     ),
     ("extra field", _mut_extra_field, ["jumpstarter.v1.UnregisterRequest: field id only in ours"]),
     ("wire-neutral file option", _mut_wire_neutral, []),
+    (
+        "upstream main field renumbered",
+        _mut_upstream_main_field,
+        ["jumpstarter.v1.GetReportResponse: field motd only in ours"],
+    ),
 ]
 
 
@@ -497,6 +522,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.verbose:
             for p in paths:
                 print(f"    {p}")
+    for a in ctx.allowed:
+        print(f"allowed (optional on the wire): {a}")
     skipped = sorted(f.name for f in ours if f.name.startswith(IMPORT_ONLY_PREFIX))
     if skipped:
         print(f"not compared (well-known imports): {', '.join(skipped)}")
