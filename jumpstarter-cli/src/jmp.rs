@@ -361,6 +361,12 @@ async fn shell(args: ShellArgs, toolkit: &crate::Toolkit) -> Result<i32> {
                     "Warning: `hooks` of the exporter config are not run by a local shell (they run around leases of `jmp run`)"
                 );
             }
+            if cfg.exit_on_lease_end {
+                // A local shell's exporter lives as long as the shell: there is no lease.
+                eprintln!(
+                    "Warning: `exitOnLeaseEnd` of the exporter config applies to `jmp run` with a controller, not to a local shell"
+                );
+            }
             shell::local(toolkit, &cfg, &args.command, args.exporter_logs).await
         }
         // No exporter: lease one through the controller of a client config.

@@ -122,3 +122,25 @@ fn exit_on_lease_end_is_refused_with_tls_grpc_listener() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("--exit-on-lease-end"), "{stderr}");
 }
+
+#[test]
+fn exit_on_lease_end_in_a_local_shell_is_a_warning_not_silence() {
+    let s = crate::Scratch::new();
+    let cfg = s.write(
+        "once.yaml",
+        &format!("{}exitOnLeaseEnd: true\n", crate::MOCK_CONFIG),
+    );
+    let out = s
+        .cmd(crate::JMP)
+        .args(["shell", "--exporter-config"])
+        .arg(&cfg)
+        .args(["--", "j", "power", "on"])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = crate::text(&out);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(
+        stderr.contains("Warning: `exitOnLeaseEnd` of the exporter config applies to `jmp run`"),
+        "{stderr}"
+    );
+}
