@@ -41,7 +41,7 @@ pub fn main_with(toolkit: crate::Toolkit) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        let matches = match jumpstarter_drivers::j_command_with(&session, &commands).try_get_matches() {
+        let matches = match jumpstarter_drivers::j_command_with(&session, &commands).await.try_get_matches() {
             Ok(m) => m,
             Err(e) => {
                 let _ = e.print();

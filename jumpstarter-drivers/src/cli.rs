@@ -4,7 +4,7 @@
 //! children, and drivers whose class we do not know get generic `call` / `stream-call`
 //! commands taking JSON arguments.
 
-use std::sync::Arc;
+use std::{collections::HashMap, sync::Arc};
 
 use clap::{Arg, ArgAction, ArgMatches, Command};
 use futures::StreamExt;
@@ -40,7 +40,33 @@ pub fn stock_commands() -> CommandTable {
     t
 }
 
-fn group(name: String, client: &DriverClient, table: &CommandTable) -> Command {
+/// The method names of each Shell in a driver tree, by node uuid, as its `get_methods` lists
+/// them.
+type ShellMethods = HashMap<String, Vec<String>>;
+
+/// Asks every Shell in the tree for its methods, as upstream's client does when it builds its
+/// commands: a report describes only the methods configured with a description.
+async fn shell_methods(root: DriverClient) -> ShellMethods {
+    let mut out = HashMap::new();
+    let mut todo = vec![root];
+    while let Some(client) = todo.pop() {
+        if client.node().client_class() == shell::SHELL_CLIENT {
+            // When the exporter cannot list them, the methods its report describes.
+            if let Ok(names) = shell::ShellClient(client.clone()).get_methods().await {
+                out.insert(client.node().uuid.clone(), names);
+            }
+        }
+        todo.extend(client.children().into_iter().map(|(_, c)| c));
+    }
+    out
+}
+
+fn group(
+    name: String,
+    client: &DriverClient,
+    table: &CommandTable,
+    shells: &ShellMethods,
+) -> Command {
     let node = client.node();
     let class = node.client_class().to_string();
     let mut cmd = if class == COMPOSITE_CLIENT
@@ -50,19 +76,19 @@ fn group(name: String, client: &DriverClient, table: &CommandTable) -> Command {
             .about("Generic composite device")
             .subcommand_required(true);
         for (child_name, child) in client.children() {
-            cmd = cmd.subcommand(group(child_name, &child, table));
+            cmd = cmd.subcommand(group(child_name, &child, table, shells));
         }
         cmd
     } else if let Some(dc) = table.get(&class) {
         // A class with commands of its own may have children too (a board): both.
         let mut cmd = (dc.build)(Command::new(name).about(dc.about));
-        // A shell's commands are its configured methods, listed in its report.
+        // A shell's commands are its configured methods.
         if class == shell::SHELL_CLIENT {
-            cmd = shell::add_methods(cmd, node);
+            cmd = shell::add_methods(cmd, node, shells.get(&node.uuid).map(Vec::as_slice));
         }
         let mut cmd = cmd.subcommand(open_stream_command());
         for (child_name, child) in client.children() {
-            cmd = cmd.subcommand(group(child_name, &child, table));
+            cmd = cmd.subcommand(group(child_name, &child, table, shells));
         }
         cmd
     } else {
@@ -149,14 +175,17 @@ fn open_stream_command() -> Command {
 }
 
 /// The whole `j` command for a session, with the stock drivers' commands.
-pub fn j_command(session: &ExporterSession) -> Command {
-    j_command_with(session, &stock_commands())
+/// (Asks each Shell for its methods.)
+pub async fn j_command(session: &ExporterSession) -> Command {
+    j_command_with(session, &stock_commands()).await
 }
 
-/// The whole `j` command for a session, with the commands of `table`.
-pub fn j_command_with(session: &ExporterSession, table: &CommandTable) -> Command {
+/// The whole `j` command for a session, with the commands of `table`. (Asks each Shell for
+/// its methods.)
+pub async fn j_command_with(session: &ExporterSession, table: &CommandTable) -> Command {
     let root = session.root();
-    let mut cmd = group("j".into(), &root, table)
+    let shells = shell_methods(root.clone()).await;
+    let mut cmd = group("j".into(), &root, table, &shells)
         .about(
             root.node()
                 .description

@@ -230,7 +230,7 @@ pub fn drivers(session: &ExporterSession) -> Vec<Value> {
 
 /// The methods of the driver at `path` (dotted parts; empty for the root), with call
 /// examples for `jmp_call` and the driver's `j` commands.
-pub fn driver_methods(
+pub async fn driver_methods(
     session: &ExporterSession,
     connection_id: &str,
     path: &[String],
@@ -269,7 +269,7 @@ pub fn driver_methods(
             })
             .collect::<Vec<_>>()
     });
-    let j = jumpstarter_drivers::j_command_with(session, commands);
+    let j = jumpstarter_drivers::j_command_with(session, commands).await;
     let cli = find_command(&j, path).ok().map(command_tree);
     let mut out = json!({
         "path": dotted,

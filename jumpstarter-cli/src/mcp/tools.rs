@@ -760,7 +760,7 @@ impl Tools {
         };
         let cfg = self.config()?;
         let conn = self.connections.open(&cfg, source, timeout).await?;
-        let j = jumpstarter_drivers::j_command_with(&conn.session, self.toolkit.commands());
+        let j = jumpstarter_drivers::j_command_with(&conn.session, self.toolkit.commands()).await;
         Ok(json!({
             "connection_id": conn.id,
             "lease_name": conn.lease_name,
@@ -847,7 +847,7 @@ impl Tools {
 
     async fn explore(&self, a: &Arguments<'_>) -> Result<Value, ToolError> {
         let conn = self.conn(a).await?;
-        let j = jumpstarter_drivers::j_command_with(&conn.session, self.toolkit.commands());
+        let j = jumpstarter_drivers::j_command_with(&conn.session, self.toolkit.commands()).await;
         let path = a.list("command_path").unwrap_or_default();
         let cmd = introspect::find_command(&j, &path).map_err(ToolError::Failed)?;
         Ok(introspect::command_tree(cmd))
@@ -857,6 +857,7 @@ impl Tools {
         let conn = self.conn(a).await?;
         let path = a.list("driver_path").unwrap_or_default();
         introspect::driver_methods(&conn.session, &conn.id, &path, self.toolkit.commands())
+            .await
             .map_err(ToolError::Failed)
     }
 

@@ -140,13 +140,22 @@ fn with_method_args(cmd: Command) -> Command {
     )
 }
 
-/// The method commands for a node: every method its report describes.
-pub(crate) fn add_methods(cmd: Command, node: &ClientNode) -> Command {
-    node.methods_description
-        .iter()
-        .fold(cmd, |cmd, (name, help)| {
-            cmd.subcommand(method_command(name, help))
-        })
+/// The method commands for a node: every method in `listed` (what its `get_methods`
+/// answered), or, without that, every method its report describes. A method the report does
+/// not describe gets upstream's generic help text.
+pub(crate) fn add_methods(cmd: Command, node: &ClientNode, listed: Option<&[String]>) -> Command {
+    let names: Vec<&String> = match listed {
+        Some(listed) => listed.iter().collect(),
+        None => node.methods_description.keys().collect(),
+    };
+    names.into_iter().fold(cmd, |cmd, name| {
+        let help = node
+            .methods_description
+            .get(name)
+            .cloned()
+            .unwrap_or_else(|| format!("Execute the {name} shell method"));
+        cmd.subcommand(method_command(name, &help))
+    })
 }
 
 /// Parses `--env` values.

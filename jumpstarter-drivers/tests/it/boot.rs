@@ -241,7 +241,7 @@ async fn storage_bytes_and_presign_commands() {
     // The fs service cannot presign: a clear error, from the typed client and from `j`.
     let e = s.presign(Presign::Read, "a/b.txt", 60).await.unwrap_err();
     assert!(e.to_string().contains("presign"), "{e}");
-    let cmd = jumpstarter_drivers::j_command(&session);
+    let cmd = jumpstarter_drivers::j_command(&session).await;
     for sub in ["presign-stat", "presign-read", "presign-write"] {
         let m = cmd
             .clone()
@@ -388,7 +388,7 @@ async fn http_server_serves_what_its_storage_child_writes() {
     let (ok, _) = curl(&[&file_url]);
     assert!(!ok, "the stopped server still answered");
     // `j NAME get-url`, `start` and the storage child through `j`.
-    let cmd = jumpstarter_drivers::j_command(&session);
+    let cmd = jumpstarter_drivers::j_command(&session).await;
     for args in [
         vec!["j", "http", "start"],
         vec!["j", "http", "get-port"],

@@ -121,6 +121,7 @@ async fn j_flash_with_targets_and_dump() {
         let session = &session;
         async move {
             let m = jumpstarter_drivers::j_command(session)
+                .await
                 .try_get_matches_from(args)
                 .unwrap();
             jumpstarter_drivers::run_j_command(session.root(), m).await

@@ -258,7 +258,7 @@ async fn j_lists_each_method_with_its_description() {
         }})),
     )]);
     let session = served.client().await;
-    let mut j = jumpstarter_drivers::j_command(&session);
+    let mut j = jumpstarter_drivers::j_command(&session).await;
     let sh = j.find_subcommand_mut("sh").unwrap();
     let help = sh.render_help().to_string();
     assert!(
@@ -271,6 +271,7 @@ async fn j_lists_each_method_with_its_description() {
     );
     // A successful method through j's own runner.
     let matches = jumpstarter_drivers::j_command(&session)
+        .await
         .try_get_matches_from(["j", "sh", "plain", "-e", "A=1", "x"])
         .unwrap();
     jumpstarter_drivers::run_j_command(session.root(), matches)
@@ -278,6 +279,7 @@ async fn j_lists_each_method_with_its_description() {
         .unwrap();
     // A bad --env is refused before anything runs.
     let matches = jumpstarter_drivers::j_command(&session)
+        .await
         .try_get_matches_from(["j", "sh", "plain", "-e", "NOEQUALS"])
         .unwrap();
     let e = jumpstarter_drivers::run_j_command(session.root(), matches)

@@ -258,6 +258,7 @@ async fn j_reports_the_refused_variable() {
     let served = served(dir.path());
     let session = served.client().await;
     let matches = jumpstarter_drivers::j_command(&session)
+        .await
         .try_get_matches_from(["j", "sh", "m", "-e", "SHELLOPTS=xtrace", "-e", "PS4=$(id)"])
         .unwrap();
     let e = jumpstarter_drivers::run_j_command(session.root(), matches)

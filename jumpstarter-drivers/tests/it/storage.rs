@@ -747,7 +747,7 @@ async fn j_storage_commands_are_offered_with_help() {
     let (mux, _) = mux_with_file(dir.path());
     let served = Served::start(vec![("storage", mux)]);
     let session = served.client().await;
-    let mut cmd = jumpstarter_drivers::j_command(&session);
+    let mut cmd = jumpstarter_drivers::j_command(&session).await;
     let storage = cmd.find_subcommand_mut("storage").unwrap();
     for sub in [
         "host",
@@ -780,6 +780,7 @@ async fn j_storage_switch_commands_run() {
     let session = served.client().await;
     for sub in ["host", "dut", "off"] {
         let matches = jumpstarter_drivers::j_command(&session)
+            .await
             .try_get_matches_from(["j", "storage", sub])
             .unwrap();
         let (name, m) = matches.subcommand().unwrap();
@@ -811,6 +812,7 @@ async fn j_opendal_commands_run() {
                 .into_iter()
                 .chain(args.clone());
             let matches = jumpstarter_drivers::j_command(session)
+                .await
                 .try_get_matches_from(argv)
                 .unwrap_or_else(|e| panic!("j opendal {args:?}: {e}"));
             let (name, m) = matches.subcommand().unwrap();
