@@ -102,18 +102,10 @@ fn drivers(console_port: u16) -> String {
     )
 }
 
-/// Builds the controller, `jmp` and the harness, then runs [`run_with`].
+/// Runs [`run_with`] with the binaries of the workspace's test build (the harness's among
+/// them: its integration test makes `cargo test` build it), so nothing is built again.
 pub fn run(_args: &[String]) -> Result<()> {
-    crate::cargo(&[
-        "build",
-        "-p",
-        "jumpstarter-controller",
-        "-p",
-        "jumpstarter-cli",
-        "-p",
-        "jumpstarter-example-lab-harness",
-        "--bins",
-    ])?;
+    crate::debug_build()?;
     run_with(
         &crate::target_dir().join("debug"),
         &crate::target_dir().join("lab-harness"),
