@@ -5,7 +5,7 @@
 
 use std::process::Command;
 
-use anyhow::{Result, ensure};
+use anyhow::Result;
 
 /// Debian packages and the command each provides.
 const TOOLS: [(&str, &str); 2] = [("curl", "curl"), ("tftp-hpa", "tftp")];
@@ -27,25 +27,5 @@ pub fn ensure() -> Result<()> {
     if missing.is_empty() {
         return Ok(());
     }
-    println!("== apt-get install {}", missing.join(" "));
-    let install = || {
-        Command::new("apt-get")
-            .args(["install", "-y", "--no-install-recommends"])
-            .args(&missing)
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    let ok = install()
-        || (Command::new("apt-get")
-            .arg("update")
-            .status()
-            .is_ok_and(|s| s.success())
-            && install());
-    ensure!(
-        ok,
-        "apt-get install {} failed (the boot-server tests need them; run as root)",
-        missing.join(" ")
-    );
-    Ok(())
+    crate::workspace::apt_install(&missing, false, "the boot-server tests need them")
 }

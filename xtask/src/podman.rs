@@ -27,24 +27,14 @@ pub fn ensure_podman() -> Result<()> {
     if have_podman && Path::new(RUNC).is_file() {
         return Ok(());
     }
-    println!("== apt-get install podman runc (to run the container images)");
-    let install = || {
-        Command::new("apt-get")
-            .args(["install", "-y", "podman", "runc"])
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    let ok = install()
-        || (Command::new("apt-get")
-            .arg("update")
-            .status()
-            .is_ok_and(|s| s.success())
-            && install());
+    crate::workspace::apt_install(
+        &["podman", "runc"],
+        true,
+        "the container images are run with them",
+    )?;
     ensure!(
-        ok && Path::new(RUNC).is_file(),
-        "apt-get install podman runc failed (the container images are run with them; run as \
-         root)"
+        Path::new(RUNC).is_file(),
+        "apt-get installed runc, but {RUNC} is not there"
     );
     Ok(())
 }

@@ -128,25 +128,7 @@ fn ensure_packages() -> Result<()> {
     if missing.is_empty() {
         return Ok(());
     }
-    println!("== apt-get install {}", missing.join(" "));
-    let install = || {
-        Command::new("apt-get")
-            .args(["install", "-y", "--no-install-recommends"])
-            .args(&missing)
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .status()
-    };
-    let ok = install().is_ok_and(|s| s.success()) || {
-        // A fresh machine may not have package lists yet.
-        run_cmd(Command::new("apt-get").arg("update"))?;
-        install().is_ok_and(|s| s.success())
-    };
-    ensure!(
-        ok,
-        "apt-get install {} failed (the QEMU board test needs them; run as root)",
-        missing.join(" ")
-    );
-    Ok(())
+    crate::workspace::apt_install(&missing, false, "the QEMU board test needs them")
 }
 
 struct Kernel {

@@ -4,7 +4,7 @@
 
 use std::process::Command;
 
-use anyhow::{Result, ensure};
+use anyhow::Result;
 
 /// The Debian package the tests need.
 const PACKAGE: &str = "snmpd";
@@ -21,25 +21,7 @@ pub fn prepare() -> Result<()> {
     if installed() {
         return Ok(());
     }
-    println!("== apt-get install {PACKAGE}");
-    let install = || {
-        Command::new("apt-get")
-            .args(["install", "-y", "--no-install-recommends", PACKAGE])
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    // A fresh machine may not have package lists yet.
-    let ok = install()
-        || (Command::new("apt-get")
-            .arg("update")
-            .status()
-            .is_ok_and(|s| s.success())
-            && install());
-    ensure!(
-        ok,
-        "apt-get install {PACKAGE} failed (the SNMP power tests need it; run as root)"
-    );
+    crate::workspace::apt_install(&[PACKAGE], false, "the SNMP power tests need it")?;
     // The package enables and starts a system agent on port 161; the tests run their own.
     let _ = Command::new("sh")
         .args([

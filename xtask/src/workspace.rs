@@ -143,3 +143,34 @@ pub fn short_hash(text: &str) -> String {
         .map(|b| format!("{b:02x}"))
         .collect()
 }
+
+/// Installs Debian `packages` with `apt-get` (their recommended packages too when
+/// `recommends`), after an `apt-get update` when the first try fails (a fresh machine may
+/// have no package lists yet); says what it installs, and fails naming `why` they are needed.
+pub fn apt_install(packages: &[&str], recommends: bool, why: &str) -> Result<()> {
+    println!("== apt-get install {}", packages.join(" "));
+    let install = || {
+        let mut cmd = Command::new("apt-get");
+        cmd.args(["install", "-y"]);
+        if !recommends {
+            cmd.arg("--no-install-recommends");
+        }
+        cmd.args(packages)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let ok = install()
+        || (Command::new("apt-get")
+            .arg("update")
+            .status()
+            .is_ok_and(|s| s.success())
+            && install());
+    if !ok {
+        bail!(
+            "apt-get install {} failed ({why}; run as root)",
+            packages.join(" ")
+        );
+    }
+    Ok(())
+}
