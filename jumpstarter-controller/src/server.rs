@@ -266,6 +266,7 @@ impl<S: Store> RunningController<S> {
             .set_service_status("", tonic_health::ServingStatus::NotServing)
             .await;
         let _ = self.stop.send(true);
+        self.state.stopping.send_replace(true);
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(3);
         for mut t in self.tasks.drain(..) {
             if tokio::time::timeout_at(deadline, &mut t).await.is_err() {

@@ -49,6 +49,10 @@ pub struct ControllerState<S: Store> {
     /// Set once the controller cannot go on (a damaged store): the binary then exits
     /// non-zero with this message instead of failing every second.
     pub fatal: watch::Sender<Option<String>>,
+    /// Set when the controller stops: the long-lived streams (exporters' Listen and Status)
+    /// end then, so that a stopping controller is gone at once (and a leader gives its Lease
+    /// up without waiting for them).
+    pub stopping: watch::Sender<bool>,
     /// Poked whenever something may need rescheduling.
     pub wake: Notify,
     /// The reconcile loop's own copy of the exporters, updated from the cache's changes.
@@ -93,6 +97,7 @@ impl<S: Store> ControllerState<S> {
             label_policy: Default::default(),
             pending_client_timeout: Some(crate::lease::pending_guard::DEFAULT_TIMEOUT),
             fatal: watch::channel(None).0,
+            stopping: watch::channel(false).0,
             wake: Notify::new(),
             exporter_view: tokio::sync::Mutex::new(None),
             lease_view: tokio::sync::Mutex::new(None),
@@ -141,6 +146,15 @@ impl<S: Store> ControllerState<S> {
             Ok(r) => r.clone().unwrap_or_default(),
             // The sender lives as long as the state: never.
             Err(_) => std::future::pending().await,
+        }
+    }
+
+    /// Resolves once the controller is stopping ([`Self::stopping`]).
+    pub async fn stopped(&self) {
+        let mut rx = self.stopping.subscribe();
+        if rx.wait_for(|s| *s).await.is_err() {
+            // The sender lives as long as the state: never.
+            std::future::pending::<()>().await;
         }
     }
 

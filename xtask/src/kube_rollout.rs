@@ -55,7 +55,7 @@ const ROLLOUT_TIMEOUT: &str = "180s";
 pub struct Failover {
     /// What was done to the leader.
     pub what: &'static str,
-    /// From the kill to another pod leading (holding the Lease, its endpoints written).
+    /// From the kill to another process leading (holding the Lease, its endpoints written).
     pub taken_over: Duration,
     /// From the kill to the next lease granted and used, with the longest time between two
     /// answered `jmp get exporters` around the kill (not measured for a frozen leader:
@@ -147,7 +147,7 @@ pub fn print_report(r: &Report) {
     for f in &r.failovers {
         println!(
             "{:<64} {:>8.1}",
-            format!("{}: kill -> another pod leads", f.what),
+            format!("{}: kill -> another process leads", f.what),
             f.taken_over.as_secs_f64()
         );
         if let Some((lease, stall)) = f.next_lease {
@@ -227,7 +227,7 @@ fn scenario_in(bins: &Path, kcm: &Path, work: &Path) -> Result<Report> {
         applied.elapsed().as_secs_f64()
     );
 
-    let holder = leader(&podlet)?;
+    let holder = leader(&podlet)?.pod;
     println!("   leader: {holder}");
     let lab = Lab::start(bins, work)?;
     println!("   lab: 3 exporters, 2 clients, a lease held, a byte stream through the router");
@@ -261,7 +261,10 @@ fn scenario_in(bins: &Path, kcm: &Path, work: &Path) -> Result<Report> {
         ("leader's container killed (SIGKILL, restarted)", false),
         ("leader frozen (SIGSTOP: a node that stops answering)", true),
     ] {
-        let holder = leader(&podlet)?;
+        let Leader {
+            pod: holder,
+            identity,
+        } = leader(&podlet)?;
         let _ = lab.calls.take_longest_stall();
         let killed = Instant::now();
         if frozen {
@@ -269,14 +272,16 @@ fn scenario_in(bins: &Path, kcm: &Path, work: &Path) -> Result<Report> {
         } else {
             podlet.kill(&holder)?;
         }
+        // Another process leads: the standby, or (after a kill) the container started
+        // again in the same pod, whichever takes the Lease first.
         let taken_over = loop {
             let now = leader(&podlet)?;
-            if now != holder {
+            if now.identity != identity {
                 break killed.elapsed();
             }
             ensure!(
                 killed.elapsed() < Duration::from_secs(30),
-                "{what}: no other pod leads 30 s later"
+                "{what}: no other process leads 30 s later"
             );
             thread::sleep(Duration::from_millis(50));
         };
@@ -292,14 +297,14 @@ fn scenario_in(bins: &Path, kcm: &Path, work: &Path) -> Result<Report> {
         lab.check(&format!("after {what}"))?;
         match next_lease {
             Some((lease, stall)) => println!(
-                "   {what}: another pod leads {:.1}s after, the next lease served {:.1}s after, \
+                "   {what}: another process leads {:.1}s after, the next lease served {:.1}s after, \
                  longest call stall {:.1}s",
                 taken_over.as_secs_f64(),
                 lease.as_secs_f64(),
                 stall.as_secs_f64()
             ),
             None => println!(
-                "   {what}: another pod leads {:.1}s after",
+                "   {what}: another process leads {:.1}s after",
                 taken_over.as_secs_f64()
             ),
         }
@@ -357,9 +362,17 @@ fn rollout_status(name: &str, podlet: &Podlet) -> Result<()> {
     })
 }
 
+/// The holder of the controller's leader election Lease.
+struct Leader {
+    /// Its pod.
+    pod: String,
+    /// The process (`POD_RANDOM`): a container started again in the same pod is another.
+    identity: String,
+}
+
 /// The pod holding the controller's leader election Lease, once it has written where it
 /// serves and is not on its way out (30 s at most).
-fn leader(podlet: &Podlet) -> Result<String> {
+fn leader(podlet: &Podlet) -> Result<Leader> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let text = kube::kubectl(&[
@@ -380,7 +393,10 @@ fn leader(podlet: &Podlet) -> Result<String> {
             && podlet.pods().iter().any(|(p, _)| p == pod)
             && v["metadata"]["annotations"]["jumpstarter.dev/leader-endpoints"].is_string()
         {
-            return Ok(pod.to_owned());
+            return Ok(Leader {
+                pod: pod.to_owned(),
+                identity: holder.to_owned(),
+            });
         }
         ensure!(
             Instant::now() < deadline,

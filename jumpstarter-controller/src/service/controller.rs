@@ -438,10 +438,13 @@ impl<S: Store> ControllerService for ControllerApi<S> {
             lease: lease_name,
             id,
         };
-        let out = tokio_stream::wrappers::ReceiverStream::new(rx).map(move |m| {
-            let _ = &guard;
-            Ok(m)
-        });
+        let stopping = self.0.clone();
+        let out = tokio_stream::wrappers::ReceiverStream::new(rx)
+            .map(move |m| {
+                let _ = &guard;
+                Ok(m)
+            })
+            .take_until(Box::pin(async move { stopping.stopped().await }));
         Ok(Response::new(Box::pin(out)))
     }
 
@@ -519,6 +522,8 @@ impl<S: Store> ControllerService for ControllerApi<S> {
                 }
                 tokio::select! {
                     _ = tx.closed() => return,
+                    // The controller stops: the stream ends (the exporter reconnects).
+                    _ = api.0.stopped() => return,
                     _ = claim.replaced() => {
                         let _ = tx
                             .send(Err(Status::aborted(

@@ -1030,3 +1030,31 @@ async fn issued_tokens_live_as_long_as_the_configured_lifetime() {
     let year = 365 * 24 * 3600;
     assert!((year - 10..=year).contains(&exp_in(&c.token)));
 }
+
+#[tokio::test]
+async fn a_stopping_controller_ends_an_exporters_status_stream_cleanly() {
+    let lab = lab().await;
+    let token = lab.ctl.admin_token.clone();
+    let ch = lab.channel().await;
+    let mut admin = lab.admin().await;
+    let e = create_exporter(&mut admin, &token, "rpi-1", &[("board", "rpi4")])
+        .await
+        .unwrap();
+    let ex = identity(ObjectKind::Exporter, &e);
+    let mut status = bring_online(&ch, &ex).await;
+    let stopping = tokio::spawn(lab.ctl.shutdown());
+    // The stream ends as a stream ends (no error): the controller does not hold it until its
+    // shutdown gives up waiting and cuts the connection.
+    let end = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match status.next().await {
+                Some(Ok(_)) => continue,
+                other => return other,
+            }
+        }
+    })
+    .await
+    .unwrap();
+    assert!(end.is_none(), "the Status stream was cut: {end:?}");
+    stopping.await.unwrap();
+}
