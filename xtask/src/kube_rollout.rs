@@ -543,7 +543,6 @@ impl Lab {
                     .env("JMP_ADMIN_CONFIG", &admin),
                 "jmp admin create exporter",
             )?;
-            let mut text = std::fs::read_to_string(&out)?;
             let export = if label == "net" {
                 format!(
                     "  net:\n    type: jumpstarter_driver_network.driver.TcpNetwork\n    \
@@ -552,19 +551,7 @@ impl Lab {
             } else {
                 "  power:\n    type: jumpstarter_driver_power.driver.MockPower\n".to_owned()
             };
-            ensure!(
-                text.contains("\nexport:"),
-                "{} has no export section:\n{text}",
-                out.display()
-            );
-            text = text.replace("\nexport: {}\n", "\nexport:\n");
-            if let Some(at) = text.find("\nexport:") {
-                let end = text[at + 1..]
-                    .find('\n')
-                    .map_or(text.len(), |n| at + 1 + n + 1);
-                text.insert_str(end.min(text.len()), &export);
-            }
-            std::fs::write(&out, text)?;
+            crate::quickstart::fill_export(&out, &export)?;
             let mut cmd = lab_cmd.jmp(&["run", "--exporter-config"]);
             cmd.arg(&out);
             exporters.push(Background::start(name, cmd)?);

@@ -9,7 +9,7 @@
 use std::{
     io::{Read, Write},
     net::TcpListener,
-    path::{Path, PathBuf},
+    path::Path,
     process::Command,
     sync::{
         Arc,
@@ -20,7 +20,10 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use crate::procs::{Background, run as run_cmd, wait_path};
+use crate::{
+    procs::{Background, run as run_cmd, wait_path},
+    quickstart::fill_export,
+};
 
 /// What the fake board's console prints to each connection: a boot banner, then a prompt.
 const BANNER: &[u8] = b"\r\nU-Boot 2024.01 (mock)\r\nStarting kernel ...\r\n\r\nlab-board login: ";
@@ -259,21 +262,6 @@ pub fn run_with(bin: &Path, home: &Path) -> Result<()> {
     }
     println!("lab-harness: leased, flashed, powered on, saw the prompt and released");
     Ok(())
-}
-
-/// Fills the empty `export:` of a config written by `jmp admin create exporter`.
-fn fill_export(path: &PathBuf, export: &str) -> Result<()> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let Some(i) = text.find("\nexport:\n") else {
-        bail!("{} has no empty `export:` to fill:\n{text}", path.display());
-    };
-    let out = format!(
-        "{}\n{export}{}",
-        &text[..i],
-        &text[i + "\nexport:\n".len()..]
-    );
-    std::fs::write(path, out).with_context(|| format!("cannot write {}", path.display()))
 }
 
 /// Waits until the controller reports the exporter online.

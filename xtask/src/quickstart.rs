@@ -229,7 +229,7 @@ pub fn walkthrough(
         "--out",
         &exporter_config_str,
     ])?;
-    add_drivers(&exporter_config)?;
+    fill_export(&exporter_config, EXPORT)?;
     println!("(added mock power and storage to {exporter_config_str})");
 
     println!(
@@ -278,16 +278,17 @@ pub fn walkthrough(
     Ok(())
 }
 
-/// Fills the empty `export:` of a config written by `jmp admin create exporter`, as a
-/// person following docs/quickstart.md would: the drivers go right under it.
-fn add_drivers(path: &Path) -> Result<()> {
+/// Fills the empty `export:` of a config written by `jmp admin create exporter` with
+/// `export` (driver entries, indented), as a person following docs/quickstart.md would: the
+/// drivers go right under it.
+pub fn fill_export(path: &Path, export: &str) -> Result<()> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
     let Some(i) = text.find("\nexport:\n") else {
         bail!("{} has no empty `export:` to fill:\n{text}", path.display());
     };
     let out = format!(
-        "{}\n{EXPORT}{}",
+        "{}\n{export}{}",
         &text[..i],
         &text[i + "\nexport:\n".len()..]
     );
