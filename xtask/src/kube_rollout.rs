@@ -545,11 +545,12 @@ impl Lab {
             )?;
             let export = if label == "net" {
                 format!(
-                    "  net:\n    type: jumpstarter_driver_network.driver.TcpNetwork\n    \
+                    "export:\n  net:\n    type: jumpstarter_driver_network.driver.TcpNetwork\n    \
                      config: {{ host: 127.0.0.1, port: {echo_port} }}\n"
                 )
             } else {
-                "  power:\n    type: jumpstarter_driver_power.driver.MockPower\n".to_owned()
+                "export:\n  power:\n    type: jumpstarter_driver_power.driver.MockPower\n"
+                    .to_owned()
             };
             crate::quickstart::fill_export(&out, &export)?;
             let mut cmd = lab_cmd.jmp(&["run", "--exporter-config"]);

@@ -278,9 +278,9 @@ pub fn walkthrough(
     Ok(())
 }
 
-/// Fills the empty `export:` of a config written by `jmp admin create exporter` with
-/// `export` (driver entries, indented), as a person following docs/quickstart.md would: the
-/// drivers go right under it.
+/// Replaces the empty `export:` of a config written by `jmp admin create exporter` with
+/// `export` (the `export:` key and its drivers), as a person following docs/quickstart.md
+/// would: the drivers go right under it.
 pub fn fill_export(path: &Path, export: &str) -> Result<()> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
