@@ -84,6 +84,26 @@ pub(super) fn py_jmp(
     procs::run(c, CALL_TIMEOUT)
 }
 
+/// Upstream `jmp create lease -l SELECTOR --duration 10m -o name`; the lease's name.
+pub(super) fn py_create_lease(env: &Env, client: &Path, selector: &str) -> Result<String> {
+    let out = py_jmp(
+        env,
+        client,
+        &["create", "lease"],
+        &["-l", selector, "--duration", "10m", "-o", "name"],
+    )?;
+    check(&out, &format!("(python) jmp create lease -l {selector}"))?;
+    let lease = out
+        .stdout
+        .trim()
+        .rsplit('/')
+        .next()
+        .unwrap_or("")
+        .to_string();
+    ensure!(!lease.is_empty(), "no lease name printed: {:?}", out.stdout);
+    Ok(lease)
+}
+
 /// The scenario.
 pub(super) fn py_tools_against_our_controller(env: &Env) -> Result<()> {
     let (_controller, endpoint) = start_controller(env, "controller-data")?;
@@ -156,21 +176,7 @@ pub(super) fn py_tools_against_our_controller(env: &Env) -> Result<()> {
     ensure!(online, "py-exporter not shown online:\n{last}");
 
     // Create a lease; the exporter is told it is leased.
-    let out = py_jmp(
-        env,
-        &client,
-        &["create", "lease"],
-        &["-l", "board=interop", "--duration", "10m", "-o", "name"],
-    )?;
-    check(&out, "(python) jmp create lease")?;
-    let lease = out
-        .stdout
-        .trim()
-        .rsplit('/')
-        .next()
-        .unwrap_or("")
-        .to_string();
-    ensure!(!lease.is_empty(), "no lease name printed: {:?}", out.stdout);
+    let lease = py_create_lease(env, &client, "board=interop")?;
     py_exporter.wait_for_line(
         &format!("Currently leased by py-client under {lease}"),
         Duration::from_secs(30),

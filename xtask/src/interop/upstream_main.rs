@@ -7,7 +7,7 @@ use anyhow::{Result, ensure};
 
 use super::{
     CALL_TIMEOUT, EXPORTER_CONFIG, Env, check,
-    controller::{our_admin, py_jmp, start_controller_with},
+    controller::{our_admin, py_create_lease, py_jmp, start_controller_with},
     our_direct_exporter_with, path_with_venv,
 };
 use crate::procs;
@@ -131,21 +131,7 @@ pub(super) fn py_tools_with_hidden_and_deprecated_labels(env: &Env) -> Result<()
             out.stdout
         );
     }
-    let out = py_jmp(
-        env,
-        &client,
-        &["create", "lease"],
-        &["-l", "old-board=interop", "--duration", "10m", "-o", "name"],
-    )?;
-    check(&out, "(python) jmp create lease -l old-board=interop")?;
-    let lease = out
-        .stdout
-        .trim()
-        .rsplit('/')
-        .next()
-        .unwrap_or("")
-        .to_string();
-    ensure!(!lease.is_empty(), "no lease name printed: {:?}", out.stdout);
+    let lease = py_create_lease(env, &client, "old-board=interop")?;
     let out = py_jmp(env, &client, &["get", "leases"], &["-o", "yaml"])?;
     check(&out, "(python) jmp get leases")?;
     ensure!(
