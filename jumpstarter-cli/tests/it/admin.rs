@@ -1269,24 +1269,23 @@ fn quarantined_exporters_are_shown_and_cleared_by_an_admin() {
     let _cleanup = Cleanup(exporter_path);
     let store = &lab.controller.as_ref().unwrap().state.store;
     // What the controller records when the exporter reports `[UNHEALTHY] ...`.
-    lab.rt.block_on(async {
-        let mut e: Exporter = store
-            .get("default", "example-distributed")
-            .await
-            .unwrap()
-            .unwrap();
-        let st = e.status.get_or_insert_with(Default::default);
-        set_condition(
-            &mut st.conditions,
-            conditions::HEALTHY,
-            false,
-            conditions::REASON_HEALTH_CHECK_FAILED,
-            "healthCheck: failed 3 times in a row (last: Hook failed with exit code 3)\nprobe: no answer",
-            None,
-            jiff::Timestamp::now(),
-        );
-        store.update_status(&e).await.unwrap();
-    });
+    lab.rt.block_on(jumpstarter_controller::testing::update_exporter_status(
+        store,
+        "default",
+        "example-distributed",
+        |e| {
+            let st = e.status.get_or_insert_with(Default::default);
+            set_condition(
+                &mut st.conditions,
+                conditions::HEALTHY,
+                false,
+                conditions::REASON_HEALTH_CHECK_FAILED,
+                "healthCheck: failed 3 times in a row (last: Hook failed with exit code 3)\nprobe: no answer",
+                None,
+                jiff::Timestamp::now(),
+            );
+        },
+    ));
     let table = lab.ok(&["get", "exporters", "--with", "status"]);
     assert!(table.contains("UNHEALTHY"), "{table}");
     let d = lab.ok(&["describe", "exporter", "example-distributed"]);

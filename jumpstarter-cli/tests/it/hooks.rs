@@ -768,23 +768,21 @@ async fn distributed_failing_health_checks_quarantine_the_exporter() {
     // Repaired and cleared (as `jmp admin clear-health` does): the lease gets it.
     std::fs::remove_file(&broken).unwrap();
     {
-        use jumpstarter_controller::{
-            objects::{Exporter, conditions, set_condition},
-            store::Store,
-        };
+        use jumpstarter_controller::objects::{conditions, set_condition};
         let store = &lab.ctl().state.store;
-        let mut e: Exporter = store.get("default", "hq1").await.unwrap().unwrap();
-        let st = e.status.as_mut().unwrap();
-        set_condition(
-            &mut st.conditions,
-            conditions::HEALTHY,
-            true,
-            conditions::REASON_CLEARED,
-            "Cleared by an admin",
-            None,
-            jiff::Timestamp::now(),
-        );
-        store.update_status(&e).await.unwrap();
+        jumpstarter_controller::testing::update_exporter_status(store, "default", "hq1", |e| {
+            let st = e.status.get_or_insert_with(Default::default);
+            set_condition(
+                &mut st.conditions,
+                conditions::HEALTHY,
+                true,
+                conditions::REASON_CLEARED,
+                "Cleared by an admin",
+                None,
+                jiff::Timestamp::now(),
+            );
+        })
+        .await;
         lab.ctl().state.wake.notify_one();
     }
     let mut leased = false;

@@ -24,6 +24,23 @@ pub fn state_with_new_keys<S: crate::store::Store>(
     crate::ControllerState::new(store, issuer, router_key, vec![], "localhost:1".into())
 }
 
+/// Re-reads exporter `namespace/name`, lets `f` change its status and writes it, again on a
+/// conflict (the controller's own background writes, such as when exporters were last seen,
+/// may land between a test's read and its write), as the controller's services do.
+pub async fn update_exporter_status<S: crate::store::Store>(
+    store: &S,
+    namespace: &str,
+    name: &str,
+    mut f: impl FnMut(&mut crate::objects::Exporter),
+) -> crate::objects::Exporter {
+    crate::service::controller::update_exporter(store, namespace, name, true, |e| {
+        f(e);
+        true
+    })
+    .await
+    .unwrap()
+}
+
 /// The exporter event recorder and leader election, for the tests against a real API server
 /// (`tests/it/real_kube.rs`).
 pub mod internals {
