@@ -7,6 +7,7 @@
 //! [`macro@crate::driver`] and the crate's `examples/custom_driver`.
 
 mod error;
+pub mod fanout;
 mod log;
 mod model;
 mod registry;
@@ -14,6 +15,7 @@ mod tree;
 pub mod value;
 
 pub use error::{DriverError, SharedError};
+pub use fanout::{ConsoleFanout, ConsoleRecorder, ConsoleStatus, ConsoleStream};
 pub use log::LogSink;
 pub use model::{BoxDuplex, BoxFuture, CallContext, Driver, Duplex, ValueStream, encode_stream};
 pub use registry::{COMPOSITE_TYPE, Constructor, DriverArgs, DriverRegistry, TypeSuggestion};

@@ -1,0 +1,940 @@
+//! One console, many clients: a writer and any number of read-only observers of a byte
+//! stream whose physical end is exclusive (a serial port, a pty, a console server's socket).
+//!
+//! [`ConsoleFanout`] opens the physical stream (the *source*) when its first client arrives
+//! and closes it when its last one leaves. One task reads the source and hands every chunk
+//! to each client's buffer:
+//!
+//! - the **writer** (`connect`, what upstream 0.9.0 clients open) reads losslessly, as it
+//!   did before observers existed: when its buffer is full the reading task waits for it,
+//!   so a slow writer slows the board's output as a direct connection would; it writes to
+//!   the source. At most one writer at a time: another `connect` waits a moment for the
+//!   seat ([`FanoutOptions::seat_grace`], for a client that closes and reopens at once),
+//!   then is refused with upstream's "Console in use. Use --observe or release-console.";
+//! - each **observer** (`observe`) first gets the scrollback (the last
+//!   [`SCROLLBACK_BYTES`] the source produced), then live bytes, through a bounded buffer
+//!   ([`OBSERVER_BUFFER_BYTES`]). When an observer does not read, its oldest bytes are
+//!   dropped and it reads a marker `[N bytes dropped]` where they were: an observer never
+//!   slows the writer, the reading task or the board. Its writes fail (read-only).
+//!
+//! [`ConsoleFanout::release_console`] takes the seat from the writer (its later writes fail,
+//! it reads on as an observer would) so that someone else may `connect`. The source ending
+//! (end of file or an error, a USB adapter unplugged) ends every client's stream the same
+//! way; the next client opens the source afresh.
+//!
+//! A [`ConsoleRecorder`] given with the first client of a source sees every byte both ways
+//! (a console transcript); it must not block.
+
+use std::{
+    collections::{HashMap, VecDeque},
+    future::Future,
+    io,
+    pin::Pin,
+    sync::{Arc, Mutex, MutexGuard, Weak},
+    task::{Context, Poll, Waker},
+    time::Duration,
+};
+
+use bytes::{Buf, Bytes};
+use serde::Serialize;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf, ReadHalf, WriteHalf};
+
+use super::{error::DriverError, model::BoxDuplex};
+
+/// Bytes of console output kept for observers that join later (upstream's 64 KB).
+pub const SCROLLBACK_BYTES: usize = 64 * 1024;
+
+/// Bytes buffered for each observer before its oldest are dropped.
+pub const OBSERVER_BUFFER_BYTES: usize = 64 * 1024;
+
+/// Bytes buffered for the writer before the reading task waits for it.
+pub const WRITER_BUFFER_BYTES: usize = 64 * 1024;
+
+/// Upstream's message for a `connect` while another client writes.
+pub const CONSOLE_IN_USE: &str = "Console in use. Use --observe or release-console.";
+
+/// What the source's reading task reads at a time.
+const READ_CHUNK: usize = 16 * 1024;
+
+/// Which way bytes went, for a [`ConsoleRecorder`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    /// The board's output, as the clients read it.
+    BoardToClient,
+    /// What the writer sent to the board.
+    ClientToBoard,
+}
+
+/// Sees every byte of a console both ways (a transcript). Called with the fan-out's state
+/// locked, on the reading task or in the writer's write: it must return at once (buffer,
+/// and drop what does not fit).
+pub trait ConsoleRecorder: Send + Sync + 'static {
+    /// Records `bytes` that went `direction`.
+    fn record(&self, direction: Direction, bytes: &[u8]);
+}
+
+/// Sizes and timings of a [`ConsoleFanout`].
+#[derive(Debug, Clone, Copy)]
+pub struct FanoutOptions {
+    /// Bytes of scrollback replayed to an observer that joins.
+    pub scrollback: usize,
+    /// Bytes buffered per observer before its oldest are dropped.
+    pub observer_buffer: usize,
+    /// Bytes buffered for the writer before the reading task waits for it.
+    pub writer_buffer: usize,
+    /// How long a `connect` waits for the writer's seat before it is refused.
+    pub seat_grace: Duration,
+}
+
+impl Default for FanoutOptions {
+    fn default() -> Self {
+        Self {
+            scrollback: SCROLLBACK_BYTES,
+            observer_buffer: OBSERVER_BUFFER_BYTES,
+            writer_buffer: WRITER_BUFFER_BYTES,
+            seat_grace: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Who uses a console, as `console_status` reports it (upstream's field names).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ConsoleStatus {
+    /// The writer (`connection N`), if one holds the seat.
+    pub write_token_holder: Option<String>,
+    /// Clients reading without the seat.
+    pub observer_count: usize,
+    /// Every client, the writer included.
+    pub total_clients: usize,
+    /// Whether the source is open and read.
+    pub reader_running: bool,
+    /// Bytes of scrollback an observer joining now would get.
+    pub scrollback_bytes: usize,
+}
+
+/// A console's writer and observers over one exclusive source (see the module docs).
+pub struct ConsoleFanout {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for ConsoleFanout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConsoleFanout")
+            .field("status", &self.status())
+            .finish()
+    }
+}
+
+impl Default for ConsoleFanout {
+    fn default() -> Self {
+        Self::new(FanoutOptions::default())
+    }
+}
+
+struct Shared {
+    opts: FanoutOptions,
+    state: Mutex<State>,
+    /// Held while a source is opened, so that two first clients open it once.
+    opening: tokio::sync::Mutex<()>,
+    /// Woken when the writer's seat may have become free.
+    seat: tokio::sync::Notify,
+}
+
+#[derive(Default)]
+struct State {
+    source: Option<Source>,
+    generation: u64,
+    writer: Option<u64>,
+    clients: HashMap<u64, Arc<ClientBuf>>,
+    scrollback: VecDeque<Bytes>,
+    scrollback_bytes: usize,
+    next_id: u64,
+}
+
+struct Source {
+    generation: u64,
+    write: Arc<Mutex<WriteHalf<BoxDuplex>>>,
+    recorder: Option<Arc<dyn ConsoleRecorder>>,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Source {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+/// The source's write half and its recorder, as a writer's write uses them.
+type WriteEnd = (
+    Arc<Mutex<WriteHalf<BoxDuplex>>>,
+    Option<Arc<dyn ConsoleRecorder>>,
+);
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl ConsoleFanout {
+    /// A fan-out with no source open yet.
+    pub fn new(opts: FanoutOptions) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                opts,
+                state: Mutex::new(State::default()),
+                opening: tokio::sync::Mutex::new(()),
+                seat: tokio::sync::Notify::new(),
+            }),
+        }
+    }
+
+    /// Attaches the writer: takes the seat (waiting [`FanoutOptions::seat_grace`] for it at
+    /// most, then [`DriverError::NotReady`] with [`CONSOLE_IN_USE`]), opening the source
+    /// with `open` if no client has it open. The writer gets no scrollback: it reads what
+    /// the source produces from now on, as a direct connection would.
+    pub async fn connect<F, Fut>(
+        &self,
+        open: F,
+        recorder: Option<Arc<dyn ConsoleRecorder>>,
+    ) -> Result<ConsoleStream, DriverError>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<BoxDuplex, DriverError>>,
+    {
+        let deadline = tokio::time::Instant::now() + self.shared.opts.seat_grace;
+        loop {
+            let freed = self.shared.seat.notified();
+            if lock(&self.shared.state).writer.is_none() {
+                break;
+            }
+            if tokio::time::timeout_at(deadline, freed).await.is_err() {
+                return Err(DriverError::NotReady(CONSOLE_IN_USE.into()));
+            }
+        }
+        self.attach(Role::Writer, open, recorder).await
+    }
+
+    /// Attaches an observer: the scrollback, then live bytes; writes fail. Opens the source
+    /// with `open` if no client has it open.
+    pub async fn observe<F, Fut>(
+        &self,
+        open: F,
+        recorder: Option<Arc<dyn ConsoleRecorder>>,
+    ) -> Result<ConsoleStream, DriverError>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<BoxDuplex, DriverError>>,
+    {
+        self.attach(Role::Observer, open, recorder).await
+    }
+
+    async fn attach<F, Fut>(
+        &self,
+        role: Role,
+        open: F,
+        recorder: Option<Arc<dyn ConsoleRecorder>>,
+    ) -> Result<ConsoleStream, DriverError>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<BoxDuplex, DriverError>>,
+    {
+        let _opening = self.shared.opening.lock().await;
+        let open_now = lock(&self.shared.state).source.is_none();
+        let opened = if open_now { Some(open().await?) } else { None };
+        let mut st = lock(&self.shared.state);
+        if role == Role::Writer && st.writer.is_some() {
+            // Taken while the source opened (only by another connect racing this one).
+            return Err(DriverError::NotReady(CONSOLE_IN_USE.into()));
+        }
+        if let Some(io) = opened {
+            st.generation += 1;
+            let generation = st.generation;
+            let (read, write) = tokio::io::split(io);
+            let reader = tokio::spawn(read_source(Arc::downgrade(&self.shared), generation, read));
+            st.source = Some(Source {
+                generation,
+                write: Arc::new(Mutex::new(write)),
+                recorder,
+                reader,
+            });
+        }
+        st.next_id += 1;
+        let id = st.next_id;
+        let buf = Arc::new(ClientBuf::new(match role {
+            Role::Writer => BufState::new(self.shared.opts.writer_buffer, true),
+            Role::Observer => BufState::new(self.shared.opts.observer_buffer, false),
+        }));
+        if role == Role::Observer {
+            let mut b = lock(&buf.st);
+            for chunk in &st.scrollback {
+                b.push_lossy(chunk.clone());
+            }
+        } else {
+            st.writer = Some(id);
+        }
+        st.clients.insert(id, buf.clone());
+        Ok(ConsoleStream {
+            shared: self.shared.clone(),
+            id,
+            role,
+            buf,
+        })
+    }
+
+    /// Takes the seat from the writer, if any: its later writes fail, it reads on without
+    /// holding the board back, and is told `[write token revoked]`. Returns whether there
+    /// was a writer.
+    pub fn release_console(&self) -> bool {
+        let mut st = lock(&self.shared.state);
+        let Some(id) = st.writer.take() else {
+            return false;
+        };
+        if let Some(buf) = st.clients.get(&id) {
+            let mut b = lock(&buf.st);
+            b.lossless = false;
+            b.push_lossy(Bytes::from_static(b"\r\n[write token revoked]\r\n"));
+        }
+        drop(st);
+        self.shared.seat.notify_waiters();
+        true
+    }
+
+    /// Who uses the console now.
+    pub fn status(&self) -> ConsoleStatus {
+        let st = lock(&self.shared.state);
+        ConsoleStatus {
+            write_token_holder: st.writer.map(|id| format!("connection {id}")),
+            observer_count: st.clients.len() - usize::from(st.writer.is_some()),
+            total_clients: st.clients.len(),
+            reader_running: st.source.is_some(),
+            scrollback_bytes: st.scrollback_bytes,
+        }
+    }
+
+    /// Ends every client's stream (as an end of file) and closes the source; the scrollback
+    /// stays. The next client opens the source afresh.
+    pub fn close_all(&self) {
+        let source = {
+            let mut st = lock(&self.shared.state);
+            st.end_clients(None);
+            st.source.take()
+        };
+        drop(source);
+        self.shared.seat.notify_waiters();
+    }
+
+    /// [`ConsoleFanout::close_all`], and forgets the scrollback (a session ended: the next
+    /// lease's observers see nothing of this one's).
+    pub fn reset(&self) {
+        self.close_all();
+        let mut st = lock(&self.shared.state);
+        st.scrollback.clear();
+        st.scrollback_bytes = 0;
+    }
+}
+
+impl State {
+    /// Ends every client with `error` (or an end of file) and forgets them.
+    fn end_clients(&mut self, error: Option<&str>) {
+        for (_, buf) in self.clients.drain() {
+            let mut b = lock(&buf.st);
+            b.end = Some(error.map(str::to_string));
+            b.wake_all();
+        }
+        self.writer = None;
+    }
+
+    fn keep_scrollback(&mut self, chunk: &Bytes, limit: usize) {
+        self.scrollback.push_back(chunk.clone());
+        self.scrollback_bytes += chunk.len();
+        while self.scrollback_bytes > limit {
+            let Some(front) = self.scrollback.front_mut() else {
+                break;
+            };
+            let excess = self.scrollback_bytes - limit;
+            if front.len() <= excess {
+                self.scrollback_bytes -= front.len();
+                self.scrollback.pop_front();
+            } else {
+                front.advance(excess);
+                self.scrollback_bytes -= excess;
+            }
+        }
+    }
+}
+
+/// The reading task of source `generation`: every chunk to the scrollback, the recorder
+/// and each client; ends every client when the source ends.
+async fn read_source(shared: Weak<Shared>, generation: u64, mut read: ReadHalf<BoxDuplex>) {
+    let mut buf = vec![0u8; READ_CHUNK];
+    loop {
+        let r = read.read(&mut buf).await;
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        let n = match r {
+            Ok(0) => return shared.source_ended(generation, None),
+            Ok(n) => n,
+            Err(e) => return shared.source_ended(generation, Some(&e.to_string())),
+        };
+        let chunk = Bytes::copy_from_slice(&buf[..n]);
+        let writer = {
+            let mut st = lock(&shared.state);
+            if st.source.as_ref().map(|s| s.generation) != Some(generation) {
+                return;
+            }
+            st.keep_scrollback(&chunk, shared.opts.scrollback);
+            if let Some(rec) = st.source.as_ref().and_then(|s| s.recorder.as_ref()) {
+                rec.record(Direction::BoardToClient, &chunk);
+            }
+            let mut writer = None;
+            for buf in st.clients.values() {
+                let mut b = lock(&buf.st);
+                if b.lossless {
+                    writer = Some(buf.clone());
+                } else {
+                    b.push_lossy(chunk.clone());
+                }
+            }
+            writer
+        };
+        drop(shared);
+        if let Some(w) = writer {
+            // Only the writer may hold the board back, as a direct connection would.
+            std::future::poll_fn(|cx| w.push_waiting(cx, &chunk)).await;
+        }
+    }
+}
+
+impl Shared {
+    fn source_ended(&self, generation: u64, error: Option<&str>) {
+        let source = {
+            let mut st = lock(&self.state);
+            if st.source.as_ref().map(|s| s.generation) != Some(generation) {
+                return;
+            }
+            st.end_clients(error);
+            st.source.take()
+        };
+        // Dropping it aborts this very task: after the lock is released, and last.
+        self.seat.notify_waiters();
+        drop(source);
+    }
+
+    fn detach(&self, id: u64) {
+        let source = {
+            let mut st = lock(&self.state);
+            if let Some(buf) = st.clients.remove(&id) {
+                let mut b = lock(&buf.st);
+                b.end = Some(None);
+                b.wake_all();
+            }
+            if st.writer == Some(id) {
+                st.writer = None;
+            }
+            if st.clients.is_empty() {
+                st.source.take()
+            } else {
+                None
+            }
+        };
+        self.seat.notify_waiters();
+        drop(source);
+    }
+}
+
+/// One client's buffer of console output.
+struct ClientBuf {
+    st: Mutex<BufState>,
+}
+
+struct BufState {
+    chunks: VecDeque<Bytes>,
+    bytes: usize,
+    cap: usize,
+    /// The writer's: the reading task waits for room instead of dropping.
+    lossless: bool,
+    /// Bytes dropped since the client last read (a marker says so before the next bytes).
+    dropped: u64,
+    /// `Some(None)`: ended; `Some(Some(e))`: ended by the source's error `e`.
+    end: Option<Option<String>>,
+    read_waker: Option<Waker>,
+    space_waker: Option<Waker>,
+}
+
+impl BufState {
+    fn new(cap: usize, lossless: bool) -> Self {
+        Self {
+            chunks: VecDeque::new(),
+            bytes: 0,
+            cap: cap.max(1),
+            lossless,
+            dropped: 0,
+            end: None,
+            read_waker: None,
+            space_waker: None,
+        }
+    }
+
+    fn wake_all(&mut self) {
+        if let Some(w) = self.read_waker.take() {
+            w.wake();
+        }
+        if let Some(w) = self.space_waker.take() {
+            w.wake();
+        }
+    }
+
+    /// Appends `chunk`, dropping the oldest bytes beyond the cap (never waits).
+    fn push_lossy(&mut self, mut chunk: Bytes) {
+        if self.end.is_some() {
+            return;
+        }
+        if chunk.len() > self.cap {
+            let cut = chunk.len() - self.cap;
+            self.dropped += cut as u64;
+            chunk.advance(cut);
+        }
+        while self.bytes + chunk.len() > self.cap {
+            let Some(front) = self.chunks.front_mut() else {
+                break;
+            };
+            let excess = self.bytes + chunk.len() - self.cap;
+            let cut = excess.min(front.len());
+            front.advance(cut);
+            self.bytes -= cut;
+            self.dropped += cut as u64;
+            if front.is_empty() {
+                self.chunks.pop_front();
+            }
+        }
+        self.bytes += chunk.len();
+        self.chunks.push_back(chunk);
+        if let Some(w) = self.read_waker.take() {
+            w.wake();
+        }
+    }
+}
+
+impl ClientBuf {
+    fn new(st: BufState) -> Self {
+        Self { st: Mutex::new(st) }
+    }
+
+    /// Appends `chunk` once there is room (the writer's buffer), or at once when the buffer
+    /// drops instead (a revoked writer), or drops it when the client has gone.
+    fn push_waiting(&self, cx: &mut Context<'_>, chunk: &Bytes) -> Poll<()> {
+        let mut b = lock(&self.st);
+        if b.end.is_some() {
+            return Poll::Ready(());
+        }
+        if !b.lossless {
+            b.push_lossy(chunk.clone());
+            return Poll::Ready(());
+        }
+        if b.bytes > 0 && b.bytes + chunk.len() > b.cap {
+            b.space_waker = Some(cx.waker().clone());
+            return Poll::Pending;
+        }
+        b.bytes += chunk.len();
+        b.chunks.push_back(chunk.clone());
+        if let Some(w) = b.read_waker.take() {
+            w.wake();
+        }
+        Poll::Ready(())
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    Writer,
+    Observer,
+}
+
+/// A client's end of a [`ConsoleFanout`]: reads the console; writes to it if this is the
+/// writer still holding the seat. Dropping it detaches the client (the last one closes the
+/// source).
+pub struct ConsoleStream {
+    shared: Arc<Shared>,
+    id: u64,
+    role: Role,
+    buf: Arc<ClientBuf>,
+}
+
+impl ConsoleStream {
+    /// Whether this stream was opened as an observer.
+    pub fn is_observer(&self) -> bool {
+        self.role == Role::Observer
+    }
+
+    fn source_for_write(&self) -> io::Result<WriteEnd> {
+        if self.role == Role::Observer {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                "this console connection observes only (read-only)",
+            ));
+        }
+        let st = lock(&self.shared.state);
+        if st.writer != Some(self.id) {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                "write token revoked (release-console)",
+            ));
+        }
+        match &st.source {
+            Some(s) => Ok((s.write.clone(), s.recorder.clone())),
+            None => Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "the console connection was closed",
+            )),
+        }
+    }
+}
+
+impl Drop for ConsoleStream {
+    fn drop(&mut self) {
+        self.shared.detach(self.id);
+    }
+}
+
+impl AsyncRead for ConsoleStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        out: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let mut b = lock(&self.buf.st);
+        if b.dropped > 0 && out.remaining() > 0 {
+            let marker = format!("\r\n[{} bytes dropped]\r\n", b.dropped);
+            b.dropped = 0;
+            let marker = Bytes::from(marker);
+            b.bytes += marker.len();
+            b.chunks.push_front(marker);
+        }
+        let mut copied = false;
+        while out.remaining() > 0 {
+            let Some(front) = b.chunks.front_mut() else {
+                break;
+            };
+            let n = front.len().min(out.remaining());
+            out.put_slice(&front[..n]);
+            front.advance(n);
+            if front.is_empty() {
+                b.chunks.pop_front();
+            }
+            b.bytes -= n;
+            copied = true;
+        }
+        if copied {
+            if let Some(w) = b.space_waker.take() {
+                w.wake();
+            }
+            return Poll::Ready(Ok(()));
+        }
+        match &b.end {
+            Some(None) => Poll::Ready(Ok(())),
+            Some(Some(e)) => Poll::Ready(Err(io::Error::other(e.clone()))),
+            None => {
+                b.read_waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl AsyncWrite for ConsoleStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let (write, recorder) = self.source_for_write()?;
+        let mut w = lock(&write);
+        let r = Pin::new(&mut *w).poll_write(cx, data);
+        if let (Poll::Ready(Ok(n)), Some(rec)) = (&r, recorder) {
+            rec.record(Direction::ClientToBoard, &data[..*n]);
+        }
+        r
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if self.role == Role::Observer {
+            return Poll::Ready(Ok(()));
+        }
+        let (write, _) = self.source_for_write()?;
+        let mut w = lock(&write);
+        Pin::new(&mut *w).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        // The writer's end of input is the source's (a `loop://` console then ends, as it
+        // did with one client); an observer's or a revoked writer's is nobody's business.
+        match self.source_for_write() {
+            Ok((write, _)) => {
+                let mut w = lock(&write);
+                Pin::new(&mut *w).poll_shutdown(cx)
+            }
+            Err(_) => Poll::Ready(Ok(())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+
+    use super::*;
+
+    /// A source whose far end (the "board") the test holds.
+    fn board() -> (
+        DuplexStream,
+        impl FnOnce() -> std::future::Ready<Result<BoxDuplex, DriverError>>,
+    ) {
+        let (near, far) = tokio::io::duplex(1 << 20);
+        let open = move || std::future::ready(Ok(Box::new(near) as BoxDuplex));
+        (far, open)
+    }
+
+    fn never() -> std::future::Ready<Result<BoxDuplex, DriverError>> {
+        std::future::ready(Err(DriverError::failed("the source is already open")))
+    }
+
+    async fn read_until(s: &mut ConsoleStream, want: &str) -> String {
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 4096];
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while !String::from_utf8_lossy(&seen).contains(want) {
+                let n = s.read(&mut buf).await.unwrap();
+                assert!(
+                    n > 0,
+                    "ended before {want:?}: {:?}",
+                    String::from_utf8_lossy(&seen)
+                );
+                seen.extend_from_slice(&buf[..n]);
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("no {want:?} in {:?}", String::from_utf8_lossy(&seen)));
+        String::from_utf8_lossy(&seen).into_owned()
+    }
+
+    #[tokio::test]
+    async fn writer_and_observers_see_the_board_and_only_the_writer_types() {
+        let fan = ConsoleFanout::default();
+        let (mut far, open) = board();
+        let mut writer = fan.connect(open, None).await.unwrap();
+        let mut early = fan.observe(never, None).await.unwrap();
+        far.write_all(b"login: ").await.unwrap();
+        read_until(&mut writer, "login: ").await;
+        read_until(&mut early, "login: ").await;
+        writer.write_all(b"root\n").await.unwrap();
+        let mut got = [0u8; 5];
+        far.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"root\n");
+        let e = early.write_all(b"rm -rf /\n").await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied);
+        // A late observer gets the scrollback first; the writer got none of it again.
+        far.write_all(b"# ").await.unwrap();
+        read_until(&mut writer, "# ").await;
+        let mut late = fan.observe(never, None).await.unwrap();
+        assert_eq!(read_until(&mut late, "# ").await, "login: # ");
+        let s = fan.status();
+        assert_eq!(s.write_token_holder.as_deref(), Some("connection 1"));
+        assert_eq!((s.observer_count, s.total_clients), (2, 3));
+        assert!(s.reader_running);
+        assert_eq!(s.scrollback_bytes, 9);
+        // Nothing an observer sent reached the board.
+        drop(writer);
+        drop(early);
+        drop(late);
+        let mut rest = Vec::new();
+        far.read_to_end(&mut rest).await.unwrap();
+        assert!(rest.is_empty(), "{rest:?}");
+        assert!(
+            !fan.status().reader_running,
+            "the last client closed the source"
+        );
+    }
+
+    #[tokio::test]
+    async fn one_writer_at_a_time_until_release_console() {
+        let fan = ConsoleFanout::new(FanoutOptions {
+            seat_grace: Duration::from_millis(50),
+            ..FanoutOptions::default()
+        });
+        let (mut far, open) = board();
+        let mut first = fan.connect(open, None).await.unwrap();
+        let e = fan.connect(never, None).await.err().unwrap();
+        assert_eq!(e.to_string(), CONSOLE_IN_USE);
+        assert_eq!(e.to_status().code(), tonic::Code::FailedPrecondition);
+        assert!(fan.release_console());
+        assert!(!fan.release_console(), "nobody holds the seat now");
+        let mut second = fan.connect(never, None).await.unwrap();
+        read_until(&mut first, "[write token revoked]").await;
+        let e = first.write_all(b"x").await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied);
+        second.write_all(b"y").await.unwrap();
+        let mut got = [0u8; 1];
+        far.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"y");
+        // The revoked writer still reads, as an observer.
+        far.write_all(b"both").await.unwrap();
+        read_until(&mut first, "both").await;
+        read_until(&mut second, "both").await;
+        assert_eq!(fan.status().observer_count, 1);
+    }
+
+    #[tokio::test]
+    async fn a_writer_that_leaves_frees_the_seat_for_a_connect_already_waiting() {
+        let fan = Arc::new(ConsoleFanout::new(FanoutOptions {
+            seat_grace: Duration::from_secs(30),
+            ..FanoutOptions::default()
+        }));
+        let (_far, open) = board();
+        let first = fan.connect(open, None).await.unwrap();
+        let _watching = fan.observe(never, None).await.unwrap();
+        let waiting = tokio::spawn({
+            let fan = fan.clone();
+            async move { fan.connect(never, None).await }
+        });
+        // One turn of this single-threaded runtime: the connect is waiting for the seat.
+        tokio::task::yield_now().await;
+        assert_eq!(
+            fan.status().write_token_holder.as_deref(),
+            Some("connection 1")
+        );
+        drop(first);
+        let second = waiting.await.unwrap().unwrap();
+        let id = second.id;
+        assert_eq!(
+            fan.status().write_token_holder,
+            Some(format!("connection {id}"))
+        );
+    }
+
+    #[tokio::test]
+    async fn the_scrollback_keeps_the_last_bytes_only() {
+        let fan = ConsoleFanout::new(FanoutOptions {
+            scrollback: 1000,
+            ..FanoutOptions::default()
+        });
+        let (mut far, open) = board();
+        let mut writer = fan.connect(open, None).await.unwrap();
+        let mut all = Vec::new();
+        for i in 0..500u32 {
+            all.extend_from_slice(format!("{i:05}\n").as_bytes());
+        }
+        far.write_all(&all).await.unwrap();
+        read_until(&mut writer, "00499\n").await;
+        assert_eq!(fan.status().scrollback_bytes, 1000);
+        let mut late = fan.observe(never, None).await.unwrap();
+        let mut got = vec![0u8; 1000];
+        late.read_exact(&mut got).await.unwrap();
+        assert_eq!(got, all[all.len() - 1000..]);
+    }
+
+    #[tokio::test]
+    async fn a_stalled_observer_drops_its_oldest_bytes_and_never_holds_the_writer() {
+        let fan = ConsoleFanout::new(FanoutOptions {
+            observer_buffer: 4096,
+            ..FanoutOptions::default()
+        });
+        let (far, open) = board();
+        let (mut board_rx, mut board_tx) = tokio::io::split(far);
+        let mut writer = fan.connect(open, None).await.unwrap();
+        let mut stalled = fan.observe(never, None).await.unwrap();
+        // The board echoes; the writer sends 100 times the observer's buffer and reads it
+        // all back while the observer reads nothing.
+        let echo = tokio::spawn(async move {
+            tokio::io::copy(&mut board_rx, &mut board_tx).await.unwrap();
+        });
+        let total = 100 * 4096;
+        let sent: Vec<u8> = (0..total).map(|i| (i % 251) as u8).collect();
+        let (mut rx, mut tx) = tokio::io::split(writer);
+        let send = {
+            let sent = sent.clone();
+            tokio::spawn(async move {
+                tx.write_all(&sent).await.unwrap();
+                tx
+            })
+        };
+        let mut back = vec![0u8; total];
+        tokio::time::timeout(Duration::from_secs(20), rx.read_exact(&mut back))
+            .await
+            .expect("the writer was held back by a stalled observer")
+            .unwrap();
+        assert_eq!(back, sent, "the writer lost nothing");
+        let tx = send.await.unwrap();
+        writer = rx.unsplit(tx);
+        // The observer kept its buffer's worth of the newest bytes, after a marker.
+        let mut buf = vec![0u8; 8192];
+        let n = stalled.read(&mut buf).await.unwrap();
+        let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+        let marker = format!("\r\n[{} bytes dropped]\r\n", total - 4096);
+        assert!(text.starts_with(&marker), "{text:?}");
+        let mut kept = buf[marker.len()..n].to_vec();
+        while kept.len() < 4096 {
+            let n = stalled.read(&mut buf).await.unwrap();
+            kept.extend_from_slice(&buf[..n]);
+        }
+        assert_eq!(kept, sent[total - 4096..]);
+        drop(writer);
+        drop(stalled);
+        echo.abort();
+    }
+
+    #[tokio::test]
+    async fn the_source_ending_ends_every_client_and_the_next_opens_it_afresh() {
+        let fan = ConsoleFanout::default();
+        let (far, open) = board();
+        let mut writer = fan.connect(open, None).await.unwrap();
+        let mut obs = fan.observe(never, None).await.unwrap();
+        drop(far);
+        let mut buf = [0u8; 8];
+        assert_eq!(writer.read(&mut buf).await.unwrap(), 0);
+        assert_eq!(obs.read(&mut buf).await.unwrap(), 0);
+        assert_eq!(fan.status().total_clients, 0);
+        let (mut far, open) = board();
+        let mut again = fan.connect(open, None).await.unwrap();
+        far.write_all(b"new").await.unwrap();
+        read_until(&mut again, "new").await;
+        // close_all ends it too, and reset forgets the scrollback.
+        fan.reset();
+        assert_eq!(again.read(&mut buf).await.unwrap(), 0);
+        assert_eq!(fan.status().scrollback_bytes, 0);
+        let e = fan.connect(never, None).await.err().unwrap();
+        assert!(e.to_string().contains("already open"), "{e}");
+    }
+
+    #[derive(Default)]
+    struct Tape(Mutex<Vec<(Direction, Vec<u8>)>>);
+    impl ConsoleRecorder for Tape {
+        fn record(&self, direction: Direction, bytes: &[u8]) {
+            lock(&self.0).push((direction, bytes.to_vec()));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_recorder_sees_both_directions() {
+        let fan = ConsoleFanout::default();
+        let tape = Arc::new(Tape::default());
+        let (mut far, open) = board();
+        let mut writer = fan
+            .connect(open, Some(tape.clone() as Arc<dyn ConsoleRecorder>))
+            .await
+            .unwrap();
+        writer.write_all(b"ls\n").await.unwrap();
+        let mut got = [0u8; 3];
+        far.read_exact(&mut got).await.unwrap();
+        far.write_all(b"bin\n").await.unwrap();
+        read_until(&mut writer, "bin\n").await;
+        let tape = lock(&tape.0).clone();
+        assert_eq!(
+            tape,
+            vec![
+                (Direction::ClientToBoard, b"ls\n".to_vec()),
+                (Direction::BoardToClient, b"bin\n".to_vec()),
+            ]
+        );
+    }
+}
