@@ -5,7 +5,7 @@
 #[derive(Debug, thiserror::Error)]
 pub enum CoreError {
     /// A listener could not be opened.
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot listen on {addr}")]
     Listen {
         /// The address or socket path.
         addr: String,
@@ -13,26 +13,26 @@ pub enum CoreError {
         source: std::io::Error,
     },
     /// The TLS settings are unusable.
-    #[error("TLS configuration: {0}")]
+    #[error("unusable TLS configuration")]
     Tls(#[source] tonic::transport::Error),
     /// The TLS certificate or key given to the listener is unusable.
-    #[error("TLS certificate or key: {0}")]
+    #[error("unusable TLS certificate or key")]
     TlsIdentity(#[source] crate::auth::TlsError),
     /// The TLS certificate or key given to the listener is not PEM text.
     #[error("the TLS {0} is not PEM text")]
     NotPem(&'static str),
     /// The server stopped with an error.
-    #[error("server error: {0}")]
+    #[error("the server failed")]
     Serve(#[source] tonic::transport::Error),
 }
 
 /// The cause an error holds: any error, or a message (`"...".into()`).
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// An error with what was being done when it happened (`cannot serialize: ...`); its
-/// source is the error, so the chain keeps it.
+/// An error with what was being done when it happened (`cannot serialize`); its source is
+/// the error, so the chain (see [`error_chain`]) prints both.
 #[derive(Debug, thiserror::Error)]
-#[error("{context}: {source}")]
+#[error("{context}")]
 pub struct Because {
     /// What was being done.
     pub context: String,

@@ -83,7 +83,11 @@ pub fn sweep_in(base: &Path, name: &str) -> Vec<PathBuf> {
                 );
                 removed.push(path);
             }
-            Err(e) => tracing::warn!("cannot remove the leftover {}: {e}", path.display()),
+            Err(e) => tracing::warn!(
+                "cannot remove the leftover {}: {e}",
+                path.display(),
+                e = crate::error_chain(&e)
+            ),
         }
     }
     removed

@@ -32,7 +32,7 @@ const CLOCK_SKEW: Duration = Duration::from_secs(60 * 60);
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
     /// A file could not be read.
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}")]
     Read {
         /// The file.
         path: PathBuf,
@@ -40,7 +40,7 @@ pub enum TlsError {
         source: std::io::Error,
     },
     /// A file could not be written.
-    #[error("cannot write {path}: {source}")]
+    #[error("cannot write {path}")]
     Write {
         /// The file.
         path: PathBuf,
@@ -48,7 +48,7 @@ pub enum TlsError {
         source: std::io::Error,
     },
     /// A PEM file or text cannot be parsed.
-    #[error("{path}: not valid PEM: {source}")]
+    #[error("{path}: not valid PEM")]
     Pem {
         /// The file (or `<memory>`).
         path: PathBuf,
@@ -78,16 +78,16 @@ pub enum TlsError {
     #[error("invalid subject alternative name {0:?}")]
     SubjectAltName(String),
     /// Key or certificate generation failed.
-    #[error("certificate generation failed: {0}")]
+    #[error("certificate generation failed")]
     Generate(#[source] rcgen::Error),
     /// The system's random number generator failed.
     #[error("certificate generation failed: the random number generator failed")]
     Random,
     /// A TLS configuration could not be built from generated certificates.
-    #[error("TLS configuration: {0}")]
+    #[error("unusable TLS configuration")]
     Config(#[source] tonic::transport::Error),
     /// A CA key or certificate PEM cannot be used.
-    #[error("{path}: {what}: {source}")]
+    #[error("{path}: {what}")]
     Unusable {
         /// The file (or `<memory>`).
         path: PathBuf,

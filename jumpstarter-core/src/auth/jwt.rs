@@ -124,9 +124,12 @@ pub fn encode(
 }
 
 fn decode_part(part: &str, what: &str) -> Result<Vec<u8>, TokenError> {
-    URL_SAFE_NO_PAD
-        .decode(part)
-        .map_err(|e| TokenError::Malformed(format!("{what} is not base64url: {e}")))
+    URL_SAFE_NO_PAD.decode(part).map_err(|e| {
+        TokenError::Malformed(format!(
+            "{what} is not base64url: {e}",
+            e = crate::error_chain(&e)
+        ))
+    })
 }
 
 fn decode_json(part: &str, what: &str) -> Result<Map<String, Value>, TokenError> {
@@ -136,7 +139,10 @@ fn decode_json(part: &str, what: &str) -> Result<Map<String, Value>, TokenError>
         Ok(_) => Err(TokenError::Malformed(format!(
             "{what} is not a JSON object"
         ))),
-        Err(e) => Err(TokenError::Malformed(format!("{what} is not JSON: {e}"))),
+        Err(e) => Err(TokenError::Malformed(format!(
+            "{what} is not JSON: {e}",
+            e = crate::error_chain(&e)
+        ))),
     }
 }
 

@@ -93,7 +93,7 @@ pub enum TokenError {
     #[error("token subject {0:?} is not <client|exporter>:<namespace>:<name>:<uid>")]
     Subject(String),
     /// The signing key could not be generated, read, parsed or written.
-    #[error("signing key {path}: {source}")]
+    #[error("signing key {path}")]
     Key {
         /// The key file, or `<generated>` / `<memory>`.
         path: String,
@@ -102,7 +102,7 @@ pub enum TokenError {
         source: crate::BoxError,
     },
     /// The signing key file could not be read or written.
-    #[error("signing key {path}: {what}: {source}")]
+    #[error("signing key {path}: {what}")]
     KeyFile {
         /// The key file.
         path: String,
@@ -116,7 +116,7 @@ pub enum TokenError {
     #[error("cannot sign token: {0}")]
     Sign(String),
     /// The header or claims could not be encoded as JSON.
-    #[error("cannot sign token: {0}")]
+    #[error("cannot sign token: the header or claims cannot be encoded")]
     Encode(#[source] serde_json::Error),
 }
 
@@ -124,7 +124,7 @@ impl TokenError {
     /// The status a controller RPC returns for this error: `UNKNOWN` with the message, as
     /// upstream's authenticator errors surface (the Python client matches "token is expired").
     pub fn to_controller_status(&self) -> tonic::Status {
-        tonic::Status::unknown(self.to_string())
+        tonic::Status::unknown(crate::error_chain(self))
     }
 
     /// The status the router returns for any token failure: `UNAUTHENTICATED "invalid jwt token"`.

@@ -487,8 +487,8 @@ mod tests {
     async fn bad_endpoint_is_a_clear_error() {
         let e = connect_tls("no-port", &TlsSettings::default())
             .await
-            .unwrap_err()
-            .to_string();
+            .unwrap_err();
+        let e = crate::error_chain(&e);
         assert!(e.contains("no-port") && e.contains("host:port"), "{e}");
     }
 
@@ -496,8 +496,8 @@ mod tests {
     fn non_ascii_token_is_refused() {
         let e = ControllerAuth::client("ns", "n", "to\nk")
             .call_metadata("x:1")
-            .unwrap_err()
-            .to_string();
+            .unwrap_err();
+        let e = crate::error_chain(&e);
         assert!(e.contains("token"), "{e}");
     }
 }

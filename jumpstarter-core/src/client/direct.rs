@@ -37,7 +37,7 @@ pub const DIRECT_COPY_BUFFER: usize = crate::wire::frames::CHUNK;
 
 /// An advertised direct endpoint is unusable (bad address, certificate or key).
 #[derive(Debug, thiserror::Error)]
-#[error("direct endpoint {endpoint:?}: {source}")]
+#[error("direct endpoint {endpoint:?}")]
 pub struct EndpointError {
     /// The advertised `host:port`.
     pub endpoint: String,
@@ -150,7 +150,7 @@ impl DirectTarget {
     /// `timeout`; the error says why not.
     pub async fn check(&self, uuid: &str, timeout: Duration) -> Result<(), String> {
         let attempt = async {
-            let channel = self.channel().await.map_err(|e| e.to_string())?;
+            let channel = self.channel().await.map_err(|e| crate::error_chain(&e))?;
             let report = ExporterServiceClient::new(channel)
                 .get_report(())
                 .await
@@ -177,7 +177,7 @@ pub async fn probe(endpoints: &[Endpoint], uuid: &str, timeout: Duration) -> Opt
         let target = match DirectTarget::from_endpoint(ep) {
             Ok(t) => t,
             Err(e) => {
-                tracing::debug!("{e}");
+                tracing::debug!("{e}", e = crate::error_chain(&e));
                 continue;
             }
         };
@@ -241,7 +241,7 @@ mod tests {
             ),
         ];
         for (ep, want) in cases {
-            let e = DirectTarget::from_endpoint(&ep).unwrap_err().to_string();
+            let e = crate::error_chain(&DirectTarget::from_endpoint(&ep).unwrap_err());
             assert!(e.contains(want), "want {want:?} in {e}");
         }
     }

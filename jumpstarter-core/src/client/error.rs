@@ -4,14 +4,14 @@ use tonic::Status;
 
 use std::sync::Arc;
 
-use crate::{Because, BoxError, DriverError, driver::SharedError, error_chain};
+use crate::{Because, BoxError, DriverError, driver::SharedError};
 
 /// Why a client operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     /// The exporter (or a controller, a router) could not be reached, or the settings to
     /// reach it are unusable.
-    #[error("cannot connect to {target}: {}", error_chain(&**.source))]
+    #[error("cannot connect to {target}")]
     Connect {
         /// The address, socket path or config file.
         target: String,

@@ -222,7 +222,10 @@ pub async fn acquire(
         .await
         .map(|e| e.labels.into_iter().collect())
         .unwrap_or_else(|e| {
-            tracing::debug!("GetExporter {exporter_resource}: {e}");
+            tracing::debug!(
+                "GetExporter {exporter_resource}: {e}",
+                e = crate::error_chain(&e)
+            );
             BTreeMap::new()
         });
     Ok(AcquiredLease {
@@ -268,7 +271,10 @@ async fn wait_ready(
                 if now + interval > deadline {
                     return Err(e);
                 }
-                let why = format!("the controller cannot be reached ({e}); retrying");
+                let why = format!(
+                    "the controller cannot be reached ({e}); retrying",
+                    e = crate::error_chain(&e)
+                );
                 if why != last {
                     on_wait(name, &why);
                     last = why;
@@ -384,7 +390,7 @@ impl TicketSource for LeaseDialer {
                             // The exporter's own state (a failed hook), not the lease's end
                             // (UNKNOWN "lease not active"): worth telling the user.
                             if s.code() == Code::FailedPrecondition {
-                                *self.refused.lock_or_recover() = Some(error.to_string());
+                                *self.refused.lock_or_recover() = Some(crate::error_chain(&error));
                             }
                             TicketError::permanent(error)
                         });
@@ -507,7 +513,7 @@ impl AcquiredLease {
                 let conn = match conn {
                     Ok((conn, _)) => conn,
                     Err(e) => {
-                        tracing::warn!("local socket: {e}");
+                        tracing::warn!("local socket: {e}", e = crate::error_chain(&e));
                         tokio::time::sleep(Duration::from_millis(100)).await;
                         continue;
                     }
@@ -536,7 +542,7 @@ impl AcquiredLease {
                                         DIRECT_COPY_BUFFER,
                                     ) => {
                                         if let Err(e) = r {
-                                            tracing::debug!("direct connection {}: {e}", direct.endpoint());
+                                            tracing::debug!("direct connection {}: {e}", direct.endpoint(), e = crate::error_chain(&e));
                                         }
                                     }
                                 }
@@ -544,7 +550,8 @@ impl AcquiredLease {
                             }
                             Ok(Err(e)) => tracing::warn!(
                                 "direct endpoint {}: {e}; using the router",
-                                direct.endpoint()
+                                direct.endpoint(),
+                                e = crate::error_chain(&e)
                             ),
                             Err(_) => tracing::warn!(
                                 "direct endpoint {} did not answer; using the router",
@@ -558,7 +565,11 @@ impl AcquiredLease {
                     };
                     match link {
                         // Dropping `conn` tells the client at once.
-                        Err(e) => tracing::warn!("lease {}: {e}", dialer.lease),
+                        Err(e) => tracing::warn!(
+                            "lease {}: {e}",
+                            dialer.lease,
+                            e = crate::error_chain(&e)
+                        ),
                         Ok(link) => link.splice(conn, cancel.cancelled_owned(), retry.events),
                     }
                 });
@@ -582,7 +593,11 @@ impl AcquiredLease {
                 ..
             }) => true,
             Err(e) => {
-                tracing::debug!("checking lease {}: {e}", self.name);
+                tracing::debug!(
+                    "checking lease {}: {e}",
+                    self.name,
+                    e = crate::error_chain(&e)
+                );
                 false
             }
         }

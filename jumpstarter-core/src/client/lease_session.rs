@@ -119,7 +119,10 @@ impl<'a> LeaseSessionBuilder<'a> {
                 // The tunnel works but the report is unreadable: stay on the router, the
                 // driver calls will say what is wrong.
                 Err(e) => {
-                    tracing::warn!("cannot read the exporter's report: {e}");
+                    tracing::warn!(
+                        "cannot read the exporter's report: {e}",
+                        e = crate::error_chain(&e)
+                    );
                     Ok(None)
                 }
             }
@@ -236,7 +239,7 @@ impl LeaseSession {
         if let Some(direct) = &self.direct {
             match direct.channel().await {
                 Ok(c) => return Ok(c),
-                Err(e) => tracing::warn!("{e}; using the router"),
+                Err(e) => tracing::warn!("{e}; using the router", e = crate::error_chain(&e)),
             }
         }
         self.lease.session_channel().await
@@ -337,7 +340,11 @@ impl LeaseSession {
                     ),
                     _ => {}
                 },
-                Err(e) => tracing::debug!("lease {}: no EndSession: {e}", self.lease.name),
+                Err(e) => tracing::debug!(
+                    "lease {}: no EndSession: {e}",
+                    self.lease.name,
+                    e = crate::error_chain(&e)
+                ),
             }
         }
         self.lease.release().await?;
@@ -375,7 +382,11 @@ impl Drop for LeaseSession {
         let lease = self.lease.clone();
         runtime.spawn(async move {
             if let Err(e) = lease.release().await {
-                tracing::warn!("releasing lease {} on drop: {e}", lease.name);
+                tracing::warn!(
+                    "releasing lease {} on drop: {e}",
+                    lease.name,
+                    e = crate::error_chain(&e)
+                );
             }
         });
     }

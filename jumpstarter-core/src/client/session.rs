@@ -109,7 +109,7 @@ fn transport_cause(status: &Status) -> Option<String> {
     let mut cause = None;
     let mut src = std::error::Error::source(status);
     while let Some(e) = src {
-        cause = Some(e.to_string());
+        cause = Some(crate::error_chain(&e));
         src = e.source();
     }
     cause.filter(|c| !c.is_empty() && !status.message().contains(c.as_str()))
@@ -580,7 +580,7 @@ impl DriverClient {
                         // Tell the peer the transfer broke (our exporter fails the driver's
                         // read on RST_STREAM), then cancel the call, which upstream
                         // exporters see as an error too.
-                        tracing::debug!("resource upload broken: {e}");
+                        tracing::debug!("resource upload broken: {e}", e = crate::error_chain(&e));
                         let _ = tx.try_send(StreamRequest::new(Vec::new(), FrameType::RstStream));
                         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                         break;
@@ -639,8 +639,12 @@ impl DriverClient {
             .get("resource")
             .and_then(|v| v.to_str().ok())
             .ok_or_else(|| ClientError::Report("exporter sent no resource handle".into()))?;
-        let handle: ResourceHandle = serde_json::from_str(raw)
-            .map_err(|e| ClientError::Report(format!("bad resource handle {raw:?}: {e}")))?;
+        let handle: ResourceHandle = serde_json::from_str(raw).map_err(|e| {
+            ClientError::Report(format!(
+                "bad resource handle {raw:?}: {e}",
+                e = crate::error_chain(&e)
+            ))
+        })?;
         let accepted = meta
             .get("x_jmp_accept_encoding")
             .and_then(|v| v.to_str().ok())
@@ -697,7 +701,7 @@ impl DriverClient {
                     Ok(())
                 }
                 Err(e) => {
-                    let msg = e.to_string();
+                    let msg = crate::error_chain(&e);
                     upload.fail(e);
                     Err(std::io::Error::other(msg))
                 }
@@ -723,7 +727,8 @@ impl DriverClient {
             (Ok(v), Ok(())) => Ok(v),
             (Ok(_), Err(e)) => Err(ClientError::Io(e)),
             (Err(call), Err(e)) => Err(ClientError::Io(std::io::Error::other(format!(
-                "{e} (and the driver call failed: {call})"
+                "{e} (and the driver call failed: {call})",
+                e = crate::error_chain(&e)
             )))),
             (Err(call), Ok(())) => Err(call),
         }
@@ -956,7 +961,12 @@ pub struct ClientResource {
 }
 
 fn parse_uuid(s: &str) -> Result<uuid::Uuid, ClientError> {
-    uuid::Uuid::parse_str(s).map_err(|e| ClientError::Report(format!("bad driver uuid {s:?}: {e}")))
+    uuid::Uuid::parse_str(s).map_err(|e| {
+        ClientError::Report(format!(
+            "bad driver uuid {s:?}: {e}",
+            e = crate::error_chain(&e)
+        ))
+    })
 }
 
 #[cfg(test)]

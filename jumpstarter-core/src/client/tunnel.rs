@@ -90,7 +90,7 @@ pub const DEFAULT_RETRY_TIMEOUT: Duration = Duration::from_secs(300);
 #[derive(Debug, thiserror::Error)]
 pub enum TunnelError {
     /// The router could not be reached (TLS, DNS, connection refused...).
-    #[error("cannot reach router {endpoint}: {}", connect_reason(source))]
+    #[error("cannot reach router {endpoint}")]
     Router {
         /// The router endpoint.
         endpoint: String,
@@ -119,14 +119,6 @@ pub enum TunnelError {
     Io(#[from] std::io::Error),
 }
 
-/// What a connection failure says besides the endpoint (which the caller names already).
-fn connect_reason(e: &ClientError) -> String {
-    match e {
-        ClientError::Connect { source, .. } => crate::error_chain(&**source),
-        other => other.to_string(),
-    }
-}
-
 impl TunnelError {
     /// Whether the failure may go away by itself (router restarting, exporter reconnecting),
     /// so that trying again later makes sense. Bad TLS settings or certificates, refused
@@ -134,7 +126,7 @@ impl TunnelError {
     pub fn is_transient(&self) -> bool {
         match self {
             TunnelError::Router { source, .. } => {
-                let text = source.to_string().to_ascii_lowercase();
+                let text = crate::error_chain(&source).to_ascii_lowercase();
                 ![
                     "certificate",
                     "host:port",
@@ -502,7 +494,7 @@ impl RouterLink {
                 futures::future::ready(match item {
                     Ok(frame) => Some(frame),
                     Err(e) => {
-                        tracing::debug!("tunnel source failed: {e}");
+                        tracing::debug!("tunnel source failed: {e}", e = crate::error_chain(&e));
                         None
                     }
                 })
@@ -580,7 +572,7 @@ impl<S: FrameSink> FrameSink for LinkSink<S> {
             lost,
             broken,
         } = self;
-        let text = error.to_string();
+        let text = crate::error_chain(&error);
         let detail = text.strip_prefix("transfer broken: ").unwrap_or(&text);
         let reason = detail.to_string();
         tracing::debug!("router {endpoint}: tunnel lost: {reason}");
@@ -671,7 +663,7 @@ async fn reach(
                 if !e.is_transient() || Instant::now() + delay > deadline {
                     return Err(e);
                 }
-                tracing::debug!("{e}; trying again");
+                tracing::debug!("{e}; trying again", e = crate::error_chain(&e));
                 tokio::select! {
                     _ = &mut *cancel => {
                         return Err(TunnelError::Cancelled { endpoint: endpoint.to_string() });
@@ -811,7 +803,7 @@ pub async fn session_channel_with<S: TicketSource>(
                 let link = match connect_retrying(&*source, &tls, &policy).await {
                     Ok(link) => link,
                     Err(e) => {
-                        let reason = e.to_string();
+                        let reason = crate::error_chain(&e);
                         if let Ok(mut f) = failed.lock() {
                             *f = Some(e);
                         }

@@ -417,7 +417,7 @@ pub fn decode_ca(tls: &TlsConfig, path: Option<&Path>) -> Result<Option<String>,
     let compact: String = ca.split_whitespace().collect();
     let bytes = base64::engine::general_purpose::STANDARD
         .decode(compact.as_bytes())
-        .map_err(|e| invalid(format!("not base64: {e}")))?;
+        .map_err(|e| invalid(format!("not base64: {e}", e = crate::error_chain(&e))))?;
     let pem = String::from_utf8(bytes).map_err(|_| invalid("not a PEM certificate".into()))?;
     if !pem.contains("-----BEGIN CERTIFICATE-----") {
         return Err(invalid("not a PEM certificate".into()));
@@ -448,7 +448,7 @@ fn load_yaml<T: DeserializeOwned>(
     })?;
     let cfg: T = serde_saphyr::from_str(&text).map_err(|e| ConfigError::Parse {
         path: path.to_path_buf(),
-        message: e.to_string(),
+        message: crate::error_chain(&e),
     })?;
     if kind == "ClientConfig" {
         crate::config::keys::warn_unknown(path, &crate::config::keys::unknown_client_keys(&text));
@@ -478,7 +478,7 @@ fn load_yaml<T: DeserializeOwned>(
 fn save_yaml<T: Serialize>(value: &T, path: &Path) -> Result<(), ConfigError> {
     let text = serde_saphyr::to_string(value).map_err(|e| ConfigError::Parse {
         path: path.to_path_buf(),
-        message: e.to_string(),
+        message: crate::error_chain(&e),
     })?;
     write_private(path, text.as_bytes())
 }

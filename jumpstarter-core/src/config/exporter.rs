@@ -31,7 +31,7 @@ pub const API_VERSION: &str = "jumpstarter.dev/v1alpha1";
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The file could not be read.
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}")]
     Read {
         /// The file.
         path: PathBuf,
@@ -39,7 +39,7 @@ pub enum ConfigError {
         source: std::io::Error,
     },
     /// The file could not be written.
-    #[error("cannot write {path}: {source}")]
+    #[error("cannot write {path}")]
     Write {
         /// The file.
         path: PathBuf,
@@ -366,7 +366,7 @@ impl ExporterConfig {
     pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
         let cfg: ExporterConfig = serde_saphyr::from_str(text).map_err(|e| ConfigError::Parse {
             path: path.to_path_buf(),
-            message: e.to_string(),
+            message: crate::error_chain(&e),
         })?;
         let invalid = |line: u64, field: &str, message: String| ConfigError::Invalid {
             path: path.to_path_buf(),
@@ -400,7 +400,7 @@ impl ExporterConfig {
     pub fn to_yaml(&self) -> Result<String, ConfigError> {
         let text = serde_saphyr::to_string(self).map_err(|e| ConfigError::Parse {
             path: self.path.clone().unwrap_or_default(),
-            message: e.to_string(),
+            message: crate::error_chain(&e),
         })?;
         Ok(match text.find("\nexport: {}\n") {
             Some(i) if self.export.is_empty() => format!(

@@ -61,13 +61,13 @@ impl DriverError {
     }
 
     /// A [`DriverError::Other`]: `source`, met while doing `context` (the message is
-    /// `context: source`).
+    /// `context`, its chain `context: source`).
     pub fn because(context: impl Into<String>, source: impl Into<BoxError>) -> Self {
         DriverError::Other(Arc::from(Because::boxed(context, source)))
     }
 
     /// A [`DriverError::Invalid`]: an argument is unusable because of `source`, found while
-    /// doing `context` (the message is `context: source`).
+    /// doing `context` (the message is `context`, its chain `context: source`).
     pub fn invalid_because(context: impl Into<String>, source: impl Into<BoxError>) -> Self {
         DriverError::Invalid(Arc::from(Because::boxed(context, source)))
     }
@@ -97,7 +97,7 @@ impl DriverError {
             DriverError::Timeout(_) => Code::DeadlineExceeded,
             DriverError::NotReady(_) => Code::FailedPrecondition,
         };
-        tonic::Status::new(code, self.to_string())
+        tonic::Status::new(code, crate::error_chain(self))
     }
 
     /// The error a client sees for a gRPC status from a driver call.
@@ -168,10 +168,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_cause_is_kept_as_the_source_and_the_message_is_unchanged() {
+    fn a_cause_is_kept_as_the_source_and_printed_once_by_the_chain() {
         let io = std::io::Error::new(std::io::ErrorKind::NotFound, "no such file");
         let e = DriverError::because("cannot open /x", io);
-        assert_eq!(e.to_string(), "cannot open /x: no such file");
+        assert_eq!(e.to_string(), "cannot open /x");
+        assert_eq!(crate::error_chain(&e), "cannot open /x: no such file");
         let source = std::error::Error::source(&e).expect("the io error is the source");
         assert_eq!(source.to_string(), "no such file");
         assert!(source.downcast_ref::<std::io::Error>().is_some());
@@ -181,7 +182,9 @@ mod tests {
 
         let bad = DriverError::invalid_because("disk_size", "not a size");
         assert_eq!(bad.to_status().code(), tonic::Code::InvalidArgument);
-        assert_eq!(bad.to_string(), "disk_size: not a size");
+        assert_eq!(bad.to_string(), "disk_size");
+        assert_eq!(crate::error_chain(&bad), "disk_size: not a size");
+        assert_eq!(bad.to_status().message(), "disk_size: not a size");
 
         let io = std::io::Error::new(std::io::ErrorKind::PermissionDenied, "denied");
         let e = DriverError::from(io);

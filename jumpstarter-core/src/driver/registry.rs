@@ -213,7 +213,7 @@ impl DriverRegistry {
         let driver = ctor(&DriverArgs {
             config: inst.config.clone(),
         })
-        .map_err(|e| invalid(line, format!("{field}.config"), e.to_string()))?;
+        .map_err(|e| invalid(line, format!("{field}.config"), crate::error_chain(&e)))?;
         let mut node = DriverNode::new(driver);
         node.description = inst.description.clone();
         // The driver's fallbacks, the config's `methods_description`, then what the driver
@@ -266,7 +266,7 @@ fn ctor_placeholder(
         path: path.to_path_buf(),
         line: 0,
         field: field.to_string(),
-        message: e.to_string(),
+        message: crate::error_chain(&e),
     })
 }
 

@@ -136,7 +136,8 @@ pub mod utf8_bytes {
         match std::str::from_utf8(b) {
             Ok(text) => s.serialize_str(text),
             Err(e) => Err(serde::ser::Error::custom(format!(
-                "bytes are not valid UTF-8: {e}"
+                "bytes are not valid UTF-8: {e}",
+                e = crate::error_chain(&e)
             ))),
         }
     }

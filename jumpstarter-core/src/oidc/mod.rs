@@ -31,7 +31,7 @@ pub enum OidcError {
         reason: String,
     },
     /// An HTTP exchange failed for a reason another error gives (connect, TLS, protocol).
-    #[error("{url}: {what}: {source}")]
+    #[error("{url}: {what}")]
     Transfer {
         /// The URL.
         url: String,
@@ -42,7 +42,7 @@ pub enum OidcError {
         source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// A response body is not JSON.
-    #[error("{url}: unexpected response: {source}")]
+    #[error("{url}: unexpected response")]
     NotJson {
         /// The URL.
         url: String,
@@ -51,7 +51,7 @@ pub enum OidcError {
         source: serde_json::Error,
     },
     /// The TLS settings are unusable for a reason rustls gives (a CA that is not PEM...).
-    #[error("TLS settings: {what}: {source}")]
+    #[error("TLS settings: {what}")]
     TlsConfig {
         /// What is unusable.
         what: &'static str,
@@ -81,7 +81,7 @@ pub enum OidcError {
     #[error("TLS settings: {0}")]
     Tls(String),
     /// A JWTAuthenticator document is unusable; names the field.
-    #[error("JWT authenticator {issuer:?}: {field}: {source}")]
+    #[error("JWT authenticator {issuer:?}: {field}")]
     Config {
         /// The issuer URL (or `<unknown>`).
         issuer: String,
@@ -126,6 +126,6 @@ impl OidcError {
     /// The status a controller RPC returns: `UNKNOWN` with the message, as upstream's
     /// authenticator errors surface (the Python client matches "token is expired").
     pub fn to_controller_status(&self) -> tonic::Status {
-        tonic::Status::unknown(self.to_string())
+        tonic::Status::unknown(crate::error_chain(self))
     }
 }

@@ -53,7 +53,7 @@ pub enum DirectError {
         reason: String,
     },
     /// The listener could not be bound.
-    #[error("cannot listen on {addr} for direct connections: {source}")]
+    #[error("cannot listen on {addr} for direct connections")]
     Listen {
         /// The address.
         addr: String,
@@ -61,7 +61,7 @@ pub enum DirectError {
         source: std::io::Error,
     },
     /// The lease's certificates could not be made.
-    #[error("cannot issue direct-path certificates for {host}: {source}")]
+    #[error("cannot issue direct-path certificates for {host}")]
     Certificates {
         /// The advertised host.
         host: String,
@@ -370,7 +370,7 @@ async fn accept_loop(
         let (conn, peer) = match listener.accept().await {
             Ok(c) => c,
             Err(e) => {
-                tracing::warn!("direct listener: {e}");
+                tracing::warn!("direct listener: {e}", e = crate::error_chain(&e));
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
@@ -415,7 +415,10 @@ async fn accept_loop(
                         );
                     }
                 }
-                Err(e) => tracing::debug!("direct listener: closed {peer}: {e}"),
+                Err(e) => tracing::debug!(
+                    "direct listener: closed {peer}: {e}",
+                    e = crate::error_chain(&e)
+                ),
             }
         });
     }

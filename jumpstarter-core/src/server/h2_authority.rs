@@ -30,7 +30,7 @@ const REPLACEMENT_AUTHORITY: &[u8] = b"localhost";
 #[derive(Debug, thiserror::Error)]
 pub enum H2AuthorityError {
     /// Reading from the client or writing to the server failed.
-    #[error("HTTP/2 authority rewrite: I/O: {0}")]
+    #[error("HTTP/2 authority rewrite: I/O failed")]
     Io(#[from] std::io::Error),
     /// The client did not start with the HTTP/2 connection preface.
     #[error("HTTP/2 authority rewrite: client sent no HTTP/2 connection preface")]
@@ -307,7 +307,7 @@ impl AuthorityRewriter {
                 .decode(&block.fragment)
                 .map_err(|e| H2AuthorityError::Hpack {
                     stream: block.stream,
-                    reason: e.to_string(),
+                    reason: crate::error_chain(&e),
                 })?;
         let mut encoded = Vec::with_capacity(block.fragment.len() + 64);
         for (name, value) in &headers {

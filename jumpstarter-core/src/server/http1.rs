@@ -49,7 +49,7 @@ pub async fn serve<F, Fut>(
             r = listener.accept() => match r {
                 Ok(c) => c,
                 Err(e) => {
-                    tracing::warn!("{name} listener: {e}");
+                    tracing::warn!("{name} listener: {e}", e = crate::error_chain(&e));
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 }
@@ -101,7 +101,7 @@ where
         .serve_connection(TokioIo::new(io), service)
         .await;
     if let Err(e) = served {
-        tracing::debug!("HTTP connection: {e}");
+        tracing::debug!("HTTP connection: {e}", e = crate::error_chain(&e));
     }
 }
 

@@ -286,13 +286,13 @@ pub enum HandshakeError {
     #[error("TLS handshake not finished within {0:?}")]
     TlsTimeout(Duration),
     /// The TLS handshake failed.
-    #[error("TLS handshake failed: {0}")]
+    #[error("TLS handshake failed")]
     Tls(#[source] io::Error),
     /// The HTTP/2 preface did not arrive in time.
     #[error("no HTTP/2 preface within {0:?}")]
     FirstFrameTimeout(Duration),
     /// The connection closed or failed before the preface.
-    #[error("connection lost before the HTTP/2 preface: {0}")]
+    #[error("connection lost before the HTTP/2 preface")]
     Read(#[source] io::Error),
     /// The first bytes were not the HTTP/2 preface and a SETTINGS frame.
     #[error("not HTTP/2 (no client preface)")]
@@ -445,7 +445,11 @@ impl ConnectionGuard {
                     Ok(c) => c,
                     Err(e) => {
                         // Out of file descriptors and the like: back off instead of spinning.
-                        tracing::warn!("{} listener: accept: {e}", guard.inner.stats.name);
+                        tracing::warn!(
+                            "{} listener: accept: {e}",
+                            guard.inner.stats.name,
+                            e = crate::error_chain(&e)
+                        );
                         tokio::time::sleep(Duration::from_millis(100)).await;
                         continue;
                     }
@@ -462,7 +466,8 @@ impl ConnectionGuard {
                         }
                         Err(e) => tracing::debug!(
                             "{} listener: closed {peer}: {e}",
-                            guard.inner.stats.name
+                            guard.inner.stats.name,
+                            e = crate::error_chain(&e)
                         ),
                     }
                 });
@@ -491,32 +496,41 @@ pub fn tls_acceptor(
     };
     let certs = CertificateDer::pem_slice_iter(identity.cert_pem.as_bytes())
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| invalid(format!("server certificate: {e}")))?;
+        .map_err(|e| {
+            invalid(format!(
+                "server certificate: {e}",
+                e = crate::error_chain(&e)
+            ))
+        })?;
     let key = PrivateKeyDer::from_pem_slice(identity.key_pem.as_bytes())
-        .map_err(|e| invalid(format!("server key: {e}")))?;
+        .map_err(|e| invalid(format!("server key: {e}", e = crate::error_chain(&e))))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .map_err(|e| invalid(e.to_string()))?;
+        .map_err(|e| invalid(crate::error_chain(&e)))?;
     let builder = match client_ca_pem {
         None => builder.with_no_client_auth(),
         Some(ca) => {
             let mut roots = RootCertStore::empty();
             for cert in CertificateDer::pem_slice_iter(ca.as_bytes()) {
-                let cert = cert.map_err(|e| invalid(format!("client CA: {e}")))?;
+                let cert = cert
+                    .map_err(|e| invalid(format!("client CA: {e}", e = crate::error_chain(&e))))?;
                 roots
                     .add(cert)
-                    .map_err(|e| invalid(format!("client CA: {e}")))?;
+                    .map_err(|e| invalid(format!("client CA: {e}", e = crate::error_chain(&e))))?;
             }
             let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
                 .build()
-                .map_err(|e| invalid(format!("client CA: {e}")))?;
+                .map_err(|e| invalid(format!("client CA: {e}", e = crate::error_chain(&e))))?;
             builder.with_client_cert_verifier(verifier)
         }
     };
-    let mut config = builder
-        .with_single_cert(certs, key)
-        .map_err(|e| invalid(format!("server certificate and key: {e}")))?;
+    let mut config = builder.with_single_cert(certs, key).map_err(|e| {
+        invalid(format!(
+            "server certificate and key: {e}",
+            e = crate::error_chain(&e)
+        ))
+    })?;
     config.alpn_protocols = vec![b"h2".to_vec()];
     Ok(TlsAcceptor::from(Arc::new(config)))
 }

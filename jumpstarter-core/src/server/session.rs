@@ -510,7 +510,10 @@ impl SessionService {
             .map_err(|_| Status::invalid_argument("\"request\" metadata is not text"))?
             .to_string();
         let meta: StreamRequestMetadata = serde_json::from_str(&raw).map_err(|e| {
-            Status::invalid_argument(format!("invalid \"request\" metadata {raw:?}: {e}"))
+            Status::invalid_argument(format!(
+                "invalid \"request\" metadata {raw:?}: {e}",
+                e = crate::error_chain(&e)
+            ))
         })?;
         let inbound = stream_rpc::FrameDecoder::<_, StreamRequest>::new(
             req.into_body(),
@@ -533,7 +536,12 @@ impl SessionService {
                 // exception does.
                 Box::pin(
                     splice_io::<_, StreamResponse, _, _, _, _>(inbound, io, ()).map(move |r| {
-                        r.map_err(|e| Status::unknown(format!("{name}.{method}: {e}")))
+                        r.map_err(|e| {
+                            Status::unknown(format!(
+                                "{name}.{method}: {e}",
+                                e = crate::error_chain(&e)
+                            ))
+                        })
                     }),
                 )
             }
@@ -547,8 +555,12 @@ impl SessionService {
                 let (response, metadata) =
                     resource_stream(&self.0.resources, inbound, x_jmp_content_encoding);
                 for (key, value) in metadata {
-                    let value = http::HeaderValue::try_from(value.as_str())
-                        .map_err(|e| Status::internal(format!("resource metadata: {e}")))?;
+                    let value = http::HeaderValue::try_from(value.as_str()).map_err(|e| {
+                        Status::internal(format!(
+                            "resource metadata: {e}",
+                            e = crate::error_chain(&e)
+                        ))
+                    })?;
                     headers.insert(key, value);
                 }
                 response
@@ -611,6 +623,13 @@ where
         EndOfStream::GoawayRequired,
         guard,
     )
-    .map(|item| item.map_err(|e| Status::aborted(format!("resource stream broken: {e}"))));
+    .map(|item| {
+        item.map_err(|e| {
+            Status::aborted(format!(
+                "resource stream broken: {e}",
+                e = crate::error_chain(&e)
+            ))
+        })
+    });
     (Box::pin(out), metadata)
 }

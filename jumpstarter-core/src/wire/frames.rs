@@ -100,7 +100,7 @@ impl<W: AsyncWrite + Send + Unpin + 'static> FrameSink for IoSink<W> {
         self.0.shutdown().await
     }
     fn fail(self, error: io::Error) {
-        tracing::debug!("stream broken: {error}");
+        tracing::debug!("stream broken: {error}", error = crate::error_chain(&error));
     }
 }
 
@@ -183,13 +183,13 @@ where
                     }
                     if let Err(e) = sink.write_chunk(payload).await {
                         // The consumer went away; nothing to tell it.
-                        tracing::debug!("stream sink closed: {e}");
+                        tracing::debug!("stream sink closed: {e}", e = crate::error_chain(&e));
                         break true;
                     }
                 }
                 (_, Some(FrameType::Goaway)) => {
                     if let Err(e) = sink.finish().await {
-                        tracing::debug!("stream sink shutdown: {e}");
+                        tracing::debug!("stream sink shutdown: {e}", e = crate::error_chain(&e));
                     }
                     break true;
                 }
@@ -210,7 +210,10 @@ where
                 match eof {
                     EndOfStream::Lenient => {
                         if let Err(e) = sink.finish().await {
-                            tracing::debug!("stream sink shutdown: {e}");
+                            tracing::debug!(
+                                "stream sink shutdown: {e}",
+                                e = crate::error_chain(&e)
+                            );
                         }
                     }
                     EndOfStream::GoawayRequired => sink.fail(broken(
@@ -309,7 +312,7 @@ where
         futures::future::ready(match item {
             Ok(frame) => Some(frame),
             Err(e) => {
-                tracing::debug!("stream source failed: {e}");
+                tracing::debug!("stream source failed: {e}", e = crate::error_chain(&e));
                 None
             }
         })

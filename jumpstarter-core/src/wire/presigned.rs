@@ -233,7 +233,7 @@ fn tls_config() -> io::Result<Arc<rustls::ClientConfig>> {
             let provider = Arc::new(rustls::crypto::ring::default_provider());
             let builder = rustls::ClientConfig::builder_with_provider(provider)
                 .with_safe_default_protocol_versions()
-                .map_err(|e| format!("TLS protocol versions: {e}"))?;
+                .map_err(|e| format!("TLS protocol versions: {e}", e = crate::error_chain(&e)))?;
             let mut roots = rustls::RootCertStore::empty();
             // Unreadable system certificates are skipped, as everywhere else.
             for cert in rustls_native_certs::load_native_certs().certs {
@@ -260,7 +260,12 @@ async fn send(
     let url = redact(&target.url);
     let tcp = TcpStream::connect((target.host.as_str(), target.port))
         .await
-        .map_err(|e| err(e.kind(), format!("cannot connect to {url}: {e}")))?;
+        .map_err(|e| {
+            err(
+                e.kind(),
+                format!("cannot connect to {url}: {e}", e = crate::error_chain(&e)),
+            )
+        })?;
     let _ = tcp.set_nodelay(true);
     let mut builder = Request::builder()
         .method(method)
@@ -275,22 +280,37 @@ async fn send(
     let req = builder.body(body).map_err(|e| {
         err(
             io::ErrorKind::InvalidInput,
-            format!("cannot build the request for {url}: {e}"),
+            format!(
+                "cannot build the request for {url}: {e}",
+                e = crate::error_chain(&e)
+            ),
         )
     })?;
-    let handshake_err =
-        |e: hyper::Error| err(io::ErrorKind::ConnectionAborted, format!("{url}: {e}"));
+    let handshake_err = |e: hyper::Error| {
+        err(
+            io::ErrorKind::ConnectionAborted,
+            format!("{url}: {e}", e = crate::error_chain(&e)),
+        )
+    };
     if target.https {
         let name = ServerName::try_from(target.host.clone()).map_err(|e| {
             err(
                 io::ErrorKind::InvalidInput,
-                format!("{url}: bad TLS name: {e}"),
+                format!("{url}: bad TLS name: {e}", e = crate::error_chain(&e)),
             )
         })?;
         let tls = tokio_rustls::TlsConnector::from(tls_config()?)
             .connect(name, tcp)
             .await
-            .map_err(|e| err(e.kind(), format!("TLS handshake with {url} failed: {e}")))?;
+            .map_err(|e| {
+                err(
+                    e.kind(),
+                    format!(
+                        "TLS handshake with {url} failed: {e}",
+                        e = crate::error_chain(&e)
+                    ),
+                )
+            })?;
         let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
             .await
             .map_err(handshake_err)?;
@@ -581,7 +601,8 @@ async fn stream_body(
                     io::ErrorKind::UnexpectedEof,
                     format!(
                         "presigned HTTP GET stream interrupted for {}: {e}",
-                        redact(&target.url)
+                        redact(&target.url),
+                        e = crate::error_chain(&e)
                     ),
                 ));
             }

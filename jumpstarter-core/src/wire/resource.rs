@@ -435,7 +435,10 @@ impl PipeWriter {
 
     /// Ends the pipe with an error: the reader fails after the buffered chunks.
     pub fn fail(mut self, error: io::Error) {
-        set_end(&self.end, End::Failed(error.kind(), error.to_string()));
+        set_end(
+            &self.end,
+            End::Failed(error.kind(), crate::error_chain(&error)),
+        );
         self.tx = None;
     }
 
@@ -788,7 +791,10 @@ impl FileWriter {
         self.writer = None;
         Poll::Ready(match r {
             Ok(r) => r,
-            Err(e) => Err(io::Error::other(format!("file writer task failed: {e}"))),
+            Err(e) => Err(io::Error::other(format!(
+                "file writer task failed: {e}",
+                e = crate::error_chain(&e)
+            ))),
         })
     }
 }
@@ -933,7 +939,12 @@ impl ResourceStream {
             Ok(n)
         })
         .await
-        .map_err(|e| io::Error::other(format!("file writer task failed: {e}")))?
+        .map_err(|e| {
+            io::Error::other(format!(
+                "file writer task failed: {e}",
+                e = crate::error_chain(&e)
+            ))
+        })?
     }
 
     /// Sends bytes to the client (encoded if an encoding was negotiated, otherwise as they
@@ -959,7 +970,12 @@ impl ResourceStream {
             (write, read)
         })
         .await
-        .map_err(|e| io::Error::other(format!("file reader task failed: {e}")))?;
+        .map_err(|e| {
+            io::Error::other(format!(
+                "file reader task failed: {e}",
+                e = crate::error_chain(&e)
+            ))
+        })?;
         self.write = write;
         read
     }

@@ -277,10 +277,10 @@ fn decode_message(mut msg: Gathered) -> Result<(i32, Gathered), String> {
     let mut frame_type = 0;
     let mut payload = Gathered::default();
     while msg.has_remaining() {
-        let (tag, wire_type) = decode_key(&mut msg).map_err(|e| e.to_string())?;
+        let (tag, wire_type) = decode_key(&mut msg).map_err(|e| crate::error_chain(&e))?;
         match (tag, wire_type) {
             (1, WireType::LengthDelimited) => {
-                let len = decode_varint(&mut msg).map_err(|e| e.to_string())?;
+                let len = decode_varint(&mut msg).map_err(|e| crate::error_chain(&e))?;
                 if len > msg.remaining() as u64 {
                     return Err(format!(
                         "payload of {len} bytes in a message with {} left",
@@ -291,11 +291,11 @@ fn decode_message(mut msg: Gathered) -> Result<(i32, Gathered), String> {
             }
             // int32 (an enum) is read as protobuf does: the varint's low 32 bits.
             (2, WireType::Varint) => {
-                frame_type = decode_varint(&mut msg).map_err(|e| e.to_string())? as i32;
+                frame_type = decode_varint(&mut msg).map_err(|e| crate::error_chain(&e))? as i32;
             }
             (1 | 2, _) => return Err(format!("field {tag} with wire type {wire_type:?}")),
             _ => skip_field(wire_type, tag, &mut msg, DecodeContext::default())
-                .map_err(|e| e.to_string())?,
+                .map_err(|e| crate::error_chain(&e))?,
         }
     }
     Ok((frame_type, payload))

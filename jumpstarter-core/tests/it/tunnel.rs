@@ -299,8 +299,8 @@ async fn unreachable_router_with_retry_disabled_is_one_plain_error() {
         RetryPolicy::new(Duration::ZERO),
     )
     .await
-    .unwrap_err()
-    .to_string();
+    .unwrap_err();
+    let e = jumpstarter_core::error_chain(&e);
     assert!(
         e.contains(&format!("cannot reach router {endpoint}")),
         "{e}"
