@@ -927,6 +927,49 @@ async fn release_lease(channel: &AuthChannel, name: &str, status: ExporterStatus
     }
 }
 
+/// How long the exporter waits for the controller's answer to `Listen` before it reports
+/// itself ready anyway (see [`serve_lease`]): our controller answers at once.
+const LISTEN_HEADERS_GRACE: Duration = Duration::from_millis(300);
+
+/// The lease's session is listening: runs the beforeLease hook (which reports the statuses
+/// around it, clients may dial in meanwhile), or without one reports `LEASE_READY`.
+async fn lease_ready(
+    name: &str,
+    session: &Arc<Session>,
+    channel: &AuthChannel,
+    hooks: Option<&Arc<LeaseHookRun>>,
+    health: Option<&Arc<HealthTracker>>,
+    exit: &tokio::sync::watch::Sender<Option<String>>,
+) {
+    match hooks {
+        Some(run) => {
+            let run = Arc::clone(run);
+            let (name, session, channel, exit, health) = (
+                name.to_string(),
+                Arc::clone(session),
+                channel.clone(),
+                exit.clone(),
+                health.cloned(),
+            );
+            tokio::spawn(async move {
+                let sink = ControllerSink {
+                    channel: channel.clone(),
+                    health,
+                };
+                let verdict = run.before_lease(&sink).await;
+                after_verdict(verdict, &run, &name, &session, &channel, &exit, false).await;
+            });
+        }
+        None => {
+            session.set_status(
+                ExporterStatus::LeaseReady,
+                Some("Ready for commands".into()),
+            );
+            report_status(channel, ExporterStatus::LeaseReady, "Ready for commands").await;
+        }
+    }
+}
+
 /// Serves one lease: its session, the `Listen` stream (reopened when it drops) and a
 /// tunnel per `ListenResponse`; everything ends when `cancel` fires.
 async fn serve_lease(cx: LeaseContext) {
@@ -952,9 +995,25 @@ async fn serve_lease(cx: LeaseContext) {
     let mut ready = false;
     let mut end_session = session.on_end_session();
     'listen: while !cancel.is_cancelled() {
+        let listen = ctl.listen(ListenRequest {
+            lease_name: name.clone(),
+        });
+        tokio::pin!(listen);
         let answer = tokio::select! {
             _ = cancel.cancelled() => break,
-            r = ctl.listen(ListenRequest { lease_name: name.clone() }) => r,
+            r = &mut listen => r,
+            // Upstream's Go controller sends Listen's response headers only with its first
+            // message, which comes after a client dials, which it lets a client do only once
+            // the exporter is ready: waiting for the headers would wait forever. The request
+            // is on its way by now; become ready and go on waiting.
+            _ = tokio::time::sleep(LISTEN_HEADERS_GRACE), if !ready => {
+                ready = true;
+                lease_ready(&name, &session, &channel, hooks.as_ref(), health.as_ref(), &exit).await;
+                tokio::select! {
+                    _ = cancel.cancelled() => break,
+                    r = &mut listen => r,
+                }
+            }
         };
         match answer {
             Ok(stream) => {
@@ -962,42 +1021,15 @@ async fn serve_lease(cx: LeaseContext) {
                 let mut stream = stream.into_inner();
                 if !ready {
                     ready = true;
-                    match &hooks {
-                        // After `Listen`, so that clients can dial in while the hook runs.
-                        Some(run) => {
-                            let run = Arc::clone(run);
-                            let (name, session, channel, exit, health) = (
-                                name.clone(),
-                                Arc::clone(&session),
-                                channel.clone(),
-                                exit.clone(),
-                                health.clone(),
-                            );
-                            tokio::spawn(async move {
-                                let sink = ControllerSink {
-                                    channel: channel.clone(),
-                                    health,
-                                };
-                                let verdict = run.before_lease(&sink).await;
-                                after_verdict(
-                                    verdict, &run, &name, &session, &channel, &exit, false,
-                                )
-                                .await;
-                            });
-                        }
-                        None => {
-                            session.set_status(
-                                ExporterStatus::LeaseReady,
-                                Some("Ready for commands".into()),
-                            );
-                            report_status(
-                                &channel,
-                                ExporterStatus::LeaseReady,
-                                "Ready for commands",
-                            )
-                            .await;
-                        }
-                    }
+                    lease_ready(
+                        &name,
+                        &session,
+                        &channel,
+                        hooks.as_ref(),
+                        health.as_ref(),
+                        &exit,
+                    )
+                    .await;
                 }
                 loop {
                     tokio::select! {
