@@ -255,6 +255,7 @@ async fn run_open_stream(client: DriverClient, m: &ArgMatches) -> Result<(), Cli
         input,
         append: false,
         no_output: false,
+        observe: false,
     };
     serial::client::pipe_stream(stream, &mode).await
 }

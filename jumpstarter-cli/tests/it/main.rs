@@ -4,6 +4,7 @@
 mod admin;
 mod boards;
 mod console;
+mod console_observers;
 mod direct;
 mod direct_path;
 mod distributed;

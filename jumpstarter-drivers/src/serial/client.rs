@@ -8,6 +8,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::expect::Console;
 use crate::command::{CliFuture, DriverCommand};
+use serde::Deserialize;
 
 /// Ctrl-B: pressed three times in a row, it leaves `start-console`.
 const CTRL_B: u8 = 0x02;
@@ -22,6 +23,24 @@ impl PySerialClient {
         &self,
     ) -> Result<impl AsyncRead + AsyncWrite + Send + Unpin + 'static, ClientError> {
         self.0.open_stream("connect").await
+    }
+
+    /// Opens the console read-only: the last 64 KB it printed, then its live bytes (writes
+    /// are refused by the exporter). Upstream's `stream(method="observe")`.
+    pub async fn observe(
+        &self,
+    ) -> Result<impl AsyncRead + AsyncWrite + Send + Unpin + 'static, ClientError> {
+        self.0.open_stream("observe").await
+    }
+
+    /// Takes the seat from the console's writer, so that another client may `connect`.
+    pub async fn release_console(&self) -> Result<(), ClientError> {
+        self.0.call("release_console", ()).await
+    }
+
+    /// Who uses the console: the writer, how many observe, the scrollback's size.
+    pub async fn console_status(&self) -> Result<ConsoleStatus, ClientError> {
+        self.0.call("console_status", ()).await
     }
 
     /// Opens the console for scripting (see [`Console`]): upstream's `pexpect()`.
@@ -47,6 +66,38 @@ impl PySerialClient {
     }
 }
 
+/// What `console_status` reports (upstream's field names; absent fields read as empty).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default)]
+pub struct ConsoleStatus {
+    /// The writer holding the seat, if any.
+    pub write_token_holder: Option<String>,
+    /// Clients reading without the seat.
+    pub observer_count: u64,
+    /// Every client, the writer included.
+    pub total_clients: u64,
+    /// Whether the exporter has the console open.
+    pub reader_running: bool,
+    /// Bytes of scrollback an observer joining now would get.
+    pub scrollback_bytes: u64,
+}
+
+impl std::fmt::Display for ConsoleStatus {
+    /// Upstream's `console-status` lines.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let py_bool = |b: bool| if b { "True" } else { "False" };
+        writeln!(
+            f,
+            "Write token holder: {}",
+            self.write_token_holder.as_deref().unwrap_or("(none)")
+        )?;
+        writeln!(f, "Observers: {}", self.observer_count)?;
+        writeln!(f, "Total clients: {}", self.total_clients)?;
+        writeln!(f, "Reader running: {}", py_bool(self.reader_running))?;
+        writeln!(f, "Scrollback: {} bytes", self.scrollback_bytes)
+    }
+}
+
 /// The `j NAME` commands of serial consoles, as upstream's.
 pub fn cli() -> DriverCommand {
     DriverCommand {
@@ -58,7 +109,15 @@ pub fn cli() -> DriverCommand {
 
 fn build(cmd: Command) -> Command {
     cmd.subcommand_required(true)
-        .subcommand(Command::new("start-console").about("Start serial port console"))
+        .subcommand(
+            Command::new("start-console")
+                .about("Start serial port console")
+                .arg(observe_arg("Watch-only mode (read-only)")),
+        )
+        .subcommand(
+            Command::new("release-console").about("Force-release the serial console write token"),
+        )
+        .subcommand(Command::new("console-status").about("Show serial console session status"))
         .subcommand(
             Command::new("pipe")
                 .about("Pipe serial port data to stdout or file")
@@ -105,8 +164,18 @@ fn build(cmd: Command) -> Command {
                         .help(
                             "Disable serial output handling. Send stdin to serial and exit at EOF.",
                         ),
-                ),
+                )
+                .arg(observe_arg(
+                    "Watch-only mode (read-only). Use when another session has exclusive access.",
+                )),
         )
+}
+
+fn observe_arg(help: &'static str) -> Arg {
+    Arg::new("observe")
+        .long("observe")
+        .action(ArgAction::SetTrue)
+        .help(help)
 }
 
 /// What `pipe` was asked to do.
@@ -120,6 +189,8 @@ pub struct PipeMode {
     pub append: bool,
     /// Only send stdin, exit at its end.
     pub no_output: bool,
+    /// Read-only: open the console with `observe` (no stdin is sent).
+    pub observe: bool,
 }
 
 /// Checks `pipe`'s flags as upstream does; `stdin_piped` is whether stdin is not a terminal.
@@ -129,9 +200,16 @@ pub fn pipe_mode(
     no_input: bool,
     append: bool,
     no_output: bool,
+    observe: bool,
     stdin_piped: bool,
 ) -> Result<PipeMode, ClientError> {
     let usage = |m: &str| Err(ClientError::Value(m.to_string()));
+    if observe && input {
+        return usage("Cannot use both --observe and --input");
+    }
+    if observe && no_output {
+        return usage("Cannot use both --observe and --no-output");
+    }
     if input && no_input {
         return usage("Cannot use both --input and --no-input");
     }
@@ -144,7 +222,7 @@ pub fn pipe_mode(
     if append && output.is_none() {
         return usage("--append requires --output");
     }
-    let input = if no_input {
+    let input = if no_input || observe {
         false
     } else {
         input || stdin_piped
@@ -157,6 +235,7 @@ pub fn pipe_mode(
         input,
         append,
         no_output,
+        observe,
     })
 }
 
@@ -164,7 +243,16 @@ fn run(client: DriverClient, matches: ArgMatches) -> CliFuture {
     Box::pin(async move {
         let serial = PySerialClient(client);
         match matches.subcommand() {
-            Some(("start-console", _)) => start_console(&serial).await,
+            Some(("start-console", m)) => start_console(&serial, m.get_flag("observe")).await,
+            Some(("release-console", _)) => {
+                serial.release_console().await?;
+                eprintln!("Write token released.");
+                Ok(())
+            }
+            Some(("console-status", _)) => {
+                print!("{}", serial.console_status().await?);
+                Ok(())
+            }
             Some(("pipe", m)) => {
                 let stdin_piped = !std::io::stdin().is_terminal();
                 let mode = pipe_mode(
@@ -173,6 +261,7 @@ fn run(client: DriverClient, matches: ArgMatches) -> CliFuture {
                     m.get_flag("no-input"),
                     m.get_flag("append"),
                     m.get_flag("no-output"),
+                    m.get_flag("observe"),
                     stdin_piped,
                 )?;
                 let how = match (&mode.output, mode.input, mode.no_output) {
@@ -191,8 +280,11 @@ fn run(client: DriverClient, matches: ArgMatches) -> CliFuture {
                     }
                 };
                 eprintln!("{how}");
-                let stream = serial.connect().await?;
-                pipe_stream(stream, &mode).await
+                if mode.observe {
+                    pipe_stream(serial.observe().await?, &mode).await
+                } else {
+                    pipe_stream(serial.connect().await?, &mode).await
+                }
             }
             _ => Err(ClientError::Value("missing serial command".into())),
         }
@@ -325,9 +417,24 @@ impl EscapeCounter {
     }
 }
 
-async fn start_console(serial: &PySerialClient) -> Result<(), ClientError> {
-    eprintln!("\nStarting serial port console ... exit with CTRL+B x 3 times\n");
-    let stream = serial.connect().await?;
+async fn start_console(serial: &PySerialClient, observe: bool) -> Result<(), ClientError> {
+    if observe {
+        eprintln!(
+            "\nStarting serial console in observe mode (read-only) ... exit with CTRL+B x 3 times\n"
+        );
+        run_console(serial.observe().await?, false).await
+    } else {
+        eprintln!("\nStarting serial port console ... exit with CTRL+B x 3 times\n");
+        run_console(serial.connect().await?, true).await
+    }
+}
+
+/// The terminal in raw mode on `stream`: its bytes to the screen, keys to it when `typing`
+/// (an observer's keys only count Ctrl-B), until three Ctrl-B in a row.
+async fn run_console<S>(stream: S, typing: bool) -> Result<(), ClientError>
+where
+    S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
     let raw = RawMode::enter()?;
     let (mut rx, mut tx) = tokio::io::split(stream);
     let keys = async move {
@@ -340,10 +447,14 @@ async fn start_console(serial: &PySerialClient) -> Result<(), ClientError> {
                 return Ok::<(), ClientError>(());
             }
             if let Some(upto) = esc.feed(&buf[..n]) {
-                tx.write_all(&buf[..upto]).await?;
+                if typing {
+                    tx.write_all(&buf[..upto]).await?;
+                }
                 return Ok(());
             }
-            tx.write_all(&buf[..n]).await?;
+            if typing {
+                tx.write_all(&buf[..n]).await?;
+            }
         }
     };
     let screen = async move {
@@ -376,6 +487,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn console_status_prints_as_upstreams() {
+        let s: ConsoleStatus = serde_json::from_value(serde_json::json!({
+            "write_token_holder": "connection 2", "observer_count": 2, "total_clients": 3,
+            "reader_running": true, "scrollback_bytes": 120,
+        }))
+        .unwrap();
+        assert_eq!(
+            s.to_string(),
+            "Write token holder: connection 2\nObservers: 2\nTotal clients: 3\n\
+             Reader running: True\nScrollback: 120 bytes\n"
+        );
+        let none: ConsoleStatus = serde_json::from_value(serde_json::json!({})).unwrap();
+        assert!(none.to_string().starts_with("Write token holder: (none)\n"));
+    }
+
+    #[test]
     fn three_ctrl_b_in_a_row_leave() {
         let mut e = EscapeCounter::default();
         assert_eq!(e.feed(b"ls\x02\x02x"), None, "interrupted");
@@ -388,8 +515,21 @@ mod tests {
     #[test]
     fn pipe_flags_are_checked_as_upstream() {
         let m = |o: Option<&str>, i, ni, a, no, piped| {
-            pipe_mode(o.map(String::from), i, ni, a, no, piped)
+            pipe_mode(o.map(String::from), i, ni, a, no, false, piped)
         };
+        let observe = |i, no, piped| pipe_mode(None, i, false, false, no, true, piped);
+        let o = observe(false, false, true).unwrap();
+        assert!(
+            o.observe && !o.input,
+            "an observer sends no stdin, piped or not"
+        );
+        for (bad, want) in [
+            (observe(true, false, false), "--observe and --input"),
+            (observe(false, true, true), "--observe and --no-output"),
+        ] {
+            let e = bad.unwrap_err().to_string();
+            assert!(e.contains(want), "{e}");
+        }
         assert!(!m(None, false, false, false, false, false).unwrap().input);
         assert!(m(None, false, false, false, false, true).unwrap().input);
         assert!(!m(None, false, true, false, false, true).unwrap().input);

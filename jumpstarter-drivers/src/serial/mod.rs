@@ -9,14 +9,20 @@
 //! client to build on).
 //!
 //! Methods (client class `jumpstarter_driver_pyserial.client.PySerialClient`):
-//! `connect` (`@exportstream`, the console's bytes), `close` (ends every open `connect`),
+//! `connect` (`@exportstream`, the console's bytes both ways: the writer), `observe`
+//! (`@exportstream`, read-only: the last 64 KB, then live bytes), `release_console` (takes
+//! the seat from the writer), `console_status` (who writes, how many observe), as upstream's
+//! observe mode names them; `close` (ends every open stream),
 //! `set_dtr` / `set_rts` (no-ops on `loop://` and `socket://` as in pyserial; on a device
 //! they open it afresh, set the line and close it again, as upstream: see [`modem`]; a
 //! device without modem lines, such as a pseudo-terminal, fails the call naming the device
 //! and the line).
 //!
-//! A device that goes away while connected (a USB adapter unplugged) ends the stream with
-//! an error naming the device; the next `connect` opens it afresh.
+//! The console is opened when its first stream opens and closed when its last one ends; a
+//! [`ConsoleFanout`] shares it between one writer and any number of observers (a slow
+//! observer drops its oldest bytes and never slows the writer or the board). A device that
+//! goes away while connected (a USB adapter unplugged) ends every stream with an error naming
+//! the device; the next `connect` or `observe` opens it afresh.
 
 pub mod client;
 pub mod device;
@@ -25,18 +31,21 @@ pub mod modem;
 pub mod nvdemux;
 
 use std::{
+    future::Future,
     io,
     path::PathBuf,
     pin::Pin,
-    sync::{Arc, Mutex},
+    sync::Arc,
     task::{Context, Poll, ready},
     time::Duration,
 };
 
-use jumpstarter_core::{CallContext, Driver, DriverError, driver, driver::DriverArgs};
+use jumpstarter_core::{
+    CallContext, Driver, DriverError, driver,
+    driver::{BoxDuplex, ConsoleFanout, ConsoleStatus, ConsoleStream, DriverArgs},
+};
 use serde::Deserialize;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 pub use client::{PySerialClient, cli};
 pub use device::{LineSettings, Pty, TtyStream};
@@ -137,55 +146,47 @@ pub struct PySerial {
     url: SerialUrl,
     settings: LineSettings,
     cps: Option<f64>,
-    /// Cancelled by `close()` and at session end: ends every open connection.
-    closer: Mutex<CancellationToken>,
+    /// The writer and observers of this console.
+    fanout: ConsoleFanout,
 }
 
-/// What `connect` returns: the console's bytes, ended early by `close()`.
-pub type SerialStream = Closable<Throttled<Box<dyn jumpstarter_core::driver::Duplex>>>;
+/// What `connect` and `observe` return: a client's end of the console's [`ConsoleFanout`].
+pub type SerialStream = ConsoleStream;
 
 #[driver(
     client = "jumpstarter_driver_pyserial.client.PySerialClient",
-    session_end = close_all
+    session_end = session_ended
 )]
 impl PySerial {
-    /// Opens the console and relays its bytes.
+    /// Opens the console to write: the board's bytes from now on, and yours to it. One
+    /// writer at a time: another `connect` is refused while one holds the seat (see
+    /// [`ConsoleFanout`]).
     #[export(stream)]
     async fn connect(&self, ctx: &CallContext) -> Result<SerialStream, DriverError> {
-        let cps = self.cps.map(|c| format!(", cps: {c}")).unwrap_or_default();
-        ctx.log_info(format!(
-            "Connecting to {}, baudrate: {}{cps}",
-            self.url_text(),
-            self.settings.baudrate
-        ));
-        let io: Box<dyn jumpstarter_core::driver::Duplex> = match &self.url {
-            SerialUrl::Loop => {
-                let (r, w) = tokio::io::simplex(LOOP_BUFFER);
-                Box::new(tokio::io::join(r, w))
-            }
-            SerialUrl::Socket { host, port } => {
-                let s = tokio::net::TcpStream::connect((host.as_str(), *port))
-                    .await
-                    .map_err(|e| {
-                        DriverError::because(
-                            format!("cannot connect to serial console {}", self.url_text()),
-                            e,
-                        )
-                    })?;
-                let _ = s.set_nodelay(true);
-                Box::new(s)
-            }
-            SerialUrl::Device(path) => {
-                Box::new(device::open_device(path, self.settings).map_err(|e| {
-                    DriverError::because(format!("cannot open serial device {}", path.display()), e)
-                })?)
-            }
-        };
-        let token = self.closer.lock().map_or_else(
-            |poisoned| poisoned.into_inner().child_token(),
-            |t| t.child_token(),
-        );
-        Ok(Closable::new(Throttled::new(io, self.cps), token))
+        self.fanout.connect(|| self.open_source(ctx), None).await
+    }
+
+    /// Opens the console read-only: the last 64 KB it printed, then its live bytes; writes
+    /// are refused. Any number of observers, beside the writer or without one.
+    #[export(stream)]
+    async fn observe(&self, ctx: &CallContext) -> Result<SerialStream, DriverError> {
+        self.fanout.observe(|| self.open_source(ctx), None).await
+    }
+
+    /// Takes the seat from the console's writer (its writes fail from now on, it reads on),
+    /// so that another client may `connect`.
+    #[export]
+    async fn release_console(&self, ctx: &CallContext) -> Result<(), DriverError> {
+        if self.fanout.release_console() {
+            ctx.log_info(format!("write token of {} released", self.url_text()));
+        }
+        Ok(())
+    }
+
+    /// Who uses the console: the writer, how many observe, the scrollback's size.
+    #[export]
+    async fn console_status(&self) -> Result<ConsoleStatus, DriverError> {
+        Ok(self.fanout.status())
     }
 
     /// Ends every open `connect` stream of this console (no-op when none is open).
@@ -222,7 +223,7 @@ impl PySerial {
                 disable_hupcl: false,
             },
             cps: None,
-            closer: Mutex::new(CancellationToken::new()),
+            fanout: ConsoleFanout::default(),
         }
     }
 
@@ -275,6 +276,40 @@ impl PySerial {
         ))
     }
 
+    /// Opens the physical console (the fan-out's source), throttled to `cps`.
+    async fn open_source(&self, ctx: &CallContext) -> Result<BoxDuplex, DriverError> {
+        let cps = self.cps.map(|c| format!(", cps: {c}")).unwrap_or_default();
+        ctx.log_info(format!(
+            "Connecting to {}, baudrate: {}{cps}",
+            self.url_text(),
+            self.settings.baudrate
+        ));
+        let io: BoxDuplex = match &self.url {
+            SerialUrl::Loop => {
+                let (r, w) = tokio::io::simplex(LOOP_BUFFER);
+                Box::new(tokio::io::join(r, w))
+            }
+            SerialUrl::Socket { host, port } => {
+                let s = tokio::net::TcpStream::connect((host.as_str(), *port))
+                    .await
+                    .map_err(|e| {
+                        DriverError::because(
+                            format!("cannot connect to serial console {}", self.url_text()),
+                            e,
+                        )
+                    })?;
+                let _ = s.set_nodelay(true);
+                Box::new(s)
+            }
+            SerialUrl::Device(path) => {
+                Box::new(device::open_device(path, self.settings).map_err(|e| {
+                    DriverError::because(format!("cannot open serial device {}", path.display()), e)
+                })?)
+            }
+        };
+        Ok(Box::new(Throttled::new(io, self.cps)))
+    }
+
     fn url_text(&self) -> String {
         match &self.url {
             SerialUrl::Device(p) => p.display().to_string(),
@@ -286,12 +321,13 @@ impl PySerial {
     }
 
     async fn close_all(&self) {
-        let mut current = match self.closer.lock() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        current.cancel();
-        *current = CancellationToken::new();
+        self.fanout.close_all();
+    }
+
+    /// At the end of a session: every stream ends and the scrollback is forgotten (the next
+    /// lease's observers see nothing of this one's).
+    async fn session_ended(&self) {
+        self.fanout.reset();
     }
 
     async fn modem_line(&self, line: modem::ModemLine, value: bool) -> Result<(), DriverError> {
@@ -363,65 +399,6 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Throttled<T> {
             this.wait = Some(Box::pin(tokio::time::sleep(gap)));
         }
         Poll::Ready(Ok(n))
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-}
-
-/// A stream that reads as ended, and refuses writes, once its token is cancelled.
-pub struct Closable<T> {
-    inner: T,
-    closed: Pin<Box<WaitForCancellationFutureOwned>>,
-}
-
-impl<T> Closable<T> {
-    /// Ends `inner` when `token` is cancelled.
-    pub fn new(inner: T, token: CancellationToken) -> Self {
-        Self {
-            inner,
-            closed: Box::pin(token.cancelled_owned()),
-        }
-    }
-
-    fn is_closed(&mut self, cx: &mut Context<'_>) -> bool {
-        self.closed.as_mut().poll(cx).is_ready()
-    }
-}
-
-use std::future::Future;
-
-impl<T: AsyncRead + Unpin> AsyncRead for Closable<T> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        if self.is_closed(cx) {
-            return Poll::Ready(Ok(()));
-        }
-        Pin::new(&mut self.inner).poll_read(cx, buf)
-    }
-}
-
-impl<T: AsyncWrite + Unpin> AsyncWrite for Closable<T> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        data: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        if self.is_closed(cx) {
-            return Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::BrokenPipe,
-                "the serial connection was closed",
-            )));
-        }
-        Pin::new(&mut self.inner).poll_write(cx, data)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

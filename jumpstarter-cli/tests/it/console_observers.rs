@@ -1,0 +1,285 @@
+//! One writer and read-only observers on a serial console served by `jmp run`: a
+//! pseudo-terminal stands for the serial line, the test holds the board's end.
+
+use std::{
+    io::{Read, Write},
+    process::{ChildStdin, Stdio},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use jumpstarter_drivers::Pty;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::{J, Running, Scratch, start_exporter, text};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn config(device: &str) -> String {
+    format!(
+        "apiVersion: jumpstarter.dev/v1alpha1
+kind: ExporterConfig
+metadata:
+  namespace: default
+  name: observed
+endpoint: \"\"
+token: \"\"
+export:
+  serial:
+    type: jumpstarter_driver_pyserial.driver.PySerial
+    config:
+      url: \"{device}\"
+"
+    )
+}
+
+/// A `j` process whose stdout is collected as it comes.
+struct Client {
+    _proc: Running,
+    stdin: Option<ChildStdin>,
+    out: Arc<Mutex<Vec<u8>>>,
+}
+
+impl Client {
+    fn seen(&self) -> String {
+        String::from_utf8_lossy(&self.out.lock().unwrap()).into_owned()
+    }
+
+    /// Waits (bounded) until its stdout contains `want`.
+    fn wait_for(&self, want: &str, what: &str) {
+        let deadline = Instant::now() + WAIT;
+        while !self.seen().contains(want) {
+            assert!(
+                Instant::now() < deadline,
+                "{what} never printed {want:?}: {:?}",
+                self.seen()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn send(&mut self, bytes: &[u8]) {
+        let stdin = self.stdin.as_mut().unwrap();
+        stdin.write_all(bytes).unwrap();
+        stdin.flush().unwrap();
+    }
+}
+
+struct Lab {
+    s: Scratch,
+    _exporter: Running,
+    addr: String,
+    board: Pty,
+}
+
+impl Lab {
+    fn start() -> Self {
+        let board = Pty::open().unwrap();
+        let s = Scratch::new();
+        s.write(
+            "exporter.yaml",
+            &config(&board.device_path.display().to_string()),
+        );
+        let (exporter, port) = start_exporter(&s, &["--tls-grpc-insecure"]);
+        Self {
+            s,
+            _exporter: exporter,
+            addr: format!("127.0.0.1:{port}"),
+            board,
+        }
+    }
+
+    fn j(&self, args: &[&str]) -> std::process::Command {
+        let mut c = self.s.cmd(J);
+        c.env("JUMPSTARTER_HOST", &self.addr)
+            .env("JMP_GRPC_INSECURE", "1")
+            .arg("serial")
+            .args(args);
+        c
+    }
+
+    /// Starts `j serial ARGS` with piped stdin and collected stdout.
+    fn client(&self, args: &[&str]) -> Client {
+        let mut child = self
+            .j(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take();
+        let mut stdout = child.stdout.take().unwrap();
+        let out = Arc::new(Mutex::new(Vec::new()));
+        let sink = out.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = stdout.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                sink.lock().unwrap().extend_from_slice(&buf[..n]);
+            }
+        });
+        Client {
+            _proc: Running(child),
+            stdin,
+            out,
+        }
+    }
+
+    /// `j serial ARGS` to its end: (exit code, stdout, stderr).
+    fn run(&self, args: &[&str]) -> (Option<i32>, String, String) {
+        let out = self.j(args).output().unwrap();
+        let (o, e) = text(&out);
+        (out.status.code(), o, e)
+    }
+
+    /// Waits (bounded) until `console-status` prints `want`.
+    fn wait_status(&self, want: &str) -> String {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let (code, out, err) = self.run(&["console-status"]);
+            assert_eq!(code, Some(0), "{out}{err}");
+            if out.contains(want) {
+                return out;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "status never had {want:?}: {out}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Reads what the clients sent to the board until it contains `want`.
+    async fn board_reads(&mut self, want: &str) -> String {
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 1024];
+        tokio::time::timeout(WAIT, async {
+            while !String::from_utf8_lossy(&seen).contains(want) {
+                let n = self.board.controller.read(&mut buf).await.unwrap();
+                seen.extend_from_slice(&buf[..n]);
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("the board got {:?}", String::from_utf8_lossy(&seen)));
+        String::from_utf8_lossy(&seen).into_owned()
+    }
+
+    async fn board_says(&mut self, text: &str) {
+        self.board
+            .controller
+            .write_all(text.as_bytes())
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_and_two_observers_one_late_share_a_console() {
+    let mut lab = Lab::start();
+    let status = lab.wait_status("Reader running: False");
+    assert!(status.contains("Write token holder: (none)"), "{status}");
+
+    let mut writer = lab.client(&["pipe"]);
+    let early = lab.client(&["pipe", "--observe"]);
+    lab.wait_status("Total clients: 2");
+    lab.board_says("U-Boot 2026.01\r\nboard login: ").await;
+    writer.wait_for("board login: ", "the writer");
+    early.wait_for("board login: ", "the early observer");
+
+    // The writer types to the board.
+    writer.send(b"root\n");
+    lab.board_reads("root\n").await;
+
+    // An observer's bytes never reach the board: the exporter refuses its writes (the raw
+    // stream, stdin sent), and it reads on.
+    let mut sneaky = lab.client(&["open-stream", "observe", "--input"]);
+    lab.wait_status("Observers: 2");
+    sneaky.send(b"reboot\n");
+    // A late observer gets the scrollback, then live bytes.
+    let late = lab.client(&["pipe", "--observe"]);
+    late.wait_for("U-Boot 2026.01\r\nboard login: ", "the late observer");
+    let status = lab.wait_status("Observers: 3");
+    assert!(
+        status.contains("Write token holder: connection")
+            && status.contains("Total clients: 4")
+            && status.contains("Reader running: True"),
+        "{status}"
+    );
+    lab.board_says("\r\nroot@board:~# ").await;
+    for (c, who) in [
+        (&writer, "the writer"),
+        (&early, "the early observer"),
+        (&late, "the late observer"),
+        (&sneaky, "the observer that typed"),
+    ] {
+        c.wait_for("root@board:~# ", who);
+    }
+    // The writer types once more: the board gets that, and never the observer's line.
+    writer.send(b"uname\n");
+    let got = lab.board_reads("uname\n").await;
+    assert!(
+        !got.contains("reboot"),
+        "an observer wrote to the board: {got:?}"
+    );
+    // The writer saw nothing twice (no scrollback for it).
+    assert_eq!(
+        writer.seen().matches("U-Boot").count(),
+        1,
+        "{}",
+        writer.seen()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_console_lets_another_client_write() {
+    let mut lab = Lab::start();
+    let mut first = lab.client(&["pipe"]);
+    lab.wait_status("Write token holder: connection");
+    first.send(b"one\n");
+    lab.board_reads("one\n").await;
+
+    // A second writer is refused while the first holds the seat, with upstream's words.
+    let (code, out, err) = lab.run(&["pipe", "--no-input"]);
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert!(
+        err.contains("Console in use. Use --observe or release-console."),
+        "{err}"
+    );
+
+    let (code, out, err) = lab.run(&["release-console"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(err.contains("Write token released."), "{err}");
+    let status = lab.wait_status("Write token holder: (none)");
+    assert!(
+        status.contains("Observers: 1"),
+        "the first reads on: {status}"
+    );
+    first.wait_for("[write token revoked]", "the released writer");
+
+    let mut second = lab.client(&["pipe"]);
+    lab.wait_status("Write token holder: connection");
+    second.send(b"two\n");
+    lab.board_reads("two\n").await;
+    // Both read the board.
+    lab.board_says("ok\r\n").await;
+    first.wait_for("ok\r\n", "the released writer");
+    second.wait_for("ok\r\n", "the new writer");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observe_refuses_input_flags_as_upstream() {
+    let lab = Lab::start();
+    for (args, want) in [
+        (["pipe", "--observe", "--input"], "--observe and --input"),
+        (
+            ["pipe", "--observe", "--no-output"],
+            "--observe and --no-output",
+        ),
+    ] {
+        let (code, out, err) = lab.run(&args);
+        assert_eq!(code, Some(1), "{out}{err}");
+        assert!(err.contains(want), "{err}");
+    }
+}
