@@ -160,7 +160,8 @@ pub fn prepare() -> Result<()> {
 
 /// `cargo xtask kube-build` (started by `ci`): kube-apiserver and etcd, built once.
 pub fn kube_build() -> Result<()> {
-    crate::kube::ensure_binaries().map(|_| ())
+    crate::kube::ensure_binaries()?;
+    crate::go_controller::ensure_binaries().map(|_| ())
 }
 
 /// Builds every target of the workspace (what `cargo test --workspace` runs, and the

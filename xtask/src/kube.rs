@@ -339,7 +339,7 @@ fn go_build(dir: &Path, requirements: &str, package: &str, output: &Path) -> Res
 
 /// `go` with the shared caches, no cgo, the installed toolchain only (no download of another)
 /// and no `GOFLAGS` from the environment (the build sets its own flags).
-fn go_command() -> Command {
+pub fn go_command() -> Command {
     let mut cmd = Command::new("go");
     cmd.envs(go_cache_env())
         .env("CGO_ENABLED", "0")
@@ -672,12 +672,14 @@ pub fn kubectl_input(args: &[&str], input: Option<&str>) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-fn install_crds() -> Result<()> {
+/// Applies our CRDs (`deploy/kubernetes/base/crds`) and waits until they are established.
+pub fn install_crds() -> Result<()> {
     let dir = crate::workspace_root().join("deploy/kubernetes/base/crds");
     let dir = dir.display().to_string();
     kubectl(&[
         "apply",
         "--server-side",
+        "--force-conflicts",
         "--field-manager=jumpstarter-xtask",
         "-f",
         &dir,

@@ -20,7 +20,9 @@
 //!    Secrets it wrote, `jmp` from the jmp image through them ([`crate::images_run`]);
 //! 7. `deploy/kubernetes/base` under kube-controller-manager's Deployment and ReplicaSet
 //!    controllers with a stand-in node: `kubectl rollout status`, a rolling restart, the
-//!    leader killed under load ([`crate::kube_rollout`]).
+//!    leader killed under load ([`crate::kube_rollout`]);
+//! 8. upstream's 0.9.0 Go controller and router with upstream's CRDs, driven by our exporter,
+//!    `jmp` and `j` ([`crate::go_controller`]).
 
 use anyhow::{Result, bail};
 
@@ -102,6 +104,15 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     let report = crate::kube_rollout::scenario(&crate::debug_build()?)?;
     crate::kube_rollout::print_report(&report);
+    println!("== our exporter, jmp and j against upstream's Go controller and router");
+    let rows = crate::go_controller::scenario(&crate::debug_build()?)?;
+    crate::go_controller::print_matrix(&rows);
+    let failed = rows.iter().filter(|r| r.1.is_err()).count();
+    anyhow::ensure!(
+        failed == 0,
+        "{failed} of {} rows failed against upstream's Go controller",
+        rows.len()
+    );
     drop(cluster);
     println!("== kube-e2e passed");
     Ok(())

@@ -19,6 +19,7 @@ mod conformance;
 mod crds;
 mod faults;
 mod fuzz;
+mod go_controller;
 mod images;
 mod images_check;
 mod images_dockerfile;
@@ -83,6 +84,7 @@ fn main() -> std::process::ExitCode {
         Some("kube-up") => kube::run_up(),
         Some("kube-down") => kube::run_down(),
         Some("kube-e2e") => kube_e2e::run(&args[1..]),
+        Some("go-controller") => go_controller::run(&args[1..]),
         Some("kube-rollout") => kube_rollout::run(&args[1..]),
         // Hidden: the controller failover part of `bench` alone.
         Some("bench-failover") => kube_rollout::bench(),
@@ -112,6 +114,7 @@ fn main() -> std::process::ExitCode {
                  kube-up   a real kube-apiserver + etcd on loopback (built from Go modules, cached)\n  \
                  kube-down stop what kube-up started\n  \
                  kube-e2e  [--reuse] [--images DIR] the Kubernetes store and controller against that real API server (and the images of DIR under podman)\n  \
+                 go-controller [--reuse] upstream's 0.9.0 Go controller and router (built from ../shared, cached) driven by our exporter, jmp and j on that API server\n  \
                  kube-rollout [--reuse] [--no-build] deploy/kubernetes with kube-controller-manager and a stand-in node: rollouts, the leader killed under load\n  \
                  manifests [--cluster] deploy/kubernetes validated strictly offline (several Kubernetes versions); --cluster: applied to the kube-up API server, RBAC as the controller\n  \
                  qemu-board  install QEMU and build the test board image (cached); print its path\n  \

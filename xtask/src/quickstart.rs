@@ -19,7 +19,7 @@ use anyhow::{Context, Result, bail};
 use crate::procs::{Background, run as run_cmd, wait_path};
 
 /// The drivers the quickstart exporter serves.
-const EXPORT: &str = "export:
+pub const EXPORT: &str = "export:
   power:
     type: jumpstarter_driver_power.driver.MockPower
   storage:
