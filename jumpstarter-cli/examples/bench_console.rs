@@ -4,6 +4,10 @@
 //!   echoing console: `loop://`, or a pty with `pty-echo` on the other side), LINES one-line
 //!   round trips (16 bytes out, the same 16 back), then MIB MiB written and read back at the
 //!   same time; prints `{"mib_per_sec":..,"rtt_p50_us":..,"rtt_p99_us":..}`.
+//! - `bench_console observers HOST DRIVER MIB READING STALLED`: opens READING observers
+//!   (`observe`) that read and discard, and STALLED ones that never read, then times MIB MiB
+//!   through the writer's `connect` as `console` does (after its 20 warm-up lines); prints
+//!   `{"mib_per_sec":..,"rtt_p50_us":..,"rtt_p99_us":..}`.
 //! - `bench_console pty-echo LINK`: a pseudo-terminal whose device side is linked at LINK;
 //!   what the device side writes comes back to it. Prints `pty ready` on stderr; runs until
 //!   killed.
@@ -37,6 +41,31 @@ async fn main() -> Result<()> {
             let session = ExporterSession::connect(arg(1)?, &ConnectOptions::from_env()).await?;
             let stream = session.driver(arg(2)?)?.open_stream("connect").await?;
             console(stream, arg(3)?.parse()?, arg(4)?.parse()?).await
+        }
+        "observers" => {
+            let session = ExporterSession::connect(arg(1)?, &ConnectOptions::from_env()).await?;
+            let driver = session.driver(arg(2)?)?;
+            let (reading, stalled): (usize, usize) = (arg(4)?.parse()?, arg(5)?.parse()?);
+            let mut held = Vec::new();
+            for i in 0..reading + stalled {
+                let mut s = driver.open_stream("observe").await?;
+                if i < reading {
+                    held.push(tokio::spawn(async move {
+                        let mut buf = vec![0u8; 64 * 1024];
+                        while matches!(s.read(&mut buf).await, Ok(n) if n > 0) {}
+                    }));
+                } else {
+                    // Opened and never read: its exporter-side buffer fills and drops.
+                    held.push(tokio::spawn(async move {
+                        let _s = s;
+                        std::future::pending::<()>().await
+                    }));
+                }
+            }
+            let stream = driver.open_stream("connect").await?;
+            let r = console(stream, arg(3)?.parse()?, 0).await;
+            held.iter().for_each(tokio::task::JoinHandle::abort);
+            r
         }
         "pty-echo" => pty_echo(arg(1)?).await,
         "sink" => sink().await,

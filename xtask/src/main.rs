@@ -7,6 +7,7 @@ mod bench_bridge;
 mod bench_console;
 mod bench_controller;
 mod bench_direct;
+mod bench_observers;
 mod bench_scale;
 mod bench_startup;
 mod bench_storage;
@@ -65,6 +66,8 @@ fn main() -> std::process::ExitCode {
         Some("bench-scale") => bench_scale::run(&args[1..]),
         // Hidden: the console and port-forwarding part of `bench` alone (`--quick`: small).
         Some("bench-console") => bench_console::run(&args[1..]),
+        // Hidden: the console observers part of `bench` alone (`--quick`, `--debug`).
+        Some("bench-observers") => bench_observers::run(&args[1..]),
         // Hidden: the direct-path-vs-router part of `bench` alone (`--quick`: 64 MiB).
         Some("bench-direct") => bench_direct::run(&args[1..]),
         // Hidden: the `jmp` start-up part of `bench` alone (`--quick`: 3 runs each).
@@ -145,6 +148,7 @@ fn bench(args: &[String]) -> Result<()> {
     bench_storage::run(&storage_args)?;
     bench_direct::run(args)?;
     bench_console::run(args)?;
+    bench_observers::run(args)?;
     bench_boards::run(args)?;
     bench_bridge::run(args)?;
     bench_controller::run(args)?;
