@@ -73,6 +73,15 @@ pub trait ConsoleRecorder: Send + Sync + 'static {
     fn record(&self, direction: Direction, bytes: &[u8]);
 }
 
+/// Where a session's console transcripts go (the exporter keeps one per console per lease):
+/// given to a session with `Session::set_transcripts`, asked by drivers through
+/// [`CallContext::console_recorder`](super::CallContext::console_recorder).
+pub trait Transcripts: Send + Sync + 'static {
+    /// The recorder of console `name` (the driver's name in the tree) for this session, or
+    /// `None` when it cannot be kept (the reason is logged by the implementation).
+    fn recorder(&self, name: &str) -> Option<Arc<dyn ConsoleRecorder>>;
+}
+
 /// Sizes and timings of a [`ConsoleFanout`].
 #[derive(Debug, Clone, Copy)]
 pub struct FanoutOptions {

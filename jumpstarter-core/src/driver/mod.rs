@@ -15,7 +15,7 @@ mod tree;
 pub mod value;
 
 pub use error::{DriverError, SharedError};
-pub use fanout::{ConsoleFanout, ConsoleRecorder, ConsoleStatus, ConsoleStream};
+pub use fanout::{ConsoleFanout, ConsoleRecorder, ConsoleStatus, ConsoleStream, Transcripts};
 pub use log::LogSink;
 pub use model::{BoxDuplex, BoxFuture, CallContext, Driver, Duplex, ValueStream, encode_stream};
 pub use registry::{COMPOSITE_TYPE, Constructor, DriverArgs, DriverRegistry, TypeSuggestion};

@@ -65,6 +65,8 @@ pub struct CallContext {
     pub(crate) driver_name: Arc<str>,
     pub(crate) resources: Arc<ResourceRegistry>,
     pub(crate) logs: LogSink,
+    /// Where this session's console transcripts go, if it keeps them.
+    pub(crate) transcripts: Option<Arc<dyn super::fanout::Transcripts>>,
 }
 
 impl CallContext {
@@ -74,7 +76,16 @@ impl CallContext {
             driver_name: driver_name.into(),
             resources: Arc::new(ResourceRegistry::default()),
             logs: LogSink::default(),
+            transcripts: None,
         }
+    }
+
+    /// The recorder of this driver's console transcript for the session, when the exporter
+    /// keeps transcripts (a console driver gives it to its [`super::ConsoleFanout`]).
+    pub fn console_recorder(&self) -> Option<Arc<dyn super::fanout::ConsoleRecorder>> {
+        self.transcripts
+            .as_ref()
+            .and_then(|t| t.recorder(&self.driver_name))
     }
 
     /// Logs at INFO on the driver's logger (`driver.<Type>`), also sent to `LogStream`.

@@ -67,6 +67,8 @@ pub struct Session {
     /// Set, with the reason, once the lease this session serves has ended: driver calls
     /// and streams are refused for good, and the open ones are cut.
     revoked: watch::Sender<Option<String>>,
+    /// Where its consoles' transcripts go (see [`Session::set_transcripts`]).
+    transcripts: Mutex<Option<Arc<dyn crate::driver::Transcripts>>>,
 }
 
 impl Session {
@@ -93,7 +95,14 @@ impl Session {
             closed: std::sync::atomic::AtomicBool::new(false),
             calls_blocked: std::sync::atomic::AtomicBool::new(false),
             revoked: watch::channel(None).0,
+            transcripts: Mutex::new(None),
         })
+    }
+
+    /// Keeps transcripts of the consoles this session's clients open, in `transcripts`
+    /// (the exporter sets one per lease, before clients connect).
+    pub fn set_transcripts(&self, transcripts: Arc<dyn crate::driver::Transcripts>) {
+        *self.transcripts.lock().unwrap_or_else(|p| p.into_inner()) = Some(transcripts);
     }
 
     /// A session ready for driver calls at once (local and direct modes): status
@@ -274,6 +283,11 @@ impl Session {
             driver_name: name.into(),
             resources: self.resources.clone(),
             logs: self.logs.clone(),
+            transcripts: self
+                .transcripts
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
         }
     }
 
