@@ -231,8 +231,8 @@ async fn query(cfg: &ClientConfig, what: Names) -> Option<Vec<CompletionCandidat
             .ok()?
             .items
             .into_iter()
-            // The caller's own leases: the ones it can describe, update and delete.
-            .filter(|l| api.owns(l))
+            // The leases the caller may describe, update and delete: its own and those shared with it.
+            .filter(|l| api.may_use(l))
             .map(|l| {
                 let exporter = l.exporter.as_deref().map(short).unwrap_or_default();
                 let help = if exporter.is_empty() {

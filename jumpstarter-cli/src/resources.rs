@@ -300,6 +300,9 @@ pub struct LeaseView {
     pub deprecated_labels: BTreeMap<String, String>,
     /// Derived status word (`In-Use`, `Waiting`...).
     pub status: String,
+    /// The other clients the holder shares the lease with (shown only when there are any).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub shared_with: Vec<String>,
 }
 
 impl LeaseView {
@@ -333,6 +336,7 @@ impl LeaseView {
             end_time: ts(&l.end_time),
             deprecated_labels: l.deprecated_labels.clone().into_iter().collect(),
             status: lease_status(l, now).to_string(),
+            shared_with: l.shared_with.clone(),
         }
     }
 
@@ -421,6 +425,11 @@ pub fn describe_lease(v: &LeaseView, tz: &TimeZone) -> String {
     fields.extend([
         ("Exporter", or_none(&v.exporter)),
         ("Client", or_none(&v.client)),
+    ]);
+    if !v.shared_with.is_empty() {
+        fields.push(("Shared With", v.shared_with.join(", ")));
+    }
+    fields.extend([
         ("Status", v.status.clone()),
         (
             "Duration",
@@ -934,6 +943,10 @@ pub struct CreateLeaseArgs {
     /// Allow leasing a disabled exporter (only effective with --name/-n)
     #[arg(long)]
     allow_disabled: bool,
+    /// Share the lease with these clients of the same namespace (comma-separated or
+    /// repeated): they may use, extend and release it.
+    #[arg(long, value_name = "CLIENTS", value_delimiter = ',')]
+    share: Vec<String>,
     #[arg(short, long, value_parser = ["json", "yaml", "name"], help = OUTPUT_HELP)]
     output: Option<String>,
 }
@@ -948,7 +961,7 @@ pub enum UpdateCommand {
 
 /// `jmp update lease NAME`.
 #[derive(Args, Debug)]
-#[command(group(clap::ArgGroup::new("change").required(true).multiple(true).args(["duration", "begin_time", "to_client"])))]
+#[command(group(clap::ArgGroup::new("change").required(true).multiple(true).args(["duration", "begin_time", "to_client", "share_add", "share_remove"])))]
 pub struct UpdateLeaseArgs {
     #[command(flatten)]
     client: ClientSelect,
@@ -964,6 +977,12 @@ pub struct UpdateLeaseArgs {
     /// Transfer lease to a different client in the same namespace
     #[arg(long, value_name = "TEXT")]
     to_client: Option<String>,
+    /// Also share the lease with these clients (comma-separated or repeated; owner only)
+    #[arg(long, value_name = "CLIENTS", value_delimiter = ',')]
+    share_add: Vec<String>,
+    /// Stop sharing the lease with these clients (comma-separated or repeated; owner only)
+    #[arg(long, value_name = "CLIENTS", value_delimiter = ',')]
+    share_remove: Vec<String>,
     #[arg(short, long, value_parser = ["json", "yaml", "name"], help = OUTPUT_HELP)]
     output: Option<String>,
 }
@@ -1192,9 +1211,10 @@ pub fn exporters_table(
     t
 }
 
-/// The `get leases` table: `NAME SELECTOR EXPIRES AT REMAINING CLIENT EXPORTER TAGS`, and
-/// with `wide` also `STATUS BEGIN TIME DURATION`.
+/// The `get leases` table: `NAME SELECTOR EXPIRES AT REMAINING CLIENT EXPORTER TAGS`, then
+/// `SHARED WITH` when a lease is shared, and with `wide` also `STATUS BEGIN TIME DURATION`.
 pub fn leases_table(views: &[LeaseView], now: Timestamp, tz: &TimeZone, wide: bool) -> Table {
+    let shared = views.iter().any(|v| !v.shared_with.is_empty());
     let mut headers = vec![
         "NAME",
         "SELECTOR",
@@ -1204,6 +1224,9 @@ pub fn leases_table(views: &[LeaseView], now: Timestamp, tz: &TimeZone, wide: bo
         "EXPORTER",
         "TAGS",
     ];
+    if shared {
+        headers.push("SHARED WITH");
+    }
     if wide {
         headers.extend(["STATUS", "BEGIN TIME", "DURATION"]);
     }
@@ -1225,6 +1248,9 @@ pub fn leases_table(views: &[LeaseView], now: Timestamp, tz: &TimeZone, wide: bo
             v.exporter.clone(),
             labels_text(&v.tags),
         ];
+        if shared {
+            row.push(v.shared_with.join(","));
+        }
         if wide {
             row.push(v.status.clone());
             // When it began, else when it was asked to begin.
@@ -1287,7 +1313,7 @@ async fn get_leases(args: GetLeasesArgs) -> Result<i32> {
     let now = Timestamp::now();
     let views: Vec<LeaseView> = leases
         .iter()
-        .filter(|l| args.all_clients || api.owns(l))
+        .filter(|l| args.all_clients || api.may_use(l))
         .map(|l| LeaseView::from_proto(l, now))
         .collect();
     for v in &views {
@@ -1400,6 +1426,7 @@ pub async fn create(cmd: CreateCommand) -> Result<i32> {
         tags: parse_key_values(&args.tag, "tag")?,
         lease_id: args.lease_id.clone(),
         allow_disabled: args.allow_disabled,
+        shared_with: args.share.clone(),
     };
     request.check()?;
     let api = connect(&args.client).await?;
@@ -1436,6 +1463,8 @@ pub async fn update(cmd: UpdateCommand) -> Result<i32> {
             .transpose()?
             .map(std::time::SystemTime::from),
         to_client: args.to_client.clone(),
+        share_add: args.share_add.clone(),
+        share_remove: args.share_remove.clone(),
     };
     let api = connect(&args.client).await?;
     let updated = api

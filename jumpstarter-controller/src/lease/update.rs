@@ -96,6 +96,8 @@ pub fn apply_change(
             ));
         }
         l.spec.client_ref.name = c.clone();
+        // The new owner is no longer one of the clients the lease is shared with.
+        l.spec.shared_with.retain(|n| n != c);
     }
     if !l.is_ended() {
         check_access(&l, &view.exporters, &view.policies, &view.clients).map_err(|denied| {

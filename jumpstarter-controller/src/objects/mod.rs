@@ -4,6 +4,7 @@
 
 pub(crate) mod duration;
 pub(crate) mod selector;
+pub mod sharing;
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -567,6 +568,11 @@ pub struct LeaseSpec {
     /// Requested end time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub end_time: Option<metav1::Time>,
+    /// Other clients of the lease's namespace that may use the lease as its owner does (dial,
+    /// extend, release); only the owner changes this list.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("maxItems" = 10))]
+    pub shared_with: Vec<String>,
 }
 
 /// Observed state of a Lease.
@@ -962,6 +968,7 @@ pub fn lease_to_proto(l: &Lease, now: Timestamp) -> client_v1::Lease {
         tags: l.spec.tags.clone().into_iter().collect(),
         allow_disabled: l.spec.allow_disabled,
         deprecated_labels: HashMap::new(),
+        shared_with: l.spec.shared_with.clone(),
     }
 }
 
@@ -1125,6 +1132,7 @@ pub fn lease_from_proto(
             release: false,
             begin_time: times.begin.map(metav1::Time),
             end_time: times.end.map(metav1::Time),
+            shared_with: Vec::new(),
         },
     );
     lease.metadata.namespace = Some(namespace.to_string());

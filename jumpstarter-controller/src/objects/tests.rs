@@ -112,10 +112,17 @@ fn crds_match_reference() {
         serde_json::to_value(Exporter::crd()).unwrap(),
         "jumpstarter.dev_exporters.yaml",
     );
-    compare_crd(
-        serde_json::to_value(Lease::crd()).unwrap(),
-        "jumpstarter.dev_leases.yaml",
-    );
+    // Our one addition to the Lease (`spec.sharedWith`, optional): checked, then set aside.
+    let mut lease = serde_json::to_value(Lease::crd()).unwrap();
+    let spec_props = &mut lease["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+        ["properties"];
+    let shared = spec_props
+        .as_object_mut()
+        .and_then(|o| o.remove("sharedWith"))
+        .expect("spec.sharedWith");
+    assert_eq!(shared["type"], "array");
+    assert_eq!(shared["items"]["type"], "string");
+    compare_crd(lease, "jumpstarter.dev_leases.yaml");
     compare_crd(
         serde_json::to_value(ExporterAccessPolicy::crd()).unwrap(),
         "jumpstarter.dev_exporteraccesspolicies.yaml",

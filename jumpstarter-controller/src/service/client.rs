@@ -1,6 +1,7 @@
 //! `jumpstarter.client.v1.ClientService`: exporters and leases as a client sees them.
 //!
-//! Unlike upstream 0.9.0, a client reads and lists only its own leases.
+//! Unlike upstream 0.9.0, a client reads and lists only its own leases and those shared with
+//! it (`spec.sharedWith`); who may do what is [`crate::objects::sharing`]'s rules.
 
 use std::sync::Arc;
 
@@ -20,6 +21,7 @@ use crate::{
         Client, Exporter, LEASE_ENDED_LABEL, Lease, TAG_LABEL_PREFIX, exporter_to_proto,
         lease_from_proto, lease_times_from_proto, lease_to_proto,
         selector::{LabelSelector, validate_dns1123_subdomain},
+        sharing::{self, LeaseAccess},
     },
     service::{
         controller::update_lease,
@@ -94,7 +96,21 @@ fn check_lease_limits(pb: &PbLease) -> Result<(), Status> {
         pb.deprecated_labels.iter(),
         MAX_LABEL_TEXT,
     )?;
-    limits::check_count("lease.conditions", pb.conditions.len(), limits::MAX_LABELS)
+    limits::check_count("lease.conditions", pb.conditions.len(), limits::MAX_LABELS)?;
+    check_names_limits("lease.shared_with", &pb.shared_with)
+}
+
+/// The size limits of a list of client names (shared_with and its changes).
+fn check_names_limits(field: &str, names: &[String]) -> Result<(), Status> {
+    limits::check_count(field, names.len(), limits::MAX_LABELS)?;
+    for n in names {
+        limits::check_len(field, n, MAX_IDENTIFIER)?;
+    }
+    Ok(())
+}
+
+fn sharing_status(e: sharing::SharingError) -> Status {
+    Status::invalid_argument(e.to_string())
 }
 
 /// The size limits of a list request's parent, filter and page token.
@@ -124,7 +140,32 @@ impl<S: Store> ClientApi<S> {
         self.0.auth.authenticate(md, ObjectKind::Client).await
     }
 
-    async fn own_lease(&self, caller: &Caller, name: &str) -> Result<Lease, Status> {
+    /// Refuses (INVALID_ARGUMENT) a client of `names` that does not exist in `ns`.
+    async fn check_clients_exist(&self, ns: &str, names: &[String]) -> Result<(), Status> {
+        for n in names {
+            if self
+                .0
+                .store
+                .get::<Client>(ns, n)
+                .await
+                .map_err(store_status)?
+                .is_none()
+            {
+                return Err(Status::invalid_argument(format!(
+                    "cannot share the lease with {n:?}: there is no client {n:?} in namespace {ns:?}"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The lease `name` and how the caller stands to it; NOT_FOUND when the caller is neither
+    /// its owner nor a client it is shared with (not revealing that it exists).
+    async fn accessible_lease(
+        &self,
+        caller: &Caller,
+        name: &str,
+    ) -> Result<(Lease, LeaseAccess), Status> {
         let (ns, lease_name) = object_name(name, "leases")?;
         check_namespace(caller, ns)?;
         let lease: Lease = self
@@ -134,11 +175,11 @@ impl<S: Store> ClientApi<S> {
             .await
             .map_err(store_status)?
             .ok_or_else(|| Status::not_found(format!("lease {lease_name} not found")))?;
-        if lease.spec.client_ref.name != caller.name {
+        match lease.access_of(&caller.name) {
+            Some(access) => Ok((lease, access)),
             // Not revealing whether another client's lease exists.
-            return Err(Status::not_found(format!("lease {lease_name} not found")));
+            None => Err(Status::not_found(format!("lease {lease_name} not found"))),
         }
-        Ok(lease)
     }
 }
 
@@ -206,7 +247,7 @@ impl<S: Store> ClientService for ClientApi<S> {
         let caller = self.client(request.metadata()).await?;
         let name = request.into_inner().name;
         limits::check_len("name", &name, MAX_IDENTIFIER)?;
-        let lease = self.own_lease(&caller, &name).await?;
+        let (lease, _) = self.accessible_lease(&caller, &name).await?;
         Ok(Response::new(self.lease_out(&lease, Timestamp::now())))
     }
 
@@ -248,7 +289,7 @@ impl<S: Store> ClientService for ClientApi<S> {
             leases: list
                 .items
                 .iter()
-                .filter(|l| l.spec.client_ref.name == caller.name)
+                .filter(|l| l.access_of(&caller.name).is_some())
                 .map(|l| self.lease_out(l, now))
                 .collect(),
             next_page_token: list.continue_token.unwrap_or_default(),
@@ -280,7 +321,10 @@ impl<S: Store> ClientService for ClientApi<S> {
             })?;
             req.lease_id.clone()
         };
-        let lease =
+        let shared_with =
+            sharing::shared_names(&pb.shared_with, ns, &caller.name).map_err(sharing_status)?;
+        self.check_clients_exist(ns, &shared_with).await?;
+        let mut lease =
             lease_from_proto(&pb, ns, &name, &caller.name, self.0.max_tags).map_err(|e| {
                 use crate::objects::ObjectError;
                 match e {
@@ -290,7 +334,14 @@ impl<S: Store> ClientService for ClientApi<S> {
                     other => Status::invalid_argument(other.to_string()),
                 }
             })?;
+        lease.spec.shared_with = shared_with;
         let created = self.0.store.create(&lease).await.map_err(store_status)?;
+        tracing::info!(
+            lease_id = created.metadata.name.as_deref().unwrap_or(""),
+            namespace = %caller.namespace,
+            client = %caller.name,
+            "lease created"
+        );
         self.0.wake.notify_one();
         Ok(Response::new(self.lease_out(&created, Timestamp::now())))
     }
@@ -305,8 +356,24 @@ impl<S: Store> ClientService for ClientApi<S> {
             .lease
             .ok_or_else(|| Status::invalid_argument("lease is required"))?;
         check_lease_limits(&pb)?;
-        let current = self.own_lease(&caller, &pb.name).await?;
+        check_names_limits("add_shared_with", &req.add_shared_with)?;
+        check_names_limits("remove_shared_with", &req.remove_shared_with)?;
+        let (current, access) = self.accessible_lease(&caller, &pb.name).await?;
         let (ns, name) = object_name(&pb.name, "leases")?;
+        let owner = current.spec.client_ref.name.clone();
+        let sharing_change = !req.add_shared_with.is_empty() || !req.remove_shared_with.is_empty();
+        if (sharing_change || pb.client.as_ref().is_some_and(|c| !c.is_empty()))
+            && !access.may_manage()
+        {
+            return Err(Status::permission_denied(format!(
+                "only the lease's owner (client {owner:?}) may transfer lease {name} or change whom it is shared with"
+            )));
+        }
+        let add =
+            sharing::shared_names(&req.add_shared_with, ns, &owner).map_err(sharing_status)?;
+        let remove =
+            sharing::shared_names(&req.remove_shared_with, ns, &owner).map_err(sharing_status)?;
+        self.check_clients_exist(ns, &add).await?;
         let times_given = pb.begin_time.is_some() || pb.duration.is_some() || pb.end_time.is_some();
         let times = if times_given {
             Some(lease_times_from_proto(&pb).map_err(|e| Status::invalid_argument(e.to_string()))?)
@@ -335,15 +402,34 @@ impl<S: Store> ClientService for ClientApi<S> {
             }
             _ => None,
         };
-        let _ = current;
         let change = LeaseChange { times, new_client };
         let view = AccessView::load(&self.0.store, ns).await?;
         let updated = update_lease(&self.0.store, ns, name, |l| {
-            if l.spec.client_ref.name != caller.name {
-                // Transferred away meanwhile: no longer the caller's to change.
+            // Re-checked on every read: the lease may have been transferred or unshared since.
+            let Some(access) = l.access_of(&caller.name) else {
                 return Err(Status::not_found(format!("lease {name} not found")));
+            };
+            if l.spec.client_ref.name != owner {
+                // Transferred meanwhile: a change meant for the old owner's lease stops.
+                return Err(Status::aborted(format!(
+                    "lease {name} was transferred meanwhile; try again"
+                )));
             }
-            apply_change(l, &change, &view)
+            let mut changed = false;
+            if sharing_change {
+                if !access.may_manage() {
+                    return Err(Status::permission_denied(format!(
+                        "only the lease's owner may change whom lease {name} is shared with"
+                    )));
+                }
+                let next = sharing::apply_share_changes(&l.spec.shared_with, &add, &remove)
+                    .map_err(sharing_status)?;
+                if next != l.spec.shared_with {
+                    l.spec.shared_with = next;
+                    changed = true;
+                }
+            }
+            Ok(apply_change(l, &change, &view)? || changed)
         })
         .await?;
         if change.new_client.is_some() {
@@ -360,7 +446,7 @@ impl<S: Store> ClientService for ClientApi<S> {
         let caller = self.client(request.metadata()).await?;
         let name = request.into_inner().name;
         limits::check_len("name", &name, MAX_IDENTIFIER)?;
-        let lease = self.own_lease(&caller, &name).await?;
+        let (lease, _) = self.accessible_lease(&caller, &name).await?;
         let (ns, lease_name) = object_name(&name, "leases")?;
         if lease.spec.release {
             return Err(Status::failed_precondition(format!(

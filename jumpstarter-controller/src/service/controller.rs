@@ -565,7 +565,8 @@ impl<S: Store> ControllerService for ControllerApi<S> {
         let lease_name = request.into_inner().lease_name;
         limits::check_len("lease_name", &lease_name, MAX_IDENTIFIER)?;
         let lease = get_lease(&self.0.store, &caller.namespace, &lease_name).await?;
-        if lease.spec.client_ref.name != caller.name {
+        // Its owner and the clients it is shared with dial it (upstream's text for others).
+        if lease.access_of(&caller.name).is_none() {
             return Err(Status::unknown("permission denied"));
         }
         let Some(exporter_name) = lease.assigned_exporter().map(str::to_string) else {
@@ -624,9 +625,17 @@ impl<S: Store> ControllerService for ControllerApi<S> {
         let token = self
             .0
             .router_key
-            .issue()
+            .issue_for_lease(&format!("{}/{lease_name}", caller.namespace))
             .map_err(|e| Status::internal(e.to_string()))?
             .token;
+        tracing::info!(
+            lease_id = %lease_name,
+            namespace = %caller.namespace,
+            client = %caller.name,
+            exporter = %exporter_name,
+            router = %router,
+            "dial"
+        );
         self.0.listeners.notify(
             &caller.namespace,
             &lease_name,
@@ -660,7 +669,7 @@ impl<S: Store> ControllerService for ControllerApi<S> {
         let name = request.into_inner().name;
         limits::check_len("name", &name, MAX_IDENTIFIER)?;
         let lease = get_lease(&self.0.store, &caller.namespace, &name).await?;
-        if lease.spec.client_ref.name != caller.name {
+        if lease.access_of(&caller.name).is_none() {
             return Err(Status::unknown("GetLease permission denied"));
         }
         let selector = &lease.spec.selector;
@@ -793,7 +802,8 @@ impl<S: Store> ControllerService for ControllerApi<S> {
             let allowed = if exporter_path {
                 l.assigned_exporter() == Some(caller.name.as_str())
             } else {
-                l.spec.client_ref.name == caller.name
+                // Its owner or a client it is shared with.
+                l.access_of(&caller.name).is_some()
             };
             if !allowed {
                 return Err(Status::permission_denied("permission denied"));
@@ -829,7 +839,7 @@ impl<S: Store> ControllerService for ControllerApi<S> {
         let names = list
             .items
             .into_iter()
-            .filter(|l| l.spec.client_ref.name == caller.name)
+            .filter(|l| l.access_of(&caller.name).is_some())
             .filter_map(|l| l.metadata.name)
             .collect();
         Ok(Response::new(ListLeasesResponse { names }))

@@ -20,6 +20,7 @@ mod policy_update;
 mod real_kube;
 mod real_kube_storm;
 mod restart;
+mod sharing;
 mod store_integrity;
 
 use jumpstarter_controller::{

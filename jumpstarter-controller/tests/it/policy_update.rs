@@ -66,6 +66,7 @@ fn update(name: &str, duration_secs: Option<i64>, to_client: Option<&str>) -> Up
             ..Default::default()
         }),
         update_mask: None,
+        ..Default::default()
     }
 }
 

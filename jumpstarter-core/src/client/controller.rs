@@ -46,6 +46,9 @@ pub struct LeaseRequest {
     pub lease_id: Option<String>,
     /// Whether a disabled exporter may be leased (an admin's choice on the controller).
     pub allow_disabled: bool,
+    /// Other clients of the namespace to share the lease with (their names): they may use,
+    /// extend and release it too.
+    pub shared_with: Vec<String>,
 }
 
 impl LeaseRequest {
@@ -77,6 +80,16 @@ impl LeaseRequest {
         self
     }
 
+    /// Shares the lease with these clients of the same namespace (their names).
+    pub fn with_shared_with<I, T>(mut self, clients: I) -> Self
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<String>,
+    {
+        self.shared_with.extend(clients.into_iter().map(Into::into));
+        self
+    }
+
     /// Begins the lease at `at` instead of as soon as possible.
     pub fn with_begin_time(mut self, at: SystemTime) -> Self {
         self.begin_time = Some(at);
@@ -103,7 +116,7 @@ impl LeaseRequest {
                 "the lease duration must be positive".into(),
             ));
         }
-        Ok(())
+        check_client_names("--share", &self.shared_with)
     }
 
     /// The `CreateLease` request for namespace `namespace` (the only builder of one).
@@ -116,6 +129,7 @@ impl LeaseRequest {
             exporter_name: self.exporter_name.clone(),
             tags: self.tags.clone().into_iter().collect(),
             allow_disabled: self.allow_disabled,
+            shared_with: self.shared_with.clone(),
             ..Default::default()
         };
         Ok(CreateLeaseRequest {
@@ -135,6 +149,10 @@ pub struct LeaseUpdate {
     pub begin_time: Option<SystemTime>,
     /// Transfer the lease to this client of the same namespace (its short name).
     pub to_client: Option<String>,
+    /// Share the lease with these clients too (only its owner may).
+    pub share_add: Vec<String>,
+    /// Stop sharing the lease with these clients (only its owner may).
+    pub share_remove: Vec<String>,
 }
 
 impl LeaseUpdate {
@@ -155,6 +173,8 @@ impl LeaseUpdate {
                 "the lease duration must be positive".into(),
             ));
         }
+        check_client_names("--share-add", &self.share_add)?;
+        check_client_names("--share-remove", &self.share_remove)?;
         let mut paths = Vec::new();
         if self.duration.is_some() {
             paths.push("duration".to_string());
@@ -178,8 +198,21 @@ impl LeaseUpdate {
         Ok(UpdateLeaseRequest {
             lease: Some(lease),
             update_mask: Some(prost_types::FieldMask { paths }),
+            add_shared_with: self.share_add.clone(),
+            remove_shared_with: self.share_remove.clone(),
         })
     }
+}
+
+/// Refuses an empty client name in a list given with `flag` (the controller checks the rest:
+/// that each names a client of the namespace, once, and not the owner).
+fn check_client_names(flag: &str, names: &[String]) -> Result<(), LeaseError> {
+    if names.iter().any(|n| n.trim().is_empty()) {
+        return Err(LeaseError::Invalid(format!(
+            "{flag}: a client name must not be empty"
+        )));
+    }
+    Ok(())
 }
 
 /// Which exporters to list.
@@ -300,6 +333,12 @@ impl ControllerClient {
             .client
             .as_deref()
             .is_some_and(|c| c.rsplit('/').next() == Some(self.client_name.as_str()))
+    }
+
+    /// Whether this client may use `lease`: it owns it, or its owner shares it with this
+    /// client (`shared_with`).
+    pub fn may_use(&self, lease: &Lease) -> bool {
+        self.owns(lease) || lease.shared_with.contains(&self.client_name)
     }
 
     /// One lease (short or `namespaces/NS/leases/NAME`).
@@ -539,6 +578,34 @@ mod tests {
         assert!(l.begin_time.is_none());
         let bad = LeaseUpdate {
             to_client: Some("other/bob".into()),
+            ..LeaseUpdate::default()
+        };
+        assert!(bad.to_proto(String::new(), "lab").is_err());
+    }
+
+    #[test]
+    fn sharing_goes_on_the_wire_and_empty_names_are_refused() {
+        let req = LeaseRequest::new("board=rpi4", Duration::from_secs(60))
+            .with_shared_with(["bob", "carol"]);
+        let p = req.to_proto("lab").unwrap();
+        assert_eq!(p.lease.unwrap().shared_with, ["bob", "carol"]);
+        assert!(
+            LeaseRequest::new("board=rpi4", Duration::from_secs(60))
+                .with_shared_with([" "])
+                .check()
+                .is_err()
+        );
+        let u = LeaseUpdate {
+            share_add: vec!["dave".into()],
+            share_remove: vec!["bob".into()],
+            ..LeaseUpdate::default()
+        };
+        let p = u.to_proto("namespaces/lab/leases/x".into(), "lab").unwrap();
+        assert_eq!(p.add_shared_with, ["dave"]);
+        assert_eq!(p.remove_shared_with, ["bob"]);
+        assert!(p.update_mask.unwrap().paths.is_empty());
+        let bad = LeaseUpdate {
+            share_add: vec![String::new()],
             ..LeaseUpdate::default()
         };
         assert!(bad.to_proto(String::new(), "lab").is_err());

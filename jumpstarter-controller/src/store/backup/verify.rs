@@ -476,6 +476,12 @@ fn check_lease(l: &Lease) -> Result<(), ObjectProblem> {
     selector("spec.selector", &l.spec.selector)?;
     validate_lease_tags(&l.spec.tags, MAX_LABELS).map_err(ObjectProblem::Tags)?;
     reference("spec.clientRef.name", &l.spec.client_ref.name)?;
+    crate::objects::sharing::shared_names(
+        &l.spec.shared_with,
+        l.metadata.namespace.as_deref().unwrap_or_default(),
+        &l.spec.client_ref.name,
+    )
+    .map_err(|e| ObjectProblem::field("spec.sharedWith", e.to_string()))?;
     if let Some(e) = &l.spec.exporter_ref {
         reference("spec.exporterRef.name", &e.name)?;
     }
