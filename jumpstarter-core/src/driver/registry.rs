@@ -32,6 +32,38 @@ impl DriverArgs {
     }
 }
 
+/// The level names Python's `logging` knows (upstream's `Driver.log_level` is one of them,
+/// or a number).
+const PYTHON_LOG_LEVELS: &[&str] = &[
+    "CRITICAL", "FATAL", "ERROR", "WARN", "WARNING", "INFO", "DEBUG", "NOTSET",
+];
+
+/// `config` without `log_level`: every upstream driver takes it (a field of its `Driver` base
+/// class, the level of the driver's Python logger), so a config may give it to any type. Our
+/// drivers log through the exporter's own filter, so it is checked as upstream checks it (a
+/// level name or a number) and then dropped; anything else is the error's message.
+fn without_log_level(config: &serde_json::Value) -> Result<serde_json::Value, String> {
+    let serde_json::Value::Object(map) = config else {
+        return Ok(config.clone());
+    };
+    let Some(level) = map.get("log_level") else {
+        return Ok(config.clone());
+    };
+    match level {
+        serde_json::Value::String(s) if PYTHON_LOG_LEVELS.contains(&s.as_str()) => {}
+        serde_json::Value::Number(n) if n.is_i64() || n.is_u64() => {}
+        other => {
+            return Err(format!(
+                "unknown level {other} (expected one of {} or a number)",
+                PYTHON_LOG_LEVELS.join(", ")
+            ));
+        }
+    }
+    let mut map = map.clone();
+    map.remove("log_level");
+    Ok(serde_json::Value::Object(map))
+}
+
 /// Builds a driver from its config.
 pub type Constructor = fn(&DriverArgs) -> Result<Arc<dyn Driver>, DriverError>;
 
@@ -210,10 +242,10 @@ impl DriverRegistry {
                 },
             )
         })?;
-        let driver = ctor(&DriverArgs {
-            config: inst.config.clone(),
-        })
-        .map_err(|e| invalid(line, format!("{field}.config"), crate::error_chain(&e)))?;
+        let config = without_log_level(&inst.config)
+            .map_err(|message| invalid(line, format!("{field}.config.log_level"), message))?;
+        let driver = ctor(&DriverArgs { config })
+            .map_err(|e| invalid(line, format!("{field}.config"), crate::error_chain(&e)))?;
         let mut node = DriverNode::new(driver);
         node.description = inst.description.clone();
         // The driver's fallbacks, the config's `methods_description`, then what the driver
@@ -289,6 +321,27 @@ fn find_mut<'a>(node: &'a mut DriverNode, path: &str) -> Option<&'a mut DriverNo
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn log_level_is_checked_as_upstream_does_and_left_out_of_the_drivers_config() {
+        use serde_json::json;
+        for level in [json!("DEBUG"), json!("WARNING"), json!(10)] {
+            assert_eq!(
+                without_log_level(&json!({"methods": {}, "log_level": level})),
+                Ok(json!({"methods": {}}))
+            );
+        }
+        assert_eq!(without_log_level(&json!(null)), Ok(json!(null)));
+        assert_eq!(
+            without_log_level(&json!({"url": "loop://"})),
+            Ok(json!({"url": "loop://"}))
+        );
+        // Python's logging knows level names in capitals only, and no fractions.
+        for bad in [json!("debug"), json!("LOUD"), json!(1.5), json!([])] {
+            let err = without_log_level(&json!({"log_level": bad})).unwrap_err();
+            assert!(err.starts_with("unknown level"), "{err}");
+        }
+    }
 
     #[test]
     fn node_paths() {
