@@ -31,7 +31,7 @@ pub enum HttpError {
         why: String,
     },
     /// The text is not a URL.
-    #[error("{url:?}: not a URL ({source})")]
+    #[error("{url:?}: not a URL")]
     NotAUrl {
         /// The text, redacted.
         url: String,

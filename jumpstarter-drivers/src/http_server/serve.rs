@@ -109,7 +109,7 @@ async fn serve(listener: TcpListener, root: Arc<PathBuf>, limits: Limits) {
             r = listener.accept() => match r {
                 Ok(a) => a,
                 Err(e) => {
-                    tracing::warn!("HttpServer accept: {e}");
+                    tracing::warn!("HttpServer accept: {e}", e = jumpstarter_core::error_chain(&e));
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 }
@@ -140,7 +140,7 @@ async fn serve(listener: TcpListener, root: Arc<PathBuf>, limits: Limits) {
                 .serve_connection(TokioIo::new(io), svc);
             tokio::select! {
                 r = conn => if let Err(e) = r {
-                    tracing::debug!("HttpServer {peer}: {e}");
+                    tracing::debug!("HttpServer {peer}: {e}", e = jumpstarter_core::error_chain(&e));
                 },
                 () = moved.silent_for(limits.idle) => tracing::debug!(
                     "HttpServer {peer}: closed after {} s without a byte moving",

@@ -59,7 +59,7 @@ where
                         });
                     }
                     Err(e) => {
-                        tracing::warn!("accept failed: {e}");
+                        tracing::warn!("accept failed: {e}", e = jumpstarter_core::error_chain(&e));
                         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                     }
                 },

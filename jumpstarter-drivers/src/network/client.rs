@@ -90,10 +90,16 @@ where
                 tokio::io::copy_bidirectional_with_sizes(&mut conn, &mut remote, CHUNK, CHUNK)
                     .await;
             if let Err(e) = copied {
-                tracing::debug!("forwarded connection ended: {e}");
+                tracing::debug!(
+                    "forwarded connection ended: {e}",
+                    e = jumpstarter_core::error_chain(&e)
+                );
             }
         }
-        Err(e) => tracing::warn!("cannot open {method} stream: {e}"),
+        Err(e) => tracing::warn!(
+            "cannot open {method} stream: {e}",
+            e = jumpstarter_core::error_chain(&e)
+        ),
     }
 }
 

@@ -83,7 +83,10 @@ pub async fn novnc(
         let (client, method) = (client.clone(), method.clone());
         async move {
             if let Err(e) = relay(client, &method, conn).await {
-                tracing::info!("noVNC connection from {peer} ended: {e}");
+                tracing::info!(
+                    "noVNC connection from {peer} ended: {e}",
+                    e = jumpstarter_core::error_chain(&e)
+                );
             }
         }
     });
@@ -97,11 +100,11 @@ pub async fn novnc(
 /// Why a relayed connection ended early.
 #[derive(Debug, thiserror::Error)]
 enum RelayError {
-    #[error("WebSocket: {0}")]
+    #[error("the WebSocket failed")]
     WebSocket(#[from] tokio_tungstenite::tungstenite::Error),
-    #[error("the VNC stream: {0}")]
+    #[error("the VNC stream failed")]
     Stream(#[from] ClientError),
-    #[error("the VNC stream: {0}")]
+    #[error("the VNC stream failed")]
     Io(#[from] std::io::Error),
 }
 

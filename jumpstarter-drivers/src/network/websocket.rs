@@ -142,9 +142,12 @@ struct WsUrl {
 impl WsUrl {
     fn parse(url: &str) -> Result<Self, DriverError> {
         let bad = |why: &str| DriverError::InvalidArgument(format!("url: {url:?} {why}"));
-        let uri: Uri = url
-            .parse()
-            .map_err(|e| bad(&format!("is not a URL ({e})")))?;
+        let uri: Uri = url.parse().map_err(|e| {
+            bad(&format!(
+                "is not a URL ({e})",
+                e = jumpstarter_core::error_chain(&e)
+            ))
+        })?;
         let tls = match uri.scheme_str() {
             Some("ws") => false,
             Some("wss") => true,

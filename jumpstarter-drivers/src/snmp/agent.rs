@@ -309,7 +309,10 @@ impl Exchange<'_> {
                     }
                     Ok(_) => {}
                     Err(e @ SnmpError::WrongDigest) => return Err(e),
-                    Err(e) => tracing::debug!("dropped an SNMP datagram: {e}"),
+                    Err(e) => tracing::debug!(
+                        "dropped an SNMP datagram: {e}",
+                        e = jumpstarter_core::error_chain(&e)
+                    ),
                 }
             }
         }

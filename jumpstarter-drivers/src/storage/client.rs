@@ -346,7 +346,8 @@ impl StorageMuxClient {
             .map_err(|e| io_err("hashing", path, e))?;
         let remote = self.hash(HashAlgo::Sha256, Some(len)).await.map_err(|e| {
             ClientError::Value(format!(
-                "cannot verify: the exporter could not hash the medium ({e})"
+                "cannot verify: the exporter could not hash the medium ({e})",
+                e = jumpstarter_core::error_chain(&e)
             ))
         })?;
         if remote != local {

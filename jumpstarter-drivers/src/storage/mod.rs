@@ -77,7 +77,7 @@ pub enum StorageError {
         source: Option<http::uri::InvalidUri>,
     },
     /// An opendal operation failed.
-    #[error("{op} {path:?}: {source}")]
+    #[error("{op} {path:?}")]
     Opendal {
         /// The operation.
         op: &'static str,
@@ -87,7 +87,7 @@ pub enum StorageError {
         source: Box<::opendal::Error>,
     },
     /// A local file operation failed.
-    #[error("{what} {path}: {source}")]
+    #[error("{what} {path}")]
     File {
         /// What we were doing.
         what: &'static str,
@@ -97,7 +97,7 @@ pub enum StorageError {
         source: std::io::Error,
     },
     /// A transfer broke midway.
-    #[error("transfer into {target} failed, nothing was stored: {source}")]
+    #[error("transfer into {target} failed, nothing was stored")]
     Transfer {
         /// Where the bytes were going.
         target: String,
@@ -105,7 +105,7 @@ pub enum StorageError {
         source: std::io::Error,
     },
     /// A transfer broke midway into a medium written in place (a device).
-    #[error("transfer into {target} failed midway, the device is partly written: {source}")]
+    #[error("transfer into {target} failed midway, the device is partly written")]
     PartlyWritten {
         /// The device.
         target: String,
@@ -144,7 +144,7 @@ impl From<StorageError> for DriverError {
             StorageError::Opendal { source, .. }
                 if source.kind() == ::opendal::ErrorKind::Unsupported =>
             {
-                DriverError::Unimplemented(e.to_string())
+                DriverError::Unimplemented(jumpstarter_core::error_chain(&e))
             }
             _ => DriverError::other(e),
         }
@@ -286,7 +286,8 @@ pub(crate) fn remove_leftover_partials(
             Err(e) => {
                 tracing::warn!(
                     "cannot look for leftover partial files in {}: {e}",
-                    d.display()
+                    d.display(),
+                    e = jumpstarter_core::error_chain(&e)
                 );
                 continue;
             }
@@ -315,7 +316,8 @@ pub(crate) fn remove_leftover_partials(
                 }
                 Err(e) => tracing::warn!(
                     "cannot remove leftover partial file {}: {e}",
-                    path.display()
+                    path.display(),
+                    e = jumpstarter_core::error_chain(&e)
                 ),
             }
         }
@@ -452,7 +454,11 @@ impl Drop for Partial {
         if let Err(e) = std::fs::remove_file(&path)
             && e.kind() != std::io::ErrorKind::NotFound
         {
-            tracing::warn!("cannot remove partial file {}: {e}", path.display());
+            tracing::warn!(
+                "cannot remove partial file {}: {e}",
+                path.display(),
+                e = jumpstarter_core::error_chain(&e)
+            );
         }
     }
 }
@@ -611,7 +617,7 @@ mod tests {
                 WriteTarget::Replace(dir.path().join("later.img"))
             );
         }
-        let e = write_target(dir.path()).await.unwrap_err().to_string();
+        let e = jumpstarter_core::error_chain(&write_target(dir.path()).await.unwrap_err());
         assert!(e.contains("it is a directory"), "{e}");
         assert_eq!(
             write_target(Path::new("/dev/null")).await.unwrap(),

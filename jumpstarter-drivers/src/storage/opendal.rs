@@ -457,7 +457,7 @@ impl Opendal {
         }
         .await;
         if let Err(e) = result {
-            *failed = Some(e.to_string());
+            *failed = Some(jumpstarter_core::error_chain(&e));
             if let Some(mut w) = writer.take() {
                 let _ = w.abort().await;
             }
@@ -798,7 +798,10 @@ fn check_http_endpoint(endpoint: Option<&str>) -> Result<(), StorageError> {
         .ok_or_else(|| bad("missing: the http scheme needs the server's URL".into()))?;
     let uri: http::Uri = endpoint.parse().map_err(|e| StorageError::BadKwarg {
         key: "endpoint",
-        message: format!("{endpoint:?} is not a URL: {e}"),
+        message: format!(
+            "{endpoint:?} is not a URL: {e}",
+            e = jumpstarter_core::error_chain(&e)
+        ),
         source: Some(e),
     })?;
     let scheme_ok = uri
@@ -939,7 +942,10 @@ impl Opendal {
             let created = std::mem::take(&mut *self.created.lock_or_recover());
             for p in created {
                 if let Err(e) = self.op.delete(&p).await {
-                    tracing::warn!("cannot remove created file {p}: {e}");
+                    tracing::warn!(
+                        "cannot remove created file {p}: {e}",
+                        e = jumpstarter_core::error_chain(&e)
+                    );
                 }
             }
         }
@@ -949,7 +955,10 @@ impl Opendal {
         if staging != path
             && let Err(e) = self.op.delete(staging).await
         {
-            tracing::warn!("cannot remove partial file {staging}: {e}");
+            tracing::warn!(
+                "cannot remove partial file {staging}: {e}",
+                e = jumpstarter_core::error_chain(&e)
+            );
         }
     }
 
@@ -1016,7 +1025,10 @@ impl Drop for Opendal {
             rt.spawn(async move {
                 for p in paths {
                     if let Err(e) = op.delete(&p).await {
-                        tracing::warn!("cannot remove created file {p}: {e}");
+                        tracing::warn!(
+                            "cannot remove created file {p}: {e}",
+                            e = jumpstarter_core::error_chain(&e)
+                        );
                     }
                 }
             });

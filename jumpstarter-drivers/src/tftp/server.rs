@@ -138,7 +138,7 @@ async fn serve(socket: UdpSocket, root: Arc<PathBuf>, limits: Limits) {
             r = socket.recv_from(&mut buf) => match r {
                 Ok(v) => v,
                 Err(e) => {
-                    tracing::debug!("Tftp recv: {e}");
+                    tracing::debug!("Tftp recv: {e}", e = jumpstarter_core::error_chain(&e));
                     continue;
                 }
             },
@@ -205,7 +205,10 @@ async fn serve(socket: UdpSocket, root: Arc<PathBuf>, limits: Limits) {
         let flag = confirmed.clone();
         let abort = transfers.spawn(async move {
             if let Err(e) = transfer(&root, local, peer, req, &flag, limits).await {
-                tracing::info!("Tftp transfer to {peer}: {e}");
+                tracing::info!(
+                    "Tftp transfer to {peer}: {e}",
+                    e = jumpstarter_core::error_chain(&e)
+                );
             }
         });
         sessions.insert(

@@ -467,8 +467,8 @@ async fn local_directories_are_refused_before_anything_moves() {
     let e = storage
         .write_local_file(&sub, &TransferOptions::default())
         .await
-        .unwrap_err()
-        .to_string();
+        .unwrap_err();
+    let e = jumpstarter_core::error_chain(&e);
     assert!(
         e.contains("reading") && e.contains("sub: it is a directory"),
         "{e}"
@@ -476,8 +476,8 @@ async fn local_directories_are_refused_before_anything_moves() {
     let e = storage
         .read_local_file(&sub, &TransferOptions::default())
         .await
-        .unwrap_err()
-        .to_string();
+        .unwrap_err();
+    let e = jumpstarter_core::error_chain(&e);
     assert!(
         e.contains("writing") && e.contains("sub: it is a directory"),
         "{e}"
