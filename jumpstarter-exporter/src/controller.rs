@@ -17,6 +17,7 @@
 //! there, over mutual TLS with credentials only that lease's client gets ([`jumpstarter_core::client::direct`]).
 
 use std::{collections::BTreeMap, future::Future, sync::Arc, time::Duration};
+use tracing::Instrument as _;
 
 use futures::StreamExt;
 use jumpstarter_proto::v1::{
@@ -49,6 +50,7 @@ use crate::hooks::{
     lifecycle::{LeaseHookRun, StatusSink, Verdict},
     process::Outcome,
 };
+use crate::transcript::TranscriptStore;
 
 /// Why the exporter runtime stopped (it retries everything else).
 #[derive(Debug, thiserror::Error)]
@@ -94,11 +96,11 @@ pub enum ExporterError {
         message: String,
     },
     /// The direct listener could not be set up.
-    #[error("{0}")]
+    #[error(transparent)]
     Direct(#[from] DirectError),
     /// The driver tree could not be built (the exporter's name comes first when it has
     /// one).
-    #[error("{}{source}", if name.is_empty() { String::new() } else { format!("exporter {name}: ") })]
+    #[error("{}the drivers cannot be built", if name.is_empty() { String::new() } else { format!("exporter {name}: ") })]
     Build {
         /// The exporter's name.
         name: String,
@@ -107,11 +109,11 @@ pub enum ExporterError {
         source: Box<crate::bridge::BuildError>,
     },
     /// The private socket lease hooks reach the drivers through could not be set up.
-    #[error("lease hooks: {0}")]
+    #[error("lease hooks: their socket cannot be set up")]
     HookSocket(#[source] Box<crate::hooks::lifecycle::HookSocketError>),
     /// Serving the session failed (a listener could not be bound, or it failed).
-    #[error("{0}")]
-    Serve(#[source] Box<jumpstarter_core::CoreError>),
+    #[error(transparent)]
+    Serve(Box<jumpstarter_core::CoreError>),
     /// A lease hook failed with `onFailure: exit`: the exporter shut down (exit code 1).
     #[error("exporter shut down: {0}")]
     HookExit(String),
@@ -190,7 +192,7 @@ impl ControllerTarget {
         let tls = TlsSettings::from_config(&cfg.tls, cfg.path.as_deref()).map_err(|e| {
             ExporterError::Config {
                 path: path.clone(),
-                message: e.to_string(),
+                message: jumpstarter_core::error_chain(&e),
             }
         })?;
         let namespace = cfg.metadata.namespace.as_deref().unwrap_or("default");
@@ -228,6 +230,9 @@ pub struct ExporterOptions {
     /// `motd`: the message of the day each lease's session starts with (a beforeLease hook
     /// may add to it).
     pub motd: Option<String>,
+    /// `consoleTranscripts` (ours): keep each lease's console transcripts (see
+    /// [`crate::transcript`]).
+    pub transcripts: Option<jumpstarter_core::config::ConsoleTranscripts>,
 }
 
 impl ExporterOptions {
@@ -249,28 +254,32 @@ impl ExporterOptions {
             message,
         };
         let hooks = LeaseHooks::from_config(&cfg.hooks)
-            .map_err(|e| config_error(e.to_string()))?
+            .map_err(|e| config_error(jumpstarter_core::error_chain(&e)))?
             .map(Arc::new);
         let health = cfg
             .health_check
             .as_ref()
             .map(HealthPolicy::from_config)
             .transpose()
-            .map_err(|e| config_error(e.to_string()))?;
+            .map_err(|e| config_error(jumpstarter_core::error_chain(&e)))?;
         let keepalive = jumpstarter_core::client::grpc_options::keepalive(
             &cfg.grpc_options,
             CONTROLLER_KEEPALIVE,
         )
-        .map_err(|e| config_error(e.to_string()))?;
+        .map_err(|e| config_error(jumpstarter_core::error_chain(&e)))?;
         let router_keepalive = jumpstarter_core::client::grpc_options::keepalive(
             &cfg.grpc_options,
             tunnel::ROUTER_KEEPALIVE,
         )
-        .map_err(|e| config_error(e.to_string()))?;
+        .map_err(|e| config_error(jumpstarter_core::error_chain(&e)))?;
         let direct = match cfg.direct_listener.as_deref() {
             Some(spec) => Some(
-                DirectListenerSpec::parse(spec, cfg.direct_advertise.as_deref())
-                    .map_err(|e| config_error(format!("directListener: {e}")))?,
+                DirectListenerSpec::parse(spec, cfg.direct_advertise.as_deref()).map_err(|e| {
+                    config_error(format!(
+                        "directListener: {e}",
+                        e = jumpstarter_core::error_chain(&e)
+                    ))
+                })?,
             ),
             None => None,
         };
@@ -286,6 +295,7 @@ impl ExporterOptions {
             )),
             exit_on_lease_end: cfg.exit_on_lease_end,
             motd: cfg.motd.clone(),
+            transcripts: cfg.console_transcripts.clone(),
         })
     }
 }
@@ -378,6 +388,16 @@ pub async fn run_with_options(
         exit_on_lease_end: options.exit_on_lease_end,
         served_its_lease: false,
         motd: options.motd.clone().unwrap_or_default(),
+        transcripts: options.transcripts.clone().map(|cfg| {
+            let store = TranscriptStore::new(cfg);
+            for removed in store.prune(std::time::SystemTime::now()) {
+                tracing::info!(
+                    "console transcripts {} removed (retention)",
+                    removed.display()
+                );
+            }
+            store
+        }),
     };
     tokio::pin!(shutdown);
     let mut rapid = 0u32;
@@ -422,7 +442,7 @@ pub async fn run_with_options(
                 if since.elapsed() >= DUPLICATE_GRACE {
                     break Err(e);
                 }
-                e.to_string()
+                jumpstarter_core::error_chain(&e)
             }
             Err(Failure::Retry(e)) => e,
         };
@@ -528,6 +548,8 @@ struct Runtime {
     served_its_lease: bool,
     /// `motd`.
     motd: String,
+    /// `consoleTranscripts`.
+    transcripts: Option<TranscriptStore>,
 }
 
 /// Why a lease's session ends on the exporter's side.
@@ -579,7 +601,7 @@ impl Runtime {
                     self.keepalive,
                 )
                 .await
-                .map_err(|e: ClientError| Failure::Retry(e.to_string()))?;
+                .map_err(|e: ClientError| Failure::Retry(jumpstarter_core::error_chain(&e)))?;
                 // tonic channels reconnect by themselves: keep this one for good.
                 self.channel = Some(c.clone());
                 c
@@ -699,10 +721,29 @@ impl Runtime {
     }
 
     fn start_lease(&mut self, name: String, client: String, channel: &AuthChannel) {
+        // Every line of this lease (its driver calls, hooks and tunnels) carries these.
+        let span = tracing::info_span!(
+            "lease",
+            lease_id = %name,
+            client = %client,
+            exporter = %self.target.auth.name,
+            namespace = %self.target.auth.namespace,
+        );
+        let _in_lease = span.enter();
         tracing::info!("lease {name} started (client {client})");
         let cancel = CancellationToken::new();
         let session = Session::new(self.tree.clone(), BTreeMap::new());
+        session.set_log_span(span.clone());
         session.set_motd(&self.motd);
+        if let Some(store) = &self.transcripts {
+            match store.for_lease(&name, &client) {
+                Ok(t) => session.set_transcripts(t),
+                Err(e) => tracing::warn!(
+                    "lease {name}: no console transcripts: {}",
+                    jumpstarter_core::error_chain(&e)
+                ),
+            }
+        }
         let hooks = self.hooks.clone().and_then(|hooks| {
             LeaseHookRun::start(
                 hooks,
@@ -713,7 +754,7 @@ impl Runtime {
             )
             .inspect_err(|e| {
                 // With its causes: the reason (e.g. a socket path too long) is in them.
-                let mut why = e.to_string();
+                let mut why = jumpstarter_core::error_chain(&e);
                 let mut cause = std::error::Error::source(e);
                 while let Some(c) = cause {
                     why.push_str(&format!(": {c}"));
@@ -732,7 +773,10 @@ impl Runtime {
         if let Some(direct) = &self.direct {
             // The direct server stops by itself when `cancel` fires.
             if let Err(e) = direct.serve_lease(&name, &session, cancel.clone()) {
-                tracing::warn!("lease {name}: no direct path: {e}");
+                tracing::warn!(
+                    "lease {name}: no direct path: {e}",
+                    e = jumpstarter_core::error_chain(&e)
+                );
             }
         }
         let task = tokio::spawn(serve_lease(LeaseContext {
@@ -793,7 +837,13 @@ impl Runtime {
             task.abort();
         }
         lease.session.close().await;
-        tracing::info!("lease {} ended", lease.name);
+        tracing::info!(
+            lease_id = %lease.name,
+            exporter = %self.target.auth.name,
+            namespace = %self.target.auth.namespace,
+            "lease {} ended",
+            lease.name
+        );
         if let Some((_, interval)) = &self.health_check {
             self.next_check = tokio::time::Instant::now() + *interval;
         }
@@ -951,14 +1001,17 @@ async fn lease_ready(
                 exit.clone(),
                 health.cloned(),
             );
-            tokio::spawn(async move {
-                let sink = ControllerSink {
-                    channel: channel.clone(),
-                    health,
-                };
-                let verdict = run.before_lease(&sink).await;
-                after_verdict(verdict, &run, &name, &session, &channel, &exit, false).await;
-            });
+            tokio::spawn(
+                async move {
+                    let sink = ControllerSink {
+                        channel: channel.clone(),
+                        health,
+                    };
+                    let verdict = run.before_lease(&sink).await;
+                    after_verdict(verdict, &run, &name, &session, &channel, &exit, false).await;
+                }
+                .in_current_span(),
+            );
         }
         None => {
             session.set_status(
@@ -985,11 +1038,14 @@ async fn serve_lease(cx: LeaseContext) {
         exit,
     } = cx;
     let (tunnels, tunnels_rx) = tokio::sync::mpsc::channel(4);
-    let server = tokio::spawn(serve_tunnels(
-        session.clone(),
-        tokio_stream::wrappers::ReceiverStream::new(tunnels_rx),
-        cancel.clone().cancelled_owned(),
-    ));
+    let server = tokio::spawn(
+        serve_tunnels(
+            session.clone(),
+            tokio_stream::wrappers::ReceiverStream::new(tunnels_rx),
+            cancel.clone().cancelled_owned(),
+        )
+        .in_current_span(),
+    );
     let mut ctl = ControllerServiceClient::new(channel.clone());
     let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(10));
     let mut ready = false;
@@ -1046,9 +1102,9 @@ async fn serve_lease(cx: LeaseContext) {
                                 let name = name.clone();
                                 tokio::spawn(async move {
                                     if let Err(e) = connect_tunnel(&tunnels, &resp.router_endpoint, &resp.router_token, &tls, router_keepalive, cancel).await {
-                                        tracing::warn!("lease {name}: tunnel failed: {e}");
+                                        tracing::warn!("lease {name}: tunnel failed: {e}", e = jumpstarter_core::error_chain(&e));
                                     }
-                                });
+                                }.in_current_span());
                             }
                             Some(Err(s)) => {
                                 tracing::warn!("lease {name}: listen stream broke: {}", s.message());
@@ -1072,8 +1128,14 @@ async fn serve_lease(cx: LeaseContext) {
     session.set_status(ExporterStatus::Available, None);
     match tokio::time::timeout(SESSION_STOP_TIMEOUT, server).await {
         Ok(Ok(Ok(()))) => {}
-        Ok(Ok(Err(e))) => tracing::warn!("lease {name}: session server: {e}"),
-        Ok(Err(e)) => tracing::warn!("lease {name}: session server task: {e}"),
+        Ok(Ok(Err(e))) => tracing::warn!(
+            "lease {name}: session server: {e}",
+            e = jumpstarter_core::error_chain(&e)
+        ),
+        Ok(Err(e)) => tracing::warn!(
+            "lease {name}: session server task: {e}",
+            e = jumpstarter_core::error_chain(&e)
+        ),
         Err(_) => tracing::warn!("lease {name}: session server did not stop in time"),
     }
 }
@@ -1116,14 +1178,17 @@ async fn on_end_session(
         exit.clone(),
         health.cloned(),
     );
-    tokio::spawn(async move {
-        let sink = ControllerSink {
-            channel: channel.clone(),
-            health,
-        };
-        let verdict = run.after_lease(&sink).await;
-        after_verdict(verdict, &run, &name, &session, &channel, &exit, true).await;
-    });
+    tokio::spawn(
+        async move {
+            let sink = ControllerSink {
+                channel: channel.clone(),
+                health,
+            };
+            let verdict = run.after_lease(&sink).await;
+            after_verdict(verdict, &run, &name, &session, &channel, &exit, true).await;
+        }
+        .in_current_span(),
+    );
 }
 
 /// Opens the tunnel a `ListenResponse` names and hands it to the session server.

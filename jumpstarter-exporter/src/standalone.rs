@@ -47,7 +47,7 @@ impl Standalone {
     ) -> Result<Self, ExporterError> {
         let hooks = LeaseHooks::from_config(&cfg.hooks).map_err(|e| ExporterError::Config {
             path: config_path(cfg),
-            message: e.to_string(),
+            message: jumpstarter_core::error_chain(&e),
         })?;
         let motd = cfg.motd.as_deref().unwrap_or_default();
         let Some(mut hooks) = hooks else {

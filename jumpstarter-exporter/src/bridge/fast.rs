@@ -52,10 +52,10 @@ pub(crate) fn enabled() -> bool {
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum FastError {
     /// Connecting to the child's socket failed.
-    #[error("cannot connect to its fast call socket: {0}")]
+    #[error("cannot connect to its fast call socket")]
     Connect(#[source] std::io::Error),
     /// Reading or writing failed.
-    #[error("its fast call connection failed: {0}")]
+    #[error("its fast call connection failed")]
     Io(#[source] std::io::Error),
     /// The child closed the connection before answering (it died, or refused the request).
     #[error("its host process closed the connection before answering")]
@@ -164,7 +164,10 @@ fn reusable(stream: &UnixStream) -> bool {
             false
         }
         Err(e) => {
-            tracing::debug!("a fast call connection is not reused: {e}");
+            tracing::debug!(
+                "a fast call connection is not reused: {e}",
+                e = jumpstarter_core::error_chain(&e)
+            );
             false
         }
     }
@@ -226,9 +229,12 @@ pub(crate) fn decode_answer(body: &[u8]) -> Result<Answer, FastError> {
         .split_first()
         .ok_or_else(|| FastError::Malformed("an empty frame".into()))?;
     match kind {
-        0 => DriverCallResponse::decode(rest)
-            .map(Ok)
-            .map_err(|e| FastError::Malformed(format!("an unreadable response: {e}"))),
+        0 => DriverCallResponse::decode(rest).map(Ok).map_err(|e| {
+            FastError::Malformed(format!(
+                "an unreadable response: {e}",
+                e = jumpstarter_core::error_chain(&e)
+            ))
+        }),
         1 => {
             let (code, details) = rest
                 .split_first_chunk::<4>()

@@ -55,9 +55,9 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 pub enum StartError {
     /// No interpreter at that name.
     #[error(
-        "Python driver {types}: cannot run the Python interpreter {python:?} ({source}); \
-         install Python 3 with the {packages} package(s), or name an interpreter that has them \
-         with {PYTHON_ENV}=/path/to/python"
+        "Python driver {types}: cannot run the Python interpreter {python:?} (install \
+         Python 3 with the {packages} package(s), or name an interpreter that has them with \
+         {PYTHON_ENV}=/path/to/python)"
     )]
     NoInterpreter {
         /// The types (and their config fields) that need Python.
@@ -391,10 +391,12 @@ impl Host {
         }));
         let mut line = spec.to_string();
         line.push('\n');
-        stdin
-            .write_all(line.as_bytes())
-            .await
-            .map_err(|e| self.child_error(format!("did not take its spec ({e})")))?;
+        stdin.write_all(line.as_bytes()).await.map_err(|e| {
+            self.child_error(format!(
+                "did not take its spec ({e})",
+                e = jumpstarter_core::error_chain(&e)
+            ))
+        })?;
         let mut stdout = BufReader::new(stdout).lines();
         let first = match tokio::time::timeout(READY_TIMEOUT, stdout.next_line()).await {
             Err(_) => {
@@ -490,7 +492,12 @@ impl Host {
             Err(_) => {
                 return Err(self.child_error(format!("did not answer within {READY_TIMEOUT:?}")));
             }
-            Ok(Err(e)) => return Err(self.child_error(format!("could not be read ({e})"))),
+            Ok(Err(e)) => {
+                return Err(self.child_error(format!(
+                    "could not be read ({e})",
+                    e = jumpstarter_core::error_chain(&e)
+                )));
+            }
             Ok(Ok(out)) => out,
         };
         {
@@ -592,7 +599,7 @@ pub(crate) async fn supervise(host: Arc<Host>, mut running: Running) {
                 .wait()
                 .await
                 .map(|s| s.to_string())
-                .unwrap_or_else(|e| e.to_string()),
+                .unwrap_or_else(|e| jumpstarter_core::error_chain(&e)),
             None => "gone".into(),
         };
         let why = format!("exited ({status}); restarting it");
@@ -613,8 +620,14 @@ pub(crate) async fn supervise(host: Arc<Host>, mut running: Running) {
                     break r;
                 }
                 Err(e) => {
-                    tracing::warn!("restarting the Python driver host failed: {e}");
-                    host.set(State::Down(format!("{why}; restarting failed: {e}")));
+                    tracing::warn!(
+                        "restarting the Python driver host failed: {e}",
+                        e = jumpstarter_core::error_chain(&e)
+                    );
+                    host.set(State::Down(format!(
+                        "{why}; restarting failed: {e}",
+                        e = jumpstarter_core::error_chain(&e)
+                    )));
                 }
             }
         };

@@ -107,19 +107,30 @@ impl PythonDriver {
                 .await
                 .map_err(|e| self.client_error(e))?;
             let remote_handle = if as_text {
-                let text = serde_json::to_string(&remote.handle)
-                    .map_err(|e| DriverError::failed(format!("resource handle: {e}")))?;
+                let text = serde_json::to_string(&remote.handle).map_err(|e| {
+                    DriverError::failed(format!(
+                        "resource handle: {e}",
+                        e = jumpstarter_core::error_chain(&e)
+                    ))
+                })?;
                 Value {
                     kind: Some(Kind::StringValue(text)),
                 }
             } else {
-                value::to_value(&remote.handle)
-                    .map_err(|e| DriverError::failed(format!("resource handle: {e}")))?
+                value::to_value(&remote.handle).map_err(|e| {
+                    DriverError::failed(format!(
+                        "resource handle: {e}",
+                        e = jumpstarter_core::error_chain(&e)
+                    ))
+                })?
             };
             let mut ends = remote.ends;
             copies.push(tokio::spawn(async move {
                 if let Err(e) = tokio::io::copy_bidirectional(&mut local, &mut ends).await {
-                    tracing::debug!("resource copy to the Python driver ended: {e}");
+                    tracing::debug!(
+                        "resource copy to the Python driver ended: {e}",
+                        e = jumpstarter_core::error_chain(&e)
+                    );
                 }
             }));
             *arg = remote_handle;
@@ -194,7 +205,8 @@ impl Driver for PythonDriver {
                     .map_err(|e| {
                         DriverError::Failed(format!(
                             "Python driver {} is unavailable: {e}",
-                            self.type_name
+                            self.type_name,
+                            e = jumpstarter_core::error_chain(&e)
                         ))
                     })?
                     .map_err(|s| self.status_error(&s))?;

@@ -135,7 +135,10 @@ pub async fn run_check(spec: &HookSpec, tree: DriverNode) -> Outcome {
         Ok(s) => s,
         Err(e) => {
             return Outcome {
-                result: Err(format!("Error executing hook: {e}")),
+                result: Err(format!(
+                    "Error executing hook: {e}",
+                    e = jumpstarter_core::error_chain(&e)
+                )),
                 last_output: String::new(),
             };
         }

@@ -147,7 +147,7 @@ impl HookSocket {
         };
         tokio::spawn(async move {
             if let Err(e) = server.await {
-                tracing::warn!("hook socket: {e}");
+                tracing::warn!("hook socket: {e}", e = jumpstarter_core::error_chain(&e));
             }
         });
         Ok(Self {
@@ -267,7 +267,11 @@ impl LeaseHookRun {
             .filter(|p| match std::fs::File::create(p) {
                 Ok(_) => true,
                 Err(e) => {
-                    tracing::warn!("no $JMP_MOTD_FILE for the hook: {}: {e}", p.display());
+                    tracing::warn!(
+                        "no $JMP_MOTD_FILE for the hook: {}: {e}",
+                        p.display(),
+                        e = jumpstarter_core::error_chain(&e)
+                    );
                     false
                 }
             });

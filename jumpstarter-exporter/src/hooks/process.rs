@@ -104,7 +104,11 @@ pub fn read_motd_file(path: &std::path::Path) -> Option<String> {
     let file = match file {
         Ok(f) => f,
         Err(e) => {
-            tracing::warn!("cannot open the hook's motd file {}: {e}", path.display());
+            tracing::warn!(
+                "cannot open the hook's motd file {}: {e}",
+                path.display(),
+                e = jumpstarter_core::error_chain(&e)
+            );
             return None;
         }
     };
@@ -118,13 +122,21 @@ pub fn read_motd_file(path: &std::path::Path) -> Option<String> {
             return None;
         }
         Err(e) => {
-            tracing::warn!("cannot read the hook's motd file {}: {e}", path.display());
+            tracing::warn!(
+                "cannot read the hook's motd file {}: {e}",
+                path.display(),
+                e = jumpstarter_core::error_chain(&e)
+            );
             return None;
         }
     }
     let mut bytes = Vec::new();
     if let Err(e) = file.take(MAX_MOTD_BYTES).read_to_end(&mut bytes) {
-        tracing::warn!("cannot read the hook's motd file {}: {e}", path.display());
+        tracing::warn!(
+            "cannot read the hook's motd file {}: {e}",
+            path.display(),
+            e = jumpstarter_core::error_chain(&e)
+        );
         return None;
     }
     Some(String::from_utf8_lossy(&bytes).trim().to_string())
@@ -222,7 +234,13 @@ pub async fn run(spec: &HookSpec, out: OutputTo, env: &HookEnv) -> Outcome {
     let argv = spec.command_line();
     let (master, mut child) = match spawn(&argv, spec.path.as_deref(), env) {
         Ok(x) => x,
-        Err(e) => return Outcome::failed(format!("Error executing hook: {}: {e}", argv[0])),
+        Err(e) => {
+            return Outcome::failed(format!(
+                "Error executing hook: {}: {e}",
+                argv[0],
+                e = jumpstarter_core::error_chain(&e)
+            ));
+        }
     };
     let Some(pid) = child.id().and_then(|id| Pid::from_raw(id as i32)) else {
         return Outcome::failed("Error executing hook: the hook process vanished at once".into());
@@ -234,7 +252,10 @@ pub async fn run(spec: &HookSpec, out: OutputTo, env: &HookEnv) -> Outcome {
             group.disarm().await;
             exit_result(status)
         }
-        Ok(Err(e)) => Err(format!("Error executing hook: {e}")),
+        Ok(Err(e)) => Err(format!(
+            "Error executing hook: {e}",
+            e = jumpstarter_core::error_chain(&e)
+        )),
         Err(_) => {
             let msg = format!("Hook timed out after {} seconds", spec.timeout.as_secs());
             tracing::error!("{key} hook: {msg}");
@@ -333,7 +354,11 @@ async fn forward_output(master: OwnedFd, out: OutputTo) -> String {
     let master = match master {
         Ok(m) => m,
         Err(e) => {
-            tracing::warn!("{} hook: cannot read its output: {e}", out.key);
+            tracing::warn!(
+                "{} hook: cannot read its output: {e}",
+                out.key,
+                e = jumpstarter_core::error_chain(&e)
+            );
             return String::new();
         }
     };
@@ -425,7 +450,8 @@ impl GroupGuard {
             Err(e) => {
                 tracing::warn!(
                     "hook process group {}: no watcher ({e}); the hook may outlive a killed exporter",
-                    pgid.as_raw_nonzero()
+                    pgid.as_raw_nonzero(),
+                    e = jumpstarter_core::error_chain(&e)
                 );
                 None
             }

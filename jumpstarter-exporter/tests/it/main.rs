@@ -80,7 +80,7 @@ async fn controller_mode_without_a_controller_is_refused_naming_the_field() {
 #[tokio::test]
 async fn a_typo_in_a_rust_drivers_type_says_did_you_mean() {
     let text = CONFIG.replace("MockPower", "MockPowr");
-    let e = exporter(&text).local().await.err().unwrap().to_string();
+    let e = jumpstarter_core::error_chain(&exporter(&text).local().await.err().unwrap());
     assert!(
         e.ends_with(
             "export.power.type: unknown driver type \"jumpstarter_driver_power.driver.MockPowr\": \
@@ -98,7 +98,7 @@ async fn an_unknown_driver_type_is_refused_before_anything_is_served() {
     );
     // Python cannot import it either (or is not there): the error names the type's field.
     let e = exporter(&text).local().await.err().unwrap();
-    let text = e.to_string();
+    let text = jumpstarter_core::error_chain(&e);
     assert!(matches!(e, ExporterError::Build { .. }), "{e:?}");
     assert!(
         text.starts_with("exporter bench-1: ") && text.contains("export.power.type"),
