@@ -19,6 +19,12 @@ use crate::{
 #[derive(Parser, Debug)]
 #[command(name = "jumpstarter-router", version)]
 pub struct Args {
+    /// Log lines as text for a person, or as JSON for a log store: one object a line with
+    /// timestamp, level, component and the correlation fields (lease_id, client, exporter,
+    /// namespace).
+    #[arg(long, value_name = "FORMAT", env = "JMP_LOG_FORMAT", default_value = "text",
+          value_parser = ["text", "json"])]
+    pub log_format: String,
     /// Address to listen on.
     #[arg(long, default_value = "0.0.0.0:8083", env = "ROUTER_LISTEN")]
     pub listen: String,
@@ -80,20 +86,14 @@ impl Args {
 /// Entry point of the binary.
 pub fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        // Logs go with the other messages to stderr (stdout stays free), coloured only
-        // for a person at a terminal.
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .try_init();
+    jumpstarter_core::logging::init("router", args.log_format == "json");
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("Error: cannot start the async runtime: {e}");
+            eprintln!(
+                "Error: cannot start the async runtime: {e}",
+                e = jumpstarter_core::error_chain(&e)
+            );
             return std::process::ExitCode::FAILURE;
         }
     };

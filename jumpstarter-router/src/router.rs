@@ -167,10 +167,12 @@ impl Router {
     fn stream(&self, req: http::Request<Body>) -> Result<http::Response<Body>, Status> {
         let token = bearer_token(&MetadataMap::from_headers(req.headers().clone()))
             .map_err(|s| self.refuse(s))?;
-        let subject = self
+        let verified = self
             .key
-            .verify(&token)
+            .verify_stream(&token)
             .map_err(|e| self.refuse(e.to_router_status()))?;
+        let subject = verified.stream_id;
+        let lease = verified.lease.unwrap_or_default();
         stream_rpc::check_request(&req).map_err(|s| self.refuse(s))?;
         let (tx, rx) = mpsc::channel(FORWARD_BUFFER);
         let side = Side {
@@ -203,7 +205,13 @@ impl Router {
                 drop(pairing);
                 let _ = first.paired.send(());
                 self.stats.waiting_streams.fetch_sub(1, Ordering::Relaxed);
-                tokio::spawn(forward(first.side, side, self.stats.clone(), subject));
+                tokio::spawn(forward(
+                    first.side,
+                    side,
+                    self.stats.clone(),
+                    subject,
+                    lease,
+                ));
             }
             None => {
                 let (paired_tx, paired_rx) = oneshot::channel();
@@ -250,10 +258,13 @@ impl Router {
 }
 
 /// Copies frames between two sides until either ends; then ends both.
-async fn forward(a: Side, b: Side, stats: Arc<RouterStats>, subject: String) {
+async fn forward(a: Side, b: Side, stats: Arc<RouterStats>, subject: String, lease: String) {
     stats.active_tunnels.fetch_add(1, Ordering::Relaxed);
     stats.tunnels_total.fetch_add(1, Ordering::Relaxed);
-    tracing::debug!(stream = %subject, "tunnel open");
+    // `lease` is `namespace/name` when our controller issued the token, else empty.
+    let (namespace, lease_id) = lease.split_once('/').unwrap_or(("", lease.as_str()));
+    let opened = Instant::now();
+    tracing::info!(stream = %subject, lease_id, namespace, "tunnel open");
     let Side {
         inbound: a_in,
         outbound: a_out,
@@ -276,7 +287,13 @@ async fn forward(a: Side, b: Side, stats: Arc<RouterStats>, subject: String) {
     drop(a_out);
     drop(b_out);
     stats.active_tunnels.fetch_sub(1, Ordering::Relaxed);
-    tracing::debug!(stream = %subject, "tunnel closed");
+    tracing::info!(
+        stream = %subject,
+        lease_id,
+        namespace,
+        duration_ms = opened.elapsed().as_secs_f64() * 1e3,
+        "tunnel closed"
+    );
 }
 
 async fn pipe(
@@ -341,9 +358,9 @@ pub async fn serve(
 #[derive(Debug, thiserror::Error)]
 pub enum RouterError {
     /// The TLS settings are unusable.
-    #[error("TLS configuration: {0}")]
+    #[error("unusable TLS configuration")]
     Tls(#[source] jumpstarter_core::auth::TlsError),
     /// The server stopped with an error.
-    #[error("router server error: {0}")]
+    #[error("the router server failed")]
     Serve(#[source] tonic::transport::Error),
 }
