@@ -20,6 +20,7 @@ mod console;
 mod controller;
 mod custom;
 mod distributed;
+mod driver_tests;
 mod qemu;
 mod scenarios;
 mod snmp;
@@ -39,6 +40,9 @@ pub const REQUIREMENTS: &[&str] = &[
     "jumpstarter-driver-shell==0.9.0",
     "jumpstarter-driver-qemu==0.9.0",
     "jumpstarter-driver-snmp==0.9.0",
+    // Upstream's driver tests (shipped in the driver wheels), run by `driver_tests`.
+    "pytest==9.2.0",
+    "pytest-asyncio==1.5.0",
 ];
 
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);

@@ -133,6 +133,10 @@ pub fn run(filter: Option<&str>) -> Result<(usize, usize)> {
             custom::py_client_to_custom_driver,
         ),
         (
+            "driver tests: upstream's 0.9.0 driver packages' pytest tests, each driver served by our exporter",
+            driver_tests::upstream_driver_tests,
+        ),
+        (
             "python drivers: our j + python client -> our exporter (Rust MockPower, Python Shell + MockFlasher), local",
             bridge::local,
         ),
