@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -156,16 +157,13 @@ LOGS = _logs_dir()
 _counter = 0
 
 
-def _die_with_parent():
-    """In the exporter's process: SIGTERM when pytest dies (killed at a timeout, say), so no
-    exporter outlives the run."""
-    try:
-        import ctypes
-
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass
+def _die_with_parent() -> list[str]:
+    """A prefix for the exporter's command line: SIGTERM to the exporter when pytest dies
+    (killed at a timeout, say), so no exporter outlives the run. util-linux's `setpriv`
+    sets it just before it runs the exporter; no `preexec_fn`, which would run Python in a
+    child forked from a process with gRPC's threads (that child can abort)."""
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "TERM", "--"] if setpriv else []
 
 
 @contextmanager
@@ -200,6 +198,7 @@ def our_exporter(driver: Driver):
     env.setdefault("JMP_PYTHON", sys.executable)
     proc = subprocess.Popen(  # noqa: S603 (our own binary, our own arguments)
         [
+            *_die_with_parent(),
             jmp,
             "run",
             "--exporter-config",
@@ -212,7 +211,6 @@ def our_exporter(driver: Driver):
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         env=env,
-        preexec_fn=_die_with_parent,
     )
     if CURRENT is not None:
         CURRENT.served += 1

@@ -210,9 +210,53 @@ fn short(reason: &str) -> String {
     }
 }
 
-/// The scenario: every package's tests through our exporter, then the known upstream
-/// failures with upstream's own `serve`.
+/// The plugin on itself (`xtask/interop/driver_tests_selfcheck_test.py`): each test's
+/// expected outcome and whether our exporter served it.
+const SELF_CHECK: &[(&str, &str, bool)] = &[
+    ("test_live_object", "not-expressible", false),
+    ("test_live_object_caught", "not-expressible", false),
+    ("test_wrong_answer", "failed", true),
+    ("test_right_answer", "passed", true),
+];
+
+/// Runs the plugin's self check: it must tell what the scenario counts on.
+fn self_check(env: &Env) -> Result<()> {
+    let file = "driver_tests_selfcheck_test.py";
+    let (results, out) = pytest(
+        env,
+        "ours",
+        "self-check",
+        &env.scripts,
+        &[env.scripts.join(file)],
+    )?;
+    for (test, outcome, served) in SELF_CHECK {
+        let id = format!("{file}::{test}");
+        let r = results
+            .get(&id)
+            .with_context(|| format!("the plugin's self check did not run {id}\n{}", out.stdout))?;
+        ensure!(
+            r.outcome == *outcome && (r.served > 0) == *served,
+            "the plugin's self check: {id} was {} (served {}), expected {outcome} (served: \
+             {served})\n{}",
+            r.outcome,
+            r.served,
+            tail(&out.stdout, 60)
+        );
+    }
+    ensure!(
+        results.len() == SELF_CHECK.len(),
+        "the plugin's self check ran {} tests, expected {}",
+        results.len(),
+        SELF_CHECK.len()
+    );
+    println!("   the plugin's self check: live objects not expressible, wrong answers fail");
+    Ok(())
+}
+
+/// The scenario: the plugin's self check, every package's tests through our exporter, then
+/// the known upstream failures with upstream's own `serve`.
 pub(super) fn upstream_driver_tests(env: &Env) -> Result<()> {
+    self_check(env)?;
     let mut total = Counts::default();
     let mut problems = Vec::new();
     let mut seen_known = Vec::new();
