@@ -404,13 +404,14 @@ impl Qemu {
 /// Logs what would make `power on` fail, so it shows at start.
 fn warn_about_boot_problems(s: &Settings) {
     if let Err(e) = power::qemu_binary(&s.arch) {
-        tracing::warn!("QEMU board: {e}");
+        tracing::warn!("QEMU board: {e}", e = jumpstarter_core::error_chain(&e));
     }
     for (name, path) in &s.default_partitions {
         if let Err(e) = check_readable(path) {
             tracing::warn!(
                 "QEMU board: default_partitions.{name}: {} cannot be read ({e}); power on will fail until the partition is flashed",
-                path.display()
+                path.display(),
+                e = jumpstarter_core::error_chain(&e)
             );
         }
     }

@@ -308,7 +308,8 @@ impl QemuPower {
                     group.stop(STOP_GRACE).await;
                     return Err(DriverError::failed(format!(
                         "QEMU did not answer on its QMP socket within {QMP_WAIT:?} ({e}): {}",
-                        log_tail(&log_path)
+                        log_tail(&log_path),
+                        e = jumpstarter_core::error_chain(&e)
                     )));
                 }
                 Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,

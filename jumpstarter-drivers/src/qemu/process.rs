@@ -39,7 +39,8 @@ impl ProcessGroup {
             Ok(w) => w,
             Err(e) => {
                 tracing::warn!(
-                    "QEMU process group: no watcher ({e}); QEMU may outlive a killed exporter"
+                    "QEMU process group: no watcher ({e}); QEMU may outlive a killed exporter",
+                    e = jumpstarter_core::error_chain(&e)
                 );
                 None
             }

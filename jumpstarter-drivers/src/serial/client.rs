@@ -339,7 +339,10 @@ where
                 }
                 Ok(n) => n,
                 Err(e) => {
-                    return Err(ClientError::Value(format!("serial connection lost: {e}")));
+                    return Err(ClientError::Value(format!(
+                        "serial connection lost: {e}",
+                        e = jumpstarter_core::error_chain(&e)
+                    )));
                 }
             };
             out.write_all(&buf[..n]).await?;
@@ -375,7 +378,10 @@ impl RawMode {
         let saved = rustix::termios::tcgetattr(&fd).map_err(|e| {
             std::io::Error::new(
                 std::io::ErrorKind::InvalidInput,
-                format!("start-console needs a terminal on stdin ({e}); use `pipe` instead"),
+                format!(
+                    "start-console needs a terminal on stdin ({e}); use `pipe` instead",
+                    e = jumpstarter_core::error_chain(&e)
+                ),
             )
         })?;
         let mut raw = saved.clone();

@@ -29,7 +29,7 @@ impl ModemLine {
 #[derive(Debug, thiserror::Error)]
 pub enum ModemError {
     /// The device did not open.
-    #[error("cannot open serial device {path}: {source}")]
+    #[error("cannot open serial device {path}")]
     Open {
         /// The device path.
         path: String,
@@ -40,8 +40,8 @@ pub enum ModemError {
     /// The device opened but refused the modem-line request: pseudo-terminals and some
     /// adapters have no modem lines.
     #[error(
-        "serial device {path} refused to set {line} ({source}); pseudo-terminals and adapters \
-         without modem control lines cannot set DTR/RTS"
+        "serial device {path} refused to set {line} (pseudo-terminals and adapters without \
+         modem control lines cannot set DTR/RTS)"
     )]
     Refused {
         /// The device path.
