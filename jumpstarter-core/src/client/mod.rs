@@ -8,6 +8,7 @@ pub mod controller;
 pub mod direct;
 mod error;
 pub mod grpc_options;
+pub mod keep_alive;
 pub mod lease;
 mod lease_error;
 mod lease_session;
