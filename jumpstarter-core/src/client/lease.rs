@@ -90,7 +90,7 @@ fn lease_state(lease: &Lease) -> LeaseState {
         return LeaseState::Ready;
     }
     for (kind, state) in [
-        ("Unsatisfiable", "is unsatisfiable"),
+        ("Unsatisfiable", "cannot be satisfied"),
         ("Invalid", "is invalid"),
     ] {
         if let Some(c) = condition(lease, kind).filter(|c| is_true(Some(c))) {
@@ -880,7 +880,7 @@ mod tests {
         l.conditions = vec![cond("Unsatisfiable", "True", "NoAccess", "no policy")];
         assert!(matches!(
             lease_state(&l),
-            LeaseState::Failed("is unsatisfiable", m) if m == "no policy"
+            LeaseState::Failed("cannot be satisfied", m) if m == "no policy"
         ));
         l.conditions = vec![cond("Ready", "False", "Released", "released by client")];
         assert!(matches!(

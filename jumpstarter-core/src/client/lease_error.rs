@@ -26,7 +26,7 @@ pub enum LeaseError {
     Failed {
         /// The lease name.
         lease: String,
-        /// What happened (`is unsatisfiable`, `is invalid`, `has ended`).
+        /// What happened (`cannot be satisfied`, `is invalid`, `has ended`).
         state: &'static str,
         /// The controller's condition message.
         message: String,
