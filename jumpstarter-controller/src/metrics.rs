@@ -227,7 +227,10 @@ pub async fn object_metrics<S: Store>(state: &ControllerState<S>) -> String {
                 let _ = writeln!(out, "jumpstarter_controller_leases{{state=\"{s}\"}} {n}");
             }
         }
-        Err(e) => tracing::warn!("metrics: cannot list leases: {e}"),
+        Err(e) => tracing::warn!(
+            "metrics: cannot list leases: {e}",
+            e = jumpstarter_core::error_chain(&e)
+        ),
     }
     match state.store.list::<Exporter>(None, &all, &params).await {
         Ok(list) => {
@@ -255,11 +258,17 @@ pub async fn object_metrics<S: Store>(state: &ControllerState<S>) -> String {
                 list.items.len()
             );
         }
-        Err(e) => tracing::warn!("metrics: cannot list exporters: {e}"),
+        Err(e) => tracing::warn!(
+            "metrics: cannot list exporters: {e}",
+            e = jumpstarter_core::error_chain(&e)
+        ),
     }
     match state.store.list::<Client>(None, &all, &params).await {
         Ok(list) => out.push_str(&client_token_metrics(&list.items)),
-        Err(e) => tracing::warn!("metrics: cannot list clients: {e}"),
+        Err(e) => tracing::warn!(
+            "metrics: cannot list clients: {e}",
+            e = jumpstarter_core::error_chain(&e)
+        ),
     }
     let _ = write!(
         out,

@@ -43,7 +43,7 @@ use crate::{
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
     /// A file in the data directory could not be used.
-    #[error("data directory {path}: {source}")]
+    #[error("data directory {path}")]
     DataDir {
         /// The file or directory.
         path: PathBuf,
@@ -69,7 +69,7 @@ pub enum ServerError {
     #[error(transparent)]
     UnsafeDataDir(#[from] crate::store::data_dir::DataDirError),
     /// A listener could not be opened.
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot listen on {addr}")]
     Listen {
         /// The address.
         addr: String,
@@ -80,7 +80,7 @@ pub enum ServerError {
     #[error("TLS: {0}")]
     Tls(String),
     /// A certificate or key file is unusable, or the server certificate cannot be issued.
-    #[error("TLS: {what}{source}")]
+    #[error("TLS: {}", if what.is_empty() { "unusable certificate or key" } else { what.trim_end_matches(": ") })]
     TlsFile {
         /// What was being done (`server certificate: `), or empty.
         what: &'static str,
@@ -89,21 +89,21 @@ pub enum ServerError {
         source: jumpstarter_core::auth::TlsError,
     },
     /// The gRPC server rejects the TLS identity.
-    #[error("TLS: {0}")]
+    #[error("TLS: the gRPC server refuses the certificate or key")]
     TlsConfig(#[source] tonic::transport::Error),
     /// The listener's address cannot be read.
-    #[error("cannot read the listener's address: {0}")]
+    #[error("cannot read the listener's address")]
     LocalAddr(#[source] std::io::Error),
     /// The reflection service cannot be built.
-    #[error("reflection: {0}")]
+    #[error("the reflection service cannot be built")]
     Reflection(#[source] tonic_reflection::server::Error),
     /// The login listener's certificate or key is unusable.
     #[error(transparent)]
     LoginTls(#[from] crate::service::login::AcceptorError),
     /// The admin config could not be written.
     #[error(
-        "cannot write the admin config {path}: {source} (choose another place with \
-         --admin-config, or --no-admin-config)"
+        "cannot write the admin config {path} (choose another place with --admin-config, \
+         or --no-admin-config)"
     )]
     AdminConfig {
         /// The file.
@@ -113,7 +113,7 @@ pub enum ServerError {
         source: jumpstarter_core::config::ConfigError,
     },
     /// The external OIDC settings are unusable.
-    #[error("authentication: {0}")]
+    #[error("unusable authentication settings")]
     Authentication(#[source] jumpstarter_core::oidc::OidcError),
     /// Anything else, with its cause.
     #[error("{0}")]
@@ -454,9 +454,10 @@ pub async fn start_with_store<S: Store>(
 
 fn lock_data_dir(dir: &std::path::Path) -> Result<PidLock, ServerError> {
     PidLock::data_dir(dir).map_err(|e| match e {
-        LockError::Held { .. } => {
-            ServerError::Other(format!("{e}: stop it, or give this one another --data-dir"))
-        }
+        LockError::Held { .. } => ServerError::Other(format!(
+            "{e}: stop it, or give this one another --data-dir",
+            e = jumpstarter_core::error_chain(&e)
+        )),
         LockError::Io { .. } => data_err(dir, e),
     })
 }
@@ -469,7 +470,8 @@ fn lock_admin_config(path: &std::path::Path) -> Result<Option<PidLock>, ServerEr
         Err(e @ LockError::Held { .. }) => {
             tracing::warn!(
                 "not writing the admin config: {e}; `jmp admin` keeps talking to that one \
-                 (give this one its own --admin-config PATH)"
+                 (give this one its own --admin-config PATH)",
+                e = jumpstarter_core::error_chain(&e)
             );
             Ok(None)
         }
@@ -621,8 +623,8 @@ async fn start_locked<S: Store>(
         rpc_metrics,
     )
     .await?;
-    let tls =
-        tls_acceptor(&secrets.identity_pem, None).map_err(|e| ServerError::Tls(e.to_string()))?;
+    let tls = tls_acceptor(&secrets.identity_pem, None)
+        .map_err(|e| ServerError::Tls(jumpstarter_core::error_chain(&e)))?;
     let incoming = grpc_guard.incoming(listeners.grpc, Some(tls));
     tasks.push(tokio::spawn(async move {
         if let Err(e) = grpc

@@ -24,7 +24,7 @@ const SECRET_BYTES: usize = 32;
 #[derive(Debug, thiserror::Error)]
 pub enum AdminTokenError {
     /// Reading or writing the file failed.
-    #[error("admin token {path}: {source}")]
+    #[error("admin token {path}")]
     Io {
         /// The file.
         path: PathBuf,

@@ -229,7 +229,7 @@ mod tests {
             "authentication:\n  jwt: []\nhiddenLabels:\n  keys: [rack]\n",
         )
         .unwrap();
-        let err = read_authentication_file(&path).unwrap_err().to_string();
+        let err = jumpstarter_core::error_chain(&read_authentication_file(&path).unwrap_err());
         assert!(err.contains("hiddenLabels"), "{err}");
     }
 
@@ -238,21 +238,21 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("bad.yaml");
         std::fs::write(&p, "jwt: 3\n").unwrap();
-        let e = read_authentication_file(&p).unwrap_err().to_string();
+        let e = jumpstarter_core::error_chain(&read_authentication_file(&p).unwrap_err());
         assert!(e.contains("bad.yaml"), "{e}");
         std::fs::write(&p, "jwtt: []\n").unwrap();
         assert!(read_authentication_file(&p).is_err());
-        let e = read_authentication_file(&dir.path().join("none.yaml"))
-            .unwrap_err()
-            .to_string();
+        let e = jumpstarter_core::error_chain(
+            &read_authentication_file(&dir.path().join("none.yaml")).unwrap_err(),
+        );
         assert!(e.contains("none.yaml"), "{e}");
         let dup: serde_json::Value = serde_json::json!({
             "issuer": {"url": "https://a.example", "audiences": ["x"]},
             "claimMappings": {"username": {"claim": "sub", "prefix": ""}},
         });
-        let e = ExternalAuth::from_documents(&[dup.clone(), dup], false)
-            .unwrap_err()
-            .to_string();
+        let e = jumpstarter_core::error_chain(
+            &ExternalAuth::from_documents(&[dup.clone(), dup], false).unwrap_err(),
+        );
         assert!(e.contains("twice"), "{e}");
     }
 
@@ -282,9 +282,9 @@ mod tests {
                 issuer("https://one.example", a),
                 issuer("https://two.example", b),
             ];
-            let e = ExternalAuth::from_documents(&docs, false)
-                .unwrap_err()
-                .to_string();
+            let e = jumpstarter_core::error_chain(
+                &ExternalAuth::from_documents(&docs, false).unwrap_err(),
+            );
             for want in [
                 "claimMappings.username.prefix",
                 "https://two.example",
@@ -303,9 +303,8 @@ mod tests {
             issuer("https://b.example", Some("b:")),
             issuer("https://dex-ci.example", Some("dex:ci:")),
         ];
-        let e = ExternalAuth::from_documents(&docs, false)
-            .unwrap_err()
-            .to_string();
+        let e =
+            jumpstarter_core::error_chain(&ExternalAuth::from_documents(&docs, false).unwrap_err());
         assert!(
             e.contains("\"https://dex-ci.example\"")
                 && e.contains(

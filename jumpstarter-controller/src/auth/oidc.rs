@@ -279,12 +279,19 @@ impl ExternalVerifier {
             Some(path) => Some(std::fs::read_to_string(path).map_err(|e| {
                 bad(
                     "issuer.certificateAuthority",
-                    &format!("cannot read {path}: {e}"),
+                    &format!(
+                        "cannot read {path}: {e}",
+                        e = jumpstarter_core::error_chain(&e)
+                    ),
                 )
             })?),
         };
-        let http = HttpsClient::new(ca.as_deref(), false)
-            .map_err(|e| bad("issuer.certificateAuthority", &e.to_string()))?;
+        let http = HttpsClient::new(ca.as_deref(), false).map_err(|e| {
+            bad(
+                "issuer.certificateAuthority",
+                &jumpstarter_core::error_chain(&e),
+            )
+        })?;
         Ok(Self {
             config,
             username_claim,
@@ -367,7 +374,11 @@ impl ExternalVerifier {
                 }
                 // Old keys stay usable while the issuer is briefly unreachable.
                 Err(e) if cache.keys.is_empty() => return Err(e),
-                Err(e) => tracing::warn!("cannot refresh the keys of {}: {e}", self.issuer()),
+                Err(e) => tracing::warn!(
+                    "cannot refresh the keys of {}: {e}",
+                    self.issuer(),
+                    e = jumpstarter_core::error_chain(&e)
+                ),
             }
         }
         let found = matching(&cache.keys);
@@ -677,7 +688,7 @@ mod tests {
             }
             ExternalVerifier::new(JwtAuthenticatorConfig::from_value(&doc).unwrap())
                 .map(|_| ())
-                .map_err(|e| e.to_string())
+                .map_err(|e| jumpstarter_core::error_chain(&e))
         };
         assert!(base(serde_json::json!({})).is_ok());
         let e =
@@ -713,7 +724,7 @@ mod tests {
             for (k, v) in patch.as_object().unwrap() {
                 doc[k] = v.clone();
             }
-            JwtAuthenticatorConfig::from_value(&doc).map_err(|e| e.to_string())
+            JwtAuthenticatorConfig::from_value(&doc).map_err(|e| jumpstarter_core::error_chain(&e))
         };
         for (patch, field) in [
             (

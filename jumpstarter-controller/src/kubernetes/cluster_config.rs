@@ -42,7 +42,7 @@ pub const CONFIG_MAP_NAME: &str = "jumpstarter-controller";
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterConfigError {
     /// The YAML does not parse or has fields of the wrong type / unknown fields.
-    #[error("{source_name}: key {key:?}: {source}")]
+    #[error("{source_name}: key {key:?}")]
     Yaml {
         /// Where the text came from (ConfigMap `ns/name` or a file path).
         source_name: String,
@@ -63,7 +63,7 @@ pub enum ClusterConfigError {
         reason: String,
     },
     /// The routers file (or the authentication file) cannot be read.
-    #[error("cannot read {what} {path}: {source}")]
+    #[error("cannot read {what} {path}")]
     Read {
         /// `the routers file` or `the authentication file`.
         what: &'static str,
@@ -74,7 +74,7 @@ pub enum ClusterConfigError {
         source: std::io::Error,
     },
     /// The ConfigMap cannot be read from the store.
-    #[error("ConfigMap {namespace}/{name}: {source}")]
+    #[error("ConfigMap {namespace}/{name}")]
     Store {
         /// Namespace.
         namespace: String,
@@ -448,7 +448,7 @@ data:
                 .as_mut()
                 .unwrap()
                 .insert(key.to_owned(), value.to_owned());
-            from_config_map(&cm).map_err(|e| e.to_string())
+            from_config_map(&cm).map_err(|e| jumpstarter_core::error_chain(&e))
         };
         let e = with("config", "leasePolicy:\n  maxTagz: 3\n").unwrap_err();
         assert!(e.contains("jumpstarter-lab/jumpstarter-controller"), "{e}");
@@ -495,9 +495,9 @@ data:
         let empty = dir.path().join("empty.yaml");
         std::fs::write(&empty, "{}\n").unwrap();
         assert!(routers_from_file(&empty).is_err());
-        let e = routers_from_file(&dir.path().join("missing.yaml"))
-            .unwrap_err()
-            .to_string();
+        let e = jumpstarter_core::error_chain(
+            &routers_from_file(&dir.path().join("missing.yaml")).unwrap_err(),
+        );
         assert!(e.contains("missing.yaml"), "{e}");
     }
 

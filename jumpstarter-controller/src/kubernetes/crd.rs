@@ -29,7 +29,7 @@ pub enum CrdError {
         reason: String,
     },
     /// Writing a CRD file failed.
-    #[error("cannot write {path}: {source}")]
+    #[error("cannot write {path}")]
     Write {
         /// The file.
         path: PathBuf,
@@ -97,7 +97,10 @@ pub fn file_name(crd: &CustomResourceDefinition) -> String {
 pub fn to_yaml(crd: &CustomResourceDefinition) -> Result<String, CrdError> {
     let yaml = serde_saphyr::to_string(crd).map_err(|e| CrdError::Shape {
         name: crd.metadata.name.clone().unwrap_or_default(),
-        reason: format!("cannot render YAML: {e}"),
+        reason: format!(
+            "cannot render YAML: {e}",
+            e = jumpstarter_core::error_chain(&e)
+        ),
     })?;
     Ok(format!("---\n{yaml}"))
 }
@@ -137,7 +140,8 @@ pub fn adjust(crd: CustomResourceDefinition) -> Result<CustomResourceDefinition,
         name: name.clone(),
         reason: reason.to_string(),
     };
-    let mut v = serde_json::to_value(&crd).map_err(|e| shape(&e.to_string()))?;
+    let mut v =
+        serde_json::to_value(&crd).map_err(|e| shape(&jumpstarter_core::error_chain(&e)))?;
     let kind = v["spec"]["names"]["kind"]
         .as_str()
         .ok_or_else(|| shape("no spec.names.kind"))?
@@ -182,7 +186,12 @@ pub fn adjust(crd: CustomResourceDefinition) -> Result<CustomResourceDefinition,
             }
         }
     }
-    serde_json::from_value(v).map_err(|e| shape(&format!("adjusted CRD does not parse: {e}")))
+    serde_json::from_value(v).map_err(|e| {
+        shape(&format!(
+            "adjusted CRD does not parse: {e}",
+            e = jumpstarter_core::error_chain(&e)
+        ))
+    })
 }
 
 /// The defaults upstream's schema has besides object reference names (JSON pointers into the

@@ -456,7 +456,7 @@ async fn post_event(client: &kube::Client, ev: Event, failures: &std::sync::Mute
                 tracing::debug!("{} posted", about());
                 return;
             }
-            Ok(Err(e)) => e.to_string(),
+            Ok(Err(e)) => jumpstarter_core::error_chain(&e),
             Err(_) => format!("no answer within {POST_TIMEOUT:?}"),
         };
     if let Some(held) = failures.lock_or_recover().note(std::time::Instant::now()) {

@@ -31,7 +31,7 @@ pub const FILES: &[(&str, &str)] = &[
 #[derive(Debug, thiserror::Error)]
 pub enum KeySecretError {
     /// The Secret could not be read or written.
-    #[error("Secret {namespace}/{KEY_SECRET_NAME}: {source}")]
+    #[error("Secret {namespace}/{KEY_SECRET_NAME}")]
     Store {
         /// Namespace.
         namespace: String,
@@ -39,7 +39,7 @@ pub enum KeySecretError {
         source: Box<StoreError>,
     },
     /// A file could not be read or written.
-    #[error("{path}: {source}")]
+    #[error("{path}")]
     File {
         /// The file.
         path: String,

@@ -34,7 +34,7 @@ pub enum LeaderError {
     #[error("leader election: {0}")]
     Config(String),
     /// The Lease could not be read or written.
-    #[error("leader election Lease {namespace}/{name}: {source}")]
+    #[error("leader election Lease {namespace}/{name}")]
     Store {
         /// Namespace.
         namespace: String,
@@ -313,7 +313,7 @@ impl<S: Store> LeaderElector<S> {
                     logged = true;
                 }
                 Ok(false) => {}
-                Err(e) => tracing::warn!("{e}; retrying"),
+                Err(e) => tracing::warn!("{e}; retrying", e = jumpstarter_core::error_chain(&e)),
             }
             self.holder_gone = None;
             tokio::select! {
@@ -354,7 +354,10 @@ impl<S: Store> LeaderElector<S> {
                     return self.lost("another controller holds it now".into());
                 }
                 Err(e) => {
-                    tracing::warn!("leader election: renewal failed: {e}");
+                    tracing::warn!(
+                        "leader election: renewal failed: {e}",
+                        e = jumpstarter_core::error_chain(&e)
+                    );
                 }
             }
             if renewed.elapsed() >= self.config.renew_deadline() {

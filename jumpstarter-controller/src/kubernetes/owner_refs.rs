@@ -168,7 +168,10 @@ pub async fn sync_lease_owners<'a, S: Store>(
             Ok(false) => continue,
             Ok(true) => {}
             Err(e) => {
-                tracing::warn!("lease owner reference not set: {e}");
+                tracing::warn!(
+                    "lease owner reference not set: {e}",
+                    e = jumpstarter_core::error_chain(&e)
+                );
                 continue;
             }
         }
@@ -190,7 +193,10 @@ async fn write_lease_owner<S: Store>(
             Ok(Some(l)) => l,
             Ok(None) => return false,
             Err(e) => {
-                tracing::warn!("lease owner reference not set: {e}");
+                tracing::warn!(
+                    "lease owner reference not set: {e}",
+                    e = jumpstarter_core::error_chain(&e)
+                );
                 return false;
             }
         };
@@ -198,7 +204,10 @@ async fn write_lease_owner<S: Store>(
             Ok(true) => {}
             Ok(false) => return false,
             Err(e) => {
-                tracing::warn!("lease owner reference not set: {e}");
+                tracing::warn!(
+                    "lease owner reference not set: {e}",
+                    e = jumpstarter_core::error_chain(&e)
+                );
                 return false;
             }
         }
@@ -206,7 +215,10 @@ async fn write_lease_owner<S: Store>(
             Ok(_) => return false,
             Err(e) if e.is_conflict() => continue,
             Err(e) => {
-                tracing::warn!("lease owner reference not set: {e}");
+                tracing::warn!(
+                    "lease owner reference not set: {e}",
+                    e = jumpstarter_core::error_chain(&e)
+                );
                 return false;
             }
         }

@@ -142,7 +142,10 @@ async fn forward_waiting(
                         }
                     }
                     Err(e) => {
-                        tracing::debug!("standby: accept failed: {e}");
+                        tracing::debug!(
+                            "standby: accept failed: {e}",
+                            e = jumpstarter_core::error_chain(&e)
+                        );
                         tokio::time::sleep(Duration::from_millis(100)).await;
                     }
                 }
@@ -192,7 +195,10 @@ async fn forward_waiting(
                 };
                 match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(target)).await {
                     Ok(Ok(u)) => break u,
-                    Ok(Err(e)) => tracing::debug!("standby: leader at {target}: {e}"),
+                    Ok(Err(e)) => tracing::debug!(
+                        "standby: leader at {target}: {e}",
+                        e = jumpstarter_core::error_chain(&e)
+                    ),
                     Err(_) => tracing::debug!("standby: leader at {target} did not answer"),
                 }
                 failed = Some(target);

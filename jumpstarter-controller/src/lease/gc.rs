@@ -71,7 +71,10 @@ pub async fn run<S: Store>(
     tokio::pin!(shutdown);
     loop {
         if let Err(e) = collect(store, retention, Timestamp::now()).await {
-            tracing::warn!("ended-lease collection failed: {e}");
+            tracing::warn!(
+                "ended-lease collection failed: {e}",
+                e = jumpstarter_core::error_chain(&e)
+            );
         }
         tokio::select! {
             _ = &mut shutdown => return,

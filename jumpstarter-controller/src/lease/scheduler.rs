@@ -700,7 +700,10 @@ fn evaluate<'a>(
         (
             c::INVALID,
             c::REASON_INVALID_SELECTOR,
-            format!("The lease selector is invalid: {e}"),
+            format!(
+                "The lease selector is invalid: {e}",
+                e = jumpstarter_core::error_chain(&e)
+            ),
         )
     })?;
     let candidates = candidates(&lease.spec, &selector, exporters)?;
@@ -865,7 +868,8 @@ fn check_policy_selectors(policies: &[&ExporterAccessPolicy]) -> Result<(), Term
                 format!(
                     "ExporterAccessPolicy {}/{}: {field} is invalid: {e}",
                     namespace_of(&p.metadata),
-                    name_of(&p.metadata)
+                    name_of(&p.metadata),
+                    e = jumpstarter_core::error_chain(&e)
                 ),
             )
         };

@@ -126,7 +126,12 @@ impl<S: Store> AdminApi<S> {
             .auth
             .issuer
             .issue(&Subject::new(kind, namespace, name, uid))
-            .map_err(|e| Status::internal(format!("cannot issue a token: {e}")))?;
+            .map_err(|e| {
+                Status::internal(format!(
+                    "cannot issue a token: {e}",
+                    e = jumpstarter_core::error_chain(&e)
+                ))
+            })?;
         if kind == ObjectKind::Client
             && let Err(e) = crate::service::token_expiry::record(
                 &self.state.store,
@@ -136,7 +141,10 @@ impl<S: Store> AdminApi<S> {
             )
             .await
         {
-            tracing::warn!("client {namespace}/{name}: cannot record its token's expiry: {e}");
+            tracing::warn!(
+                "client {namespace}/{name}: cannot record its token's expiry: {e}",
+                e = jumpstarter_core::error_chain(&e)
+            );
         }
         Ok(Credentials {
             endpoint: self.state.endpoint.clone(),
@@ -173,8 +181,13 @@ impl<S: Store> AdminApi<S> {
             Some(req.namespace.as_str())
         };
         limits::check_len("selector", &req.selector, MAX_SELECTOR)?;
-        let sel = LabelSelector::parse(&req.selector)
-            .map_err(|e| Status::invalid_argument(format!("selector {:?}: {e}", req.selector)))?;
+        let sel = LabelSelector::parse(&req.selector).map_err(|e| {
+            Status::invalid_argument(format!(
+                "selector {:?}: {e}",
+                req.selector,
+                e = jumpstarter_core::error_chain(&e)
+            ))
+        })?;
         Ok(self
             .state
             .store
@@ -456,8 +469,12 @@ pub fn policy_from_admin(p: &AccessPolicy) -> Result<ExporterAccessPolicy, Statu
             .map_err(too_big)?;
         }
     }
-    let exporter_selector = LabelSelector::parse(&p.exporter_selector)
-        .map_err(|e| bad("exporter_selector".into(), e.to_string()))?;
+    let exporter_selector = LabelSelector::parse(&p.exporter_selector).map_err(|e| {
+        bad(
+            "exporter_selector".into(),
+            jumpstarter_core::error_chain(&e),
+        )
+    })?;
     let mut policies = Vec::new();
     for (i, r) in p.rules.iter().enumerate() {
         let mut from = Vec::new();
@@ -465,7 +482,7 @@ pub fn policy_from_admin(p: &AccessPolicy) -> Result<ExporterAccessPolicy, Statu
             let sel = LabelSelector::parse(s).map_err(|e| {
                 bad(
                     format!("rules[{i}].from_client_selectors[{j}]"),
-                    e.to_string(),
+                    jumpstarter_core::error_chain(&e),
                 )
             })?;
             from.push(PolicyFrom {
@@ -475,8 +492,12 @@ pub fn policy_from_admin(p: &AccessPolicy) -> Result<ExporterAccessPolicy, Statu
         let maximum_duration = match &r.maximum_duration {
             None => None,
             Some(d) => {
-                let d = GoDuration::try_from(d)
-                    .map_err(|e| bad(format!("rules[{i}].maximum_duration"), e.to_string()))?;
+                let d = GoDuration::try_from(d).map_err(|e| {
+                    bad(
+                        format!("rules[{i}].maximum_duration"),
+                        jumpstarter_core::error_chain(&e),
+                    )
+                })?;
                 if !d.0.is_positive() {
                     return Err(bad(
                         format!("rules[{i}].maximum_duration"),

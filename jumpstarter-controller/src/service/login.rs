@@ -1,6 +1,10 @@
-//! The "easy login" endpoint: `GET /v1/auth/config` over HTTPS returns what `jmp login
+//! The "easy login" endpoint: `GET /v1/auth/config` returns what `jmp login
 //! [client@]host:port` needs to build a client config (upstream's login service, §3.2):
-//! `{grpcEndpoint, routerEndpoint?, namespace, caBundle?, oidc: [{issuer, clientId, audiences}]}`.
+//! `{grpcEndpoint, routerEndpoint?, namespace, caBundle?, oidc: [{issuer, clientId, audiences}]}`;
+//! `GET /` is a landing page for a person (what Jumpstarter is here and how to `jmp login`),
+//! and `GET /healthz` says `ok`, as upstream main's. The port speaks HTTPS and, like upstream's
+//! (which serves plain HTTP behind an ingress), plain HTTP: a connection that does not open
+//! with a TLS handshake is answered in plain HTTP. Nothing served here is secret.
 
 use std::{sync::Arc, time::Duration};
 
@@ -67,10 +71,10 @@ impl LoginDocument {
 #[derive(Debug, thiserror::Error)]
 pub enum AcceptorError {
     /// The certificate or key PEM does not parse, or holds no key.
-    #[error("TLS: login listener: {0}")]
+    #[error("TLS: login listener: the certificate or key is not usable PEM")]
     Pem(#[source] rustls::pki_types::pem::Error),
     /// rustls refused the protocol versions or the certificate and key.
-    #[error("TLS: login listener: {0}")]
+    #[error("TLS: login listener: the certificate and key are refused")]
     Rustls(#[source] rustls::Error),
 }
 
@@ -94,18 +98,29 @@ pub fn acceptor(identity: &IssuedCert) -> Result<TlsAcceptor, AcceptorError> {
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
 
-/// Serves `GET /v1/auth/config` until `shutdown` resolves.
+/// The first byte of a TLS ClientHello record.
+const TLS_HANDSHAKE: u8 = 0x16;
+
+/// Serves `GET /v1/auth/config`, `/` and `/healthz` until `shutdown` resolves.
 pub async fn serve(
     listener: TcpListener,
     acceptor: TlsAcceptor,
     doc: Arc<LoginDocument>,
     shutdown: impl Future<Output = ()> + Send,
 ) {
-    let handle = move |conn| {
+    let handle = move |conn: tokio::net::TcpStream| {
         let (acceptor, doc) = (acceptor.clone(), doc.clone());
         async move {
-            if let Ok(tls) = acceptor.accept(conn).await {
-                respond(tls, doc).await;
+            let mut first = [0u8; 1];
+            match conn.peek(&mut first).await {
+                // A TLS record starts with the handshake content type.
+                Ok(1) if first[0] == TLS_HANDSHAKE => {
+                    if let Ok(tls) = acceptor.accept(conn).await {
+                        respond(tls, doc).await;
+                    }
+                }
+                Ok(1) => respond(conn, doc).await,
+                _ => {}
             }
         }
     };
@@ -125,26 +140,88 @@ async fn respond<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send 
     doc: Arc<LoginDocument>,
 ) {
     http1::respond(conn, move |method, path| {
-        let (status, body) = match (method, path.as_str()) {
+        const JSON: &str = "application/json";
+        let (status, content_type, body) = match (method, path.as_str()) {
             (http::Method::GET, "/v1/auth/config") => {
-                (http::StatusCode::OK, doc.to_json().to_string())
+                (http::StatusCode::OK, JSON, doc.to_json().to_string())
+            }
+            (http::Method::GET, "/") => (
+                http::StatusCode::OK,
+                "text/html; charset=utf-8",
+                landing_page(&doc),
+            ),
+            (http::Method::GET, "/healthz") => {
+                (http::StatusCode::OK, "text/plain", "ok".to_string())
             }
             (http::Method::GET, _) => (
                 http::StatusCode::NOT_FOUND,
+                JSON,
                 r#"{"error":"not found"}"#.to_string(),
             ),
             _ => (
                 http::StatusCode::METHOD_NOT_ALLOWED,
+                JSON,
                 r#"{"error":"method not allowed"}"#.to_string(),
             ),
         };
         std::future::ready(Reply {
             status,
-            content_type: "application/json",
+            content_type,
             body,
         })
     })
     .await;
+}
+
+/// `text` with HTML's special characters escaped.
+fn html_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The page at `/`: what this is and how to log in (upstream main's landing page says the
+/// same: Jumpstarter, `jmp login`, the endpoints and the OIDC issuers).
+fn landing_page(doc: &LoginDocument) -> String {
+    let mut issuers = String::new();
+    for (issuer, _) in &doc.issuers {
+        issuers += &format!("<li><code>{}</code></li>\n", html_escape(issuer));
+    }
+    if issuers.is_empty() {
+        issuers = "<li>none: ask an administrator for a client config \
+                   (<code>jmp admin create client</code>)</li>\n"
+            .to_string();
+    }
+    let router = doc.router_endpoint.as_deref().map_or(String::new(), |r| {
+        format!(
+            "<tr><th>Router</th><td><code>{}</code></td></tr>\n",
+            html_escape(r)
+        )
+    });
+    format!(
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n\
+         <title>Jumpstarter</title>\n</head>\n<body>\n<h1>Jumpstarter</h1>\n\
+         <p>This is the login endpoint of a Jumpstarter controller. Log in with the \
+         Jumpstarter CLI, giving it the address of this page (host and port):</p>\n\
+         <pre>jmp login HOST:PORT</pre>\n\
+         <p>or, to choose the client name: <code>jmp login CLIENT@HOST:PORT</code>. \
+         <code>jmp login</code> reads <code>/v1/auth/config</code> here and writes a client \
+         config.</p>\n<table>\n\
+         <tr><th>Controller</th><td><code>{grpc}</code></td></tr>\n{router}\
+         <tr><th>Namespace</th><td><code>{ns}</code></td></tr>\n</table>\n\
+         <h2>OIDC issuers</h2>\n<ul>\n{issuers}</ul>\n</body>\n</html>\n",
+        grpc = html_escape(&doc.grpc_endpoint),
+        ns = html_escape(&doc.namespace),
+    )
 }
 
 #[cfg(test)]
@@ -173,5 +250,28 @@ mod tests {
         assert!(j.get("caBundle").is_none());
         assert_eq!(j["oidc"][0]["clientId"], "jumpstarter-cli");
         assert_eq!(j["oidc"][1]["clientId"], "y");
+    }
+
+    #[test]
+    fn landing_page_names_jumpstarter_and_jmp_login_and_escapes() {
+        let d = LoginDocument {
+            grpc_endpoint: "ctl:8082".into(),
+            router_endpoint: None,
+            namespace: "<lab>".into(),
+            ca_bundle: String::new(),
+            issuers: vec![("https://idp/?a=1&b=2".into(), vec![])],
+        };
+        let page = landing_page(&d);
+        assert!(
+            page.contains("Jumpstarter") && page.contains("jmp login"),
+            "{page}"
+        );
+        assert!(page.contains("ctl:8082"), "{page}");
+        assert!(
+            page.contains("&lt;lab&gt;") && !page.contains("<lab>"),
+            "{page}"
+        );
+        assert!(page.contains("https://idp/?a=1&amp;b=2"), "{page}");
+        assert!(!page.contains("Router"), "{page}");
     }
 }

@@ -81,7 +81,10 @@ pub async fn run<S: Store>(store: S) {
     loop {
         tick.tick().await;
         if let Err(e) = refresh(&store, Timestamp::now()).await {
-            tracing::warn!("client token expiry: {e}");
+            tracing::warn!(
+                "client token expiry: {e}",
+                e = jumpstarter_core::error_chain(&e)
+            );
         }
     }
 }

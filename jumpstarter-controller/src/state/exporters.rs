@@ -333,11 +333,17 @@ async fn exporter_feed<S: Store>(cache: Weak<ExporterCache>, store: S) {
             // once (a pause would only let more writes pass), a few times before warning.
             (Ok(_), Err(e @ StoreError::WatchLagged { .. })) if moved < MOVED_RETRIES => {
                 moved += 1;
-                tracing::debug!("exporter cache: {e}; listing again");
+                tracing::debug!(
+                    "exporter cache: {e}; listing again",
+                    e = jumpstarter_core::error_chain(&e)
+                );
                 continue;
             }
             (Err(e), _) | (_, Err(e)) => {
-                tracing::warn!("exporter cache: {e}; retrying");
+                tracing::warn!(
+                    "exporter cache: {e}; retrying",
+                    e = jumpstarter_core::error_chain(&e)
+                );
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(5));
                 moved = 0;
@@ -360,7 +366,10 @@ async fn exporter_feed<S: Store>(cache: Weak<ExporterCache>, store: S) {
             match ev {
                 Ok(ev) => c.apply(ev),
                 Err(e) => {
-                    tracing::debug!("exporter cache: {e}; listing again");
+                    tracing::debug!(
+                        "exporter cache: {e}; listing again",
+                        e = jumpstarter_core::error_chain(&e)
+                    );
                     break;
                 }
             }
@@ -404,7 +413,12 @@ async fn seen_writer<S: Store>(cache: Weak<ExporterCache>, store: S) {
                 None => match store.get::<Exporter>(&key.0, &key.1).await {
                     Ok(e) => e,
                     Err(err) => {
-                        tracing::warn!("exporter {}/{}: cannot read it: {err}", key.0, key.1);
+                        tracing::warn!(
+                            "exporter {}/{}: cannot read it: {err}",
+                            key.0,
+                            key.1,
+                            err = jumpstarter_core::error_chain(&err)
+                        );
                         None
                     }
                 },
@@ -429,7 +443,10 @@ async fn seen_writer<S: Store>(cache: Weak<ExporterCache>, store: S) {
                 })
                 .collect(),
             Err(e) => {
-                tracing::warn!("cannot store when exporters were last seen: {e}");
+                tracing::warn!(
+                    "cannot store when exporters were last seen: {e}",
+                    e = jumpstarter_core::error_chain(&e)
+                );
                 keys
             }
         };

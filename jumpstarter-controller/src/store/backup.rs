@@ -26,7 +26,7 @@ pub use error::BackupError;
 fn db_err(path: &Path) -> impl Fn(rusqlite::Error) -> BackupError + '_ {
     move |e| BackupError::Database {
         path: path.to_path_buf(),
-        reason: e.to_string(),
+        reason: jumpstarter_core::error_chain(&e),
     }
 }
 
@@ -280,19 +280,19 @@ mod tests {
         let data = tmp.path().join("data");
         let junk = tmp.path().join("junk.db");
         std::fs::write(&junk, vec![7u8; 8192]).unwrap();
-        let e = restore(&data, &junk).unwrap_err().to_string();
+        let e = jumpstarter_core::error_chain(&restore(&data, &junk).unwrap_err());
         assert!(e.contains("junk.db"), "{e}");
         let other = tmp.path().join("other.db");
         Connection::open(&other)
             .unwrap()
             .execute_batch("CREATE TABLE t (x INTEGER);")
             .unwrap();
-        let e = restore(&data, &other).unwrap_err().to_string();
+        let e = jumpstarter_core::error_chain(&restore(&data, &other).unwrap_err());
         assert!(e.contains("not a Jumpstarter controller store"), "{e}");
         assert!(!data.join(DB_FILE).exists());
-        let e = restore(&data, &tmp.path().join("missing.db"))
-            .unwrap_err()
-            .to_string();
+        let e = jumpstarter_core::error_chain(
+            &restore(&data, &tmp.path().join("missing.db")).unwrap_err(),
+        );
         assert!(e.contains("no such file"), "{e}");
     }
 
@@ -432,7 +432,7 @@ mod tests {
         }
         let before = snapshot(&s.data);
         assert!(before.contains_key(DB_FILE));
-        let e = restore(&s.data, &bad).unwrap_err().to_string();
+        let e = jumpstarter_core::error_chain(&restore(&s.data, &bad).unwrap_err());
         for needle in needles {
             assert!(e.contains(needle), "{needle:?} not in: {e}");
         }
@@ -678,14 +678,14 @@ mod tests {
         let before = snapshot(&s.data);
         let link = s.backup.with_file_name("latest.db");
         std::os::unix::fs::symlink(&s.backup, &link).unwrap();
-        let e = restore(&s.data, &link).unwrap_err().to_string();
+        let e = jumpstarter_core::error_chain(&restore(&s.data, &link).unwrap_err());
         assert!(
             e.contains("latest.db") && e.contains("symbolic link"),
             "{e}"
         );
         let dir = s.backup.with_file_name("a-directory.db");
         std::fs::create_dir(&dir).unwrap();
-        let e = restore(&s.data, &dir).unwrap_err().to_string();
+        let e = jumpstarter_core::error_chain(&restore(&s.data, &dir).unwrap_err());
         assert!(
             e.contains("a-directory.db") && e.contains("a directory"),
             "{e}"

@@ -31,7 +31,7 @@ pub enum DataDirError {
         who: &'static str,
     },
     /// A directory could not be created or inspected.
-    #[error("{what} {}: {source}", path.display())]
+    #[error("{what} {}", path.display())]
     Io {
         /// What we were doing.
         what: &'static str,

@@ -226,7 +226,7 @@ pub enum StoreError {
     },
     /// The request is unusable (missing or malformed name, namespace, resourceVersion,
     /// continue token, or an object that does not serialize).
-    #[error("invalid {kind} {namespace}/{name}: {source}")]
+    #[error("invalid {kind} {namespace}/{name}")]
     Invalid {
         /// Object kind.
         kind: String,
@@ -239,7 +239,7 @@ pub enum StoreError {
         source: BoxError,
     },
     /// A stored row cannot be decoded into the object type.
-    #[error("stored {kind} {namespace}/{name} is corrupt: {source}")]
+    #[error("stored {kind} {namespace}/{name} is corrupt")]
     Corrupt {
         /// Object kind.
         kind: String,
@@ -262,7 +262,7 @@ pub enum StoreError {
     },
     /// The Kubernetes API server could not be reached or refused the request for a reason
     /// other than the ones above (authorization, server error, unexpected answer).
-    #[error("Kubernetes API, {operation} {kind} {namespace}/{name}: {source}")]
+    #[error("Kubernetes API, {operation} {kind} {namespace}/{name}")]
     Kubernetes {
         /// What was attempted (get, list, create, update, update_status, delete, watch).
         operation: String,
@@ -277,7 +277,7 @@ pub enum StoreError {
         source: BoxError,
     },
     /// The database failed (I/O, locking, full disk, schema).
-    #[error("store database {path}: {source}")]
+    #[error("store database {path}")]
     Database {
         /// The database file.
         path: String,

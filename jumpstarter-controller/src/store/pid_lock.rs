@@ -25,7 +25,7 @@ pub enum LockError {
         holder: String,
     },
     /// The lock file could not be used.
-    #[error("cannot lock {path}: {source}")]
+    #[error("cannot lock {path}")]
     Io {
         /// The lock file.
         path: PathBuf,

@@ -528,7 +528,7 @@ impl Inner {
     /// succeeds, undone when it fails or panics (the others of the group stay).
     fn run_write(&self, conn: &Connection, job: Job, group: &mut Group) {
         if let Err(e) = exec(conn, "SAVEPOINT write") {
-            let reason = e.to_string();
+            let reason = jumpstarter_core::error_chain(&e);
             let _ = job(Err(&reason));
             return;
         }
@@ -547,7 +547,7 @@ impl Inner {
                 }
                 Err(e) => {
                     self.undo_write(conn, group);
-                    done(Err(e.to_string()));
+                    done(Err(jumpstarter_core::error_chain(&e)));
                 }
             },
         }
@@ -588,7 +588,7 @@ impl Inner {
             Err(e) => {
                 // A failed COMMIT may leave the transaction open: end it.
                 let _ = conn.execute_batch("ROLLBACK");
-                Err(e.to_string())
+                Err(jumpstarter_core::error_chain(&e))
             }
         };
         if outcome.is_ok() && !group.events.is_empty() {
@@ -1064,7 +1064,7 @@ impl SqliteStore {
 fn write_loop(inner: Arc<Inner>, conn: Connection, mut jobs: mpsc::Receiver<Job>) {
     while let Some(first) = jobs.blocking_recv() {
         if let Err(e) = exec(&conn, "BEGIN IMMEDIATE") {
-            let reason = e.to_string();
+            let reason = jumpstarter_core::error_chain(&e);
             let _ = first(Err(&reason));
             continue;
         }
@@ -1090,13 +1090,21 @@ pub const RECOVERY_STEPS: &str = "stop the controller, move store.db (and store.
 
 /// `PRAGMA quick_check`: refuses a damaged database with what SQLite found.
 fn check_integrity(conn: &Connection) -> Result<(), String> {
-    let mut stmt = conn
-        .prepare("PRAGMA quick_check(20)")
-        .map_err(|e| format!("the database is damaged ({e}); {RECOVERY_STEPS}"))?;
+    let mut stmt = conn.prepare("PRAGMA quick_check(20)").map_err(|e| {
+        format!(
+            "the database is damaged ({e}); {RECOVERY_STEPS}",
+            e = jumpstarter_core::error_chain(&e)
+        )
+    })?;
     let found: Vec<String> = stmt
         .query_map([], |row| row.get::<_, String>(0))
         .and_then(|rows| rows.collect())
-        .map_err(|e| format!("the database is damaged ({e}); {RECOVERY_STEPS}"))?;
+        .map_err(|e| {
+            format!(
+                "the database is damaged ({e}); {RECOVERY_STEPS}",
+                e = jumpstarter_core::error_chain(&e)
+            )
+        })?;
     if found.len() == 1 && found[0] == "ok" {
         return Ok(());
     }

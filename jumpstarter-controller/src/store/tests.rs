@@ -122,7 +122,10 @@ async fn create_get_update_delete<S: Store>(store: S) {
 
     let err = store.create(&w).await.unwrap_err();
     assert!(matches!(err, StoreError::AlreadyExists { .. }), "{err}");
-    assert!(err.to_string().contains("Widget lab/w1"), "{err}");
+    assert!(
+        jumpstarter_core::error_chain(&err).contains("Widget lab/w1"),
+        "{err}"
+    );
 
     // Spec change: generation and resourceVersion move; status stays what update_status wrote.
     let mut s = created.clone();
@@ -180,7 +183,7 @@ async fn stale_resource_versions_conflict<S: Store>(store: S) {
     let err = store.update(&stale).await.unwrap_err();
     assert!(err.is_conflict(), "{err}");
     assert!(
-        err.to_string().contains("the object has been modified"),
+        jumpstarter_core::error_chain(&err).contains("the object has been modified"),
         "{err}"
     );
     stale.status = Some(WidgetStatus::default());
@@ -437,7 +440,10 @@ async fn slow_watcher_is_cut_off_and_writers_never_wait<S: Store>(store: S) {
     assert!(started.elapsed() < std::time::Duration::from_secs(120));
     let err = slow.next().await.unwrap().unwrap_err();
     assert!(matches!(err, StoreError::WatchLagged { .. }), "{err}");
-    assert!(err.to_string().contains("list again"), "{err}");
+    assert!(
+        jumpstarter_core::error_chain(&err).contains("list again"),
+        "{err}"
+    );
     assert!(slow.next().await.is_none(), "a lagged watch ends");
     // Starting from a revision that has left the retained history fails the same way.
     let err = match store.watch::<Widget>(None, Some("1")).await {
@@ -522,7 +528,10 @@ async fn in_batches_splits_keeps_order_and_stops_at_a_failure() {
     })
     .await
     .unwrap_err();
-    assert!(err.to_string().contains("the second call fails"), "{err}");
+    assert!(
+        jumpstarter_core::error_chain(&err).contains("the second call fails"),
+        "{err}"
+    );
     assert_eq!(calls, 2, "no call after the failed one");
 }
 
@@ -595,7 +604,7 @@ async fn corrupt_rows_give_errors_naming_the_object() {
         let err = store.get::<Widget>("lab", name).await.unwrap_err();
         assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
         assert!(
-            err.to_string().contains(&format!("Widget lab/{name}")),
+            jumpstarter_core::error_chain(&err).contains(&format!("Widget lab/{name}")),
             "{err}"
         );
     }
@@ -603,7 +612,10 @@ async fn corrupt_rows_give_errors_naming_the_object() {
         .list::<Widget>(None, &all(), &ListParams::default())
         .await
         .unwrap_err();
-    assert!(err.to_string().contains("Widget lab/bad"), "{err}");
+    assert!(
+        jumpstarter_core::error_chain(&err).contains("Widget lab/bad"),
+        "{err}"
+    );
     let mut w = widget("lab", "bad", 2, &[]);
     w.metadata.resource_version = Some("1".into());
     let err = store.update(&w).await.unwrap_err();
@@ -673,7 +685,10 @@ async fn unusable_database_files_are_refused() {
     )
     .unwrap();
     let err = SqliteStore::open(dir.path()).await.unwrap_err();
-    assert!(err.to_string().contains(super::sqlite::DB_FILE), "{err}");
+    assert!(
+        jumpstarter_core::error_chain(&err).contains(super::sqlite::DB_FILE),
+        "{err}"
+    );
 
     let dir = tempfile::tempdir().unwrap();
     drop(SqliteStore::open(dir.path()).await.unwrap());
@@ -682,7 +697,10 @@ async fn unusable_database_files_are_refused() {
         conn.execute_batch("PRAGMA user_version = 99;").unwrap();
     }
     let err = SqliteStore::open(dir.path()).await.unwrap_err();
-    assert!(err.to_string().contains("schema version 99"), "{err}");
+    assert!(
+        jumpstarter_core::error_chain(&err).contains("schema version 99"),
+        "{err}"
+    );
 }
 
 /// Child side of `committed_writes_survive_kill_9`: writes objects forever, printing each

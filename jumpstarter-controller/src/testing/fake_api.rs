@@ -356,7 +356,8 @@ fn parse_object(body: &[u8]) -> Result<Value, Box<Response<FakeBody>>> {
         Ok(v) if v.get("metadata").is_some_and(Value::is_object) => Ok(v),
         Ok(_) => Err(Box::new(bad_request("the object has no metadata"))),
         Err(e) => Err(Box::new(bad_request(format!(
-            "the body is not a JSON object: {e}"
+            "the body is not a JSON object: {e}",
+            e = jumpstarter_core::error_chain(&e)
         )))),
     }
 }
@@ -425,7 +426,12 @@ impl FakeApiServer {
     fn list(st: &mut State, route: &Route, query: &HashMap<String, String>) -> Response<FakeBody> {
         let selector = match LabelSelector::parse(query.get("labelSelector").map_or("", |s| s)) {
             Ok(s) => s,
-            Err(e) => return bad_request(format!("unable to parse requirement: {e}")),
+            Err(e) => {
+                return bad_request(format!(
+                    "unable to parse requirement: {e}",
+                    e = jumpstarter_core::error_chain(&e)
+                ));
+            }
         };
         let limit = match query.get("limit").map(|l| l.parse::<usize>()) {
             None => usize::MAX,
@@ -677,7 +683,12 @@ impl FakeApiServer {
         } else {
             match serde_json::from_slice(body) {
                 Ok(v) => v,
-                Err(e) => return bad_request(format!("DeleteOptions are not JSON: {e}")),
+                Err(e) => {
+                    return bad_request(format!(
+                        "DeleteOptions are not JSON: {e}",
+                        e = jumpstarter_core::error_chain(&e)
+                    ));
+                }
             }
         };
         let key = (ns.clone(), name.to_owned());
@@ -746,7 +757,12 @@ impl FakeApiServer {
     ) -> Response<FakeBody> {
         let selector = match LabelSelector::parse(query.get("labelSelector").map_or("", |s| s)) {
             Ok(s) => s,
-            Err(e) => return bad_request(format!("unable to parse requirement: {e}")),
+            Err(e) => {
+                return bad_request(format!(
+                    "unable to parse requirement: {e}",
+                    e = jumpstarter_core::error_chain(&e)
+                ));
+            }
         };
         let timeout = query
             .get("timeoutSeconds")
@@ -839,7 +855,12 @@ impl tower::Service<Request<kube::client::Body>> for FakeApiServer {
             let (parts, body) = req.into_parts();
             let body = match body.collect().await {
                 Ok(c) => c.to_bytes(),
-                Err(e) => return Ok(bad_request(format!("cannot read the request body: {e}"))),
+                Err(e) => {
+                    return Ok(bad_request(format!(
+                        "cannot read the request body: {e}",
+                        e = jumpstarter_core::error_chain(&e)
+                    )));
+                }
             };
             let path = parts.uri.path().to_owned();
             let query = parts.uri.query().unwrap_or_default().to_owned();

@@ -22,7 +22,7 @@ pub enum BackupError {
         reason: String,
     },
     /// A file operation failed.
-    #[error("{what} {}: {source}", path.display())]
+    #[error("{what} {}", path.display())]
     Io {
         /// What was being done.
         what: &'static str,
@@ -73,7 +73,7 @@ pub enum BackupError {
         reason: String,
     },
     /// An object of the backup is one the API would have refused.
-    #[error("{}: {kind} {namespace}/{name}: {problem}", path.display())]
+    #[error("{}: {kind} {namespace}/{name}", path.display())]
     Object {
         /// The backup.
         path: PathBuf,
@@ -109,10 +109,10 @@ pub enum ObjectProblem {
         expected: &'static str,
     },
     /// The body is not JSON.
-    #[error("the body is not JSON: {0}")]
+    #[error("the body is not JSON")]
     NotJson(#[source] serde_json::Error),
     /// The body is JSON but not an object of its kind.
-    #[error("the body is not a valid {kind}: {source}")]
+    #[error("the body is not a valid {kind}")]
     Decode {
         /// The row's kind.
         kind: String,
@@ -125,7 +125,7 @@ pub enum ObjectProblem {
     Key(&'static str),
     /// Over a size or count limit of the API (the message names the field and the limit).
     #[error("{}", .0.message())]
-    Limit(#[source] Box<tonic::Status>),
+    Limit(Box<tonic::Status>),
     /// A field that the API would have refused.
     #[error("{field}: {reason}")]
     Field {
@@ -135,7 +135,7 @@ pub enum ObjectProblem {
         reason: String,
     },
     /// A label selector that the API would not have parsed.
-    #[error("{field}: {source}")]
+    #[error("{field}")]
     Selector {
         /// The field holding the selector.
         field: String,
@@ -144,7 +144,7 @@ pub enum ObjectProblem {
         source: SelectorError,
     },
     /// Lease tags that CreateLease would have refused.
-    #[error("spec.tags: {0}")]
+    #[error("spec.tags")]
     Tags(#[source] ObjectError),
 }
 
