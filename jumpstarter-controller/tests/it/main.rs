@@ -14,6 +14,7 @@ mod kube_server;
 mod kube_store;
 mod limits;
 mod log_output;
+mod login_page;
 mod oidc;
 mod pending_guard;
 mod policy_update;
