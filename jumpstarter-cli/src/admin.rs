@@ -759,6 +759,7 @@ fn blank_exporter_config() -> ExporterConfig {
         direct_advertise: None,
         motd: None,
         exit_on_lease_end: false,
+        console_transcripts: None,
         path: None,
     }
 }

@@ -736,7 +736,7 @@ impl Runtime {
         session.set_log_span(span.clone());
         session.set_motd(&self.motd);
         if let Some(store) = &self.transcripts {
-            match store.for_lease(&name, &client) {
+            match store.for_lease(&name, &client, &self.tree) {
                 Ok(t) => session.set_transcripts(t),
                 Err(e) => tracing::warn!(
                     "lease {name}: no console transcripts: {}",

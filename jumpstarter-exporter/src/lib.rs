@@ -42,6 +42,7 @@ mod controller;
 mod exporter;
 pub mod hooks;
 mod standalone;
+pub mod transcript;
 
 pub use bridge::{BuildError, PythonDrivers, StartError, build_tree, check_config};
 pub use controller::{Backoff, ControllerTarget, ExporterError, ExporterOptions, run_with_options};

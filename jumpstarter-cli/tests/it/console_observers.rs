@@ -283,3 +283,73 @@ async fn observe_refuses_input_flags_as_upstream() {
         assert!(err.contains(want), "{err}");
     }
 }
+
+/// `consoleTranscripts`: a leased console's bytes both ways are kept on the exporter's disk
+/// after the lease, in the lease's directory; a console with `transcript: false` is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leases_console_transcript_is_kept_after_it_and_a_secret_console_is_not() {
+    use crate::distributed::{finish, lab, shell};
+    use jumpstarter_controller::objects::ExporterStatusValue;
+
+    let lab = lab().await;
+    let cfg = lab.exporter("ex-tape", &[("board", "tape")]).await;
+    let transcripts = lab.path("transcripts");
+    let yaml = std::fs::read_to_string(&cfg).unwrap().replace(
+        "export:\n",
+        &format!(
+            "consoleTranscripts:\n  dir: {}\n  keepLeases: 5\nexport:\n",
+            transcripts.display()
+        ),
+    ) + "  serial:\n    type: jumpstarter_driver_pyserial.driver.PySerial\n    config:\n      \
+         url: \"loop://\"\n  secret:\n    type: jumpstarter_driver_pyserial.driver.PySerial\n    \
+         config:\n      url: \"loop://\"\n      transcript: false\n";
+    std::fs::write(&cfg, yaml).unwrap();
+    let client = lab.client("taper").await;
+    let _exporter = lab.run_exporter(&cfg, "ex-tape.log");
+    lab.wait_status("ex-tape", ExporterStatusValue::Available)
+        .await;
+    let child = shell(
+        &lab,
+        &client,
+        &["-l", "board=tape"],
+        "echo \"lease=$JMP_LEASE\"; printf 'hello board\\n' | j serial pipe -i || exit 7; \
+         printf 'password\\n' | j secret pipe -i || exit 8",
+    );
+    let (code, stdout, stderr) = finish(child).await;
+    assert_eq!(code, 0, "{stdout}{stderr}{}", lab.log("ex-tape.log"));
+    let lease = stdout
+        .split("lease=")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .unwrap_or_default()
+        .to_string();
+    assert!(!lease.is_empty(), "{stdout}");
+    assert!(stdout.contains("hello board"), "{stdout}");
+    let path = transcripts.join(&lease).join("serial.log");
+    let deadline = Instant::now() + WAIT;
+    let text = loop {
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        if text.contains("board->client \"hello board\\n\"") {
+            break text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{}: {text:?} (lease directory: {:?}); exporter log:\n{}",
+            path.display(),
+            std::fs::read_dir(transcripts.join(&lease))
+                .map(|d| d.map(|e| e.map(|e| e.file_name())).collect::<Vec<_>>()),
+            lab.log("ex-tape.log")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(
+        text.starts_with(&format!("# console serial, lease {lease}, client taper\n")),
+        "{text}"
+    );
+    assert!(text.contains(" client->board \"hello board\\n\""), "{text}");
+    let entries: Vec<String> = std::fs::read_dir(transcripts.join(&lease))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(entries, ["serial.log"], "the secret console was recorded");
+}

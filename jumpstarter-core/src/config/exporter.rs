@@ -199,6 +199,35 @@ fn default_health_threshold() -> u32 {
     3
 }
 
+/// `consoleTranscripts` of an exporter config (ours, not upstream's; see
+/// `docs/consoles-and-networks.md`): keep a transcript of each console per lease in `dir`.
+/// A console driver with `transcript: false` is never recorded.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsoleTranscripts {
+    /// The directory: one subdirectory per lease, one file per console.
+    pub dir: PathBuf,
+    /// Bytes each console's transcript may grow to (then it says it was cut).
+    #[serde(rename = "maxBytes", default = "default_transcript_bytes")]
+    pub max_bytes: u64,
+    /// Leases whose transcripts are kept (the oldest beyond are removed).
+    #[serde(rename = "keepLeases", default = "default_transcript_leases")]
+    pub keep_leases: usize,
+    /// Days a lease's transcripts are kept.
+    #[serde(rename = "maxAgeDays", default = "default_transcript_days")]
+    pub max_age_days: u64,
+}
+
+fn default_transcript_bytes() -> u64 {
+    4 << 20
+}
+fn default_transcript_leases() -> usize {
+    50
+}
+fn default_transcript_days() -> u64 {
+    30
+}
+
 /// `failureDetection` of an exporter config.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FailureDetection {
@@ -318,6 +347,13 @@ pub struct ExporterConfig {
     /// lease ends, after its afterLease hook, instead of waiting for the next lease.
     #[serde(rename = "exitOnLeaseEnd", default, skip_serializing_if = "is_false")]
     pub exit_on_lease_end: bool,
+    /// Console transcripts per lease (ours, not upstream): see [`ConsoleTranscripts`].
+    #[serde(
+        rename = "consoleTranscripts",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub console_transcripts: Option<ConsoleTranscripts>,
     /// Where it was loaded from (not part of the file).
     #[serde(skip)]
     pub path: Option<PathBuf>,

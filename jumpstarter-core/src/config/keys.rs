@@ -50,6 +50,7 @@ const EXPORTER: Schema = Schema {
         "directAdvertise",
         "exitOnLeaseEnd",
         "motd",
+        "consoleTranscripts",
     ],
     sections: &[
         ("metadata", &META),

@@ -77,9 +77,13 @@ pub trait ConsoleRecorder: Send + Sync + 'static {
 /// given to a session with `Session::set_transcripts`, asked by drivers through
 /// [`CallContext::console_recorder`](super::CallContext::console_recorder).
 pub trait Transcripts: Send + Sync + 'static {
-    /// The recorder of console `name` (the driver's name in the tree) for this session, or
-    /// `None` when it cannot be kept (the reason is logged by the implementation).
-    fn recorder(&self, name: &str) -> Option<Arc<dyn ConsoleRecorder>>;
+    /// The recorder of the console of driver `uuid` (of type `type_name`) for this session,
+    /// or `None` when it cannot be kept (the reason is logged by the implementation).
+    fn recorder(
+        &self,
+        uuid: Option<uuid::Uuid>,
+        type_name: &str,
+    ) -> Option<Arc<dyn ConsoleRecorder>>;
 }
 
 /// Sizes and timings of a [`ConsoleFanout`].

@@ -63,6 +63,8 @@ pub type BoxDuplex = Box<dyn Duplex>;
 #[derive(Clone)]
 pub struct CallContext {
     pub(crate) driver_name: Arc<str>,
+    /// The uuid of the driver called, when a session calls it.
+    pub(crate) driver_uuid: Option<uuid::Uuid>,
     pub(crate) resources: Arc<ResourceRegistry>,
     pub(crate) logs: LogSink,
     /// Where this session's console transcripts go, if it keeps them.
@@ -74,6 +76,7 @@ impl CallContext {
     pub fn detached(driver_name: &str) -> Self {
         Self {
             driver_name: driver_name.into(),
+            driver_uuid: None,
             resources: Arc::new(ResourceRegistry::default()),
             logs: LogSink::default(),
             transcripts: None,
@@ -85,7 +88,7 @@ impl CallContext {
     pub fn console_recorder(&self) -> Option<Arc<dyn super::fanout::ConsoleRecorder>> {
         self.transcripts
             .as_ref()
-            .and_then(|t| t.recorder(&self.driver_name))
+            .and_then(|t| t.recorder(self.driver_uuid, &self.driver_name))
     }
 
     /// Logs at INFO on the driver's logger (`driver.<Type>`), also sent to `LogStream`.

@@ -278,9 +278,10 @@ impl Session {
         }
     }
 
-    fn context(&self, name: &str) -> CallContext {
+    fn context(&self, name: &str, uuid: &str) -> CallContext {
         CallContext {
             driver_name: name.into(),
+            driver_uuid: Uuid::parse_str(uuid).ok(),
             resources: self.resources.clone(),
             logs: self.logs.clone(),
             transcripts: self
@@ -334,7 +335,7 @@ impl Session {
     ) -> Result<prost_types::Value, DriverError> {
         self.check_ready()?;
         let (name, driver) = self.lookup(uuid)?;
-        let ctx = self.context(&name);
+        let ctx = self.context(&name, uuid);
         let revoked = self.until_revoked();
         tokio::select! {
             biased;
@@ -386,7 +387,7 @@ impl ExporterService for SessionService {
         let req = request.into_inner();
         self.0.check_ready().map_err(|e| e.to_status())?;
         let (name, driver) = self.0.lookup(&req.uuid).map_err(|e| e.to_status())?;
-        let ctx = self.0.context(&name);
+        let ctx = self.0.context(&name, &req.uuid);
         let stream = driver
             .streaming_call(ctx, req.method, req.args)
             .await
@@ -542,7 +543,7 @@ impl SessionService {
                     .lookup(&uuid.to_string())
                     .map_err(|e| e.to_status())?;
                 let io = driver
-                    .open_stream(self.0.context(&name), method.clone())
+                    .open_stream(self.0.context(&name, &uuid.to_string()), method.clone())
                     .await
                     .map_err(|e| e.to_status())?;
                 // A device that fails mid-stream (a serial adapter unplugged) ends the RPC

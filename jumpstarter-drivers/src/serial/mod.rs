@@ -5,7 +5,8 @@
 //! `baudrate` (default 115200), `check_present` (default true: a device that cannot be
 //! opened fails the exporter at start), `cps` (characters per second sent to the device,
 //! for boards whose UART drops bytes of fast input) and `disable_hupcl` (keep DTR up when
-//! the port closes). `rfc2217://` URLs are refused at start (no maintained Rust RFC 2217
+//! the port closes), and ours: `transcript` (default true; `false` keeps the console out of
+//! the exporter's `consoleTranscripts`, for a console that carries secrets). `rfc2217://` URLs are refused at start (no maintained Rust RFC 2217
 //! client to build on).
 //!
 //! Methods (client class `jumpstarter_driver_pyserial.client.PySerialClient`):
@@ -42,7 +43,7 @@ use std::{
 
 use jumpstarter_core::{
     CallContext, Driver, DriverError, driver,
-    driver::{BoxDuplex, ConsoleFanout, ConsoleStatus, ConsoleStream, DriverArgs},
+    driver::{BoxDuplex, ConsoleFanout, ConsoleRecorder, ConsoleStatus, ConsoleStream, DriverArgs},
 };
 use serde::Deserialize;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -135,6 +136,10 @@ struct Config {
     cps: Option<f64>,
     #[serde(default)]
     disable_hupcl: bool,
+    /// Ours: `false` keeps this console out of the exporter's transcripts (a console that
+    /// carries secrets).
+    #[serde(default = "default_true")]
+    transcript: bool,
 }
 
 /// Bytes buffered by a `loop://` connection before its writer waits.
@@ -148,6 +153,8 @@ pub struct PySerial {
     cps: Option<f64>,
     /// The writer and observers of this console.
     fanout: ConsoleFanout,
+    /// Whether the exporter's console transcripts may record it.
+    transcript: bool,
 }
 
 /// What `connect` and `observe` return: a client's end of the console's [`ConsoleFanout`].
@@ -163,14 +170,18 @@ impl PySerial {
     /// [`ConsoleFanout`]).
     #[export(stream)]
     async fn connect(&self, ctx: &CallContext) -> Result<SerialStream, DriverError> {
-        self.fanout.connect(|| self.open_source(ctx), None).await
+        self.fanout
+            .connect(|| self.open_source(ctx), self.recorder(ctx))
+            .await
     }
 
     /// Opens the console read-only: the last 64 KB it printed, then its live bytes; writes
     /// are refused. Any number of observers, beside the writer or without one.
     #[export(stream)]
     async fn observe(&self, ctx: &CallContext) -> Result<SerialStream, DriverError> {
-        self.fanout.observe(|| self.open_source(ctx), None).await
+        self.fanout
+            .observe(|| self.open_source(ctx), self.recorder(ctx))
+            .await
     }
 
     /// Takes the seat from the console's writer (its writes fail from now on, it reads on),
@@ -224,6 +235,7 @@ impl PySerial {
             },
             cps: None,
             fanout: ConsoleFanout::default(),
+            transcript: true,
         }
     }
 
@@ -239,8 +251,26 @@ impl PySerial {
         self
     }
 
+    /// Keeps this console out of the exporter's transcripts (`transcript: false`).
+    pub fn without_transcript(mut self) -> Self {
+        self.transcript = false;
+        self
+    }
+
+    /// The session's transcript recorder for this console, unless it is kept out.
+    fn recorder(&self, ctx: &CallContext) -> Option<Arc<dyn ConsoleRecorder>> {
+        self.transcript.then(|| ctx.console_recorder()).flatten()
+    }
+
     /// Constructor for the registry: upstream's fields (see the module docs).
     pub fn from_args(args: &DriverArgs) -> Result<Arc<dyn Driver>, DriverError> {
+        if let Some(v) = args.config.get("transcript")
+            && !v.is_boolean()
+        {
+            return Err(DriverError::InvalidArgument(format!(
+                "transcript: must be true or false, not {v}"
+            )));
+        }
         let c: Config = args.parse()?;
         let url = SerialUrl::parse(&c.url)?;
         if c.baudrate == 0 {
@@ -266,14 +296,17 @@ impl PySerial {
                 ))
             })?;
         }
-        Ok(Arc::new(
-            PySerial::new(url)
-                .with_settings(LineSettings {
-                    baudrate: c.baudrate,
-                    disable_hupcl: c.disable_hupcl,
-                })
-                .with_cps(c.cps),
-        ))
+        let serial = PySerial::new(url)
+            .with_settings(LineSettings {
+                baudrate: c.baudrate,
+                disable_hupcl: c.disable_hupcl,
+            })
+            .with_cps(c.cps);
+        Ok(Arc::new(if c.transcript {
+            serial
+        } else {
+            serial.without_transcript()
+        }))
     }
 
     /// Opens the physical console (the fan-out's source), throttled to `cps`.
@@ -471,6 +504,16 @@ mod tests {
             serde_json::json!({"url": "loop://", "baud": 9600}),
         )));
         assert!(e.contains("baud"), "{e}");
+        let e = err(PySerial::from_args(&args(
+            serde_json::json!({"url": "loop://", "transcript": "off"}),
+        )));
+        assert!(e.contains("transcript"), "{e}");
+        assert!(
+            PySerial::from_args(&args(
+                serde_json::json!({"url": "loop://", "transcript": false})
+            ))
+            .is_ok()
+        );
         let e = err(PySerial::from_args(&args(
             serde_json::json!({"url": "loop://", "baudrate": 0}),
         )));
