@@ -22,7 +22,7 @@ pub fn main_with(toolkit: crate::Toolkit) -> ExitCode {
         return ExitCode::FAILURE;
     };
     let level = std::env::args().skip_while(|a| a != "--log-level").nth(1);
-    crate::logging::init(level.as_deref());
+    crate::logging::init(level.as_deref(), false);
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -54,7 +54,7 @@ pub fn main_with(toolkit: crate::Toolkit) -> ExitCode {
             r = jumpstarter_drivers::run_j_command_with(session.root(), matches, commands) => match r {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
-                    eprintln!("Error: {e}");
+                    eprintln!("Error: {}", jumpstarter_core::error_chain(&e));
                     ExitCode::FAILURE
                 }
             },
@@ -81,7 +81,7 @@ pub fn describe(e: &ClientError) -> String {
             };
             format!("{rpc}: {message} (gRPC code {})", code_name(status.code()))
         }
-        other => other.to_string(),
+        other => jumpstarter_core::error_chain(other),
     }
 }
 

@@ -211,6 +211,11 @@ struct RunArgs {
     /// `exitOnLeaseEnd: true`). Controller mode only.
     #[arg(long, conflicts_with = "tls_grpc_listener")]
     exit_on_lease_end: bool,
+    /// Log lines as text for a person, or as JSON for a log store: one object a line with
+    /// lease_id, client, exporter and the driver calls' operation, result and duration_ms.
+    #[arg(long, value_name = "FORMAT", env = "JMP_LOG_FORMAT", default_value = "text",
+          value_parser = ["text", "json"])]
+    log_format: String,
     /// Concurrent connections on --tls-grpc-listener or --direct-listener (established or
     /// handshaking); more are closed at once, with a warning in the log.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_CONNECTIONS,
@@ -259,7 +264,8 @@ pub fn main_with(toolkit: crate::Toolkit) -> ExitCode {
     crate::pipe::exit_quietly_on_closed_stdout();
     crate::completion::answer_if_asked(<Cli as clap::CommandFactory>::command);
     let cli = Cli::parse();
-    crate::logging::init(cli.log_level.as_deref());
+    let json = matches!(&cli.command, Command::Run(r) if r.log_format == "json");
+    crate::logging::init(cli.log_level.as_deref(), json);
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -86,8 +86,30 @@ where
     }
 }
 
-/// Installs the subscriber. `level` is an upstream level name (DEBUG, INFO, WARNING, ...).
-pub fn init(level: Option<&str>) {
+/// Installs the subscriber. `level` is an upstream level name (DEBUG, INFO, WARNING, ...);
+/// `json`: [`jumpstarter_core::logging::JsonLines`] of component `exporter` (`jmp run
+/// --log-format json`), with each driver call's line (target `driver_call`) at INFO.
+pub fn init(level: Option<&str>, json: bool) {
+    if json {
+        use tracing_subscriber::prelude::*;
+        let mut d = directive(level);
+        if level.is_none()
+            && std::env::var_os("JMP_LOG").is_none()
+            && std::env::var_os("RUST_LOG").is_none()
+        {
+            d.push_str(",jumpstarter::driver_call=info,jumpstarter_exporter=info");
+        }
+        let _ = tracing_subscriber::registry()
+            .with(EnvFilter::new(d))
+            .with(jumpstarter_core::logging::SpanFields)
+            .with(
+                fmt::layer()
+                    .event_format(jumpstarter_core::logging::JsonLines::new("exporter"))
+                    .with_writer(std::io::stderr),
+            )
+            .try_init();
+        return;
+    }
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let _ = fmt::fmt()
         .with_env_filter(EnvFilter::new(directive(level)))

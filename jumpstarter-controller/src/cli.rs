@@ -34,7 +34,8 @@ fn parse_optional_duration(s: &str) -> Result<OptionalDuration, String> {
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
-    let d = crate::objects::duration::GoDuration::parse(s).map_err(|e| e.to_string())?;
+    let d = crate::objects::duration::GoDuration::parse(s)
+        .map_err(|e| jumpstarter_core::error_chain(&e))?;
     u64::try_from(d.as_nanos())
         .ok()
         .filter(|n| *n > 0)
@@ -47,6 +48,12 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 #[derive(Parser, Debug)]
 #[command(name = "jumpstarter-controller", version)]
 pub struct Args {
+    /// Log lines as text for a person, or as JSON for a log store: one object a line with
+    /// timestamp, level, component and the correlation fields (lease_id, client, exporter,
+    /// namespace).
+    #[arg(long, value_name = "FORMAT", env = "JMP_LOG_FORMAT", default_value = "text",
+          value_parser = ["text", "json"])]
+    pub log_format: String,
     /// Where the store, CA and keys live (default: the user's data directory + /jumpstarter).
     #[arg(long, env = "JUMPSTARTER_DATA_DIR", value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
@@ -318,19 +325,14 @@ pub const READY_LINE_PREFIX: &str = "jumpstarter-controller ready:";
 /// Entry point of the binary.
 pub fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        // Colour only for a person at a terminal, not in a log file or a pipe.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .try_init();
+    jumpstarter_core::logging::init("controller", args.log_format == "json");
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("Error: cannot start the async runtime: {e}");
+            eprintln!(
+                "Error: cannot start the async runtime: {e}",
+                e = jumpstarter_core::error_chain(&e)
+            );
             return std::process::ExitCode::FAILURE;
         }
     };
@@ -338,7 +340,7 @@ pub fn main() -> std::process::ExitCode {
         match run(args).await {
             Ok(code) => code,
             Err(e) => {
-                eprintln!("Error: {e}");
+                jumpstarter_core::logging::say_error(e);
                 std::process::ExitCode::FAILURE
             }
         }
@@ -377,15 +379,20 @@ async fn run(args: Args) -> Result<std::process::ExitCode, String> {
                 .map(|db| format!("Store {} restored from {}", db.display(), file.display())),
         })
         .await
-        .map_err(|e| format!("store task failed: {e}"))?
-        .map_err(|e| e.to_string())?;
-        eprintln!("{done}");
+        .map_err(|e| {
+            format!(
+                "store task failed: {e}",
+                e = jumpstarter_core::error_chain(&e)
+            )
+        })?
+        .map_err(|e| jumpstarter_core::error_chain(&e))?;
+        jumpstarter_core::logging::say(done);
         return Ok(std::process::ExitCode::SUCCESS);
     }
     if let Some(path) = &args.routers {
         config.routers = Some(
             crate::kubernetes::cluster_config::routers_from_file(path)
-                .map_err(|e| e.to_string())?,
+                .map_err(|e| jumpstarter_core::error_chain(&e))?,
         );
     }
     if let Some(path) = &args.config_file {
@@ -400,14 +407,16 @@ async fn run(args: Args) -> Result<std::process::ExitCode, String> {
     }
     if let Some(path) = &args.authentication_config {
         let (auth, provisioning) = crate::auth::external_auth::read_authentication_file(path)
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| jumpstarter_core::error_chain(&e))?;
         apply_internal_authentication(&auth, &mut config, &path.display().to_string())?;
         config.jwt_authenticators = auth.jwt;
         config.provisioning |= provisioning;
     }
     match args.store {
         StoreKind::Sqlite => {
-            let running = start(config.clone()).await.map_err(|e| e.to_string())?;
+            let running = start(config.clone())
+                .await
+                .map_err(|e| jumpstarter_core::error_chain(&e))?;
             Ok(serve(running, &config, std::future::pending()).await)
         }
         #[cfg(feature = "kubernetes")]
@@ -428,7 +437,7 @@ fn apply_settings_file(
     let source = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {source}: {e}"))?;
     let settings = crate::kubernetes::cluster_config::parse_settings(&text, &source)
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| jumpstarter_core::error_chain(&e))?;
     apply_settings(
         &settings,
         config,
@@ -497,7 +506,7 @@ pub fn apply_cluster_authentication(
                 source,
                 "authentication",
             )
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| jumpstarter_core::error_chain(&e))?;
             apply_internal_authentication(&auth, config, source)?;
             config.jwt_authenticators = auth.jwt;
         }
@@ -608,10 +617,12 @@ async fn run_kubernetes(
         kubernetes::{cluster_config, leader::LeaderElector},
         store::KubeStore,
     };
-    let store = KubeStore::from_env().await.map_err(|e| e.to_string())?;
+    let store = KubeStore::from_env()
+        .await
+        .map_err(|e| jumpstarter_core::error_chain(&e))?;
     let cluster = cluster_config::load(&store, &args.namespace)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| jumpstarter_core::error_chain(&e))?;
     if config.routers.is_none() && !cluster.routers.is_empty() {
         config.routers = Some(cluster.routers.clone());
     }
@@ -637,17 +648,29 @@ async fn run_kubernetes(
     let mut elector = if args.no_leader_election {
         None
     } else {
-        let mut e =
-            LeaderElector::new(store.clone(), args.leader_config()).map_err(|e| e.to_string())?;
+        let mut e = LeaderElector::new(store.clone(), args.leader_config())
+            .map_err(|e| jumpstarter_core::error_chain(&e))?;
         // While another replica leads, this one forwards its ports to it (so that every
         // replica is Ready and rolling updates complete), and serves on the same ports once
         // it leads.
         let grpc = tokio::net::TcpListener::bind(&config.listen)
             .await
-            .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
+            .map_err(|e| {
+                format!(
+                    "cannot listen on {}: {e}",
+                    config.listen,
+                    e = jumpstarter_core::error_chain(&e)
+                )
+            })?;
         let router = tokio::net::TcpListener::bind(&config.router_listen)
             .await
-            .map_err(|e| format!("cannot listen on {}: {e}", config.router_listen))?;
+            .map_err(|e| {
+                format!(
+                    "cannot listen on {}: {e}",
+                    config.router_listen,
+                    e = jumpstarter_core::error_chain(&e)
+                )
+            })?;
         for (l, at) in [
             (&grpc, &mut config.listen),
             (&router, &mut config.router_listen),
@@ -658,7 +681,12 @@ async fn run_kubernetes(
         }
         let (grpc_addr, router_addr) = match (grpc.local_addr(), router.local_addr()) {
             (Ok(g), Ok(r)) => (g, r),
-            (Err(e), _) | (_, Err(e)) => return Err(format!("standby listeners: {e}")),
+            (Err(e), _) | (_, Err(e)) => {
+                return Err(format!(
+                    "standby listeners: {e}",
+                    e = jumpstarter_core::error_chain(&e)
+                ));
+            }
         };
         tracing::info!(
             "standby listeners: grpc={} router={}; forwarded to the leader until this replica \
@@ -710,10 +738,10 @@ async fn run_kubernetes(
     // The leader alone moves key material, so replicas cannot race on the first start.
     crate::kubernetes::key_secret::restore(&store, &args.namespace, &config.data_dir)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| jumpstarter_core::error_chain(&e))?;
     let running = crate::server::start_with_store(config.clone(), store.clone())
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| jumpstarter_core::error_chain(&e))?;
     if let Some(e) = elector.as_mut() {
         // Written with the next renewal: the standbys forward here.
         match crate::kubernetes::standby::Endpoints::advertised(
@@ -737,14 +765,14 @@ async fn run_kubernetes(
     }
     crate::kubernetes::key_secret::save(&store, &args.namespace, &config.data_dir)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| jumpstarter_core::error_chain(&e))?;
     // The standalone routers (deploy/kubernetes) serve with a certificate from our CA.
     let ca = jumpstarter_core::auth::CertificateAuthority::load(&config.data_dir.join("ca"))
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| jumpstarter_core::error_chain(&e))?;
     let sans = crate::kubernetes::key_secret::router_sans(&running.state.routers, &args.namespace);
     crate::kubernetes::key_secret::ensure_router_tls(&store, &args.namespace, &ca, &sans)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| jumpstarter_core::error_chain(&e))?;
     let lost = async {
         match elector.as_mut() {
             Some(e) => e.hold().await,
@@ -756,7 +784,7 @@ async fn run_kubernetes(
         && code == std::process::ExitCode::SUCCESS
         && let Err(err) = e.release().await
     {
-        tracing::warn!("{err}");
+        tracing::warn!("{err}", err = jumpstarter_core::error_chain(&err));
     }
     Ok(code)
 }
@@ -776,12 +804,12 @@ async fn serve<S: Store>(
     lost: impl std::future::Future<Output = crate::kubernetes::leader::LeaderError>,
 ) -> std::process::ExitCode {
     if let Some(p) = &running.admin_config {
-        eprintln!(
+        jumpstarter_core::logging::say(format!(
             "Admin config (controller endpoint, CA and admin token) written to {}",
             p.display()
-        );
+        ));
     }
-    eprintln!(
+    jumpstarter_core::logging::say(format!(
         "{READY_LINE_PREFIX} grpc={} router={} metrics={} endpoint={} data={}",
         running.addr,
         running.router_addr,
@@ -790,18 +818,18 @@ async fn serve<S: Store>(
             .map_or_else(|| "off".to_string(), |a| a.to_string()),
         running.endpoint,
         config.data_dir.display()
-    );
+    ));
     for line in serving_lines(running.addr, running.router_addr, running.metrics_addr) {
-        eprintln!("{line}");
+        jumpstarter_core::logging::say(line);
     }
     if let Some(a) = running.login_addr {
-        eprintln!("Easy login served at https://{a}/v1/auth/config");
+        jumpstarter_core::logging::say(format!("Easy login served at https://{a}/v1/auth/config"));
     }
     let state = running.state.clone();
     let code = tokio::select! {
         _ = stop_signal() => std::process::ExitCode::SUCCESS,
         reason = state.failed() => {
-            eprintln!("Error: {reason}");
+            jumpstarter_core::logging::say_error(reason);
             std::process::ExitCode::FAILURE
         }
         e = lost => {

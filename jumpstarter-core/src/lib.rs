@@ -86,6 +86,7 @@ mod error;
 pub mod hooks;
 #[doc(hidden)]
 pub mod labels;
+pub mod logging;
 #[doc(hidden)]
 pub mod leftovers;
 #[doc(hidden)]

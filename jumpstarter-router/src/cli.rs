@@ -100,7 +100,7 @@ pub fn main() -> std::process::ExitCode {
     match rt.block_on(run(args)) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("Error: {e:#}");
+            jumpstarter_core::logging::say_error(format!("{e:#}"));
             std::process::ExitCode::FAILURE
         }
     }
@@ -132,7 +132,10 @@ async fn run(args: Args) -> Result<()> {
         },
     );
     if let Some(m) = metrics {
-        eprintln!("Router metrics on http://{}/metrics", m.local_addr()?);
+        jumpstarter_core::logging::say(format!(
+            "Router metrics on http://{}/metrics",
+            m.local_addr()?
+        ));
         tokio::spawn(crate::metrics::serve(
             m,
             router.stats(),
@@ -140,7 +143,7 @@ async fn run(args: Args) -> Result<()> {
             std::future::pending(),
         ));
     }
-    eprintln!("Router listening on {}", listener.local_addr()?);
+    jumpstarter_core::logging::say(format!("Router listening on {}", listener.local_addr()?));
     serve(router, listener, Some(identity), guard, async {
         let _ = tokio::signal::ctrl_c().await;
     })

@@ -51,5 +51,6 @@ mod token;
 
 pub use router::{Router, RouterConfig, RouterError, RouterStats, RouterStreamService, serve};
 pub use token::{
-    ROUTER_AUDIENCE, ROUTER_ISSUER, ROUTER_TOKEN_LIFETIME, RouterToken, RouterTokenKey,
+    LEASE_CLAIM, ROUTER_AUDIENCE, ROUTER_ISSUER, ROUTER_TOKEN_LIFETIME, RouterToken,
+    RouterTokenKey, VerifiedStream,
 };

@@ -68,8 +68,28 @@ impl RouterTokenKey {
         self.issue_at(&uuid::Uuid::new_v4().to_string(), SystemTime::now())
     }
 
+    /// [`RouterTokenKey::issue`] for a tunnel of `lease` (`namespace/name`), which the token
+    /// carries in [`LEASE_CLAIM`] so that the router's log lines name it. Upstream's router
+    /// ignores the claim.
+    pub fn issue_for_lease(&self, lease: &str) -> Result<RouterToken, TokenError> {
+        self.issue_with(
+            &uuid::Uuid::new_v4().to_string(),
+            Some(lease),
+            SystemTime::now(),
+        )
+    }
+
     /// Mints a token for `stream_id` as if the clock read `now`.
     pub fn issue_at(&self, stream_id: &str, now: SystemTime) -> Result<RouterToken, TokenError> {
+        self.issue_with(stream_id, None, now)
+    }
+
+    fn issue_with(
+        &self,
+        stream_id: &str,
+        lease: Option<&str>,
+        now: SystemTime,
+    ) -> Result<RouterToken, TokenError> {
         let now = unix_seconds(now);
         let life = i64::try_from(ROUTER_TOKEN_LIFETIME.as_secs()).unwrap_or(i64::MAX);
         let claims = serde_json::json!({
@@ -81,6 +101,10 @@ impl RouterTokenKey {
             "iat": now,
             "jti": uuid::Uuid::new_v4().to_string(),
         });
+        let mut claims = claims;
+        if let (Some(lease), Some(map)) = (lease, claims.as_object_mut()) {
+            map.insert(LEASE_CLAIM.into(), lease.into());
+        }
         let token = jwt::encode(Alg::Hs256, Key::Hmac(&self.secret), None, &claims)?;
         Ok(RouterToken {
             token,
@@ -95,8 +119,22 @@ impl RouterTokenKey {
         self.verify_at(token, SystemTime::now())
     }
 
+    /// [`RouterTokenKey::verify`], with the lease the token names ([`LEASE_CLAIM`]), if any.
+    pub fn verify_stream(&self, token: &str) -> Result<VerifiedStream, TokenError> {
+        let (stream_id, lease) = self.verify_claims(token, SystemTime::now())?;
+        Ok(VerifiedStream { stream_id, lease })
+    }
+
     /// [`RouterTokenKey::verify`] as if the clock read `now`.
     pub fn verify_at(&self, token: &str, now: SystemTime) -> Result<String, TokenError> {
+        self.verify_claims(token, now).map(|(sub, _)| sub)
+    }
+
+    fn verify_claims(
+        &self,
+        token: &str,
+        now: SystemTime,
+    ) -> Result<(String, Option<String>), TokenError> {
         let claims = Claims(jwt::verify(
             token,
             Key::Hmac(&self.secret),
@@ -115,8 +153,21 @@ impl RouterTokenKey {
         if sub.is_empty() {
             return Err(TokenError::MissingClaim("sub"));
         }
-        Ok(sub.to_owned())
+        let lease = claims.string(LEASE_CLAIM).ok().map(str::to_owned);
+        Ok((sub.to_owned(), lease))
     }
+}
+
+/// The claim of our router tokens that names the lease a tunnel serves (`namespace/name`).
+pub const LEASE_CLAIM: &str = "jumpstarter.dev/lease";
+
+/// What a verified router token says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VerifiedStream {
+    /// The `sub` claim: the id that pairs the two streams.
+    pub stream_id: String,
+    /// The lease the tunnel serves, when the controller named it ([`LEASE_CLAIM`]).
+    pub lease: Option<String>,
 }
 
 #[cfg(test)]
@@ -131,6 +182,24 @@ mod tests {
 
     fn sign(alg: Alg, claims: serde_json::Value) -> String {
         jwt::encode(alg, Key::Hmac(b"shared-secret"), None, &claims).unwrap()
+    }
+
+    #[test]
+    fn a_token_for_a_lease_names_it_and_a_plain_one_does_not() {
+        let k = key();
+        let t = k.issue_for_lease("default/lease-1").unwrap();
+        let v = k.verify_stream(&t.token).unwrap();
+        assert_eq!(v.stream_id, t.stream_id);
+        assert_eq!(v.lease.as_deref(), Some("default/lease-1"));
+        assert_eq!(k.verify(&t.token).unwrap(), t.stream_id);
+        let plain = k.issue().unwrap();
+        assert_eq!(k.verify_stream(&plain.token).unwrap().lease, None);
+        assert!(
+            RouterTokenKey::new("other-secret")
+                .unwrap()
+                .verify_stream(&t.token)
+                .is_err()
+        );
     }
 
     #[test]

@@ -201,7 +201,7 @@ fn namespaces() -> Option<&'static [&'static str]> {
 /// package's, so cargo does not build it for these tests: `cargo test --workspace` does (as
 /// `cargo xtask ci` runs them). Building it from inside a test would compete with the test
 /// run for the machine and could build it with other settings than the run's.
-fn controller_dir() -> PathBuf {
+pub(crate) fn controller_dir() -> PathBuf {
     let dir = Path::new(JMP).parent().unwrap().to_path_buf();
     let bin = dir.join("jumpstarter-controller");
     assert!(

@@ -13,6 +13,7 @@ mod first_hour;
 mod hints;
 mod hooks;
 mod insecure_tls;
+mod json_logs;
 mod labels;
 mod lease_end;
 mod local;

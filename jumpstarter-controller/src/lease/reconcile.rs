@@ -387,7 +387,10 @@ async fn write_leases<'a, S: Store>(
             }
             match crate::kubernetes::owner_refs::set_lease_owner(&mut given, &d.status, owners) {
                 Ok(changed) => parts.metadata |= changed,
-                Err(e) => tracing::warn!("lease owner reference not set: {e}"),
+                Err(e) => tracing::warn!(
+                    "lease owner reference not set: {e}",
+                    e = jumpstarter_core::error_chain(&e)
+                ),
             }
             todo.push((d, lease, parts));
             objects.push((given, parts));
@@ -404,6 +407,7 @@ async fn write_leases<'a, S: Store>(
                 Ok(stored) => {
                     if parts.status {
                         statuses.insert((d.namespace.as_str(), d.name.as_str()), &d.status);
+                        log_transition(d, lease);
                     }
                     rewritten.insert((d.namespace.clone(), d.name.clone()), stored);
                 }
@@ -426,6 +430,35 @@ async fn write_leases<'a, S: Store>(
         statuses,
         rewritten,
     })
+}
+
+/// The log line of a grant or an end this pass wrote, with the correlation fields.
+fn log_transition(d: &crate::lease::scheduler::LeaseDecision, lease: &Lease) {
+    let client = lease.spec.client_ref.name.as_str();
+    match &d.action {
+        crate::lease::scheduler::Action::Assigned { exporter, priority } => tracing::info!(
+            lease_id = %d.name,
+            namespace = %d.namespace,
+            client,
+            exporter = %exporter,
+            priority,
+            "lease granted"
+        ),
+        crate::lease::scheduler::Action::Ended { reason } => tracing::info!(
+            lease_id = %d.name,
+            namespace = %d.namespace,
+            client,
+            exporter = lease
+                .status
+                .as_ref()
+                .and_then(|s| s.exporter_ref.as_ref())
+                .map(|r| r.name.as_str())
+                .unwrap_or(""),
+            reason,
+            "lease ended"
+        ),
+        _ => {}
+    }
 }
 
 /// Leases are owned by their exporter, as upstream's (collected with it on a cluster); this
@@ -595,14 +628,18 @@ pub async fn run<S: Store>(
             Err(e) if e.is_corruption() => {
                 let reason = format!(
                     "the store is damaged: {e}; {}",
-                    crate::store::sqlite::RECOVERY_STEPS
+                    crate::store::sqlite::RECOVERY_STEPS,
+                    e = jumpstarter_core::error_chain(&e)
                 );
                 tracing::error!("{reason}");
                 state.fail(reason);
                 return;
             }
             Err(e) => {
-                tracing::warn!("reconcile failed: {e}");
+                tracing::warn!(
+                    "reconcile failed: {e}",
+                    e = jumpstarter_core::error_chain(&e)
+                );
                 Duration::from_secs(1)
             }
         };

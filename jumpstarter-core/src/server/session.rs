@@ -69,6 +69,9 @@ pub struct Session {
     revoked: watch::Sender<Option<String>>,
     /// Where its consoles' transcripts go (see [`Session::set_transcripts`]).
     transcripts: Mutex<Option<Arc<dyn crate::driver::Transcripts>>>,
+    /// The span the lines of its driver calls are logged in (the lease's, with `lease_id`
+    /// and `client`; see [`Session::set_log_span`]).
+    log_span: Mutex<tracing::Span>,
 }
 
 impl Session {
@@ -96,7 +99,55 @@ impl Session {
             calls_blocked: std::sync::atomic::AtomicBool::new(false),
             revoked: watch::channel(None).0,
             transcripts: Mutex::new(None),
+            log_span: Mutex::new(tracing::Span::none()),
         })
+    }
+
+    /// Logs this session's driver calls (one line each, target `jumpstarter::driver_call`,
+    /// at INFO: `driver_type`, `operation`, `result`, `duration_ms`) in `span`.
+    pub fn set_log_span(&self, span: tracing::Span) {
+        *self.log_span.lock().unwrap_or_else(|p| p.into_inner()) = span;
+    }
+
+    /// The line of one driver call (see [`Session::set_log_span`]).
+    fn log_call<T>(
+        &self,
+        uuid: &str,
+        operation: &str,
+        r: &Result<T, DriverError>,
+        started: std::time::Instant,
+    ) {
+        let span = self
+            .log_span
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let driver_type = Uuid::parse_str(uuid)
+            .ok()
+            .and_then(|u| self.drivers.get(&u))
+            .map_or("unknown", |(_, d)| d.type_name());
+        let duration_ms = started.elapsed().as_secs_f64() * 1e3;
+        match r {
+            Ok(_) => tracing::info!(
+                target: "jumpstarter::driver_call",
+                parent: &span,
+                driver_type,
+                operation,
+                result = "ok",
+                duration_ms,
+                "driver call"
+            ),
+            Err(e) => tracing::info!(
+                target: "jumpstarter::driver_call",
+                parent: &span,
+                driver_type,
+                operation,
+                result = "error",
+                error = %crate::error_chain(e),
+                duration_ms,
+                "driver call"
+            ),
+        }
     }
 
     /// Keeps transcripts of the consoles this session's clients open, in `transcripts`
@@ -333,6 +384,22 @@ impl Session {
         method: String,
         args: Vec<prost_types::Value>,
     ) -> Result<prost_types::Value, DriverError> {
+        if !call_lines_wanted() {
+            return self.driver_call_unlogged(uuid, method, args).await;
+        }
+        let started = std::time::Instant::now();
+        let operation = method.clone();
+        let r = self.driver_call_unlogged(uuid, method, args).await;
+        self.log_call(uuid, &operation, &r, started);
+        r
+    }
+
+    async fn driver_call_unlogged(
+        &self,
+        uuid: &str,
+        method: String,
+        args: Vec<prost_types::Value>,
+    ) -> Result<prost_types::Value, DriverError> {
         self.check_ready()?;
         let (name, driver) = self.lookup(uuid)?;
         let ctx = self.context(&name, uuid);
@@ -348,6 +415,11 @@ impl Session {
     pub fn services(self: &Arc<Self>) -> SessionService {
         SessionService(self.clone())
     }
+}
+
+/// Whether the subscriber wants the driver call lines (`--log-format json` does).
+fn call_lines_wanted() -> bool {
+    tracing::enabled!(target: "jumpstarter::driver_call", tracing::Level::INFO)
 }
 
 /// `ExporterService` and `RouterService` over a [`Session`].
@@ -388,10 +460,12 @@ impl ExporterService for SessionService {
         self.0.check_ready().map_err(|e| e.to_status())?;
         let (name, driver) = self.0.lookup(&req.uuid).map_err(|e| e.to_status())?;
         let ctx = self.0.context(&name, &req.uuid);
-        let stream = driver
-            .streaming_call(ctx, req.method, req.args)
-            .await
-            .map_err(|e| e.to_status())?;
+        let logged = call_lines_wanted().then(|| (std::time::Instant::now(), req.method.clone()));
+        let stream = driver.streaming_call(ctx, req.method, req.args).await;
+        if let Some((started, operation)) = logged {
+            self.0.log_call(&req.uuid, &operation, &stream, started);
+        }
+        let stream = stream.map_err(|e| e.to_status())?;
         let out = stream.map(|item| {
             item.map(|v| StreamingDriverCallResponse {
                 uuid: Uuid::new_v4().to_string(),

@@ -1,0 +1,231 @@
+//! `--log-format json`: the real `jumpstarter-controller` (with its in-process router) and
+//! `jmp run`, one `jmp shell -- j power on`; every line each writes is one JSON object, and
+//! the lease's story is there from the controller, the router and the exporter, each line
+//! carrying the lease's id.
+
+use std::{
+    io::{BufRead, BufReader},
+    process::{Command, Stdio},
+    sync::mpsc,
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+use crate::{JMP, Running, Scratch, text};
+
+/// A process whose stderr lines are collected as they come.
+struct Logged {
+    _proc: Running,
+    lines: mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Logged {
+    fn start(mut c: Command) -> Self {
+        c.stdout(Stdio::null()).stderr(Stdio::piped());
+        let mut child = c.spawn().unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Self {
+            _proc: Running(child),
+            lines,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Waits (up to 60 s) for a line for which `f` holds; every line read is kept.
+    fn wait_for(&mut self, what: &str, f: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        if let Some(l) = self.seen.iter().find(|l| f(l)) {
+            return l.clone();
+        }
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => {
+                    self.seen.push(l.clone());
+                    if f(&l) {
+                        return l;
+                    }
+                }
+                Err(_) => panic!(
+                    "no line {what} within 60 s; seen:\n{}",
+                    self.seen.join("\n")
+                ),
+            }
+        }
+    }
+
+    /// Every line so far (waits a moment for the ones in flight), each parsed as JSON.
+    fn objects(&mut self) -> Vec<Value> {
+        std::thread::sleep(Duration::from_millis(300));
+        self.seen.extend(self.lines.try_iter());
+        self.seen
+            .iter()
+            .map(|l| {
+                serde_json::from_str(l)
+                    .unwrap_or_else(|e| panic!("not one JSON object: {l:?}: {e}"))
+            })
+            .collect()
+    }
+}
+
+/// The lines of `objects` about `lease` with `message`.
+fn about<'a>(objects: &'a [Value], lease: &str, message: &str) -> Vec<&'a Value> {
+    objects
+        .iter()
+        .filter(|o| o["lease_id"] == lease && o["message"] == message)
+        .collect()
+}
+
+#[test]
+fn one_lease_is_told_in_json_by_the_controller_the_router_and_the_exporter() {
+    let s = Scratch::new();
+    let bin = crate::doc_examples::controller_dir().join("jumpstarter-controller");
+    let admin = s.path("admin.yaml");
+    let with_admin = |mut c: Command| {
+        c.env("JMP_ADMIN_CONFIG", &admin);
+        c
+    };
+    let mut ctl = Command::new(bin);
+    ctl.current_dir(s.dir.path())
+        .arg("--data-dir")
+        .arg(s.path("data"))
+        .args(["--listen", "127.0.0.1:0", "--router-listen", "127.0.0.1:0"])
+        .args(["--metrics-listen", "off", "--admin-config"])
+        .arg(&admin)
+        .env("JMP_LOG_FORMAT", "json")
+        .env_remove("RUST_LOG");
+    let mut ctl = Logged::start(ctl);
+    ctl.wait_for("saying it is ready", |l| {
+        l.contains("jumpstarter-controller ready")
+    });
+
+    let exporter = s.path("board.yaml");
+    let out = with_admin(s.cmd(JMP))
+        .args([
+            "admin",
+            "create",
+            "exporter",
+            "board",
+            "-l",
+            "kind=json-logs",
+            "--out",
+        ])
+        .arg(&exporter)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{:?}", text(&out));
+    let config = std::fs::read_to_string(&exporter).unwrap().replace(
+        "\nexport:\n",
+        "\nexport:\n  power:\n    type: jumpstarter_driver_power.driver.MockPower\n",
+    );
+    std::fs::write(&exporter, config).unwrap();
+    let out = with_admin(s.cmd(JMP))
+        .args(["admin", "create", "client", "ci", "--save", "--unsafe"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{:?}", text(&out));
+
+    let mut run = s.cmd(JMP);
+    run.args(["run", "--log-format", "json", "--exporter-config"])
+        .arg(&exporter)
+        .env_remove("RUST_LOG")
+        .env_remove("JMP_LOG");
+    let mut run = Logged::start(run);
+    run.wait_for("saying it registered", |l| {
+        l.contains("registered with controller")
+    });
+
+    let out = s
+        .cmd(JMP)
+        .args([
+            "shell",
+            "--client",
+            "ci",
+            "-l",
+            "kind=json-logs",
+            "--",
+            "j",
+            "power",
+            "on",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{:?}", text(&out));
+    run.wait_for("saying the lease ended", |l| l.contains("ended"));
+    ctl.wait_for("saying the lease ended", |l| l.contains("\"lease ended\""));
+
+    let controller = ctl.objects();
+    let exporter = run.objects();
+    let created = controller
+        .iter()
+        .find(|o| o["message"] == "lease created")
+        .unwrap_or_else(|| panic!("no lease created line: {controller:#?}"));
+    let lease = created["lease_id"].as_str().unwrap().to_string();
+    assert_eq!(created["client"], "ci");
+    assert_eq!(created["namespace"], "default");
+    assert_eq!(created["component"], "controller");
+    assert_eq!(created["level"], "INFO");
+    assert!(created["timestamp"].as_str().unwrap().ends_with('Z'));
+
+    for message in ["lease granted", "dial", "lease ended"] {
+        let lines = about(&controller, &lease, message);
+        assert!(
+            !lines.is_empty(),
+            "no {message:?} of {lease}: {controller:#?}"
+        );
+        assert_eq!(lines[0]["exporter"], "board", "{message}");
+        assert_eq!(lines[0]["client"], "ci", "{message}");
+    }
+    let tunnels = about(&controller, &lease, "tunnel open");
+    assert!(!tunnels.is_empty(), "no tunnel of {lease}: {controller:#?}");
+    assert_eq!(tunnels[0]["component"], "router");
+    assert_eq!(tunnels[0]["namespace"], "default");
+
+    let call = exporter
+        .iter()
+        .find(|o| o["message"] == "driver call" && o["operation"] == "on")
+        .unwrap_or_else(|| panic!("no driver call line: {exporter:#?}"));
+    assert_eq!(call["lease_id"], lease.as_str());
+    assert_eq!(call["client"], "ci");
+    assert_eq!(call["exporter"], "board");
+    assert_eq!(call["component"], "exporter");
+    assert_eq!(call["result"], "ok");
+    assert!(call["duration_ms"].as_f64().is_some(), "{call}");
+    assert_eq!(call["driver_type"], "MockPower", "{call}");
+    assert!(
+        !about(
+            &exporter,
+            &lease,
+            &format!("lease {lease} started (client ci)")
+        )
+        .is_empty(),
+        "{exporter:#?}"
+    );
+}
+
+#[test]
+fn a_bad_log_format_is_refused_naming_it() {
+    let s = Scratch::new();
+    let out = s
+        .cmd(JMP)
+        .args(["run", "--log-format", "yaml", "--exporter-config"])
+        .arg(s.path("exporter.yaml"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let (_, err) = text(&out);
+    assert!(
+        err.contains("yaml") && err.contains("--log-format"),
+        "{err}"
+    );
+}
