@@ -16,6 +16,9 @@
 //!    `src/bin` are crates of their own and are not read.
 //! 2. **The controller builds without the compression libraries**: `cargo tree -p
 //!    jumpstarter-controller -e normal` names no zstd, lzma/xz or bzip2 crate.
+//! 3. **No error message repeats its cause**: no `#[error("...")]` in these crates' files
+//!    names its own source field (see [`crate::arch_errors`]); the message says what failed,
+//!    the source why, and printers walk the chain.
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -53,7 +56,7 @@ const COMPRESSION_CRATES: [&str; 8] = [
     "bzip2",
 ];
 
-/// Runs both checks, naming every cycle and every unwanted crate.
+/// Runs the checks, naming every cycle, every unwanted crate and every repeated cause.
 pub fn run() -> Result<()> {
     let root = crate::workspace_root();
     let mut failures = Vec::new();
@@ -80,6 +83,11 @@ pub fn run() -> Result<()> {
             found.join(", ")
         ));
     }
+    let repeats = crate::arch_errors::repeats_in(&root, &CRATES)?;
+    if repeats.is_empty() {
+        println!("arch: no error message repeats its source");
+    }
+    failures.extend(repeats.iter().map(ToString::to_string));
     if !failures.is_empty() {
         for f in &failures {
             eprintln!("arch: {f}");

@@ -1,6 +1,7 @@
 //! Developer tasks: `cargo xtask ci | interop | bench`.
 
 mod arch;
+mod arch_errors;
 mod bench;
 mod bench_boards;
 mod bench_bridge;
@@ -102,7 +103,7 @@ fn main() -> std::process::ExitCode {
                 "usage: cargo xtask <task>\n\n\
                  tasks:\n  \
                  ci        [--timings] [--full] fmt, arch, clippy and rustdoc -D warnings, all tests and suites (what CI runs)\n  \
-                 arch      no import cycles between a crate's files; the controller without compression crates\n  \
+                 arch      no import cycles between a crate's files; the controller without compression crates; no error message repeats its source\n  \
                  interop   [FILTER] upstream Python 0.9.0 tools against ours (builds a venv)\n  \
                  bench     [--quick] latency/throughput, ours vs upstream Python, in one run\n  \
                  bench-scale [--quick] [--exporters N] [--per-conn K] [--only controller|router] 10,000 live exporters on one controller, 1,000 tunnels through one router\n  \
