@@ -48,6 +48,8 @@ pub struct ShellLease {
     pub retry_timeout: Option<String>,
     /// `--exporter-logs`: print every exporter log record, not only the hooks' output.
     pub exporter_logs: bool,
+    /// `--keep-alive`: extend the lease while the command runs (see [`keep_lease_alive`]).
+    pub keep_alive: bool,
 }
 
 /// Parses `--retry-timeout` (default [`tunnel::DEFAULT_RETRY_TIMEOUT`]).
@@ -204,6 +206,11 @@ pub async fn shell(toolkit: &crate::Toolkit, opts: ShellLease, command: &[String
         }
     }
 
+    // Extensions come from this process only: they stop when the command is done (below) or
+    // when jmp itself goes away.
+    let keeper = opts
+        .keep_alive
+        .then(|| tokio::spawn(keep_lease_alive(controller.clone(), lease.name.clone())));
     let mut ended = false;
     let outcome = async {
         let dir = shell::private_dir()?;
@@ -283,6 +290,9 @@ pub async fn shell(toolkit: &crate::Toolkit, opts: ShellLease, command: &[String
         }
     }
     .await;
+    if let Some(k) = keeper {
+        k.abort();
+    }
     if ended {
         // The lease ended by itself: nothing to end or release.
         session.detach();
@@ -295,6 +305,45 @@ pub async fn shell(toolkit: &crate::Toolkit, opts: ShellLease, command: &[String
         }
     }
     outcome
+}
+
+/// `--keep-alive`: extends lease `name` as its end nears, by its own duration each time, until
+/// the access policies refuse (said once on stderr, as is the start); runs until aborted.
+async fn keep_lease_alive(controller: ControllerClient, name: String) {
+    use jumpstarter_core::client::keep_alive::{KeepAlive, KeepAliveEvent, keep_alive};
+    let duration = match controller.get_lease(&name).await {
+        Ok(l) => l
+            .duration
+            .and_then(|d| Duration::try_from(d).ok())
+            .filter(|d| !d.is_zero()),
+        Err(e) => {
+            eprintln!("Warning: lease {name} is not kept alive: {e}");
+            return;
+        }
+    };
+    let policy = KeepAlive::for_duration(duration.unwrap_or(Duration::from_secs(1800)));
+    eprintln!(
+        "Keeping lease {name} alive while the command runs: extended by {} as its end nears, \
+         up to the access policy's maximum duration",
+        crate::output::format_timedelta(policy.extend_by.as_secs_f64())
+    );
+    let when = |t: std::time::SystemTime| {
+        jiff::Timestamp::try_from(t).map_or_else(|_| "?".to_string(), |t| t.to_string())
+    };
+    let result = keep_alive(&controller, &name, policy, |event| match event {
+        KeepAliveEvent::Extended { until } => {
+            tracing::info!("lease {name} extended; it now ends at {}", when(until));
+        }
+        KeepAliveEvent::AtMaximum { until, reason } => eprintln!(
+            "Lease {name} has reached the longest duration the access policy allows and is no \
+             longer extended; it ends at {} ({reason})",
+            when(until)
+        ),
+    })
+    .await;
+    if let Err(e) = result {
+        eprintln!("Warning: lease {name} is no longer kept alive: {e}");
+    }
 }
 
 /// Runs the command until it exits (or SIGTERM/SIGHUP, which still release the lease)

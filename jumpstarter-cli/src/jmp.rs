@@ -54,6 +54,9 @@ enum Command {
     /// Delete resources
     #[command(subcommand, alias = "del", alias = "d")]
     Delete(crate::resources::DeleteCommand),
+    /// Share a lease with other clients of its namespace, or stop sharing it
+    #[command(subcommand)]
+    Share(crate::share::ShareCommand),
     /// Authentication and token management commands.
     #[command(subcommand)]
     Auth(crate::auth::AuthCommand),
@@ -168,6 +171,10 @@ struct ShellArgs {
     /// while the command runs).
     #[arg(long)]
     exporter_logs: bool,
+    /// Keep extending the lease while the shell or its command runs, up to the access
+    /// policy's maximum duration (with a controller). Extensions stop when jmp exits.
+    #[arg(long)]
+    keep_alive: bool,
     /// The command to run instead of a shell.
     #[arg(
         trailing_var_arg = true,
@@ -300,6 +307,7 @@ pub async fn run(cli: Cli, toolkit: &crate::Toolkit) -> Result<i32> {
         Command::Create(cmd) => crate::resources::create(cmd).await,
         Command::Update(cmd) => crate::resources::update(cmd).await,
         Command::Delete(cmd) => crate::resources::delete(cmd).await,
+        Command::Share(cmd) => crate::share::run(cmd).await,
         Command::Auth(cmd) => crate::auth::run(cmd).await,
         Command::Login(args) => crate::login::run(*args).await,
         Command::Driver(cmd) => crate::auth::driver(cmd, toolkit),
@@ -388,6 +396,7 @@ async fn shell(args: ShellArgs, toolkit: &crate::Toolkit) -> Result<i32> {
                 retry_timeout: args.retry_timeout,
                 no_direct: args.no_direct,
                 exporter_logs: args.exporter_logs,
+                keep_alive: args.keep_alive,
             };
             crate::distributed::shell(toolkit, lease, &args.command).await
         }

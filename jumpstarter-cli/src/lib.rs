@@ -26,6 +26,7 @@ mod mcp;
 mod output;
 mod pipe;
 mod resources;
+mod share;
 mod shell;
 mod signals;
 mod toolkit;

@@ -14,6 +14,7 @@ mod hints;
 mod hooks;
 mod insecure_tls;
 mod json_logs;
+mod keep_alive;
 mod labels;
 mod lease_end;
 mod local;
@@ -24,10 +25,12 @@ mod python_drivers;
 mod qemu;
 mod router_faults;
 mod selectors;
+mod sharing;
 mod single_lease;
 mod storage;
 mod token_expiry;
 mod twin;
+mod wording;
 
 use std::{
     io::{BufRead, BufReader},
