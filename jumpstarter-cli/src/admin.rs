@@ -1514,8 +1514,9 @@ async fn rotate_client(a: RotateClientArgs) -> Result<i32> {
             save_client(&cfg, p)?;
             match mode {
                 OutputMode::Name => println!("client.jumpstarter.dev/{}", a.name),
+                // Upstream's two lines, then where the config is.
                 _ => println!(
-                    "Rotated the token of client \"{}\"; saved to {}",
+                    "Token rotated for client '{}'\nClient configuration updated with new token ({})",
                     a.name,
                     p.display()
                 ),
@@ -1525,7 +1526,7 @@ async fn rotate_client(a: RotateClientArgs) -> Result<i32> {
             OutputMode::Name => println!("client.jumpstarter.dev/{}", a.name),
             _ => {
                 eprintln!(
-                    "Rotated the token of client \"{}\" (the old one stays valid until it \
+                    "Token rotated for client '{}' (the old token stays valid until it \
                      expires); its new config:",
                     a.name
                 );

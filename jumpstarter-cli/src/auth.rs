@@ -199,7 +199,7 @@ mod tests {
             "{v}"
         );
         assert!(
-            v.contains("Status:                valid (2h 0m remaining)\n"),
+            v.contains("Status:                Valid (2h 0m remaining)\n"),
             "{v}"
         );
         assert!(

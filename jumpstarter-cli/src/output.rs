@@ -302,13 +302,13 @@ pub fn jwt_expiry(token: &str) -> Option<Timestamp> {
     Timestamp::from_second(secs).ok()
 }
 
-/// The `Token:` status line: `valid (8723h 53m remaining)`, `expired (2h 5m ago)`.
+/// The `Token:` status line in upstream's words: `Valid (8723h 53m remaining)`, `EXPIRED (2h 5m ago)`.
 pub fn token_status(expiry: Timestamp, now: Timestamp) -> String {
     let left = expiry.as_second() - now.as_second();
     if left > 0 {
-        format!("valid ({} remaining)", format_hours_minutes(left))
+        format!("Valid ({} remaining)", format_hours_minutes(left))
     } else {
-        format!("expired ({} ago)", format_hours_minutes(-left))
+        format!("EXPIRED ({} ago)", format_hours_minutes(-left))
     }
 }
 
@@ -410,9 +410,9 @@ mod tests {
         let exp = jwt_expiry(&token).unwrap();
         assert_eq!(format_utc(exp), "2027-08-30 02:00:56 UTC");
         let now = Timestamp::from_second(1819591256 - (8723 * 3600 + 53 * 60 + 10)).unwrap();
-        assert_eq!(token_status(exp, now), "valid (8723h 53m remaining)");
+        assert_eq!(token_status(exp, now), "Valid (8723h 53m remaining)");
         let later = Timestamp::from_second(1819591256 + 3700).unwrap();
-        assert_eq!(token_status(exp, later), "expired (1h 1m ago)");
+        assert_eq!(token_status(exp, later), "EXPIRED (1h 1m ago)");
         assert_eq!(jwt_expiry("not-a-jwt"), None);
         assert_eq!(jwt_expiry("a.%%%.c"), None);
     }

@@ -624,7 +624,7 @@ pub struct ClientDriversView {
 pub struct ClientTokenView {
     /// The `exp` claim, if the token is a JWT with one.
     pub expiry: Option<Timestamp>,
-    /// `valid (... remaining)`, `expired (... ago)`, `not set` or `unknown expiry`.
+    /// `Valid (... remaining)`, `EXPIRED (... ago)`, `not set` or `unknown expiry`.
     pub status: String,
     /// Seconds until expiry (negative when expired).
     pub remaining_seconds: Option<i64>,
@@ -1910,7 +1910,7 @@ Drivers:
   Unsafe:  yes
 Token:
   Expiry:  2027-08-30 02:00:56 UTC
-  Status:  valid (8723h 53m remaining)
+  Status:  Valid (8723h 53m remaining)
 Refresh Token Stored:  no
 "
         );

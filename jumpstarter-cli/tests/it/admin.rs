@@ -245,7 +245,7 @@ Drivers:  <unknown> (the exporter has not registered yet)
         "{d}"
     );
     assert!(
-        lines[14].starts_with("  Status:  valid (") && lines[14].ends_with(" remaining)"),
+        lines[14].starts_with("  Status:  Valid (") && lines[14].ends_with(" remaining)"),
         "{d}"
     );
     assert_eq!(lines[15], "Refresh Token Stored:  no");
@@ -613,7 +613,14 @@ fn admin_delete_rotate_and_import() {
     let old = jumpstarter_core::config::ClientConfig::load(&client_path).unwrap();
 
     // Rotate with --save: a new token in the same file, other settings kept.
-    lab.ok(&["admin", "rotate", "client", "hello", "--save"]);
+    // Upstream's words, which its e2e suite checks.
+    let out = lab.ok(&["admin", "rotate", "client", "hello", "--save"]);
+    assert!(
+        out.starts_with(
+            "Token rotated for client 'hello'\nClient configuration updated with new token ("
+        ),
+        "{out}"
+    );
     let new = jumpstarter_core::config::ClientConfig::load(&client_path).unwrap();
     assert_ne!(new.token, old.token);
     assert!(new.allows_unsafe());
@@ -624,7 +631,7 @@ fn admin_delete_rotate_and_import() {
 
     // jmp auth: status from the JWT, rotate through ClientService.RotateToken.
     let st = lab.ok(&["auth", "status"]);
-    assert!(st.contains("Status:                valid ("), "{st}");
+    assert!(st.contains("Status:                Valid ("), "{st}");
     let out = lab.ok(&["auth", "rotate"]);
     assert!(out.starts_with("Token rotated; saved to "), "{out}");
     let rotated = jumpstarter_core::config::ClientConfig::load(&client_path).unwrap();

@@ -246,7 +246,7 @@ fn password_login_then_get_exporters_refresh_and_status() {
     assert!(listed.contains("ex1"), "{listed}");
 
     let status = lab.ok(&["auth", "status", "--client", "alice", "-v"]);
-    assert!(status.contains("valid ("), "{status}");
+    assert!(status.contains("Valid ("), "{status}");
     assert!(status.contains("Refresh Token Stored:  yes"), "{status}");
     assert!(status.contains(&lab.issuer().url), "{status}");
 
