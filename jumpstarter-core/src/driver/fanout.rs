@@ -251,14 +251,26 @@ impl ConsoleFanout {
         Fut: Future<Output = Result<BoxDuplex, DriverError>>,
     {
         let _opening = self.shared.opening.lock().await;
-        let open_now = lock(&self.shared.state).source.is_none();
-        let opened = if open_now { Some(open().await?) } else { None };
-        let mut st = lock(&self.shared.state);
+        // Opens the source unless it is open; checked again under the state's lock, as the
+        // last client may leave (and close it) meanwhile.
+        let mut open = Some(open);
+        let mut opened: Option<BoxDuplex> = None;
+        let mut st = loop {
+            if let Some(st) = self.state_if_open(opened.is_some()) {
+                break st;
+            }
+            let Some(open) = open.take() else {
+                return Err(DriverError::failed(
+                    "the console closed while it was opened",
+                ));
+            };
+            opened = Some(open().await?);
+        };
         if role == Role::Writer && st.writer.is_some() {
             // Taken while the source opened (only by another connect racing this one).
             return Err(DriverError::NotReady(CONSOLE_IN_USE.into()));
         }
-        if let Some(io) = opened {
+        if let Some(io) = opened.filter(|_| st.source.is_none()) {
             st.generation += 1;
             let generation = st.generation;
             let (read, write) = tokio::io::split(io);
@@ -291,6 +303,12 @@ impl ConsoleFanout {
             role,
             buf,
         })
+    }
+
+    /// The state, locked, if the source is open or `opened` (one was just opened).
+    fn state_if_open(&self, opened: bool) -> Option<MutexGuard<'_, State>> {
+        let st = lock(&self.shared.state);
+        (st.source.is_some() || opened).then_some(st)
     }
 
     /// Takes the seat from the writer, if any: its later writes fail, it reads on without
