@@ -211,6 +211,12 @@ fn one_lease_is_told_in_json_by_the_controller_the_router_and_the_exporter() {
         .is_empty(),
         "{exporter:#?}"
     );
+    // What the driver itself logs is the lease's too.
+    let said = exporter
+        .iter()
+        .find(|o| o["target"] == "driver" && o["message"] == "[driver.MockPower] power on")
+        .unwrap_or_else(|| panic!("no driver line: {exporter:#?}"));
+    assert_eq!(said["lease_id"], lease.as_str(), "{said}");
 }
 
 #[test]

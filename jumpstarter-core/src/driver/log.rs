@@ -11,6 +11,11 @@ const LOG_BUFFER: usize = 256;
 /// How many hook output records are kept for a client that has not opened `LogStream` yet.
 const HOOK_BACKLOG: usize = 1024;
 
+/// The time of a record (upstream main's `LogStreamResponse.timestamp`).
+fn now() -> prost_types::Timestamp {
+    prost_types::Timestamp::from(std::time::SystemTime::now())
+}
+
 /// Where driver log records go: `tracing` (target `driver`) and the session's `LogStream`.
 #[derive(Clone)]
 pub struct LogSink {
@@ -44,6 +49,9 @@ impl LogSink {
             severity: severity.to_string(),
             message,
             source: Some(LogSource::Driver as i32),
+            driver_type: Some(driver.to_string()),
+            timestamp: Some(now()),
+            ..Default::default()
         });
     }
 
@@ -56,6 +64,8 @@ impl LogSink {
             severity: severity.to_string(),
             message,
             source: Some(source as i32),
+            timestamp: Some(now()),
+            ..Default::default()
         };
         let mut backlog = self.backlog.lock().unwrap_or_else(|p| p.into_inner());
         if self.tx.receiver_count() == 0 {
@@ -76,5 +86,27 @@ impl LogSink {
     ) {
         let mut backlog = self.backlog.lock().unwrap_or_else(|p| p.into_inner());
         (backlog.drain(..).collect(), self.tx.subscribe())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn driver_records_carry_their_driver_type_and_time_and_hook_records_their_time() {
+        let sink = LogSink::default();
+        let (_, mut rx) = sink.subscribe();
+        sink.emit("MockPower", "INFO", "power on".into());
+        sink.emit_hook(LogSource::BeforeLeaseHook, "INFO", "flashing".into());
+        let driver = rx.try_recv().unwrap();
+        assert_eq!(driver.driver_type.as_deref(), Some("MockPower"));
+        assert_eq!(driver.source, Some(LogSource::Driver as i32));
+        let t = driver.timestamp.unwrap();
+        assert!(t.seconds > 1_700_000_000, "{t:?}");
+        let hook = rx.try_recv().unwrap();
+        assert_eq!(hook.driver_type, None);
+        assert!(hook.timestamp.is_some());
+        assert!(hook.structured_fields.is_empty() && hook.operation.is_none());
     }
 }

@@ -109,6 +109,13 @@ impl Session {
         *self.log_span.lock().unwrap_or_else(|p| p.into_inner()) = span;
     }
 
+    fn log_span(&self) -> tracing::Span {
+        self.log_span
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     /// The line of one driver call (see [`Session::set_log_span`]).
     fn log_call<T>(
         &self,
@@ -117,11 +124,7 @@ impl Session {
         r: &Result<T, DriverError>,
         started: std::time::Instant,
     ) {
-        let span = self
-            .log_span
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+        let span = self.log_span();
         let driver_type = Uuid::parse_str(uuid)
             .ok()
             .and_then(|u| self.drivers.get(&u))
@@ -389,7 +392,11 @@ impl Session {
         }
         let started = std::time::Instant::now();
         let operation = method.clone();
-        let r = self.driver_call_unlogged(uuid, method, args).await;
+        // The driver's own log lines carry the lease's fields too.
+        let span = self.log_span();
+        let r =
+            tracing::Instrument::instrument(self.driver_call_unlogged(uuid, method, args), span)
+                .await;
         self.log_call(uuid, &operation, &r, started);
         r
     }
