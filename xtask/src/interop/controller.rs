@@ -1,7 +1,7 @@
 //! Upstream Python tools against our controller (`jumpstarter-controller`, embedded store,
 //! in-process router): `jmp run` in controller mode registers and is shown online, and the
 //! Python client lists exporters, creates, lists and deletes leases, and runs `j` in
-//! `jmp shell` through our router. Objects and configs come from our `jmp admin`, which finds
+//! `jmp shell` through our router; a lease another client shares with it, it lists and releases. Objects and configs come from our `jmp admin`, which finds
 //! the controller through the admin config the controller writes on start.
 
 use std::{path::Path, process::Command, time::Duration};
@@ -210,5 +210,58 @@ pub(super) fn py_tools_against_our_controller(env: &Env) -> Result<()> {
         "lease {lease} still listed as active:\n{}",
         out.stdout
     );
+
+    // A lease our jmp's client shares with py-client (`spec.sharedWith`, a field upstream's
+    // 0.9.0 client does not know): the Python client lists it (`-A`) and releases it.
+    let owner = dir.join("rs-owner.yaml");
+    let owner_s = owner.to_string_lossy().into_owned();
+    our_admin(
+        env,
+        &[
+            "create",
+            "client",
+            "rs-owner",
+            "--unsafe",
+            "--nointeractive",
+            "--out",
+            &owner_s,
+        ],
+    )?;
+    let mut c = env.ours(&env.jmp);
+    c.args([
+        "create",
+        "lease",
+        "-l",
+        "board=interop",
+        "--duration",
+        "10m",
+    ])
+    .args(["--share", "py-client", "-o", "name", "--client-config"])
+    .arg(&owner);
+    let out = procs::run(c, CALL_TIMEOUT)?;
+    check(&out, "jmp create lease --share py-client")?;
+    let shared = out.stdout.trim().to_string();
+    ensure!(
+        !shared.is_empty(),
+        "no lease name printed: {:?}",
+        out.stdout
+    );
+    py_exporter.wait_for_line(
+        &format!("Currently leased by rs-owner under {shared}"),
+        Duration::from_secs(30),
+    )?;
+    // Upstream's `jmp get leases` shows only the leases a client owns unless `-A`.
+    let out = py_jmp(env, &client, &["get", "leases"], &["-A", "-o", "name"])?;
+    check(&out, "(python) jmp get leases -A (shared)")?;
+    ensure!(
+        out.stdout.contains(&shared),
+        "the shared lease {shared} is not listed:\n{}",
+        out.stdout
+    );
+    // (Upstream's 0.9.0 `jmp shell --lease` itself refuses a lease whose owner is another
+    // client, before asking the controller; our `jmp shell` uses it.)
+    let out = py_jmp(env, &client, &["delete", "leases"], &[&shared])?;
+    check(&out, "(python) jmp delete leases SHARED")?;
+    py_exporter.wait_for_line("Currently not leased", Duration::from_secs(30))?;
     Ok(())
 }

@@ -117,7 +117,7 @@ pub fn run(filter: Option<&str>) -> Result<(usize, usize)> {
             snmp::our_j_to_py_snmp,
         ),
         (
-            "controller: python jmp run + jmp get/create/delete leases, shell -> our controller",
+            "controller: python jmp run + jmp get/create/delete leases, shell, a shared lease -> our controller",
             controller::py_tools_against_our_controller,
         ),
         (
