@@ -50,6 +50,8 @@ pub struct ShellLease {
     pub exporter_logs: bool,
     /// `--keep-alive`: extend the lease while the command runs (see [`keep_lease_alive`]).
     pub keep_alive: bool,
+    /// `--context key=value`, repeated: the new lease's context.
+    pub context: Vec<String>,
 }
 
 /// Parses `--retry-timeout` (default [`tunnel::DEFAULT_RETRY_TIMEOUT`]).
@@ -64,7 +66,10 @@ fn retry_timeout(text: Option<&str>) -> Result<Duration> {
 /// was disabled.
 fn unreachable(e: lease::LeaseError, retry: Duration) -> anyhow::Error {
     if retry.is_zero() {
-        anyhow::anyhow!("{e} (not retried: --retry-timeout 0)")
+        anyhow::anyhow!(
+            "{e} (not retried: --retry-timeout 0)",
+            e = jumpstarter_core::error_chain(&e)
+        )
     } else {
         anyhow::Error::new(e)
     }
@@ -80,7 +85,10 @@ fn retry_events(timeout: Duration) -> tunnel::TunnelEvents {
                 let secs = (remaining + Duration::from_millis(999))
                     .min(timeout)
                     .as_secs();
-                eprintln!("Waiting for the router (retrying for up to {secs}s): {error}");
+                eprintln!(
+                    "Waiting for the router (retrying for up to {secs}s): {error}",
+                    error = jumpstarter_core::error_chain(&error)
+                );
             }
         }
         tunnel::TunnelEvent::Reconnected { endpoint } => {
@@ -108,7 +116,13 @@ pub async fn shell(toolkit: &crate::Toolkit, opts: ShellLease, command: &[String
         .or_else(|| std::env::var("JMP_LEASE").ok())
         .filter(|l| !l.is_empty());
     let source = match existing {
-        Some(name) => LeaseSource::Existing(name),
+        Some(name) => {
+            anyhow::ensure!(
+                opts.context.is_empty(),
+                "--context sets the context of a new lease; lease {name} exists and its context is fixed"
+            );
+            LeaseSource::Existing(name)
+        }
         None => {
             let duration = lease::parse_duration(&opts.duration)?;
             LeaseSource::Create(LeaseRequest {
@@ -118,6 +132,7 @@ pub async fn shell(toolkit: &crate::Toolkit, opts: ShellLease, command: &[String
                 // Named here, so that a signal arriving while it is being created or queued
                 // can still release it.
                 lease_id: Some(uuid::Uuid::now_v7().to_string()),
+                context: crate::values::parse_context(&opts.context)?,
                 ..LeaseRequest::default()
             })
         }
@@ -177,7 +192,7 @@ pub async fn shell(toolkit: &crate::Toolkit, opts: ShellLease, command: &[String
             if let Some(name) = &ours {
                 eprintln!("Releasing lease {name}");
                 if let Err(e) = controller.release_lease(name).await {
-                    eprintln!("Warning: could not release lease {name}: {e}");
+                    eprintln!("Warning: could not release lease {name}: {e}", e = jumpstarter_core::error_chain(&e));
                 }
             }
             return Ok(128 + sig);
@@ -202,7 +217,11 @@ pub async fn shell(toolkit: &crate::Toolkit, opts: ShellLease, command: &[String
                 None,
                 &l.deprecated_labels.into_iter().collect(),
             ),
-            Err(e) => tracing::debug!("lease {}: {e}", lease.name),
+            Err(e) => tracing::debug!(
+                "lease {}: {e}",
+                lease.name,
+                e = jumpstarter_core::error_chain(&e)
+            ),
         }
     }
 
@@ -301,7 +320,10 @@ pub async fn shell(toolkit: &crate::Toolkit, opts: ShellLease, command: &[String
         // EndSession was sent above when the command ran to its end; after a signal or a
         // failed hook the lease is released at once.
         if let Err(e) = session.release_now().await {
-            eprintln!("Warning: could not release lease {name}: {e}");
+            eprintln!(
+                "Warning: could not release lease {name}: {e}",
+                e = jumpstarter_core::error_chain(&e)
+            );
         }
     }
     outcome
@@ -317,7 +339,10 @@ async fn keep_lease_alive(controller: ControllerClient, name: String) {
             .and_then(|d| Duration::try_from(d).ok())
             .filter(|d| !d.is_zero()),
         Err(e) => {
-            eprintln!("Warning: lease {name} is not kept alive: {e}");
+            eprintln!(
+                "Warning: lease {name} is not kept alive: {e}",
+                e = jumpstarter_core::error_chain(&e)
+            );
             return;
         }
     };
@@ -342,7 +367,10 @@ async fn keep_lease_alive(controller: ControllerClient, name: String) {
     })
     .await;
     if let Err(e) = result {
-        eprintln!("Warning: lease {name} is no longer kept alive: {e}");
+        eprintln!(
+            "Warning: lease {name} is no longer kept alive: {e}",
+            e = jumpstarter_core::error_chain(&e)
+        );
     }
 }
 

@@ -175,6 +175,10 @@ struct ShellArgs {
     /// policy's maximum duration (with a controller). Extensions stop when jmp exits.
     #[arg(long)]
     keep_alive: bool,
+    /// What the new lease is for, as key=value (repeatable, at most 8): e.g.
+    /// build_id=123. On every log line of the lease
+    #[arg(long, value_name = "KEY=VALUE")]
+    context: Vec<String>,
     /// The command to run instead of a shell.
     #[arg(
         trailing_var_arg = true,
@@ -318,6 +322,13 @@ pub async fn run(cli: Cli, toolkit: &crate::Toolkit) -> Result<i32> {
 }
 
 async fn shell(args: ShellArgs, toolkit: &crate::Toolkit) -> Result<i32> {
+    let local = args.tls_grpc.is_some()
+        || args.exporter.exporter_config.is_some()
+        || args.exporter.exporter.is_some();
+    anyhow::ensure!(
+        args.context.is_empty() || !local,
+        "--context sets the context of a lease a controller grants: a shell with --tls-grpc or an exporter config has no lease"
+    );
     if let Some(addr) = &args.tls_grpc {
         let opts = ConnectOptions {
             insecure: args.tls_grpc_insecure,
@@ -397,6 +408,7 @@ async fn shell(args: ShellArgs, toolkit: &crate::Toolkit) -> Result<i32> {
                 no_direct: args.no_direct,
                 exporter_logs: args.exporter_logs,
                 keep_alive: args.keep_alive,
+                context: args.context,
             };
             crate::distributed::shell(toolkit, lease, &args.command).await
         }

@@ -303,6 +303,9 @@ pub struct LeaseView {
     /// The other clients the holder shares the lease with (shown only when there are any).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub shared_with: Vec<String>,
+    /// What the lease is for (shown only when set).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub context: BTreeMap<String, String>,
 }
 
 impl LeaseView {
@@ -337,6 +340,7 @@ impl LeaseView {
             deprecated_labels: l.deprecated_labels.clone().into_iter().collect(),
             status: lease_status(l, now).to_string(),
             shared_with: l.shared_with.clone(),
+            context: l.context.clone().into_iter().collect(),
         }
     }
 
@@ -445,6 +449,7 @@ pub fn describe_lease(v: &LeaseView, tz: &TimeZone) -> String {
     fields.push(("Effective End Time", opt_time(v.effective_end_time, tz)));
     d.fields(0, &fields);
     d.map_section("Tags", &v.tags);
+    d.map_section("Context", &v.context);
     d.fields(0, &[("Context", "<none>".into())]);
     if v.conditions.is_empty() {
         d.fields(0, &[("Conditions", "<none>".into())]);
@@ -947,6 +952,10 @@ pub struct CreateLeaseArgs {
     /// repeated): they may use, extend and release it.
     #[arg(long, value_name = "CLIENTS", value_delimiter = ',')]
     share: Vec<String>,
+    /// What the lease is for, as key=value (repeatable, at most 8): e.g. build_id=123.
+    /// Immutable once set; on every log line of the lease.
+    #[arg(long, value_name = "KEY=VALUE")]
+    context: Vec<String>,
     #[arg(short, long, value_parser = ["json", "yaml", "name"], help = OUTPUT_HELP)]
     output: Option<String>,
 }
@@ -1427,6 +1436,7 @@ pub async fn create(cmd: CreateCommand) -> Result<i32> {
         lease_id: args.lease_id.clone(),
         allow_disabled: args.allow_disabled,
         shared_with: args.share.clone(),
+        context: crate::values::parse_context(&args.context)?,
     };
     request.check()?;
     let api = connect(&args.client).await?;

@@ -27,6 +27,25 @@ pub fn parse_key_values(items: &[String], what: &str) -> Result<BTreeMap<String,
     Ok(out)
 }
 
+/// Parses repeated `--context key=value` flags (one entry each: a value may hold `,`, `/`,
+/// `:`); the controller checks the entries themselves (sizes, key characters).
+pub fn parse_context(items: &[String]) -> Result<BTreeMap<String, String>> {
+    let mut out = BTreeMap::new();
+    for item in items {
+        let Some((k, v)) = item.split_once('=') else {
+            bail!("invalid --context {item:?}: expected key=value");
+        };
+        let k = k.trim();
+        if k.is_empty() {
+            bail!("invalid --context {item:?}: the key is empty");
+        }
+        if out.insert(k.to_string(), v.to_string()).is_some() {
+            bail!("invalid --context {item:?}: key {k:?} given twice");
+        }
+    }
+    Ok(out)
+}
+
 /// Joins repeated `-l` flags into one selector string.
 pub fn join_selectors(selectors: &[String]) -> String {
     selectors
@@ -47,7 +66,12 @@ pub fn parse_begin_time(text: &str, tz: &TimeZone) -> Result<Timestamp> {
     match s.parse::<DateTime>() {
         Ok(dt) => Ok(dt
             .to_zoned(tz.clone())
-            .map_err(|e| anyhow::anyhow!("invalid begin time {text:?}: {e}"))?
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "invalid begin time {text:?}: {e}",
+                    e = jumpstarter_core::error_chain(&e)
+                )
+            })?
             .timestamp()),
         Err(_) => bail!(
             "invalid begin time {text:?}: expected ISO 8601, e.g. 2024-01-01T12:00:00 or \

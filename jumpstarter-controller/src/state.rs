@@ -72,7 +72,16 @@ pub struct ControllerState<S: Store> {
 }
 
 /// Lease (namespace, name) -> its client's name.
-pub(crate) type LeaseClients = std::collections::HashMap<crate::objects::ObjectKey, String>;
+pub(crate) type LeaseClients = std::collections::HashMap<crate::objects::ObjectKey, LeaseHolder>;
+
+/// Who holds a granted lease, and its context (for the exporter's status stream).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LeaseHolder {
+    /// The client's name.
+    pub client: String,
+    /// The lease's `spec.context`.
+    pub context: std::collections::BTreeMap<String, String>,
+}
 
 impl<S: Store> ControllerState<S> {
     /// State over `store`.
@@ -110,7 +119,13 @@ impl<S: Store> ControllerState<S> {
 
     /// The client of lease `namespace/name` as the last reconcile pass saw it, when it holds
     /// an exporter (`None`: read the lease).
+    #[cfg(test)]
     pub(crate) fn lease_client(&self, namespace: &str, name: &str) -> Option<String> {
+        self.lease_holder(namespace, name).map(|h| h.client)
+    }
+
+    /// The client and context of granted lease `namespace/name`, as of the last pass.
+    pub(crate) fn lease_holder(&self, namespace: &str, name: &str) -> Option<LeaseHolder> {
         use jumpstarter_core::sync::LockExt;
         let clients = self.lease_clients.lock_or_recover().clone();
         clients

@@ -67,6 +67,16 @@ pub fn init(component: &'static str, json: bool) {
     }
 }
 
+/// The span field that carries a lease's context (upstream main's `spec.context`) as a JSON
+/// object: [`JsonLines`] writes each of its entries as a field of its own (never over a
+/// field of the line), so every line of the lease carries them.
+pub const LEASE_CONTEXT_FIELD: &str = "lease_context";
+
+/// The value of [`LEASE_CONTEXT_FIELD`] for `context`.
+pub fn context_field(context: &std::collections::BTreeMap<String, String>) -> String {
+    serde_json::to_string(context).unwrap_or_default()
+}
+
 /// Set by [`init`] with JSON: the component [`say`] writes as.
 static JSON_COMPONENT: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
 
@@ -195,12 +205,21 @@ impl JsonLines {
         };
         out.insert("component".into(), component.into());
         out.insert("target".into(), event.metadata().target().into());
-        for fields in spans {
+        let mut context = Map::new();
+        for mut fields in spans {
+            if let Some(Value::String(c)) = fields.remove(LEASE_CONTEXT_FIELD)
+                && let Ok(Value::Object(entries)) = serde_json::from_str::<Value>(&c)
+            {
+                context.extend(entries);
+            }
             out.extend(fields);
         }
         let mut own = Map::new();
         event.record(&mut JsonVisitor(&mut own));
         out.extend(own);
+        for (k, v) in context {
+            out.entry(k).or_insert(v);
+        }
         out
     }
 }
@@ -294,6 +313,25 @@ mod tests {
         assert_eq!(o["n"], 2, "the inner span's field wins");
         let ts = o["timestamp"].as_str().unwrap();
         assert!(ts.ends_with('Z') && ts.contains('T'), "{ts}");
+    }
+
+    #[test]
+    fn a_lease_context_becomes_fields_of_their_own_never_over_the_lines_own() {
+        let context = [("build_id", "123"), ("lease_id", "forged")]
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .into();
+        let got = lines(|| {
+            let lease = tracing::info_span!(
+                "lease",
+                lease_id = "l-3",
+                { LEASE_CONTEXT_FIELD } = context_field(&context).as_str()
+            );
+            let _a = lease.enter();
+            tracing::info!("driver call");
+        });
+        assert_eq!(got[0]["build_id"], "123");
+        assert_eq!(got[0]["lease_id"], "l-3");
+        assert!(got[0].get(LEASE_CONTEXT_FIELD).is_none(), "{}", got[0]);
     }
 
     #[test]

@@ -100,7 +100,7 @@ pub enum ExporterError {
     Direct(#[from] DirectError),
     /// The driver tree could not be built (the exporter's name comes first when it has
     /// one).
-    #[error("{}the drivers cannot be built", if name.is_empty() { String::new() } else { format!("exporter {name}: ") })]
+    #[error("{}", if name.is_empty() { "the drivers cannot be built".to_owned() } else { format!("exporter {name}") })]
     Build {
         /// The exporter's name.
         name: String,
@@ -716,19 +716,34 @@ impl Runtime {
             self.end_lease(LeaseEnd::Ended).await;
         }
         if let Some(name) = wanted {
-            self.start_lease(name, msg.client_name.unwrap_or_default(), channel);
+            let context: BTreeMap<String, String> = msg.context.into_iter().collect();
+            self.start_lease(name, msg.client_name.unwrap_or_default(), &context, channel);
         }
     }
 
-    fn start_lease(&mut self, name: String, client: String, channel: &AuthChannel) {
-        // Every line of this lease (its driver calls, hooks and tunnels) carries these.
+    fn start_lease(
+        &mut self,
+        name: String,
+        client: String,
+        context: &BTreeMap<String, String>,
+        channel: &AuthChannel,
+    ) {
+        // Every line of this lease (its driver calls, hooks and tunnels) carries these, and
+        // with JSON logs each entry of the lease's context as a field of its own.
         let span = tracing::info_span!(
             "lease",
             lease_id = %name,
             client = %client,
             exporter = %self.target.auth.name,
             namespace = %self.target.auth.namespace,
+            { jumpstarter_core::logging::LEASE_CONTEXT_FIELD } = tracing::field::Empty,
         );
+        if !context.is_empty() {
+            span.record(
+                jumpstarter_core::logging::LEASE_CONTEXT_FIELD,
+                jumpstarter_core::logging::context_field(context).as_str(),
+            );
+        }
         let _in_lease = span.enter();
         tracing::info!("lease {name} started (client {client})");
         let cancel = CancellationToken::new();

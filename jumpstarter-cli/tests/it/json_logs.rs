@@ -153,6 +153,10 @@ fn one_lease_is_told_in_json_by_the_controller_the_router_and_the_exporter() {
             "ci",
             "-l",
             "kind=json-logs",
+            "--context",
+            "build_id=123",
+            "--context",
+            "vcs_ref=refs/heads/main",
             "--",
             "j",
             "power",
@@ -202,6 +206,9 @@ fn one_lease_is_told_in_json_by_the_controller_the_router_and_the_exporter() {
     assert_eq!(call["result"], "ok");
     assert!(call["duration_ms"].as_f64().is_some(), "{call}");
     assert_eq!(call["driver_type"], "MockPower", "{call}");
+    // The lease's context is on the exporter's lines, each entry a field of its own.
+    assert_eq!(call["build_id"], "123", "{call}");
+    assert_eq!(call["vcs_ref"], "refs/heads/main", "{call}");
     assert!(
         !about(
             &exporter,
@@ -217,6 +224,69 @@ fn one_lease_is_told_in_json_by_the_controller_the_router_and_the_exporter() {
         .find(|o| o["target"] == "driver" && o["message"] == "[driver.MockPower] power on")
         .unwrap_or_else(|| panic!("no driver line: {exporter:#?}"));
     assert_eq!(said["lease_id"], lease.as_str(), "{said}");
+    assert_eq!(said["build_id"], "123", "{said}");
+
+    // `jmp create lease --context` shows it back; a bad one is refused and creates nothing.
+    let jmp = |args: &[&str]| s.cmd(JMP).args(args).output().unwrap();
+    let out = jmp(&[
+        "create",
+        "lease",
+        "--client",
+        "ci",
+        "-l",
+        "kind=json-logs",
+        "--duration",
+        "1m",
+        "--context",
+        "image_digest=sha256:0123",
+        "-o",
+        "yaml",
+    ]);
+    assert!(out.status.success(), "{:?}", text(&out));
+    assert!(
+        text(&out).0.contains("image_digest: sha256:0123"),
+        "{:?}",
+        text(&out)
+    );
+    let before = text(&jmp(&["get", "leases", "--client", "ci", "-o", "name"])).0;
+    let out = jmp(&[
+        "create",
+        "lease",
+        "--client",
+        "ci",
+        "-l",
+        "kind=json-logs",
+        "--duration",
+        "1m",
+        "--context",
+        "bad key=1",
+    ]);
+    assert!(!out.status.success());
+    let err = text(&out).1;
+    assert!(
+        err.contains("invalid lease context") && err.contains("bad key"),
+        "{err}"
+    );
+    assert_eq!(
+        text(&jmp(&["get", "leases", "--client", "ci", "-o", "name"])).0,
+        before
+    );
+    let out = jmp(&[
+        "shell",
+        "--exporter-config",
+        "x.yaml",
+        "--context",
+        "a=b",
+        "--",
+        "true",
+    ]);
+    assert!(
+        text(&out)
+            .1
+            .contains("--context sets the context of a lease"),
+        "{:?}",
+        text(&out)
+    );
 }
 
 #[test]

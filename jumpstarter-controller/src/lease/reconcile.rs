@@ -178,7 +178,10 @@ pub async fn reconcile_once<S: Store>(
                 let (ns, name) = key;
                 (
                     (ns.to_string(), name.to_string()),
-                    l.spec.client_ref.name.clone(),
+                    crate::state::LeaseHolder {
+                        client: l.spec.client_ref.name.clone(),
+                        context: l.spec.context.clone(),
+                    },
                 )
             })
         })

@@ -537,6 +537,10 @@ pub fn exporter_registered(status: Option<&ExporterStatus>) -> bool {
     {
         "message": "tags are immutable after creation",
         "rule": "!has(oldSelf.tags) || self.tags == oldSelf.tags"
+    },
+    {
+        "message": "context is immutable once set",
+        "rule": "!has(oldSelf.context) || self.context == oldSelf.context"
     }
 ]))]
 pub struct LeaseSpec {
@@ -573,6 +577,12 @@ pub struct LeaseSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("maxItems" = 10))]
     pub shared_with: Vec<String>,
+    /// What the client says the lease is for (build id, image digest, VCS ref: at most
+    /// [`MAX_CONTEXT_ENTRIES`] entries), immutable once set; bound into every log line of
+    /// the lease (upstream main's `spec.context`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 8))]
+    pub context: BTreeMap<String, String>,
 }
 
 /// Observed state of a Lease.
@@ -731,6 +741,9 @@ pub enum ObjectError {
     /// CreateLease without selector and exporter name (gRPC INVALID_ARGUMENT upstream).
     #[error("one of selector or exporter_name is required")]
     SelectorOrExporterRequired,
+    /// A bad lease context (INVALID_ARGUMENT).
+    #[error("invalid lease context: {0}")]
+    InvalidContext(String),
     /// Bad tags (gRPC INVALID_ARGUMENT upstream).
     #[error("invalid lease tags: {0}")]
     InvalidTags(String),
@@ -969,6 +982,7 @@ pub fn lease_to_proto(l: &Lease, now: Timestamp) -> client_v1::Lease {
         allow_disabled: l.spec.allow_disabled,
         deprecated_labels: HashMap::new(),
         shared_with: l.spec.shared_with.clone(),
+        context: l.spec.context.clone().into_iter().collect(),
     }
 }
 
@@ -1033,6 +1047,49 @@ pub fn reconcile_lease_times(t: LeaseTimes) -> Result<LeaseTimes, ObjectError> {
                 .to_string(),
         )),
     }
+}
+
+/// Entries a lease's context may have.
+pub const MAX_CONTEXT_ENTRIES: usize = 8;
+/// Characters a context key may have.
+pub const MAX_CONTEXT_KEY: usize = 32;
+/// Characters a context value may have.
+pub const MAX_CONTEXT_VALUE: usize = 64;
+
+/// A lease's `spec.context`: at most [`MAX_CONTEXT_ENTRIES`] entries; keys of 1 to
+/// [`MAX_CONTEXT_KEY`] letters, digits, `_`, `-` or `.` starting with a letter or digit (they
+/// become field names of JSON log lines); values up to [`MAX_CONTEXT_VALUE`] characters
+/// without control characters.
+pub fn validate_lease_context(context: &BTreeMap<String, String>) -> Result<(), ObjectError> {
+    let bad = |m: String| Err(ObjectError::InvalidContext(m));
+    if context.len() > MAX_CONTEXT_ENTRIES {
+        return bad(format!(
+            "{} entries (at most {MAX_CONTEXT_ENTRIES})",
+            context.len()
+        ));
+    }
+    for (k, v) in context {
+        let key_ok = (1..=MAX_CONTEXT_KEY).contains(&k.chars().count())
+            && k.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
+            && k.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+        if !key_ok {
+            return bad(format!(
+                "key {k:?}: 1 to {MAX_CONTEXT_KEY} letters, digits, '_', '-' or '.', starting \
+                 with a letter or digit"
+            ));
+        }
+        if v.chars().count() > MAX_CONTEXT_VALUE {
+            return bad(format!(
+                "value of {k:?}: {} characters (at most {MAX_CONTEXT_VALUE})",
+                v.chars().count()
+            ));
+        }
+        if v.chars().any(char::is_control) {
+            return bad(format!("value of {k:?}: control characters"));
+        }
+    }
+    Ok(())
 }
 
 /// CreateLease step 2: at most `max_tags`; keys not under `jumpstarter.dev/` or
@@ -1114,6 +1171,12 @@ pub fn lease_from_proto(
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     validate_lease_tags(&tags, max_tags)?;
+    let context: BTreeMap<String, String> = req
+        .context
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    validate_lease_context(&context)?;
     let selector = LabelSelector::parse(&req.selector)?;
     let times = lease_times_from_proto(req)?;
     let mut lease = Lease::new(
@@ -1133,6 +1196,7 @@ pub fn lease_from_proto(
             begin_time: times.begin.map(metav1::Time),
             end_time: times.end.map(metav1::Time),
             shared_with: Vec::new(),
+            context,
         },
     );
     lease.metadata.namespace = Some(namespace.to_string());

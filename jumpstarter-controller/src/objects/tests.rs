@@ -122,6 +122,20 @@ fn crds_match_reference() {
         .expect("spec.sharedWith");
     assert_eq!(shared["type"], "array");
     assert_eq!(shared["items"]["type"], "string");
+    // Upstream main's `spec.context` (after 0.9.0): as upstream main has it, then set aside.
+    let context = spec_props
+        .as_object_mut()
+        .and_then(|o| o.remove("context"))
+        .expect("spec.context");
+    assert_eq!(context["type"], "object");
+    assert_eq!(context["additionalProperties"]["type"], "string");
+    assert_eq!(context["maxProperties"], 8);
+    if let Some(main) = reference("../upstream-main-2026-08/jumpstarter.dev_leases.yaml") {
+        let theirs = &main["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+            ["properties"]["context"];
+        assert_eq!(context["maxProperties"], theirs["maxProperties"]);
+        assert_eq!(context["type"], theirs["type"]);
+    }
     compare_crd(lease, "jumpstarter.dev_leases.yaml");
     compare_crd(
         serde_json::to_value(ExporterAccessPolicy::crd()).unwrap(),
@@ -145,11 +159,12 @@ fn lease_crd_key_fields() {
     assert_eq!(spec["properties"]["tags"]["maxProperties"], json!(10));
     assert_eq!(spec["properties"]["duration"]["type"], json!("string"));
     let rules = spec["x-kubernetes-validations"].as_array().unwrap();
-    assert_eq!(rules.len(), 2);
+    assert_eq!(rules.len(), 3);
     assert_eq!(
         rules[0]["message"],
         json!("one of selector or exporterRef.name is required")
     );
+    assert_eq!(rules[2]["message"], json!("context is immutable once set"));
     let status = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"];
     assert_eq!(status["required"], json!(["ended"]));
     assert_eq!(
@@ -748,5 +763,39 @@ fn token_expiring_follows_upstream_mains_thresholds() {
         assert_eq!(c.observed_generation, Some(2));
         // Nothing new: nothing changes.
         assert!(!set_token_expiry(&mut s, at(days), Some(2), now));
+    }
+}
+
+#[test]
+fn a_lease_context_is_checked_entry_by_entry() {
+    let ctx = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    assert!(validate_lease_context(&ctx(&[])).is_ok());
+    assert!(
+        validate_lease_context(&ctx(&[
+            ("build_id", "123"),
+            ("image_digest", "sha256:0123abcd"),
+            ("vcs.ref", "refs/heads/main, with comma")
+        ]))
+        .is_ok()
+    );
+    let nine: Vec<(String, String)> = (0..9).map(|i| (format!("k{i}"), "v".to_string())).collect();
+    let e = validate_lease_context(&nine.into_iter().collect()).unwrap_err();
+    assert!(e.to_string().contains("9 entries (at most 8)"), "{e}");
+    for (k, v, says) in [
+        ("", "v", "key \"\""),
+        ("_x", "v", "starting"),
+        ("a b", "v", "key \"a b\""),
+        (&"k".repeat(33) as &str, "v", "1 to 32"),
+        ("k", &"v".repeat(65) as &str, "65 characters"),
+        ("k", "line\nbreak", "control characters"),
+    ] {
+        let e = validate_lease_context(&ctx(&[(k, v)])).unwrap_err();
+        assert!(e.to_string().contains(says), "{k:?}={v:?}: {e}");
+        assert!(e.to_string().starts_with("invalid lease context"), "{e}");
     }
 }

@@ -91,6 +91,7 @@ fn check_lease_limits(pb: &PbLease) -> Result<(), Status> {
         limits::check_len(field, v.as_deref().unwrap_or_default(), MAX_IDENTIFIER)?;
     }
     limits::check_labels("lease.tags", pb.tags.iter(), MAX_LABEL_TEXT)?;
+    limits::check_labels("lease.context", pb.context.iter(), MAX_LABEL_TEXT)?;
     limits::check_labels(
         "lease.deprecated_labels",
         pb.deprecated_labels.iter(),
@@ -360,6 +361,15 @@ impl<S: Store> ClientService for ClientApi<S> {
         check_names_limits("remove_shared_with", &req.remove_shared_with)?;
         let (current, access) = self.accessible_lease(&caller, &pb.name).await?;
         let (ns, name) = object_name(&pb.name, "leases")?;
+        // Immutable once set: an update that names a context must name the same one.
+        let context: std::collections::BTreeMap<String, String> =
+            pb.context.clone().into_iter().collect();
+        if !context.is_empty() && context != current.spec.context {
+            return Err(Status::invalid_argument(format!(
+                "lease {name}: its context is immutable once set (it is {:?})",
+                current.spec.context
+            )));
+        }
         let owner = current.spec.client_ref.name.clone();
         let sharing_change = !req.add_shared_with.is_empty() || !req.remove_shared_with.is_empty();
         if (sharing_change || pb.client.as_ref().is_some_and(|c| !c.is_empty()))

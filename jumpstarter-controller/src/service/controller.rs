@@ -173,20 +173,28 @@ impl<S: Store> ControllerApi<S> {
             .as_ref()
             .and_then(|s| s.lease_ref.as_ref())
             .map(|r| r.name.clone());
-        let mut client_name = None;
+        let mut holder = None;
         let namespace = e.metadata.namespace.as_deref().unwrap_or_default();
         if let Some(l) = &lease {
-            client_name = self.0.lease_client(namespace, l);
-            if client_name.is_none()
+            holder = self.0.lease_holder(namespace, l);
+            if holder.is_none()
                 && let Ok(Some(lease)) = self.0.store.get::<Lease>(namespace, l).await
             {
-                client_name = Some(lease.spec.client_ref.name.clone());
+                holder = Some(crate::state::LeaseHolder {
+                    client: lease.spec.client_ref.name.clone(),
+                    context: lease.spec.context.clone(),
+                });
             }
         }
+        let (client_name, context) = match holder {
+            Some(h) => (Some(h.client), h.context.into_iter().collect()),
+            None => (None, Default::default()),
+        };
         StatusResponse {
             leased: lease.is_some(),
             lease_name: lease,
             client_name,
+            context,
         }
     }
 }

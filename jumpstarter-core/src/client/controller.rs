@@ -49,6 +49,9 @@ pub struct LeaseRequest {
     /// Other clients of the namespace to share the lease with (their names): they may use,
     /// extend and release it too.
     pub shared_with: Vec<String>,
+    /// What the lease is for (`build_id`, `image_digest`, a VCS ref): immutable once set,
+    /// on every log line of the lease (upstream main's lease context).
+    pub context: BTreeMap<String, String>,
 }
 
 impl LeaseRequest {
@@ -70,6 +73,12 @@ impl LeaseRequest {
     /// Adds a tag.
     pub fn with_tag(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.tags.insert(key.into(), value.into());
+        self
+    }
+
+    /// Adds an entry to the lease's context.
+    pub fn with_context(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.context.insert(key.into(), value.into());
         self
     }
 
@@ -130,6 +139,7 @@ impl LeaseRequest {
             tags: self.tags.clone().into_iter().collect(),
             allow_disabled: self.allow_disabled,
             shared_with: self.shared_with.clone(),
+            context: self.context.clone().into_iter().collect(),
             ..Default::default()
         };
         Ok(CreateLeaseRequest {
