@@ -366,7 +366,10 @@ fn client_list(a: ListArgs) -> Result<i32> {
     for path in yaml_files(&ClientConfig::dir()) {
         match ClientConfig::load(&path) {
             Ok(c) => configs.push(c),
-            Err(e) => eprintln!("Warning: skipping {e}"),
+            Err(e) => eprintln!(
+                "Warning: skipping {e}",
+                e = jumpstarter_core::error_chain(&e)
+            ),
         }
     }
     match mode {
@@ -615,7 +618,10 @@ fn exporter_list(a: ListArgs) -> Result<i32> {
                         }
                         items.push(v);
                     }
-                    Err(e) => eprintln!("Warning: skipping {e}"),
+                    Err(e) => eprintln!(
+                        "Warning: skipping {e}",
+                        e = jumpstarter_core::error_chain(&e)
+                    ),
                 }
             }
             let list = serde_json::json!({

@@ -156,7 +156,11 @@ async fn check(lease: &AcquiredLease) -> Check {
             reason: "it no longer exists on the controller".into(),
         }),
         Err(e) => {
-            tracing::debug!("checking lease {}: {e}", lease.name);
+            tracing::debug!(
+                "checking lease {}: {e}",
+                lease.name,
+                e = jumpstarter_core::error_chain(&e)
+            );
             Check::Unknown
         }
     }
@@ -218,7 +222,11 @@ pub async fn serve_ended(socket: &Path, message: String, cancel: CancellationTok
     let listener = match tokio::net::UnixListener::bind(socket) {
         Ok(l) => l,
         Err(e) => {
-            tracing::debug!("cannot listen on {}: {e}", socket.display());
+            tracing::debug!(
+                "cannot listen on {}: {e}",
+                socket.display(),
+                e = jumpstarter_core::error_chain(&e)
+            );
             return;
         }
     };
@@ -234,7 +242,11 @@ pub async fn serve_ended(socket: &Path, message: String, cancel: CancellationTok
         )
         .await;
     if let Err(e) = served {
-        tracing::debug!("serving {} after the lease ended: {e}", socket.display());
+        tracing::debug!(
+            "serving {} after the lease ended: {e}",
+            socket.display(),
+            e = jumpstarter_core::error_chain(&e)
+        );
     }
 }
 

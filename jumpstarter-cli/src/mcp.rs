@@ -147,7 +147,10 @@ async fn serve_lines(
         let bytes = match line {
             None => break,
             Some(Err(e)) => {
-                tracing::warn!("cannot read stdin: {e}");
+                tracing::warn!(
+                    "cannot read stdin: {e}",
+                    e = jumpstarter_core::error_chain(&e)
+                );
                 break;
             }
             Some(Ok(Line::TooLong(n))) => {
@@ -242,7 +245,10 @@ fn write_messages(
                 };
                 bytes.push(b'\n');
                 if let Err(e) = output.write_all(&bytes).and_then(|()| output.flush()) {
-                    tracing::warn!("cannot write to stdout: {e}");
+                    tracing::warn!(
+                        "cannot write to stdout: {e}",
+                        e = jumpstarter_core::error_chain(&e)
+                    );
                     break;
                 }
             }
@@ -331,12 +337,19 @@ impl Server {
             }
             Err(
                 e @ (tools::ToolError::UnknownTool(_) | tools::ToolError::InvalidArguments { .. }),
-            ) => protocol::error(id, protocol::INVALID_PARAMS, e.to_string()),
+            ) => protocol::error(
+                id,
+                protocol::INVALID_PARAMS,
+                jumpstarter_core::error_chain(&e),
+            ),
             Err(e) => {
-                tracing::info!("tool {name} failed: {e}");
+                tracing::info!(
+                    "tool {name} failed: {e}",
+                    e = jumpstarter_core::error_chain(&e)
+                );
                 protocol::response(
                     id,
-                    json!({"content": [{"type": "text", "text": e.to_string()}], "isError": true}),
+                    json!({"content": [{"type": "text", "text": jumpstarter_core::error_chain(&e)}], "isError": true}),
                 )
             }
         }

@@ -224,8 +224,14 @@ pub async fn local(
     let _ = stop.send(());
     match server.await {
         Ok(Ok(())) => {}
-        Ok(Err(e)) => tracing::warn!("exporter stopped with an error: {e}"),
-        Err(e) => tracing::warn!("exporter task failed: {e}"),
+        Ok(Err(e)) => tracing::warn!(
+            "exporter stopped with an error: {e}",
+            e = jumpstarter_core::error_chain(&e)
+        ),
+        Err(e) => tracing::warn!(
+            "exporter task failed: {e}",
+            e = jumpstarter_core::error_chain(&e)
+        ),
     }
     exporter.close().await;
     code

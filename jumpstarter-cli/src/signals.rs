@@ -41,7 +41,10 @@ pub fn watch(signals: &[libc::c_int]) -> impl Future<Output = libc::c_int> + Sen
     for &n in signals {
         match signal(SignalKind::from_raw(n)) {
             Ok(s) => watched.push((n, s)),
-            Err(e) => tracing::debug!("cannot watch signal {n}: {e}"),
+            Err(e) => tracing::debug!(
+                "cannot watch signal {n}: {e}",
+                e = jumpstarter_core::error_chain(&e)
+            ),
         }
     }
     async move {

@@ -237,7 +237,9 @@ pub async fn driver_methods(
     commands: &jumpstarter_drivers::CommandTable,
 ) -> Result<Value, String> {
     let dotted = path.join(".");
-    let driver = session.driver(&dotted).map_err(|e| e.to_string())?;
+    let driver = session
+        .driver(&dotted)
+        .map_err(|e| jumpstarter_core::error_chain(&e))?;
     let node = driver.node();
     let class = node.client_class();
     let methods = known_methods(class).map(|ms| {

@@ -106,8 +106,12 @@ pub enum Incoming {
 
 /// Sorts one line. `Err` (a parse error message) when it is not JSON at all.
 pub fn classify(line: &[u8]) -> Result<Incoming, String> {
-    let value: Value =
-        serde_json::from_slice(line).map_err(|e| format!("Parse error: invalid JSON: {e}"))?;
+    let value: Value = serde_json::from_slice(line).map_err(|e| {
+        format!(
+            "Parse error: invalid JSON: {e}",
+            e = jumpstarter_core::error_chain(&e)
+        )
+    })?;
     let invalid = |id: Value, message: &str| Incoming::Invalid {
         id,
         message: format!("Invalid Request: {message}"),

@@ -885,7 +885,7 @@ impl Tools {
         let driver = conn
             .session
             .driver(path)
-            .map_err(|e| ToolError::Failed(e.to_string()))?;
+            .map_err(|e| ToolError::Failed(jumpstarter_core::error_chain(&e)))?;
         let class = driver.node().client_class().to_string();
         let info = introspect::method_info(&class, method);
         let streaming = match a.map.get("streaming").and_then(Value::as_bool) {
@@ -911,7 +911,7 @@ impl Tools {
             tokio::time::timeout(timeout, power.cycle(Duration::from_secs_f64(wait)))
                 .await
                 .map_err(|_| ToolError::Failed(format!("{target} timed out")))?
-                .map_err(|e| ToolError::Failed(e.to_string()))?;
+                .map_err(|e| ToolError::Failed(jumpstarter_core::error_chain(&e)))?;
             return Ok(json!({"method": target, "result": null}));
         }
         let wire: Vec<_> = args.into_iter().map(value::from_json).collect();
@@ -923,12 +923,12 @@ impl Tools {
                 let mut stream = driver
                     .streaming_call::<Value>(method, wire)
                     .await
-                    .map_err(|e| e.to_string())?;
+                    .map_err(|e| jumpstarter_core::error_chain(&e))?;
                 while items.len() < max_items {
                     match stream.next().await {
                         Some(Ok(item)) => items.push(item),
                         Some(Err(e)) => {
-                            error = Some(e.to_string());
+                            error = Some(jumpstarter_core::error_chain(&e));
                             break;
                         }
                         None => {
@@ -962,7 +962,7 @@ impl Tools {
         let result = tokio::time::timeout(timeout, driver.call_raw(method, wire))
             .await
             .map_err(|_| ToolError::Failed(format!("{target} did not answer within {timeout:?}")))?
-            .map_err(|e| ToolError::Failed(e.to_string()))?;
+            .map_err(|e| ToolError::Failed(jumpstarter_core::error_chain(&e)))?;
         Ok(json!({"method": target, "result": value::to_json(result)}))
     }
 }
