@@ -62,9 +62,45 @@ IGNORED_EXTENSION_PREFIX = "google.api."
 # Fields upstream added after 0.9.0 (its main as of 2026-08) that we carry too: proto3
 # fields 0.9.0 peers skip as unknown, so the wire stays compatible. Each must have upstream
 # main's number and type: (number, FieldDescriptorProto type).
+_STRING = descriptor_pb2.FieldDescriptorProto.TYPE_STRING
+_MESSAGE = descriptor_pb2.FieldDescriptorProto.TYPE_MESSAGE
 UPSTREAM_MAIN_FIELDS = {
-    "jumpstarter.v1.GetReportResponse.motd": (5, descriptor_pb2.FieldDescriptorProto.TYPE_STRING),
+    "jumpstarter.v1.GetReportResponse.motd": (5, _STRING),
+    # The lease's context (JEP-0013): on the lease, and sent to its exporter.
+    "jumpstarter.client.v1.Lease.context": (15, _MESSAGE),
+    "jumpstarter.v1.StatusResponse.context": (4, _MESSAGE),
+    # JEP-0013's log record fields.
+    "jumpstarter.v1.LogStreamResponse.driver_type": (5, _STRING),
+    "jumpstarter.v1.LogStreamResponse.operation": (6, _STRING),
+    "jumpstarter.v1.LogStreamResponse.timestamp": (7, _MESSAGE),
+    "jumpstarter.v1.LogStreamResponse.structured_fields": (8, _MESSAGE),
 }
+# Fields of our own (lease sharing), numbered from 1001, far above upstream's sequential
+# numbers, so that no field upstream adds can collide with them: (number, type).
+OUR_FIELDS = {
+    "jumpstarter.client.v1.Lease.shared_with": (1001, _STRING),
+    "jumpstarter.client.v1.UpdateLeaseRequest.add_shared_with": (1001, _STRING),
+    "jumpstarter.client.v1.UpdateLeaseRequest.remove_shared_with": (1002, _STRING),
+}
+
+
+def _added_field(path: str) -> str | None:
+    """Why field `path` (message path + name) may be only in ours, or None."""
+    if path in UPSTREAM_MAIN_FIELDS:
+        return "upstream main, after 0.9.0"
+    if path in OUR_FIELDS:
+        return "ours, numbered above upstream's"
+    return None
+
+
+def _map_entry_field(path: str, entry: str) -> str | None:
+    """The field of message `path` whose map entry type is named `entry`, if any."""
+    if not entry.endswith("Entry"):
+        return None
+    for field in [k.rsplit(".", 1)[1] for k in list(UPSTREAM_MAIN_FIELDS) + list(OUR_FIELDS) if k.rsplit(".", 1)[0] == path]:
+        if "".join(p[:1].upper() + p[1:] for p in field.split("_")) + "Entry" == entry:
+            return field
+    return None
 # Files present in our set only because they are imported (well-known types
 # shipped by every protobuf runtime); they are not compared.
 IMPORT_ONLY_PREFIX = "google/protobuf/"
@@ -219,9 +255,13 @@ def _match(
             ctx.diffs.append(f"{path}: {what} {k} missing in ours")
     for k in our_map:
         if k not in up_map:
-            added = UPSTREAM_MAIN_FIELDS.get(f"{path}.{k}") if what == "field" else None
+            full = f"{path}.{k}"
+            added = (UPSTREAM_MAIN_FIELDS.get(full) or OUR_FIELDS.get(full)) if what == "field" else None
             if added is not None and (our_map[k].number, our_map[k].type) == added:
-                ctx.allowed.append(f"{path}: field {k} = {added[0]} (upstream main, after 0.9.0)")
+                ctx.allowed.append(f"{path}: field {k} = {added[0]} ({_added_field(full)})")
+                continue
+            if what == "nested message" and our_map[k].options.map_entry and _map_entry_field(path, k):
+                ctx.allowed.append(f"{path}: {k} (the map entry of {_map_entry_field(path, k)})")
                 continue
             ctx.diffs.append(f"{path}: {what} {k} only in ours")
     up_order = [key(x) for x in up_list if key(x) in our_map]
@@ -273,8 +313,10 @@ def _compare_message(ctx: _Ctx, path: str, up, ours) -> None:
     # map_entry / deprecated / message_set_wire_format are standard options and
     # therefore compared; google.api.resource is ignored.
     _compare_options(ctx, path, "message", up.options, up.HasField("options"), ours.options, ours.HasField("options"))
-    ctx.eq(path, "oneof names", [o.name for o in up.oneof_decl], [o.name for o in ours.oneof_decl])
-    for i, (u, o) in enumerate(zip(up.oneof_decl, ours.oneof_decl)):
+    # The synthetic oneof of an added proto3 `optional` field is the field's, not a change.
+    our_oneofs = [o for o in ours.oneof_decl if not (o.name.startswith("_") and _added_field(f"{path}.{o.name[1:]}"))]
+    ctx.eq(path, "oneof names", [o.name for o in up.oneof_decl], [o.name for o in our_oneofs])
+    for i, (u, o) in enumerate(zip(up.oneof_decl, our_oneofs)):
         _compare_options(ctx, f"{path}.oneof[{i}]", "oneof", u.options, u.HasField("options"), o.options, o.HasField("options"))
     ctx.eq(path, "reserved_range", [(r.start, r.end) for r in up.reserved_range], [(r.start, r.end) for r in ours.reserved_range])
     ctx.eq(path, "reserved_name", list(up.reserved_name), list(ours.reserved_name))
