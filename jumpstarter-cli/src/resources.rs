@@ -449,8 +449,8 @@ pub fn describe_lease(v: &LeaseView, tz: &TimeZone) -> String {
     fields.push(("Effective End Time", opt_time(v.effective_end_time, tz)));
     d.fields(0, &fields);
     d.map_section("Tags", &v.tags);
+    // Upstream's seed output has the (then always empty) context here.
     d.map_section("Context", &v.context);
-    d.fields(0, &[("Context", "<none>".into())]);
     if v.conditions.is_empty() {
         d.fields(0, &[("Conditions", "<none>".into())]);
     } else {

@@ -30,7 +30,7 @@ use std::{
 
 use jumpstarter_core::{
     config::ConsoleTranscripts,
-    driver::{ConsoleRecorder, DriverNode, Transcripts, fanout::Direction},
+    driver::{ConsoleRecorder, Direction, DriverNode, Transcripts},
 };
 use tokio::{io::AsyncWriteExt, sync::mpsc};
 use uuid::Uuid;

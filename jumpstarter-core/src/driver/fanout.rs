@@ -39,7 +39,11 @@ use bytes::{Buf, Bytes};
 use serde::Serialize;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf, ReadHalf, WriteHalf};
 
-use super::{error::DriverError, model::BoxDuplex};
+use super::{
+    error::DriverError,
+    model::BoxDuplex,
+    transcript::{ConsoleRecorder, Direction},
+};
 
 /// Bytes of console output kept for observers that join later (upstream's 64 KB).
 pub const SCROLLBACK_BYTES: usize = 64 * 1024;
@@ -55,36 +59,6 @@ pub const CONSOLE_IN_USE: &str = "Console in use. Use --observe or release-conso
 
 /// What the source's reading task reads at a time.
 const READ_CHUNK: usize = 16 * 1024;
-
-/// Which way bytes went, for a [`ConsoleRecorder`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Direction {
-    /// The board's output, as the clients read it.
-    BoardToClient,
-    /// What the writer sent to the board.
-    ClientToBoard,
-}
-
-/// Sees every byte of a console both ways (a transcript). Called with the fan-out's state
-/// locked, on the reading task or in the writer's write: it must return at once (buffer,
-/// and drop what does not fit).
-pub trait ConsoleRecorder: Send + Sync + 'static {
-    /// Records `bytes` that went `direction`.
-    fn record(&self, direction: Direction, bytes: &[u8]);
-}
-
-/// Where a session's console transcripts go (the exporter keeps one per console per lease):
-/// given to a session with `Session::set_transcripts`, asked by drivers through
-/// [`CallContext::console_recorder`](super::CallContext::console_recorder).
-pub trait Transcripts: Send + Sync + 'static {
-    /// The recorder of the console of driver `uuid` (of type `type_name`) for this session,
-    /// or `None` when it cannot be kept (the reason is logged by the implementation).
-    fn recorder(
-        &self,
-        uuid: Option<uuid::Uuid>,
-        type_name: &str,
-    ) -> Option<Arc<dyn ConsoleRecorder>>;
-}
 
 /// Sizes and timings of a [`ConsoleFanout`].
 #[derive(Debug, Clone, Copy)]

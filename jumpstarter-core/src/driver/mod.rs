@@ -11,12 +11,14 @@ pub mod fanout;
 mod log;
 mod model;
 mod registry;
+mod transcript;
 mod tree;
 pub mod value;
 
 pub use error::{DriverError, SharedError};
-pub use fanout::{ConsoleFanout, ConsoleRecorder, ConsoleStatus, ConsoleStream, Transcripts};
+pub use fanout::{ConsoleFanout, ConsoleStatus, ConsoleStream};
 pub use log::LogSink;
 pub use model::{BoxDuplex, BoxFuture, CallContext, Driver, Duplex, ValueStream, encode_stream};
 pub use registry::{COMPOSITE_TYPE, Constructor, DriverArgs, DriverRegistry, TypeSuggestion};
+pub use transcript::{ConsoleRecorder, Direction, Transcripts};
 pub use tree::{CLIENT_LABEL, DriverNode, NAME_LABEL};

@@ -68,7 +68,7 @@ pub struct CallContext {
     pub(crate) resources: Arc<ResourceRegistry>,
     pub(crate) logs: LogSink,
     /// Where this session's console transcripts go, if it keeps them.
-    pub(crate) transcripts: Option<Arc<dyn super::fanout::Transcripts>>,
+    pub(crate) transcripts: Option<Arc<dyn super::transcript::Transcripts>>,
 }
 
 impl CallContext {
@@ -85,7 +85,7 @@ impl CallContext {
 
     /// The recorder of this driver's console transcript for the session, when the exporter
     /// keeps transcripts (a console driver gives it to its [`super::ConsoleFanout`]).
-    pub fn console_recorder(&self) -> Option<Arc<dyn super::fanout::ConsoleRecorder>> {
+    pub fn console_recorder(&self) -> Option<Arc<dyn super::transcript::ConsoleRecorder>> {
         self.transcripts
             .as_ref()
             .and_then(|t| t.recorder(self.driver_uuid, &self.driver_name))
