@@ -86,9 +86,9 @@ mod error;
 pub mod hooks;
 #[doc(hidden)]
 pub mod labels;
-pub mod logging;
 #[doc(hidden)]
 pub mod leftovers;
+pub mod logging;
 #[doc(hidden)]
 pub mod oidc;
 #[doc(hidden)]

@@ -11,7 +11,7 @@ pub use client::{
 };
 pub(crate) use exporter::edit_distance;
 pub use exporter::{
-    API_VERSION, ConfigError, ConsoleTranscripts, DriverInstance, EMPTY_EXPORT, ExporterConfig, FailureDetection,
-    HealthCheck, Hook, Hooks, ObjectMeta, SYSTEM_EXPORTER_DIR, TlsConfig, config_dir,
-    exporter_config_path,
+    API_VERSION, ConfigError, ConsoleTranscripts, DriverInstance, EMPTY_EXPORT, ExporterConfig,
+    FailureDetection, HealthCheck, Hook, Hooks, ObjectMeta, SYSTEM_EXPORTER_DIR, TlsConfig,
+    config_dir, exporter_config_path,
 };
