@@ -71,7 +71,29 @@ pub const ALLOWED_DIFFERENCES: &[AllowedDifference] = &[
         path: "*openAPIV3Schema.properties.spec.properties.sharedWith.maxItems",
         reason: SHARED_WITH,
     },
+    AllowedDifference {
+        path: "*openAPIV3Schema.properties.spec.properties.context.type",
+        reason: CONTEXT,
+    },
+    AllowedDifference {
+        path: "*openAPIV3Schema.properties.spec.properties.context.additionalProperties.type",
+        reason: CONTEXT,
+    },
+    AllowedDifference {
+        path: "*openAPIV3Schema.properties.spec.properties.context.maxProperties",
+        reason: CONTEXT,
+    },
+    AllowedDifference {
+        path: "*openAPIV3Schema.properties.spec.x-kubernetes-validations[2].message",
+        reason: CONTEXT,
+    },
+    AllowedDifference {
+        path: "*openAPIV3Schema.properties.spec.x-kubernetes-validations[2].rule",
+        reason: CONTEXT,
+    },
 ];
+
+const CONTEXT: &str = "upstream main's spec.context (after 0.9.0, JEP-0013): optional, immutable once set, at most 8 entries, as upstream main's CRD has it";
 
 const SHARED_WITH: &str = "our addition (lease sharing): optional, so upstream's objects and controller are unaffected; upstream's open pull request names it the same";
 

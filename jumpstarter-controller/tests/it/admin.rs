@@ -940,8 +940,8 @@ async fn own_certificate_is_served_and_configs_carry_only_the_given_ca() {
         })
         .await
         .err()
-        .unwrap()
-        .to_string();
+        .map(|e| jumpstarter_core::error_chain(&e))
+        .unwrap();
         assert!(e.contains(what), "{what}: {e}");
     }
 }

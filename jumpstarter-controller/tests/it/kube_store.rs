@@ -332,8 +332,9 @@ async fn mock_errors_name_the_object_and_map_to_store_errors() {
     });
     let err = store.get::<Exporter>("lab", "e1").await.unwrap_err();
     assert!(matches!(err, StoreError::Kubernetes { .. }), "{err}");
-    assert!(err.to_string().contains("get Exporter lab/e1"), "{err}");
-    assert!(err.to_string().contains("forbidden"), "{err}");
+    let said = jumpstarter_core::error_chain(&err);
+    assert!(said.contains("get Exporter lab/e1"), "{said}");
+    assert!(said.contains("forbidden"), "{said}");
     let err = store
         .delete::<Exporter>("lab", "e1", Some("3"))
         .await
@@ -346,9 +347,15 @@ async fn mock_errors_name_the_object_and_map_to_store_errors() {
     assert!(matches!(err, StoreError::WatchLagged { .. }), "{err}");
     let err = store.create(&exporter("e2", &[])).await.unwrap_err();
     assert!(matches!(err, StoreError::Invalid { .. }), "{err}");
-    assert!(err.to_string().contains("spec.enabled"), "{err}");
+    assert!(
+        jumpstarter_core::error_chain(&err).contains("spec.enabled"),
+        "{err:?}"
+    );
     let err = store.get::<Exporter>("lab", "e1").await.unwrap_err();
-    assert!(err.to_string().contains("etcd is down"), "{err}");
+    assert!(
+        jumpstarter_core::error_chain(&err).contains("etcd is down"),
+        "{err:?}"
+    );
     // Requests that cannot be well-formed never reach the server.
     let err = store.get::<Exporter>("Bad NS", "e1").await.unwrap_err();
     assert!(matches!(err, StoreError::Invalid { .. }), "{err}");

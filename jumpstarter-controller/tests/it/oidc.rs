@@ -377,7 +377,7 @@ async fn unusable_authentication_config_stops_the_start() {
     .await
     {
         Ok(_) => panic!("started with an http:// issuer"),
-        Err(e) => e.to_string(),
+        Err(e) => jumpstarter_core::error_chain(&e),
     };
     assert!(e.contains("issuer.url"), "{e}");
     // From the command line: no audiences, and an unknown field, each named.

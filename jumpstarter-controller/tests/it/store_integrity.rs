@@ -83,7 +83,7 @@ async fn a_damaged_store_is_refused_at_start() {
     std::fs::write(&db, &bytes).unwrap();
     let e = match start(ControllerConfig::loopback(data.clone())).await {
         Ok(_) => panic!("started on a damaged store"),
-        Err(e) => e.to_string(),
+        Err(e) => jumpstarter_core::error_chain(&e),
     };
     assert!(e.contains("damaged") || e.contains("malformed"), "{e}");
     assert!(e.contains("restore"), "{e}");
