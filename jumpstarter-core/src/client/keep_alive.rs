@@ -100,7 +100,7 @@ const MAX_FAILURES: u32 = 3;
 
 /// Extends lease `name` as `policy` says for as long as the returned future runs, telling
 /// `on_event` of each extension. Returns when the lease has ended or the controller refuses
-/// a longer one (after an [`KeepAliveEvent::AtMaximum`]); fails after [`MAX_FAILURES`]
+/// a longer one (after an [`KeepAliveEvent::AtMaximum`]); fails after `MAX_FAILURES` (3)
 /// failed calls in a row. Drop the future to stop extending.
 pub async fn keep_alive(
     controller: &ControllerClient,
