@@ -65,6 +65,13 @@ impl ServerTask {
     pub(crate) fn spawn(serve: impl Future<Output = ()> + Send + 'static) -> Self {
         Self(tokio::spawn(serve))
     }
+
+    /// Stops the task and waits until it has ended, so that its listening socket is closed
+    /// (a client that connects after `stop` returns is refused, not accepted and then reset).
+    async fn stopped(mut self) {
+        self.0.abort();
+        let _ = (&mut self.0).await;
+    }
 }
 
 impl Drop for ServerTask {
@@ -83,11 +90,18 @@ impl ServerSlot {
         self.0.lock_or_recover().is_some()
     }
 
-    /// Stops the running server; whether there was one.
-    pub(crate) fn stop(&self) -> bool {
-        // Dropped outside the lock.
+    /// Stops the running server and waits until its socket is closed; whether there was
+    /// one.
+    pub(crate) async fn stop(&self) -> bool {
+        // Awaited outside the lock.
         let old = self.0.lock_or_recover().take();
-        old.is_some()
+        match old {
+            Some((_, task)) => {
+                task.stopped().await;
+                true
+            }
+            None => false,
+        }
     }
 
     /// Keeps `task`, bound to `addr`, as the running server, unless one is running already

@@ -82,7 +82,7 @@ impl HttpServer {
     /// Starts serving `root_dir` (restarting if already running, as upstream).
     #[export]
     async fn start(&self, ctx: &CallContext) -> Result<(), DriverError> {
-        if self.server.stop() {
+        if self.server.stop().await {
             ctx.log_warning("Cleaning up stale HTTP server runner before starting.");
         }
         let bind = format!("{}:{}", self.host, self.port);
@@ -108,7 +108,7 @@ impl HttpServer {
     /// Stops the server (a warning, not an error, when it is not running).
     #[export]
     async fn stop(&self, ctx: &CallContext) -> Result<(), DriverError> {
-        if self.server.stop() {
+        if self.server.stop().await {
             ctx.log_info("HTTP server stopped.");
         } else {
             ctx.log_warning("HTTP server is not running.");
@@ -158,7 +158,7 @@ impl HttpServer {
     }
 
     async fn stop_at_session_end(&self) {
-        self.server.stop();
+        self.server.stop().await;
     }
 
     /// Constructor for the registry: upstream's fields (see the module docs).

@@ -112,7 +112,7 @@ impl Tftp {
     /// Stops the server (a warning, not an error, when it is not running).
     #[export]
     async fn stop(&self, ctx: &CallContext) -> Result<(), DriverError> {
-        if self.server.stop() {
+        if self.server.stop().await {
             ctx.log_info("TFTP server stopped successfully");
         } else {
             ctx.log_warning("stop called - TFTP server is not running");
@@ -139,7 +139,7 @@ impl Tftp {
     }
 
     async fn stop_at_session_end(&self) {
-        self.server.stop();
+        self.server.stop().await;
     }
 
     /// Constructor for the registry: upstream's fields (see the module docs).
