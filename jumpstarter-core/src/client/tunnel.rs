@@ -98,7 +98,7 @@ pub enum TunnelError {
         source: ClientError,
     },
     /// No ticket for a new tunnel (e.g. `Dial` failed).
-    #[error("{0}")]
+    #[error(transparent)]
     Ticket(TicketError),
     /// Retrying did not help within the retry timeout.
     #[error("gave up after {waited_secs}s: {last}")]
@@ -144,9 +144,10 @@ impl TunnelError {
     }
 }
 
-/// Why a [`TicketSource`] has no ticket, and whether asking again later may help.
-#[derive(Debug, thiserror::Error)]
-#[error("{error}")]
+/// Why a [`TicketSource`] has no ticket, and whether asking again later may help. It says
+/// what [`TicketError::error`] says, causes included (its `Display` and `source` are the
+/// error's own).
+#[derive(Debug)]
 pub struct TicketError {
     /// What failed.
     pub error: ClientError,
@@ -169,6 +170,18 @@ impl TicketError {
             error,
             transient: false,
         }
+    }
+}
+
+impl std::fmt::Display for TicketError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl std::error::Error for TicketError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.error.source()
     }
 }
 
@@ -826,4 +839,24 @@ pub async fn session_channel_with<S: TicketSource>(
         crate::client::channel::GrpcChannel::new(channel),
         CallMetadata::default(),
     ))
+}
+
+#[cfg(test)]
+mod ticket_error_tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_ticket_says_why_through_the_tunnel_error() {
+        let refused = ClientError::connect(
+            "the exporter of lease l1",
+            "Dial: beforeLease hook failed: Hook failed with exit code 5",
+        );
+        let e = TunnelError::Ticket(TicketError::permanent(refused));
+        let said = crate::error_chain(&e);
+        assert!(
+            said.starts_with("cannot connect to the exporter of lease l1: Dial: "),
+            "{said}"
+        );
+        assert!(said.contains("Hook failed with exit code 5"), "{said}");
+    }
 }
