@@ -91,7 +91,6 @@ where
 /// --log-format json`), with each driver call's line (target `driver_call`) at INFO.
 pub fn init(level: Option<&str>, json: bool) {
     if json {
-        use tracing_subscriber::prelude::*;
         let mut d = directive(level);
         if level.is_none()
             && std::env::var_os("JMP_LOG").is_none()
@@ -99,15 +98,7 @@ pub fn init(level: Option<&str>, json: bool) {
         {
             d.push_str(",jumpstarter::driver_call=info,jumpstarter_exporter=info");
         }
-        let _ = tracing_subscriber::registry()
-            .with(EnvFilter::new(d))
-            .with(jumpstarter_core::logging::SpanFields)
-            .with(
-                fmt::layer()
-                    .event_format(jumpstarter_core::logging::JsonLines::new("exporter"))
-                    .with_writer(std::io::stderr),
-            )
-            .try_init();
+        jumpstarter_core::logging::init_json("exporter", EnvFilter::new(d));
         return;
     }
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());

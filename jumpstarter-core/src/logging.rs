@@ -42,22 +42,10 @@ use tracing_subscriber::{
 /// stderr, the level from `RUST_LOG` (default `info`), as [`JsonLines`] when `json`, else
 /// text, coloured only for a person at a terminal. Does nothing if one is installed.
 pub fn init(component: &'static str, json: bool) {
-    use tracing_subscriber::prelude::*;
-    if json {
-        let _ = JSON_COMPONENT.set(component);
-    }
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     if json {
-        let _ = tracing_subscriber::registry()
-            .with(filter)
-            .with(SpanFields)
-            .with(
-                tracing_subscriber::fmt::layer()
-                    .event_format(JsonLines::new(component))
-                    .with_writer(std::io::stderr),
-            )
-            .try_init();
+        init_json(component, filter);
     } else {
         let _ = tracing_subscriber::fmt()
             .with_env_filter(filter)
@@ -75,6 +63,22 @@ pub const LEASE_CONTEXT_FIELD: &str = "lease_context";
 /// The value of [`LEASE_CONTEXT_FIELD`] for `context`.
 pub fn context_field(context: &std::collections::BTreeMap<String, String>) -> String {
     serde_json::to_string(context).unwrap_or_default()
+}
+
+/// Installs [`JsonLines`] of `component` on stderr with `filter` (what [`init`] does with
+/// JSON, for a binary that picks its own filter). Does nothing if a subscriber is installed.
+pub fn init_json(component: &'static str, filter: tracing_subscriber::EnvFilter) {
+    use tracing_subscriber::prelude::*;
+    let _ = JSON_COMPONENT.set(component);
+    let _ = tracing_subscriber::registry()
+        .with(filter)
+        .with(SpanFields)
+        .with(
+            tracing_subscriber::fmt::layer()
+                .event_format(JsonLines::new(component))
+                .with_writer(std::io::stderr),
+        )
+        .try_init();
 }
 
 /// Set by [`init`] with JSON: the component [`say`] writes as.

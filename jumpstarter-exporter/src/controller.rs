@@ -1007,27 +1007,7 @@ async fn lease_ready(
     exit: &tokio::sync::watch::Sender<Option<String>>,
 ) {
     match hooks {
-        Some(run) => {
-            let run = Arc::clone(run);
-            let (name, session, channel, exit, health) = (
-                name.to_string(),
-                Arc::clone(session),
-                channel.clone(),
-                exit.clone(),
-                health.cloned(),
-            );
-            tokio::spawn(
-                async move {
-                    let sink = ControllerSink {
-                        channel: channel.clone(),
-                        health,
-                    };
-                    let verdict = run.before_lease(&sink).await;
-                    after_verdict(verdict, &run, &name, &session, &channel, &exit, false).await;
-                }
-                .in_current_span(),
-            );
-        }
+        Some(run) => spawn_hook(run, HookPhase::Before, name, session, channel, health, exit),
         None => {
             session.set_status(
                 ExporterStatus::LeaseReady,
@@ -1185,6 +1165,27 @@ async fn on_end_session(
         .await;
         return;
     };
+    spawn_hook(run, HookPhase::After, name, session, channel, health, exit);
+}
+
+/// Which lease hook [`spawn_hook`] runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum HookPhase {
+    Before,
+    After,
+}
+
+/// Runs the beforeLease or afterLease hook of `run` in a task of the lease's span (it reports
+/// the statuses around it), then acts on its verdict.
+fn spawn_hook(
+    run: &Arc<LeaseHookRun>,
+    phase: HookPhase,
+    name: &str,
+    session: &Arc<Session>,
+    channel: &AuthChannel,
+    health: Option<&Arc<HealthTracker>>,
+    exit: &tokio::sync::watch::Sender<Option<String>>,
+) {
     let run = Arc::clone(run);
     let (name, session, channel, exit, health) = (
         name.to_string(),
@@ -1199,8 +1200,13 @@ async fn on_end_session(
                 channel: channel.clone(),
                 health,
             };
-            let verdict = run.after_lease(&sink).await;
-            after_verdict(verdict, &run, &name, &session, &channel, &exit, true).await;
+            let after = phase == HookPhase::After;
+            let verdict = if after {
+                run.after_lease(&sink).await
+            } else {
+                run.before_lease(&sink).await
+            };
+            after_verdict(verdict, &run, &name, &session, &channel, &exit, after).await;
         }
         .in_current_span(),
     );
