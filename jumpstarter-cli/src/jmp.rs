@@ -227,6 +227,11 @@ struct RunArgs {
     #[arg(long, value_name = "FORMAT", env = "JMP_LOG_FORMAT", default_value = "text",
           value_parser = ["text", "json"])]
     log_format: String,
+    /// Export traces of each lease (the lease and its driver calls) (OTLP over gRPC) to this collector, e.g.
+    /// `http://127.0.0.1:4317`; `OTEL_EXPORTER_OTLP_ENDPOINT` (or `..._TRACES_ENDPOINT`)
+    /// does the same. Off when none is set.
+    #[arg(long, value_name = "URL")]
+    otlp_endpoint: Option<String>,
     /// Concurrent connections on --tls-grpc-listener or --direct-listener (established or
     /// handshaking); more are closed at once, with a warning in the log.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_CONNECTIONS,
@@ -276,6 +281,22 @@ pub fn main_with(toolkit: crate::Toolkit) -> ExitCode {
     crate::completion::answer_if_asked(<Cli as clap::CommandFactory>::command);
     let cli = Cli::parse();
     let json = matches!(&cli.command, Command::Run(r) if r.log_format == "json");
+    // `jmp run` exports traces when an OTLP endpoint is set.
+    let _traces = match &cli.command {
+        Command::Run(r) => {
+            match jumpstarter_core::telemetry::start(
+                "jumpstarter-exporter",
+                r.otlp_endpoint.as_deref(),
+            ) {
+                Ok(t) => t,
+                Err(e) => {
+                    eprintln!("Error: {}", jumpstarter_core::error_chain(&e));
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+        _ => None,
+    };
     crate::logging::init(cli.log_level.as_deref(), json);
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

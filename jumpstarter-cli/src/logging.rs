@@ -88,7 +88,8 @@ where
 
 /// Installs the subscriber. `level` is an upstream level name (DEBUG, INFO, WARNING, ...);
 /// `json`: [`jumpstarter_core::logging::JsonLines`] of component `exporter` (`jmp run
-/// --log-format json`), with each driver call's line (target `driver_call`) at INFO.
+/// --log-format json`), with each driver call's line (target `driver_call`) at INFO; with
+/// the spans of a trace when `jmp run` turned traces on.
 pub fn init(level: Option<&str>, json: bool) {
     if json {
         let mut d = directive(level);
@@ -101,12 +102,18 @@ pub fn init(level: Option<&str>, json: bool) {
         jumpstarter_core::logging::init_json("exporter", EnvFilter::new(d));
         return;
     }
+    use tracing_subscriber::prelude::*;
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let _ = fmt::fmt()
-        .with_env_filter(EnvFilter::new(directive(level)))
-        .with_writer(std::io::stderr)
-        .with_ansi(ansi)
-        .event_format(Line { ansi })
+    let filter = EnvFilter::new(directive(level));
+    let _ = tracing_subscriber::registry()
+        .with(jumpstarter_core::telemetry::with_trace_spans(filter))
+        .with(
+            fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(ansi)
+                .event_format(Line { ansi }),
+        )
+        .with(jumpstarter_core::telemetry::layer())
         .try_init();
 }
 

@@ -54,6 +54,11 @@ pub struct Args {
     #[arg(long, value_name = "FORMAT", env = "JMP_LOG_FORMAT", default_value = "text",
           value_parser = ["text", "json"])]
     pub log_format: String,
+    /// Export traces of each lease's path (OTLP over gRPC) to this collector, e.g.
+    /// `http://127.0.0.1:4317`; `OTEL_EXPORTER_OTLP_ENDPOINT` (or `..._TRACES_ENDPOINT`)
+    /// does the same. Off when none is set.
+    #[arg(long, value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
     /// Where the store, CA and keys live (default: the user's data directory + /jumpstarter).
     #[arg(long, env = "JUMPSTARTER_DATA_DIR", value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
@@ -325,6 +330,16 @@ pub const READY_LINE_PREFIX: &str = "jumpstarter-controller ready:";
 /// Entry point of the binary.
 pub fn main() -> std::process::ExitCode {
     let args = Args::parse();
+    let _traces = match jumpstarter_core::telemetry::start(
+        "jumpstarter-controller",
+        args.otlp_endpoint.as_deref(),
+    ) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("Error: {}", jumpstarter_core::error_chain(&e));
+            return std::process::ExitCode::FAILURE;
+        }
+    };
     jumpstarter_core::logging::init("controller", args.log_format == "json");
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,

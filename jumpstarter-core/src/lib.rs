@@ -96,6 +96,7 @@ pub mod private_file;
 pub mod server;
 #[doc(hidden)]
 pub mod sync;
+pub mod telemetry;
 pub mod wire;
 
 #[cfg(test)]

@@ -40,17 +40,23 @@ use tracing_subscriber::{
 
 /// Installs the log subscriber of a server binary (`component`: `controller`, `router`):
 /// stderr, the level from `RUST_LOG` (default `info`), as [`JsonLines`] when `json`, else
-/// text, coloured only for a person at a terminal. Does nothing if one is installed.
+/// text, coloured only for a person at a terminal; with the spans of a trace when
+/// [`crate::telemetry::start`] turned traces on. Does nothing if one is installed.
 pub fn init(component: &'static str, json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     if json {
         init_json(component, filter);
     } else {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_writer(std::io::stderr)
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        use tracing_subscriber::prelude::*;
+        let _ = tracing_subscriber::registry()
+            .with(crate::telemetry::with_trace_spans(filter))
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_writer(std::io::stderr)
+                    .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())),
+            )
+            .with(crate::telemetry::layer())
             .try_init();
     }
 }
@@ -66,18 +72,20 @@ pub fn context_field(context: &std::collections::BTreeMap<String, String>) -> St
 }
 
 /// Installs [`JsonLines`] of `component` on stderr with `filter` (what [`init`] does with
-/// JSON, for a binary that picks its own filter). Does nothing if a subscriber is installed.
+/// JSON, for a binary that picks its own filter; with traces as [`init`]). Does nothing if a
+/// subscriber is installed.
 pub fn init_json(component: &'static str, filter: tracing_subscriber::EnvFilter) {
     use tracing_subscriber::prelude::*;
     let _ = JSON_COMPONENT.set(component);
     let _ = tracing_subscriber::registry()
-        .with(filter)
+        .with(crate::telemetry::with_trace_spans(filter))
         .with(SpanFields)
         .with(
             tracing_subscriber::fmt::layer()
                 .event_format(JsonLines::new(component))
                 .with_writer(std::io::stderr),
         )
+        .with(crate::telemetry::layer())
         .try_init();
 }
 

@@ -748,7 +748,19 @@ impl Runtime {
         tracing::info!("lease {name} started (client {client})");
         let cancel = CancellationToken::new();
         let session = Session::new(self.tree.clone(), BTreeMap::new());
-        session.set_log_span(span.clone());
+        // With traces on, the lease's `lease.serve` span (in this one) holds its driver calls.
+        let traced =
+            jumpstarter_core::telemetry::lease_serve(&jumpstarter_core::telemetry::LeaseRef {
+                namespace: &self.target.auth.namespace,
+                name: &name,
+                client: &client,
+                exporter: &self.target.auth.name,
+            });
+        session.set_log_span(if traced.is_none() {
+            span.clone()
+        } else {
+            traced
+        });
         session.set_motd(&self.motd);
         if let Some(store) = &self.transcripts {
             match store.for_lease(&name, &client, &self.tree) {
@@ -852,6 +864,8 @@ impl Runtime {
             task.abort();
         }
         lease.session.close().await;
+        // Ends the lease's `lease.serve` span (with traces on).
+        lease.session.set_log_span(tracing::Span::none());
         tracing::info!(
             lease_id = %lease.name,
             exporter = %self.target.auth.name,

@@ -25,6 +25,11 @@ pub struct Args {
     #[arg(long, value_name = "FORMAT", env = "JMP_LOG_FORMAT", default_value = "text",
           value_parser = ["text", "json"])]
     pub log_format: String,
+    /// Export traces of each lease's path (OTLP over gRPC) to this collector, e.g.
+    /// `http://127.0.0.1:4317`; `OTEL_EXPORTER_OTLP_ENDPOINT` (or `..._TRACES_ENDPOINT`)
+    /// does the same. Off when none is set.
+    #[arg(long, value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
     /// Address to listen on.
     #[arg(long, default_value = "0.0.0.0:8083", env = "ROUTER_LISTEN")]
     pub listen: String,
@@ -86,6 +91,16 @@ impl Args {
 /// Entry point of the binary.
 pub fn main() -> std::process::ExitCode {
     let args = Args::parse();
+    let _traces = match jumpstarter_core::telemetry::start(
+        "jumpstarter-router",
+        args.otlp_endpoint.as_deref(),
+    ) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("Error: {}", jumpstarter_core::error_chain(&e));
+            return std::process::ExitCode::FAILURE;
+        }
+    };
     jumpstarter_core::logging::init("router", args.log_format == "json");
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,

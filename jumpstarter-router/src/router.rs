@@ -264,6 +264,8 @@ async fn forward(a: Side, b: Side, stats: Arc<RouterStats>, subject: String, lea
     // `lease` is `namespace/name` when our controller issued the token, else empty.
     let (namespace, lease_id) = lease.split_once('/').unwrap_or(("", lease.as_str()));
     let opened = Instant::now();
+    // Its span in the lease's trace (with traces on), to the end of the tunnel.
+    let _traced = jumpstarter_core::telemetry::tunnel(namespace, lease_id, &subject);
     tracing::info!(stream = %subject, lease_id, namespace, "tunnel open");
     let Side {
         inbound: a_in,

@@ -29,6 +29,7 @@ mod sharing;
 mod single_lease;
 mod storage;
 mod token_expiry;
+mod traces;
 mod twin;
 mod wording;
 

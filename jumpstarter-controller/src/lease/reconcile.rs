@@ -411,6 +411,7 @@ async fn write_leases<'a, S: Store>(
                     if parts.status {
                         statuses.insert((d.namespace.as_str(), d.name.as_str()), &d.status);
                         log_transition(d, lease);
+                        trace_transition(d, lease);
                     }
                     rewritten.insert((d.namespace.clone(), d.name.clone()), stored);
                 }
@@ -460,6 +461,39 @@ fn log_transition(d: &crate::lease::scheduler::LeaseDecision, lease: &Lease) {
             reason,
             "lease ended"
         ),
+        _ => {}
+    }
+}
+
+/// The span of a grant or an end this pass wrote, in the lease's trace (with traces on);
+/// an end also sends the lease's root span, from its creation.
+fn trace_transition(d: &crate::lease::scheduler::LeaseDecision, lease: &Lease) {
+    use jumpstarter_core::telemetry::{LeaseRef, Step, lease_root, lease_step};
+    let mut r = LeaseRef {
+        namespace: &d.namespace,
+        name: &d.name,
+        client: &lease.spec.client_ref.name,
+        exporter: "",
+    };
+    match &d.action {
+        crate::lease::scheduler::Action::Assigned { exporter, .. } => {
+            r.exporter = exporter;
+            lease_step(Step::Grant, &r);
+        }
+        crate::lease::scheduler::Action::Ended { reason } => {
+            r.exporter = lease
+                .status
+                .as_ref()
+                .and_then(|s| s.exporter_ref.as_ref())
+                .map_or("", |e| e.name.as_str());
+            lease_step(Step::End, &r);
+            let created = lease
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .map_or_else(std::time::SystemTime::now, |t| t.0.into());
+            lease_root(&r, created, reason);
+        }
         _ => {}
     }
 }

@@ -336,7 +336,19 @@ impl<S: Store> ClientService for ClientApi<S> {
                 }
             })?;
         lease.spec.shared_with = shared_with;
-        let created = self.0.store.create(&lease).await.map_err(store_status)?;
+        let traced = jumpstarter_core::telemetry::lease_step(
+            jumpstarter_core::telemetry::Step::Create,
+            &jumpstarter_core::telemetry::LeaseRef {
+                namespace: ns,
+                name: &name,
+                client: &caller.name,
+                exporter: "",
+            },
+        );
+        let created = self.0.store.create(&lease).await;
+        jumpstarter_core::telemetry::record_result(&traced, &created);
+        drop(traced);
+        let created = created.map_err(store_status)?;
         tracing::info!(
             lease_id = created.metadata.name.as_deref().unwrap_or(""),
             namespace = %caller.namespace,

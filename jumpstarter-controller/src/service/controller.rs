@@ -583,6 +583,16 @@ impl<S: Store> ControllerService for ControllerApi<S> {
         if lease.is_ended() {
             return Err(Status::unknown("lease not active"));
         }
+        // The span of this dial in the lease's trace (with traces on): to the answer.
+        let _traced = jumpstarter_core::telemetry::lease_step(
+            jumpstarter_core::telemetry::Step::Dial,
+            &jumpstarter_core::telemetry::LeaseRef {
+                namespace: &caller.namespace,
+                name: &lease_name,
+                client: &caller.name,
+                exporter: &exporter_name,
+            },
+        );
         // Wait briefly for an exporter that has not yet reported it is ready (as upstream).
         // The first look comes soon: an exporter reports LEASE_READY within milliseconds of
         // the grant, and a lease that follows another at once finds it still AVAILABLE, so

@@ -125,10 +125,7 @@ impl Session {
         started: std::time::Instant,
     ) {
         let span = self.log_span();
-        let driver_type = Uuid::parse_str(uuid)
-            .ok()
-            .and_then(|u| self.drivers.get(&u))
-            .map_or("unknown", |(_, d)| d.type_name());
+        let driver_type = self.driver_type(uuid);
         let duration_ms = started.elapsed().as_secs_f64() * 1e3;
         match r {
             Ok(_) => tracing::info!(
@@ -151,6 +148,14 @@ impl Session {
                 "driver call"
             ),
         }
+    }
+
+    /// The type of the driver `uuid` names (`unknown` for none).
+    fn driver_type(&self, uuid: &str) -> &str {
+        Uuid::parse_str(uuid)
+            .ok()
+            .and_then(|u| self.drivers.get(&u))
+            .map_or("unknown", |(_, d)| d.type_name())
     }
 
     /// Keeps transcripts of the consoles this session's clients open, in `transcripts`
@@ -387,17 +392,28 @@ impl Session {
         method: String,
         args: Vec<prost_types::Value>,
     ) -> Result<prost_types::Value, DriverError> {
-        if !call_lines_wanted() {
+        let lines = call_lines_wanted();
+        // With traces on, the log span is the lease's `lease.serve`: each call is a span.
+        let traced =
+            crate::telemetry::driver_call(&self.log_span(), self.driver_type(uuid), &method);
+        if !lines && traced.is_none() {
             return self.driver_call_unlogged(uuid, method, args).await;
         }
         let started = std::time::Instant::now();
         let operation = method.clone();
         // The driver's own log lines carry the lease's fields too.
-        let span = self.log_span();
+        let span = if traced.is_none() {
+            self.log_span()
+        } else {
+            traced.clone()
+        };
         let r =
             tracing::Instrument::instrument(self.driver_call_unlogged(uuid, method, args), span)
                 .await;
-        self.log_call(uuid, &operation, &r, started);
+        crate::telemetry::record_result(&traced, &r);
+        if lines {
+            self.log_call(uuid, &operation, &r, started);
+        }
         r
     }
 
@@ -468,7 +484,19 @@ impl ExporterService for SessionService {
         let (name, driver) = self.0.lookup(&req.uuid).map_err(|e| e.to_status())?;
         let ctx = self.0.context(&name, &req.uuid);
         let logged = call_lines_wanted().then(|| (std::time::Instant::now(), req.method.clone()));
-        let stream = driver.streaming_call(ctx, req.method, req.args).await;
+        // The span of a streaming call covers its start.
+        let traced = crate::telemetry::driver_call(
+            &self.0.log_span(),
+            self.0.driver_type(&req.uuid),
+            &req.method,
+        );
+        let stream = tracing::Instrument::instrument(
+            driver.streaming_call(ctx, req.method, req.args),
+            traced.clone(),
+        )
+        .await;
+        crate::telemetry::record_result(&traced, &stream);
+        drop(traced);
         if let Some((started, operation)) = logged {
             self.0.log_call(&req.uuid, &operation, &stream, started);
         }
