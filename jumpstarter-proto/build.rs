@@ -7,13 +7,15 @@ use std::path::PathBuf;
 
 use prost::Message as _;
 
-/// The proto files making up the Jumpstarter 0.9.0 protocol (relative to `proto/`).
-const PROTO_FILES: [&str; 5] = [
+/// The proto files making up the Jumpstarter 0.9.0 protocol (relative to `proto/`), plus
+/// upstream main's `telemetry.proto` (a service added after 0.9.0).
+const PROTO_FILES: [&str; 6] = [
     "jumpstarter/v1/common.proto",
     "jumpstarter/v1/kubernetes.proto",
     "jumpstarter/v1/jumpstarter.proto",
     "jumpstarter/v1/router.proto",
     "jumpstarter/client/v1/client.proto",
+    "jumpstarter/v1/telemetry.proto",
 ];
 
 /// Our own admin API (not upstream).
@@ -51,7 +53,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .compile_fds(fds)?;
 
     // Our own admin API, compiled into its own descriptor set so the upstream one above
-    // stays exactly the five upstream files. It refers to jumpstarter.v1 types, which the
+    // stays the upstream files. It refers to jumpstarter.v1 types, which the
     // generated code reaches through `super::super::super::v1` (see lib.rs nesting).
     for file in [ADMIN_FILE, EXT_FILE] {
         println!("cargo:rerun-if-changed={}", proto_dir.join(file).display());
@@ -59,6 +61,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let admin = protox::compile([ADMIN_FILE, EXT_FILE], [&proto_dir])
         .map_err(|e| format!("protox: {e:?}"))?;
     std::fs::write(out_dir.join("admin_descriptor.bin"), admin.encode_to_vec())?;
+    // The jumpstarter.v1 files come along as imports: their messages are the extern ones
+    // above, and their services (telemetry.proto's) must not be generated a second time
+    // (that would replace the first compile's jumpstarter.v1 code).
+    let mut admin = admin;
+    for file in &mut admin.file {
+        if file.package() == "jumpstarter.v1" {
+            file.service.clear();
+        }
+    }
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)

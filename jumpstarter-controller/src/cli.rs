@@ -196,6 +196,32 @@ pub struct Args {
         env = "JUMPSTARTER_ENDED_LEASE_RETENTION"
     )]
     pub ended_lease_retention: OptionalDuration,
+    /// Log gathering: "on" (the default) names this controller as the telemetry endpoint
+    /// (GetServiceEndpoints) and keeps what exporters push for each lease (PushLogs), with
+    /// its own lease events, for `jmp get lease NAME --logs`; "off" keeps nothing.
+    #[arg(long, default_value = "on", value_parser = ["on", "off"], env = "JUMPSTARTER_LEASE_LOGS")]
+    pub lease_logs: String,
+    /// Log gathering: entries kept per lease (later ones are dropped and counted).
+    #[arg(
+        long,
+        default_value_t = 10_000,
+        env = "JUMPSTARTER_LEASE_LOGS_MAX_ENTRIES"
+    )]
+    pub lease_logs_max_entries: usize,
+    /// Log gathering: bytes (encoded entries) kept per lease.
+    #[arg(long, default_value_t = 4 * 1024 * 1024, env = "JUMPSTARTER_LEASE_LOGS_MAX_BYTES")]
+    pub lease_logs_max_bytes: usize,
+    /// Log gathering: leases whose logs are kept (the least recently written goes first).
+    #[arg(
+        long,
+        default_value_t = 1000,
+        env = "JUMPSTARTER_LEASE_LOGS_MAX_LEASES"
+    )]
+    pub lease_logs_max_leases: usize,
+    /// Log gathering: a lease's log is removed this long after it was last written.
+    #[arg(long, default_value = "24h", value_parser = parse_duration, value_name = "DURATION",
+          env = "JUMPSTARTER_LEASE_LOGS_RETENTION")]
+    pub lease_logs_retention: Duration,
     /// Start with an empty store although the data directory holds the CA and keys of an
     /// earlier run (refused otherwise: it means store.db was lost; restore a backup instead).
     #[arg(long)]
@@ -309,6 +335,12 @@ impl Args {
                 StoreKind::Sqlite => self.ended_lease_retention.0,
                 StoreKind::Kubernetes => None,
             },
+            lease_logs: (self.lease_logs == "on").then_some(crate::lease_logs::LeaseLogLimits {
+                max_entries: self.lease_logs_max_entries,
+                max_bytes: self.lease_logs_max_bytes,
+                max_leases: self.lease_logs_max_leases,
+                retention: self.lease_logs_retention,
+            }),
         }
     }
 

@@ -62,6 +62,7 @@ pub mod testing;
 mod fuzz_tests;
 mod kubernetes;
 mod lease;
+pub mod lease_logs;
 mod metrics;
 mod server;
 mod service;

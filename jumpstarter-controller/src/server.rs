@@ -18,6 +18,7 @@ use jumpstarter_proto::{
     client_v1::client_service_server::ClientServiceServer,
     ext_v1::client_extension_service_server::ClientExtensionServiceServer,
     v1::controller_service_server::ControllerServiceServer,
+    v1::telemetry_service_server::TelemetryServiceServer,
 };
 use jumpstarter_router::RouterTokenKey;
 use tokio::{net::TcpListener, sync::watch, task::JoinHandle};
@@ -187,6 +188,9 @@ pub struct ControllerConfig {
     /// Bounds of each of the gRPC and router listeners: concurrent connections, TLS
     /// handshake and first-frame timeouts, HTTP/2 keepalive.
     pub connection_limits: ConnectionLimits,
+    /// Log gathering (the controller as telemetry sink, see [`crate::lease_logs`]) within
+    /// these bounds; `None` gathers nothing and names no telemetry endpoint.
+    pub lease_logs: Option<crate::lease_logs::LeaseLogLimits>,
 }
 
 impl ControllerConfig {
@@ -217,6 +221,7 @@ impl ControllerConfig {
             ended_lease_retention: Some(crate::lease::gc::DEFAULT_RETENTION),
             accept_empty_store: false,
             connection_limits: ConnectionLimits::default(),
+            lease_logs: Some(Default::default()),
         }
     }
 
@@ -551,6 +556,9 @@ async fn start_locked<S: Store>(
         s.label_policy = config.label_policy.clone();
         s.auth.external_auth = external_auth;
         s.pending_client_timeout = config.pending_client_timeout;
+        s.lease_logs = config
+            .lease_logs
+            .map(|limits| Arc::new(crate::lease_logs::LeaseLogs::new(limits)));
     }
 
     let (stop, stopped) = watch::channel(false);
@@ -822,6 +830,9 @@ async fn grpc_server<S: Store>(
     health
         .set_serving::<ClientExtensionServiceServer<ClientExtApi<S>>>()
         .await;
+    health
+        .set_serving::<TelemetryServiceServer<crate::service::telemetry::TelemetryApi<S>>>()
+        .await;
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(jumpstarter_proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(jumpstarter_proto::ADMIN_DESCRIPTOR_SET)
@@ -841,6 +852,9 @@ async fn grpc_server<S: Store>(
         .add_service(AdminServiceServer::new(
             AdminApi::new(state.clone(), admin_token.clone(), ca_pem.to_owned())
                 .with_credential_secrets(config.credential_secrets),
+        ))
+        .add_service(TelemetryServiceServer::new(
+            crate::service::telemetry::TelemetryApi(state.clone()),
         ))
         .add_service(health_service)
         .add_service(reflection);

@@ -69,6 +69,8 @@ pub struct ControllerState<S: Store> {
     pub(crate) lease_clients: std::sync::Mutex<Arc<LeaseClients>>,
     /// The connection holding each online exporter identity (one per identity).
     pub live_exporters: Arc<crate::service::live_exporters::LiveExporters>,
+    /// The leases' logs (log gathering); `None` when it is off.
+    pub lease_logs: Option<Arc<crate::lease_logs::LeaseLogs>>,
 }
 
 /// Lease (namespace, name) -> its client's name.
@@ -113,6 +115,9 @@ impl<S: Store> ControllerState<S> {
             policy_view: Default::default(),
             lease_clients: std::sync::Mutex::new(Arc::default()),
             live_exporters: Arc::default(),
+            lease_logs: Some(Arc::new(crate::lease_logs::LeaseLogs::new(
+                Default::default(),
+            ))),
             store,
         })
     }

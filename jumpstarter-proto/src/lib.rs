@@ -14,6 +14,9 @@
 //!   [`v1::router_service_server::RouterServiceServer`]
 //! - [`client_v1::client_service_client::ClientServiceClient`] /
 //!   [`client_v1::client_service_server::ClientServiceServer`]
+//! - [`v1::telemetry_service_client::TelemetryServiceClient`] /
+//!   [`v1::telemetry_service_server::TelemetryServiceServer`] (upstream main's
+//!   `jumpstarter/v1/telemetry.proto`, after 0.9.0)
 //!
 //! # Allowed differences from upstream
 //!
@@ -30,7 +33,10 @@
 //!   `google.api.resource_reference` (fields) and `google.api.resource`
 //!   (messages).
 //!
-//! The standard `deprecated = true` option on `Exporter.online` is kept.
+//! The standard `deprecated = true` option on `Exporter.online` is kept. Upstream main's
+//! additions after 0.9.0 that we carry (fields, `ControllerService.GetServiceEndpoints` and
+//! its messages, `telemetry.proto`) are listed in the check and keep upstream main's names
+//! and numbers; 0.9.0 peers skip the fields and never call the methods.
 
 /// Generated code, one module per protobuf package (nesting mirrors the package
 /// names so that prost's `super::`-relative paths resolve).
@@ -72,8 +78,8 @@ pub mod jumpstarter {
 pub use jumpstarter::client::v1 as client_v1;
 pub use jumpstarter::v1;
 
-/// Encoded `google.protobuf.FileDescriptorSet` of the five Jumpstarter proto
-/// files (`jumpstarter/v1/{common,kubernetes,jumpstarter,router}.proto`,
+/// Encoded `google.protobuf.FileDescriptorSet` of the Jumpstarter proto files
+/// (`jumpstarter/v1/{common,kubernetes,jumpstarter,router,telemetry}.proto`,
 /// `jumpstarter/client/v1/client.proto`) plus the well-known
 /// `google/protobuf/*.proto` files they import, with source info.
 ///
@@ -139,6 +145,57 @@ mod tests {
         assert_eq!(msg.field.len(), 1);
         assert_eq!(msg.field[0].name(), "reason");
         assert_eq!(msg.field[0].number(), 2);
+    }
+
+    #[test]
+    fn telemetry_has_upstream_mains_names_and_numbers() {
+        let fds = fds();
+        let file = fds
+            .file
+            .iter()
+            .find(|f| f.name() == "jumpstarter/v1/telemetry.proto")
+            .unwrap();
+        assert_eq!(file.package(), "jumpstarter.v1");
+        assert_eq!(file.service[0].name(), "TelemetryService");
+        assert_eq!(file.service[0].method[0].name(), "PushLogs");
+        let entry = file
+            .message_type
+            .iter()
+            .find(|m| m.name() == "LogEntry")
+            .unwrap();
+        let numbers: Vec<(&str, i32)> =
+            entry.field.iter().map(|f| (f.name(), f.number())).collect();
+        assert_eq!(
+            numbers,
+            [
+                ("timestamp", 1),
+                ("severity", 2),
+                ("message", 3),
+                ("component", 4),
+                ("exporter", 5),
+                ("lease", 6),
+                ("client", 7),
+                ("operation", 8),
+                ("result", 9),
+                ("driver_type", 10),
+                ("extra_fields", 11),
+                ("namespace", 12),
+            ]
+        );
+        let jumpstarter = fds
+            .file
+            .iter()
+            .find(|f| f.name() == "jumpstarter/v1/jumpstarter.proto")
+            .unwrap();
+        let method = jumpstarter.service[0]
+            .method
+            .iter()
+            .find(|m| m.name() == "GetServiceEndpoints")
+            .unwrap();
+        assert_eq!(
+            method.output_type(),
+            ".jumpstarter.v1.GetServiceEndpointsResponse"
+        );
     }
 
     #[test]

@@ -20,7 +20,9 @@ too.
 
 Fields upstream added after 0.9.0 that we carry (``UPSTREAM_MAIN_FIELDS``, with upstream
 main's number and type) are listed as ``allowed`` instead of reported: 0.9.0 peers skip
-them as unknown proto3 fields.
+them as unknown proto3 fields. So are the methods, messages and files upstream main added
+(``UPSTREAM_MAIN_RPCS``, ``UPSTREAM_MAIN_MESSAGES``, ``UPSTREAM_MAIN_FILES``): 0.9.0 peers
+never call or send them.
 
 Options that cannot change the wire format or the gRPC method paths are ignored
 and listed as ``ignored (wire-neutral)``: all file options (``java_package``
@@ -75,6 +77,23 @@ UPSTREAM_MAIN_FIELDS = {
     "jumpstarter.v1.LogStreamResponse.timestamp": (7, _MESSAGE),
     "jumpstarter.v1.LogStreamResponse.structured_fields": (8, _MESSAGE),
 }
+# Methods upstream main added to a 0.9.0 service (JEP-0013's endpoint discovery):
+# (input type, output type).
+UPSTREAM_MAIN_RPCS = {
+    "jumpstarter.v1.ControllerService.GetServiceEndpoints": (
+        ".jumpstarter.v1.GetServiceEndpointsRequest",
+        ".jumpstarter.v1.GetServiceEndpointsResponse",
+    ),
+}
+# Messages upstream main added to a 0.9.0 file (those of the methods above).
+UPSTREAM_MAIN_MESSAGES = {
+    "jumpstarter.v1.GetServiceEndpointsRequest",
+    "jumpstarter.v1.GetServiceEndpointsResponse",
+    "jumpstarter.v1.TelemetryEndpoint",
+}
+# Files upstream main added (JEP-0013's TelemetryService); 0.9.0 has no counterpart to
+# compare them with (jumpstarter-proto's own test checks their names and numbers).
+UPSTREAM_MAIN_FILES = {"jumpstarter/v1/telemetry.proto"}
 # Fields of our own (lease sharing), numbered from 1001, far above upstream's sequential
 # numbers, so that no field upstream adds can collide with them: (number, type).
 OUR_FIELDS = {
@@ -101,6 +120,13 @@ def _map_entry_field(path: str, entry: str) -> str | None:
         if "".join(p[:1].upper() + p[1:] for p in field.split("_")) + "Entry" == entry:
             return field
     return None
+def full_message(file_path: str, name: str) -> str:
+    """The full name of top-level message `name` of the file `_compare_file` calls `file_path`."""
+    return f"{_FILE_PACKAGES.get(file_path, '')}.{name}".lstrip(".")
+
+
+# File name -> package, filled by _compare_file (top-level messages are matched per file).
+_FILE_PACKAGES: dict[str, str] = {}
 # Files present in our set only because they are imported (well-known types
 # shipped by every protobuf runtime); they are not compared.
 IMPORT_ONLY_PREFIX = "google/protobuf/"
@@ -260,6 +286,12 @@ def _match(
             if added is not None and (our_map[k].number, our_map[k].type) == added:
                 ctx.allowed.append(f"{path}: field {k} = {added[0]} ({_added_field(full)})")
                 continue
+            if what == "rpc" and (our_map[k].input_type, our_map[k].output_type) == UPSTREAM_MAIN_RPCS.get(full):
+                ctx.allowed.append(f"{path}: rpc {k} (upstream main, after 0.9.0)")
+                continue
+            if what == "message" and full_message(path, k) in UPSTREAM_MAIN_MESSAGES:
+                ctx.allowed.append(f"{path}: message {k} (upstream main, after 0.9.0)")
+                continue
             if what == "nested message" and our_map[k].options.map_entry and _map_entry_field(path, k):
                 ctx.allowed.append(f"{path}: {k} (the map entry of {_map_entry_field(path, k)})")
                 continue
@@ -371,6 +403,7 @@ def _compare_file(ctx: _Ctx, up: FDP, ours: FDP) -> None:
     _compare_options(ctx, path, "file", up.options, up.HasField("options"), ours.options, ours.HasField("options"))
 
     pkg = f"{up.package}." if up.package else ""
+    _FILE_PACKAGES[path] = up.package
     for u, o in _match(ctx, path, "message", up.message_type, ours.message_type):
         _compare_message(ctx, f"{pkg}{u.name}", u, o)
     for u, o in _match(ctx, path, "enum", up.enum_type, ours.enum_type):
@@ -392,7 +425,9 @@ def _run(upstream_fdps: Iterable[FDP], our_fdps: Iterable[FDP]) -> _Ctx:
             continue
         _compare_file(ctx, up, ours)
     for name in our_files:
-        if name not in up_files and not name.startswith(IMPORT_ONLY_PREFIX):
+        if name in UPSTREAM_MAIN_FILES and name not in up_files:
+            ctx.allowed.append(f"{name}: file (upstream main, after 0.9.0)")
+        elif name not in up_files and not name.startswith(IMPORT_ONLY_PREFIX):
             ctx.diffs.append(f"{name}: file only in ours")
     return ctx
 
@@ -493,6 +528,16 @@ def _mut_upstream_main_field(fdps: list[FDP]) -> None:
     _find_field(fdps, "jumpstarter.v1.GetReportResponse.motd").number = 6
 
 
+def _mut_upstream_main_rpc(fdps: list[FDP]) -> None:
+    # An upstream-main method with another output type than upstream main's is a difference.
+    _find_method(fdps, "jumpstarter.v1.ControllerService.GetServiceEndpoints").output_type = ".jumpstarter.v1.TelemetryEndpoint"
+
+
+def _mut_unlisted_message(fdps: list[FDP]) -> None:
+    # A message only in ours that upstream main does not have is a difference.
+    next(f for f in fdps if f.name == "jumpstarter/v1/jumpstarter.proto").message_type.add(name="Extra")
+
+
 SELF_TEST_MUTATIONS: list[tuple[str, Callable[[list[FDP]], None], list[str]]] = [
     ("field number", _mut_field_number, ["jumpstarter.v1.DriverCallRequest.method: number 2 != 9"]),
     (
@@ -524,6 +569,12 @@ SELF_TEST_MUTATIONS: list[tuple[str, Callable[[list[FDP]], None], list[str]]] = 
         _mut_upstream_main_field,
         ["jumpstarter.v1.GetReportResponse: field motd only in ours"],
     ),
+    (
+        "upstream main rpc changed",
+        _mut_upstream_main_rpc,
+        ["jumpstarter.v1.ControllerService: rpc GetServiceEndpoints only in ours"],
+    ),
+    ("message only in ours", _mut_unlisted_message, ["jumpstarter/v1/jumpstarter.proto: message Extra only in ours"]),
 ]
 
 

@@ -160,7 +160,16 @@ pub async fn reconcile_once<S: Store>(
             view_guard.as_ref()
         },
     );
-    let leases_written = write_leases(store, &leases, &decisions, &named, now, &mut next).await?;
+    let leases_written = write_leases(
+        store,
+        &leases,
+        &decisions,
+        &named,
+        now,
+        &mut next,
+        state.lease_logs.as_deref(),
+    )
+    .await?;
     if sync_owners(store, &leases, &leases_written, &named).await {
         next = Some(now);
     }
@@ -324,6 +333,7 @@ async fn write_leases<'a, S: Store>(
     owners: &HashMap<(&str, &str), &Exporter>,
     now: Timestamp,
     next: &mut Option<Timestamp>,
+    logs: Option<&crate::lease_logs::LeaseLogs>,
 ) -> Result<LeasesWritten<'a>, StoreError> {
     // Borrowed, not copied: a pass over 1,000 leases copied every status here.
     static NO_STATUS: std::sync::LazyLock<crate::objects::LeaseStatus> =
@@ -410,7 +420,7 @@ async fn write_leases<'a, S: Store>(
                 Ok(stored) => {
                     if parts.status {
                         statuses.insert((d.namespace.as_str(), d.name.as_str()), &d.status);
-                        log_transition(d, lease);
+                        log_transition(d, lease, logs);
                         trace_transition(d, lease);
                     }
                     rewritten.insert((d.namespace.clone(), d.name.clone()), stored);
@@ -436,31 +446,63 @@ async fn write_leases<'a, S: Store>(
     })
 }
 
-/// The log line of a grant or an end this pass wrote, with the correlation fields.
-fn log_transition(d: &crate::lease::scheduler::LeaseDecision, lease: &Lease) {
+/// The log line of a grant or an end this pass wrote, with the correlation fields and the
+/// lease's context, also kept in the lease's log (`logs`).
+fn log_transition(
+    d: &crate::lease::scheduler::LeaseDecision,
+    lease: &Lease,
+    logs: Option<&crate::lease_logs::LeaseLogs>,
+) {
     let client = lease.spec.client_ref.name.as_str();
+    let _context = crate::lease_logs::context_span(&lease.spec.context).entered();
+    let facts = |exporter| crate::lease_logs::LeaseFacts {
+        namespace: &d.namespace,
+        name: &d.name,
+        client,
+        exporter,
+        context: &lease.spec.context,
+    };
     match &d.action {
-        crate::lease::scheduler::Action::Assigned { exporter, priority } => tracing::info!(
-            lease_id = %d.name,
-            namespace = %d.namespace,
-            client,
-            exporter = %exporter,
-            priority,
-            "lease granted"
-        ),
-        crate::lease::scheduler::Action::Ended { reason } => tracing::info!(
-            lease_id = %d.name,
-            namespace = %d.namespace,
-            client,
-            exporter = lease
+        crate::lease::scheduler::Action::Assigned { exporter, priority } => {
+            tracing::info!(
+                lease_id = %d.name,
+                namespace = %d.namespace,
+                client,
+                exporter = %exporter,
+                priority,
+                "lease granted"
+            );
+            if let Some(logs) = logs {
+                logs.event(
+                    &facts(exporter),
+                    "lease granted",
+                    &[("priority", priority.to_string())],
+                );
+            }
+        }
+        crate::lease::scheduler::Action::Ended { reason } => {
+            let exporter = lease
                 .status
                 .as_ref()
                 .and_then(|s| s.exporter_ref.as_ref())
                 .map(|r| r.name.as_str())
-                .unwrap_or(""),
-            reason,
-            "lease ended"
-        ),
+                .unwrap_or("");
+            tracing::info!(
+                lease_id = %d.name,
+                namespace = %d.namespace,
+                client,
+                exporter,
+                reason,
+                "lease ended"
+            );
+            if let Some(logs) = logs {
+                logs.event(
+                    &facts(exporter),
+                    "lease ended",
+                    &[("reason", reason.to_string())],
+                );
+            }
+        }
         _ => {}
     }
 }

@@ -786,6 +786,26 @@ impl<S: Store> AdminService for AdminApi<S> {
         }))
     }
 
+    async fn get_lease_logs(
+        &self,
+        request: Request<ObjectRef>,
+    ) -> Result<Response<jumpstarter_proto::ext_v1::LeaseLogs>, Status> {
+        self.authorize(request.metadata())?;
+        let (ns, name) = object_ref("lease", request.get_ref())?;
+        let known: Option<crate::objects::Lease> = self
+            .state
+            .store
+            .get(&ns, &name)
+            .await
+            .map_err(store_status)?;
+        let full = format!("namespaces/{ns}/leases/{name}");
+        let out = crate::service::devices::lease_logs(&self.state, &ns, &name, full)?;
+        if known.is_none() && out.get_ref().entries.is_empty() {
+            return Err(Status::not_found(format!("lease {name} not found")));
+        }
+        Ok(out)
+    }
+
     async fn delete_access_policy(
         &self,
         request: Request<ObjectRef>,

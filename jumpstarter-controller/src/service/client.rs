@@ -349,12 +349,26 @@ impl<S: Store> ClientService for ClientApi<S> {
         jumpstarter_core::telemetry::record_result(&traced, &created);
         drop(traced);
         let created = created.map_err(store_status)?;
-        tracing::info!(
-            lease_id = created.metadata.name.as_deref().unwrap_or(""),
-            namespace = %caller.namespace,
-            client = %caller.name,
-            "lease created"
-        );
+        {
+            let _context = crate::lease_logs::context_span(&created.spec.context).entered();
+            let lease_id = created.metadata.name.as_deref().unwrap_or("");
+            tracing::info!(
+                lease_id,
+                namespace = %caller.namespace,
+                client = %caller.name,
+                "lease created"
+            );
+            if let Some(logs) = &self.0.lease_logs {
+                let facts = crate::lease_logs::LeaseFacts {
+                    namespace: &caller.namespace,
+                    name: lease_id,
+                    client: &caller.name,
+                    exporter: "",
+                    context: &created.spec.context,
+                };
+                logs.event(&facts, "lease created", &[]);
+            }
+        }
         self.0.wake.notify_one();
         Ok(Response::new(self.lease_out(&created, Timestamp::now())))
     }

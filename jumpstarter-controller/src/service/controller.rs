@@ -7,11 +7,11 @@ use jiff::Timestamp;
 use jumpstarter_core::auth::ObjectKind;
 use jumpstarter_proto::v1::{
     AuditStreamRequest, DialRequest, DialResponse, ExporterStatus as PbStatus, GetLeaseRequest,
-    GetLeaseResponse, ListLeasesRequest, ListLeasesResponse, ListenRequest, ListenResponse,
-    RegisterRequest, RegisterResponse, ReleaseLeaseRequest, ReleaseLeaseResponse,
-    ReportStatusRequest, ReportStatusResponse, RequestLeaseRequest, RequestLeaseResponse,
-    StatusRequest, StatusResponse, UnregisterRequest, UnregisterResponse,
-    controller_service_server::ControllerService,
+    GetLeaseResponse, GetServiceEndpointsRequest, GetServiceEndpointsResponse, ListLeasesRequest,
+    ListLeasesResponse, ListenRequest, ListenResponse, RegisterRequest, RegisterResponse,
+    ReleaseLeaseRequest, ReleaseLeaseResponse, ReportStatusRequest, ReportStatusResponse,
+    RequestLeaseRequest, RequestLeaseResponse, StatusRequest, StatusResponse, UnregisterRequest,
+    UnregisterResponse, controller_service_server::ControllerService,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1 as metav1;
 use tonic::{Request, Response, Status, Streaming};
@@ -646,14 +646,27 @@ impl<S: Store> ControllerService for ControllerApi<S> {
             .issue_for_lease(&format!("{}/{lease_name}", caller.namespace))
             .map_err(|e| Status::internal(e.to_string()))?
             .token;
-        tracing::info!(
-            lease_id = %lease_name,
-            namespace = %caller.namespace,
-            client = %caller.name,
-            exporter = %exporter_name,
-            router = %router,
-            "dial"
-        );
+        {
+            let _context = crate::lease_logs::context_span(&lease.spec.context).entered();
+            tracing::info!(
+                lease_id = %lease_name,
+                namespace = %caller.namespace,
+                client = %caller.name,
+                exporter = %exporter_name,
+                router = %router,
+                "dial"
+            );
+            if let Some(logs) = &self.0.lease_logs {
+                let facts = crate::lease_logs::LeaseFacts {
+                    namespace: &caller.namespace,
+                    name: &lease_name,
+                    client: &caller.name,
+                    exporter: &exporter_name,
+                    context: &lease.spec.context,
+                };
+                logs.event(&facts, "dial", &[("router", router.clone())]);
+            }
+        }
         self.0.listeners.notify(
             &caller.namespace,
             &lease_name,
@@ -665,6 +678,20 @@ impl<S: Store> ControllerService for ControllerApi<S> {
         Ok(Response::new(DialResponse {
             router_endpoint: router,
             router_token: token,
+        }))
+    }
+
+    async fn get_service_endpoints(
+        &self,
+        request: Request<GetServiceEndpointsRequest>,
+    ) -> Result<Response<GetServiceEndpointsResponse>, Status> {
+        // Exporters ask after registering, clients after authenticating (JEP-0013).
+        let md = request.metadata();
+        if self.exporter(md).await.is_err() {
+            self.0.auth.authenticate(md, ObjectKind::Client).await?;
+        }
+        Ok(Response::new(GetServiceEndpointsResponse {
+            telemetry_endpoints: crate::service::telemetry::telemetry_endpoints(&self.0),
         }))
     }
 

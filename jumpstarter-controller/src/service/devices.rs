@@ -5,13 +5,13 @@ use std::sync::Arc;
 
 use jumpstarter_core::auth::ObjectKind;
 use jumpstarter_proto::ext_v1::{
-    Device as PbDevice, ExporterDevices, GetExporterDevicesRequest,
+    Device as PbDevice, ExporterDevices, GetExporterDevicesRequest, GetLeaseLogsRequest, LeaseLogs,
     client_extension_service_server::ClientExtensionService,
 };
 use tonic::{Request, Response, Status};
 
 use crate::{
-    objects::Exporter,
+    objects::{Exporter, Lease},
     service::{
         client::{check_namespace, object_name},
         limits::{self, MAX_IDENTIFIER},
@@ -65,4 +65,45 @@ impl<S: Store> ClientExtensionService for ClientExtApi<S> {
             .ok_or_else(|| Status::not_found(format!("exporter {name} not found")))?;
         Ok(Response::new(exporter_devices(&e, req.name)))
     }
+
+    async fn get_lease_logs(
+        &self,
+        request: Request<GetLeaseLogsRequest>,
+    ) -> Result<Response<LeaseLogs>, Status> {
+        let caller = self
+            .0
+            .auth
+            .authenticate(request.metadata(), ObjectKind::Client)
+            .await?;
+        let req = request.into_inner();
+        limits::check_len("name", &req.name, MAX_IDENTIFIER)?;
+        let (ns, name) = object_name(&req.name, "leases")?;
+        check_namespace(&caller, ns)?;
+        let lease: Option<Lease> = self.0.store.get(ns, name).await.map_err(store_status)?;
+        // Its holder and the clients it is shared with; not revealing another's lease.
+        if lease.is_none_or(|l| l.access_of(&caller.name).is_none()) {
+            return Err(Status::not_found(format!("lease {name} not found")));
+        }
+        lease_logs(&self.0, ns, name, req.name.clone())
+    }
+}
+
+/// The gathered log of lease `ns/name` (FAILED_PRECONDITION when logs are not gathered).
+pub fn lease_logs<S: Store>(
+    state: &ControllerState<S>,
+    ns: &str,
+    name: &str,
+    full_name: String,
+) -> Result<Response<LeaseLogs>, Status> {
+    let Some(logs) = &state.lease_logs else {
+        return Err(Status::failed_precondition(
+            "this controller gathers no lease logs (it runs with --lease-logs off)",
+        ));
+    };
+    let story = logs.read(ns, name);
+    Ok(Response::new(LeaseLogs {
+        name: full_name,
+        entries: story.entries,
+        dropped: story.dropped,
+    }))
 }

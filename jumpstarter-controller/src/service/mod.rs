@@ -8,4 +8,5 @@ pub mod devices;
 pub mod limits;
 pub mod live_exporters;
 pub mod login;
+pub mod telemetry;
 pub mod token_expiry;

@@ -13,6 +13,7 @@ mod kube_server;
 #[cfg(feature = "kubernetes")]
 mod kube_store;
 mod limits;
+mod log_gathering;
 mod log_output;
 mod login_page;
 mod oidc;
