@@ -16,6 +16,10 @@
 //!   ([`OBSERVER_BUFFER_BYTES`]). When an observer does not read, its oldest bytes are
 //!   dropped and it reads a marker `[N bytes dropped]` where they were: an observer never
 //!   slows the writer, the reading task or the board. Its writes fail (read-only).
+//!   An observer's reads are coalesced: it is woken when its buffer reaches
+//!   [`OBSERVER_WAKE_BYTES`], or [`OBSERVER_LINGER`] after its first unread byte, so that
+//!   under a fast console each observer delivers a few large frames rather than one per
+//!   chunk the source produced (each frame an observer sends costs CPU the writer shares).
 //!
 //! [`ConsoleFanout::release_console`] takes the seat from the writer (its later writes fail,
 //! it reads on as an observer would) so that someone else may `connect`. The source ending
@@ -51,6 +55,15 @@ pub const SCROLLBACK_BYTES: usize = 64 * 1024;
 /// Bytes buffered for each observer before its oldest are dropped.
 pub const OBSERVER_BUFFER_BYTES: usize = 64 * 1024;
 
+/// Bytes in an observer's buffer that wake its reader at once (fewer wait for
+/// [`OBSERVER_LINGER`]).
+pub const OBSERVER_WAKE_BYTES: usize = 32 * 1024;
+
+/// How long an observer's first unread bytes wait for more before it reads them anyway
+/// (a human watching a console does not see 5 ms; a fast console's observers send far
+/// fewer, larger frames).
+pub const OBSERVER_LINGER: Duration = Duration::from_millis(5);
+
 /// Bytes buffered for the writer before the reading task waits for it.
 pub const WRITER_BUFFER_BYTES: usize = 64 * 1024;
 
@@ -67,6 +80,10 @@ pub struct FanoutOptions {
     pub scrollback: usize,
     /// Bytes buffered per observer before its oldest are dropped.
     pub observer_buffer: usize,
+    /// Bytes in an observer's buffer that wake it at once; fewer wait up to `linger`.
+    pub observer_wake: usize,
+    /// How long an observer's first unread bytes wait for more (zero: read at once).
+    pub linger: Duration,
     /// Bytes buffered for the writer before the reading task waits for it.
     pub writer_buffer: usize,
     /// How long a `connect` waits for the writer's seat before it is refused.
@@ -78,6 +95,8 @@ impl Default for FanoutOptions {
         Self {
             scrollback: SCROLLBACK_BYTES,
             observer_buffer: OBSERVER_BUFFER_BYTES,
+            observer_wake: OBSERVER_WAKE_BYTES,
+            linger: OBSERVER_LINGER,
             writer_buffer: WRITER_BUFFER_BYTES,
             seat_grace: Duration::from_secs(2),
         }
@@ -260,7 +279,11 @@ impl ConsoleFanout {
         let id = st.next_id;
         let buf = Arc::new(ClientBuf::new(match role {
             Role::Writer => BufState::new(self.shared.opts.writer_buffer, true),
-            Role::Observer => BufState::new(self.shared.opts.observer_buffer, false),
+            Role::Observer => {
+                let mut b = BufState::new(self.shared.opts.observer_buffer, false);
+                b.wake_at = self.shared.opts.observer_wake.clamp(1, b.cap);
+                b
+            }
         }));
         if role == Role::Observer {
             let mut b = lock(&buf.st);
@@ -276,6 +299,7 @@ impl ConsoleFanout {
             id,
             role,
             buf,
+            linger: None,
         })
     }
 
@@ -462,6 +486,9 @@ struct BufState {
     dropped: u64,
     /// `Some(None)`: ended; `Some(Some(e))`: ended by the source's error `e`.
     end: Option<Option<String>>,
+    /// Buffered bytes that wake the reader at once; fewer wake it only when they arrive in
+    /// an empty buffer (to start its linger). 1 for the writer: every chunk wakes it.
+    wake_at: usize,
     read_waker: Option<Waker>,
     space_waker: Option<Waker>,
 }
@@ -475,6 +502,7 @@ impl BufState {
             lossless,
             dropped: 0,
             end: None,
+            wake_at: 1,
             read_waker: None,
             space_waker: None,
         }
@@ -512,9 +540,12 @@ impl BufState {
                 self.chunks.pop_front();
             }
         }
+        let was_empty = self.bytes == 0;
         self.bytes += chunk.len();
         self.chunks.push_back(chunk);
-        if let Some(w) = self.read_waker.take() {
+        if (was_empty || self.bytes >= self.wake_at)
+            && let Some(w) = self.read_waker.take()
+        {
             w.wake();
         }
     }
@@ -563,6 +594,9 @@ pub struct ConsoleStream {
     id: u64,
     role: Role,
     buf: Arc<ClientBuf>,
+    /// An observer's wait for more bytes after its first unread ones (see
+    /// [`OBSERVER_LINGER`]).
+    linger: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl ConsoleStream {
@@ -607,7 +641,23 @@ impl AsyncRead for ConsoleStream {
         cx: &mut Context<'_>,
         out: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        let mut b = lock(&self.buf.st);
+        let this = self.get_mut();
+        let mut b = lock(&this.buf.st);
+        // An observer with a few unread bytes waits a moment for more (coalesced frames);
+        // enough bytes, a marker to tell or the end read at once.
+        if b.bytes > 0 && b.bytes < b.wake_at && b.dropped == 0 && b.end.is_none() {
+            let linger = this.shared.opts.linger;
+            if !linger.is_zero() {
+                let sleep = this
+                    .linger
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(linger)));
+                if sleep.as_mut().poll(cx).is_pending() {
+                    b.read_waker = Some(cx.waker().clone());
+                    return Poll::Pending;
+                }
+            }
+        }
+        this.linger = None;
         if b.dropped > 0 && out.remaining() > 0 {
             let marker = format!("\r\n[{} bytes dropped]\r\n", b.dropped);
             b.dropped = 0;
@@ -909,6 +959,66 @@ mod tests {
         assert_eq!(fan.status().scrollback_bytes, 0);
         let e = fan.connect(never, None).await.err().unwrap();
         assert!(e.to_string().contains("already open"), "{e}");
+    }
+
+    /// Counts the wake-ups of a task.
+    #[derive(Default)]
+    struct Wakes(std::sync::atomic::AtomicUsize);
+    impl std::task::Wake for Wakes {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+    impl Wakes {
+        fn count(&self) -> usize {
+            self.0.load(std::sync::atomic::Ordering::SeqCst)
+        }
+    }
+
+    /// Waits (bounded) until the reading task has taken `n` bytes in all.
+    async fn taken(fan: &ConsoleFanout, n: usize) {
+        for _ in 0..10_000 {
+            if fan.status().scrollback_bytes >= n {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+        panic!("the reading task never took {n} bytes");
+    }
+
+    #[tokio::test]
+    async fn an_observer_is_woken_once_per_batch_not_per_chunk() {
+        let fan = ConsoleFanout::new(FanoutOptions {
+            observer_wake: 100,
+            linger: Duration::from_secs(3600),
+            ..FanoutOptions::default()
+        });
+        let (mut far, open) = board();
+        let _writer = fan.connect(open, None).await.unwrap();
+        let mut obs = fan.observe(never, None).await.unwrap();
+        let wakes = Arc::new(Wakes::default());
+        let waker = Waker::from(wakes.clone());
+        let mut cx = Context::from_waker(&waker);
+        let mut buf = [0u8; 256];
+        let mut out = ReadBuf::new(&mut buf);
+        assert!(Pin::new(&mut obs).poll_read(&mut cx, &mut out).is_pending());
+        // The first bytes into an empty buffer wake it (to start its linger)...
+        far.write_all(&[b'a'; 10]).await.unwrap();
+        taken(&fan, 10).await;
+        assert_eq!(wakes.count(), 1);
+        assert!(Pin::new(&mut obs).poll_read(&mut cx, &mut out).is_pending());
+        // ...the next chunks below the threshold do not...
+        for i in 1..9 {
+            far.write_all(&[b'b'; 10]).await.unwrap();
+            taken(&fan, 10 + 10 * i).await;
+        }
+        assert_eq!(wakes.count(), 1, "woken per chunk");
+        // ...and reaching it does: one read takes the whole batch.
+        far.write_all(&[b'c'; 20]).await.unwrap();
+        taken(&fan, 110).await;
+        assert_eq!(wakes.count(), 2);
+        assert!(Pin::new(&mut obs).poll_read(&mut cx, &mut out).is_ready());
+        assert_eq!(out.filled().len(), 110);
     }
 
     #[derive(Default)]
