@@ -68,9 +68,43 @@ pub enum AdminCommand {
     /// failed too often in a row
     #[command(subcommand)]
     ClearHealth(AdminClearHealth),
+    /// Print a lease's gathered log (ours): the controller's events and the exporter's
+    /// driver calls and driver lines, oldest first
+    Logs(AdminLogsArgs),
     /// Get the current Jumpstarter version
     #[command(alias = "ver", alias = "v")]
     Version(crate::config_cmd::VersionArgs),
+}
+
+/// `jmp admin logs --lease NAME`.
+#[derive(Args, Debug)]
+pub struct AdminLogsArgs {
+    #[command(flatten)]
+    connect: AdminConnect,
+    /// The lease
+    #[arg(long, value_name = "NAME")]
+    lease: String,
+    #[command(flatten)]
+    kube: KubeFlags,
+    /// Output: text (default) or json (one object a line)
+    #[arg(short, long, value_parser = ["text", "json"])]
+    output: Option<String>,
+}
+
+async fn admin_logs(a: AdminLogsArgs) -> Result<i32> {
+    let format = crate::lease_logs::LogFormat::from_flag(a.output.as_deref())?;
+    let mut api = AdminApi::connect(&a.connect, false).await?;
+    let logs = api
+        .rpc
+        .get_lease_logs(ObjectRef {
+            namespace: a.kube.namespace()?,
+            name: a.lease.clone(),
+        })
+        .await
+        .map_err(|s| rpc_error(&format!("cannot get the logs of lease {:?}", a.lease), s))?
+        .into_inner();
+    crate::lease_logs::print(&logs, format)?;
+    Ok(0)
 }
 
 /// Kubernetes flags upstream has. `-n` is honoured; `--kubeconfig` and `--context` parse (so
@@ -642,6 +676,7 @@ pub async fn run(cmd: AdminCommand) -> Result<i32> {
         AdminCommand::Import(AdminImport::Exporter(a)) => import_exporter(a).await,
         AdminCommand::Rotate(AdminRotate::Client(a)) => rotate_client(a).await,
         AdminCommand::ClearHealth(AdminClearHealth::Exporter(a)) => clear_health(a).await,
+        AdminCommand::Logs(a) => admin_logs(a).await,
         AdminCommand::Version(a) => crate::config_cmd::version(a),
     }
 }

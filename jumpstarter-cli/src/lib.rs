@@ -20,6 +20,7 @@ mod hook_wait;
 mod j;
 mod jmp;
 mod lease_end;
+mod lease_logs;
 mod logging;
 mod login;
 mod mcp;

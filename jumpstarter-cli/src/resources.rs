@@ -836,6 +836,13 @@ pub(crate) fn warn_deprecated_selector_labels(
 pub struct GetLeasesArgs {
     #[command(flatten)]
     client: ClientSelect,
+    /// The lease (with --logs)
+    #[arg(value_name = "NAME")]
+    name: Option<String>,
+    /// Print the lease's gathered log (ours): the controller's events and the exporter's
+    /// driver calls and driver lines, oldest first; text, or with -o json one object a line
+    #[arg(long, requires = "name")]
+    logs: bool,
     /// Selector (label query) to filter on, supports '=', '==', and '!=' (e.g. -l
     /// key1=value1,key2=value2). Can be specified multiple times.
     #[arg(short = 'l', long = "selector", value_name = "TEXT")]
@@ -1307,6 +1314,15 @@ fn print_lease(mode: OutputMode, view: LeaseView, now: Timestamp) -> Result<()> 
 }
 
 async fn get_leases(args: GetLeasesArgs) -> Result<i32> {
+    if args.logs {
+        return get_lease_logs(&args).await;
+    }
+    if let Some(name) = &args.name {
+        anyhow::bail!(
+            "jmp get leases lists leases; for lease {name:?} pass --logs, or use \
+             jmp describe lease {name}"
+        );
+    }
     let (mode, wide) = get_mode(args.output.as_deref())?;
     let api = connect(&args.client).await?;
     let query = LeaseQuery {
@@ -1329,6 +1345,28 @@ async fn get_leases(args: GetLeasesArgs) -> Result<i32> {
         warn_deprecated_selector_labels(Some(&v.name), &v.deprecated_labels);
     }
     print_leases(mode, views, now, wide)?;
+    Ok(0)
+}
+
+/// `jmp get lease NAME --logs`: the lease's gathered log, from our extension API.
+async fn get_lease_logs(args: &GetLeasesArgs) -> Result<i32> {
+    let format = crate::lease_logs::LogFormat::from_flag(args.output.as_deref())?;
+    let name = args.name.as_deref().unwrap_or_default();
+    let api = connect(&args.client).await?;
+    let what = format!("cannot get the logs of lease {name:?}");
+    let logs = ClientExtensionServiceClient::new(api.channel())
+        .get_lease_logs(jumpstarter_proto::ext_v1::GetLeaseLogsRequest {
+            name: format!("namespaces/{}/leases/{name}", api.namespace()),
+        })
+        .await
+        .map_err(|s| match s.code() {
+            tonic::Code::Unimplemented => anyhow::anyhow!(
+                "{what}: the controller does not gather logs (an upstream controller)"
+            ),
+            code => rpc_error_text(&what, code, s.message()),
+        })?
+        .into_inner();
+    crate::lease_logs::print(&logs, format)?;
     Ok(0)
 }
 

@@ -1,0 +1,167 @@
+//! Printing a lease's gathered log (`jmp get lease NAME --logs`, `jmp admin logs --lease
+//! NAME`): the controller's events and the exporter's pushed entries, oldest first, as text
+//! or (`-o json`) one JSON object a line with the fields of the JSON logs.
+
+use std::io::Write;
+
+use anyhow::Result;
+use jumpstarter_proto::{ext_v1::LeaseLogs, v1::LogEntry};
+use serde_json::{Map, Value};
+
+/// How a lease's log is printed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// One line an entry for a person.
+    Text,
+    /// One JSON object a line.
+    Json,
+}
+
+impl LogFormat {
+    /// From `-o`: none is text, `json` is JSON.
+    pub fn from_flag(flag: Option<&str>) -> Result<Self> {
+        match flag {
+            None | Some("text") => Ok(Self::Text),
+            Some("json") => Ok(Self::Json),
+            Some(other) => {
+                anyhow::bail!("--output {other:?}: the logs are printed as text or json")
+            }
+        }
+    }
+}
+
+fn timestamp(e: &LogEntry) -> String {
+    e.timestamp
+        .as_ref()
+        .and_then(|t| jiff::Timestamp::new(t.seconds, t.nanos).ok())
+        .map(|t| format!("{t:.3}"))
+        .unwrap_or_default()
+}
+
+/// The JSON object of `e` (the JSON logs' field names; its extra fields at the top level,
+/// never over the entry's own).
+pub fn entry_json(e: &LogEntry) -> Map<String, Value> {
+    let mut out = Map::new();
+    out.insert("timestamp".into(), timestamp(e).into());
+    for (k, v) in [
+        ("level", e.severity.to_ascii_uppercase()),
+        ("component", e.component.clone()),
+        ("message", e.message.clone()),
+        ("lease_id", e.lease.clone()),
+        ("namespace", e.namespace.clone()),
+        ("client", e.client.clone()),
+        ("exporter", e.exporter.clone()),
+        ("driver_type", e.driver_type.clone()),
+        ("operation", e.operation.clone()),
+        ("result", e.result.clone()),
+    ] {
+        if !v.is_empty() {
+            out.insert(k.into(), v.into());
+        }
+    }
+    let mut extra: Vec<_> = e.extra_fields.iter().collect();
+    extra.sort();
+    for (k, v) in extra {
+        out.entry(k.clone()).or_insert_with(|| v.clone().into());
+    }
+    out
+}
+
+/// The text line of `e`: time, component, message, then its fields as `key=value`.
+pub fn entry_text(e: &LogEntry) -> String {
+    let mut line = format!("{} {:<10} {}", timestamp(e), e.component, e.message);
+    for (k, v) in [
+        ("client", &e.client),
+        ("exporter", &e.exporter),
+        ("driver_type", &e.driver_type),
+        ("operation", &e.operation),
+        ("result", &e.result),
+    ] {
+        // An exporter's own entries need not name it on every line.
+        let implied = e.component == "exporter" && k == "exporter";
+        if !v.is_empty() && !implied {
+            line.push_str(&format!(" {k}={v}"));
+        }
+    }
+    let mut extra: Vec<_> = e.extra_fields.iter().collect();
+    extra.sort();
+    for (k, v) in extra {
+        if v.contains(char::is_whitespace) || v.is_empty() {
+            line.push_str(&format!(" {k}={v:?}"));
+        } else {
+            line.push_str(&format!(" {k}={v}"));
+        }
+    }
+    line
+}
+
+/// Prints `logs` on stdout in `format`; a note on stderr when entries were dropped.
+pub fn print(logs: &LeaseLogs, format: LogFormat) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    for e in &logs.entries {
+        match format {
+            LogFormat::Text => writeln!(out, "{}", entry_text(e))?,
+            LogFormat::Json => writeln!(out, "{}", Value::Object(entry_json(e)))?,
+        }
+    }
+    if logs.dropped > 0 {
+        eprintln!(
+            "Note: the controller dropped {} entries of this lease (its per-lease bounds)",
+            logs.dropped
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call() -> LogEntry {
+        LogEntry {
+            timestamp: Some(prost_types::Timestamp {
+                seconds: 1_800_000_000,
+                nanos: 5_000_000,
+            }),
+            severity: "info".into(),
+            message: "driver call".into(),
+            component: "exporter".into(),
+            exporter: "board".into(),
+            lease: "l-1".into(),
+            client: "ci".into(),
+            operation: "on".into(),
+            result: "ok".into(),
+            driver_type: "MockPower".into(),
+            extra_fields: [("build_id", "7"), ("lease_id", "forged")]
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .into(),
+            namespace: "default".into(),
+        }
+    }
+
+    #[test]
+    fn json_has_the_json_logs_names_and_the_context_never_over_them() {
+        let o = entry_json(&call());
+        assert_eq!(o["lease_id"], "l-1");
+        assert_eq!(o["level"], "INFO");
+        assert_eq!(o["operation"], "on");
+        assert_eq!(o["build_id"], "7");
+        assert_eq!(o["timestamp"], "2027-01-15T08:00:00.005Z");
+    }
+
+    #[test]
+    fn text_is_one_line_with_the_fields() {
+        assert_eq!(
+            entry_text(&call()),
+            "2027-01-15T08:00:00.005Z exporter   driver call client=ci driver_type=MockPower \
+             operation=on result=ok build_id=7 lease_id=forged"
+        );
+    }
+
+    #[test]
+    fn only_text_and_json_are_formats() {
+        assert_eq!(LogFormat::from_flag(None).unwrap(), LogFormat::Text);
+        assert_eq!(LogFormat::from_flag(Some("json")).unwrap(), LogFormat::Json);
+        assert!(LogFormat::from_flag(Some("yaml")).is_err());
+    }
+}
