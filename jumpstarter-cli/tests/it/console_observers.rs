@@ -2,7 +2,7 @@
 //! pseudo-terminal stands for the serial line, the test holds the board's end.
 
 use std::{
-    io::{Read, Write},
+    io::{BufRead, BufReader, Read, Write},
     process::{ChildStdin, Stdio},
     sync::{Arc, Mutex},
     time::{Duration, Instant},
@@ -11,7 +11,7 @@ use std::{
 use jumpstarter_drivers::Pty;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::{J, Running, Scratch, start_exporter, text};
+use crate::{J, JMP, Running, Scratch, hooks::upstream_venv, start_exporter, text};
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -87,6 +87,65 @@ impl Lab {
             addr: format!("127.0.0.1:{port}"),
             board,
         }
+    }
+
+    /// As [`Lab::start`], with the console served by upstream's Python `PySerial` through the
+    /// exporter's Python child (the venv's interpreter). `None` when the venv is missing
+    /// outside CI.
+    fn start_python() -> Option<Self> {
+        let venv = upstream_venv()?;
+        let board = Pty::open().unwrap();
+        let s = Scratch::new();
+        s.write(
+            "exporter.yaml",
+            &config(&board.device_path.display().to_string()),
+        );
+        let mut c = s.cmd(JMP);
+        c.args(["run", "--exporter-config"])
+            .arg(s.path("exporter.yaml"))
+            .args(["--tls-grpc-listener", "127.0.0.1:0", "--tls-grpc-insecure"])
+            .env("JMP_PYTHON", venv.join("bin/python3"))
+            .env(
+                "JMP_PYTHON_DRIVERS",
+                "jumpstarter_driver_pyserial.driver.PySerial",
+            )
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null());
+        let mut child = c.spawn().unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let exporter = Running(child);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let port = loop {
+            let line = rx
+                .recv_timeout(Duration::from_secs(90))
+                .expect("jmp run did not report its address");
+            if let Some(rest) = line.split("listening on ").nth(1) {
+                let addr = rest.split_whitespace().next().unwrap();
+                break addr.rsplit(':').next().unwrap().parse::<u16>().unwrap();
+            }
+        };
+        // The console is Python's: the exporter runs the venv's interpreter as its child.
+        let pid = exporter.0.id();
+        let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap();
+        let python = venv.join("bin/python3").display().to_string();
+        assert!(
+            children.split_whitespace().any(|c| {
+                std::fs::read(format!("/proc/{c}/cmdline"))
+                    .is_ok_and(|cmd| String::from_utf8_lossy(&cmd).contains(&python))
+            }),
+            "no Python child of the exporter: {children:?}"
+        );
+        Some(Self {
+            s,
+            _exporter: exporter,
+            addr: format!("127.0.0.1:{port}"),
+            board,
+        })
     }
 
     fn j(&self, args: &[&str]) -> std::process::Command {
@@ -266,6 +325,62 @@ async fn release_console_lets_another_client_write() {
     lab.board_says("ok\r\n").await;
     first.wait_for("ok\r\n", "the released writer");
     second.wait_for("ok\r\n", "the new writer");
+}
+
+/// Upstream's Python `PySerial` (0.9.0, which knows nothing of observers) served through the
+/// exporter's Python child: the exporter shares its `connect` stream as it shares the Rust
+/// driver's, so `--observe`, `release-console` and `console-status` work the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_python_served_console_takes_observers_too() {
+    let Some(mut lab) = Lab::start_python() else {
+        return;
+    };
+    let status = lab.wait_status("Reader running: False");
+    assert!(status.contains("Write token holder: (none)"), "{status}");
+    let mut writer = lab.client(&["pipe"]);
+    let observer = lab.client(&["pipe", "--observe"]);
+    lab.wait_status("Total clients: 2");
+    lab.board_says("U-Boot 2026.01\r\nboard login: ").await;
+    writer.wait_for("board login: ", "the writer");
+    observer.wait_for("board login: ", "the observer");
+    writer.send(b"root\n");
+    lab.board_reads("root\n").await;
+
+    // A second writer is refused; an observer's input never reaches the board.
+    let (code, out, err) = lab.run(&["pipe", "--no-input"]);
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert!(
+        err.contains("Console in use. Use --observe or release-console."),
+        "{err}"
+    );
+    let mut sneaky = lab.client(&["open-stream", "observe", "--input"]);
+    lab.wait_status("Observers: 2");
+    sneaky.send(b"reboot\n");
+    // A late observer gets the scrollback.
+    let late = lab.client(&["pipe", "--observe"]);
+    late.wait_for("U-Boot 2026.01\r\nboard login: ", "the late observer");
+
+    let (code, out, err) = lab.run(&["release-console"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    lab.wait_status("Write token holder: (none)");
+    writer.wait_for("[write token revoked]", "the released writer");
+    let mut second = lab.client(&["pipe"]);
+    lab.wait_status("Write token holder: connection");
+    second.send(b"uname\n");
+    let got = lab.board_reads("uname\n").await;
+    assert!(
+        !got.contains("reboot"),
+        "an observer wrote to the board: {got:?}"
+    );
+    lab.board_says("Linux\r\n").await;
+    for (c, who) in [
+        (&writer, "the released writer"),
+        (&observer, "the observer"),
+        (&late, "the late observer"),
+        (&second, "the new writer"),
+    ] {
+        c.wait_for("Linux\r\n", who);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,7 +5,7 @@ use std::{collections::BTreeMap, sync::Arc};
 use jumpstarter_core::{
     DriverNode,
     client::ClientNode,
-    driver::{CLIENT_LABEL, NAME_LABEL},
+    driver::{CLIENT_LABEL, ConsoleFanout, NAME_LABEL},
 };
 use tokio::task::JoinHandle;
 
@@ -108,6 +108,9 @@ fn graft(host: &Arc<Host>, node: &ClientNode, type_name: &str) -> DriverNode {
     let mut labels = node.labels.clone();
     let client_class = labels.remove(CLIENT_LABEL).unwrap_or_default();
     labels.remove(NAME_LABEL);
+    let console = super::proxy::CONSOLE_CLIENTS
+        .contains(&client_class.as_str())
+        .then(ConsoleFanout::default);
     let driver = Arc::new(PythonDriver {
         host: host.clone(),
         uuid: node.uuid.clone(),
@@ -115,6 +118,7 @@ fn graft(host: &Arc<Host>, node: &ClientNode, type_name: &str) -> DriverNode {
         client_class,
         labels,
         type_name: type_name.to_string(),
+        console,
     });
     let uuid = uuid::Uuid::parse_str(&node.uuid).unwrap_or_else(|_| uuid::Uuid::new_v4());
     DriverNode {

@@ -7,13 +7,19 @@
 //! to us) is replaced by a resource opened on the child for the same driver, and a task
 //! copies between the two as the Python driver reads or writes: HTTP/2 flow control on both
 //! hops gives backpressure and nothing is held whole.
+//!
+//! A console (a driver whose client class is in [`CONSOLE_CLIENTS`], such as upstream's
+//! `PySerial`) is shared here as the Rust `PySerial` shares its own: the child's `connect`
+//! stream is the source of a [`ConsoleFanout`], so one client writes (`connect`) while
+//! others watch (`observe`: the scrollback, then live bytes), and `release_console` and
+//! `console_status` work, whether or not the Python driver knows of observers.
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use futures::StreamExt;
 use jumpstarter_core::{
     CallContext, ClientError, Driver, DriverError,
-    driver::{BoxDuplex, BoxFuture, ValueStream},
+    driver::{BoxDuplex, BoxFuture, ConsoleFanout, ValueStream},
     value::{self, Value},
     wire::resource::ResourceHandle,
 };
@@ -32,6 +38,10 @@ const RESOURCE_DRAIN: Duration = Duration::from_secs(30);
 /// messages).
 const TYPE_NAME: &str = "PythonDriver";
 
+/// Client classes of consoles: their `connect` stream is shared by a [`ConsoleFanout`].
+/// (upstream's `PySerial`, whose client class the Rust `PySerial` reports too).
+pub(crate) const CONSOLE_CLIENTS: &[&str] = &["jumpstarter_driver_pyserial.client.PySerialClient"];
+
 /// A driver served by the Python child.
 pub(crate) struct PythonDriver {
     pub host: Arc<Host>,
@@ -43,9 +53,29 @@ pub(crate) struct PythonDriver {
     pub labels: BTreeMap<String, String>,
     /// The config `type:` of the subtree it belongs to.
     pub type_name: String,
+    /// A console's writer and observers over the child's `connect` stream (consoles only).
+    pub console: Option<ConsoleFanout>,
 }
 
 impl PythonDriver {
+    /// Opens byte stream `method` on the child.
+    async fn open_child_stream(
+        &self,
+        ctx: &CallContext,
+        method: &str,
+    ) -> Result<BoxDuplex, DriverError> {
+        let conn = self.conn(ctx)?;
+        let client = conn
+            .session
+            .driver(&self.path)
+            .map_err(|e| self.client_error(e))?;
+        let io = client
+            .open_stream(method)
+            .await
+            .map_err(|e| self.client_error(e))?;
+        Ok(Box::new(io) as BoxDuplex)
+    }
+
     fn conn(&self, ctx: &CallContext) -> Result<Conn, DriverError> {
         self.host.log_to(ctx);
         self.host.conn(&self.type_name)
@@ -189,6 +219,27 @@ impl Driver for PythonDriver {
         mut args: Vec<Value>,
     ) -> BoxFuture<Result<Value, DriverError>> {
         Box::pin(async move {
+            if let Some(fan) = &self.console {
+                match method.as_str() {
+                    "release_console" => {
+                        if fan.release_console() {
+                            ctx.log_info(format!("write token of {} released", self.path));
+                        }
+                        return Ok(Value {
+                            kind: Some(Kind::NullValue(0)),
+                        });
+                    }
+                    "console_status" => {
+                        return value::to_value(&fan.status()).map_err(|e| {
+                            DriverError::failed(format!(
+                                "console status: {e}",
+                                e = jumpstarter_core::error_chain(&e)
+                            ))
+                        });
+                    }
+                    _ => {}
+                }
+            }
             let conn = self.conn(&ctx)?;
             let copies = self.bridge_resources(&ctx, &conn, &mut args).await?;
             let request = DriverCallRequest {
@@ -270,17 +321,25 @@ impl Driver for PythonDriver {
         method: String,
     ) -> BoxFuture<Result<BoxDuplex, DriverError>> {
         Box::pin(async move {
-            let conn = self.conn(&ctx)?;
-            let client = conn
-                .session
-                .driver(&self.path)
-                .map_err(|e| self.client_error(e))?;
-            let io = client
-                .open_stream(&method)
-                .await
-                .map_err(|e| self.client_error(e))?;
-            Ok(Box::new(io) as BoxDuplex)
+            let Some(fan) = &self.console else {
+                return self.open_child_stream(&ctx, &method).await;
+            };
+            let open = || self.open_child_stream(&ctx, "connect");
+            let stream = match method.as_str() {
+                "connect" => fan.connect(open, ctx.console_recorder()).await?,
+                "observe" => fan.observe(open, ctx.console_recorder()).await?,
+                _ => return self.open_child_stream(&ctx, &method).await,
+            };
+            Ok(Box::new(stream) as BoxDuplex)
         })
+    }
+
+    fn session_end(self: Arc<Self>) -> BoxFuture<()> {
+        // The next lease's observers see nothing of this one's console.
+        if let Some(fan) = &self.console {
+            fan.reset();
+        }
+        Box::pin(std::future::ready(()))
     }
 }
 
