@@ -16,10 +16,19 @@ fn now() -> prost_types::Timestamp {
     prost_types::Timestamp::from(std::time::SystemTime::now())
 }
 
+/// Told of every driver log line of a session (see [`LogSink::set_observer`]). It runs on
+/// the driver's task: it must not block or wait.
+pub trait LogObserver: Send + Sync {
+    /// Driver `driver` logged `message` at `severity` (`DEBUG`, `INFO`, `WARNING`, ...).
+    fn driver_log(&self, driver: &str, severity: &str, message: &str);
+}
+
 /// Where driver log records go: `tracing` (target `driver`) and the session's `LogStream`.
 #[derive(Clone)]
 pub struct LogSink {
     tx: broadcast::Sender<LogStreamResponse>,
+    /// Also told of each driver line (the exporter's log gathering).
+    observer: Arc<Mutex<Option<Arc<dyn LogObserver>>>>,
     /// Hook records emitted while no `LogStream` was open; the next one replays them (as
     /// upstream's session queue keeps records until a client takes them).
     backlog: Arc<Mutex<std::collections::VecDeque<LogStreamResponse>>>,
@@ -30,13 +39,27 @@ impl Default for LogSink {
         Self {
             tx: broadcast::channel(LOG_BUFFER).0,
             backlog: Arc::default(),
+            observer: Arc::default(),
         }
     }
 }
 
 impl LogSink {
+    /// Tells `observer` of each driver log line from now on (every clone of this sink).
+    pub fn set_observer(&self, observer: Arc<dyn LogObserver>) {
+        *self.observer.lock().unwrap_or_else(|p| p.into_inner()) = Some(observer);
+    }
+
     /// Records one driver log line.
     pub fn emit(&self, driver: &str, severity: &str, message: String) {
+        let observer = self
+            .observer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if let Some(o) = observer {
+            o.driver_log(driver, severity, &message);
+        }
         match severity {
             "WARNING" | "ERROR" | "CRITICAL" => {
                 tracing::warn!(target: "driver", "[driver.{driver}] {message}")
@@ -92,6 +115,25 @@ impl LogSink {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_observer_is_told_of_driver_lines_not_hook_lines() {
+        struct Seen(Mutex<Vec<String>>);
+        impl LogObserver for Seen {
+            fn driver_log(&self, driver: &str, severity: &str, message: &str) {
+                self.0
+                    .lock()
+                    .unwrap()
+                    .push(format!("{driver} {severity} {message}"));
+            }
+        }
+        let sink = LogSink::default();
+        let seen = Arc::new(Seen(Mutex::default()));
+        sink.clone().set_observer(seen.clone());
+        sink.emit("MockPower", "INFO", "power on".into());
+        sink.emit_hook(LogSource::BeforeLeaseHook, "INFO", "flashing".into());
+        assert_eq!(*seen.0.lock().unwrap(), ["MockPower INFO power on"]);
+    }
 
     #[test]
     fn driver_records_carry_their_driver_type_and_time_and_hook_records_their_time() {

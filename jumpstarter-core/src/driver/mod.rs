@@ -17,7 +17,7 @@ pub mod value;
 
 pub use error::{DriverError, SharedError};
 pub use fanout::{ConsoleFanout, ConsoleStatus, ConsoleStream};
-pub use log::LogSink;
+pub use log::{LogObserver, LogSink};
 pub use model::{BoxDuplex, BoxFuture, CallContext, Driver, Duplex, ValueStream, encode_stream};
 pub use registry::{COMPOSITE_TYPE, Constructor, DriverArgs, DriverRegistry, TypeSuggestion};
 pub use transcript::{ConsoleRecorder, Direction, Transcripts};

@@ -158,6 +158,11 @@ impl Session {
             .map_or("unknown", |(_, d)| d.type_name())
     }
 
+    /// Tells `observer` of each log line its drivers write (the exporter's log gathering).
+    pub fn set_log_observer(&self, observer: Arc<dyn crate::driver::LogObserver>) {
+        self.logs.set_observer(observer);
+    }
+
     /// Keeps transcripts of the consoles this session's clients open, in `transcripts`
     /// (the exporter sets one per lease, before clients connect).
     pub fn set_transcripts(&self, transcripts: Arc<dyn crate::driver::Transcripts>) {
