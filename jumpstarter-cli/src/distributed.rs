@@ -500,17 +500,20 @@ fn drivers_allow(cfg: &ClientConfig) -> String {
     }
 }
 
-/// `jmp run` in controller mode: the exporter of `cfg` until a signal.
+/// `jmp run` in controller mode: the exporter of `cfg` until a signal, counting its driver
+/// calls in `metrics` when given.
 pub async fn run_exporter(
     toolkit: &crate::Toolkit,
     cfg: &ExporterConfig,
     limits: jumpstarter_core::server::listener::ConnectionLimits,
+    metrics: Option<Arc<jumpstarter_exporter::metrics::ExporterMetrics>>,
 ) -> Result<i32> {
-    toolkit
-        .exporter(cfg)
-        .with_connection_limits(limits)
-        .run(crate::signals::shutdown_signal())
-        .await?;
+    let exporter = toolkit.exporter(cfg).with_connection_limits(limits);
+    let exporter = match metrics {
+        Some(m) => exporter.with_metrics(m),
+        None => exporter,
+    };
+    exporter.run(crate::signals::shutdown_signal()).await?;
     Ok(0)
 }
 

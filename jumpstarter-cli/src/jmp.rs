@@ -222,6 +222,12 @@ struct RunArgs {
     /// `exitOnLeaseEnd: true`). Controller mode only.
     #[arg(long, conflicts_with = "tls_grpc_listener")]
     exit_on_lease_end: bool,
+    /// Serve Prometheus metrics (OpenMetrics, with the lease's client and id as exemplars)
+    /// on `http://ADDR/metrics`: driver calls by driver type, operation and result, their
+    /// durations and errors, active lease sessions. E.g. 9100 or 127.0.0.1:0. Controller
+    /// mode only.
+    #[arg(long, value_name = "[HOST:]PORT", conflicts_with = "tls_grpc_listener")]
+    metrics_listen: Option<String>,
     /// Log lines as text for a person, or as JSON for a log store: one object a line with
     /// lease_id, client, exporter and the driver calls' operation, result and duration_ms.
     #[arg(long, value_name = "FORMAT", env = "JMP_LOG_FORMAT", default_value = "text",
@@ -444,13 +450,44 @@ fn listen_addr(spec: &str) -> Result<String> {
     };
     let port: u16 = port
         .parse()
-        .with_context(|| format!("invalid port in --tls-grpc-listener {spec:?}"))?;
+        .with_context(|| format!("invalid port in {spec:?}"))?;
     let host = if host.is_empty() { "0.0.0.0" } else { host };
     Ok(if host.contains(':') {
         format!("[{host}]:{port}")
     } else {
         format!("{host}:{port}")
     })
+}
+
+/// `jmp run --metrics-listen`: the exporter's metrics, served on `spec` until the process
+/// ends.
+async fn serve_exporter_metrics(
+    spec: &str,
+    exporter: &str,
+    json: bool,
+) -> Result<std::sync::Arc<jumpstarter_exporter::metrics::ExporterMetrics>> {
+    let addr = listen_addr(spec).context("--metrics-listen")?;
+    let listener = tokio::net::TcpListener::bind(&addr)
+        .await
+        .with_context(|| format!("--metrics-listen: cannot listen on {addr}"))?;
+    let local = listener.local_addr()?;
+    if json {
+        tracing::info!(addr = %local, "serving metrics on http://{local}/metrics");
+    } else {
+        eprintln!("Serving metrics on http://{local}/metrics");
+    }
+    let metrics = jumpstarter_exporter::metrics::ExporterMetrics::new(exporter);
+    let m = std::sync::Arc::clone(&metrics);
+    let render: jumpstarter_core::server::http1::MetricsRender = std::sync::Arc::new(move || {
+        let page = m.render();
+        Box::pin(async move { page })
+    });
+    tokio::spawn(jumpstarter_core::server::http1::serve_metrics(
+        listener,
+        render,
+        std::future::pending::<()>(),
+    ));
+    Ok(metrics)
 }
 
 async fn run_exporter(args: RunArgs, toolkit: &crate::Toolkit) -> Result<i32> {
@@ -469,7 +506,13 @@ async fn run_exporter(args: RunArgs, toolkit: &crate::Toolkit) -> Result<i32> {
         if args.exit_on_lease_end {
             cfg.exit_on_lease_end = true;
         }
-        return crate::distributed::run_exporter(toolkit, &cfg, args.limits()).await;
+        let metrics = match &args.metrics_listen {
+            Some(spec) => Some(
+                serve_exporter_metrics(spec, &cfg.metadata.name, args.log_format == "json").await?,
+            ),
+            None => None,
+        };
+        return crate::distributed::run_exporter(toolkit, &cfg, args.limits(), metrics).await;
     };
     let tls = match (&args.tls_cert, &args.tls_key, args.tls_grpc_insecure) {
         (Some(_), Some(_), true) => {
@@ -490,7 +533,7 @@ async fn run_exporter(args: RunArgs, toolkit: &crate::Toolkit) -> Result<i32> {
         );
     }
     let standalone = toolkit.exporter(&cfg).standalone().await?;
-    let addr = listen_addr(spec)?;
+    let addr = listen_addr(spec).context("--tls-grpc-listener")?;
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;

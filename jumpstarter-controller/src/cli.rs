@@ -122,6 +122,16 @@ pub struct Args {
         env = "JUMPSTARTER_METRICS_LISTEN"
     )]
     pub metrics_listen: String,
+    /// Exporter labels whose values split the exporters online / leased / quarantined
+    /// metrics (comma-separated, e.g. `board,site`; default: one total each). Keep them to
+    /// labels with few values: each combination is a series.
+    #[arg(
+        long,
+        value_name = "LABEL,...",
+        value_delimiter = ',',
+        env = "JUMPSTARTER_METRICS_EXPORTER_LABELS"
+    )]
+    pub metrics_exporter_labels: Vec<String>,
     /// More names for the server certificate (repeat, or comma-separate), e.g. the
     /// in-cluster Service name `jumpstarter-controller.<ns>.svc`.
     #[arg(
@@ -302,6 +312,12 @@ impl Args {
             tls_ca: self.tls_ca.clone(),
             metrics_listen: (!metrics.is_empty() && !metrics.eq_ignore_ascii_case("off"))
                 .then(|| metrics.to_string()),
+            metrics_exporter_labels: self
+                .metrics_exporter_labels
+                .iter()
+                .map(|l| l.trim().to_string())
+                .filter(|l| !l.is_empty())
+                .collect(),
             routers: None,
             credential_secrets: self.store == StoreKind::Kubernetes,
             max_tags: None,

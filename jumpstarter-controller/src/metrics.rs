@@ -8,7 +8,7 @@ use std::{
     fmt::Write as _,
     future::Future,
     pin::Pin,
-    sync::{Arc, Mutex},
+    sync::Arc,
     task::{Context, Poll},
     time::{Duration, Instant},
 };
@@ -18,7 +18,18 @@ use crate::{
     state::ControllerState,
     store::{ListParams, Store},
 };
-use jumpstarter_core::sync::LockExt;
+use jumpstarter_core::metrics::{
+    ExemplarLabels,
+    prometheus_client::{
+        self,
+        metrics::{
+            exemplar::{CounterWithExemplar, HistogramWithExemplars},
+            family::Family,
+            gauge::Gauge,
+            histogram::Histogram,
+        },
+    },
+};
 
 /// Upper bounds (seconds) of the RPC latency histogram buckets.
 const BUCKETS: [f64; 12] = [
@@ -80,72 +91,57 @@ pub fn method_label(path: &str) -> &str {
     }
 }
 
-#[derive(Debug, Default, Clone)]
-struct Histogram {
-    counts: [u64; BUCKETS.len()],
-    count: u64,
-    sum: f64,
+type MethodFamily = Family<Labels, Histogram, fn() -> Histogram>;
+
+fn rpc_histogram() -> Histogram {
+    Histogram::new(BUCKETS)
 }
 
 /// Latency histograms of the controller's RPCs, by gRPC method path.
-#[derive(Debug, Default)]
 pub struct RpcMetrics {
-    methods: Mutex<HashMap<String, Histogram>>,
+    registry: prometheus_client::registry::Registry,
+    methods: MethodFamily,
+}
+
+impl std::fmt::Debug for RpcMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RpcMetrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for RpcMetrics {
+    fn default() -> Self {
+        let mut registry = prometheus_client::registry::Registry::default();
+        let methods: MethodFamily = Family::new_with_constructor(rpc_histogram);
+        registry.register(
+            "jumpstarter_controller_rpc_duration_seconds",
+            "Time from request to response headers (for streams: until the stream is open), \
+             by gRPC method",
+            methods.clone(),
+        );
+        Self { registry, methods }
+    }
 }
 
 impl RpcMetrics {
     /// Records one call of `method` (a request path; unknown ones are counted together as
     /// [`UNKNOWN_METHOD`]) that took `elapsed`.
     pub fn observe(&self, method: &str, elapsed: Duration) {
-        let secs = elapsed.as_secs_f64();
-        let mut m = self.methods.lock_or_recover();
-        let key = method_label(method);
-        let h = m.entry(key.to_string()).or_default();
-        for (i, le) in BUCKETS.iter().enumerate() {
-            if secs <= *le {
-                h.counts[i] += 1;
-            }
-        }
-        h.count += 1;
-        h.sum += secs;
+        let key = jumpstarter_core::metrics::label_value(method_label(method));
+        self.methods
+            .get_or_create(&vec![("method", key)])
+            .observe(elapsed.as_secs_f64());
     }
 
-    /// Prometheus text of the histograms.
-    pub fn prometheus(&self) -> String {
-        let m = self.methods.lock_or_recover().clone();
-        let mut methods: Vec<_> = m.into_iter().collect();
-        methods.sort_by(|a, b| a.0.cmp(&b.0));
-        let mut out = String::from(
-            "# HELP jumpstarter_controller_rpc_duration_seconds Time from request to response \
-             headers (for streams: until the stream is open), by gRPC method.\n\
-             # TYPE jumpstarter_controller_rpc_duration_seconds histogram\n",
-        );
-        for (method, h) in methods {
-            let method = escape_label(&method);
-            for (i, le) in BUCKETS.iter().enumerate() {
-                let _ = writeln!(
-                    out,
-                    "jumpstarter_controller_rpc_duration_seconds_bucket{{method=\"{method}\",le=\"{le}\"}} {}",
-                    h.counts[i]
-                );
-            }
-            let _ = writeln!(
-                out,
-                "jumpstarter_controller_rpc_duration_seconds_bucket{{method=\"{method}\",le=\"+Inf\"}} {}",
-                h.count
-            );
-            let _ = writeln!(
-                out,
-                "jumpstarter_controller_rpc_duration_seconds_sum{{method=\"{method}\"}} {}",
-                h.sum
-            );
-            let _ = writeln!(
-                out,
-                "jumpstarter_controller_rpc_duration_seconds_count{{method=\"{method}\"}} {}",
-                h.count
-            );
-        }
-        out
+    /// The registry to encode on a scrape.
+    pub fn registry(&self) -> &prometheus_client::registry::Registry {
+        &self.registry
+    }
+
+    /// The histograms as an OpenMetrics page.
+    #[cfg(test)]
+    pub fn openmetrics(&self) -> String {
+        jumpstarter_core::metrics::openmetrics_page(&[&self.registry], "")
     }
 }
 
@@ -203,7 +199,17 @@ where
 }
 
 /// Leases and exporters by state, read from the store now.
+#[cfg(test)]
 pub async fn object_metrics<S: Store>(state: &ControllerState<S>) -> String {
+    object_metrics_and_gauges(state, &[]).await.0
+}
+
+/// [`object_metrics`], and the exporter gauges by `exporter_labels` (see [`exporter_gauges`]).
+pub async fn object_metrics_and_gauges<S: Store>(
+    state: &ControllerState<S>,
+    exporter_labels: &[String],
+) -> (String, prometheus_client::registry::Registry) {
+    let mut gauges = None;
     let mut out = String::new();
     let all = LabelSelector::everything();
     let params = ListParams::default();
@@ -234,6 +240,7 @@ pub async fn object_metrics<S: Store>(state: &ControllerState<S>) -> String {
     }
     match state.store.list::<Exporter>(None, &all, &params).await {
         Ok(list) => {
+            gauges = Some(exporter_gauges(&list.items, exporter_labels));
             let online = list
                 .items
                 .iter()
@@ -299,7 +306,7 @@ pub async fn object_metrics<S: Store>(state: &ControllerState<S>) -> String {
              jumpstarter_controller_store_commits_total {n}\n"
         );
     }
-    out
+    (out, gauges.unwrap_or_default())
 }
 
 /// Each client's token expiry (upstream main's `tokenExpiresAt`, as a Unix time) and how
@@ -349,6 +356,261 @@ fn client_token_metrics(clients: &[Client]) -> String {
     out
 }
 
+/// Upper bounds (seconds) of the lease wait histogram: from an idle exporter to a queue of
+/// hours.
+pub const WAIT_BUCKETS: [f64; 14] = [
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 14400.0,
+];
+/// Upper bounds (seconds) of the grant time histogram (a reconcile pass).
+pub const GRANT_BUCKETS: [f64; 12] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
+];
+
+/// `result` of `jumpstarter_lease_acquisitions_total`: an exporter was assigned.
+pub const GRANTED: &str = "granted";
+/// `result`: the lease's time ran out before an exporter was assigned.
+pub const EXPIRED: &str = "expired";
+/// `result`: the client released (deleted) the lease, or went away, before it was granted.
+pub const CANCELLED: &str = "cancelled";
+/// `result`: no exporter can ever satisfy the lease (bad selector, none matches, no access).
+pub const UNSATISFIABLE: &str = "unsatisfiable";
+
+type Labels = Vec<(&'static str, String)>;
+
+/// Lease acquisitions and their timings, counted by the reconcile loop (for the whole
+/// process: one controller runs in it).
+pub struct LeaseMetrics {
+    registry: prometheus_client::registry::Registry,
+    acquisitions: Family<Labels, CounterWithExemplar<ExemplarLabels>>,
+    wait: HistogramWithExemplars<ExemplarLabels>,
+    grant: Histogram,
+}
+
+impl std::fmt::Debug for LeaseMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseMetrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for LeaseMetrics {
+    fn default() -> Self {
+        let mut registry = prometheus_client::registry::Registry::default();
+        let acquisitions = Family::<Labels, CounterWithExemplar<ExemplarLabels>>::default();
+        registry.register(
+            "jumpstarter_lease_acquisitions",
+            "Lease requests by outcome: granted, expired, cancelled or unsatisfiable",
+            acquisitions.clone(),
+        );
+        // Every result reads 0 from the start, so that rates and ratios exist.
+        for r in [GRANTED, EXPIRED, CANCELLED, UNSATISFIABLE] {
+            let _ = acquisitions.get_or_create(&vec![("result", r.to_string())]);
+        }
+        let wait = HistogramWithExemplars::new(WAIT_BUCKETS.into_iter());
+        registry.register(
+            "jumpstarter_lease_wait_duration_seconds",
+            "Time from a lease's creation to its grant",
+            wait.clone(),
+        );
+        let grant = Histogram::new(GRANT_BUCKETS);
+        registry.register(
+            "jumpstarter_lease_grant_duration_seconds",
+            "Time the controller spent granting a lease: its reconcile pass until the grant was stored",
+            grant.clone(),
+        );
+        Self {
+            registry,
+            acquisitions,
+            wait,
+            grant,
+        }
+    }
+}
+
+/// The process's [`LeaseMetrics`].
+pub fn leases() -> &'static LeaseMetrics {
+    static LEASES: std::sync::LazyLock<LeaseMetrics> = std::sync::LazyLock::new(Default::default);
+    &LEASES
+}
+
+/// The `result` of a lease that ended before it was granted, from the reason of the
+/// condition that ended it.
+pub fn ended_result(reason: &str) -> &'static str {
+    match reason {
+        conditions::REASON_EXPIRED => EXPIRED,
+        conditions::REASON_RELEASED | crate::lease::pending_guard::REASON_CLIENT_GONE => CANCELLED,
+        _ => UNSATISFIABLE,
+    }
+}
+
+/// A lease's exemplar: its client and name, then its context entries as far as they fit.
+pub fn lease_exemplar(lease: &Lease) -> ExemplarLabels {
+    let name = lease.metadata.name.as_deref().unwrap_or_default();
+    jumpstarter_core::metrics::exemplar(
+        [
+            ("client", lease.spec.client_ref.name.as_str()),
+            ("lease_id", name),
+        ]
+        .into_iter()
+        .chain(
+            lease
+                .spec
+                .context
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str())),
+        ),
+    )
+}
+
+impl LeaseMetrics {
+    /// Counts what one reconcile pass (begun at `started`, deciding at `now`) wrote: each
+    /// grant (with its wait since the lease's creation and the pass's time), and each lease
+    /// that ended without ever being granted. `written` holds the decisions whose status was
+    /// stored, with the lease as it was before.
+    pub fn record_pass<'a>(
+        &self,
+        written: impl IntoIterator<Item = (&'a crate::lease::scheduler::LeaseDecision, &'a Lease)>,
+        started: Instant,
+        now: jiff::Timestamp,
+    ) {
+        use crate::lease::scheduler::Action;
+        for (d, lease) in written {
+            let result = match &d.action {
+                Action::Assigned { .. } => GRANTED,
+                Action::Ended { reason } if lease.assigned_exporter().is_none() => {
+                    ended_result(reason)
+                }
+                _ => continue,
+            };
+            let ex = lease_exemplar(lease);
+            let ex = (!ex.is_empty()).then_some(ex);
+            if result == GRANTED {
+                if let Some(created) = &lease.metadata.creation_timestamp {
+                    let waited = now.duration_since(created.0).as_secs_f64().max(0.0);
+                    self.wait.observe(waited, ex.clone(), None);
+                }
+                self.grant.observe(started.elapsed().as_secs_f64());
+            }
+            self.acquisitions
+                .get_or_create(&vec![("result", result.to_string())])
+                .inc_by(1, ex, None);
+        }
+    }
+
+    /// [`LeaseMetrics::record_pass`] over a pass's `decisions` whose status was written:
+    /// those whose own status `statuses` (the pass's leases' statuses by namespace and name)
+    /// holds; `leases` are the leases the pass read.
+    pub fn record_decisions(
+        &self,
+        decisions: &[crate::lease::scheduler::LeaseDecision],
+        leases: &[Lease],
+        statuses: &std::collections::BTreeMap<(&str, &str), &crate::objects::LeaseStatus>,
+        started: Instant,
+        now: jiff::Timestamp,
+    ) {
+        use crate::lease::scheduler::Action;
+        let counted: Vec<&crate::lease::scheduler::LeaseDecision> = decisions
+            .iter()
+            .filter(|d| matches!(d.action, Action::Assigned { .. } | Action::Ended { .. }))
+            .filter(|d| {
+                statuses
+                    .get(&(d.namespace.as_str(), d.name.as_str()))
+                    .is_some_and(|st| std::ptr::eq(*st, &d.status))
+            })
+            .collect();
+        if counted.is_empty() {
+            return;
+        }
+        let by_key: HashMap<(&str, &str), &Lease> = leases
+            .iter()
+            .filter_map(|l| {
+                Some((
+                    (
+                        l.metadata.namespace.as_deref()?,
+                        l.metadata.name.as_deref()?,
+                    ),
+                    l,
+                ))
+            })
+            .collect();
+        self.record_pass(
+            counted.into_iter().filter_map(|d| {
+                by_key
+                    .get(&(d.namespace.as_str(), d.name.as_str()))
+                    .map(|l| (d, *l))
+            }),
+            started,
+            now,
+        );
+    }
+
+    /// The registry to encode on a scrape.
+    pub fn registry(&self) -> &prometheus_client::registry::Registry {
+        &self.registry
+    }
+}
+
+/// Exporters online, leased and quarantined by the values of the admin's chosen exporter
+/// labels (`--metrics-exporter-labels`; none: one series each), read from `exporters`.
+pub fn exporter_gauges(
+    exporters: &[Exporter],
+    label_keys: &[String],
+) -> prometheus_client::registry::Registry {
+    let names: Vec<String> = label_keys
+        .iter()
+        .filter_map(|k| jumpstarter_core::metrics::label_name(k))
+        .collect();
+    // Online, leased, quarantined, by label values.
+    let mut counts: std::collections::BTreeMap<Vec<(String, String)>, [i64; 3]> =
+        std::collections::BTreeMap::new();
+    for e in exporters {
+        let labels: Vec<(String, String)> = label_keys
+            .iter()
+            .zip(&names)
+            .map(|(k, n)| {
+                let v = e
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(k))
+                    .map(String::as_str)
+                    .unwrap_or_default();
+                (n.clone(), jumpstarter_core::metrics::label_value(v))
+            })
+            .collect();
+        let c = counts.entry(labels).or_default();
+        c[0] += i64::from(e.condition_is_true(conditions::ONLINE));
+        c[1] += i64::from(e.status.as_ref().is_some_and(|s| s.lease_ref.is_some()));
+        c[2] += i64::from(e.unhealthy().is_some());
+    }
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = [
+        (
+            "jumpstarter_exporters_online",
+            "Exporters whose Online condition is True",
+        ),
+        ("jumpstarter_exporters_leased", "Exporters holding a lease"),
+        (
+            "jumpstarter_exporters_quarantined",
+            "Exporters quarantined (Healthy=False)",
+        ),
+    ];
+    for (i, (name, help)) in metrics.into_iter().enumerate() {
+        if names.is_empty() {
+            // One series without labels, 0 without exporters.
+            let g: Gauge = Gauge::default();
+            g.set(counts.values().map(|c| c[i]).sum());
+            registry.register(name, help, g);
+        } else {
+            let f = Family::<Vec<(String, String)>, Gauge>::default();
+            for (labels, c) in &counts {
+                f.get_or_create(labels).set(c[i]);
+            }
+            registry.register(name, help, f);
+        }
+    }
+    registry
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -378,6 +640,182 @@ mod tests {
         assert!(!text.contains("events_dropped"), "{text}");
     }
 
+    fn lease_at(name: &str, created: jiff::Timestamp, context: &[(&str, &str)]) -> Lease {
+        let mut l = Lease::new(
+            name,
+            crate::objects::LeaseSpec {
+                client_ref: k8s_openapi::api::core::v1::LocalObjectReference { name: "ci".into() },
+                context: context
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+                ..Default::default()
+            },
+        );
+        l.metadata.namespace = Some("lab".into());
+        l.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            created,
+        ));
+        l
+    }
+
+    fn decision(
+        name: &str,
+        action: crate::lease::scheduler::Action,
+    ) -> crate::lease::scheduler::LeaseDecision {
+        crate::lease::scheduler::LeaseDecision {
+            namespace: "lab".into(),
+            name: name.into(),
+            action,
+            status: Default::default(),
+            status_changed: true,
+            labels: Default::default(),
+            labels_changed: false,
+            owner_exporter: None,
+            requeue_at: None,
+        }
+    }
+
+    #[test]
+    fn lease_outcomes_are_counted_with_the_lease_as_exemplar() {
+        use crate::lease::scheduler::Action;
+        let m = LeaseMetrics::default();
+        let now: jiff::Timestamp = "2026-01-01T10:00:00Z".parse().unwrap();
+        let created = now - jiff::SignedDuration::from_secs(42);
+        let long = "v".repeat(120);
+        let granted = lease_at("l1", created, &[("build_id", "n-42"), ("image", &long)]);
+        let expired = lease_at("l2", created, &[]);
+        let mut held = lease_at("l3", created, &[]);
+        held.status = Some(crate::objects::LeaseStatus {
+            exporter_ref: Some(k8s_openapi::api::core::v1::LocalObjectReference {
+                name: "board".into(),
+            }),
+            ..Default::default()
+        });
+        let d1 = decision(
+            "l1",
+            Action::Assigned {
+                exporter: "board".into(),
+                priority: 0,
+            },
+        );
+        let d2 = decision(
+            "l2",
+            Action::Ended {
+                reason: conditions::REASON_EXPIRED,
+            },
+        );
+        // A granted lease ending is no acquisition outcome.
+        let d3 = decision(
+            "l3",
+            Action::Ended {
+                reason: conditions::REASON_EXPIRED,
+            },
+        );
+        m.record_pass(
+            [(&d1, &granted), (&d2, &expired), (&d3, &held)],
+            Instant::now(),
+            now,
+        );
+        let text = jumpstarter_core::metrics::openmetrics_page(&[m.registry()], "");
+        assert!(
+            text.contains(
+                "jumpstarter_lease_acquisitions_total{result=\"granted\"} 1 # {client=\"ci\",lease_id=\"l1\",build_id=\"n-42\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("jumpstarter_lease_acquisitions_total{result=\"expired\"} 1 # {client=\"ci\",lease_id=\"l2\"}"), "{text}");
+        assert!(
+            text.contains("jumpstarter_lease_acquisitions_total{result=\"cancelled\"} 0\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("jumpstarter_lease_acquisitions_total{result=\"unsatisfiable\"} 0\n"),
+            "{text}"
+        );
+        // Waited 42 s: in the 60 s bucket, not the 30 s one.
+        assert!(
+            text.contains("jumpstarter_lease_wait_duration_seconds_bucket{le=\"30.0\"} 0\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "jumpstarter_lease_wait_duration_seconds_bucket{le=\"60.0\"} 1 # {client=\"ci\""
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("jumpstarter_lease_grant_duration_seconds_count 1\n"),
+            "{text}"
+        );
+        assert!(!text.contains("image="), "over the exemplar limit: {text}");
+        assert_eq!(ended_result(conditions::REASON_RELEASED), CANCELLED);
+        assert_eq!(
+            ended_result(crate::lease::pending_guard::REASON_CLIENT_GONE),
+            CANCELLED
+        );
+        assert_eq!(ended_result("NoAccess"), UNSATISFIABLE);
+    }
+
+    #[test]
+    fn exporter_gauges_by_the_admins_labels() {
+        let ex = |name: &str, board: &str, online: bool, leased: bool| {
+            let mut e = Exporter::new(name, Default::default());
+            e.metadata.labels = Some(
+                [("board".to_string(), board.to_string())]
+                    .into_iter()
+                    .collect(),
+            );
+            e.status = Some(crate::objects::ExporterStatus {
+                conditions: vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+                    type_: conditions::ONLINE.into(),
+                    status: if online { "True" } else { "False" }.into(),
+                    last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                        jiff::Timestamp::UNIX_EPOCH,
+                    ),
+                    message: String::new(),
+                    observed_generation: None,
+                    reason: String::new(),
+                }],
+                lease_ref: leased
+                    .then(|| k8s_openapi::api::core::v1::LocalObjectReference { name: "l".into() }),
+                ..Default::default()
+            });
+            e
+        };
+        let all = [
+            ex("a", "rpi4", true, true),
+            ex("b", "rpi4", true, false),
+            ex("c", "j784s4\"x", false, false),
+        ];
+        let page = |keys: &[&str]| {
+            let keys: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
+            jumpstarter_core::metrics::openmetrics_page(&[&exporter_gauges(&all, &keys)], "")
+        };
+        let text = page(&[]);
+        assert!(text.contains("jumpstarter_exporters_online 2\n"), "{text}");
+        assert!(text.contains("jumpstarter_exporters_leased 1\n"), "{text}");
+        assert!(
+            text.contains("jumpstarter_exporters_quarantined 0\n"),
+            "{text}"
+        );
+        let text = page(&["board", "site-x"]);
+        assert!(
+            text.contains("jumpstarter_exporters_online{board=\"rpi4\",site_x=\"\"} 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("jumpstarter_exporters_online{board=\"j784s4\\\"x\",site_x=\"\"} 0\n"),
+            "{text}"
+        );
+        // No exporters, no labels: still one series each.
+        let empty = jumpstarter_core::metrics::openmetrics_page(&[&exporter_gauges(&[], &[])], "");
+        assert!(
+            empty.contains("jumpstarter_exporters_online 0\n"),
+            "{empty}"
+        );
+    }
+
     #[test]
     fn histogram_counts_cumulatively() {
         let m = RpcMetrics::default();
@@ -389,15 +827,15 @@ mod tests {
             "/jumpstarter.v1.ControllerService/Dial",
             Duration::from_secs(20),
         );
-        let text = m.prometheus();
+        let text = m.openmetrics();
         assert!(text.contains(
-            "jumpstarter_controller_rpc_duration_seconds_bucket{method=\"/jumpstarter.v1.ControllerService/Dial\",le=\"0.005\"} 1"
+            "jumpstarter_controller_rpc_duration_seconds_bucket{le=\"0.005\",method=\"/jumpstarter.v1.ControllerService/Dial\"} 1"
         ));
         assert!(text.contains(
-            "jumpstarter_controller_rpc_duration_seconds_bucket{method=\"/jumpstarter.v1.ControllerService/Dial\",le=\"10\"} 1"
+            "jumpstarter_controller_rpc_duration_seconds_bucket{le=\"10.0\",method=\"/jumpstarter.v1.ControllerService/Dial\"} 1"
         ));
         assert!(text.contains(
-            "jumpstarter_controller_rpc_duration_seconds_bucket{method=\"/jumpstarter.v1.ControllerService/Dial\",le=\"+Inf\"} 2"
+            "jumpstarter_controller_rpc_duration_seconds_bucket{le=\"+Inf\",method=\"/jumpstarter.v1.ControllerService/Dial\"} 2"
         ));
         assert!(
             text.contains("jumpstarter_controller_rpc_duration_seconds_count{method=\"/jumpstarter.v1.ControllerService/Dial\"} 2")
@@ -422,7 +860,7 @@ mod tests {
             "/jumpstarter.v1.ControllerService/Register",
             Duration::from_millis(1),
         );
-        let text = m.prometheus();
+        let text = m.openmetrics();
         assert!(
             text.contains(
                 "jumpstarter_controller_rpc_duration_seconds_count{method=\"unknown\"} 501"
@@ -436,7 +874,10 @@ mod tests {
             )),
             "{text}"
         );
-        let methods = m.methods.lock().unwrap().len();
+        let methods = text
+            .lines()
+            .filter(|l| l.starts_with("jumpstarter_controller_rpc_duration_seconds_count{"))
+            .count();
         assert_eq!(methods, 5);
         assert!(!text.contains("/x/"));
     }

@@ -146,6 +146,9 @@ pub struct ControllerConfig {
     pub tls_ca: Option<PathBuf>,
     /// Address of the Prometheus metrics HTTP listener; `None` serves no metrics.
     pub metrics_listen: Option<String>,
+    /// The exporter labels whose values split the exporters online / leased / quarantined
+    /// gauges (empty: one series each).
+    pub metrics_exporter_labels: Vec<String>,
     /// The routers handed out in `Dial`/`Listen` responses (from `--routers` or the
     /// `router` key of the Kubernetes ConfigMap); `None` hands out the in-process router
     /// only. The in-process router runs either way.
@@ -207,6 +210,7 @@ impl ControllerConfig {
             tls_key: None,
             tls_ca: None,
             metrics_listen: None,
+            metrics_exporter_labels: Vec::new(),
             routers: None,
             credential_secrets: false,
             max_tags: None,
@@ -605,6 +609,7 @@ async fn start_locked<S: Store>(
             rpc_metrics.clone(),
             router_stats,
             listener_stats,
+            config.metrics_exporter_labels.clone(),
         );
         tasks.push(tokio::spawn(
             jumpstarter_core::server::http1::serve_metrics(
@@ -784,19 +789,29 @@ fn metrics_render<S: Store>(
     rpc: Arc<RpcMetrics>,
     router: Arc<jumpstarter_router::RouterStats>,
     listeners: [Arc<ListenerStats>; 2],
+    exporter_labels: Vec<String>,
 ) -> jumpstarter_core::server::http1::MetricsRender {
+    let exporter_labels = Arc::new(exporter_labels);
     Arc::new(move || {
         let (state, rpc, router) = (state.clone(), rpc.clone(), router.clone());
         let listeners = listeners.clone();
+        let exporter_labels = exporter_labels.clone();
         Box::pin(async move {
-            let mut text = crate::metrics::object_metrics(&state).await;
-            text.push_str(&rpc.prometheus());
+            let (mut text, exporters) =
+                crate::metrics::object_metrics_and_gauges(&state, &exporter_labels).await;
             text.push_str(&router.prometheus());
             text.push_str(&jumpstarter_core::server::listener::prometheus(&[
                 &listeners[0],
                 &listeners[1],
             ]));
-            text
+            jumpstarter_core::metrics::openmetrics_page(
+                &[
+                    rpc.registry(),
+                    crate::metrics::leases().registry(),
+                    &exporters,
+                ],
+                &text,
+            )
         })
     })
 }

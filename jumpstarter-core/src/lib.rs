@@ -89,6 +89,7 @@ pub mod labels;
 #[doc(hidden)]
 pub mod leftovers;
 pub mod logging;
+pub mod metrics;
 #[doc(hidden)]
 pub mod oidc;
 #[doc(hidden)]

@@ -233,6 +233,8 @@ pub struct ExporterOptions {
     /// `consoleTranscripts` (ours): keep each lease's console transcripts (see
     /// [`crate::transcript`]).
     pub transcripts: Option<jumpstarter_core::config::ConsoleTranscripts>,
+    /// Count each lease's driver calls and sessions here (`jmp run --metrics-listen`).
+    pub metrics: Option<Arc<crate::metrics::ExporterMetrics>>,
 }
 
 impl ExporterOptions {
@@ -296,6 +298,7 @@ impl ExporterOptions {
             exit_on_lease_end: cfg.exit_on_lease_end,
             motd: cfg.motd.clone(),
             transcripts: cfg.console_transcripts.clone(),
+            metrics: None,
         })
     }
 }
@@ -398,6 +401,7 @@ pub async fn run_with_options(
             }
             store
         }),
+        metrics: options.metrics.clone(),
     };
     tokio::pin!(shutdown);
     let mut rapid = 0u32;
@@ -521,6 +525,8 @@ struct ActiveLease {
     cancel: CancellationToken,
     task: JoinHandle<()>,
     hooks: Option<Arc<LeaseHookRun>>,
+    /// Counts the lease's session as active until the lease ends.
+    _metrics: Option<crate::metrics::LeaseMetrics>,
 }
 
 struct Runtime {
@@ -550,6 +556,8 @@ struct Runtime {
     motd: String,
     /// `consoleTranscripts`.
     transcripts: Option<TranscriptStore>,
+    /// `jmp run --metrics-listen`.
+    metrics: Option<Arc<crate::metrics::ExporterMetrics>>,
 }
 
 /// Why a lease's session ends on the exporter's side.
@@ -761,6 +769,11 @@ impl Runtime {
         } else {
             traced
         });
+        let lease_metrics = self.metrics.as_ref().map(|m| {
+            let l = m.lease(&client, &name, context);
+            session.set_call_observer(l.observer());
+            l
+        });
         session.set_motd(&self.motd);
         if let Some(store) = &self.transcripts {
             match store.for_lease(&name, &client, &self.tree) {
@@ -823,6 +836,7 @@ impl Runtime {
             cancel,
             task,
             hooks,
+            _metrics: lease_metrics,
         });
     }
 

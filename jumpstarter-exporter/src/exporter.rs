@@ -26,6 +26,7 @@ pub struct Exporter {
     registry: Arc<DriverRegistry>,
     limits: Option<ConnectionLimits>,
     hook_path: Option<OsString>,
+    metrics: Option<Arc<crate::metrics::ExporterMetrics>>,
 }
 
 impl std::fmt::Debug for Exporter {
@@ -45,6 +46,7 @@ impl Exporter {
             registry: registry.into(),
             limits: None,
             hook_path: None,
+            metrics: None,
         }
     }
 
@@ -59,6 +61,12 @@ impl Exporter {
     /// adds the directory of its own `j` here, so a hook finds the `j` built beside it.
     pub fn with_hook_path(mut self, path: impl Into<OsString>) -> Self {
         self.hook_path = Some(path.into());
+        self
+    }
+
+    /// Counts each lease's driver calls and sessions in `metrics` (controller mode).
+    pub fn with_metrics(mut self, metrics: Arc<crate::metrics::ExporterMetrics>) -> Self {
+        self.metrics = Some(metrics);
         self
     }
 
@@ -91,6 +99,7 @@ impl Exporter {
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), ExporterError> {
         let target = ControllerTarget::from_config(&self.config)?;
         let mut options = ExporterOptions::from_config(&self.config)?;
+        options.metrics = self.metrics.clone();
         if let Some(path) = &self.hook_path {
             options.set_hook_path(path);
         }

@@ -41,6 +41,7 @@ mod bridge;
 mod controller;
 mod exporter;
 pub mod hooks;
+pub mod metrics;
 mod standalone;
 pub mod transcript;
 

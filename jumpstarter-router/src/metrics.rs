@@ -10,11 +10,11 @@ use tokio::net::TcpListener;
 
 use crate::router::RouterStats;
 
-/// The text of one scrape.
+/// The OpenMetrics page of one scrape.
 pub fn render(router: &RouterStats, listener: &ListenerStats) -> String {
     let mut text = router.prometheus();
     text.push_str(&listener.prometheus());
-    text
+    jumpstarter_core::metrics::openmetrics_page(&[], &text)
 }
 
 /// Serves `GET /metrics` on `listener` until `shutdown` resolves; anything else gets 404
@@ -70,6 +70,19 @@ mod tests {
             "{ok}"
         );
         assert!(ok.contains("jumpstarter_router_tunnels_total 0"), "{ok}");
+        assert!(
+            ok.contains("# TYPE jumpstarter_router_tunnels_total counter"),
+            "{ok}"
+        );
+        let om = request(
+            "GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: application/openmetrics-text\r\n\r\n",
+        )
+        .await;
+        assert!(
+            om.contains("# TYPE jumpstarter_router_tunnels counter\n"),
+            "{om}"
+        );
+        assert!(om.ends_with("# EOF\n"), "{om}");
         let nf = request("GET /nope HTTP/1.1\r\nHost: x\r\n\r\n").await;
         assert!(nf.starts_with("HTTP/1.1 404"), "{nf}");
         let post = request("POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n").await;

@@ -57,10 +57,17 @@ impl RouterStats {
     pub fn prometheus(&self) -> String {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         format!(
-            "# TYPE jumpstarter_router_active_tunnels gauge\njumpstarter_router_active_tunnels {}\n\
+            "# HELP jumpstarter_router_active_tunnels Tunnels forwarding now.\n\
+             # TYPE jumpstarter_router_active_tunnels gauge\njumpstarter_router_active_tunnels {}\n\
+             # HELP jumpstarter_router_waiting_streams Streams waiting for their peer.\n\
              # TYPE jumpstarter_router_waiting_streams gauge\njumpstarter_router_waiting_streams {}\n\
+             # HELP jumpstarter_router_tunnels_total Tunnels paired since start.\n\
              # TYPE jumpstarter_router_tunnels_total counter\njumpstarter_router_tunnels_total {}\n\
+             # HELP jumpstarter_router_bytes_forwarded_total Payload bytes forwarded, both \
+             directions together.\n\
              # TYPE jumpstarter_router_bytes_forwarded_total counter\njumpstarter_router_bytes_forwarded_total {}\n\
+             # HELP jumpstarter_router_refused_total Streams refused: bad or reused token, no \
+             peer in time.\n\
              # TYPE jumpstarter_router_refused_total counter\njumpstarter_router_refused_total {}\n",
             g(&self.active_tunnels),
             g(&self.waiting_streams),

@@ -15,14 +15,14 @@ use serde_json::Value;
 use crate::{JMP, Running, Scratch, text};
 
 /// A process whose stderr lines are collected as they come.
-struct Logged {
+pub(crate) struct Logged {
     _proc: Running,
     lines: mpsc::Receiver<String>,
     seen: Vec<String>,
 }
 
 impl Logged {
-    fn start(mut c: Command) -> Self {
+    pub(crate) fn start(mut c: Command) -> Self {
         c.stdout(Stdio::null()).stderr(Stdio::piped());
         let mut child = c.spawn().unwrap();
         let stderr = child.stderr.take().unwrap();
@@ -42,7 +42,7 @@ impl Logged {
     }
 
     /// Waits (up to 60 s) for a line for which `f` holds; every line read is kept.
-    fn wait_for(&mut self, what: &str, f: impl Fn(&str) -> bool) -> String {
+    pub(crate) fn wait_for(&mut self, what: &str, f: impl Fn(&str) -> bool) -> String {
         let deadline = Instant::now() + Duration::from_secs(60);
         if let Some(l) = self.seen.iter().find(|l| f(l)) {
             return l.clone();

@@ -20,6 +20,7 @@ mod lease_end;
 mod local;
 mod login;
 mod mcp;
+mod metrics;
 mod motd;
 mod python_drivers;
 mod qemu;

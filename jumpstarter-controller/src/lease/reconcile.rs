@@ -170,6 +170,13 @@ pub async fn reconcile_once<S: Store>(
         state.lease_logs.as_deref(),
     )
     .await?;
+    crate::metrics::leases().record_decisions(
+        &decisions,
+        &leases,
+        &leases_written.statuses,
+        started,
+        now,
+    );
     if sync_owners(store, &leases, &leases_written, &named).await {
         next = Some(now);
     }

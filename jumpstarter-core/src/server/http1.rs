@@ -78,9 +78,23 @@ where
     R: Fn(Method, String) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Reply> + Send + 'static,
 {
+    respond_with_headers(io, move |method, path, _headers| route(method, path)).await
+}
+
+/// [`respond`], with the request's headers given to `route` too.
+pub async fn respond_with_headers<IO, R, Fut>(io: IO, route: R)
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    R: Fn(Method, String, &http::HeaderMap) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Reply> + Send + 'static,
+{
     let route = Arc::new(route);
     let service = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
-        let reply = route(req.method().clone(), req.uri().path().to_owned());
+        let reply = route(
+            req.method().clone(),
+            req.uri().path().to_owned(),
+            req.headers(),
+        );
         async move {
             let Reply {
                 status,
@@ -105,7 +119,7 @@ where
     }
 }
 
-/// Produces the text of one metrics scrape.
+/// Produces the OpenMetrics page of one metrics scrape.
 pub type MetricsRender =
     Arc<dyn Fn() -> Pin<Box<dyn Future<Output = String> + Send>> + Send + Sync>;
 
@@ -113,11 +127,11 @@ pub type MetricsRender =
 const METRICS_CONNECTIONS: usize = 8;
 /// A scrape that takes longer is cut.
 const METRICS_TIMEOUT: Duration = Duration::from_secs(10);
-/// The Prometheus text format's content type.
-const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
-/// Serves `GET /metrics` (Prometheus text from `render`) on `listener` until `shutdown`
-/// resolves; another path gets 404, another method 405.
+/// Serves `GET /metrics` on `listener` until `shutdown` resolves: the OpenMetrics page from
+/// `render` (see [`crate::metrics`]) to a scraper whose `Accept` header asks for it (Prometheus
+/// does), else the same page in the Prometheus text format 0.0.4; another path gets 404,
+/// another method 405.
 pub async fn serve_metrics(
     listener: TcpListener,
     render: MetricsRender,
@@ -125,11 +139,20 @@ pub async fn serve_metrics(
 ) {
     let handle = move |conn: TcpStream| {
         let render = render.clone();
-        respond(conn, move |method, path| {
+        respond_with_headers(conn, move |method, path, headers| {
             let render = render.clone();
+            let openmetrics = crate::metrics::accepts_openmetrics(
+                headers
+                    .get(http::header::ACCEPT)
+                    .and_then(|v| v.to_str().ok()),
+            );
             async move {
                 let (status, body) = match (method, path.as_str()) {
-                    (Method::GET, "/metrics") => (StatusCode::OK, render().await),
+                    (Method::GET, "/metrics") if openmetrics => (StatusCode::OK, render().await),
+                    (Method::GET, "/metrics") => (
+                        StatusCode::OK,
+                        crate::metrics::openmetrics_to_text(&render().await),
+                    ),
                     (Method::GET, _) => (
                         StatusCode::NOT_FOUND,
                         "not found; metrics are at /metrics\n".to_string(),
@@ -138,7 +161,11 @@ pub async fn serve_metrics(
                 };
                 Reply {
                     status,
-                    content_type: METRICS_CONTENT_TYPE,
+                    content_type: if openmetrics && status == StatusCode::OK {
+                        crate::metrics::OPENMETRICS_CONTENT_TYPE
+                    } else {
+                        crate::metrics::TEXT_CONTENT_TYPE
+                    },
                     body,
                 }
             }
@@ -164,7 +191,11 @@ mod tests {
     async fn metrics_are_served_and_other_paths_and_methods_are_not() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let render: MetricsRender = Arc::new(|| Box::pin(async { "x_total 1\n".to_string() }));
+        let render: MetricsRender = Arc::new(|| {
+            Box::pin(async {
+                "# TYPE x counter\nx_total 1 # {lease_id=\"l\"} 1\n# EOF\n".to_string()
+            })
+        });
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(serve_metrics(listener, render, async {
             let _ = rx.await;
@@ -179,7 +210,23 @@ mod tests {
         let get = |path: &str| request(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n"));
         let ok = get("/metrics").await;
         assert!(ok.starts_with("HTTP/1.1 200 OK"), "{ok}");
-        assert!(ok.ends_with("x_total 1\n"), "{ok}");
+        // Without an Accept header for it: the Prometheus text format, no exemplar.
+        assert!(ok.contains("text/plain; version=0.0.4"), "{ok}");
+        assert!(ok.ends_with("# TYPE x_total counter\nx_total 1\n"), "{ok}");
+        let om = request(
+            "GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: application/openmetrics-text;\
+             version=1.0.0,text/plain;version=0.0.4;q=0.5\r\n\r\n"
+                .into(),
+        )
+        .await;
+        assert!(
+            om.contains("application/openmetrics-text; version=1.0.0"),
+            "{om}"
+        );
+        assert!(
+            om.ends_with("x_total 1 # {lease_id=\"l\"} 1\n# EOF\n"),
+            "{om}"
+        );
         let nf = get("/nope").await;
         assert!(nf.starts_with("HTTP/1.1 404"), "{nf}");
         assert!(nf.ends_with("not found; metrics are at /metrics\n"), "{nf}");

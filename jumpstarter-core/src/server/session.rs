@@ -72,6 +72,8 @@ pub struct Session {
     /// The span the lines of its driver calls are logged in (the lease's, with `lease_id`
     /// and `client`; see [`Session::set_log_span`]).
     log_span: Mutex<tracing::Span>,
+    /// Told of every driver call, for metrics (see [`Session::set_call_observer`]).
+    call_observer: Mutex<Option<Arc<dyn crate::metrics::CallObserver>>>,
 }
 
 impl Session {
@@ -100,6 +102,7 @@ impl Session {
             revoked: watch::channel(None).0,
             transcripts: Mutex::new(None),
             log_span: Mutex::new(tracing::Span::none()),
+            call_observer: Mutex::new(None),
         })
     }
 
@@ -107,6 +110,32 @@ impl Session {
     /// at INFO: `driver_type`, `operation`, `result`, `duration_ms`) in `span`.
     pub fn set_log_span(&self, span: tracing::Span) {
         *self.log_span.lock().unwrap_or_else(|p| p.into_inner()) = span;
+    }
+
+    /// Tells `observer` of each driver call of this session when it has returned (the
+    /// exporter's metrics).
+    pub fn set_call_observer(&self, observer: Arc<dyn crate::metrics::CallObserver>) {
+        *self.call_observer.lock().unwrap_or_else(|p| p.into_inner()) = Some(observer);
+    }
+
+    fn call_observer(&self) -> Option<Arc<dyn crate::metrics::CallObserver>> {
+        self.call_observer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Tells the call observer, if any, of a call of `operation` on driver `uuid`.
+    fn observe_call<T>(
+        observer: Option<&Arc<dyn crate::metrics::CallObserver>>,
+        driver_type: &str,
+        operation: &str,
+        r: &Result<T, DriverError>,
+        started: std::time::Instant,
+    ) {
+        if let Some(o) = observer {
+            o.driver_call(driver_type, operation, r.as_ref().err(), started.elapsed());
+        }
     }
 
     fn log_span(&self) -> tracing::Span {
@@ -401,7 +430,8 @@ impl Session {
         // With traces on, the log span is the lease's `lease.serve`: each call is a span.
         let traced =
             crate::telemetry::driver_call(&self.log_span(), self.driver_type(uuid), &method);
-        if !lines && traced.is_none() {
+        let observer = self.call_observer();
+        if !lines && traced.is_none() && observer.is_none() {
             return self.driver_call_unlogged(uuid, method, args).await;
         }
         let started = std::time::Instant::now();
@@ -416,6 +446,13 @@ impl Session {
             tracing::Instrument::instrument(self.driver_call_unlogged(uuid, method, args), span)
                 .await;
         crate::telemetry::record_result(&traced, &r);
+        Self::observe_call(
+            observer.as_ref(),
+            self.driver_type(uuid),
+            &operation,
+            &r,
+            started,
+        );
         if lines {
             self.log_call(uuid, &operation, &r, started);
         }
@@ -489,6 +526,10 @@ impl ExporterService for SessionService {
         let (name, driver) = self.0.lookup(&req.uuid).map_err(|e| e.to_status())?;
         let ctx = self.0.context(&name, &req.uuid);
         let logged = call_lines_wanted().then(|| (std::time::Instant::now(), req.method.clone()));
+        let observed = self
+            .0
+            .call_observer()
+            .map(|o| (o, std::time::Instant::now(), req.method.clone()));
         // The span of a streaming call covers its start.
         let traced = crate::telemetry::driver_call(
             &self.0.log_span(),
@@ -502,6 +543,15 @@ impl ExporterService for SessionService {
         .await;
         crate::telemetry::record_result(&traced, &stream);
         drop(traced);
+        if let Some((observer, started, operation)) = &observed {
+            Session::observe_call(
+                Some(observer),
+                self.0.driver_type(&req.uuid),
+                operation,
+                &stream,
+                *started,
+            );
+        }
         if let Some((started, operation)) = logged {
             self.0.log_call(&req.uuid, &operation, &stream, started);
         }

@@ -1,0 +1,345 @@
+//! The exporter's Prometheus metrics (upstream's JEP-0013 names): its driver calls by driver
+//! type, operation and result, with the lease's client and id as exemplars, and the lease
+//! sessions it serves. `jmp run --metrics-listen ADDR` serves them (OpenMetrics) on `/metrics`.
+
+use std::{
+    collections::{BTreeMap, HashSet},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use jumpstarter_core::{
+    DriverError,
+    metrics::{
+        CallObserver, ExemplarLabels, error_type, exemplar, is_unknown_call, label_value,
+        openmetrics_page,
+        prometheus_client::{
+            metrics::{
+                exemplar::{CounterWithExemplar, HistogramWithExemplars},
+                family::Family,
+                gauge::Gauge,
+            },
+            registry::Registry,
+        },
+    },
+};
+
+/// Upper bounds (seconds) of the driver call duration buckets: from a relay switch to
+/// flashing an image.
+pub const OPERATION_BUCKETS: [f64; 14] = [
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 30.0, 60.0, 300.0,
+];
+/// Distinct (driver type, operation) pairs counted under their own names; further ones (a
+/// driver accepting any method name) are counted as operation `other`.
+pub const MAX_OPERATIONS: usize = 512;
+/// The `operation` of a call naming a method or driver the exporter does not have.
+pub const UNKNOWN_OPERATION: &str = "unknown";
+/// The `operation` of calls past [`MAX_OPERATIONS`].
+pub const OTHER_OPERATION: &str = "other";
+
+type Labels = Vec<(&'static str, String)>;
+type HistogramFamily = Family<
+    Labels,
+    HistogramWithExemplars<ExemplarLabels>,
+    fn() -> HistogramWithExemplars<ExemplarLabels>,
+>;
+
+fn operation_histogram() -> HistogramWithExemplars<ExemplarLabels> {
+    HistogramWithExemplars::new(OPERATION_BUCKETS.into_iter())
+}
+
+/// The metrics of one exporter (one `jmp run`).
+pub struct ExporterMetrics {
+    registry: Registry,
+    exporter: String,
+    operations: Family<Labels, CounterWithExemplar<ExemplarLabels>>,
+    durations: HistogramFamily,
+    errors: Family<Labels, CounterWithExemplar<ExemplarLabels>>,
+    sessions: Gauge,
+    operations_seen: Mutex<HashSet<(String, String)>>,
+}
+
+impl std::fmt::Debug for ExporterMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExporterMetrics")
+            .field("exporter", &self.exporter)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Two handles are equal when they are the same metrics.
+impl PartialEq for ExporterMetrics {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::eq(self, other)
+    }
+}
+
+impl ExporterMetrics {
+    /// The metrics of the exporter named `exporter` (its `exporter` label).
+    pub fn new(exporter: &str) -> Arc<Self> {
+        let mut registry = Registry::default();
+        let operations = Family::<Labels, CounterWithExemplar<ExemplarLabels>>::default();
+        registry.register(
+            "jumpstarter_operations",
+            "Driver calls served, by driver type, operation and result (success or failure)",
+            operations.clone(),
+        );
+        let durations: HistogramFamily = Family::new_with_constructor(operation_histogram);
+        registry.register(
+            "jumpstarter_operation_duration_seconds",
+            "Time a driver call took (for a streaming call: until its stream was open)",
+            durations.clone(),
+        );
+        let errors = Family::<Labels, CounterWithExemplar<ExemplarLabels>>::default();
+        registry.register(
+            "jumpstarter_operation_errors",
+            "Failed driver calls, by class of error",
+            errors.clone(),
+        );
+        let exporter_label = label_value(exporter);
+        let sessions_family = Family::<Labels, Gauge>::default();
+        registry.register(
+            "jumpstarter_active_sessions",
+            "Lease sessions the exporter serves now",
+            sessions_family.clone(),
+        );
+        // One series, created now so that it reads 0 before the first lease.
+        let sessions_series = sessions_family
+            .get_or_create(&vec![("exporter", exporter_label.clone())])
+            .clone();
+        Arc::new(Self {
+            registry,
+            exporter: exporter_label,
+            operations,
+            durations,
+            errors,
+            sessions: sessions_series,
+            operations_seen: Mutex::new(HashSet::new()),
+        })
+    }
+
+    /// The OpenMetrics page of a scrape.
+    pub fn render(&self) -> String {
+        openmetrics_page(&[&self.registry], "")
+    }
+
+    /// The metrics of one lease's session: counts it as active until the returned value is
+    /// dropped, and its call observer puts `client`, `lease_id` and then as many of the
+    /// lease's `context` entries as fit (see [`jumpstarter_core::metrics::exemplar`]) on
+    /// each call's samples as exemplar.
+    pub fn lease(
+        self: &Arc<Self>,
+        client: &str,
+        lease_id: &str,
+        context: &BTreeMap<String, String>,
+    ) -> LeaseMetrics {
+        self.sessions.inc();
+        let pairs = [("client", client), ("lease_id", lease_id)]
+            .into_iter()
+            .chain(context.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        LeaseMetrics {
+            observer: Arc::new(LeaseCalls {
+                metrics: Arc::clone(self),
+                exemplar: exemplar(pairs),
+            }),
+        }
+    }
+
+    /// The `operation` label of a call: bounded (see [`MAX_OPERATIONS`]).
+    fn operation_label(
+        &self,
+        driver_type: &str,
+        operation: &str,
+        error: Option<&DriverError>,
+    ) -> String {
+        if error.is_some_and(is_unknown_call) {
+            return UNKNOWN_OPERATION.to_string();
+        }
+        let mut seen = self
+            .operations_seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let key = (driver_type.to_string(), operation.to_string());
+        if seen.contains(&key) {
+            return label_value(operation);
+        }
+        if seen.len() >= MAX_OPERATIONS {
+            return OTHER_OPERATION.to_string();
+        }
+        seen.insert(key);
+        label_value(operation)
+    }
+
+    fn record(
+        &self,
+        driver_type: &str,
+        operation: &str,
+        error: Option<&DriverError>,
+        elapsed: Duration,
+        exemplar: &ExemplarLabels,
+    ) {
+        let operation = self.operation_label(driver_type, operation, error);
+        let driver_type = label_value(driver_type);
+        let result = if error.is_some() {
+            "failure"
+        } else {
+            "success"
+        };
+        let labels: Labels = vec![
+            ("exporter", self.exporter.clone()),
+            ("operation", operation.clone()),
+            ("result", result.to_string()),
+            ("driver_type", driver_type.clone()),
+        ];
+        let ex = (!exemplar.is_empty()).then(|| exemplar.clone());
+        self.operations
+            .get_or_create(&labels)
+            .inc_by(1, ex.clone(), None);
+        self.durations
+            .get_or_create(&labels)
+            .observe(elapsed.as_secs_f64(), ex.clone(), None);
+        if let Some(e) = error {
+            let labels: Labels = vec![
+                ("exporter", self.exporter.clone()),
+                ("operation", operation),
+                ("driver_type", driver_type),
+                ("error_type", error_type(e).to_string()),
+            ];
+            self.errors.get_or_create(&labels).inc_by(1, ex, None);
+        }
+    }
+}
+
+/// The metrics of one lease's session (see [`ExporterMetrics::lease`]).
+pub struct LeaseMetrics {
+    observer: Arc<LeaseCalls>,
+}
+
+impl LeaseMetrics {
+    /// What to give the lease's session (`Session::set_call_observer`).
+    pub fn observer(&self) -> Arc<dyn CallObserver> {
+        self.observer.clone()
+    }
+}
+
+impl Drop for LeaseMetrics {
+    fn drop(&mut self) {
+        self.observer.metrics.sessions.dec();
+    }
+}
+
+struct LeaseCalls {
+    metrics: Arc<ExporterMetrics>,
+    exemplar: ExemplarLabels,
+}
+
+impl CallObserver for LeaseCalls {
+    fn driver_call(
+        &self,
+        driver_type: &str,
+        operation: &str,
+        error: Option<&DriverError>,
+        elapsed: Duration,
+    ) {
+        self.metrics
+            .record(driver_type, operation, error, elapsed, &self.exemplar);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lease(m: &Arc<ExporterMetrics>) -> LeaseMetrics {
+        let context = BTreeMap::from([
+            ("build_id".to_string(), "nightly-42".to_string()),
+            ("image".to_string(), "x".repeat(90)),
+        ]);
+        m.lease("ci", "01a24e0f-42c4-7096-aaeb-0d323edf902e", &context)
+    }
+
+    #[test]
+    fn calls_are_counted_with_the_lease_as_exemplar() {
+        let m = ExporterMetrics::new("board-1");
+        let text = m.render();
+        assert!(
+            text.contains("jumpstarter_active_sessions{exporter=\"board-1\"} 0"),
+            "{text}"
+        );
+        let l = lease(&m);
+        let o = l.observer();
+        o.driver_call("MockPower", "on", None, Duration::from_millis(2));
+        o.driver_call(
+            "MockPower",
+            "off",
+            Some(&DriverError::Timeout("slow".into())),
+            Duration::from_secs(2),
+        );
+        let text = m.render();
+        let ex = "# {client=\"ci\",lease_id=\"01a24e0f-42c4-7096-aaeb-0d323edf902e\",build_id=\"nightly-42\"} 1";
+        assert!(
+            text.contains(&format!(
+                "jumpstarter_operations_total{{exporter=\"board-1\",operation=\"on\",result=\"success\",driver_type=\"MockPower\"}} 1 {ex}"
+            )),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "jumpstarter_operation_errors_total{{exporter=\"board-1\",operation=\"off\",driver_type=\"MockPower\",error_type=\"timeout\"}} 1 {ex}"
+            )),
+            "{text}"
+        );
+        assert!(
+            text.contains("jumpstarter_operation_duration_seconds_bucket{le=\"2.5\",exporter=\"board-1\",operation=\"off\",result=\"failure\",driver_type=\"MockPower\"} 1 # {"),
+            "{text}"
+        );
+        assert!(
+            text.contains("jumpstarter_active_sessions{exporter=\"board-1\"} 1"),
+            "{text}"
+        );
+        // The context entry that does not fit the 128 characters is left out.
+        assert!(!text.contains("image="), "{text}");
+        drop(l);
+        assert!(
+            m.render()
+                .contains("jumpstarter_active_sessions{exporter=\"board-1\"} 0")
+        );
+    }
+
+    #[test]
+    fn operation_labels_are_bounded() {
+        let m = ExporterMetrics::new("b");
+        let l = lease(&m);
+        let o = l.observer();
+        // Methods the driver does not have: one label value for all.
+        for i in 0..100 {
+            o.driver_call(
+                "MockPower",
+                &format!("nope{i}"),
+                Some(&DriverError::MethodNotFound(format!("nope{i}"))),
+                Duration::ZERO,
+            );
+        }
+        // A driver accepting any name: at most MAX_OPERATIONS of its own, then `other`.
+        for i in 0..MAX_OPERATIONS + 10 {
+            o.driver_call("Any", &format!("m{i}\""), None, Duration::ZERO);
+        }
+        let text = m.render();
+        assert!(
+            text.contains(
+                "operation=\"unknown\",result=\"failure\",driver_type=\"MockPower\"} 100"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("operation=\"other\",result=\"success\",driver_type=\"Any\"} 10"),
+            "{text}"
+        );
+        assert!(text.contains("operation=\"m0\\\"\""), "escaped: {text}");
+        let series = text
+            .lines()
+            .filter(|l| l.starts_with("jumpstarter_operations_total{"))
+            .count();
+        assert_eq!(series, MAX_OPERATIONS + 2);
+    }
+}
