@@ -265,6 +265,114 @@ echo "routed console ok"
     Ok(())
 }
 
+/// Upstream's 0.9.0 client, unaware of observers and of sharing, owns a lease on our
+/// exporter (our controller and router) and uses the console (`PySerialClient.pexpect()`,
+/// the `connect` stream); the owner's lease is shared (`jmp share add`, ours) with our
+/// client, whose `j serial pipe --observe` in our `jmp shell --lease` watches meanwhile and
+/// receives the same bytes.
+pub fn py_owner_with_our_observer_routed(env: &Env) -> Result<()> {
+    let _controller = super::controller::start_controller(env, "dist-console-observed-data")?.0;
+    let board = start_board(env, "observed")?;
+    let exporter = distributed::exporter_config_with(
+        env,
+        "rs-observed-exporter",
+        "rs-observed",
+        &console_export(&board),
+    )?;
+    let owner = distributed::client_config(env, "py-owner")?;
+    let watcher = distributed::client_config(env, "rs-watcher")?;
+    let mut c = env.ours(&env.jmp);
+    c.arg("run").arg("--exporter-config").arg(&exporter);
+    let mut our_exporter = Background::start("jmp run", c)?;
+    our_exporter.wait_for_line("registered with controller", START)?;
+
+    let lease = super::controller::py_create_lease(env, &owner, "board=rs-observed")?;
+    let mut c = env.ours(&env.jmp);
+    c.args(["share", "add", &lease, "rs-watcher", "--client-config"])
+        .arg(&owner);
+    check(
+        &procs::run(c, CALL_TIMEOUT)?,
+        "jmp share add LEASE rs-watcher (the owner's config)",
+    )?;
+
+    // Our observer on the shared lease, its console output to a file.
+    let seen = env.work.path().join("observer.out");
+    let path = format!(
+        "{}:{}",
+        env.jmp.parent().context("no binary directory")?.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut c = env.ours(std::path::Path::new("sh"));
+    c.env("PATH", &path)
+        .args(["-c", r#"out="$1"; shift; exec "$@" > "$out""#, "sh"])
+        .arg(&seen)
+        .arg(&env.jmp)
+        .args(["shell", "--lease", &lease, "--client-config"])
+        .arg(&watcher)
+        .args(["--", "j", "serial", "pipe", "--observe"]);
+    let mut observer =
+        Background::start("jmp shell --lease (shared) -- j serial pipe --observe", c)?;
+    // Attached once the console counts it (polled through the shared lease too).
+    let mut status = String::new();
+    for _ in 0..30 {
+        let mut c = env.ours(&env.jmp);
+        c.env("PATH", &path)
+            .args(["shell", "--lease", &lease, "--client-config"])
+            .arg(&watcher)
+            .args(["--", "j", "serial", "console-status"]);
+        let out = procs::run(c, CALL_TIMEOUT)?;
+        check(
+            &out,
+            "jmp shell --lease (shared) -- j serial console-status",
+        )?;
+        status = out.stdout;
+        if status.contains("Observers: 1") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    ensure!(
+        status.contains("Observers: 1"),
+        "the observer never attached: {status}"
+    );
+
+    // The owner, with upstream's tools, logs into the board through `connect`.
+    let mut c = env.upstream("jmp");
+    c.env("PATH", path_with_venv(env))
+        .args(["shell", "--lease", &lease, "--client-config"])
+        .arg(&owner)
+        .arg("--")
+        .arg(env.venv.join("bin/python"))
+        .arg(env.scripts.join("console_client.py"));
+    let out = procs::run(c, CALL_TIMEOUT)?;
+    check(
+        &out,
+        "(python) jmp shell --lease LEASE -- python console_client.py",
+    )?;
+    ensure!(out.stdout.contains("python console ok"), "{}", out.stdout);
+
+    // The observer got the same bytes: the login, the shell and the command's output.
+    let mut text = String::new();
+    for _ in 0..300 {
+        text = std::fs::read_to_string(&seen).unwrap_or_default();
+        if text.contains("Welcome to the board") && text.contains("interop-ok") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    ensure!(
+        text.contains("board login: ")
+            && text.contains("Welcome to the board")
+            && text.contains("root@board:~# ")
+            && text.contains("interop-ok"),
+        "the observer did not see the owner's session: {text:?}"
+    );
+    observer.stop();
+    let out = super::controller::py_jmp(env, &owner, &["delete", "leases"], &[&lease])?;
+    check(&out, "(python) jmp delete leases")?;
+    Ok(())
+}
+
 fn quoted(p: &std::path::Path) -> String {
     format!("'{}'", p.display().to_string().replace('\'', "'\\''"))
 }

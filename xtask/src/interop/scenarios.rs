@@ -89,6 +89,10 @@ pub fn run(filter: Option<&str>) -> Result<(usize, usize)> {
             console::our_j_to_py_exporter_routed,
         ),
         (
+            "console: python jmp shell owns a lease on our exporter and uses connect (pexpect) while our j serial pipe --observe on the shared lease (jmp share) sees the same bytes",
+            console::py_owner_with_our_observer_routed,
+        ),
+        (
             "shell: python j sh METHOD (exit code, env, args, --help) -> our Shell exporter",
             boards::py_j_to_our_shell,
         ),
