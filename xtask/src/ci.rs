@@ -147,10 +147,11 @@ fn steps(o: Options, t: &mut Timings) -> Result<(ci_summary::TestCounts, (usize,
 }
 
 /// `cargo xtask ci-prepare` (started by `ci`): the Debian packages (podman and runc for the
-/// images among them), the QEMU board and the venvs the tests need.
+/// images among them, snmpd and prometheus), the QEMU board and the venvs the tests need.
 pub fn prepare() -> Result<()> {
     crate::qemu_board::prepare()?;
     crate::snmpd::prepare()?;
+    crate::prometheus::prepare()?;
     crate::boot_tools::ensure()?;
     crate::podman::ensure_podman()?;
     crate::interop::ensure_venv()?;

@@ -37,6 +37,7 @@ mod lab_harness;
 mod manifests;
 mod podman;
 mod procs;
+mod prometheus;
 mod qemu_board;
 mod quickstart;
 mod s3;
