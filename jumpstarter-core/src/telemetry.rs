@@ -463,14 +463,39 @@ mod otlp {
         S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a> + Send + Sync,
     {
         let tracer = tracer()?.clone();
-        let only_ours = tracing_subscriber::filter::Targets::new()
-            .with_target(super::TARGET, tracing::Level::TRACE);
         Some(Box::new(
             tracing_opentelemetry::layer()
                 .with_tracer(tracer)
                 .with_tracked_inactivity(false)
-                .with_filter(only_ours),
+                .with_filter(OnlyTraceSpans),
         ))
+    }
+
+    /// Lets the spans of [`super::TARGET`] through to the OpenTelemetry layer, deciding at
+    /// each span rather than once per callsite: with a callsite interest of `always`, the
+    /// per-layer filter state a `tracing::enabled!` check leaves behind (the driver call
+    /// lines' check, say) would hide the next span of the thread from the layer.
+    struct OnlyTraceSpans;
+
+    impl<S> tracing_subscriber::layer::Filter<S> for OnlyTraceSpans {
+        fn enabled(
+            &self,
+            meta: &tracing::Metadata<'_>,
+            _: &tracing_subscriber::layer::Context<'_, S>,
+        ) -> bool {
+            meta.target() == super::TARGET
+        }
+
+        fn callsite_enabled(
+            &self,
+            meta: &'static tracing::Metadata<'static>,
+        ) -> tracing::subscriber::Interest {
+            if meta.target() == super::TARGET {
+                tracing::subscriber::Interest::sometimes()
+            } else {
+                tracing::subscriber::Interest::never()
+            }
+        }
     }
 
     /// The lease's root span, as a remote parent.

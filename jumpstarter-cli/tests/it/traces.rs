@@ -283,15 +283,16 @@ fn named<'a>(spans: &'a [Got], name: &str) -> Vec<&'a Got> {
 fn a_lease_is_one_trace_from_the_controller_to_the_driver_call() {
     let s = Scratch::new();
     let collector = Collector::start();
-    // The controller by flag, the exporter by the standard variable.
-    let (_ctl, _run) = one_lease(
+    // The controller by flag (with text logs), the exporter by the standard variable (with
+    // JSON logs).
+    let (_ctl, run) = one_lease(
         &s,
         Otel {
             args: &["--otlp-endpoint", &collector.url],
             env: &[],
         },
         Otel {
-            args: &[],
+            args: &["--log-format", "json"],
             env: &[("OTEL_EXPORTER_OTLP_ENDPOINT", &collector.url)],
         },
     );
@@ -362,6 +363,18 @@ fn a_lease_is_one_trace_from_the_controller_to_the_driver_call() {
     assert_eq!(call.parent_span_id, serve.span_id);
     assert_eq!(call.attributes["driver_type"], "MockPower");
     assert_eq!(call.attributes["result"], "ok");
+
+    // The JSON log lines are as without traces: the driver call's line has the lease's
+    // fields.
+    let line = run
+        .seen
+        .iter()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|o| o["message"] == "driver call" && o["operation"] == "on")
+        .unwrap_or_else(|| panic!("no driver call line: {:#?}", run.seen));
+    assert_eq!(line["lease_id"], lease.as_str(), "{line}");
+    assert_eq!(line["client"], "ci", "{line}");
+    assert_eq!(line["result"], "ok", "{line}");
 }
 
 #[test]
