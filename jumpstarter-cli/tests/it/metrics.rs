@@ -1,5 +1,5 @@
-//! Metrics end to end: the real `jumpstarter-controller` (with its in-process router) and
-//! `jmp run --metrics-listen`, scraped by a real Prometheus (Debian's `prometheus` package,
+//! Metrics end to end: the real `jumpstarter-controller`, a standalone `jumpstarter-router`
+//! and `jmp run --metrics-listen`, scraped by a real Prometheus (Debian's `prometheus` package,
 //! with exemplar storage on); one `jmp shell -- j power on`, then Prometheus' HTTP API has
 //! the lease, driver call and tunnel series, and exemplars carrying the lease's id. Each
 //! endpoint's page passes `promtool check metrics`.
@@ -197,6 +197,15 @@ fn prometheus_scrapes_lease_driver_call_and_tunnel_metrics_with_exemplars() {
     let s = Scratch::new();
     let bin = crate::doc_examples::controller_dir().join("jumpstarter-controller");
     let admin = s.path("admin.yaml");
+    // Tunnels go through the standalone router, started once the controller has written
+    // the router key and its certificate.
+    let router_port = free_port();
+    let routers = s.path("routers.yaml");
+    std::fs::write(
+        &routers,
+        format!("metrics:\n  endpoint: 127.0.0.1:{router_port}\n"),
+    )
+    .unwrap();
     let mut ctl = Command::new(bin);
     ctl.current_dir(s.dir.path())
         .arg("--data-dir")
@@ -204,6 +213,8 @@ fn prometheus_scrapes_lease_driver_call_and_tunnel_metrics_with_exemplars() {
         .args(["--listen", "127.0.0.1:0", "--router-listen", "127.0.0.1:0"])
         .args(["--metrics-listen", "127.0.0.1:0"])
         .args(["--metrics-exporter-labels", "kind"])
+        .args(["--advertise-host", "127.0.0.1", "--routers"])
+        .arg(&routers)
         .arg("--admin-config")
         .arg(&admin)
         .env_remove("JMP_LOG_FORMAT")
@@ -213,6 +224,30 @@ fn prometheus_scrapes_lease_driver_call_and_tunnel_metrics_with_exemplars() {
         l.contains("jumpstarter-controller ready")
     });
     let ctl_metrics = addr_after(&ready, "metrics=");
+    let data = s.path("data");
+    let key = std::fs::read_to_string(data.join("router-key")).unwrap();
+    let mut router = Command::new(crate::doc_examples::controller_dir().join("jumpstarter-router"));
+    router
+        .args([
+            "--listen",
+            &format!("127.0.0.1:{router_port}"),
+            "--tls-cert",
+        ])
+        .arg(data.join("server").join("tls.crt"))
+        .arg("--tls-key")
+        .arg(data.join("server").join("tls.key"))
+        .args(["--metrics-listen", "127.0.0.1:0"])
+        .env("ROUTER_KEY", key.trim())
+        .env_remove("JMP_LOG_FORMAT")
+        .env_remove("RUST_LOG");
+    let mut router = Logged::start(router);
+    let router_metrics = addr_after(
+        &router.wait_for("naming its metrics address", |l| {
+            l.contains("Router metrics on http://")
+        }),
+        "http://",
+    );
+    router.wait_for("listening", |l| l.contains("Router listening on"));
 
     let jmp_admin = |args: &[&str]| {
         let out = s
@@ -271,6 +306,7 @@ fn prometheus_scrapes_lease_driver_call_and_tunnel_metrics_with_exemplars() {
             "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n\
              scrape_configs:\n\
              - job_name: jumpstarter-controller\n  static_configs:\n  - targets: ['{ctl_metrics}']\n\
+             - job_name: jumpstarter-router\n  static_configs:\n  - targets: ['{router_metrics}']\n\
              - job_name: jumpstarter-exporter\n  static_configs:\n  - targets: ['{exp_metrics}']\n"
         ),
     )
@@ -284,7 +320,7 @@ fn prometheus_scrapes_lease_driver_call_and_tunnel_metrics_with_exemplars() {
         .stderr(std::fs::File::create(s.path("prometheus.log")).unwrap());
     let _prometheus = Running(p.spawn().unwrap());
     // Both targets up.
-    wait_query(prom, "sum(up)", |r| value(r) >= 2.0);
+    wait_query(prom, "sum(up)", |r| value(r) >= 3.0);
 
     let out = s
         .cmd(JMP)
@@ -347,9 +383,18 @@ fn prometheus_scrapes_lease_driver_call_and_tunnel_metrics_with_exemplars() {
     wait_query(prom, "jumpstarter_lease_wait_duration_seconds_count", |r| {
         value(r) >= 1.0
     });
-    wait_query(prom, "jumpstarter_router_tunnels_total", |r| {
-        value(r) >= 1.0
-    });
+    // The standalone router's tunnel and byte counters (the controller's in-process router
+    // serves the same names, unused here).
+    wait_query(
+        prom,
+        "jumpstarter_router_tunnels_total{job=\"jumpstarter-router\"}",
+        |r| value(r) >= 1.0,
+    );
+    wait_query(
+        prom,
+        "jumpstarter_router_bytes_forwarded_total{job=\"jumpstarter-router\"}",
+        |r| value(r) > 0.0,
+    );
     wait_query(
         prom,
         "jumpstarter_exporters_online{kind=\"metrics\"}",
@@ -383,4 +428,5 @@ fn prometheus_scrapes_lease_driver_call_and_tunnel_metrics_with_exemplars() {
 
     promtool_check(ctl_metrics, "controller");
     promtool_check(exp_metrics, "exporter");
+    promtool_check(router_metrics, "router");
 }
