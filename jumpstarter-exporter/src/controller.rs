@@ -402,6 +402,7 @@ pub async fn run_with_options(
             store
         }),
         metrics: options.metrics.clone(),
+        telemetry: None,
     };
     tokio::pin!(shutdown);
     let mut rapid = 0u32;
@@ -558,6 +559,8 @@ struct Runtime {
     transcripts: Option<TranscriptStore>,
     /// `jmp run --metrics-listen`.
     metrics: Option<Arc<crate::metrics::ExporterMetrics>>,
+    /// Where the leases' entries are pushed (the telemetry sink the controller names).
+    telemetry: Option<crate::telemetry::TelemetrySink>,
 }
 
 /// Why a lease's session ends on the exporter's side.
@@ -634,6 +637,9 @@ impl Runtime {
             self.target.auth.name
         );
         self.backoff.reset();
+        if self.telemetry.is_none() {
+            self.start_telemetry(&channel).await;
+        }
         match &self.lease {
             None => {
                 report_status(
@@ -688,6 +694,49 @@ impl Runtime {
                 }
             }
         }
+    }
+
+    /// Asks the controller for its telemetry sink and, when it names one, starts pushing the
+    /// leases' entries there (see [`crate::telemetry`]).
+    async fn start_telemetry(&mut self, channel: &AuthChannel) {
+        let Some(endpoint) = crate::telemetry::discover(channel).await else {
+            return;
+        };
+        // The controller naming itself: the same connection. Another endpoint: the same
+        // credentials and TLS settings (with its CA when it sends one).
+        let sink_channel = if endpoint.endpoint == self.target.endpoint {
+            channel.clone()
+        } else {
+            let mut tls = self.target.tls.clone();
+            if !endpoint.certificate.is_empty() {
+                tls.ca_pem = Some(endpoint.certificate.clone());
+            }
+            match connect_authenticated_with(
+                &endpoint.endpoint,
+                &tls,
+                &self.target.auth,
+                self.keepalive,
+            )
+            .await
+            {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(
+                        "telemetry endpoint {}: {}; not pushing logs",
+                        endpoint.endpoint,
+                        jumpstarter_core::error_chain(&e)
+                    );
+                    return;
+                }
+            }
+        };
+        tracing::info!("pushing the leases' logs to {}", endpoint.endpoint);
+        let (sink, _task) = crate::telemetry::TelemetrySink::start(
+            jumpstarter_proto::v1::telemetry_service_client::TelemetryServiceClient::new(
+                sink_channel,
+            ),
+        );
+        self.telemetry = Some(sink);
     }
 
     /// A health check ended: count it, schedule the next one, and tell the controller when
@@ -772,8 +821,24 @@ impl Runtime {
         let lease_metrics = self.metrics.as_ref().map(|m| {
             let l = m.lease(&client, &name, context);
             session.set_call_observer(l.observer());
+            session.set_stream_observer(l.stream_observer());
             l
         });
+        if let Some(sink) = &self.telemetry {
+            // The lease's driver calls and driver log lines go to the telemetry sink too.
+            let pushed = Arc::new(crate::telemetry::LeaseTelemetry::new(
+                sink.clone(),
+                &name,
+                &client,
+                &self.target.auth.name,
+                &self.target.auth.namespace,
+                context,
+            ));
+            session.set_log_observer(pushed.clone());
+            let mut calls: Vec<Arc<dyn jumpstarter_core::metrics::CallObserver>> = vec![pushed];
+            calls.extend(lease_metrics.as_ref().map(|l| l.observer()));
+            session.set_call_observer(Arc::new(crate::telemetry::CallObservers(calls)));
+        }
         session.set_motd(&self.motd);
         if let Some(store) = &self.transcripts {
             match store.for_lease(&name, &client, &self.tree) {

@@ -43,6 +43,7 @@ mod exporter;
 pub mod hooks;
 pub mod metrics;
 mod standalone;
+pub mod telemetry;
 pub mod transcript;
 
 pub use bridge::{BuildError, PythonDrivers, StartError, build_tree, check_config};

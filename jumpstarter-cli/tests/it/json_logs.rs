@@ -64,6 +64,12 @@ impl Logged {
         }
     }
 
+    /// Whether a line so far (those already written included) holds `f`.
+    pub(crate) fn seen_any(&mut self, f: impl Fn(&str) -> bool) -> bool {
+        self.seen.extend(self.lines.try_iter());
+        self.seen.iter().any(|l| f(l))
+    }
+
     /// Every line so far (waits a moment for the ones in flight), each parsed as JSON.
     fn objects(&mut self) -> Vec<Value> {
         std::thread::sleep(Duration::from_millis(300));
@@ -181,6 +187,9 @@ fn one_lease_is_told_in_json_by_the_controller_the_router_and_the_exporter() {
     assert_eq!(created["level"], "INFO");
     assert!(created["timestamp"].as_str().unwrap().ends_with('Z'));
 
+    // The controller's lines carry the lease's context too, each entry a field of its own.
+    assert_eq!(created["build_id"], "123", "{created}");
+    assert_eq!(created["vcs_ref"], "refs/heads/main", "{created}");
     for message in ["lease granted", "dial", "lease ended"] {
         let lines = about(&controller, &lease, message);
         assert!(
@@ -189,6 +198,7 @@ fn one_lease_is_told_in_json_by_the_controller_the_router_and_the_exporter() {
         );
         assert_eq!(lines[0]["exporter"], "board", "{message}");
         assert_eq!(lines[0]["client"], "ci", "{message}");
+        assert_eq!(lines[0]["build_id"], "123", "{message}: {}", lines[0]);
     }
     let tunnels = about(&controller, &lease, "tunnel open");
     assert!(!tunnels.is_empty(), "no tunnel of {lease}: {controller:#?}");
@@ -225,6 +235,85 @@ fn one_lease_is_told_in_json_by_the_controller_the_router_and_the_exporter() {
         .unwrap_or_else(|| panic!("no driver line: {exporter:#?}"));
     assert_eq!(said["lease_id"], lease.as_str(), "{said}");
     assert_eq!(said["build_id"], "123", "{said}");
+
+    // The lease's story as the controller gathered it: its own events and the exporter's
+    // pushed entries (driver calls and driver lines), in time order, with the context.
+    let story = crate::log_gathering::story(&s, &lease, &["--client", "ci"], "power on");
+    let messages: Vec<&str> = story.iter().filter_map(|o| o["message"].as_str()).collect();
+    for m in [
+        "lease created",
+        "lease granted",
+        "dial",
+        "driver call",
+        "power on",
+        "lease ended",
+    ] {
+        assert!(messages.contains(&m), "no {m:?} in {messages:?}");
+    }
+    let pos = |m: &str| messages.iter().position(|x| *x == m).unwrap();
+    assert!(pos("lease created") < pos("lease granted") && pos("lease granted") < pos("dial"));
+    assert!(pos("dial") < pos("driver call"), "{messages:?}");
+    let pushed = story
+        .iter()
+        .find(|o| o["message"] == "driver call" && o["operation"] == "on")
+        .unwrap_or_else(|| panic!("no driver call entry: {story:#?}"));
+    assert_eq!(pushed["component"], "exporter", "{pushed}");
+    assert_eq!(pushed["driver_type"], "MockPower", "{pushed}");
+    assert_eq!(pushed["result"], "ok", "{pushed}");
+    assert_eq!(pushed["lease_id"], lease.as_str(), "{pushed}");
+    assert_eq!(pushed["build_id"], "123", "{pushed}");
+    let created = story
+        .iter()
+        .find(|o| o["message"] == "lease created")
+        .unwrap();
+    assert_eq!(created["component"], "controller");
+    assert_eq!(created["vcs_ref"], "refs/heads/main", "{created}");
+    let driver_line = story.iter().find(|o| o["message"] == "power on").unwrap();
+    assert_eq!(driver_line["driver_type"], "MockPower", "{driver_line}");
+    let times: Vec<&str> = story
+        .iter()
+        .filter_map(|o| o["timestamp"].as_str())
+        .collect();
+    assert!(times.windows(2).all(|w| w[0] <= w[1]), "{times:?}");
+    // As text, by default; and the admin reads it too.
+    let out = s
+        .cmd(JMP)
+        .args(["get", "lease", &lease, "--logs", "--client", "ci"])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stdout.lines().any(|l| l.contains("exporter")
+            && l.contains("driver call")
+            && l.contains("operation=on")
+            && l.contains("build_id=123")),
+        "{stdout}"
+    );
+    let out = with_admin(s.cmd(JMP))
+        .args(["admin", "logs", "--lease", &lease, "-o", "json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{:?}", text(&out));
+    assert_eq!(
+        text(&out).0.lines().count(),
+        story.len(),
+        "{:?}",
+        text(&out)
+    );
+    // Another client is told the lease does not exist, as with its other reads.
+    let out = with_admin(s.cmd(JMP))
+        .args(["admin", "create", "client", "other", "--save", "--unsafe"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{:?}", text(&out));
+    let out = s
+        .cmd(JMP)
+        .args(["get", "lease", &lease, "--logs", "--client", "other"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(text(&out).1.contains("not found"), "{:?}", text(&out));
 
     // `jmp create lease --context` shows it back; a bad one is refused and creates nothing.
     let jmp = |args: &[&str]| s.cmd(JMP).args(args).output().unwrap();

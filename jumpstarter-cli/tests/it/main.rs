@@ -18,6 +18,7 @@ mod keep_alive;
 mod labels;
 mod lease_end;
 mod local;
+mod log_gathering;
 mod login;
 mod mcp;
 mod metrics;
