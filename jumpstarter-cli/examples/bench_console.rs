@@ -5,7 +5,8 @@
 //!   round trips (16 bytes out, the same 16 back), then MIB MiB written and read back at the
 //!   same time; prints `{"mib_per_sec":..,"rtt_p50_us":..,"rtt_p99_us":..}`.
 //! - `bench_console observers HOST DRIVER MIB READING STALLED [EXPORTER_PID]`: opens READING
-//!   observers (`observe`) that read and discard, and STALLED ones that never read, then
+//!   observers (`observe`, each on a connection of its own) that read and discard, and
+//!   STALLED ones that never read, then
 //!   times MIB MiB through the writer's `connect` as `console` does (after its 20 warm-up
 //!   lines); prints `{"mib_per_sec":..,"rtt_p50_us":..,"rtt_p99_us":..,"observed_mib":..,
 //!   "cpu_s":..}`: the writer's throughput, the MiB the reading observers received between
@@ -63,8 +64,14 @@ async fn main() -> Result<()> {
             let exporter: Option<u32> = args.get(6).map(|p| p.parse()).transpose()?;
             let observed = Arc::new(AtomicU64::new(0));
             let mut held = Vec::new();
+            let mut sessions = Vec::new();
             for i in 0..reading + stalled {
-                let mut s = driver.open_stream("observe").await?;
+                // Each observer on a connection of its own, as people watching from their
+                // own machines are (on one connection, the writer's frames would queue
+                // behind the observers' in one HTTP/2 connection's window).
+                let own = ExporterSession::connect(arg(1)?, &ConnectOptions::from_env()).await?;
+                let mut s = own.driver(arg(2)?)?.open_stream("observe").await?;
+                sessions.push(own);
                 if i < reading {
                     let observed = observed.clone();
                     held.push(tokio::spawn(async move {
@@ -84,6 +91,7 @@ async fn main() -> Result<()> {
             let stream = driver.open_stream("connect").await?;
             let t = console(stream, arg(3)?.parse()?, 0, Some((exporter, &observed))).await;
             held.iter().for_each(tokio::task::JoinHandle::abort);
+            drop(sessions);
             let t = t?;
             println!(
                 "{{\"mib_per_sec\":{:.2},\"rtt_p50_us\":{:.1},\"rtt_p99_us\":{:.1},\
