@@ -36,6 +36,65 @@ pub trait CallObserver: Send + Sync {
     );
 }
 
+/// Told of the bytes a session's driver and resource streams carry (see
+/// [`crate::server::Session::set_stream_observer`]), in batches (see [`ByteCount`]). It runs
+/// on the stream's task: it must not block or wait.
+pub trait StreamObserver: Send + Sync {
+    /// `bytes` more went `direction` (`rx`: from the client into the exporter, `tx`: out to
+    /// the client) on a stream of a driver of type `driver_type`.
+    fn stream_bytes(&self, driver_type: &str, direction: &'static str, bytes: u64);
+}
+
+/// Bytes a [`ByteCount`] holds before telling its observer.
+pub const BYTE_COUNT_BATCH: u64 = 64 * 1024;
+
+/// The bytes of one direction of one stream, told to a [`StreamObserver`] every
+/// [`BYTE_COUNT_BATCH`] bytes and when dropped (the stream's end).
+pub struct ByteCount {
+    observer: std::sync::Arc<dyn StreamObserver>,
+    driver_type: String,
+    direction: &'static str,
+    pending: u64,
+}
+
+impl ByteCount {
+    /// Counts for `observer` the bytes going `direction` on a stream of `driver_type`.
+    pub fn new(
+        observer: std::sync::Arc<dyn StreamObserver>,
+        driver_type: &str,
+        direction: &'static str,
+    ) -> Self {
+        Self {
+            observer,
+            driver_type: driver_type.to_string(),
+            direction,
+            pending: 0,
+        }
+    }
+
+    /// `n` more bytes.
+    pub fn add(&mut self, n: usize) {
+        self.pending += n as u64;
+        if self.pending >= BYTE_COUNT_BATCH {
+            self.flush();
+        }
+    }
+
+    fn flush(&mut self) {
+        if self.pending > 0 {
+            self.observer
+                .stream_bytes(&self.driver_type, self.direction, self.pending);
+            self.pending = 0;
+        }
+    }
+}
+
+impl Drop for ByteCount {
+    fn drop(&mut self) {
+        self.flush();
+    }
+}
+
 /// The `error_type` label of a failed driver call: a small fixed set.
 pub fn error_type(e: &crate::DriverError) -> &'static str {
     use crate::DriverError as E;

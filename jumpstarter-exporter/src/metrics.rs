@@ -11,8 +11,8 @@ use std::{
 use jumpstarter_core::{
     DriverError,
     metrics::{
-        CallObserver, ExemplarLabels, error_type, exemplar, is_unknown_call, label_value,
-        openmetrics_page,
+        CallObserver, ExemplarLabels, StreamObserver, error_type, exemplar, is_unknown_call,
+        label_value, openmetrics_page,
         prometheus_client::{
             metrics::{
                 exemplar::{CounterWithExemplar, HistogramWithExemplars},
@@ -55,6 +55,7 @@ pub struct ExporterMetrics {
     operations: Family<Labels, CounterWithExemplar<ExemplarLabels>>,
     durations: HistogramFamily,
     errors: Family<Labels, CounterWithExemplar<ExemplarLabels>>,
+    stream_bytes: Family<Labels, CounterWithExemplar<ExemplarLabels>>,
     sessions: Gauge,
     operations_seen: Mutex<HashSet<(String, String)>>,
 }
@@ -96,6 +97,12 @@ impl ExporterMetrics {
             "Failed driver calls, by class of error",
             errors.clone(),
         );
+        let stream_bytes = Family::<Labels, CounterWithExemplar<ExemplarLabels>>::default();
+        registry.register(
+            "jumpstarter_stream_bytes",
+            "Bytes of driver and resource streams (rx: from the client, tx: to the client)",
+            stream_bytes.clone(),
+        );
         let exporter_label = label_value(exporter);
         let sessions_family = Family::<Labels, Gauge>::default();
         registry.register(
@@ -113,6 +120,7 @@ impl ExporterMetrics {
             operations,
             durations,
             errors,
+            stream_bytes,
             sessions: sessions_series,
             operations_seen: Mutex::new(HashSet::new()),
         })
@@ -220,6 +228,11 @@ impl LeaseMetrics {
     pub fn observer(&self) -> Arc<dyn CallObserver> {
         self.observer.clone()
     }
+
+    /// What to give the lease's session for its streams (`Session::set_stream_observer`).
+    pub fn stream_observer(&self) -> Arc<dyn StreamObserver> {
+        self.observer.clone()
+    }
 }
 
 impl Drop for LeaseMetrics {
@@ -243,6 +256,21 @@ impl CallObserver for LeaseCalls {
     ) {
         self.metrics
             .record(driver_type, operation, error, elapsed, &self.exemplar);
+    }
+}
+
+impl StreamObserver for LeaseCalls {
+    fn stream_bytes(&self, driver_type: &str, direction: &'static str, bytes: u64) {
+        let m = &self.metrics;
+        let labels: Labels = vec![
+            ("exporter", m.exporter.clone()),
+            ("driver_type", label_value(driver_type)),
+            ("direction", direction.to_string()),
+        ];
+        let ex = (!self.exemplar.is_empty()).then(|| self.exemplar.clone());
+        m.stream_bytes
+            .get_or_create(&labels)
+            .inc_by(bytes, ex, None);
     }
 }
 
@@ -299,6 +327,24 @@ mod tests {
         );
         // The context entry that does not fit the 128 characters is left out.
         assert!(!text.contains("image="), "{text}");
+        // Stream bytes, in batches and at the stream's end.
+        {
+            let mut rx =
+                jumpstarter_core::metrics::ByteCount::new(l.stream_observer(), "Opendal", "rx");
+            for _ in 0..3 {
+                rx.add(40 * 1024);
+            }
+            let text = m.render();
+            assert!(
+                text.contains("jumpstarter_stream_bytes_total{exporter=\"board-1\",driver_type=\"Opendal\",direction=\"rx\"} 81920 # {client=\"ci\""),
+                "{text}"
+            );
+        }
+        assert!(
+            m.render().contains(
+                "jumpstarter_stream_bytes_total{exporter=\"board-1\",driver_type=\"Opendal\",direction=\"rx\"} 122880 "
+            )
+        );
         drop(l);
         assert!(
             m.render()

@@ -74,6 +74,9 @@ pub struct Session {
     log_span: Mutex<tracing::Span>,
     /// Told of every driver call, for metrics (see [`Session::set_call_observer`]).
     call_observer: Mutex<Option<Arc<dyn crate::metrics::CallObserver>>>,
+    /// Told of the bytes of driver and resource streams (see
+    /// [`Session::set_stream_observer`]).
+    stream_observer: Mutex<Option<Arc<dyn crate::metrics::StreamObserver>>>,
 }
 
 impl Session {
@@ -103,6 +106,7 @@ impl Session {
             transcripts: Mutex::new(None),
             log_span: Mutex::new(tracing::Span::none()),
             call_observer: Mutex::new(None),
+            stream_observer: Mutex::new(None),
         })
     }
 
@@ -116,6 +120,37 @@ impl Session {
     /// exporter's metrics).
     pub fn set_call_observer(&self, observer: Arc<dyn crate::metrics::CallObserver>) {
         *self.call_observer.lock().unwrap_or_else(|p| p.into_inner()) = Some(observer);
+    }
+
+    /// Tells `observer` of the bytes this session's driver and resource streams carry, each
+    /// direction in batches (the exporter's metrics).
+    pub fn set_stream_observer(&self, observer: Arc<dyn crate::metrics::StreamObserver>) {
+        *self.stream_observer.lock().unwrap_or_else(|p| p.into_inner()) = Some(observer);
+    }
+
+    /// Byte counters (received, sent) for a stream of driver `uuid`, when observed.
+    fn stream_counts(
+        &self,
+        uuid: &str,
+    ) -> (
+        Option<crate::metrics::ByteCount>,
+        Option<crate::metrics::ByteCount>,
+    ) {
+        let observer = self
+            .stream_observer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        match observer {
+            Some(o) => {
+                let driver_type = self.driver_type(uuid);
+                (
+                    Some(crate::metrics::ByteCount::new(o.clone(), driver_type, "rx")),
+                    Some(crate::metrics::ByteCount::new(o, driver_type, "tx")),
+                )
+            }
+            None => (None, None),
+        }
     }
 
     fn call_observer(&self) -> Option<Arc<dyn crate::metrics::CallObserver>> {
@@ -694,10 +729,21 @@ impl SessionService {
                 e = crate::error_chain(&e)
             ))
         })?;
+        let stream_uuid = match &meta {
+            StreamRequestMetadata::Driver { uuid, .. }
+            | StreamRequestMetadata::Resource { uuid, .. } => uuid.to_string(),
+        };
+        let (mut rx, mut tx) = self.0.stream_counts(&stream_uuid);
         let inbound = stream_rpc::FrameDecoder::<_, StreamRequest>::new(
             req.into_body(),
             stream_rpc::Side::Server,
-        );
+        )
+        .map(move |frame| {
+            if let (Some(c), Ok(f)) = (rx.as_mut(), &frame) {
+                c.add(f.payload.len());
+            }
+            frame
+        });
         self.0.check_revoked().map_err(|e| e.to_status())?;
         let mut headers = http::HeaderMap::new();
         let out: BoxStatusStream<StreamResponse> = match meta {
@@ -745,6 +791,12 @@ impl SessionService {
                 response
             }
         };
+        let out: BoxStatusStream<StreamResponse> = Box::pin(out.map(move |frame| {
+            if let (Some(c), Ok(f)) = (tx.as_mut(), &frame) {
+                c.add(f.payload.len());
+            }
+            frame
+        }));
         let out = cut_when_revoked(out, self.0.until_revoked());
         Ok(stream_rpc::response(out, headers))
     }
