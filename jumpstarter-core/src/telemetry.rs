@@ -234,6 +234,16 @@ pub enum TelemetryError {
         /// What it says.
         endpoint: String,
     },
+    /// `OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL` asks for a transport that is not built in.
+    #[error(
+        "{var}={value:?}: only OTLP over gRPC (`grpc`) is built in; unset it or set it to grpc"
+    )]
+    UnsupportedProtocol {
+        /// The variable.
+        var: &'static str,
+        /// What it says.
+        value: String,
+    },
     /// The span exporter could not be set up.
     #[error("cannot set up the OTLP span exporter")]
     Exporter(#[source] Box<dyn std::error::Error + Send + Sync>),
@@ -274,6 +284,24 @@ fn configured(flag: Option<&str>) -> Option<(&'static str, String)> {
     .find_map(|var| env(var).map(|v| (var, v.trim().to_string())))
 }
 
+/// Refuses an OTLP protocol other than gRPC: a setting that asks for HTTP would otherwise be
+/// read and ignored (the traces-specific variable wins, as in the OpenTelemetry spec).
+fn check_protocol(env: impl Fn(&str) -> Option<String>) -> Result<(), TelemetryError> {
+    for var in [
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+        "OTEL_EXPORTER_OTLP_PROTOCOL",
+    ] {
+        let Some(value) = env(var).filter(|v| !v.trim().is_empty()) else {
+            continue;
+        };
+        if value.trim().eq_ignore_ascii_case("grpc") {
+            return Ok(());
+        }
+        return Err(TelemetryError::UnsupportedProtocol { var, value });
+    }
+    Ok(())
+}
+
 /// Turns traces on when an OTLP endpoint is set (`endpoint`, from `--otlp-endpoint`, else
 /// the environment), as service `default_service` unless `OTEL_SERVICE_NAME` (or
 /// `service.name` in `OTEL_RESOURCE_ATTRIBUTES`) names it. Call it before the log
@@ -294,6 +322,7 @@ pub fn start(
     if scheme.is_none() {
         return Err(TelemetryError::BadEndpoint { what, endpoint });
     }
+    check_protocol(|k| std::env::var(k).ok())?;
     #[cfg(feature = "otlp")]
     {
         otlp::start(default_service, endpoint)?;
@@ -599,6 +628,42 @@ mod tests {
         assert!(lease_step(Step::Create, &lease).is_none());
         assert!(lease_serve(&lease).is_none());
         assert!(driver_call(&Span::none(), "MockPower", "on").is_none());
+    }
+
+    #[test]
+    fn only_the_grpc_protocol_is_accepted() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        assert!(super::check_protocol(env(&[])).is_ok());
+        assert!(super::check_protocol(env(&[("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")])).is_ok());
+        let e = super::check_protocol(env(&[("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("OTEL_EXPORTER_OTLP_PROTOCOL") && e.contains("http/protobuf"),
+            "{e}"
+        );
+        // The traces-specific variable wins over the general one.
+        assert!(
+            super::check_protocol(env(&[
+                ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc"),
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"),
+            ]))
+            .is_ok()
+        );
+        let e = super::check_protocol(env(&[
+            ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/json"),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+        ]))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"), "{e}");
     }
 
     #[test]
