@@ -269,9 +269,20 @@ fn prometheus_scrapes_lease_driver_call_and_tunnel_metrics_with_exemplars() {
         "--out",
         exporter.to_str().unwrap(),
     ]);
+    // A mock power switch, and a mock storage mux whose medium an image is written to
+    // (a resource stream: its bytes are counted).
+    let medium = s.path("medium.img");
+    std::fs::write(&medium, b"").unwrap();
+    let image = s.path("image.bin");
+    std::fs::write(&image, vec![7u8; 200 * 1024]).unwrap();
     let config = std::fs::read_to_string(&exporter).unwrap().replace(
         "\nexport:\n",
-        "\nexport:\n  power:\n    type: jumpstarter_driver_power.driver.MockPower\n",
+        &format!(
+            "\nexport:\n  power:\n    type: jumpstarter_driver_power.driver.MockPower\n  \
+             storage:\n    type: jumpstarter_driver_opendal.driver.MockStorageMux\n    \
+             config:\n      file: {}\n",
+            medium.display()
+        ),
     );
     std::fs::write(&exporter, config).unwrap();
     jmp_admin(&["admin", "create", "client", "ci", "--save", "--unsafe"]);
@@ -333,9 +344,12 @@ fn prometheus_scrapes_lease_driver_call_and_tunnel_metrics_with_exemplars() {
             "--context",
             "build_id=n42",
             "--",
-            "j",
-            "power",
-            "on",
+            "sh",
+            "-c",
+            &format!(
+                "j power on && j storage write-local-file {}",
+                image.display()
+            ),
         ])
         .output()
         .unwrap();
@@ -425,6 +439,15 @@ fn prometheus_scrapes_lease_driver_call_and_tunnel_metrics_with_exemplars() {
             std::thread::sleep(Duration::from_millis(500));
         }
     }
+
+    // The image's bytes, into the exporter.
+    let bytes = wait_query(
+        prom,
+        "sum(jumpstarter_stream_bytes_total{direction=\"rx\"})",
+        |r| value(r) >= (200 * 1024) as f64,
+    );
+    assert!(value(&bytes) >= (200 * 1024) as f64, "{bytes}");
+    assert_eq!(std::fs::metadata(&medium).unwrap().len(), 200 * 1024);
 
     promtool_check(ctl_metrics, "controller");
     promtool_check(exp_metrics, "exporter");
