@@ -204,7 +204,8 @@ pub async fn object_metrics<S: Store>(state: &ControllerState<S>) -> String {
     object_metrics_and_gauges(state, &[]).await.0
 }
 
-/// [`object_metrics`], and the exporter gauges by `exporter_labels` (see [`exporter_gauges`]).
+/// Leases and exporters by state, read from the store now, and the exporter gauges by
+/// `exporter_labels` (see [`exporter_gauges`]).
 pub async fn object_metrics_and_gauges<S: Store>(
     state: &ControllerState<S>,
     exporter_labels: &[String],
