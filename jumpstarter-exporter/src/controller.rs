@@ -824,16 +824,19 @@ impl Runtime {
             session.set_stream_observer(l.stream_observer());
             l
         });
-        if let Some(sink) = &self.telemetry {
-            // The lease's driver calls and driver log lines go to the telemetry sink too.
-            let pushed = Arc::new(crate::telemetry::LeaseTelemetry::new(
+        // The lease's driver calls, driver log lines and console transcripts go to the
+        // telemetry sink too.
+        let pushed = self.telemetry.as_ref().map(|sink| {
+            Arc::new(crate::telemetry::LeaseTelemetry::new(
                 sink.clone(),
                 &name,
                 &client,
                 &self.target.auth.name,
                 &self.target.auth.namespace,
                 context,
-            ));
+            ))
+        });
+        if let Some(pushed) = pushed.clone() {
             session.set_log_observer(pushed.clone());
             let mut calls: Vec<Arc<dyn jumpstarter_core::metrics::CallObserver>> = vec![pushed];
             calls.extend(lease_metrics.as_ref().map(|l| l.observer()));
@@ -841,7 +844,7 @@ impl Runtime {
         }
         session.set_motd(&self.motd);
         if let Some(store) = &self.transcripts {
-            match store.for_lease(&name, &client, &self.tree) {
+            match store.for_lease(&name, &client, &self.tree, pushed) {
                 Ok(t) => session.set_transcripts(t),
                 Err(e) => tracing::warn!(
                     "lease {name}: no console transcripts: {}",

@@ -122,6 +122,19 @@ impl TelemetrySink {
         (Self { tx, drops }, task)
     }
 
+    /// A sink whose entries are read from the returned queue (tests).
+    #[cfg(test)]
+    pub(crate) fn channel(queue: usize) -> (Self, mpsc::Receiver<LogEntry>) {
+        let (tx, rx) = mpsc::channel(queue);
+        (
+            Self {
+                tx,
+                drops: Arc::default(),
+            },
+            rx,
+        )
+    }
+
     /// Queues `entry`, or drops (and counts) it when the queue is full: never waits.
     pub fn offer(&self, entry: LogEntry) {
         if self.tx.try_send(entry).is_err() {
@@ -237,6 +250,27 @@ impl LeaseTelemetry {
                 truncate(&jumpstarter_core::error_chain(err), MAX_EXTRA_VALUE),
             );
         }
+        self.sink.offer(e);
+    }
+}
+
+/// The `extra_fields` value of `stream` that marks an entry as a console transcript's
+/// record (with `console`, the console's name, and `direction`, `board->client` or
+/// `client->board`); the message is the bytes escaped as in the transcript file.
+pub const CONSOLE_STREAM: &str = "console";
+
+impl LeaseTelemetry {
+    /// The entry of one record of console `console`'s transcript: `text` (escaped bytes)
+    /// that went `direction`, the first of them at `at`. Without the lease's context (the
+    /// lease's other entries carry it), so a console's many entries stay small.
+    pub fn console(&self, console: &str, direction: &str, at: std::time::SystemTime, text: &str) {
+        let mut e = self.entry("info", text);
+        e.timestamp = Some(prost_types::Timestamp::from(at));
+        e.extra_fields = HashMap::from([
+            ("stream".to_string(), CONSOLE_STREAM.to_string()),
+            ("console".to_string(), truncate(console, MAX_EXTRA_VALUE)),
+            ("direction".to_string(), direction.to_string()),
+        ]);
         self.sink.offer(e);
     }
 }

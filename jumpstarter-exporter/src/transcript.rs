@@ -16,6 +16,13 @@
 //! a line says how many were lost. Retention: when a lease starts (and when the exporter
 //! starts), lease directories beyond the newest `keepLeases`, and those older than
 //! `maxAgeDays`, are removed.
+//!
+//! When the exporter pushes its leases' entries to the controller (log gathering, see
+//! [`crate::telemetry`]), each transcript's records are pushed too, cut into lines and
+//! chunks by a [`Batcher`] (a line ends after `\n`, and after a lone `\r` the client typed;
+//! at most [`RECORD_MAX`] bytes; what waits longer than [`LINGER`] goes as it is), each an
+//! entry marked `stream=console` with the console's name and the direction. A console with
+//! `transcript: false` has no recorder, so nothing of it leaves the exporter.
 
 use std::{
     collections::HashMap,
@@ -32,11 +39,17 @@ use jumpstarter_core::{
     config::ConsoleTranscripts,
     driver::{ConsoleRecorder, Direction, DriverNode, Transcripts},
 };
+
+use crate::telemetry::LeaseTelemetry;
 use tokio::{io::AsyncWriteExt, sync::mpsc};
 use uuid::Uuid;
 
 /// Chunks queued for a transcript's writer before new ones are dropped (and counted).
 const QUEUE: usize = 1024;
+/// Bytes of one pushed console record, at most.
+pub const RECORD_MAX: usize = 1024;
+/// How long bytes without a line end wait for more before they are pushed as they are.
+pub const LINGER: Duration = Duration::from_millis(100);
 
 /// Why a lease's transcripts cannot be kept.
 #[derive(Debug, thiserror::Error)]
@@ -66,11 +79,13 @@ impl TranscriptStore {
 
     /// The transcripts of lease `lease` held by `client`: applies the retention bound, then
     /// makes the lease's directory.
+    /// With `push`, the transcripts' records are pushed to the controller too.
     pub fn for_lease(
         &self,
         lease: &str,
         client: &str,
         tree: &DriverNode,
+        push: Option<Arc<LeaseTelemetry>>,
     ) -> Result<Arc<LeaseTranscripts>, TranscriptError> {
         for removed in self.prune(SystemTime::now()) {
             tracing::info!(
@@ -91,6 +106,7 @@ impl TranscriptStore {
             lease: lease.to_string(),
             client: client.to_string(),
             max_bytes: self.cfg.max_bytes,
+            push: push.map(Pushed),
         }))
     }
 
@@ -167,6 +183,17 @@ pub struct LeaseTranscripts {
     lease: String,
     client: String,
     max_bytes: u64,
+    /// Where the records are pushed too (log gathering), if anywhere.
+    push: Option<Pushed>,
+}
+
+/// The lease's telemetry, as a field of a `Debug` struct.
+struct Pushed(Arc<LeaseTelemetry>);
+
+impl std::fmt::Debug for Pushed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Pushed")
+    }
 }
 
 impl LeaseTranscripts {
@@ -191,13 +218,17 @@ impl Transcripts for LeaseTranscripts {
             "# console {name}, lease {}, client {}\n",
             self.lease, self.client
         );
-        rt.spawn(write_transcript(
+        let file = TranscriptFile {
             path,
             header,
-            self.max_bytes,
-            rx,
-            dropped.clone(),
-        ));
+            max_bytes: self.max_bytes,
+            dropped: dropped.clone(),
+        };
+        let push = self.push.as_ref().map(|p| ConsolePush {
+            telemetry: p.0.clone(),
+            console: name.to_string(),
+        });
+        rt.spawn(record_console(rx, file, push));
         Some(Arc::new(FileRecorder { tx, dropped }))
     }
 }
@@ -227,80 +258,259 @@ impl ConsoleRecorder for FileRecorder {
     }
 }
 
-/// One transcript line.
-fn line(chunk: &Chunk) -> String {
-    let dir = match chunk.direction {
+fn direction_name(direction: Direction) -> &'static str {
+    match direction {
         Direction::BoardToClient => "board->client",
         Direction::ClientToBoard => "client->board",
-    };
+    }
+}
+
+/// One transcript line.
+fn line(chunk: &Chunk) -> String {
     format!(
-        "{} {dir} \"{}\"\n",
+        "{} {} \"{}\"\n",
         chunk.at.strftime("%Y-%m-%dT%H:%M:%S%.6fZ"),
+        direction_name(chunk.direction),
         chunk.bytes.escape_ascii()
     )
 }
 
-/// Appends the queued chunks to `path` until the recorder is dropped, up to `max_bytes`.
-async fn write_transcript(
+/// One pushed record of a console: bytes that went one way, the first of them at `at`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// When its first byte went.
+    pub at: jiff::Timestamp,
+    /// Which way.
+    pub direction: Direction,
+    /// The bytes.
+    pub bytes: Vec<u8>,
+}
+
+/// Cuts a console's chunks into records: a record ends after `\n`, after a `\r` going to
+/// the board that no `\n` follows in its chunk (what the client typed ends with Enter),
+/// when the direction changes, and at [`RECORD_MAX`] bytes; [`Batcher::flush`] ends the
+/// pending one (called after [`LINGER`] without more bytes).
+#[derive(Debug, Default)]
+pub struct Batcher {
+    pending: Option<Record>,
+}
+
+impl Batcher {
+    /// Adds `bytes` that went `direction` at `at`; the records they end go to `out`.
+    pub fn push(
+        &mut self,
+        at: jiff::Timestamp,
+        direction: Direction,
+        bytes: &[u8],
+        out: &mut Vec<Record>,
+    ) {
+        if self
+            .pending
+            .as_ref()
+            .is_some_and(|p| p.direction != direction)
+        {
+            self.flush(out);
+        }
+        for (i, &b) in bytes.iter().enumerate() {
+            let p = self.pending.get_or_insert_with(|| Record {
+                at,
+                direction,
+                bytes: Vec::new(),
+            });
+            p.bytes.push(b);
+            let ends = b == b'\n'
+                || (b == b'\r'
+                    && direction == Direction::ClientToBoard
+                    && bytes.get(i + 1) != Some(&b'\n'));
+            if ends || p.bytes.len() >= RECORD_MAX {
+                self.flush(out);
+            }
+        }
+    }
+
+    /// Ends the pending record, if any.
+    pub fn flush(&mut self, out: &mut Vec<Record>) {
+        out.extend(self.pending.take());
+    }
+
+    /// Whether bytes wait for the end of their record.
+    pub fn is_pending(&self) -> bool {
+        self.pending.is_some()
+    }
+}
+
+/// A console's records going to the controller.
+struct ConsolePush {
+    telemetry: Arc<LeaseTelemetry>,
+    console: String,
+}
+
+impl ConsolePush {
+    fn send(&self, records: &mut Vec<Record>) {
+        for r in records.drain(..) {
+            self.telemetry.console(
+                &self.console,
+                direction_name(r.direction),
+                SystemTime::from(r.at),
+                &r.bytes.escape_ascii().to_string(),
+            );
+        }
+    }
+}
+
+/// A transcript's file, to be opened by [`record_console`].
+struct TranscriptFile {
     path: PathBuf,
     header: String,
     max_bytes: u64,
-    mut rx: mpsc::Receiver<Chunk>,
     dropped: Arc<AtomicU64>,
-) {
-    let file = tokio::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&path)
-        .await;
-    let mut file = match file {
-        Ok(f) => f,
-        Err(e) => {
-            tracing::warn!("console transcript {}: cannot open: {e}", path.display());
-            return;
+}
+
+/// The open file of a transcript.
+struct OpenTranscript {
+    file: tokio::fs::File,
+    path: PathBuf,
+    size: u64,
+    full: bool,
+    max_bytes: u64,
+    dropped: Arc<AtomicU64>,
+    pending: String,
+}
+
+impl TranscriptFile {
+    async fn open(self) -> Option<OpenTranscript> {
+        let file = tokio::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.path)
+            .await;
+        let file = match file {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!(
+                    "console transcript {}: cannot open: {e}",
+                    self.path.display()
+                );
+                return None;
+            }
+        };
+        let size = file.metadata().await.map(|m| m.len()).unwrap_or(0);
+        Some(OpenTranscript {
+            file,
+            path: self.path,
+            size,
+            full: size >= self.max_bytes,
+            max_bytes: self.max_bytes,
+            dropped: self.dropped,
+            pending: if size == 0 {
+                self.header
+            } else {
+                String::new()
+            },
+        })
+    }
+}
+
+impl OpenTranscript {
+    /// Appends `chunks` (up to the cap); `Err` when the file cannot be written.
+    async fn write(&mut self, chunks: &[Chunk]) -> Result<(), ()> {
+        if self.full {
+            return Ok(());
         }
-    };
-    let mut size = file.metadata().await.map(|m| m.len()).unwrap_or(0);
-    let mut full = size >= max_bytes;
-    let mut pending = if size == 0 { header } else { String::new() };
-    while let Some(chunk) = rx.recv().await {
-        if full {
-            continue;
-        }
-        let lost = dropped.swap(0, Ordering::Relaxed);
+        let lost = self.dropped.swap(0, Ordering::Relaxed);
         if lost > 0 {
-            pending.push_str(&format!(
+            self.pending.push_str(&format!(
                 "# {lost} chunks not recorded (the transcript fell behind)\n"
             ));
         }
-        pending.push_str(&line(&chunk));
+        for c in chunks {
+            self.pending.push_str(&line(c));
+        }
+        let max_bytes = self.max_bytes;
+        if self.size + self.pending.len() as u64 > max_bytes {
+            let room = usize::try_from(max_bytes.saturating_sub(self.size)).unwrap_or(usize::MAX);
+            let mut cut = room.min(self.pending.len());
+            while !self.pending.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            self.pending.truncate(cut);
+            self.pending.push_str(&format!(
+                "\n# transcript cut: it reached its cap of {max_bytes} bytes (maxBytes)\n"
+            ));
+            self.full = true;
+        }
+        if let Err(e) = self.file.write_all(self.pending.as_bytes()).await {
+            tracing::warn!(
+                "console transcript {}: cannot write: {e}",
+                self.path.display()
+            );
+            return Err(());
+        }
+        self.size += self.pending.len() as u64;
+        self.pending.clear();
+        Ok(())
+    }
+}
+
+/// Takes the queued chunks until the recorder is dropped: appends them to the file (up to
+/// its cap) and pushes them as records when `push` is set.
+async fn record_console(
+    mut rx: mpsc::Receiver<Chunk>,
+    file: TranscriptFile,
+    push: Option<ConsolePush>,
+) {
+    let mut file = file.open().await;
+    let mut batcher = Batcher::default();
+    let mut records = Vec::new();
+    let mut chunks: Vec<Chunk> = Vec::new();
+    loop {
+        let first = if batcher.is_pending() {
+            match tokio::time::timeout(LINGER, rx.recv()).await {
+                Ok(c) => c,
+                Err(_) => {
+                    batcher.flush(&mut records);
+                    if let Some(p) = &push {
+                        p.send(&mut records);
+                    }
+                    continue;
+                }
+            }
+        } else {
+            rx.recv().await
+        };
+        let Some(first) = first else { break };
         // Take what else is queued now, and write it in one go.
-        while pending.len() < 64 * 1024 {
+        let mut bytes = first.bytes.len();
+        chunks.push(first);
+        while bytes < 64 * 1024 {
             match rx.try_recv() {
-                Ok(c) => pending.push_str(&line(&c)),
+                Ok(c) => {
+                    bytes += c.bytes.len();
+                    chunks.push(c);
+                }
                 Err(_) => break,
             }
         }
-        if size + pending.len() as u64 > max_bytes {
-            let room = usize::try_from(max_bytes.saturating_sub(size)).unwrap_or(usize::MAX);
-            let mut cut = room.min(pending.len());
-            while !pending.is_char_boundary(cut) {
-                cut -= 1;
+        if let Some(p) = &push {
+            for c in &chunks {
+                batcher.push(c.at, c.direction, &c.bytes, &mut records);
             }
-            pending.truncate(cut);
-            pending.push_str(&format!(
-                "\n# transcript cut: it reached its cap of {max_bytes} bytes (maxBytes)\n"
-            ));
-            full = true;
+            p.send(&mut records);
         }
-        if let Err(e) = file.write_all(pending.as_bytes()).await {
-            tracing::warn!("console transcript {}: cannot write: {e}", path.display());
-            return;
+        if let Some(f) = &mut file
+            && f.write(&chunks).await.is_err()
+        {
+            file = None;
         }
-        size += pending.len() as u64;
-        pending.clear();
+        chunks.clear();
     }
-    let _ = file.flush().await;
+    batcher.flush(&mut records);
+    if let Some(p) = &push {
+        p.send(&mut records);
+    }
+    if let Some(f) = &mut file {
+        let _ = f.file.flush().await;
+    }
 }
 
 #[cfg(test)]
@@ -357,7 +567,7 @@ mod tests {
     async fn both_directions_are_recorded_with_times_and_escaped() {
         let tmp = tempfile::tempdir().unwrap();
         let lease = store(tmp.path(), 1 << 20, 5)
-            .for_lease("lease-1", "alice", &tree())
+            .for_lease("lease-1", "alice", &tree(), None)
             .unwrap();
         let console = tree().children[0].1.children[0].1.uuid;
         let rec = lease.recorder(Some(console), "PySerial").unwrap();
@@ -392,7 +602,7 @@ mod tests {
     async fn a_transcript_stops_at_its_cap_and_says_so() {
         let tmp = tempfile::tempdir().unwrap();
         let lease = store(tmp.path(), 2000, 5)
-            .for_lease("l", "c", &tree())
+            .for_lease("l", "c", &tree(), None)
             .unwrap();
         // A driver the tree does not know is named after its type.
         let rec = lease.recorder(None, "serial").unwrap();
@@ -409,6 +619,127 @@ mod tests {
         drop(rec);
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(std::fs::read_to_string(&path).unwrap(), text);
+    }
+
+    fn records(chunks: &[(Direction, &[u8])]) -> Vec<(Direction, String)> {
+        let mut b = Batcher::default();
+        let mut out = Vec::new();
+        for (d, bytes) in chunks {
+            b.push(jiff::Timestamp::now(), *d, bytes, &mut out);
+        }
+        b.flush(&mut out);
+        out.into_iter()
+            .map(|r| (r.direction, r.bytes.escape_ascii().to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn the_batcher_cuts_lines_not_bytes() {
+        use Direction::{BoardToClient as B, ClientToBoard as C};
+        // Typed a byte at a time: one record up to Enter.
+        let typed: Vec<(Direction, &[u8])> = b"root\r"
+            .iter()
+            .map(|b| (C, std::slice::from_ref(b)))
+            .collect();
+        assert_eq!(records(&typed), vec![(C, "root\\r".to_string())]);
+        // Output cut at line ends; a prompt without one stays pending until flushed.
+        assert_eq!(
+            records(&[(B, b"U-Boot\r\nboot"), (B, b"ing\r\nlogin: ")]),
+            vec![
+                (B, "U-Boot\\r\\n".to_string()),
+                (B, "booting\\r\\n".to_string()),
+                (B, "login: ".to_string())
+            ]
+        );
+        // A change of direction ends the pending record; \r\n to the board is one end.
+        assert_eq!(
+            records(&[(B, b"login: "), (C, b"ls\r\n")]),
+            vec![(B, "login: ".to_string()), (C, "ls\\r\\n".to_string())]
+        );
+        // A long line without an end is cut at RECORD_MAX bytes.
+        let long = vec![b'x'; RECORD_MAX * 2 + 10];
+        let r = records(&[(B, &long)]);
+        assert_eq!(
+            r.iter().map(|(_, s)| s.len()).collect::<Vec<_>>(),
+            [RECORD_MAX, RECORD_MAX, 10]
+        );
+    }
+
+    #[test]
+    fn a_record_has_the_time_of_its_first_byte() {
+        let mut b = Batcher::default();
+        let mut out = Vec::new();
+        let t0 = jiff::Timestamp::from_second(1_800_000_000).unwrap();
+        let t1 = jiff::Timestamp::from_second(1_800_000_001).unwrap();
+        b.push(t0, Direction::BoardToClient, b"ab", &mut out);
+        b.push(t1, Direction::BoardToClient, b"c\n", &mut out);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].at, t0);
+        assert!(!b.is_pending());
+    }
+
+    #[tokio::test]
+    async fn records_are_pushed_as_console_entries_and_partial_lines_after_the_linger() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (sink, mut rx) = crate::telemetry::TelemetrySink::channel(64);
+        let telemetry = Arc::new(LeaseTelemetry::new(
+            sink,
+            "lease-1",
+            "alice",
+            "board",
+            "ns",
+            &std::collections::BTreeMap::new(),
+        ));
+        let lease = store(tmp.path(), 1 << 20, 5)
+            .for_lease("lease-1", "alice", &tree(), Some(telemetry))
+            .unwrap();
+        let console = tree().children[0].1.children[0].1.uuid;
+        let rec = lease.recorder(Some(console), "PySerial").unwrap();
+        rec.record(Direction::BoardToClient, b"hello\r\nlogin: ");
+        // The prompt goes after the linger, with the recorder still open.
+        let mut got = Vec::new();
+        for _ in 0..2 {
+            let e = tokio::time::timeout(Duration::from_secs(30), rx.recv())
+                .await
+                .unwrap()
+                .unwrap();
+            got.push(e);
+        }
+        rec.record(Direction::ClientToBoard, b"root\r");
+        drop(rec);
+        got.push(
+            tokio::time::timeout(Duration::from_secs(30), rx.recv())
+                .await
+                .unwrap()
+                .unwrap(),
+        );
+        let seen: Vec<(&str, &str, &str)> = got
+            .iter()
+            .map(|e| {
+                assert_eq!(e.extra_fields["stream"], "console");
+                assert_eq!(e.extra_fields["console"], "board.console");
+                assert_eq!(e.lease, "lease-1");
+                (
+                    e.extra_fields["direction"].as_str(),
+                    e.message.as_str(),
+                    e.component.as_str(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                ("board->client", "hello\\r\\n", "exporter"),
+                ("board->client", "login: ", "exporter"),
+                ("client->board", "root\\r", "exporter"),
+            ]
+        );
+        // The file has them too.
+        wait_for(
+            &tmp.path().join("lease-1/board.console.log"),
+            "client->board",
+        )
+        .await;
     }
 
     #[test]
