@@ -89,6 +89,9 @@ pub struct AdminLogsArgs {
     /// Output: text (default) or json (one object a line)
     #[arg(short, long, value_parser = ["text", "json"])]
     output: Option<String>,
+    /// The lease's console transcripts instead of its other entries
+    #[arg(long)]
+    console: bool,
 }
 
 async fn admin_logs(a: AdminLogsArgs) -> Result<i32> {
@@ -103,7 +106,11 @@ async fn admin_logs(a: AdminLogsArgs) -> Result<i32> {
         .await
         .map_err(|s| rpc_error(&format!("cannot get the logs of lease {:?}", a.lease), s))?
         .into_inner();
-    crate::lease_logs::print(&logs, format)?;
+    if a.console {
+        crate::lease_logs::print_console(&logs, format)?;
+    } else {
+        crate::lease_logs::print(&logs, format)?;
+    }
     Ok(0)
 }
 

@@ -1,6 +1,7 @@
 //! Printing a lease's gathered log (`jmp get lease NAME --logs`, `jmp admin logs --lease
 //! NAME`): the controller's events and the exporter's pushed entries, oldest first, as text
-//! or (`-o json`) one JSON object a line with the fields of the JSON logs.
+//! or (`-o json`) one JSON object a line with the fields of the JSON logs; and its console
+//! transcripts (`--console`): the records the exporter pushed marked `stream=console`.
 
 use std::io::Write;
 
@@ -95,10 +96,67 @@ pub fn entry_text(e: &LogEntry) -> String {
     line
 }
 
-/// Prints `logs` on stdout in `format`; a note on stderr when entries were dropped.
+/// Whether `e` is a record of a console transcript (marked `stream=console`).
+pub fn is_console(e: &LogEntry) -> bool {
+    e.extra_fields.get("stream").is_some_and(|v| v == "console")
+}
+
+fn field<'a>(e: &'a LogEntry, key: &str) -> &'a str {
+    e.extra_fields.get(key).map_or("", String::as_str)
+}
+
+/// The text line of a console record: time, console, direction and the bytes (escaped as
+/// in the transcript file, in quotes).
+pub fn console_text(e: &LogEntry) -> String {
+    format!(
+        "{} {} {} \"{}\"",
+        timestamp(e),
+        field(e, "console"),
+        field(e, "direction"),
+        e.message
+    )
+}
+
+/// The JSON object of a console record: `timestamp`, `lease_id`, `console`, `direction`,
+/// `text` (the bytes escaped as in the transcript file).
+pub fn console_json(e: &LogEntry) -> Map<String, Value> {
+    let mut out = Map::new();
+    for (k, v) in [
+        ("timestamp", timestamp(e)),
+        ("lease_id", e.lease.clone()),
+        ("console", field(e, "console").to_string()),
+        ("direction", field(e, "direction").to_string()),
+        ("text", e.message.clone()),
+    ] {
+        out.insert(k.into(), v.into());
+    }
+    out
+}
+
+/// Prints the console records among `logs` on stdout in `format`; a note on stderr when
+/// entries were dropped.
+pub fn print_console(logs: &LeaseLogs, format: LogFormat) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    for e in logs.entries.iter().filter(|e| is_console(e)) {
+        match format {
+            LogFormat::Text => writeln!(out, "{}", console_text(e))?,
+            LogFormat::Json => writeln!(out, "{}", Value::Object(console_json(e)))?,
+        }
+    }
+    if logs.dropped > 0 {
+        eprintln!(
+            "Note: the controller dropped {} entries of this lease (its per-lease bounds)",
+            logs.dropped
+        );
+    }
+    Ok(())
+}
+
+/// Prints `logs` but the console records on stdout in `format`; a note on stderr when
+/// entries were dropped.
 pub fn print(logs: &LeaseLogs, format: LogFormat) -> Result<()> {
     let mut out = std::io::stdout().lock();
-    for e in &logs.entries {
+    for e in logs.entries.iter().filter(|e| !is_console(e)) {
         match format {
             LogFormat::Text => writeln!(out, "{}", entry_text(e))?,
             LogFormat::Json => writeln!(out, "{}", Value::Object(entry_json(e)))?,
@@ -156,6 +214,28 @@ mod tests {
             "2027-01-15T08:00:00.005Z exporter   driver call client=ci driver_type=MockPower \
              operation=on result=ok build_id=7 lease_id=forged"
         );
+    }
+
+    #[test]
+    fn a_console_record_is_time_console_direction_and_text() {
+        let mut e = call();
+        e.message = "login: \\r\\n".into();
+        e.extra_fields = [
+            ("stream", "console"),
+            ("console", "serial"),
+            ("direction", "board->client"),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .into();
+        assert!(is_console(&e) && !is_console(&call()));
+        assert_eq!(
+            console_text(&e),
+            "2027-01-15T08:00:00.005Z serial board->client \"login: \\r\\n\""
+        );
+        let o = console_json(&e);
+        assert_eq!(o["direction"], "board->client");
+        assert_eq!(o["text"], "login: \\r\\n");
+        assert_eq!(o["lease_id"], "l-1");
     }
 
     #[test]

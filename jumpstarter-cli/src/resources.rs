@@ -836,13 +836,17 @@ pub(crate) fn warn_deprecated_selector_labels(
 pub struct GetLeasesArgs {
     #[command(flatten)]
     client: ClientSelect,
-    /// The lease (with --logs)
+    /// The lease (with --logs or --console)
     #[arg(value_name = "NAME")]
     name: Option<String>,
     /// Print the lease's gathered log (ours): the controller's events and the exporter's
     /// driver calls and driver lines, oldest first; text, or with -o json one object a line
     #[arg(long, requires = "name")]
     logs: bool,
+    /// Print the lease's console transcripts (ours), both directions, oldest first: time,
+    /// console, direction and the bytes; only for the lease's own client
+    #[arg(long, requires = "name", conflicts_with = "logs")]
+    console: bool,
     /// Selector (label query) to filter on, supports '=', '==', and '!=' (e.g. -l
     /// key1=value1,key2=value2). Can be specified multiple times.
     #[arg(short = 'l', long = "selector", value_name = "TEXT")]
@@ -1314,7 +1318,7 @@ fn print_lease(mode: OutputMode, view: LeaseView, now: Timestamp) -> Result<()> 
 }
 
 async fn get_leases(args: GetLeasesArgs) -> Result<i32> {
-    if args.logs {
+    if args.logs || args.console {
         return get_lease_logs(&args).await;
     }
     if let Some(name) = &args.name {
@@ -1357,6 +1361,7 @@ async fn get_lease_logs(args: &GetLeasesArgs) -> Result<i32> {
     let logs = ClientExtensionServiceClient::new(api.channel())
         .get_lease_logs(jumpstarter_proto::ext_v1::GetLeaseLogsRequest {
             name: format!("namespaces/{}/leases/{name}", api.namespace()),
+            console: args.console,
         })
         .await
         .map_err(|s| match s.code() {
@@ -1366,7 +1371,11 @@ async fn get_lease_logs(args: &GetLeasesArgs) -> Result<i32> {
             code => rpc_error_text(&what, code, s.message()),
         })?
         .into_inner();
-    crate::lease_logs::print(&logs, format)?;
+    if args.console {
+        crate::lease_logs::print_console(&logs, format)?;
+    } else {
+        crate::lease_logs::print(&logs, format)?;
+    }
     Ok(0)
 }
 

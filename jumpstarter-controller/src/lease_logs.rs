@@ -9,6 +9,10 @@
 //! dropped and counted) and over all leases ([`LeaseLogLimits::max_leases`] logs at most,
 //! the least recently written removed first; a log not written for
 //! [`LeaseLogLimits::retention`] is removed).
+//!
+//! A lease's console transcript entries (those the exporter marks `stream=console`, see
+//! [`is_console`]) have a budget of their own of the same size, so that a chatty console
+//! can never push out the lease's driver calls and events (nor they its transcript).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
@@ -56,13 +60,43 @@ impl Default for LeaseLogLimits {
     }
 }
 
-/// One lease's entries.
-#[derive(Debug)]
-struct LeaseLog {
+/// The `extra_fields` key and value marking an entry of a console transcript.
+pub const CONSOLE_STREAM: (&str, &str) = ("stream", "console");
+
+/// Whether `e` is a record of a console transcript (the exporter marks them
+/// `stream=console`, with `console` and `direction`).
+pub fn is_console(e: &LogEntry) -> bool {
+    e.extra_fields
+        .get(CONSOLE_STREAM.0)
+        .is_some_and(|v| v == CONSOLE_STREAM.1)
+}
+
+/// Entries within one budget of a lease.
+#[derive(Debug, Default)]
+struct Budget {
     entries: Vec<LogEntry>,
     bytes: usize,
     dropped: u64,
+}
+
+/// One lease's entries: its story (events, driver calls, driver lines) and its consoles'
+/// transcripts, each within the per-lease bounds.
+#[derive(Debug)]
+struct LeaseLog {
+    story: Budget,
+    console: Budget,
     written: Instant,
+}
+
+/// Which of a lease's entries a read returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    /// Every entry.
+    All,
+    /// All but the console transcripts' (`jmp get lease NAME --logs`).
+    Story,
+    /// The console transcripts' (`jmp get lease NAME --console`).
+    Console,
 }
 
 /// The logs of the leases (see the module docs).
@@ -124,24 +158,28 @@ impl LeaseLogs {
             return (0, u32::try_from(entries.len()).unwrap_or(u32::MAX));
         }
         let log = leases.entry(key).or_insert_with(|| LeaseLog {
-            entries: Vec::new(),
-            bytes: 0,
-            dropped: 0,
+            story: Budget::default(),
+            console: Budget::default(),
             written: now,
         });
         log.written = now;
         let (mut accepted, mut dropped) = (0u32, 0u32);
         for e in entries {
             let size = e.encoded_len();
-            if log.entries.len() >= self.limits.max_entries
-                || log.bytes.saturating_add(size) > self.limits.max_bytes
+            let budget = if is_console(&e) {
+                &mut log.console
+            } else {
+                &mut log.story
+            };
+            if budget.entries.len() >= self.limits.max_entries
+                || budget.bytes.saturating_add(size) > self.limits.max_bytes
             {
                 dropped = dropped.saturating_add(1);
-                log.dropped = log.dropped.saturating_add(1);
+                budget.dropped = budget.dropped.saturating_add(1);
                 continue;
             }
-            log.bytes += size;
-            log.entries.push(e);
+            budget.bytes += size;
+            budget.entries.push(e);
             accepted = accepted.saturating_add(1);
         }
         (accepted, dropped)
@@ -156,16 +194,31 @@ impl LeaseLogs {
     /// The story of lease `namespace/lease`, oldest first (entries with the same time in the
     /// order they came); empty when none is kept.
     pub fn read(&self, namespace: &str, lease: &str) -> LeaseStory {
-        self.read_at(namespace, lease, Instant::now())
+        self.read_part(namespace, lease, Part::All)
     }
 
-    fn read_at(&self, namespace: &str, lease: &str, now: Instant) -> LeaseStory {
+    /// [`LeaseLogs::read`] of only `part` of the entries (its `dropped` of that part).
+    pub fn read_part(&self, namespace: &str, lease: &str, part: Part) -> LeaseStory {
+        self.read_at(namespace, lease, part, Instant::now())
+    }
+
+    fn read_at(&self, namespace: &str, lease: &str, part: Part, now: Instant) -> LeaseStory {
         let mut leases = self.leases.lock_or_recover();
         self.prune(&mut leases, now);
         let Some(log) = leases.get(&(namespace.to_string(), lease.to_string())) else {
             return LeaseStory::default();
         };
-        let (mut entries, dropped) = (log.entries.clone(), log.dropped);
+        let budgets: &[&Budget] = match part {
+            Part::All => &[&log.story, &log.console],
+            Part::Story => &[&log.story],
+            Part::Console => &[&log.console],
+        };
+        let mut entries = Vec::new();
+        let mut dropped = 0u64;
+        for b in budgets {
+            entries.extend(b.entries.iter().cloned());
+            dropped = dropped.saturating_add(b.dropped);
+        }
         drop(leases);
         entries.sort_by_key(|e| {
             e.timestamp
@@ -318,6 +371,33 @@ mod tests {
     }
 
     #[test]
+    fn a_chatty_console_has_its_own_budget_and_cannot_push_out_the_story() {
+        let logs = LeaseLogs::new(limits());
+        let console = |i| {
+            let mut e = entry("tty", i);
+            e.extra_fields
+                .insert(CONSOLE_STREAM.0.into(), CONSOLE_STREAM.1.into());
+            e
+        };
+        assert_eq!(
+            logs.append("ns", "l", (0..10).map(console).collect()),
+            (3, 7)
+        );
+        assert_eq!(
+            logs.append("ns", "l", (0..4).map(|i| entry("call", i)).collect()),
+            (3, 1)
+        );
+        let story = logs.read_part("ns", "l", Part::Story);
+        assert!(story.entries.iter().all(|e| e.message == "call"));
+        assert_eq!((story.entries.len(), story.dropped), (3, 1));
+        let tty = logs.read_part("ns", "l", Part::Console);
+        assert!(tty.entries.iter().all(is_console));
+        assert_eq!((tty.entries.len(), tty.dropped), (3, 7));
+        let all = logs.read("ns", "l");
+        assert_eq!((all.entries.len(), all.dropped), (6, 8));
+    }
+
+    #[test]
     fn the_byte_cap_bounds_a_lease_too() {
         let one = entry(&"y".repeat(100), 1).encoded_len();
         let logs = LeaseLogs::new(LeaseLogLimits {
@@ -357,12 +437,12 @@ mod tests {
         logs.append_at("ns", "a", vec![entry("a2", 2)], t + Duration::from_secs(2));
         logs.append_at("ns", "c", vec![entry("c", 1)], t + Duration::from_secs(3));
         let now = t + Duration::from_secs(4);
-        assert_eq!(logs.read_at("ns", "a", now).entries.len(), 2);
+        assert_eq!(logs.read_at("ns", "a", Part::All, now).entries.len(), 2);
         assert!(
-            logs.read_at("ns", "b", now).entries.is_empty(),
+            logs.read_at("ns", "b", Part::All, now).entries.is_empty(),
             "b was evicted"
         );
-        assert_eq!(logs.read_at("ns", "c", now).entries.len(), 1);
+        assert_eq!(logs.read_at("ns", "c", Part::All, now).entries.len(), 1);
     }
 
     #[test]
@@ -371,13 +451,13 @@ mod tests {
         let t = Instant::now();
         logs.append_at("ns", "a", vec![entry("a", 1)], t);
         assert_eq!(
-            logs.read_at("ns", "a", t + Duration::from_secs(59))
+            logs.read_at("ns", "a", Part::All, t + Duration::from_secs(59))
                 .entries
                 .len(),
             1
         );
         assert!(
-            logs.read_at("ns", "a", t + Duration::from_secs(60))
+            logs.read_at("ns", "a", Part::All, t + Duration::from_secs(60))
                 .entries
                 .is_empty()
         );

@@ -799,7 +799,9 @@ impl<S: Store> AdminService for AdminApi<S> {
             .await
             .map_err(store_status)?;
         let full = format!("namespaces/{ns}/leases/{name}");
-        let out = crate::service::devices::lease_logs(&self.state, &ns, &name, full)?;
+        // An admin reads all of it, the console transcripts too (jmp admin logs sorts them).
+        let all = crate::lease_logs::Part::All;
+        let out = crate::service::devices::lease_logs(&self.state, &ns, &name, full, all)?;
         if known.is_none() && out.get_ref().entries.is_empty() {
             return Err(Status::not_found(format!("lease {name} not found")));
         }

@@ -11,7 +11,7 @@ use jumpstarter_proto::ext_v1::{
 use tonic::{Request, Response, Status};
 
 use crate::{
-    objects::{Exporter, Lease},
+    objects::{Exporter, Lease, sharing::LeaseAccess},
     service::{
         client::{check_namespace, object_name},
         limits::{self, MAX_IDENTIFIER},
@@ -80,27 +80,42 @@ impl<S: Store> ClientExtensionService for ClientExtApi<S> {
         let (ns, name) = object_name(&req.name, "leases")?;
         check_namespace(&caller, ns)?;
         let lease: Option<Lease> = self.0.store.get(ns, name).await.map_err(store_status)?;
-        // Its holder and the clients it is shared with; not revealing another's lease.
-        if lease.is_none_or(|l| l.access_of(&caller.name).is_none()) {
+        // Its holder and the clients it is shared with; not revealing another's lease. The
+        // console transcripts only to its holder: what was typed on a console (passwords
+        // among it) is not the business of a client that was only let watch.
+        let access = lease.and_then(|l| l.access_of(&caller.name));
+        let allowed = match access {
+            Some(LeaseAccess::Owner) => true,
+            Some(LeaseAccess::Shared) => !req.console,
+            None => false,
+        };
+        if !allowed {
             return Err(Status::not_found(format!("lease {name} not found")));
         }
-        lease_logs(&self.0, ns, name, req.name.clone())
+        let part = if req.console {
+            crate::lease_logs::Part::Console
+        } else {
+            crate::lease_logs::Part::Story
+        };
+        lease_logs(&self.0, ns, name, req.name.clone(), part)
     }
 }
 
-/// The gathered log of lease `ns/name` (FAILED_PRECONDITION when logs are not gathered).
+/// The gathered log of lease `ns/name`, `part` of it (FAILED_PRECONDITION when logs are not
+/// gathered).
 pub fn lease_logs<S: Store>(
     state: &ControllerState<S>,
     ns: &str,
     name: &str,
     full_name: String,
+    part: crate::lease_logs::Part,
 ) -> Result<Response<LeaseLogs>, Status> {
     let Some(logs) = &state.lease_logs else {
         return Err(Status::failed_precondition(
             "this controller gathers no lease logs (it runs with --lease-logs off)",
         ));
     };
-    let story = logs.read(ns, name);
+    let story = logs.read_part(ns, name, part);
     Ok(Response::new(LeaseLogs {
         name: full_name,
         entries: story.entries,

@@ -115,12 +115,41 @@ fn entry(lease: &str, message: &str) -> LogEntry {
     }
 }
 
+/// A console transcript's record of `lease`, as the exporter pushes it.
+fn console_entry(lease: &str) -> LogEntry {
+    LogEntry {
+        timestamp: Some(prost_types::Timestamp::from(std::time::SystemTime::now())),
+        severity: "info".into(),
+        message: "login: ".into(),
+        lease: lease.into(),
+        extra_fields: [
+            ("stream", "console"),
+            ("console", "serial"),
+            ("direction", "board->client"),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .into(),
+        ..Default::default()
+    }
+}
+
 async fn read(lab: &Lab, who: &Identity, lease: &str) -> Result<Vec<LogEntry>, tonic::Status> {
+    read_part(lab, who, lease, false).await
+}
+
+/// The lease's console transcript entries (`console`) or its other entries.
+async fn read_part(
+    lab: &Lab,
+    who: &Identity,
+    lease: &str,
+    console: bool,
+) -> Result<Vec<LogEntry>, tonic::Status> {
     ClientExtensionServiceClient::new(lab.channel().await)
         .get_lease_logs(req(
             who,
             GetLeaseLogsRequest {
                 name: format!("namespaces/default/leases/{lease}"),
+                console,
             },
         ))
         .await
@@ -159,13 +188,13 @@ async fn a_leases_story_is_its_controller_events_and_its_exporters_entries() {
         .push_logs(req(
             &ex,
             PushLogsRequest {
-                entries: vec![entry(&lease, "driver call")],
+                entries: vec![entry(&lease, "driver call"), console_entry(&lease)],
             },
         ))
         .await
         .unwrap()
         .into_inner();
-    assert_eq!((got.accepted, got.dropped), (1, 0));
+    assert_eq!((got.accepted, got.dropped), (2, 0));
 
     // Refused, and nothing of the batch kept: entries for a lease another exporter holds,
     // entries claiming another exporter, a batch too big, a field too long.
@@ -254,6 +283,16 @@ async fn a_leases_story_is_its_controller_events_and_its_exporters_entries() {
         read(&lab, &carol, &lease).await.unwrap_err().code(),
         Code::NotFound
     );
+    // The console transcript apart: to the holder only; the client the lease is shared with
+    // is told it does not exist, as another client is.
+    let console = read_part(&lab, &alice, &lease, true).await.unwrap();
+    assert_eq!(console.len(), 1, "{console:?}");
+    assert_eq!(console[0].message, "login: ");
+    assert_eq!(console[0].extra_fields["direction"], "board->client");
+    for who in [&bob, &carol] {
+        let e = read_part(&lab, who, &lease, true).await.unwrap_err();
+        assert_eq!(e.code(), Code::NotFound, "{e:?}");
+    }
 
     // The admin reads any lease.
     let admin_token = lab.ctl.admin_token.clone();
@@ -267,7 +306,7 @@ async fn a_leases_story_is_its_controller_events_and_its_exporters_entries() {
         format!("Bearer {admin_token}").parse().unwrap(),
     );
     let logs = admin.get_lease_logs(r).await.unwrap().into_inner();
-    assert_eq!(logs.entries.len(), 3);
+    assert_eq!(logs.entries.len(), 4, "{:?}", logs.entries);
     assert_eq!(logs.name, format!("namespaces/default/leases/{lease}"));
 }
 
