@@ -224,9 +224,9 @@ struct RunArgs {
     exit_on_lease_end: bool,
     /// Serve Prometheus metrics (OpenMetrics, with the lease's client and id as exemplars)
     /// on `http://ADDR/metrics`: driver calls by driver type, operation and result, their
-    /// durations and errors, active lease sessions. E.g. 9100 or 127.0.0.1:0. Controller
-    /// mode only.
-    #[arg(long, value_name = "[HOST:]PORT", conflicts_with = "tls_grpc_listener")]
+    /// durations and errors, stream bytes, active lease sessions. E.g. 9100 or
+    /// 127.0.0.1:0. With --tls-grpc-listener the one session counts, without exemplars.
+    #[arg(long, value_name = "[HOST:]PORT")]
     metrics_listen: Option<String>,
     /// Log lines as text for a person, or as JSON for a log store: one object a line with
     /// lease_id, client, exporter and the driver calls' operation, result and duration_ms.
@@ -533,6 +533,20 @@ async fn run_exporter(args: RunArgs, toolkit: &crate::Toolkit) -> Result<i32> {
         );
     }
     let standalone = toolkit.exporter(&cfg).standalone().await?;
+    // Kept for as long as the session is served: it counts as the one active session.
+    let _session_metrics = match &args.metrics_listen {
+        Some(spec) => {
+            let metrics =
+                serve_exporter_metrics(spec, &cfg.metadata.name, args.log_format == "json").await?;
+            let lease = metrics.lease("", "", &Default::default());
+            standalone.session().set_call_observer(lease.observer());
+            standalone
+                .session()
+                .set_stream_observer(lease.stream_observer());
+            Some(lease)
+        }
+        None => None,
+    };
     let addr = listen_addr(spec).context("--tls-grpc-listener")?;
     let listener = tokio::net::TcpListener::bind(&addr)
         .await

@@ -122,9 +122,9 @@ pub fn run(args: &[String]) -> Result<()> {
     println!("== unary driver calls (power.on), direct TCP on loopback, plaintext");
     let (ours_exporter, port) = start_exporter(&rel.join("jmp"), &config, true, work.path())?;
     let host = format!("127.0.0.1:{port}");
-    let run_rs = |conc: usize| -> Result<CallFigures> {
+    let run_rs_on = |host: &str, conc: usize| -> Result<CallFigures> {
         let mut c = Command::new(rel.join("examples/bench_calls"));
-        c.args([host.as_str(), &calls.to_string(), &conc.to_string()])
+        c.args([host, &calls.to_string(), &conc.to_string()])
             .env("JMP_GRPC_INSECURE", "1");
         let out = procs::run(c, Duration::from_secs(300))?;
         if out.code != 0 {
@@ -132,9 +132,19 @@ pub fn run(args: &[String]) -> Result<()> {
         }
         parse_figures(out.stdout.trim())
     };
-    let ours = run_rs(1)?;
-    let ours_conc = run_rs(16)?;
+    let ours = run_rs_on(&host, 1)?;
+    let ours_conc = run_rs_on(&host, 16)?;
     drop(ours_exporter);
+    // The same exporter counting every call in its metrics and logging it as JSON.
+    let mut c = Command::new(rel.join("jmp"));
+    c.env("JMP_CLIENT_CONFIG_HOME", work.path().join("config"));
+    let (observed_exporter, observed_port) = procs::start_our_exporter(
+        c,
+        &config,
+        &["--metrics-listen", "127.0.0.1:0", "--log-format", "json"],
+    )?;
+    let observed = run_rs_on(&format!("127.0.0.1:{observed_port}"), 1)?;
+    drop(observed_exporter);
     let floor = floor(&rel, calls)?;
 
     let (py_exporter, py_port) =
@@ -164,6 +174,7 @@ pub fn run(args: &[String]) -> Result<()> {
     };
     row("ours (Rust client -> Rust exporter)", &ours);
     row("ours, 16 concurrent callers", &ours_conc);
+    row("ours, with metrics and JSON call logs", &observed);
     row("upstream (Python client -> Python exporter)", &py);
     row("floor: tonic alone (grpc.health Check)", &floor);
     println!(
@@ -175,6 +186,10 @@ pub fn run(args: &[String]) -> Result<()> {
     println!(
         "floor: the same round trip with no Jumpstarter code; ours adds {:.1} µs at p50",
         ours.p50_us - floor.p50_us
+    );
+    println!(
+        "metrics and JSON logs add {:.1} µs at p50",
+        observed.p50_us - ours.p50_us
     );
     println!("targets: p50 < 100 µs, throughput >= 20x Python");
     Ok(())

@@ -141,10 +141,15 @@ fn same_size(a: &Path, b: &Path) -> Result<()> {
 }
 
 /// Our exporter (`jmp run`) on TCP; returns it and its port.
-fn our_tcp_exporter(jmp: &Path, config: &Path, scratch: &Path) -> Result<(Background, u16)> {
+fn our_tcp_exporter(
+    jmp: &Path,
+    config: &Path,
+    scratch: &Path,
+    extra: &[&str],
+) -> Result<(Background, u16)> {
     let mut c = Command::new(jmp);
     c.env("TMPDIR", scratch);
-    crate::procs::start_our_exporter(c, config, &[])
+    crate::procs::start_our_exporter(c, config, extra)
 }
 
 /// Where the image, the exporters' medium (their temporary directory) and the downloaded
@@ -310,7 +315,13 @@ pub fn run(args: &[String]) -> Result<()> {
     let (bench, on_tmpfs) = Bench::prepare(opts.size_mib * 1024 * 1024)?;
     print_conditions(&bench, opts.size_mib, on_tmpfs);
     random_file(&bench.src, bench.size)?;
-    let tcp = ours_tcp(&bench)?;
+    let tcp = ours_tcp(&bench, &[], "ours   TCP ")?;
+    // The same with the exporter's metrics (stream bytes counted) and JSON call logs.
+    let observed = ours_tcp(
+        &bench,
+        &["--metrics-listen", "127.0.0.1:0", "--log-format", "json"],
+        "ours + obs ",
+    )?;
     let unix = ours_unix(&bench)?;
     let mut peak = Vec::new();
     if let Some(kib) = tcp.peak_kib {
@@ -320,7 +331,7 @@ pub fn run(args: &[String]) -> Result<()> {
         peak.push(("ours, Unix socket (jmp shell)", kib));
     }
     let plain = [("TCP ", tcp.plain), ("Unix", unix.plain)];
-    let mut rows = vec![tcp.figures, unix.figures];
+    let mut rows = vec![tcp.figures, observed.figures, unix.figures];
     if let Some(venv) = &venv {
         rows.push(python_tcp(&bench, venv)?);
         rows.push(python_unix(&bench, venv)?);
@@ -350,9 +361,11 @@ fn print_conditions(bench: &Bench, size_mib: u64, on_tmpfs: bool) {
     }
 }
 
-/// Ours, direct TCP: `j storage` against `jmp run` on a TCP listener.
-fn ours_tcp(bench: &Bench) -> Result<Ours> {
-    let (exporter, port) = our_tcp_exporter(&bench.jmp, &bench.config, bench.scratch.path())?;
+/// Ours, direct TCP: `j storage` against `jmp run` on a TCP listener (started with `extra`);
+/// `name` is its row's.
+fn ours_tcp(bench: &Bench, extra: &[&str], name: &str) -> Result<Ours> {
+    let (exporter, port) =
+        our_tcp_exporter(&bench.jmp, &bench.config, bench.scratch.path(), extra)?;
     let host = format!("127.0.0.1:{port}");
     let ours = |sub: &str, file: &Path| {
         let mut c = Command::new(&bench.j);
@@ -381,7 +394,7 @@ fn ours_tcp(bench: &Bench) -> Result<Ours> {
     let _ = std::fs::remove_file(&bench.dst);
     Ok(Ours {
         figures: Figures {
-            name: "ours   TCP ".into(),
+            name: name.into(),
             upload: ups,
             download: downs,
         },

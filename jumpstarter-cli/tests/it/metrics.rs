@@ -453,3 +453,50 @@ fn prometheus_scrapes_lease_driver_call_and_tunnel_metrics_with_exemplars() {
     promtool_check(exp_metrics, "exporter");
     promtool_check(router_metrics, "router");
 }
+
+/// `jmp run --tls-grpc-listener --metrics-listen`: the one session's calls are counted
+/// (no lease: no exemplar) and it is the one active session.
+#[test]
+fn a_standalone_exporter_counts_its_calls() {
+    let s = Scratch::new();
+    s.write(
+        "exporter.yaml",
+        "apiVersion: jumpstarter.dev/v1alpha1\nkind: ExporterConfig\nmetadata:\n  \
+         namespace: default\n  name: bench\nendpoint: \"\"\ntoken: \"\"\nexport:\n  \
+         power:\n    type: jumpstarter_driver_power.driver.MockPower\n",
+    );
+    // The helper reads the exporter's stderr up to its address: the metrics port is chosen
+    // here.
+    let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let (_exporter, port) = crate::start_exporter(
+        &s,
+        &[
+            "--tls-grpc-insecure",
+            "--metrics-listen",
+            &metrics.to_string(),
+        ],
+    );
+    let out = s
+        .cmd(crate::J)
+        .env("JUMPSTARTER_HOST", format!("127.0.0.1:{port}"))
+        .env("JMP_GRPC_INSECURE", "1")
+        .args(["power", "on"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{:?}", text(&out));
+    let (_, page) = get(
+        metrics,
+        "/metrics",
+        Some("application/openmetrics-text;version=1.0.0"),
+    );
+    assert!(
+        page.contains(
+            "jumpstarter_operations_total{exporter=\"bench\",operation=\"on\",result=\"success\",driver_type=\"MockPower\"} 1\n"
+        ),
+        "{page}"
+    );
+    assert!(
+        page.contains("jumpstarter_active_sessions{exporter=\"bench\"} 1\n"),
+        "{page}"
+    );
+}
