@@ -5,6 +5,7 @@ mod admin;
 mod boards;
 mod console;
 mod console_observers;
+mod console_transcripts;
 mod direct;
 mod direct_path;
 mod distributed;
