@@ -110,6 +110,13 @@ impl ExporterMetrics {
             "Lease sessions the exporter serves now",
             sessions_family.clone(),
         );
+        registry
+            .sub_registry_with_label(("destination".into(), "controller".into()))
+            .register(
+                "jumpstarter_telemetry_dropped",
+                "Log entries dropped instead of pushed to the telemetry sink (queue full, sink down or refusing)",
+                crate::telemetry::DROPPED_TOTAL.clone(),
+            );
         // One series, created now so that it reads 0 before the first lease.
         let sessions_series = sessions_family
             .get_or_create(&vec![("exporter", exporter_label.clone())])
@@ -284,6 +291,22 @@ mod tests {
             ("image".to_string(), "x".repeat(90)),
         ]);
         m.lease("ci", "01a24e0f-42c4-7096-aaeb-0d323edf902e", &context)
+    }
+
+    #[test]
+    fn dropped_log_entries_are_served() {
+        let m = ExporterMetrics::new("board-1");
+        let series = "jumpstarter_telemetry_dropped_total{destination=\"controller\"} ";
+        let read = |text: &str| -> u64 {
+            text.lines()
+                .find_map(|l| l.strip_prefix(series))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or_else(|| panic!("no {series} in {text}"))
+        };
+        let before = read(&m.render());
+        crate::telemetry::DROPPED_TOTAL.inc_by(3);
+        // Other tests of this binary may drop entries meanwhile: at least these three.
+        assert!(read(&m.render()) >= before + 3);
     }
 
     #[test]

@@ -28,9 +28,12 @@ use tokio::sync::mpsc;
 use tonic::Code;
 
 /// Entries the exporter dropped instead of pushing them (queue full, sink down or
-/// refusing), for the metric `jumpstarter_telemetry_dropped_total{destination="controller"}`
-/// (the telemetry sink the controller names is the one destination; not served yet).
-pub static DROPPED_TOTAL: AtomicU64 = AtomicU64::new(0);
+/// refusing): the metric `jumpstarter_telemetry_dropped_total{destination="controller"}`
+/// that `jmp run --metrics-listen` serves (the telemetry sink the controller names is the
+/// one destination).
+pub static DROPPED_TOTAL: std::sync::LazyLock<
+    jumpstarter_core::metrics::prometheus_client::metrics::counter::Counter,
+> = std::sync::LazyLock::new(Default::default);
 
 /// Entries waiting to be pushed, at most.
 pub const QUEUE: usize = 4096;
@@ -81,7 +84,7 @@ impl Drops {
         if n == 0 {
             return;
         }
-        DROPPED_TOTAL.fetch_add(n, Ordering::Relaxed);
+        DROPPED_TOTAL.inc_by(n);
         let pending = self.since_warned.fetch_add(n, Ordering::Relaxed) + n;
         let mut last = self.last_warned.lock().unwrap_or_else(|p| p.into_inner());
         if last.is_none_or(|t| t.elapsed() >= WARN_EVERY) {
@@ -90,7 +93,7 @@ impl Drops {
             tracing::warn!(
                 dropped = pending,
                 "telemetry: {pending} log entries dropped ({why}); {} in all",
-                DROPPED_TOTAL.load(Ordering::Relaxed)
+                DROPPED_TOTAL.get()
             );
         }
     }
@@ -374,13 +377,13 @@ mod tests {
         // One entry, then time for the push task to send it and hang in the stalled call.
         lease.call("MockPower", "on", None, Duration::from_millis(1));
         tokio::time::sleep(GATHER * 3).await;
-        let before = DROPPED_TOTAL.load(Ordering::Relaxed);
+        let before = DROPPED_TOTAL.get();
         // Far more entries than the queue holds: each offer returns at once (the loop
         // would hang otherwise) and what does not fit is counted.
         for _ in 0..100 {
             lease.call("MockPower", "on", None, Duration::from_millis(1));
         }
-        let dropped = DROPPED_TOTAL.load(Ordering::Relaxed) - before;
+        let dropped = DROPPED_TOTAL.get() - before;
         // 8 fit in the queue (one fewer if the first entry was still queued).
         assert!((91..=92).contains(&dropped), "{dropped}");
     }
