@@ -104,6 +104,8 @@ impl Drops {
 pub struct TelemetrySink {
     tx: mpsc::Sender<LogEntry>,
     drops: Arc<Drops>,
+    /// Room in the queue a console record leaves for the driver calls and lines.
+    reserve: usize,
 }
 
 impl TelemetrySink {
@@ -122,7 +124,14 @@ impl TelemetrySink {
         let (tx, rx) = mpsc::channel(queue);
         let drops = Arc::new(Drops::default());
         let task = tokio::spawn(push_loop(rx, client, drops.clone()));
-        (Self { tx, drops }, task)
+        (
+            Self {
+                tx,
+                drops,
+                reserve: queue / 4,
+            },
+            task,
+        )
     }
 
     /// A sink whose entries are read from the returned queue (tests).
@@ -133,9 +142,24 @@ impl TelemetrySink {
             Self {
                 tx,
                 drops: Arc::default(),
+                reserve: queue / 4,
             },
             rx,
         )
+    }
+
+    /// Queues a console record as [`TelemetrySink::offer`] does, but only while more than a
+    /// quarter of the queue is free: a chatty console cannot crowd out the lease's driver
+    /// calls and lines on their way (what does not fit is dropped and counted).
+    pub fn offer_console(&self, entry: LogEntry) {
+        if self.tx.capacity() <= self.reserve {
+            self.drops.add(
+                1,
+                "console records leave the rest of the queue to driver calls",
+            );
+            return;
+        }
+        self.offer(entry);
     }
 
     /// Queues `entry`, or drops (and counts) it when the queue is full: never waits.
@@ -274,7 +298,7 @@ impl LeaseTelemetry {
             ("console".to_string(), truncate(console, MAX_EXTRA_VALUE)),
             ("direction".to_string(), direction.to_string()),
         ]);
-        self.sink.offer(e);
+        self.sink.offer_console(e);
     }
 }
 
@@ -389,11 +413,38 @@ mod tests {
     }
 
     #[test]
+    fn console_records_leave_a_quarter_of_the_queue_to_driver_calls() {
+        let (sink, mut rx) = TelemetrySink::channel(8);
+        let lease = LeaseTelemetry::new(sink, "l", "ci", "board", "ns", &BTreeMap::new());
+        for _ in 0..20 {
+            lease.console(
+                "serial",
+                "board->client",
+                std::time::SystemTime::now(),
+                "x\\n",
+            );
+        }
+        for _ in 0..2 {
+            lease.call("MockPower", "on", None, Duration::from_millis(1));
+        }
+        let mut kinds = Vec::new();
+        while let Ok(e) = rx.try_recv() {
+            kinds.push(if e.extra_fields.contains_key("stream") {
+                "console"
+            } else {
+                "call"
+            });
+        }
+        assert_eq!(kinds, [["console"; 6].as_slice(), &["call"; 2]].concat());
+    }
+
+    #[test]
     fn entries_carry_the_lease_and_a_bounded_context() {
         let (tx, mut rx) = mpsc::channel(4);
         let sink = TelemetrySink {
             tx,
             drops: Arc::default(),
+            reserve: 1,
         };
         let context: BTreeMap<String, String> = (0..20)
             .map(|i| (format!("k{i:02}"), "v".repeat(300)))
