@@ -275,14 +275,7 @@ pub struct LeaseFacts<'a> {
 /// lease's context becomes a field of the line, as on the exporter's lines. No span (none
 /// to show) when the context is empty.
 pub fn context_span(context: &BTreeMap<String, String>) -> tracing::Span {
-    if context.is_empty() {
-        return tracing::Span::none();
-    }
-    tracing::info_span!(
-        "lease",
-        { jumpstarter_core::logging::LEASE_CONTEXT_FIELD } =
-            jumpstarter_core::logging::context_field(context).as_str()
-    )
+    jumpstarter_core::logging::context_span(context)
 }
 
 /// Why a `PushLogs` batch is refused (INVALID_ARGUMENT; nothing of it is kept).

@@ -71,6 +71,18 @@ pub fn context_field(context: &std::collections::BTreeMap<String, String>) -> St
     serde_json::to_string(context).unwrap_or_default()
 }
 
+/// A span whose lines carry `context` (a lease's `spec.context`), each entry a field of its
+/// own; [`tracing::Span::none`] for an empty context.
+pub fn context_span(context: &std::collections::BTreeMap<String, String>) -> tracing::Span {
+    if context.is_empty() {
+        return tracing::Span::none();
+    }
+    tracing::info_span!(
+        "lease",
+        { LEASE_CONTEXT_FIELD } = context_field(context).as_str()
+    )
+}
+
 /// Installs [`JsonLines`] of `component` on stderr with `filter` (what [`init`] does with
 /// JSON, for a binary that picks its own filter; with traces as [`init`]). Does nothing if a
 /// subscriber is installed.

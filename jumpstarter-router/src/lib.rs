@@ -51,6 +51,6 @@ mod token;
 
 pub use router::{Router, RouterConfig, RouterError, RouterStats, RouterStreamService, serve};
 pub use token::{
-    LEASE_CLAIM, ROUTER_AUDIENCE, ROUTER_ISSUER, ROUTER_TOKEN_LIFETIME, RouterToken,
-    RouterTokenKey, VerifiedStream,
+    LEASE_CLAIM, LEASE_CONTEXT_CLAIM, ROUTER_AUDIENCE, ROUTER_ISSUER, ROUTER_TOKEN_LIFETIME,
+    RouterToken, RouterTokenKey, VerifiedStream,
 };

@@ -180,6 +180,7 @@ impl Router {
             .map_err(|e| self.refuse(e.to_router_status()))?;
         let subject = verified.stream_id;
         let lease = verified.lease.unwrap_or_default();
+        let context = verified.context;
         stream_rpc::check_request(&req).map_err(|s| self.refuse(s))?;
         let (tx, rx) = mpsc::channel(FORWARD_BUFFER);
         let side = Side {
@@ -218,6 +219,7 @@ impl Router {
                     self.stats.clone(),
                     subject,
                     lease,
+                    context,
                 ));
             }
             None => {
@@ -265,7 +267,14 @@ impl Router {
 }
 
 /// Copies frames between two sides until either ends; then ends both.
-async fn forward(a: Side, b: Side, stats: Arc<RouterStats>, subject: String, lease: String) {
+async fn forward(
+    a: Side,
+    b: Side,
+    stats: Arc<RouterStats>,
+    subject: String,
+    lease: String,
+    context: std::collections::BTreeMap<String, String>,
+) {
     stats.active_tunnels.fetch_add(1, Ordering::Relaxed);
     stats.tunnels_total.fetch_add(1, Ordering::Relaxed);
     // `lease` is `namespace/name` when our controller issued the token, else empty.
@@ -273,7 +282,9 @@ async fn forward(a: Side, b: Side, stats: Arc<RouterStats>, subject: String, lea
     let opened = Instant::now();
     // Its span in the lease's trace (with traces on), to the end of the tunnel.
     let _traced = jumpstarter_core::telemetry::tunnel(namespace, lease_id, &subject);
-    tracing::info!(stream = %subject, lease_id, namespace, "tunnel open");
+    // The lease's context (from the token) on both of the tunnel's lines.
+    let context = jumpstarter_core::logging::context_span(&context);
+    context.in_scope(|| tracing::info!(stream = %subject, lease_id, namespace, "tunnel open"));
     let Side {
         inbound: a_in,
         outbound: a_out,
@@ -296,13 +307,15 @@ async fn forward(a: Side, b: Side, stats: Arc<RouterStats>, subject: String, lea
     drop(a_out);
     drop(b_out);
     stats.active_tunnels.fetch_sub(1, Ordering::Relaxed);
-    tracing::info!(
-        stream = %subject,
-        lease_id,
-        namespace,
-        duration_ms = opened.elapsed().as_secs_f64() * 1e3,
-        "tunnel closed"
-    );
+    context.in_scope(|| {
+        tracing::info!(
+            stream = %subject,
+            lease_id,
+            namespace,
+            duration_ms = opened.elapsed().as_secs_f64() * 1e3,
+            "tunnel closed"
+        )
+    });
 }
 
 async fn pipe(

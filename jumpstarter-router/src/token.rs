@@ -1,7 +1,10 @@
 //! Router tokens: HS256 JWTs, minted by the controller on `Dial`, presented by both the client
 //! and the exporter to the router, whose `sub` (the stream id) pairs the two streams.
 
-use std::time::{Duration, SystemTime};
+use std::{
+    collections::BTreeMap,
+    time::{Duration, SystemTime},
+};
 
 use jumpstarter_core::auth::{
     TokenError,
@@ -69,12 +72,17 @@ impl RouterTokenKey {
     }
 
     /// [`RouterTokenKey::issue`] for a tunnel of `lease` (`namespace/name`), which the token
-    /// carries in [`LEASE_CLAIM`] so that the router's log lines name it. Upstream's router
-    /// ignores the claim.
-    pub fn issue_for_lease(&self, lease: &str) -> Result<RouterToken, TokenError> {
+    /// carries in [`LEASE_CLAIM`], with the lease's context (`spec.context`) in
+    /// [`LEASE_CONTEXT_CLAIM`] when it has one, so that the router's log lines name them.
+    /// Upstream's router ignores both claims.
+    pub fn issue_for_lease(
+        &self,
+        lease: &str,
+        context: &BTreeMap<String, String>,
+    ) -> Result<RouterToken, TokenError> {
         self.issue_with(
             &uuid::Uuid::new_v4().to_string(),
-            Some(lease),
+            Some((lease, context)),
             SystemTime::now(),
         )
     }
@@ -87,7 +95,7 @@ impl RouterTokenKey {
     fn issue_with(
         &self,
         stream_id: &str,
-        lease: Option<&str>,
+        lease: Option<(&str, &BTreeMap<String, String>)>,
         now: SystemTime,
     ) -> Result<RouterToken, TokenError> {
         let now = unix_seconds(now);
@@ -102,8 +110,15 @@ impl RouterTokenKey {
             "jti": uuid::Uuid::new_v4().to_string(),
         });
         let mut claims = claims;
-        if let (Some(lease), Some(map)) = (lease, claims.as_object_mut()) {
+        if let (Some((lease, context)), Some(map)) = (lease, claims.as_object_mut()) {
             map.insert(LEASE_CLAIM.into(), lease.into());
+            if !context.is_empty() {
+                let context: serde_json::Map<String, serde_json::Value> = context
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone().into()))
+                    .collect();
+                map.insert(LEASE_CONTEXT_CLAIM.into(), context.into());
+            }
         }
         let token = jwt::encode(Alg::Hs256, Key::Hmac(&self.secret), None, &claims)?;
         Ok(RouterToken {
@@ -121,20 +136,15 @@ impl RouterTokenKey {
 
     /// [`RouterTokenKey::verify`], with the lease the token names ([`LEASE_CLAIM`]), if any.
     pub fn verify_stream(&self, token: &str) -> Result<VerifiedStream, TokenError> {
-        let (stream_id, lease) = self.verify_claims(token, SystemTime::now())?;
-        Ok(VerifiedStream { stream_id, lease })
+        self.verify_claims(token, SystemTime::now())
     }
 
     /// [`RouterTokenKey::verify`] as if the clock read `now`.
     pub fn verify_at(&self, token: &str, now: SystemTime) -> Result<String, TokenError> {
-        self.verify_claims(token, now).map(|(sub, _)| sub)
+        self.verify_claims(token, now).map(|v| v.stream_id)
     }
 
-    fn verify_claims(
-        &self,
-        token: &str,
-        now: SystemTime,
-    ) -> Result<(String, Option<String>), TokenError> {
+    fn verify_claims(&self, token: &str, now: SystemTime) -> Result<VerifiedStream, TokenError> {
         let claims = Claims(jwt::verify(
             token,
             Key::Hmac(&self.secret),
@@ -154,9 +164,33 @@ impl RouterTokenKey {
             return Err(TokenError::MissingClaim("sub"));
         }
         let lease = claims.string(LEASE_CLAIM).ok().map(str::to_owned);
-        Ok((sub.to_owned(), lease))
+        Ok(VerifiedStream {
+            stream_id: sub.to_owned(),
+            lease,
+            context: lease_context(&claims),
+        })
     }
 }
+
+/// The lease context a token carries ([`LEASE_CONTEXT_CLAIM`]): only string entries, at most
+/// [`MAX_CONTEXT_ENTRIES`] (the controller signs what it checked; this only keeps a token of
+/// another issuer sharing the key from adding unbounded log fields).
+fn lease_context(claims: &Claims) -> BTreeMap<String, String> {
+    let Some(serde_json::Value::Object(map)) = claims.0.get(LEASE_CONTEXT_CLAIM) else {
+        return BTreeMap::new();
+    };
+    map.iter()
+        .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
+        .take(MAX_CONTEXT_ENTRIES)
+        .collect()
+}
+
+/// The claim of our router tokens that carries the lease's context (`spec.context`), an
+/// object of strings.
+pub const LEASE_CONTEXT_CLAIM: &str = "jumpstarter.dev/lease-context";
+
+/// Context entries taken from a token, at most (the controller allows 8).
+pub const MAX_CONTEXT_ENTRIES: usize = 16;
 
 /// The claim of our router tokens that names the lease a tunnel serves (`namespace/name`).
 pub const LEASE_CLAIM: &str = "jumpstarter.dev/lease";
@@ -168,6 +202,8 @@ pub struct VerifiedStream {
     pub stream_id: String,
     /// The lease the tunnel serves, when the controller named it ([`LEASE_CLAIM`]).
     pub lease: Option<String>,
+    /// The lease's context, when the token carries it ([`LEASE_CONTEXT_CLAIM`]).
+    pub context: BTreeMap<String, String>,
 }
 
 #[cfg(test)]
@@ -187,10 +223,16 @@ mod tests {
     #[test]
     fn a_token_for_a_lease_names_it_and_a_plain_one_does_not() {
         let k = key();
-        let t = k.issue_for_lease("default/lease-1").unwrap();
+        let context = BTreeMap::from([("build_id".to_string(), "123".to_string())]);
+        let t = k.issue_for_lease("default/lease-1", &context).unwrap();
         let v = k.verify_stream(&t.token).unwrap();
         assert_eq!(v.stream_id, t.stream_id);
         assert_eq!(v.lease.as_deref(), Some("default/lease-1"));
+        assert_eq!(v.context, context);
+        let bare = k
+            .issue_for_lease("default/lease-2", &BTreeMap::new())
+            .unwrap();
+        assert!(k.verify_stream(&bare.token).unwrap().context.is_empty());
         assert_eq!(k.verify(&t.token).unwrap(), t.stream_id);
         let plain = k.issue().unwrap();
         assert_eq!(k.verify_stream(&plain.token).unwrap().lease, None);

@@ -204,6 +204,9 @@ fn one_lease_is_told_in_json_by_the_controller_the_router_and_the_exporter() {
     assert!(!tunnels.is_empty(), "no tunnel of {lease}: {controller:#?}");
     assert_eq!(tunnels[0]["component"], "router");
     assert_eq!(tunnels[0]["namespace"], "default");
+    // The router's lines carry the context too (from the token the controller signed).
+    assert_eq!(tunnels[0]["build_id"], "123", "{}", tunnels[0]);
+    assert_eq!(tunnels[0]["vcs_ref"], "refs/heads/main", "{}", tunnels[0]);
 
     let call = exporter
         .iter()

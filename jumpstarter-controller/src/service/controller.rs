@@ -643,7 +643,10 @@ impl<S: Store> ControllerService for ControllerApi<S> {
         let token = self
             .0
             .router_key
-            .issue_for_lease(&format!("{}/{lease_name}", caller.namespace))
+            .issue_for_lease(
+                &format!("{}/{lease_name}", caller.namespace),
+                &lease.spec.context,
+            )
             .map_err(|e| Status::internal(e.to_string()))?
             .token;
         {
