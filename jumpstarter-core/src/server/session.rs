@@ -125,7 +125,10 @@ impl Session {
     /// Tells `observer` of the bytes this session's driver and resource streams carry, each
     /// direction in batches (the exporter's metrics).
     pub fn set_stream_observer(&self, observer: Arc<dyn crate::metrics::StreamObserver>) {
-        *self.stream_observer.lock().unwrap_or_else(|p| p.into_inner()) = Some(observer);
+        *self
+            .stream_observer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(observer);
     }
 
     /// Byte counters (received, sent) for a stream of driver `uuid`, when observed.
