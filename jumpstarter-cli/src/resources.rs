@@ -1323,8 +1323,8 @@ async fn get_leases(args: GetLeasesArgs) -> Result<i32> {
     }
     if let Some(name) = &args.name {
         anyhow::bail!(
-            "jmp get leases lists leases; for lease {name:?} pass --logs, or use \
-             jmp describe lease {name}"
+            "jmp get leases lists leases; for lease {name:?} pass --logs or --console, \
+             or use jmp describe lease {name}"
         );
     }
     let (mode, wide) = get_mode(args.output.as_deref())?;

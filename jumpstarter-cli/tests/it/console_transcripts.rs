@@ -171,3 +171,115 @@ async fn a_leases_console_transcript_is_read_after_it_by_its_client_only() {
     assert!(!ok && objects.is_empty(), "{objects:?}");
     assert!(err.contains("not found"), "{err}");
 }
+
+/// The same with a board on a pseudo-terminal: what the client typed and what the board
+/// answered are told apart by their direction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pty_boards_answer_and_the_typed_line_are_kept_each_with_its_direction() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let mut board = jumpstarter_drivers::Pty::open().unwrap();
+    let lab = lab().await;
+    let cfg = lab.exporter("ex-pty", &[("board", "pty")]).await;
+    let yaml = std::fs::read_to_string(&cfg).unwrap().replace(
+        "export:\n",
+        &format!(
+            "consoleTranscripts:\n  dir: {}\nexport:\n",
+            lab.path("transcripts").display()
+        ),
+    ) + &format!(
+        "  serial:\n    type: jumpstarter_driver_pyserial.driver.PySerial\n    config:\n      \
+         url: \"{}\"\n",
+        board.device_path.display()
+    );
+    std::fs::write(&cfg, yaml).unwrap();
+    let client = lab.client("typist").await;
+    let _exporter = lab.run_exporter(&cfg, "ex-pty.log");
+    lab.wait_status("ex-pty", ExporterStatusValue::Available)
+        .await;
+    // The client types a line and keeps the console open until the test says `done`
+    // (bounded: 60 s), printing what the board says to console.out; the board's console
+    // never ends, so `j` is stopped then.
+    let child = shell(
+        &lab,
+        &client,
+        &["-l", "board=pty"],
+        "echo \"lease=$JMP_LEASE\"; wait_done() { i=0; while [ ! -e done ] && [ $i -lt 600 ]; \
+         do sleep 0.1; i=$((i+1)); done; }; (printf 'root\\n'; wait_done) 2>/dev/null \
+         | j serial pipe -i > console.out & p=$!; wait_done; kill $p; wait $p; exit 0",
+    );
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 256];
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while !String::from_utf8_lossy(&seen).contains("root") {
+            let n = board.controller.read(&mut buf).await.unwrap();
+            seen.extend_from_slice(&buf[..n]);
+        }
+    })
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "the board got {:?}; exporter log:\n{}",
+            String::from_utf8_lossy(&seen),
+            lab.log("ex-pty.log")
+        )
+    });
+    board.controller.write_all(b"welcome\r\n").await.unwrap();
+    for _ in 0..600 {
+        if lab.log("console.out").contains("welcome") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        lab.log("console.out").contains("welcome"),
+        "the client never read the answer"
+    );
+    std::fs::write(lab.path("done"), "").unwrap();
+    let (code, stdout, stderr) = finish(child).await;
+    assert_eq!(code, 0, "{stdout}{stderr}{}", lab.log("ex-pty.log"));
+    let lease = stdout
+        .split("lease=")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .unwrap_or_default()
+        .to_string();
+    assert!(!lease.is_empty(), "{stdout}");
+
+    let want = [
+        ("client->board", "root\\n"),
+        ("board->client", "welcome\\r\\n"),
+    ];
+    let mut lines = Vec::new();
+    for _ in 0..120 {
+        let (ok, objects, err) = console(&lab, &client, &lease).await;
+        assert!(ok, "{err}");
+        lines = objects
+            .iter()
+            .map(|o| {
+                (
+                    o["direction"].as_str().unwrap_or_default().to_string(),
+                    o["text"].as_str().unwrap_or_default().to_string(),
+                )
+            })
+            .collect::<Vec<_>>();
+        if want
+            .iter()
+            .all(|(d, t)| lines.contains(&(d.to_string(), t.to_string())))
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    for (d, t) in want {
+        assert!(
+            lines.contains(&(d.to_string(), t.to_string())),
+            "no {d} {t:?}: {lines:?}"
+        );
+    }
+    // Neither went the other way.
+    assert!(
+        !lines.contains(&("board->client".to_string(), "root\\n".to_string())),
+        "{lines:?}"
+    );
+}
