@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use crate::{
     JMP,
-    distributed::{Lab, finish, lab, shell},
+    distributed::{Lab, finish, lab, lab_with, shell},
 };
 
 /// `jmp get lease LEASE --console -o json` as `client`: (success, objects, stderr).
@@ -44,7 +44,7 @@ async fn console(lab: &Lab, client: &Path, lease: &str) -> (bool, Vec<Value>, St
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leases_console_transcript_is_read_after_it_by_its_client_only() {
-    let lab = lab().await;
+    let lab = lab_with(|c| c.admin_config = Some(c.data_dir.join("admin.yaml"))).await;
     let cfg = lab.exporter("ex-tty", &[("board", "tty")]).await;
     let transcripts = lab.path("transcripts");
     let yaml = std::fs::read_to_string(&cfg).unwrap().replace(
@@ -165,6 +165,26 @@ async fn a_leases_console_transcript_is_read_after_it_by_its_client_only() {
     let story = String::from_utf8_lossy(&out.stdout);
     assert!(story.contains("\"lease created\""), "{story}");
     assert!(!story.contains("hello board"), "{story}");
+
+    // The admin reads it too, and its --logs leaves it out as well.
+    for (flag, has_console) in [("--console", true), ("--logs", false)] {
+        let out = lab
+            .cmd(JMP)
+            .args(["admin", "logs", "--lease", &lease, "-o", "json"])
+            .args((flag == "--console").then_some(flag))
+            .env("JMP_ADMIN_CONFIG", lab.path("data/admin.yaml"))
+            .output()
+            .await
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let printed = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(
+            printed.contains("\"direction\":\"client->board\""),
+            has_console,
+            "jmp admin logs {flag}: {printed}"
+        );
+        assert!(!printed.is_empty(), "jmp admin logs {flag}");
+    }
 
     // Another client is told the lease does not exist.
     let (ok, objects, err) = console(&lab, &other, &lease).await;
