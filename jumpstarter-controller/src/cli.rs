@@ -411,22 +411,45 @@ pub fn main() -> std::process::ExitCode {
 }
 
 /// Resolves on SIGINT or SIGTERM.
+/// Resolves once SIGTERM or SIGINT (Ctrl-C) has arrived, at any time since the first call:
+/// the handlers are installed once and what they saw is kept, so a signal that comes between
+/// two waits (a standby that has just taken the Lease over and not yet serves) is not lost.
 async fn stop_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term => {}
-    }
+    use tokio::signal::unix::{SignalKind, signal};
+    static STOPPED: std::sync::OnceLock<tokio::sync::watch::Receiver<bool>> =
+        std::sync::OnceLock::new();
+    let mut stopped = STOPPED
+        .get_or_init(|| {
+            let (tx, rx) = tokio::sync::watch::channel(false);
+            // Installed now, not when the task first runs.
+            let term = signal(SignalKind::terminate());
+            let int = signal(SignalKind::interrupt());
+            tokio::spawn(async move {
+                let wait = |s: std::io::Result<tokio::signal::unix::Signal>| async move {
+                    match s {
+                        Ok(mut s) => {
+                            s.recv().await;
+                        }
+                        Err(_) => std::future::pending::<()>().await,
+                    }
+                };
+                tokio::select! {
+                    _ = wait(term) => {}
+                    _ = wait(int) => {}
+                }
+                let _ = tx.send(true);
+                // Keep the sender: a receiver never sees the channel closed.
+                std::future::pending::<()>().await
+            });
+            rx
+        })
+        .clone();
+    let _ = stopped.wait_for(|s| *s).await;
 }
 
 async fn run(args: Args) -> Result<std::process::ExitCode, String> {
+    // The signal handlers, from the start (a SIGTERM at any later moment stops the process).
+    let _ = futures::FutureExt::now_or_never(stop_signal());
     let mut config = args.config();
     if let Some(cmd) = args.command.clone() {
         let data = config.data_dir.clone();
@@ -781,7 +804,7 @@ async fn run_kubernetes(
             }
         };
         // A leader whose process died is taken over at once, not when its Lease expires.
-        let holder_gone = tokio::sync::Notify::new();
+        let holder_gone = crate::kubernetes::leader::HolderGone::new();
         let own =
             crate::kubernetes::standby::Endpoints::advertised(grpc_addr, router_addr, pod_ip());
         let probe =

@@ -18,6 +18,8 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use tokio::time::Instant;
 
+use jumpstarter_core::sync::LockExt;
+
 use crate::store::{Store, StoreError};
 
 /// Name of the Lease object the controllers compete for.
@@ -112,6 +114,41 @@ impl LeaderConfig {
     }
 }
 
+/// What a standby's watch of the leader tells its elector: the holder that serves where a
+/// Lease's [`ENDPOINTS_ANNOTATION`] says is gone (its address refuses connections). The
+/// endpoints come with it, so that a report about a holder that has already been replaced
+/// (a new leader, elsewhere) never takes the Lease from the new one.
+#[derive(Debug, Default)]
+pub struct HolderGone {
+    notify: tokio::sync::Notify,
+    /// The last report not yet taken: the annotation the watch found refusing.
+    endpoints: std::sync::Mutex<Option<Option<String>>>,
+}
+
+impl HolderGone {
+    /// No report yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The holder whose Lease names `endpoints` (the [`ENDPOINTS_ANNOTATION`] value, `None`
+    /// when it names none) is gone.
+    pub fn report(&self, endpoints: Option<String>) {
+        *self.endpoints.lock_or_recover() = Some(endpoints);
+        self.notify.notify_one();
+    }
+
+    /// Waits for the next report; the endpoints it names.
+    pub async fn wait(&self) -> Option<String> {
+        loop {
+            if let Some(e) = self.endpoints.lock_or_recover().take() {
+                return e;
+            }
+            self.notify.notified().await;
+        }
+    }
+}
+
 /// One participant in the election.
 pub struct LeaderElector<S: Store> {
     store: S,
@@ -125,9 +162,10 @@ pub struct LeaderElector<S: Store> {
     leader_endpoints: tokio::sync::watch::Sender<Option<String>>,
     /// When the Lease another controller holds expires unless renewed, as last seen.
     expires: Option<Instant>,
-    /// The Lease's resourceVersion when we were told its holder is gone (its endpoints
-    /// refuse connections): unchanged since, the Lease is taken without waiting for expiry.
-    holder_gone: Option<String>,
+    /// The Lease's resourceVersion when we were told its holder is gone, and the endpoints
+    /// found refusing connections: the Lease unchanged since and naming those endpoints, it
+    /// is taken without waiting for expiry.
+    holder_gone: Option<(Option<String>, Option<String>)>,
 }
 
 fn micro_now() -> MicroTime {
@@ -228,8 +266,15 @@ impl<S: Store> LeaderElector<S> {
                 .and_then(|s| u64::try_from(s).ok())
                 .map_or(self.config.lease_duration, Duration::from_secs);
             let seen_at = self.observed.as_ref().map_or(now, |(_, at)| *at);
-            let gone =
-                self.holder_gone.is_some() && self.holder_gone == lease.metadata.resource_version;
+            let theirs = lease
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(ENDPOINTS_ANNOTATION))
+                .cloned();
+            let gone = self.holder_gone.as_ref().is_some_and(|(rv, endpoints)| {
+                *rv == lease.metadata.resource_version && *endpoints == theirs
+            });
             if gone {
                 tracing::info!(
                     "leader election: {holder} refuses connections where it said it serves \
@@ -239,12 +284,6 @@ impl<S: Store> LeaderElector<S> {
             }
             if now < seen_at + valid_for && !gone {
                 self.expires = Some(seen_at + valid_for);
-                let theirs = lease
-                    .metadata
-                    .annotations
-                    .as_ref()
-                    .and_then(|a| a.get(ENDPOINTS_ANNOTATION))
-                    .cloned();
                 self.leader_endpoints.send_if_modified(|e| {
                     let changed = *e != theirs;
                     *e = theirs;
@@ -291,7 +330,7 @@ impl<S: Store> LeaderElector<S> {
     /// connections: its process is gone, [`super::standby::watch_leader`]); the Lease is then
     /// taken over, without waiting for its expiry, unless its holder renewed it since we last
     /// saw it.
-    pub async fn acquire_or_take_over(&mut self, holder_gone: &tokio::sync::Notify) {
+    pub async fn acquire_or_take_over(&mut self, holder_gone: &HolderGone) {
         let mut logged = false;
         loop {
             match self.try_acquire_or_renew().await {
@@ -318,8 +357,11 @@ impl<S: Store> LeaderElector<S> {
             self.holder_gone = None;
             tokio::select! {
                 _ = tokio::time::sleep(self.next_attempt_in()) => {}
-                _ = holder_gone.notified() => {
-                    self.holder_gone = self.observed.as_ref().map(|(rv, _)| rv.clone());
+                endpoints = holder_gone.wait() => {
+                    self.holder_gone = self
+                        .observed
+                        .as_ref()
+                        .map(|(rv, _)| (Some(rv.clone()), endpoints));
                 }
             }
         }
@@ -461,7 +503,7 @@ mod tests {
         let started = Instant::now();
         tokio::time::timeout(
             Duration::from_secs(5),
-            b.acquire_or_take_over(&tokio::sync::Notify::new()),
+            b.acquire_or_take_over(&HolderGone::new()),
         )
         .await
         .unwrap();
@@ -525,7 +567,7 @@ mod tests {
         assert!(!b.try_acquire_or_renew().await.unwrap());
 
         // The holder renews after b looked, then b hears it is gone: it is not (it renewed).
-        let gone = std::sync::Arc::new(tokio::sync::Notify::new());
+        let gone = std::sync::Arc::new(HolderGone::new());
         let waiting = {
             let gone = gone.clone();
             tokio::spawn(async move {
@@ -535,7 +577,7 @@ mod tests {
         };
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert!(a.try_acquire_or_renew().await.unwrap());
-        gone.notify_one();
+        gone.report(None);
         tokio::time::sleep(Duration::from_millis(700)).await;
         assert!(
             !waiting.is_finished(),
@@ -546,8 +588,8 @@ mod tests {
         // Told the holder is gone, with no renewal since: taken at once, 30 s before expiry.
         let mut c = LeaderElector::new(store.clone(), cfg("c")).unwrap();
         assert!(!c.try_acquire_or_renew().await.unwrap());
-        let gone = tokio::sync::Notify::new();
-        gone.notify_one();
+        let gone = HolderGone::new();
+        gone.report(None);
         tokio::time::timeout(Duration::from_secs(5), c.acquire_or_take_over(&gone))
             .await
             .expect("the Lease of a gone holder was not taken over");
@@ -559,6 +601,59 @@ mod tests {
         assert_eq!(lease.spec.unwrap().holder_identity.as_deref(), Some("c"));
         // And a, renewing, learns it lost.
         assert!(!a.try_acquire_or_renew().await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn a_report_about_a_replaced_holder_does_not_take_the_lease_from_the_new_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::SqliteStore::open(dir.path()).await.unwrap();
+        let cfg = |id: &str| LeaderConfig {
+            lease_duration: Duration::from_secs(30),
+            renew_period: Duration::from_millis(200),
+            ..config(id)
+        };
+        let (old, new) = (
+            "grpc=127.0.0.4:8082,router=127.0.0.4:8083".to_string(),
+            "grpc=127.0.0.8:8082,router=127.0.0.8:8083".to_string(),
+        );
+        let mut a = LeaderElector::new(store.clone(), cfg("a")).unwrap();
+        a.set_endpoints(old.clone());
+        assert!(a.try_acquire_or_renew().await.unwrap());
+        let mut b = LeaderElector::new(store.clone(), cfg("b")).unwrap();
+        assert!(!b.try_acquire_or_renew().await.unwrap());
+        // A rolling update: a gives the Lease up, c (elsewhere) takes it, and b sees c
+        // before its watch reports that a's old address refuses connections.
+        a.release().await.unwrap();
+        let mut c = LeaderElector::new(store.clone(), cfg("c")).unwrap();
+        c.set_endpoints(new.clone());
+        assert!(c.try_acquire_or_renew().await.unwrap());
+        assert!(!b.try_acquire_or_renew().await.unwrap());
+        let gone = std::sync::Arc::new(HolderGone::new());
+        let waiting = {
+            let gone = gone.clone();
+            tokio::spawn(async move {
+                b.acquire_or_take_over(&gone).await;
+                b
+            })
+        };
+        gone.report(Some(old));
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        assert!(
+            !waiting.is_finished(),
+            "took the Lease from a new leader on a report about the one it replaced"
+        );
+        // A report about c's own address (c not renewing since) takes it.
+        gone.report(Some(new));
+        let _b = tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("the Lease of a gone holder was not taken over")
+            .unwrap();
+        let lease = store
+            .get::<Lease>("lab", LEASE_NAME)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(lease.spec.unwrap().holder_identity.as_deref(), Some("b"));
     }
 
     #[tokio::test]

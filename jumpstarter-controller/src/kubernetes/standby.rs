@@ -225,17 +225,18 @@ const REFUSALS: u32 = 2;
 pub async fn watch_leader(
     leader: watch::Receiver<Option<String>>,
     own: Option<Endpoints>,
-    gone: &tokio::sync::Notify,
+    gone: &super::leader::HolderGone,
 ) {
     let mut refused = 0;
     loop {
-        let theirs = leader.borrow().as_deref().and_then(Endpoints::parse);
+        let annotation = leader.borrow().clone();
+        let theirs = annotation.as_deref().and_then(Endpoints::parse);
         if theirs.is_some() && theirs == own {
             tracing::info!(
                 "standby: the Lease names this pod's own address: its holder was an earlier \
                  run of this container"
             );
-            gone.notify_one();
+            gone.report(annotation.clone());
         }
         tokio::time::sleep(PROBE_PERIOD).await;
         let Some(target) = theirs.map(|e| e.grpc) else {
@@ -247,7 +248,7 @@ pub async fn watch_leader(
                 refused += 1;
                 if refused >= REFUSALS {
                     tracing::info!("standby: the leader at {target} refuses connections");
-                    gone.notify_one();
+                    gone.report(annotation.clone());
                     refused = 0;
                 }
             }
@@ -373,11 +374,11 @@ mod tests {
         let live = alive.local_addr().unwrap();
         let at = |grpc| Endpoints { grpc, router: grpc };
         let (_tx, rx) = watch::channel(Some(at(dead).annotation()));
-        let gone = tokio::sync::Notify::new();
+        let gone = super::super::leader::HolderGone::new();
         tokio::time::timeout(Duration::from_secs(5), async {
             tokio::select! {
                 _ = watch_leader(rx, None, &gone) => {}
-                _ = gone.notified() => {}
+                _ = gone.wait() => {}
             }
         })
         .await
@@ -385,11 +386,11 @@ mod tests {
 
         // One that accepts them is not gone.
         let (_tx, rx) = watch::channel(Some(at(live).annotation()));
-        let gone = tokio::sync::Notify::new();
+        let gone = super::super::leader::HolderGone::new();
         let quiet = tokio::time::timeout(Duration::from_millis(1500), async {
             tokio::select! {
                 _ = watch_leader(rx, None, &gone) => {}
-                _ = gone.notified() => {}
+                _ = gone.wait() => {}
             }
         })
         .await;
@@ -397,11 +398,11 @@ mod tests {
 
         // The Lease names our own address (an earlier run of this container): gone at once.
         let (_tx, rx) = watch::channel(Some(at(live).annotation()));
-        let gone = tokio::sync::Notify::new();
+        let gone = super::super::leader::HolderGone::new();
         tokio::time::timeout(Duration::from_secs(1), async {
             tokio::select! {
                 _ = watch_leader(rx, Some(at(live)), &gone) => {}
-                _ = gone.notified() => {}
+                _ = gone.wait() => {}
             }
         })
         .await
