@@ -115,31 +115,7 @@ fn one_lease_is_told_in_json_by_the_controller_the_router_and_the_exporter() {
         l.contains("jumpstarter-controller ready")
     });
 
-    let exporter = s.path("board.yaml");
-    let out = with_admin(s.cmd(JMP))
-        .args([
-            "admin",
-            "create",
-            "exporter",
-            "board",
-            "-l",
-            "kind=json-logs",
-            "--out",
-        ])
-        .arg(&exporter)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{:?}", text(&out));
-    let config = std::fs::read_to_string(&exporter).unwrap().replace(
-        "\nexport:\n",
-        "\nexport:\n  power:\n    type: jumpstarter_driver_power.driver.MockPower\n",
-    );
-    std::fs::write(&exporter, config).unwrap();
-    let out = with_admin(s.cmd(JMP))
-        .args(["admin", "create", "client", "ci", "--save", "--unsafe"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{:?}", text(&out));
+    let exporter = s.mock_board_and_client(&admin, "kind=json-logs");
 
     let mut run = s.cmd(JMP);
     run.args(["run", "--log-format", "json", "--exporter-config"])

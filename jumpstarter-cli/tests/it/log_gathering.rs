@@ -39,10 +39,6 @@ fn with_log_gathering_off_the_exporter_still_serves_and_the_read_says_why() {
     let s = Scratch::new();
     let bin = crate::doc_examples::controller_dir().join("jumpstarter-controller");
     let admin = s.path("admin.yaml");
-    let with_admin = |mut c: Command| {
-        c.env("JMP_ADMIN_CONFIG", &admin);
-        c
-    };
     let mut ctl = Command::new(bin);
     ctl.current_dir(s.dir.path())
         .arg("--data-dir")
@@ -62,25 +58,7 @@ fn with_log_gathering_off_the_exporter_still_serves_and_the_read_says_why() {
     ctl.wait_for("saying it is ready", |l| {
         l.contains("jumpstarter-controller ready")
     });
-    let exporter = s.path("board.yaml");
-    let out = with_admin(s.cmd(JMP))
-        .args([
-            "admin", "create", "exporter", "board", "-l", "kind=off", "--out",
-        ])
-        .arg(&exporter)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{:?}", text(&out));
-    let config = std::fs::read_to_string(&exporter).unwrap().replace(
-        "\nexport:\n",
-        "\nexport:\n  power:\n    type: jumpstarter_driver_power.driver.MockPower\n",
-    );
-    std::fs::write(&exporter, config).unwrap();
-    let out = with_admin(s.cmd(JMP))
-        .args(["admin", "create", "client", "ci", "--save", "--unsafe"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{:?}", text(&out));
+    let exporter = s.mock_board_and_client(&admin, "kind=off");
     let mut run = s.cmd(JMP);
     run.args(["run", "--exporter-config"])
         .arg(&exporter)

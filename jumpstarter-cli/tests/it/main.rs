@@ -101,6 +101,35 @@ impl Scratch {
             .stdin(Stdio::null());
         c
     }
+
+    /// With the admin config `admin` (a running controller's): exporter `board` labelled
+    /// `label` (`key=value`), its config at `board.yaml` serving a MockPower as `power`, and
+    /// client `ci` saved as the default client config (drivers unsafe-allowed). The
+    /// exporter's config path.
+    pub fn mock_board_and_client(&self, admin: &std::path::Path, label: &str) -> PathBuf {
+        let exporter = self.path("board.yaml");
+        let out = self
+            .cmd(JMP)
+            .env("JMP_ADMIN_CONFIG", admin)
+            .args(["admin", "create", "exporter", "board", "-l", label, "--out"])
+            .arg(&exporter)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{:?}", text(&out));
+        let config = std::fs::read_to_string(&exporter).unwrap().replace(
+            "\nexport:\n",
+            "\nexport:\n  power:\n    type: jumpstarter_driver_power.driver.MockPower\n",
+        );
+        std::fs::write(&exporter, config).unwrap();
+        let out = self
+            .cmd(JMP)
+            .env("JMP_ADMIN_CONFIG", admin)
+            .args(["admin", "create", "client", "ci", "--save", "--unsafe"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{:?}", text(&out));
+        exporter
+    }
 }
 
 pub fn text(o: &Output) -> (String, String) {

@@ -207,10 +207,6 @@ struct Otel<'a> {
 fn one_lease(s: &Scratch, ctl_otel: Otel<'_>, run_otel: Otel<'_>) -> (Watched, Watched) {
     let bin = crate::doc_examples::controller_dir().join("jumpstarter-controller");
     let admin = s.path("admin.yaml");
-    let with_admin = |mut c: Command| {
-        c.env("JMP_ADMIN_CONFIG", &admin);
-        c
-    };
     let mut ctl = Command::new(bin);
     ctl.current_dir(s.dir.path())
         .arg("--data-dir")
@@ -225,24 +221,7 @@ fn one_lease(s: &Scratch, ctl_otel: Otel<'_>, run_otel: Otel<'_>) -> (Watched, W
     let mut ctl = Watched::start(ctl);
     ctl.wait_for("jumpstarter-controller ready");
 
-    let exporter = s.path("board.yaml");
-    let out = with_admin(s.cmd(JMP))
-        .args(["admin", "create", "exporter", "board", "-l", "kind=traces"])
-        .arg("--out")
-        .arg(&exporter)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{:?}", text(&out));
-    let config = std::fs::read_to_string(&exporter).unwrap().replace(
-        "\nexport:\n",
-        "\nexport:\n  power:\n    type: jumpstarter_driver_power.driver.MockPower\n",
-    );
-    std::fs::write(&exporter, config).unwrap();
-    let out = with_admin(s.cmd(JMP))
-        .args(["admin", "create", "client", "ci", "--save", "--unsafe"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{:?}", text(&out));
+    let exporter = s.mock_board_and_client(&admin, "kind=traces");
 
     let mut run = s.cmd(JMP);
     run.args(["run", "--exporter-config"])
