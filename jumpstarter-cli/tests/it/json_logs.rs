@@ -70,6 +70,12 @@ impl Logged {
         self.seen.iter().any(|l| f(l))
     }
 
+    /// Every line written so far, as text.
+    pub(crate) fn lines_seen(&mut self) -> &[String] {
+        self.seen.extend(self.lines.try_iter());
+        &self.seen
+    }
+
     /// Every line so far (waits a moment for the ones in flight), each parsed as JSON.
     fn objects(&mut self) -> Vec<Value> {
         std::thread::sleep(Duration::from_millis(300));

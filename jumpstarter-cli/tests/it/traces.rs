@@ -5,9 +5,8 @@
 
 use std::{
     collections::HashMap,
-    io::{BufRead, BufReader},
-    process::{Command, Stdio},
-    sync::{Arc, Mutex, mpsc},
+    process::Command,
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
@@ -19,7 +18,7 @@ use opentelemetry_proto::tonic::{
     common::v1::any_value,
 };
 
-use crate::{JMP, Running, Scratch, text};
+use crate::{JMP, Scratch, json_logs::Logged, text};
 
 /// One span as the receiver got it.
 #[derive(Debug, Clone)]
@@ -132,57 +131,6 @@ impl Collector {
     }
 }
 
-/// A process whose stderr lines are collected as they come.
-struct Watched {
-    _proc: Running,
-    lines: mpsc::Receiver<String>,
-    seen: Vec<String>,
-}
-
-impl Watched {
-    fn start(mut c: Command) -> Self {
-        c.stdout(Stdio::null()).stderr(Stdio::piped());
-        let mut child = c.spawn().unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Self {
-            _proc: Running(child),
-            lines,
-            seen: Vec::new(),
-        }
-    }
-
-    /// Waits (up to 60 s) for a line containing `what`.
-    fn wait_for(&mut self, what: &str) -> String {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        if let Some(l) = self.seen.iter().find(|l| l.contains(what)) {
-            return l.clone();
-        }
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(l) => {
-                    self.seen.push(l.clone());
-                    if l.contains(what) {
-                        return l;
-                    }
-                }
-                Err(_) => panic!(
-                    "no line with {what:?} within 60 s; seen:\n{}",
-                    self.seen.join("\n")
-                ),
-            }
-        }
-    }
-}
-
 /// The OTEL settings of the test's own environment must not leak into the binaries.
 fn without_otel_env(c: &mut Command) -> &mut Command {
     for (k, _) in std::env::vars_os() {
@@ -204,7 +152,7 @@ struct Otel<'a> {
 /// A controller (with `ctl_otel`) and `jmp run` (with `run_otel`) of one exporter `board`
 /// with a MockPower, and a client `ci`; runs `jmp shell -- j power on` (which must succeed)
 /// and returns once both the controller and the exporter said the lease ended.
-fn one_lease(s: &Scratch, ctl_otel: Otel<'_>, run_otel: Otel<'_>) -> (Watched, Watched) {
+fn one_lease(s: &Scratch, ctl_otel: Otel<'_>, run_otel: Otel<'_>) -> (Logged, Logged) {
     let bin = crate::doc_examples::controller_dir().join("jumpstarter-controller");
     let admin = s.path("admin.yaml");
     let mut ctl = Command::new(bin);
@@ -218,8 +166,10 @@ fn one_lease(s: &Scratch, ctl_otel: Otel<'_>, run_otel: Otel<'_>) -> (Watched, W
         .env_remove("RUST_LOG")
         .env_remove("JMP_LOG_FORMAT");
     without_otel_env(&mut ctl).envs(ctl_otel.env.iter().copied());
-    let mut ctl = Watched::start(ctl);
-    ctl.wait_for("jumpstarter-controller ready");
+    let mut ctl = Logged::start(ctl);
+    ctl.wait_for("jumpstarter-controller ready", |l| {
+        l.contains("jumpstarter-controller ready")
+    });
 
     let exporter = s.mock_board_and_client(&admin, "kind=traces");
 
@@ -231,8 +181,10 @@ fn one_lease(s: &Scratch, ctl_otel: Otel<'_>, run_otel: Otel<'_>) -> (Watched, W
         .env_remove("JMP_LOG")
         .env_remove("JMP_LOG_FORMAT");
     without_otel_env(&mut run).envs(run_otel.env.iter().copied());
-    let mut run = Watched::start(run);
-    run.wait_for("registered with controller");
+    let mut run = Logged::start(run);
+    run.wait_for("registered with controller", |l| {
+        l.contains("registered with controller")
+    });
 
     let mut shell = s.cmd(JMP);
     shell.args([
@@ -249,8 +201,8 @@ fn one_lease(s: &Scratch, ctl_otel: Otel<'_>, run_otel: Otel<'_>) -> (Watched, W
     without_otel_env(&mut shell);
     let out = shell.output().unwrap();
     assert!(out.status.success(), "{:?}", text(&out));
-    run.wait_for("ended");
-    ctl.wait_for("lease ended");
+    run.wait_for("ended", |l| l.contains("ended"));
+    ctl.wait_for("lease ended", |l| l.contains("lease ended"));
     (ctl, run)
 }
 
@@ -264,7 +216,7 @@ fn a_lease_is_one_trace_from_the_controller_to_the_driver_call() {
     let collector = Collector::start();
     // The controller by flag (with text logs), the exporter by the standard variable (with
     // JSON logs).
-    let (_ctl, run) = one_lease(
+    let (_ctl, mut run) = one_lease(
         &s,
         Otel {
             args: &["--otlp-endpoint", &collector.url],
@@ -345,12 +297,12 @@ fn a_lease_is_one_trace_from_the_controller_to_the_driver_call() {
 
     // The JSON log lines are as without traces: the driver call's line has the lease's
     // fields.
-    let line = run
-        .seen
+    let seen = run.lines_seen().to_vec();
+    let line = seen
         .iter()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .find(|o| o["message"] == "driver call" && o["operation"] == "on")
-        .unwrap_or_else(|| panic!("no driver call line: {:#?}", run.seen));
+        .unwrap_or_else(|| panic!("no driver call line: {seen:#?}"));
     assert_eq!(line["lease_id"], lease.as_str(), "{line}");
     assert_eq!(line["client"], "ci", "{line}");
     assert_eq!(line["result"], "ok", "{line}");
@@ -396,7 +348,7 @@ fn traces_off_or_a_collector_that_is_down_change_nothing_for_the_lease() {
     ]);
     let out = without_otel_env(&mut shell).output().unwrap();
     assert!(out.status.success(), "{:?}", text(&out));
-    run.wait_for("ended");
+    run.wait_for("ended", |l| l.contains("ended"));
     // The controller sent nothing (batches go every 100 ms; give it a few).
     std::thread::sleep(Duration::from_millis(1000));
     assert!(collector.spans().is_empty(), "{:#?}", collector.spans());
