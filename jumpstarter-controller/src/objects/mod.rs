@@ -5,6 +5,7 @@
 pub(crate) mod duration;
 pub(crate) mod selector;
 pub mod sharing;
+pub mod virtualtarget;
 
 use std::collections::{BTreeMap, HashMap};
 
