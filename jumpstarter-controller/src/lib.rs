@@ -54,6 +54,7 @@
 pub mod auth;
 pub mod cli;
 pub mod objects;
+pub mod pools;
 pub mod store;
 #[cfg(all(feature = "kubernetes", any(test, feature = "test-util")))]
 pub mod testing;

@@ -1,0 +1,4 @@
+//! Virtual target pools: the engine that scales each ExporterSet's replicas, and the
+//! provisioners that run them.
+
+pub mod provisioner;
