@@ -71,6 +71,8 @@ pub struct ControllerState<S: Store> {
     pub live_exporters: Arc<crate::service::live_exporters::LiveExporters>,
     /// The leases' logs (log gathering); `None` when it is off.
     pub lease_logs: Option<Arc<crate::lease_logs::LeaseLogs>>,
+    /// The pool engine's recent scaling decisions (for `jmp admin describe exporterset`).
+    pub pool_decisions: Arc<crate::pools::decisions::Decisions>,
 }
 
 /// Lease (namespace, name) -> its client's name.
@@ -118,6 +120,7 @@ impl<S: Store> ControllerState<S> {
             lease_logs: Some(Arc::new(crate::lease_logs::LeaseLogs::new(
                 Default::default(),
             ))),
+            pool_decisions: Arc::default(),
             store,
         })
     }
