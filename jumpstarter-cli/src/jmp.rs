@@ -304,6 +304,12 @@ pub fn main_with(toolkit: crate::Toolkit) -> ExitCode {
         _ => None,
     };
     crate::logging::init(cli.log_level.as_deref(), json);
+    if matches!(&cli.command, Command::Run(_))
+        && let Err(e) = exit_with_parent_if_asked()
+    {
+        eprintln!("Error: {e:#}");
+        return ExitCode::FAILURE;
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -321,6 +327,35 @@ pub fn main_with(toolkit: crate::Toolkit) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Set by the controller's `local` pool provisioner on a `jmp run` that must not outlive it:
+/// the controller's pid. `jmp run` then asks the kernel for SIGTERM (a graceful stop, hooks
+/// included) when that parent dies, and stops at once if it is already gone.
+pub const EXIT_WITH_PARENT_ENV: &str = "JMP_RUN_EXIT_WITH_PARENT";
+
+/// Honours [`EXIT_WITH_PARENT_ENV`]. Called on the main thread before the runtime starts: the
+/// kernel keeps the parent-death signal per thread, and the main thread lives as long as the
+/// process.
+fn exit_with_parent_if_asked() -> Result<()> {
+    let Some(value) = std::env::var_os(EXIT_WITH_PARENT_ENV) else {
+        return Ok(());
+    };
+    let parent = value
+        .to_str()
+        .and_then(|v| v.trim().parse::<i32>().ok())
+        .filter(|p| *p > 0)
+        .with_context(|| format!("{EXIT_WITH_PARENT_ENV}={value:?} is not a process id"))?;
+    rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::TERM))
+        .with_context(|| format!("{EXIT_WITH_PARENT_ENV}: cannot set the parent-death signal"))?;
+    // The parent may have died before the signal was set: then nobody would send it.
+    let ppid = rustix::process::getppid().map_or(0, |p| p.as_raw_nonzero().get());
+    if ppid != parent {
+        bail!(
+            "the process that started this jmp run (pid {parent}, {EXIT_WITH_PARENT_ENV}) is gone"
+        );
+    }
+    Ok(())
 }
 
 /// Runs a parsed command line with the drivers and `j` commands of `toolkit`; returns the
