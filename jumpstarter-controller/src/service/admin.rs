@@ -79,13 +79,7 @@ impl<S: Store> AdminApi<S> {
     /// Keeps `token` in `owner`'s credential Secret when [`Self::with_credential_secrets`]
     /// is on.
     async fn keep_credential<K: StoreObject>(&self, owner: &K, token: &str) -> Result<(), Status> {
-        if !self.credential_secrets {
-            return Ok(());
-        }
-        crate::store::credentials::put_credential(&self.state.store, owner, token)
-            .await
-            .map(|_| ())
-            .map_err(store_status)
+        keep_credential(&self.state, owner, token, self.credential_secrets).await
     }
 
     fn authorize(&self, md: &MetadataMap) -> Result<(), Status> {
@@ -118,42 +112,7 @@ impl<S: Store> AdminApi<S> {
         name: &str,
         uid: Option<String>,
     ) -> Result<Credentials, Status> {
-        let uid = uid.ok_or_else(|| {
-            Status::internal(format!("{kind} {namespace}/{name} has no uid in the store"))
-        })?;
-        let issued = self
-            .state
-            .auth
-            .issuer
-            .issue(&Subject::new(kind, namespace, name, uid))
-            .map_err(|e| {
-                Status::internal(format!(
-                    "cannot issue a token: {e}",
-                    e = jumpstarter_core::error_chain(&e)
-                ))
-            })?;
-        if kind == ObjectKind::Client
-            && let Err(e) = crate::service::token_expiry::record(
-                &self.state.store,
-                namespace,
-                name,
-                issued.expires_at,
-            )
-            .await
-        {
-            tracing::warn!(
-                "client {namespace}/{name}: cannot record its token's expiry: {e}",
-                e = jumpstarter_core::error_chain(&e)
-            );
-        }
-        Ok(Credentials {
-            endpoint: self.state.endpoint.clone(),
-            ca_pem: self.ca_pem.clone(),
-            token: issued.token,
-            expiry: Some(prost_types::Timestamp::from(issued.expires_at)),
-            namespace: namespace.to_string(),
-            name: name.to_string(),
-        })
+        issue_credentials(&self.state, &self.ca_pem, kind, namespace, name, uid).await
     }
 
     async fn get_object<K: StoreObject>(
@@ -829,6 +788,67 @@ impl<S: Store> AdminService for AdminApi<S> {
         self.state.wake.notify_one();
         Ok(Response::new(()))
     }
+}
+
+/// Issues a token for the `kind` `namespace/name` whose uid is `uid` (recording a client
+/// token's expiry): the credentials `CreateClient`/`CreateExporter` hand out and the pool
+/// engine gives each replica it makes; `ca_pem` (may be empty) goes into them.
+pub(crate) async fn issue_credentials<S: Store>(
+    state: &ControllerState<S>,
+    ca_pem: &str,
+    kind: ObjectKind,
+    namespace: &str,
+    name: &str,
+    uid: Option<String>,
+) -> Result<Credentials, Status> {
+    let uid = uid.ok_or_else(|| {
+        Status::internal(format!("{kind} {namespace}/{name} has no uid in the store"))
+    })?;
+    let issued = state
+        .auth
+        .issuer
+        .issue(&Subject::new(kind, namespace, name, uid))
+        .map_err(|e| {
+            Status::internal(format!(
+                "cannot issue a token: {e}",
+                e = jumpstarter_core::error_chain(&e)
+            ))
+        })?;
+    if kind == ObjectKind::Client
+        && let Err(e) =
+            crate::service::token_expiry::record(&state.store, namespace, name, issued.expires_at)
+                .await
+    {
+        tracing::warn!(
+            "client {namespace}/{name}: cannot record its token's expiry: {e}",
+            e = jumpstarter_core::error_chain(&e)
+        );
+    }
+    Ok(Credentials {
+        endpoint: state.endpoint.clone(),
+        ca_pem: ca_pem.to_string(),
+        token: issued.token,
+        expiry: Some(prost_types::Timestamp::from(issued.expires_at)),
+        namespace: namespace.to_string(),
+        name: name.to_string(),
+    })
+}
+
+/// Keeps `token` in `owner`'s credential Secret (`<name>-client` / `<name>-exporter`, key
+/// `token`) when `credential_secrets` is on, as upstream does on Kubernetes.
+pub(crate) async fn keep_credential<S: Store, K: StoreObject>(
+    state: &ControllerState<S>,
+    owner: &K,
+    token: &str,
+    credential_secrets: bool,
+) -> Result<(), Status> {
+    if !credential_secrets {
+        return Ok(());
+    }
+    crate::store::credentials::put_credential(&state.store, owner, token)
+        .await
+        .map(|_| ())
+        .map_err(store_status)
 }
 
 #[cfg(test)]
