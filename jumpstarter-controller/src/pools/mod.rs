@@ -2,4 +2,7 @@
 //! provisioners that run them.
 
 pub mod decisions;
+#[cfg(feature = "kubernetes")]
+pub mod kube;
+pub mod local;
 pub mod provisioner;
