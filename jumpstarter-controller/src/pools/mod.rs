@@ -4,5 +4,4 @@
 pub mod decisions;
 #[cfg(feature = "kubernetes")]
 pub mod kube;
-pub mod local;
 pub mod provisioner;
