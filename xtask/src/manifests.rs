@@ -105,6 +105,38 @@ spec:
         - clientSelector:
             matchLabels:
               team: qa
+---
+apiVersion: virtualtarget.jumpstarter.dev/v1alpha1
+kind: VirtualTargetClass
+metadata:
+  name: sample-class
+spec:
+  provisioner: qemu.jumpstarter.dev
+  scheduling:
+    resources:
+      limits:
+        cpu: 2
+        memory: 4Gi
+---
+apiVersion: virtualtarget.jumpstarter.dev/v1alpha1
+kind: ExporterSet
+metadata:
+  name: sample-pool
+spec:
+  virtualTargetClassName: sample-class
+  maxReplicas: 3
+  minAvailableReplicas: 1
+  selector:
+    matchLabels:
+      pool: sample
+  template:
+    metadata:
+      labels:
+        pool: sample
+    spec:
+      drivers:
+        - name: power
+          type: jumpstarter_driver_power.driver.MockPower
 ";
 
 /// What jumpstarter-controller does with the API, read from its code: every kind it keeps is
@@ -131,10 +163,22 @@ pub const CONTROLLER_USES: &[(&str, &[&str])] = &[
         "exporteraccesspolicies.jumpstarter.dev",
         &["get", "list", "watch", "create", "update", "delete"],
     ),
+    (
+        "exportersets.virtualtarget.jumpstarter.dev",
+        &["get", "list", "watch", "create", "update", "delete"],
+    ),
+    (
+        "virtualtargetclasses.virtualtarget.jumpstarter.dev",
+        &["get", "list", "watch", "create", "update", "delete"],
+    ),
     ("clients.jumpstarter.dev/status", &["update"]),
     ("exporters.jumpstarter.dev/status", &["update"]),
     ("leases.jumpstarter.dev/status", &["update"]),
     ("exporteraccesspolicies.jumpstarter.dev/status", &["update"]),
+    (
+        "exportersets.virtualtarget.jumpstarter.dev/status",
+        &["update"],
+    ),
     ("clients.jumpstarter.dev/finalizers", &["update"]),
     ("exporters.jumpstarter.dev/finalizers", &["update"]),
     ("secrets", &["get", "create", "update"]),
@@ -150,6 +194,8 @@ const CLUSTER_WIDE: &[&str] = &[
     "exporters.jumpstarter.dev",
     "leases.jumpstarter.dev",
     "exporteraccesspolicies.jumpstarter.dev",
+    "exportersets.virtualtarget.jumpstarter.dev",
+    "virtualtargetclasses.virtualtarget.jumpstarter.dev",
 ];
 
 /// Where the controller's ServiceAccount lives and what the RBAC check names its objects.

@@ -15,6 +15,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::CustomResourceExt;
 use serde_json::{Value, json};
 
+use crate::objects::virtualtarget::{ExporterSet, VirtualTargetClass};
 use crate::objects::{Client, Exporter, ExporterAccessPolicy, Lease};
 
 /// Building or writing CRDs failed.
@@ -97,13 +98,17 @@ const CONTEXT: &str = "upstream main's spec.context (after 0.9.0, JEP-0013): opt
 
 const SHARED_WITH: &str = "our addition (lease sharing): optional, so upstream's objects and controller are unaffected; upstream's open pull request names it the same";
 
-/// The four CRDs (Client, Exporter, Lease, ExporterAccessPolicy), adjusted to upstream's shape.
+/// The six CRDs (Client, Exporter, Lease, ExporterAccessPolicy of `jumpstarter.dev`;
+/// ExporterSet and VirtualTargetClass of `virtualtarget.jumpstarter.dev`), adjusted to
+/// upstream's shape.
 pub fn crds() -> Result<Vec<CustomResourceDefinition>, CrdError> {
     [
         Client::crd(),
         Exporter::crd(),
         Lease::crd(),
         ExporterAccessPolicy::crd(),
+        ExporterSet::crd(),
+        VirtualTargetClass::crd(),
     ]
     .into_iter()
     .map(adjust)
@@ -155,7 +160,14 @@ pub fn write_all(dir: &Path) -> Result<Vec<PathBuf>, CrdError> {
 /// - label selectors `x-kubernetes-map-type: atomic`, their lists `x-kubernetes-list-type:
 ///   atomic`;
 /// - conditions with `metav1.Condition`'s validation (enum, patterns, lengths, minimum);
-/// - `Lease.spec` requires `selector` (its default fills it in when omitted).
+/// - `Lease.spec` requires `selector` (its default fills it in when omitted);
+/// - the ExporterSet's and VirtualTargetClass's defaults (`maxReplicas: 4`, `bindingMode:
+///   Immediate`, ...), and the ExporterSet's status requiring its counts;
+/// - resource requirements with `claims` a list map and quantities `int-or-string` with
+///   their pattern;
+/// - `subresources: {}` on a kind with neither status nor scale (the VirtualTargetClass).
+///
+/// Minimums, lengths, patterns and CEL rules come from `schemars` attributes on the types.
 pub fn adjust(crd: CustomResourceDefinition) -> Result<CustomResourceDefinition, CrdError> {
     let name = crd.metadata.name.clone().unwrap_or_default();
     let shape = |reason: &str| CrdError::Shape {
@@ -173,6 +185,10 @@ pub fn adjust(crd: CustomResourceDefinition) -> Result<CustomResourceDefinition,
         .as_array_mut()
         .ok_or_else(|| shape("no spec.versions"))?;
     for version in versions {
+        // controller-gen writes `subresources: {}` for a kind without status or scale.
+        if let Some(version) = version.as_object_mut() {
+            version.entry("subresources").or_insert_with(|| json!({}));
+        }
         let root = version
             .pointer_mut("/schema/openAPIV3Schema")
             .and_then(Value::as_object_mut)
@@ -193,10 +209,28 @@ pub fn adjust(crd: CustomResourceDefinition) -> Result<CustomResourceDefinition,
         rewrite(schema);
         for (path, default) in upstream_defaults(&kind) {
             let field = schema
-                .pointer_mut(path)
+                .pointer_mut(&path)
                 .and_then(Value::as_object_mut)
                 .ok_or_else(|| shape(&format!("no schema at {path} for its default")))?;
             field.insert("default".into(), default);
+        }
+        if kind == "ExporterSet" {
+            // Every count of the status is always written (upstream's are not omitempty).
+            let status = schema
+                .pointer_mut("/properties/status")
+                .and_then(Value::as_object_mut)
+                .ok_or_else(|| shape("ExporterSet has no status schema"))?;
+            let counts: Vec<Value> = status
+                .get("properties")
+                .and_then(Value::as_object)
+                .map(|p| {
+                    p.iter()
+                        .filter(|(_, s)| s["type"] == json!("integer"))
+                        .map(|(k, _)| json!(k))
+                        .collect()
+                })
+                .unwrap_or_default();
+            status.insert("required".into(), Value::Array(counts));
         }
         if kind == "Lease" {
             let required = schema
@@ -218,10 +252,27 @@ pub fn adjust(crd: CustomResourceDefinition) -> Result<CustomResourceDefinition,
 
 /// The defaults upstream's schema has besides object reference names (JSON pointers into the
 /// version schema).
-fn upstream_defaults(kind: &str) -> Vec<(&'static str, Value)> {
+fn upstream_defaults(kind: &str) -> Vec<(String, Value)> {
+    let at = |field: &str| format!("/properties/spec/properties/{field}");
     match kind {
-        "Lease" => vec![("/properties/spec/properties/selector", json!({}))],
-        "Exporter" => vec![("/properties/spec/properties/enabled", json!(true))],
+        "Lease" => vec![(at("selector"), json!({}))],
+        "Exporter" => vec![(at("enabled"), json!(true))],
+        // The defaults ExporterSetSpec's accessors apply (min(), max(), ...).
+        "ExporterSet" => vec![
+            (at("maxReplicas"), json!(4)),
+            (at("minAvailableReplicas"), json!(0)),
+            (at("minReplicas"), json!(0)),
+            (at("recycleStrategy"), json!("ExitAndReplace")),
+            (at("scaleDownCooldown"), json!("5m")),
+        ],
+        "VirtualTargetClass" => vec![
+            (at("bindingMode"), json!("Immediate")),
+            (at("reclaimPolicy"), json!("Delete")),
+            (
+                at("caBundleConfigMapRef/properties/key"),
+                json!("ca-bundle.crt"),
+            ),
+        ],
         _ => vec![],
     }
 }
@@ -257,6 +308,9 @@ fn mark(schema: &mut Value, pointer: &str, key: &str, value: Value) {
         target.insert(key.into(), value);
     }
 }
+
+/// The pattern of a `resource.Quantity` (`500m`, `4Gi`, `1e3`), as controller-gen writes it.
+const QUANTITY_PATTERN: &str = r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$";
 
 /// The schema-wide rewrites of [`adjust`], recursively.
 fn rewrite(schema: &mut Value) {
@@ -317,6 +371,27 @@ fn rewrite(schema: &mut Value) {
             ];
             for (field, key, value) in rules {
                 mark(schema, &format!("/properties/{field}"), key, value);
+            }
+        }
+        ["claims", "limits", "requests"] => {
+            // corev1.ResourceRequirements, as controller-gen renders it.
+            let claims = "/properties/claims";
+            mark(schema, claims, "x-kubernetes-list-type", json!("map"));
+            mark(
+                schema,
+                claims,
+                "x-kubernetes-list-map-keys",
+                json!(["name"]),
+            );
+            for field in ["limits", "requests"] {
+                let quantity = format!("/properties/{field}/additionalProperties");
+                mark(
+                    schema,
+                    &quantity,
+                    "anyOf",
+                    json!([{"type": "integer"}, {"type": "string"}]),
+                );
+                mark(schema, &quantity, "pattern", json!(QUANTITY_PATTERN));
             }
         }
         _ => {}
@@ -405,7 +480,7 @@ mod tests {
     #[test]
     fn adjustments_are_applied_and_round_trip() {
         let crds = crds().unwrap();
-        assert_eq!(crds.len(), 4);
+        assert_eq!(crds.len(), 6);
         let names: Vec<String> = crds.iter().map(file_name).collect();
         assert_eq!(
             names,
@@ -413,9 +488,22 @@ mod tests {
                 "jumpstarter.dev_clients.yaml",
                 "jumpstarter.dev_exporters.yaml",
                 "jumpstarter.dev_leases.yaml",
-                "jumpstarter.dev_exporteraccesspolicies.yaml"
+                "jumpstarter.dev_exporteraccesspolicies.yaml",
+                "virtualtarget.jumpstarter.dev_exportersets.yaml",
+                "virtualtarget.jumpstarter.dev_virtualtargetclasses.yaml"
             ]
         );
+        let set = serde_json::to_value(&crds[4]).unwrap();
+        let version = &set["spec"]["versions"][0];
+        assert_eq!(
+            version["subresources"]["scale"]["specReplicasPath"],
+            json!(".spec.maxReplicas")
+        );
+        let spec = &version["schema"]["openAPIV3Schema"]["properties"]["spec"];
+        assert_eq!(spec["properties"]["maxReplicas"]["default"], json!(4));
+        assert_eq!(spec["properties"]["minReplicas"]["minimum"], json!(0.0));
+        let class = serde_json::to_value(&crds[5]).unwrap();
+        assert_eq!(class["spec"]["versions"][0]["subresources"], json!({}));
         let lease = serde_json::to_value(&crds[2]).unwrap();
         let text = lease.to_string();
         assert!(!text.contains("nullable"), "{text}");
@@ -458,10 +546,14 @@ mod tests {
     fn write_all_writes_one_file_per_crd_and_names_bad_dirs() {
         let dir = tempfile::tempdir().unwrap();
         let written = write_all(&dir.path().join("out")).unwrap();
-        assert_eq!(written.len(), 4);
+        assert_eq!(written.len(), 6);
         for p in &written {
             let text = std::fs::read_to_string(p).unwrap();
-            assert!(text.contains("group: jumpstarter.dev"), "{text}");
+            assert!(
+                text.contains("group: jumpstarter.dev")
+                    || text.contains("group: virtualtarget.jumpstarter.dev"),
+                "{text}"
+            );
         }
         let file = dir.path().join("plain-file");
         std::fs::write(&file, b"x").unwrap();

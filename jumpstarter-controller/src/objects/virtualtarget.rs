@@ -139,6 +139,7 @@ impl Parameters {
 pub struct VirtualTargetClassSpec {
     /// The provisioner: `local` (ours: child processes of the controller) or
     /// `qemu.jumpstarter.dev` (Pods on Kubernetes).
+    #[schemars(length(min = 1))]
     pub provisioner: String,
     /// `Immediate` (warm pool) or `WaitForFirstConsumer` (on demand).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -188,6 +189,7 @@ pub enum ReclaimPolicy {
 #[serde(rename_all = "camelCase")]
 pub struct ConfigMapKeyRef {
     /// The ConfigMap's name.
+    #[schemars(length(min = 1))]
     pub name: String,
     /// The key (default `ca-bundle.crt`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -231,6 +233,11 @@ pub struct Scheduling {
     kind = "ExporterSet",
     namespaced,
     status = "ExporterSetStatus",
+    scale(
+        spec_replicas_path = ".spec.maxReplicas",
+        status_replicas_path = ".status.replicas",
+        label_selector_path = ".status.selector"
+    ),
     derive = "PartialEq",
     derive = "Default",
     doc = "ExporterSet is the Schema for the exportersets API. It manages a scalable set of virtual exporter instances backed by a VirtualTargetClass.",
@@ -258,8 +265,19 @@ pub struct Scheduling {
     )
 )]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {
+        "message": "minReplicas must be less than or equal to maxReplicas (when maxReplicas is not 0)",
+        "rule": "self.maxReplicas == 0 || self.minReplicas <= self.maxReplicas",
+    },
+    {
+        "message": "minAvailableReplicas must be less than or equal to maxReplicas (when maxReplicas is not 0)",
+        "rule": "self.maxReplicas == 0 || self.minAvailableReplicas <= self.maxReplicas",
+    },
+]))]
 pub struct ExporterSetSpec {
     /// The VirtualTargetClass (same namespace) whose provisioner makes the replicas.
+    #[schemars(length(min = 1))]
     pub virtual_target_class_name: String,
     /// Selects the exporters owned by this set; must match the template's labels.
     pub selector: metav1::LabelSelector,
@@ -267,12 +285,15 @@ pub struct ExporterSetSpec {
     pub template: ExporterTemplate,
     /// The floor (default 0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
     pub min_replicas: Option<i32>,
     /// The ceiling (default 4; 0 means no upper bound).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
     pub max_replicas: Option<i32>,
     /// How many replicas are kept ready and unleased (default 0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
     pub min_available_replicas: Option<i32>,
     /// How long an excess replica stays idle before it goes (default `5m`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -334,17 +355,26 @@ pub struct ExporterTemplateSpec {
 /// One driver of a template (upstream's `DriverConfig`).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"message": "either type or ref must be set", "rule": "has(self.type) || has(self.ref)"},
+    {"message": "type and ref are mutually exclusive", "rule": "!(has(self.type) && has(self.ref))"},
+    {"message": "ref entries must not have config", "rule": "!has(self.ref) || !has(self.config)"},
+    {"message": "name is required", "rule": "has(self.name) && size(self.name) > 0"},
+]))]
 pub struct DriverConfig {
     /// The key in the exporter config's `export` map; unique in the template.
     pub name: String,
     /// The driver's type (e.g. `jumpstarter_driver_power.driver.MockPower`); or `ref`.
     #[serde(default, skip_serializing_if = "Option::is_none", rename = "type")]
+    #[schemars(length(min = 1))]
     pub type_: Option<String>,
     /// Another driver of the template, by name, instead of `type`.
     #[serde(default, skip_serializing_if = "Option::is_none", rename = "ref")]
+    #[schemars(pattern(r"^[^.]+([.][^.]+)*$"))]
     pub ref_: Option<String>,
-    /// The driver's config.
+    /// The driver's config (an object, unlike the free-form `parameters`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("type" = "object"))]
     pub config: Option<Parameters>,
 }
 

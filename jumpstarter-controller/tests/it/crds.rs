@@ -123,9 +123,14 @@ fn the_comparison_catches_real_differences() {
     }
 }
 
-/// The CRD copied from upstream main (2026-08) rather than 0.9.0: the Client, whose status
-/// carries the token expiry (`conditions`, `tokenExpiresAt`) and its printer column.
-const UPSTREAM_MAIN_CLIENTS: &str = "jumpstarter.dev_clients.yaml";
+/// The CRDs copied from upstream main (2026-08) rather than 0.9.0: the Client, whose status
+/// carries the token expiry (`conditions`, `tokenExpiresAt`) and its printer column, and the
+/// two kinds of virtual target pools (JEP-0014), which 0.9.0 does not have.
+const UPSTREAM_MAIN_COPIES: &[&str] = &[
+    "jumpstarter.dev_clients.yaml",
+    "virtualtarget.jumpstarter.dev_exportersets.yaml",
+    "virtualtarget.jumpstarter.dev_virtualtargetclasses.yaml",
+];
 
 #[test]
 fn upstream_copies_equal_the_shared_reference() {
@@ -134,21 +139,95 @@ fn upstream_copies_equal_the_shared_reference() {
         eprintln!("skipping: {} not present", shared.display());
         return;
     }
-    for entry in std::fs::read_dir(&shared).unwrap() {
-        let mut path = entry.unwrap().path();
+    let main = shared.join("../upstream-main-2026-08");
+    let mut references: Vec<PathBuf> = std::fs::read_dir(&shared)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| !UPSTREAM_MAIN_COPIES.iter().any(|m| p.ends_with(m)))
+        .collect();
+    references.extend(UPSTREAM_MAIN_COPIES.iter().map(|m| main.join(m)));
+    // Every copy has its reference (none is left unchecked), and every reference its copy.
+    let copies = std::fs::read_dir(upstream_dir())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".yaml"))
+        .count();
+    assert_eq!(copies, references.len(), "{references:?}");
+    for path in references {
         let copy = upstream_dir().join(path.file_name().unwrap());
-        if copy.ends_with(UPSTREAM_MAIN_CLIENTS) {
-            // Clients follow upstream main (token expiry): its copy is of that reference.
-            path = shared
-                .join("../upstream-main-2026-08")
-                .join(UPSTREAM_MAIN_CLIENTS);
-        }
         assert_eq!(
             std::fs::read_to_string(&path).unwrap(),
             std::fs::read_to_string(&copy).unwrap_or_default(),
             "{} differs from {}",
             copy.display(),
             path.display()
+        );
+    }
+}
+
+#[test]
+fn the_comparison_catches_pool_differences() {
+    // The ExporterSet's parts the comparison must see: scale subresource, CEL rules and their
+    // messages, defaults, minimums and the status' required counts.
+    let set = crd::crds()
+        .unwrap()
+        .into_iter()
+        .find(|c| c.spec.names.kind == "ExporterSet")
+        .unwrap();
+    let theirs = load_yaml(&upstream_dir().join("virtualtarget.jumpstarter.dev_exportersets.yaml"));
+    let base = serde_json::to_value(&set).unwrap();
+    let spec = "/spec/versions/0/schema/openAPIV3Schema/properties/spec";
+    let breakages: Vec<(&str, Breakage)> = vec![
+        (
+            "subresources.scale.specReplicasPath",
+            Box::new(|v| {
+                v["spec"]["versions"][0]["subresources"]["scale"]["specReplicasPath"] =
+                    ".spec.minReplicas".into()
+            }),
+        ),
+        (
+            "spec.x-kubernetes-validations[0].message",
+            Box::new(move |v| {
+                *v.pointer_mut(&format!("{spec}/x-kubernetes-validations/0/message"))
+                    .unwrap() = "min <= max".into()
+            }),
+        ),
+        (
+            "maxReplicas.default",
+            Box::new(move |v| {
+                *v.pointer_mut(&format!("{spec}/properties/maxReplicas/default"))
+                    .unwrap() = 10.into()
+            }),
+        ),
+        (
+            "minReplicas.minimum",
+            Box::new(move |v| {
+                v.pointer_mut(&format!("{spec}/properties/minReplicas"))
+                    .unwrap()
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("minimum");
+            }),
+        ),
+        (
+            "properties.status.required",
+            Box::new(|v| {
+                v.pointer_mut("/spec/versions/0/schema/openAPIV3Schema/properties/status")
+                    .unwrap()
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("required");
+            }),
+        ),
+    ];
+    assert!(crd::structural_differences(&base, &theirs).is_empty());
+    for (what, breakage) in breakages {
+        let mut broken = base.clone();
+        breakage(&mut broken);
+        let diffs = crd::structural_differences(&broken, &theirs);
+        assert!(
+            diffs.iter().any(|d| d.contains(what)),
+            "breaking {what} went unnoticed: {diffs:?}"
         );
     }
 }

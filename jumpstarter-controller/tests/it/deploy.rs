@@ -93,13 +93,17 @@ fn kustomize_base_names_the_right_images_ports_and_secrets() {
         8083
     );
 
-    // RBAC covers the four kinds, Secrets, leader election Leases and events.
+    // RBAC covers the four kinds, the pools' two, Secrets, leader election Leases and events.
     let role = find(&all, "ClusterRole", "jumpstarter-controller");
     let text = role["rules"].to_string();
     for needed in [
         "clients",
         "exporters",
         "exporteraccesspolicies",
+        "virtualtarget.jumpstarter.dev",
+        "exportersets",
+        "exportersets/status",
+        "virtualtargetclasses",
         "leases/status",
         "secrets",
         "configmaps",
