@@ -4,4 +4,5 @@
 pub mod decisions;
 #[cfg(feature = "kubernetes")]
 pub mod kube;
+pub mod local;
 pub mod provisioner;
