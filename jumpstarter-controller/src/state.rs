@@ -73,7 +73,14 @@ pub struct ControllerState<S: Store> {
     pub lease_logs: Option<Arc<crate::lease_logs::LeaseLogs>>,
     /// The pool engine's recent scaling decisions (for `jmp admin describe exporterset`).
     pub pool_decisions: Arc<crate::pools::decisions::Decisions>,
+    /// The labels of the replicas each valid ExporterSet can make, by namespace (published by
+    /// the pool engine): a waiting lease that only such a replica could serve waits for it
+    /// instead of ending as unsatisfiable.
+    pub pool_labels: std::sync::Mutex<Arc<[PoolLabels]>>,
 }
+
+/// A namespace and the labels of the replicas an ExporterSet there can make.
+pub type PoolLabels = (String, std::collections::BTreeMap<String, String>);
 
 /// Lease (namespace, name) -> its client's name.
 pub(crate) type LeaseClients = std::collections::HashMap<crate::objects::ObjectKey, LeaseHolder>;
@@ -121,6 +128,7 @@ impl<S: Store> ControllerState<S> {
                 Default::default(),
             ))),
             pool_decisions: Arc::default(),
+            pool_labels: std::sync::Mutex::new(Arc::from(Vec::new())),
             store,
         })
     }

@@ -173,6 +173,7 @@ mod tests {
             exporters: std::slice::from_ref(&exporter),
             policies: &[],
             clients: &[],
+            pools: &[],
             now,
         });
         assert!(

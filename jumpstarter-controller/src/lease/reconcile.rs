@@ -128,11 +128,16 @@ pub async fn reconcile_once<S: Store>(
     };
     let now = Timestamp::now();
     let listed_in = started.elapsed();
+    let pools = {
+        use jumpstarter_core::sync::LockExt;
+        state.pool_labels.lock_or_recover().clone()
+    };
     let mut decisions = schedule(&Snapshot {
         leases: &leases,
         exporters,
         policies: &policies,
         clients: &clients,
+        pools: &pools,
         now,
     });
     if let Some(timeout) = state.pending_client_timeout {

@@ -43,6 +43,10 @@ pub struct Snapshot<'a> {
     pub policies: &'a [ExporterAccessPolicy],
     /// All clients (their labels select policy rules).
     pub clients: &'a [Client],
+    /// The labels of the exporters pools (ExporterSets) can make, by namespace: a lease no
+    /// enabled exporter matches waits (`NotAvailable`) instead of ending as unsatisfiable
+    /// when a pool's exporters would match it.
+    pub pools: &'a [(String, BTreeMap<String, String>)],
     /// The current time.
     pub now: Timestamp,
 }
@@ -218,6 +222,8 @@ struct Namespace<'a> {
     policies: Vec<&'a ExporterAccessPolicy>,
     /// Client name -> its labels.
     client_labels: BTreeMap<&'a str, BTreeMap<String, String>>,
+    /// The labels of the exporters pools can make in the namespace.
+    pools: Vec<&'a BTreeMap<String, String>>,
 }
 
 impl<'a> Namespace<'a> {
@@ -257,7 +263,36 @@ impl<'a> Namespace<'a> {
                     )
                 })
                 .collect(),
+            pools: snap
+                .pools
+                .iter()
+                .filter(|(n, _)| n == ns)
+                .map(|(_, labels)| labels)
+                .collect(),
         }
+    }
+
+    /// Whether `lease`, which no enabled exporter of the namespace matches, waits for a
+    /// pool to make one: it pins no exporter and a pool's exporters match its selector.
+    fn pool_may_serve(&self, lease: &Lease) -> bool {
+        if self.pools.is_empty()
+            || lease
+                .spec
+                .exporter_ref
+                .as_ref()
+                .is_some_and(|r| !r.name.is_empty())
+        {
+            return false;
+        }
+        let Ok(selector) = LabelSelector::from_k8s(&lease.spec.selector) else {
+            return false;
+        };
+        !selector.is_empty()
+            && self.pools.iter().any(|labels| selector.matches(labels))
+            && !self
+                .exporters()
+                .iter()
+                .any(|e| e.is_enabled() && selector.matches(e.label_map()))
     }
 }
 
@@ -356,6 +391,14 @@ fn queue_pending<'a>(
             }
         };
         match evaluated {
+            // No enabled exporter matches, but a pool can make one: wait for it.
+            Err((type_, _, _)) if type_ == c::UNSATISFIABLE && objects.pool_may_serve(w.lease) => {
+                queue.push(Candidate {
+                    work: i,
+                    approved: Rc::from(Vec::new()),
+                    priority: 0,
+                });
+            }
             Err((type_, reason, message)) => w.end_with(type_, reason, &message, now),
             Ok(approved) => {
                 let best_non_spot = approved
@@ -956,6 +999,13 @@ fn pick<'a>(
     now: Timestamp,
     scans: &mut Scans<'a>,
 ) -> Pick<'a> {
+    if q.approved.is_empty() {
+        return Pick::Wait(
+            c::REASON_NOT_AVAILABLE,
+            "No exporter matching the selector exists yet: a pool (ExporterSet) is making one"
+                .to_string(),
+        );
+    }
     let is_free = |a: &Approved<'_>| !busy.contains_key(name_of(&a.exporter.metadata));
     let grantable = |a: &Approved<'_>| {
         is_free(a)

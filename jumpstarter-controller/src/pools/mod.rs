@@ -2,6 +2,7 @@
 //! provisioners that run them.
 
 pub mod decisions;
+pub mod engine;
 #[cfg(feature = "kubernetes")]
 pub mod kube;
 pub mod local;

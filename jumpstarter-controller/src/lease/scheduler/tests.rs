@@ -114,6 +114,7 @@ impl World {
             exporters: &self.exporters,
             policies: &self.policies,
             clients: &self.clients,
+            pools: &[],
             now: now(),
         })
     }

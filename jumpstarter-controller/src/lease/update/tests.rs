@@ -205,6 +205,7 @@ fn direct_request_granted(v: &AccessView, client: &str, exporter: &str, secs: i6
         exporters: &v.exporters,
         policies: &v.policies,
         clients: &v.clients,
+        pools: &[],
         now: now(),
     });
     matches!(&ds[0].action, Action::Assigned { exporter: e, .. } if e == exporter)
@@ -288,6 +289,7 @@ proptest! {
                 exporters: &v.exporters,
                 policies: &v.policies,
                 clients: &v.clients,
+                pools: &[],
                 now: now(),
             });
             for d in ds {
