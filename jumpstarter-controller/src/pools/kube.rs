@@ -493,6 +493,8 @@ impl KubeProvisioner {
             Err(kube::Error::Api(s)) if s.is_already_exists() => {
                 let current = pods.get(&req.name).await?;
                 if !owned_by(&current.metadata, &owner_uid) {
+                    // The config is not left behind for a Pod that is not ours.
+                    ignore_not_found(secrets.delete(&secret_name, &DeleteParams::default()).await)?;
                     return Err(format!(
                         "Pod {} exists and is not owned by ExporterSet {}",
                         req.name,

@@ -20,6 +20,8 @@ mod oidc;
 mod pending_guard;
 mod policy_update;
 mod real_kube;
+#[cfg(feature = "kubernetes")]
+mod real_kube_pools;
 mod real_kube_storm;
 mod restart;
 mod sharing;
