@@ -262,6 +262,27 @@ pub struct Args {
     /// Leader election: how often the holder renews (and standbys retry).
     #[arg(long, default_value = "2s", value_parser = parse_duration, value_name = "DURATION")]
     pub leader_renew_period: Duration,
+    /// Do not run the virtual target pools' engine: ExporterSets are then not scaled (their
+    /// replicas are neither started nor stopped).
+    #[arg(long, env = "JUMPSTARTER_NO_POOLS")]
+    pub no_pools: bool,
+    /// The `jmp` binary the `local` pool provisioner runs for each replica (`jmp run`)
+    /// [default: `jmp` beside this binary, else the first on PATH; without one the local
+    /// provisioner is off].
+    #[arg(long, value_name = "PATH", env = "JUMPSTARTER_POOLS_JMP")]
+    pub pools_jmp: Option<PathBuf>,
+    /// Where the `local` pool provisioner keeps its replicas' directories (config, pid, log)
+    /// [default: DATA_DIR/pools].
+    #[arg(long, value_name = "DIR", env = "JUMPSTARTER_POOLS_DIR")]
+    pub pools_dir: Option<PathBuf>,
+    /// Stop the `local` pool replicas when the controller stops (SIGTERM, SIGINT). Without it
+    /// they keep serving their leases and the restarted controller adopts them again.
+    #[arg(long, env = "JUMPSTARTER_POOLS_STOP_REPLICAS_ON_EXIT")]
+    pub pools_stop_replicas_on_exit: bool,
+    /// The `local` pool replicas get SIGTERM from the kernel when the controller dies, however
+    /// it dies (even SIGKILL): none outlives it, and none is there to adopt after a restart.
+    #[arg(long, env = "JUMPSTARTER_POOLS_REPLICAS_EXIT_WITH_CONTROLLER")]
+    pub pools_replicas_exit_with_controller: bool,
     /// Instead of serving: back up or restore the SQLite store of --data-dir.
     #[command(subcommand)]
     pub command: Option<StoreCommand>,
@@ -302,7 +323,6 @@ impl Args {
         };
         let metrics = self.metrics_listen.trim();
         ControllerConfig {
-            data_dir,
             listen: self.listen.clone(),
             router_listen: self.router_listen.clone(),
             advertise_host: self.advertise_host.clone(),
@@ -357,6 +377,19 @@ impl Args {
                 max_leases: self.lease_logs_max_leases,
                 retention: self.lease_logs_retention,
             }),
+            pools: (!self.no_pools).then(|| {
+                let mut pools = crate::pools::engine::PoolsConfig::new(&data_dir);
+                if let Some(local) = pools.local.as_mut() {
+                    local.jmp = self.pools_jmp.clone();
+                    local.exit_with_controller = self.pools_replicas_exit_with_controller;
+                    if let Some(dir) = &self.pools_dir {
+                        local.base_dir = dir.clone();
+                    }
+                }
+                pools.stop_replicas_on_exit = self.pools_stop_replicas_on_exit;
+                pools
+            }),
+            data_dir,
         }
     }
 

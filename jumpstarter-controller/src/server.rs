@@ -194,6 +194,9 @@ pub struct ControllerConfig {
     /// Log gathering (the controller as telemetry sink, see [`crate::lease_logs`]) within
     /// these bounds; `None` gathers nothing and names no telemetry endpoint.
     pub lease_logs: Option<crate::lease_logs::LeaseLogLimits>,
+    /// Virtual target pools: the engine scaling ExporterSets and its provisioners (see
+    /// [`crate::pools::engine`]); `None` runs no engine.
+    pub pools: Option<crate::pools::engine::PoolsConfig>,
 }
 
 impl ControllerConfig {
@@ -201,7 +204,6 @@ impl ControllerConfig {
     /// `0.0.0.0:8083`, endpoint `localhost`, no admin config, no metrics, own CA.
     pub fn new(data_dir: PathBuf) -> Self {
         Self {
-            data_dir,
             listen: "0.0.0.0:8082".into(),
             router_listen: "0.0.0.0:8083".into(),
             advertise_host: "localhost".into(),
@@ -226,6 +228,8 @@ impl ControllerConfig {
             accept_empty_store: false,
             connection_limits: ConnectionLimits::default(),
             lease_logs: Some(Default::default()),
+            pools: Some(crate::pools::engine::PoolsConfig::new(&data_dir)),
+            data_dir,
         }
     }
 
@@ -265,6 +269,8 @@ pub struct RunningController<S: Store = SqliteStore> {
     _locks: (PidLock, Option<PidLock>),
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
+    /// The local pool provisioner, when its replicas are stopped with the controller.
+    stop_local_replicas: Option<Arc<crate::pools::local::LocalProvisioner>>,
 }
 
 impl<S: Store> RunningController<S> {
@@ -281,6 +287,9 @@ impl<S: Store> RunningController<S> {
             if tokio::time::timeout_at(deadline, &mut t).await.is_err() {
                 t.abort();
             }
+        }
+        if let Some(local) = self.stop_local_replicas.take() {
+            local.shutdown().await;
         }
     }
 }
@@ -602,6 +611,18 @@ async fn start_locked<S: Store>(
             }
         }));
     }
+    let stop_local_replicas = match &config.pools {
+        Some(pools) => {
+            let (engine, local) = pool_engine(&config, pools, &secrets.ca_pem).await?;
+            tasks.push(tokio::spawn(crate::pools::engine::run(
+                state.clone(),
+                engine,
+                until_stopped(stopped.clone()),
+            )));
+            local.filter(|_| pools.stop_replicas_on_exit)
+        }
+        None => None,
+    };
     let rpc_metrics = Arc::new(RpcMetrics::default());
     if let Some(l) = listeners.metrics {
         let render = metrics_render(
@@ -666,7 +687,49 @@ async fn start_locked<S: Store>(
         health,
         stop,
         tasks,
+        stop_local_replicas,
     })
+}
+
+/// The pool engine's settings: the configured provisioners plus the local one. A local
+/// provisioner that cannot start (no `jmp` found) is left out with a warning, unless its `jmp`
+/// was named explicitly: then the controller does not start.
+async fn pool_engine(
+    config: &ControllerConfig,
+    pools: &crate::pools::engine::PoolsConfig,
+    ca_pem: &str,
+) -> Result<
+    (
+        crate::pools::engine::EngineConfig,
+        Option<Arc<crate::pools::local::LocalProvisioner>>,
+    ),
+    ServerError,
+> {
+    let mut provisioners = pools.provisioners.clone();
+    let mut local = None;
+    if let Some(options) = &pools.local {
+        match crate::pools::local::LocalProvisioner::new(options.clone()).await {
+            Ok(p) => {
+                let p = Arc::new(p);
+                provisioners.insert(p.clone());
+                local = Some(p);
+            }
+            Err(e) if options.jmp.is_some() => {
+                return Err(ServerError::Other(format!(
+                    "the local pool provisioner: {}",
+                    jumpstarter_core::error_chain(&e)
+                )));
+            }
+            Err(e) => tracing::warn!(
+                "the local pool provisioner is off: {}",
+                jumpstarter_core::error_chain(&e)
+            ),
+        }
+    }
+    let mut engine = crate::pools::engine::EngineConfig::new(provisioners);
+    engine.ca_pem = ca_pem.to_string();
+    engine.credential_secrets = config.credential_secrets;
+    Ok((engine, local))
 }
 
 /// What the data directory keeps (created on first start).

@@ -150,6 +150,33 @@ impl EngineConfig {
     }
 }
 
+/// What a controller runs the pool engine with (`ControllerConfig::pools`).
+#[derive(Debug, Clone)]
+pub struct PoolsConfig {
+    /// Provisioners besides the local one (e.g. `qemu.jumpstarter.dev` on Kubernetes).
+    pub provisioners: Provisioners,
+    /// The `local` provisioner's options; `None`: no local provisioner.
+    pub local: Option<super::local::LocalOptions>,
+    /// When the controller stops gracefully, stop the local replicas too (SIGTERM, their
+    /// afterLease hooks run). Off by default: they keep serving their leases and a restarted
+    /// controller adopts them again.
+    pub stop_replicas_on_exit: bool,
+}
+
+impl PoolsConfig {
+    /// The defaults for a controller with data in `data_dir`: the local provisioner with its
+    /// replicas under `<data_dir>/pools`, `jmp` beside the controller or on `PATH`.
+    pub fn new(data_dir: &std::path::Path) -> Self {
+        Self {
+            provisioners: Provisioners::default(),
+            local: Some(super::local::LocalOptions::new(
+                super::local::default_pools_dir(data_dir),
+            )),
+            stop_replicas_on_exit: false,
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // The decision (pure)
 
