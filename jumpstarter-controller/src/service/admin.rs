@@ -14,16 +14,19 @@ use std::{collections::BTreeMap, sync::Arc};
 
 use jumpstarter_core::auth::{ObjectKind, Subject, bearer_token};
 use jumpstarter_proto::admin_v1::{
-    AccessPolicy, AccessRule, Client as PbClient, CreateClientRequest, CreateClientResponse,
-    CreateExporterRequest, CreateExporterResponse, Credentials, Device as PbDevice,
-    Exporter as PbExporter, ListAccessPoliciesResponse, ListClientsResponse, ListExportersResponse,
-    ListRequest, ObjectRef, admin_service_server::AdminService,
+    AccessPolicy, AccessRule, ApplyRequest, ApplyResponse, ApplyResult, Client as PbClient,
+    CreateClientRequest, CreateClientResponse, CreateExporterRequest, CreateExporterResponse,
+    Credentials, Device as PbDevice, Exporter as PbExporter, ExporterSet as PbExporterSet,
+    ListAccessPoliciesResponse, ListClientsResponse, ListExporterSetsResponse,
+    ListExportersResponse, ListRequest, ListVirtualTargetClassesResponse, ObjectRef,
+    VirtualTargetClass as PbClass, admin_service_server::AdminService,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1 as metav1;
 use tonic::{Request, Response, Status, metadata::MetadataMap};
 
 use crate::{
     auth::admin_token::AdminToken,
+    objects::virtualtarget::{ExporterSet, VirtualTargetClass},
     objects::{
         Client, ClientSpec, Exporter, ExporterAccessPolicy, ExporterAccessPolicySpec, ExporterSpec,
         Lease, Policy, PolicyFrom, RESERVED_LABEL_PREFIX, conditions,
@@ -36,6 +39,8 @@ use crate::{
         timestamp_to_proto,
     },
     service::{
+        admin_apply::{Desired, parse_documents},
+        admin_pools::{class_to_admin, exporter_set_to_admin},
         controller::{update_exporter, update_lease},
         limits::{self, MAX_LABELS, MAX_RULES, MAX_SELECTOR, MAX_TEXT},
     },
@@ -80,6 +85,111 @@ impl<S: Store> AdminApi<S> {
     /// is on.
     async fn keep_credential<K: StoreObject>(&self, owner: &K, token: &str) -> Result<(), Status> {
         keep_credential(&self.state, owner, token, self.credential_secrets).await
+    }
+
+    /// Issues the credentials of a just-created client or exporter and keeps the token in its
+    /// credential Secret when that is on: what CreateClient, CreateExporter and Apply do.
+    async fn issue_for_new<K: StoreObject>(
+        &self,
+        kind: ObjectKind,
+        stored: &K,
+    ) -> Result<Credentials, Status> {
+        let meta = stored.meta();
+        let credentials = self
+            .credentials(
+                kind,
+                meta.namespace.as_deref().unwrap_or_default(),
+                meta.name.as_deref().unwrap_or_default(),
+                meta.uid.clone(),
+            )
+            .await?;
+        self.keep_credential(stored, &credentials.token).await?;
+        Ok(credentials)
+    }
+
+    /// Creates `desired`, or updates the stored object of its name to its spec, labels and
+    /// annotations (keeping the stored labels `keep` selects, which are the system's);
+    /// `created`, `configured` or `unchanged` and the object as stored.
+    async fn apply_object<K: StoreObject>(
+        &self,
+        desired: &K,
+        keep: impl Fn(&str) -> bool,
+    ) -> Result<(&'static str, K), Status> {
+        let meta = desired.meta();
+        let ns = meta.namespace.as_deref().unwrap_or_default();
+        let name = meta.name.as_deref().unwrap_or_default();
+        let old = self
+            .state
+            .store
+            .get::<K>(ns, name)
+            .await
+            .map_err(store_status)?;
+        let Some(old) = old else {
+            let stored = self
+                .state
+                .store
+                .create(desired)
+                .await
+                .map_err(store_status)?;
+            return Ok(("created", stored));
+        };
+        let json = |o: &K| {
+            serde_json::to_value(o).map_err(|e| {
+                Status::internal(format!(
+                    "{} {ns}/{name}: cannot encode it: {e}",
+                    K::kind(&())
+                ))
+            })
+        };
+        let (before, want) = (json(&old)?, json(desired)?);
+        let mut next = before.clone();
+        match want.get("spec") {
+            Some(spec) => next["spec"] = spec.clone(),
+            None => {
+                if let Some(o) = next.as_object_mut() {
+                    o.remove("spec");
+                }
+            }
+        }
+        let mut labels = desired.meta().labels.clone().unwrap_or_default();
+        for (k, v) in old.meta().labels.iter().flatten() {
+            if keep(k) {
+                labels.entry(k.clone()).or_insert_with(|| v.clone());
+            }
+        }
+        let annotations = desired.meta().annotations.clone().unwrap_or_default();
+        if let Some(m) = next.get_mut("metadata").and_then(|m| m.as_object_mut()) {
+            for (field, map) in [("labels", labels), ("annotations", annotations)] {
+                if map.is_empty() {
+                    m.remove(field);
+                } else {
+                    m.insert(field.into(), serde_json::json!(map));
+                }
+            }
+        }
+        if next == before {
+            return Ok(("unchanged", old));
+        }
+        let next: K = serde_json::from_value(next).map_err(|e| {
+            Status::internal(format!(
+                "{} {ns}/{name}: cannot decode it: {e}",
+                K::kind(&())
+            ))
+        })?;
+        let stored = self.state.store.update(&next).await.map_err(store_status)?;
+        Ok(("configured", stored))
+    }
+
+    /// Where the token of a client or exporter created by Apply can be had.
+    fn token_note(&self, word: &str, ns: &str, name: &str) -> String {
+        let secret = if self.credential_secrets {
+            format!(" It is also kept in Secret {name}-{word} (key token).")
+        } else {
+            String::new()
+        };
+        format!(
+            "a token was issued for {word} {ns}/{name}: `jmp admin import {word} {name} -n {ns}`              writes its config with a freshly issued one.{secret}"
+        )
     }
 
     fn authorize(&self, md: &MetadataMap) -> Result<(), Status> {
@@ -204,7 +314,7 @@ impl<S: Store> AdminApi<S> {
 }
 
 /// Kubernetes namespace rules (a DNS-1123 label).
-fn validate_namespace(ns: &str) -> Result<(), String> {
+pub(crate) fn validate_namespace(ns: &str) -> Result<(), String> {
     if ns.len() > NAMESPACE_MAX {
         return Err(format!(
             "{ns:?} must be no more than {NAMESPACE_MAX} characters"
@@ -511,10 +621,7 @@ impl<S: Store> AdminService for AdminApi<S> {
         );
         obj.metadata = meta(&ns, &name, labels);
         let stored = self.state.store.create(&obj).await.map_err(store_status)?;
-        let credentials = self
-            .credentials(ObjectKind::Client, &ns, &name, stored.metadata.uid.clone())
-            .await?;
-        self.keep_credential(&stored, &credentials.token).await?;
+        let credentials = self.issue_for_new(ObjectKind::Client, &stored).await?;
         tracing::info!("admin: created client {ns}/{name}");
         self.state.wake.notify_one();
         Ok(Response::new(CreateClientResponse {
@@ -599,15 +706,7 @@ impl<S: Store> AdminService for AdminApi<S> {
         );
         obj.metadata = meta(&ns, &name, labels);
         let stored = self.state.store.create(&obj).await.map_err(store_status)?;
-        let credentials = self
-            .credentials(
-                ObjectKind::Exporter,
-                &ns,
-                &name,
-                stored.metadata.uid.clone(),
-            )
-            .await?;
-        self.keep_credential(&stored, &credentials.token).await?;
+        let credentials = self.issue_for_new(ObjectKind::Exporter, &stored).await?;
         tracing::info!("admin: created exporter {ns}/{name}");
         self.state.wake.notify_one();
         Ok(Response::new(CreateExporterResponse {
@@ -786,6 +885,198 @@ impl<S: Store> AdminService for AdminApi<S> {
             })?;
         tracing::info!("admin: deleted access policy {ns}/{name}");
         self.state.wake.notify_one();
+        Ok(Response::new(()))
+    }
+
+    async fn apply(
+        &self,
+        request: Request<ApplyRequest>,
+    ) -> Result<Response<ApplyResponse>, Status> {
+        self.authorize(request.metadata())?;
+        let req = request.into_inner();
+        if !req.namespace.is_empty() {
+            validate_namespace(&req.namespace)
+                .map_err(|e| Status::invalid_argument(format!("namespace: {e}")))?;
+        }
+        // Every document is checked before the first is written.
+        let documents = parse_documents(&req.documents, &req.namespace)?;
+        let mut results = Vec::with_capacity(documents.len());
+        for (i, doc) in documents.iter().enumerate() {
+            let d = &doc.desired;
+            let (ns, name) = (d.namespace().to_string(), d.name().to_string());
+            let not_system = |_: &str| false;
+            let reserved = |k: &str| k.starts_with(RESERVED_LABEL_PREFIX);
+            let applied = async {
+                let mut credentials = None;
+                let mut note = String::new();
+                let action = match d {
+                    Desired::Client(o) => {
+                        let (action, stored) = self.apply_object(o, not_system).await?;
+                        if action == "created" {
+                            credentials =
+                                Some(self.issue_for_new(ObjectKind::Client, &stored).await?);
+                            note = self.token_note("client", &ns, &name);
+                        }
+                        action
+                    }
+                    Desired::Exporter(o) => {
+                        let (action, stored) = self.apply_object(o, reserved).await?;
+                        if action == "created" {
+                            credentials =
+                                Some(self.issue_for_new(ObjectKind::Exporter, &stored).await?);
+                            note = self.token_note("exporter", &ns, &name);
+                        }
+                        action
+                    }
+                    Desired::Policy(o) => self.apply_object(o, not_system).await?.0,
+                    Desired::Set(o) => self.apply_object(o, not_system).await?.0,
+                    Desired::Class(o) => self.apply_object(o, not_system).await?.0,
+                };
+                Ok::<_, Status>((action, credentials, note))
+            }
+            .await;
+            let (action, credentials, mut note) = applied.map_err(|e| {
+                let done = if i == 0 {
+                    "nothing was applied".to_string()
+                } else {
+                    format!("documents 1 to {i} were applied")
+                };
+                Status::new(
+                    e.code(),
+                    format!(
+                        "document {n} ({kind} {ns}/{name}): {msg} ({done})",
+                        n = i + 1,
+                        kind = d.kind(),
+                        msg = e.message()
+                    ),
+                )
+            })?;
+            if doc.status_ignored {
+                if !note.is_empty() {
+                    note.push(' ');
+                }
+                note.push_str("Its status was ignored: the controller writes it.");
+            }
+            tracing::info!("admin: applied {} {ns}/{name}: {action}", d.kind());
+            results.push(ApplyResult {
+                api_version: d.api_version().into(),
+                kind: d.kind().into(),
+                namespace: ns,
+                name,
+                action: action.into(),
+                credentials,
+                note,
+            });
+        }
+        self.state.wake.notify_one();
+        Ok(Response::new(ApplyResponse { results }))
+    }
+
+    async fn get_exporter_set(
+        &self,
+        request: Request<ObjectRef>,
+    ) -> Result<Response<PbExporterSet>, Status> {
+        self.authorize(request.metadata())?;
+        let (ns, name, s) = self
+            .get_object::<ExporterSet>("exporter set", request.get_ref())
+            .await?;
+        let decisions = self.state.pool_decisions.recent(&ns, &name);
+        Ok(Response::new(exporter_set_to_admin(&s, &decisions)))
+    }
+
+    async fn list_exporter_sets(
+        &self,
+        request: Request<ListRequest>,
+    ) -> Result<Response<ListExporterSetsResponse>, Status> {
+        self.authorize(request.metadata())?;
+        let items = self.list_objects::<ExporterSet>(request.get_ref()).await?;
+        Ok(Response::new(ListExporterSetsResponse {
+            exporter_sets: items
+                .iter()
+                .map(|s| exporter_set_to_admin(s, &[]))
+                .collect(),
+        }))
+    }
+
+    async fn delete_exporter_set(
+        &self,
+        request: Request<ObjectRef>,
+    ) -> Result<Response<()>, Status> {
+        self.authorize(request.metadata())?;
+        let (ns, name, _) = self
+            .get_object::<ExporterSet>("exporter set", request.get_ref())
+            .await?;
+        self.state
+            .store
+            .delete::<ExporterSet>(&ns, &name, None)
+            .await
+            .map_err(store_status)?;
+        self.state.pool_decisions.forget(&ns, &name);
+        tracing::info!("admin: deleted exporter set {ns}/{name}");
+        self.state.wake.notify_one();
+        Ok(Response::new(()))
+    }
+
+    async fn get_virtual_target_class(
+        &self,
+        request: Request<ObjectRef>,
+    ) -> Result<Response<PbClass>, Status> {
+        self.authorize(request.metadata())?;
+        let (_, _, c) = self
+            .get_object::<VirtualTargetClass>("virtual target class", request.get_ref())
+            .await?;
+        Ok(Response::new(class_to_admin(&c)))
+    }
+
+    async fn list_virtual_target_classes(
+        &self,
+        request: Request<ListRequest>,
+    ) -> Result<Response<ListVirtualTargetClassesResponse>, Status> {
+        self.authorize(request.metadata())?;
+        let items = self
+            .list_objects::<VirtualTargetClass>(request.get_ref())
+            .await?;
+        Ok(Response::new(ListVirtualTargetClassesResponse {
+            classes: items.iter().map(class_to_admin).collect(),
+        }))
+    }
+
+    async fn delete_virtual_target_class(
+        &self,
+        request: Request<ObjectRef>,
+    ) -> Result<Response<()>, Status> {
+        self.authorize(request.metadata())?;
+        let (ns, name, _) = self
+            .get_object::<VirtualTargetClass>("virtual target class", request.get_ref())
+            .await?;
+        let users: Vec<String> = self
+            .state
+            .store
+            .list::<ExporterSet>(
+                Some(&ns),
+                &LabelSelector::everything(),
+                &ListParams::default(),
+            )
+            .await
+            .map_err(store_status)?
+            .items
+            .into_iter()
+            .filter(|s| s.spec.virtual_target_class_name == name)
+            .filter_map(|s| s.metadata.name)
+            .collect();
+        if !users.is_empty() {
+            return Err(Status::failed_precondition(format!(
+                "virtual target class {ns}/{name} is used by exporter set(s) {}: delete them \
+                 first (jmp admin delete exporterset NAME)",
+                users.join(", ")
+            )));
+        }
+        self.state
+            .store
+            .delete::<VirtualTargetClass>(&ns, &name, None)
+            .await
+            .map_err(store_status)?;
+        tracing::info!("admin: deleted virtual target class {ns}/{name}");
         Ok(Response::new(()))
     }
 }

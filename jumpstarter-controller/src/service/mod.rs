@@ -2,6 +2,8 @@
 //! what they accept ([`limits`]).
 
 pub mod admin;
+pub mod admin_apply;
+pub mod admin_pools;
 pub mod client;
 pub mod controller;
 pub mod devices;
