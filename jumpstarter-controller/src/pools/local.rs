@@ -47,8 +47,12 @@
 //! - With [`LocalOptions::exit_with_controller`], each `jmp run` is started with
 //!   `JMP_RUN_EXIT_WITH_PARENT` set to the controller's pid: it asks the kernel for SIGTERM
 //!   when the controller dies, however it dies (and stops at once if the controller is already
-//!   gone). The kernel ties that signal to the thread that spawned the child: replicas are
-//!   started from the runtime's worker threads, which live as long as the runtime.
+//!   gone). The kernel ties that signal to the thread that spawned the child, not to the
+//!   process, so these replicas are spawned by a thread of the provisioner's own that lives as
+//!   long as the provisioner (a runtime thread could end before the controller does): with
+//!   this option, dropping the provisioner stops the replicas too (except one dropped in the
+//!   milliseconds between its exec and `jmp run` setting the signal: the thread's end cannot
+//!   be seen afterwards, while the controller's is, through `getppid`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsString;
@@ -305,6 +309,51 @@ struct Inner {
     /// One lock per replica, so that a start and a stop of the same replica do not interleave
     /// (replicas of their own go on in parallel).
     ops: Mutex<HashMap<Key, Arc<tokio::sync::Mutex<()>>>>,
+    /// With `exit_with_controller`: the thread that spawns the replicas.
+    spawner: Option<Spawner>,
+}
+
+/// A spawn request: the command, and where its child goes.
+type SpawnRequest = (
+    tokio::process::Command,
+    oneshot::Sender<std::io::Result<tokio::process::Child>>,
+);
+
+/// A thread that spawns children and lives until the provisioner is dropped (when its queue
+/// closes).
+struct Spawner {
+    queue: tokio::sync::mpsc::Sender<SpawnRequest>,
+}
+
+impl Spawner {
+    /// How many spawn requests may wait (each caller waits for its own).
+    const QUEUE: usize = 16;
+
+    fn start() -> Result<Self, LocalError> {
+        let (queue, mut requests) = tokio::sync::mpsc::channel::<SpawnRequest>(Self::QUEUE);
+        let runtime = tokio::runtime::Handle::current();
+        std::thread::Builder::new()
+            .name("pool-spawner".to_string())
+            .spawn(move || {
+                // tokio's child handling needs the runtime's context.
+                let _context = runtime.enter();
+                while let Some((mut cmd, reply)) = requests.blocking_recv() {
+                    let _ = reply.send(cmd.spawn());
+                }
+            })
+            .map_err(|source| LocalError::Spawn {
+                program: PathBuf::from("the pool-spawner thread"),
+                source,
+            })?;
+        Ok(Self { queue })
+    }
+
+    async fn spawn(&self, cmd: tokio::process::Command) -> std::io::Result<tokio::process::Child> {
+        let (reply, child) = oneshot::channel();
+        let gone = || std::io::Error::other("the pool-spawner thread has stopped");
+        self.queue.send((cmd, reply)).await.map_err(|_| gone())?;
+        child.await.map_err(|_| gone())?
+    }
 }
 
 /// The `local` provisioner (see the module documentation).
@@ -348,11 +397,16 @@ impl LocalProvisioner {
             Ok(find_leftovers(&base))
         })
         .await?;
+        let spawner = match options.exit_with_controller {
+            true => Some(Spawner::start()?),
+            false => None,
+        };
         let inner = Arc::new(Inner {
             options,
             jmp,
             replicas: Mutex::new(HashMap::new()),
             ops: Mutex::new(HashMap::new()),
+            spawner,
         });
         for (dir, meta) in leftovers {
             let found = {
@@ -611,7 +665,11 @@ impl Inner {
         if self.options.exit_with_controller {
             cmd.env(EXIT_WITH_PARENT_ENV, std::process::id().to_string());
         }
-        let child = cmd.spawn().map_err(|source| LocalError::Spawn {
+        let spawned = match &self.spawner {
+            Some(spawner) => spawner.spawn(cmd).await,
+            None => cmd.spawn(),
+        };
+        let child = spawned.map_err(|source| LocalError::Spawn {
             program: self.jmp.clone(),
             source,
         })?;
@@ -1549,6 +1607,30 @@ mod tests {
         })
         .await;
         p.stop("lab", "pool-c").await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn replicas_told_to_exit_with_the_controller_stop_when_it_goes() {
+        let tmp = tempfile::tempdir().unwrap();
+        let procs = Procs::default();
+        let mut o = options(&tmp.path().join("pools"), jmp_bin());
+        o.exit_with_controller = true;
+        let p = LocalProvisioner::new(o).await.unwrap();
+        p.start(&request("lab", "pool", "pool-d")).await.unwrap();
+        let pid = running_pid(&p, "lab", "pool", "pool-d").await;
+        procs.add(pid);
+        // Once it logs, it has asked for the parent-death signal (that comes first).
+        let log = p.replica_dir("lab", "pool-d").join(LOG_FILE);
+        until("jmp run logged", async || {
+            std::fs::metadata(&log).is_ok_and(|m| m.len() > 0)
+        })
+        .await;
+        // The thread that spawned it ends with the provisioner: the kernel sends SIGTERM.
+        drop(p);
+        until("the replica stopped with its provisioner", async || {
+            !alive(pid)
+        })
+        .await;
     }
 
     /// `jmp run` with the variable stops once the process that started it is gone.
