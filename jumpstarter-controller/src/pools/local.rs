@@ -179,8 +179,8 @@ pub enum LocalError {
         #[source]
         source: std::io::Error,
     },
-    /// A blocking file task was cancelled (the runtime is shutting down).
-    #[error("a file task was cancelled")]
+    /// The task doing it ended early (the runtime shutting down, or a bug).
+    #[error("the task doing it ended early")]
     Cancelled,
 }
 
@@ -500,20 +500,26 @@ impl Provisioner for LocalProvisioner {
         PROVISIONER_LOCAL
     }
 
+    /// Runs in a task of its own, so that a caller giving up (a timeout) cannot leave a
+    /// process spawned and not watched.
     fn start<'a>(&'a self, req: &'a ReplicaRequest) -> ProvisionFuture<'a, ()> {
+        let (inner, owned) = (self.inner.clone(), req.clone());
         Box::pin(async move {
-            self.inner
-                .start(req)
+            tokio::spawn(async move { inner.start(&owned).await })
                 .await
+                .unwrap_or(Err(LocalError::Cancelled))
                 .map_err(replica_error(&req.namespace, &req.name, "start"))
         })
     }
 
+    /// Runs in a task of its own, so that a caller giving up cannot leave the replica half
+    /// stopped.
     fn stop<'a>(&'a self, namespace: &'a str, name: &'a str) -> ProvisionFuture<'a, ()> {
+        let (inner, ns, n) = (self.inner.clone(), namespace.to_string(), name.to_string());
         Box::pin(async move {
-            self.inner
-                .stop(namespace, name)
+            tokio::spawn(async move { inner.stop(&ns, &n).await })
                 .await
+                .unwrap_or(Err(LocalError::Cancelled))
                 .map_err(replica_error(namespace, name, "stop"))
         })
     }
@@ -890,7 +896,11 @@ async fn watch_child(
     let exited = loop {
         tokio::select! {
             r = child.wait() => break r,
-            _ = &mut stop => {
+            asked = &mut stop => {
+                if asked.is_err() {
+                    // The provisioner was dropped: the replica runs on, for the next one.
+                    return;
+                }
                 if let Some(p) = Pid::from_raw(pid) {
                     // The child is not yet reaped, so `pid` is still this child.
                     let _ = rustix::process::kill_process(p, Signal::TERM);
@@ -951,7 +961,11 @@ async fn watch_adopted(
         tokio::select! {
             _ = exited(&fd) => break "exited after a controller restart; its exit status is \
                                       unknown (it was re-adopted, not a child)".to_string(),
-            _ = &mut stop => {
+            asked = &mut stop => {
+                if asked.is_err() {
+                    // The provisioner was dropped: the replica runs on, for the next one.
+                    return;
+                }
                 let _ = rustix::process::pidfd_send_signal(fd.get_ref(), Signal::TERM);
                 if tokio::time::timeout(grace, exited(&fd)).await.is_err() {
                     let _ = rustix::process::pidfd_send_signal(fd.get_ref(), Signal::KILL);
@@ -1365,6 +1379,33 @@ mod tests {
         assert!(!base.join("lab").exists());
         assert!(observed(&p, "lab", "pool").await.is_empty());
         p.stop("lab", "pool-a1").await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_start_given_up_by_its_caller_still_completes() {
+        use futures::FutureExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let procs = Procs::default();
+        let p = LocalProvisioner::new(options(&tmp.path().join("pools"), jmp_bin()))
+            .await
+            .unwrap();
+        // Polled once and dropped: the caller gave up before anything was spawned.
+        assert!(
+            p.start(&request("lab", "pool", "pool-g"))
+                .now_or_never()
+                .is_none()
+        );
+        until("the replica runs", async || {
+            observed(&p, "lab", "pool")
+                .await
+                .first()
+                .is_some_and(|o| o.phase == ReplicaPhase::Running)
+        })
+        .await;
+        let pid = running_pid(&p, "lab", "pool", "pool-g").await;
+        procs.add(pid);
+        p.stop("lab", "pool-g").await.unwrap();
+        assert!(!alive(pid));
     }
 
     #[tokio::test]
