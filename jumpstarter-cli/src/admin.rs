@@ -71,6 +71,12 @@ pub enum AdminCommand {
     /// Print a lease's gathered log (ours): the controller's events and the exporter's
     /// driver calls and driver lines, oldest first
     Logs(AdminLogsArgs),
+    /// Create or update objects from upstream-format YAML/JSON files (ours, as kubectl
+    /// apply): clients, exporters, access policies, exporter sets, virtual target classes
+    Apply(crate::admin_pools::ApplyArgs),
+    /// Show the details of an exporter set or virtual target class (ours)
+    #[command(subcommand)]
+    Describe(crate::admin_pools::AdminDescribe),
     /// Get the current Jumpstarter version
     #[command(alias = "ver", alias = "v")]
     Version(crate::config_cmd::VersionArgs),
@@ -134,7 +140,7 @@ pub struct KubeFlags {
 impl KubeFlags {
     /// The namespace to use; refuses `--kubeconfig`/`--context`, which this `jmp admin` cannot
     /// honour.
-    fn namespace(&self) -> Result<String> {
+    pub(crate) fn namespace(&self) -> Result<String> {
         let refused = match (&self.kubeconfig, &self.context) {
             (Some(_), _) => Some("--kubeconfig"),
             (None, Some(_)) => Some("--context"),
@@ -471,6 +477,22 @@ pub enum AdminDelete {
     /// Not offered: delete Kubernetes clusters with your own tools
     #[command(alias = "clusters")]
     Cluster(DeleteClusterArgs),
+    /// Delete an exporter set (a pool of exporters scaled on demand); its replicas go too
+    #[command(
+        name = "exporterset",
+        alias = "exportersets",
+        alias = "es",
+        alias = "exporterset.virtualtarget.jumpstarter.dev"
+    )]
+    ExporterSet(crate::admin_pools::PoolNameArgs),
+    /// Delete a virtual target class (refused while an exporter set names it)
+    #[command(
+        name = "virtualtargetclass",
+        alias = "virtualtargetclasses",
+        alias = "vtc",
+        alias = "virtualtargetclass.virtualtarget.jumpstarter.dev"
+    )]
+    VirtualTargetClass(crate::admin_pools::PoolNameArgs),
 }
 
 /// `jmp admin delete client|exporter`.
@@ -507,6 +529,23 @@ pub enum AdminGet {
     /// Not offered: list Kubernetes clusters with your own tools
     #[command(alias = "clusters")]
     Cluster(GetClusterArgs),
+    /// Get the exporter sets (pools of exporters scaled on demand): replicas, ready,
+    /// available and leased counts, and their bounds
+    #[command(
+        name = "exportersets",
+        alias = "exporterset",
+        alias = "es",
+        alias = "exportersets.virtualtarget.jumpstarter.dev"
+    )]
+    ExporterSet(crate::admin_pools::PoolGetArgs),
+    /// Get the virtual target classes (how exporter sets make their replicas)
+    #[command(
+        name = "virtualtargetclasses",
+        alias = "virtualtargetclass",
+        alias = "vtc",
+        alias = "virtualtargetclasses.virtualtarget.jumpstarter.dev"
+    )]
+    VirtualTargetClass(crate::admin_pools::PoolGetArgs),
 }
 
 /// `jmp admin get client|exporter|lease [NAME]`.
@@ -639,11 +678,11 @@ pub struct ClearHealthArgs {
 
 /// A connection to the AdminService.
 pub(crate) struct AdminApi {
-    rpc: AdminServiceClient<AuthChannel>,
+    pub(crate) rpc: AdminServiceClient<AuthChannel>,
 }
 
 impl AdminApi {
-    async fn connect(opts: &AdminConnect, insecure: bool) -> Result<Self> {
+    pub(crate) async fn connect(opts: &AdminConnect, insecure: bool) -> Result<Self> {
         let path = opts
             .admin_config
             .clone()
@@ -684,6 +723,20 @@ pub async fn run(cmd: AdminCommand) -> Result<i32> {
         AdminCommand::Rotate(AdminRotate::Client(a)) => rotate_client(a).await,
         AdminCommand::ClearHealth(AdminClearHealth::Exporter(a)) => clear_health(a).await,
         AdminCommand::Logs(a) => admin_logs(a).await,
+        AdminCommand::Apply(a) => crate::admin_pools::apply(a).await,
+        AdminCommand::Describe(a) => crate::admin_pools::describe(a).await,
+        AdminCommand::Get(AdminGet::ExporterSet(a)) => {
+            crate::admin_pools::get_exporter_sets(a).await
+        }
+        AdminCommand::Get(AdminGet::VirtualTargetClass(a)) => {
+            crate::admin_pools::get_classes(a).await
+        }
+        AdminCommand::Delete(AdminDelete::ExporterSet(a)) => {
+            crate::admin_pools::delete(a, true).await
+        }
+        AdminCommand::Delete(AdminDelete::VirtualTargetClass(a)) => {
+            crate::admin_pools::delete(a, false).await
+        }
         AdminCommand::Version(a) => crate::config_cmd::version(a),
     }
 }

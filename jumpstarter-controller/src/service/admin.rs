@@ -45,7 +45,7 @@ use crate::{
         limits::{self, MAX_LABELS, MAX_RULES, MAX_SELECTOR, MAX_TEXT},
     },
     state::{ControllerState, store_status},
-    store::{ListParams, Store, StoreObject},
+    store::{ListParams, Store, StoreError, StoreObject},
 };
 
 /// The namespace used when a request leaves it empty.
@@ -109,12 +109,36 @@ impl<S: Store> AdminApi<S> {
 
     /// Creates `desired`, or updates the stored object of its name to its spec, labels and
     /// annotations (keeping the stored labels `keep` selects, which are the system's);
-    /// `created`, `configured` or `unchanged` and the object as stored.
+    /// `created`, `configured` or `unchanged` and the object as stored. A write that meets
+    /// another one (the pool engine writing a set's status) is tried again, a few times.
     async fn apply_object<K: StoreObject>(
         &self,
         desired: &K,
         keep: impl Fn(&str) -> bool,
     ) -> Result<(&'static str, K), Status> {
+        const TRIES: usize = 5;
+        for _ in 1..TRIES {
+            match self.apply_object_once(desired, &keep).await {
+                Err(ApplyError::Conflict) => continue,
+                Err(ApplyError::Status(s)) => return Err(s),
+                Ok(done) => return Ok(done),
+            }
+        }
+        self.apply_object_once(desired, &keep)
+            .await
+            .map_err(|e| match e {
+                ApplyError::Conflict => Status::aborted(
+                    "it kept changing while being applied (other writers); try again",
+                ),
+                ApplyError::Status(s) => s,
+            })
+    }
+
+    async fn apply_object_once<K: StoreObject>(
+        &self,
+        desired: &K,
+        keep: &impl Fn(&str) -> bool,
+    ) -> Result<(&'static str, K), ApplyError> {
         let meta = desired.meta();
         let ns = meta.namespace.as_deref().unwrap_or_default();
         let name = meta.name.as_deref().unwrap_or_default();
@@ -125,13 +149,11 @@ impl<S: Store> AdminApi<S> {
             .await
             .map_err(store_status)?;
         let Some(old) = old else {
-            let stored = self
-                .state
-                .store
-                .create(desired)
-                .await
-                .map_err(store_status)?;
-            return Ok(("created", stored));
+            return match self.state.store.create(desired).await {
+                Ok(stored) => Ok(("created", stored)),
+                Err(StoreError::AlreadyExists { .. }) => Err(ApplyError::Conflict),
+                Err(e) => Err(store_status(e).into()),
+            };
         };
         let json = |o: &K| {
             serde_json::to_value(o).map_err(|e| {
@@ -176,8 +198,11 @@ impl<S: Store> AdminApi<S> {
                 K::kind(&())
             ))
         })?;
-        let stored = self.state.store.update(&next).await.map_err(store_status)?;
-        Ok(("configured", stored))
+        match self.state.store.update(&next).await {
+            Ok(stored) => Ok(("configured", stored)),
+            Err(e) if e.is_conflict() || e.is_not_found() => Err(ApplyError::Conflict),
+            Err(e) => Err(store_status(e).into()),
+        }
     }
 
     /// Where the token of a client or exporter created by Apply can be had.
@@ -310,6 +335,20 @@ impl<S: Store> AdminApi<S> {
             self.state.wake.notify_one();
         }
         Ok(n)
+    }
+}
+
+/// Why one try of [`AdminApi::apply_object`] failed.
+enum ApplyError {
+    /// Another write came first: read again and retry.
+    Conflict,
+    /// Anything else.
+    Status(Status),
+}
+
+impl From<Status> for ApplyError {
+    fn from(s: Status) -> Self {
+        Self::Status(s)
     }
 }
 

@@ -165,9 +165,12 @@ fn parse_document(text: &str, namespace: &str) -> Result<Document, DocError> {
         ));
     }
     let value: Value = serde_saphyr::from_str(text).map_err(|e| {
+        // The parser's first line says where and what; the rest is a picture of the text.
+        let text = jumpstarter_core::error_chain(&e);
+        let first = text.lines().next().unwrap_or_default();
         format!(
             ": not YAML or JSON: {e}",
-            e = jumpstarter_core::error_chain(&e)
+            e = first.strip_prefix("error: ").unwrap_or(first)
         )
     })?;
     let Value::Object(mut map) = value else {
