@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 mod admin;
+mod admin_apply;
 mod crds;
 mod data_dir;
 mod deploy;
