@@ -294,6 +294,19 @@ struct Replica {
     watcher: Option<Watcher>,
 }
 
+/// What a watcher task needs besides the process.
+struct Watched {
+    /// `namespace/name`, for the log.
+    replica: String,
+    /// Where it reports the process's state.
+    status: Arc<Mutex<Status>>,
+    /// The replica's log, and its bound.
+    log: PathBuf,
+    max_log: u64,
+    /// Between SIGTERM and SIGKILL.
+    grace: Duration,
+}
+
 /// The task that owns a replica's process.
 struct Watcher {
     stop: oneshot::Sender<()>,
@@ -705,32 +718,33 @@ impl Inner {
             adopted: false,
         };
         let (stop_tx, stop_rx) = oneshot::channel();
-        let task = tokio::spawn(watch_child(
-            child,
-            pid,
-            stop_rx,
-            status,
-            dir.join(LOG_FILE),
-            self.options.max_log_bytes,
-            self.options.stop_timeout,
-        ));
+        let watched = self.watched(format!("{}/{}", req.namespace, req.name), &dir, status);
+        let task = tokio::spawn(watch_child(watched, child, pid, stop_rx));
         Ok(Watcher {
             stop: stop_tx,
             task,
         })
     }
 
+    fn watched(&self, replica: String, dir: &Path, status: Arc<Mutex<Status>>) -> Watched {
+        Watched {
+            replica,
+            status,
+            log: dir.join(LOG_FILE),
+            max_log: self.options.max_log_bytes,
+            grace: self.options.stop_timeout,
+        }
+    }
+
     fn watch_adopted(&self, dir: &Path, pid: i32, pidfd: OwnedFd, set: String) -> Replica {
         let status = Arc::new(Mutex::new(Status::Running { pid, adopted: true }));
         let (stop_tx, stop_rx) = oneshot::channel();
-        let task = tokio::spawn(watch_adopted(
-            pidfd,
-            stop_rx,
-            status.clone(),
-            dir.join(LOG_FILE),
-            self.options.max_log_bytes,
-            self.options.stop_timeout,
-        ));
+        // `<base>/<namespace>/<name>`: named `namespace/name` in the log.
+        let mut parts = dir.iter().rev().take(2).map(|c| c.to_string_lossy());
+        let name = parts.next().unwrap_or_default();
+        let replica = format!("{}/{name}", parts.next().unwrap_or_default());
+        let watched = self.watched(replica, dir, status.clone());
+        let task = tokio::spawn(watch_adopted(watched, pid, pidfd, stop_rx));
         Replica {
             set,
             status,
@@ -882,15 +896,12 @@ fn signal_name(sig: i32) -> Option<&'static str> {
 }
 
 /// Owns a child replica until it exits (reaping it) or is told to stop (SIGTERM, then
-/// SIGKILL after `grace`); keeps its log bounded meanwhile.
+/// SIGKILL after the grace time); keeps its log bounded meanwhile.
 async fn watch_child(
+    w: Watched,
     mut child: tokio::process::Child,
     pid: i32,
     mut stop: oneshot::Receiver<()>,
-    status: Arc<Mutex<Status>>,
-    log: PathBuf,
-    max_log: u64,
-    grace: Duration,
 ) {
     let mut tick = tokio::time::interval(LOG_CHECK_INTERVAL);
     let exited = loop {
@@ -905,7 +916,7 @@ async fn watch_child(
                     // The child is not yet reaped, so `pid` is still this child.
                     let _ = rustix::process::kill_process(p, Signal::TERM);
                 }
-                break match tokio::time::timeout(grace, child.wait()).await {
+                break match tokio::time::timeout(w.grace, child.wait()).await {
                     Ok(r) => r,
                     Err(_) => {
                         let _ = child.start_kill();
@@ -916,7 +927,7 @@ async fn watch_child(
                     }
                 };
             }
-            _ = tick.tick() => cap_log(&log, max_log).await,
+            _ = tick.tick() => cap_log(&w.log, w.max_log).await,
         }
     };
     let (phase, message) = match exited {
@@ -926,60 +937,85 @@ async fn watch_child(
             format!("cannot wait for pid {pid}: {e}"),
         ),
     };
-    tracing::info!("pool replica pid {pid} {message}");
-    *status.lock_or_recover() = Status::Exited { phase, message };
+    tracing::info!("pool replica {} (pid {pid}) {message}", w.replica);
+    *w.status.lock_or_recover() = Status::Exited { phase, message };
 }
 
 /// Watches a re-adopted replica (not a child) through its pidfd until it exits or is told to
-/// stop (SIGTERM, then SIGKILL after `grace`, both through the pidfd); keeps its log bounded.
-async fn watch_adopted(
-    pidfd: OwnedFd,
-    mut stop: oneshot::Receiver<()>,
-    status: Arc<Mutex<Status>>,
-    log: PathBuf,
-    max_log: u64,
-    grace: Duration,
-) {
-    // `AsyncFd::new` is deprecated because a type could change the descriptor it reports
-    // while registered; an `OwnedFd` never does, so this use is sound (`register`, its
-    // replacement, is `unsafe`, which this workspace forbids).
-    #[allow(deprecated)]
-    let fd = AsyncFd::new(pidfd);
-    let Ok(fd) = fd else {
-        *status.lock_or_recover() = Status::Exited {
-            phase: ReplicaPhase::Unknown,
-            message: "cannot watch the re-adopted process".to_string(),
-        };
-        return;
-    };
-    // A pidfd becomes readable when its process exits.
-    let exited = async |fd: &AsyncFd<OwnedFd>| {
-        let _ = fd.readable().await;
+/// stop (SIGTERM, then SIGKILL after the grace time, both through the pidfd); keeps its log
+/// bounded.
+async fn watch_adopted(w: Watched, pid: i32, pidfd: OwnedFd, mut stop: oneshot::Receiver<()>) {
+    // Registered through a copy, so that the pidfd is kept when registering fails.
+    let registered = pidfd.try_clone().ok().and_then(|copy| {
+        // `AsyncFd::new` is deprecated because a type could change the descriptor it reports
+        // while registered; an `OwnedFd` never does, so this use is sound (`register`, its
+        // replacement, is `unsafe`, which this workspace forbids).
+        #[allow(deprecated)]
+        AsyncFd::new(copy).ok()
+    });
+    let pidfd = match registered {
+        Some(fd) => PidWatch::Ready(fd),
+        None => PidWatch::Polled {
+            pidfd,
+            start_time: read_stat(pid).map_or(0, |s| s.start_time),
+        },
     };
     let mut tick = tokio::time::interval(LOG_CHECK_INTERVAL);
     let message = loop {
         tokio::select! {
-            _ = exited(&fd) => break "exited after a controller restart; its exit status is \
-                                      unknown (it was re-adopted, not a child)".to_string(),
+            _ = pidfd.exited(pid) => break "exited after a controller restart; its exit status \
+                                           is unknown (it was re-adopted, not a child)",
             asked = &mut stop => {
                 if asked.is_err() {
                     // The provisioner was dropped: the replica runs on, for the next one.
                     return;
                 }
-                let _ = rustix::process::pidfd_send_signal(fd.get_ref(), Signal::TERM);
-                if tokio::time::timeout(grace, exited(&fd)).await.is_err() {
-                    let _ = rustix::process::pidfd_send_signal(fd.get_ref(), Signal::KILL);
-                    let _ = tokio::time::timeout(KILL_WAIT, exited(&fd)).await;
+                let _ = rustix::process::pidfd_send_signal(pidfd.fd(), Signal::TERM);
+                if tokio::time::timeout(w.grace, pidfd.exited(pid)).await.is_err() {
+                    let _ = rustix::process::pidfd_send_signal(pidfd.fd(), Signal::KILL);
+                    let _ = tokio::time::timeout(KILL_WAIT, pidfd.exited(pid)).await;
                 }
-                break "stopped".to_string();
+                break "stopped";
             }
-            _ = tick.tick() => cap_log(&log, max_log).await,
+            _ = tick.tick() => cap_log(&w.log, w.max_log).await,
         }
     };
-    *status.lock_or_recover() = Status::Exited {
+    tracing::info!("pool replica {} (pid {pid}) {message}", w.replica);
+    *w.status.lock_or_recover() = Status::Exited {
         phase: ReplicaPhase::Failed,
-        message,
+        message: message.to_string(),
     };
+}
+
+/// A re-adopted replica's pidfd, waited on through the runtime, or by looking at `/proc`
+/// when it cannot be registered there.
+enum PidWatch {
+    Ready(AsyncFd<OwnedFd>),
+    Polled { pidfd: OwnedFd, start_time: u64 },
+}
+
+impl PidWatch {
+    fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        match self {
+            Self::Ready(fd) => fd.get_ref().as_fd(),
+            Self::Polled { pidfd, .. } => pidfd.as_fd(),
+        }
+    }
+
+    /// Resolves once the process has exited (a pidfd becomes readable then).
+    async fn exited(&self, pid: i32) {
+        match self {
+            Self::Ready(fd) => {
+                let _ = fd.readable().await;
+            }
+            Self::Polled { start_time, .. } => {
+                while read_stat(pid).is_some_and(|s| s.alive() && s.start_time == *start_time) {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+    }
 }
 
 /// Copies the log to `exporter.log.1` and truncates it once it is larger than `max`. The
@@ -1700,6 +1736,40 @@ mod tests {
             .unwrap();
         procs.add(pid);
         until("the orphaned jmp run stopped", async || !alive(pid)).await;
+    }
+
+    /// Both ways of waiting for a re-adopted replica see it exit, and not before.
+    #[tokio::test]
+    async fn a_pid_watch_sees_its_process_exit() {
+        use futures::FutureExt;
+        for polled in [false, true] {
+            let procs = Procs::default();
+            let mut sleep = std::process::Command::new("sleep")
+                .arg("600")
+                .spawn()
+                .unwrap();
+            let pid = sleep.id() as i32;
+            procs.add(pid);
+            let pidfd =
+                rustix::process::pidfd_open(Pid::from_raw(pid).unwrap(), PidfdFlags::empty())
+                    .unwrap();
+            let watch = if polled {
+                PidWatch::Polled {
+                    pidfd,
+                    start_time: read_stat(pid).unwrap().start_time,
+                }
+            } else {
+                #[allow(deprecated)]
+                PidWatch::Ready(AsyncFd::new(pidfd).unwrap())
+            };
+            assert!(
+                watch.exited(pid).now_or_never().is_none(),
+                "polled: {polled}"
+            );
+            rustix::process::pidfd_send_signal(watch.fd(), Signal::KILL).unwrap();
+            sleep.wait().unwrap();
+            watch.exited(pid).await;
+        }
     }
 
     #[test]
