@@ -1,4 +1,5 @@
-//! The command blocks of README.md, docs/quickstart.md and docs/storage.md, run against the
+//! The command blocks of README.md, docs/quickstart.md, docs/storage.md and
+//! docs/virtual-pools.md, run against the
 //! binaries cargo built, so that a doc example that stops working fails the tests.
 //!
 //! Each doc is one story: its fenced blocks tagged `sh`, `shell`, `bash` or `console` run in
@@ -85,6 +86,11 @@ fn quickstart() {
 #[test]
 fn storage() {
     doc_test("storage", "docs/storage.md");
+}
+
+#[test]
+fn virtual_pools() {
+    doc_test("virtual_pools", "docs/virtual-pools.md");
 }
 
 /// Runs the blocks of `doc` (relative to the workspace root); `test` is the name of the
