@@ -399,15 +399,15 @@ impl LocalProvisioner {
     /// left there by an earlier provisioner are re-adopted when they still run, and their
     /// directories removed when they do not.
     pub async fn new(options: LocalOptions) -> Result<Self, LocalError> {
-        let jmp = resolve_jmp(
-            options.jmp.as_deref(),
-            std::env::current_exe().ok().as_deref(),
-            std::env::var_os("PATH").as_deref(),
-        )?;
-        let base = options.base_dir.clone();
-        let leftovers = blocking(move || {
+        let (explicit, base) = (options.jmp.clone(), options.base_dir.clone());
+        let (jmp, leftovers) = blocking(move || {
+            let jmp = resolve_jmp(
+                explicit.as_deref(),
+                std::env::current_exe().ok().as_deref(),
+                std::env::var_os("PATH").as_deref(),
+            )?;
             private_dir(&base)?;
-            Ok(find_leftovers(&base))
+            Ok((jmp, find_leftovers(&base)))
         })
         .await?;
         let spawner = match options.exit_with_controller {
@@ -1736,6 +1736,23 @@ mod tests {
             .unwrap();
         procs.add(pid);
         until("the orphaned jmp run stopped", async || !alive(pid)).await;
+
+        // A value that is no pid is refused, naming the variable.
+        let out = tokio::process::Command::new(jmp_bin())
+            .args(["run", "--exporter-config"])
+            .arg(&config)
+            .env(EXIT_WITH_PARENT_ENV, "controller")
+            .output()
+            .await
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&format!(
+                "{EXIT_WITH_PARENT_ENV}=\"controller\" is not a process id"
+            )),
+            "{err}"
+        );
     }
 
     /// Both ways of waiting for a re-adopted replica see it exit, and not before.
