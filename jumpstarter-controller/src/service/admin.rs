@@ -944,7 +944,12 @@ impl<S: Store> AdminService for AdminApi<S> {
             let d = &doc.desired;
             let (ns, name) = (d.namespace().to_string(), d.name().to_string());
             let not_system = |_: &str| false;
-            let reserved = |k: &str| k.starts_with(RESERVED_LABEL_PREFIX);
+            // An exporter's reported labels, and the set label of a pool's replica, are the
+            // system's: a document does not remove them.
+            let reserved = |k: &str| {
+                k.starts_with(RESERVED_LABEL_PREFIX)
+                    || k == crate::objects::virtualtarget::LABEL_EXPORTER_SET
+            };
             let applied = async {
                 let mut credentials = None;
                 let mut note = String::new();

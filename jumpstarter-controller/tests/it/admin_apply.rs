@@ -6,7 +6,10 @@
 
 use jumpstarter_controller::{
     ControllerConfig,
-    objects::virtualtarget::{ExporterSet, VirtualTargetClass},
+    objects::{
+        Exporter,
+        virtualtarget::{ExporterSet, VirtualTargetClass},
+    },
     start_with_store,
     store::{KubeStore, Store, credentials},
     testing::FakeApiServer,
@@ -125,6 +128,38 @@ async fn apply_on_the_kubernetes_store() {
         .unwrap()
         .into_inner();
     assert_eq!((got.max_replicas, got.selector.as_str()), (5, "pool=mock"));
+
+    // An exporter's own labels (reported at registration) stay when its document is applied
+    // again without them.
+    let exporter = "apiVersion: jumpstarter.dev/v1alpha1
+kind: Exporter
+metadata: {name: board, labels: {board: rpi4}}
+"
+    .to_string();
+    let out = admin
+        .apply(admin_req(&token, apply(std::slice::from_ref(&exporter))))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(out.results[0].action, "created");
+    assert!(out.results[0].credentials.is_some());
+    let mut e: Exporter = store.get("default", "board").await.unwrap().unwrap();
+    e.metadata
+        .labels
+        .get_or_insert_default()
+        .insert("jumpstarter.dev/name".into(), "board".into());
+    store.update(&e).await.unwrap();
+    let relabelled = exporter.replace("board: rpi4", "board: rpi5");
+    let out = admin
+        .apply(admin_req(&token, apply(&[relabelled])))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(out.results[0].action, "configured");
+    let e: Exporter = store.get("default", "board").await.unwrap().unwrap();
+    let labels = e.metadata.labels.unwrap();
+    assert_eq!(labels["board"], "rpi5");
+    assert_eq!(labels["jumpstarter.dev/name"], "board");
 
     // A bad document among good ones: nothing is written, the document is named.
     let mut bad = vec![DOCS[0].replace("name: local", "name: other")];
