@@ -739,6 +739,11 @@ async fn run_kubernetes(
     let store = KubeStore::from_env()
         .await
         .map_err(|e| jumpstarter_core::error_chain(&e))?;
+    // Pools whose class names qemu.jumpstarter.dev run their replicas as Pods here.
+    if let Some(pools) = config.pools.as_mut() {
+        let pods = crate::pools::kube::KubeProvisioner::new(store.client().clone());
+        pools.provisioners.insert(std::sync::Arc::new(pods));
+    }
     let cluster = cluster_config::load(&store, &args.namespace)
         .await
         .map_err(|e| jumpstarter_core::error_chain(&e))?;
