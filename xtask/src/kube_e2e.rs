@@ -21,7 +21,10 @@
 //! 7. `deploy/kubernetes/base` under kube-controller-manager's Deployment and ReplicaSet
 //!    controllers with a stand-in node: `kubectl rollout status`, a rolling restart, the
 //!    leader killed under load ([`crate::kube_rollout`]);
-//! 8. upstream's 0.9.0 Go controller and router with upstream's CRDs, driven by our exporter,
+//! 8. a virtual target pool with the `qemu.jumpstarter.dev` provisioner: its replicas as Pods
+//!    on the stand-in node, leases served by them, scaling, and garbage collection of the
+//!    Pods when the ExporterSet goes ([`crate::kube_pools`]);
+//! 9. upstream's 0.9.0 Go controller and router with upstream's CRDs, driven by our exporter,
 //!    `jmp` and `j` ([`crate::go_controller`]).
 
 use anyhow::{Result, bail};
@@ -104,6 +107,7 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     let report = crate::kube_rollout::scenario(&crate::debug_build()?)?;
     crate::kube_rollout::print_report(&report);
+    crate::kube_pools::scenario(&crate::debug_build()?)?;
     println!("== our exporter, jmp and j against upstream's Go controller and router");
     let rows = crate::go_controller::scenario(&crate::debug_build()?)?;
     crate::go_controller::print_matrix(&rows);

@@ -5,9 +5,9 @@
 //!
 //! - **Scheduling:** each new pod is bound to the Node [`NODE`] (the `pods/binding`
 //!   subresource, as the scheduler does), so that deleting it is graceful as on a cluster.
-//! - **Containers:** a pod's container runs the binary its image names
-//!   (`jumpstarter-controller`, `jumpstarter-router`, from the debug build), with the pod's
-//!   args and env (`value`, the downward API's `metadata.name`, `metadata.namespace` and
+//! - **Containers:** a pod's container runs the binary its `command` or image names
+//!   (`jumpstarter-controller`, `jumpstarter-router`, `jmp`, from the debug build), with the
+//!   pod's args and env (`value`, the downward API's `metadata.name`, `metadata.namespace` and
 //!   `status.podIP`, `secretKeyRef`). Each pod has an address of its own, `127.0.1.N`. What a
 //!   process of this machine cannot have as a pod has is mapped, and only this: an unspecified
 //!   listen address (`0.0.0.0`) in args and env is the pod's address (a pod listens on its own
@@ -16,7 +16,12 @@
 //!   ServiceAccount's token reaches the process as `KUBECONFIG` (the controller's
 //!   ServiceAccount kubeconfig of `kube-up`), not as a projected volume. A pod whose Secret is
 //!   missing waits, as a kubelet retries a failed mount; a container that exits is started
-//!   again (`restartPolicy: Always`, with a one-second back-off).
+//!   again (`restartPolicy: Always`, with a one-second back-off). With `restartPolicy: Never`
+//!   (a pool replica's Pod) the pod's exit ends it: `Succeeded` or `Failed` with the exit
+//!   code, its sidecars stopped.
+//! - **Native sidecars:** init containers with `restartPolicy: Always` start before the main
+//!   container and stop after it; one whose image is not ours (a pool's target runtime, e.g.
+//!   QEMU) is stood in for by a process that does nothing (`sleep infinity`).
 //! - **Probes and status:** the readiness probe (`tcpSocket`, by port name or number, at its
 //!   `periodSeconds`) decides the pod's `Ready` condition, written to its status subresource
 //!   as a kubelet writes it.
@@ -56,13 +61,17 @@ struct Pod {
     spec: Value,
     dir: PathBuf,
     child: Option<Child>,
+    /// The native sidecars' processes, started before `child`.
+    sidecars: Vec<Child>,
+    /// The main container's exit code, once it has exited in a `restartPolicy: Never` pod.
+    terminated: Option<i32>,
     /// When the container may be (re)started.
     start_after: Instant,
     started_at: String,
     restarts: u32,
     ready: bool,
-    /// The readiness written to the API server last.
-    reported: Option<bool>,
+    /// The readiness and exit written to the API server last.
+    reported: Option<(bool, Option<i32>)>,
     next_probe: Instant,
     /// The deletion's grace period, once the pod is marked for deletion.
     deleting: Option<u64>,
@@ -231,7 +240,9 @@ impl Drop for Podlet {
         // As a node drains: SIGTERM to every container at once, SIGKILL after 10 s.
         let children: Vec<Child> = {
             let mut pods = self.inner.lock();
-            pods.values_mut().filter_map(|p| p.child.take()).collect()
+            pods.values_mut()
+                .flat_map(|p| p.child.take().into_iter().chain(p.sidecars.drain(..)))
+                .collect()
         };
         let stopping: Vec<_> = children
             .into_iter()
@@ -396,6 +407,8 @@ impl Inner {
                 spec: pod["spec"].clone(),
                 dir,
                 child: None,
+                sidecars: Vec::new(),
+                terminated: None,
                 start_after: Instant::now(),
                 started_at: String::new(),
                 restarts: 0,
@@ -430,6 +443,7 @@ impl Inner {
         if pod.gone || pod.deleting.is_some() {
             let grace = pod.deleting.unwrap_or(0);
             let child = pod.child.take();
+            let sidecars = std::mem::take(&mut pod.sidecars);
             let (gone, uid) = (pod.gone, pod.uid.clone());
             pods.remove(name);
             drop(pods);
@@ -437,6 +451,10 @@ impl Inner {
                 self.event(format!("pod {name}: SIGTERM (grace period {grace}s)"));
                 stop_gracefully(child, Duration::from_secs(grace));
                 self.event(format!("pod {name}: container stopped"));
+            }
+            // Sidecars after the main container, as a kubelet stops them.
+            for sidecar in sidecars {
+                stop_gracefully(sidecar, Duration::from_secs(grace));
             }
             if !gone {
                 // As a kubelet finishes a deletion: grace period 0, for this pod only.
@@ -465,6 +483,21 @@ impl Inner {
         {
             pod.child = None;
             pod.ready = false;
+            if pod.spec["restartPolicy"].as_str() == Some("Never") {
+                // The pod is done: its sidecars stop, its phase is final.
+                use std::os::unix::process::ExitStatusExt;
+                let code = status
+                    .code()
+                    .unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
+                pod.terminated = Some(code);
+                let sidecars = std::mem::take(&mut pod.sidecars);
+                drop(pods);
+                self.event(format!("pod {name}: container exited ({status}), pod done"));
+                for sidecar in sidecars {
+                    stop_gracefully(sidecar, Duration::from_secs(10));
+                }
+                return Ok(());
+            }
             pod.restarts += 1;
             pod.start_after = Instant::now() + Duration::from_secs(1);
             let line = format!("pod {name}: container exited ({status}), restarting");
@@ -472,8 +505,8 @@ impl Inner {
             self.event(line);
             return Ok(());
         }
-        if pod.child.is_none() && Instant::now() >= pod.start_after {
-            match self.start_container(pod) {
+        if pod.child.is_none() && pod.terminated.is_none() && Instant::now() >= pod.start_after {
+            match self.start_pod_containers(pod) {
                 Ok(child) => {
                     pod.child = Some(child);
                     pod.started_at = rfc3339_now();
@@ -512,7 +545,8 @@ impl Inner {
                 }
             };
         }
-        if pod.child.is_some() && pod.reported != Some(pod.ready) {
+        let now = (pod.ready, pod.terminated);
+        if (pod.child.is_some() || pod.terminated.is_some()) && pod.reported != Some(now) {
             let status = pod_status(pod);
             let ready = pod.ready;
             let uid = pod.uid.clone();
@@ -529,24 +563,56 @@ impl Inner {
                 &status.to_string(),
             ])
             .context("writing the pod's status")?;
-            self.event(format!("pod {name}: Ready={ready}"));
+            self.event(format!("pod {name}: Ready={ready}, exit {:?}", now.1));
             if let Some(p) = self.lock().get_mut(name).filter(|p| p.uid == uid) {
-                p.reported = Some(ready);
+                p.reported = Some(now);
             }
         }
         Ok(())
     }
 
-    /// Starts the pod's (only) container.
-    fn start_container(&self, pod: &Pod) -> Result<Child> {
-        let c = &pod.spec["containers"][0];
+    /// Starts the pod's native sidecars (those not running yet), then its main container;
+    /// returns the main container's process.
+    fn start_pod_containers(&self, pod: &mut Pod) -> Result<Child> {
+        let sidecars: Vec<Value> = pod.spec["initContainers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|c| c["restartPolicy"].as_str() == Some("Always"))
+            .cloned()
+            .collect();
+        for c in sidecars.iter().skip(pod.sidecars.len()) {
+            let child = self.start_container(pod, c)?;
+            pod.sidecars.push(child);
+        }
+        let main = pod.spec["containers"][0].clone();
+        self.start_container(pod, &main)
+    }
+
+    /// Starts container `c` of the pod.
+    fn start_container(&self, pod: &Pod, c: &Value) -> Result<Child> {
+        let cname = c["name"].as_str().unwrap_or("container");
         let image = c["image"].as_str().context("the container has no image")?;
-        let program = image
-            .rsplit('/')
-            .next()
-            .and_then(|i| i.split(':').next())
-            .unwrap_or_default();
-        if !matches!(program, "jumpstarter-controller" | "jumpstarter-router") {
+        let command: Vec<&str> = c["command"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        let base = |s: &str| -> String {
+            s.rsplit('/')
+                .next()
+                .and_then(|i| i.split(':').next())
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let program = command.first().map_or_else(|| base(image), |p| base(p));
+        let ours = matches!(
+            program.as_str(),
+            "jumpstarter-controller" | "jumpstarter-router" | "jmp"
+        );
+        let is_sidecar = c["restartPolicy"].as_str() == Some("Always");
+        if !ours && !is_sidecar {
             bail!("image {image} is not one of ours");
         }
         // Volumes first: a missing Secret keeps the pod waiting, as a failed mount does.
@@ -581,13 +647,7 @@ impl Inner {
             mounts.push((path.to_owned(), dir));
         }
         let ip = pod.ip.to_string();
-        let map = |s: &str| -> String {
-            let mut s = s.replace("0.0.0.0", &ip);
-            for (path, dir) in &mounts {
-                s = s.replace(path.as_str(), &dir.display().to_string());
-            }
-            s
-        };
+        let map = |s: &str| -> String { map_mounts(&s.replace("0.0.0.0", &ip), &mounts) };
         let mut env: Vec<(String, String)> = Vec::new();
         for e in c["env"].as_array().into_iter().flatten() {
             let name = e["name"].as_str().context("an env entry has no name")?;
@@ -620,18 +680,36 @@ impl Inner {
             };
             env.push((name.to_owned(), value));
         }
-        let args: Vec<String> = c["args"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_str)
+        let args: Vec<String> = command
+            .iter()
+            .skip(1)
+            .copied()
+            .chain(
+                c["args"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(Value::as_str),
+            )
             .map(map)
             .collect();
+        // The main container's output is container.log, a sidecar's <name>.log.
+        let log_name = if is_sidecar {
+            format!("{cname}.log")
+        } else {
+            "container.log".to_owned()
+        };
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(pod.dir.join("container.log"))?;
-        let mut cmd = Command::new(self.bins.join(program));
+            .open(pod.dir.join(log_name))?;
+        let (exe, args) = if ours {
+            (self.bins.join(&program), args)
+        } else {
+            // A target runtime that is not ours: a process that does nothing stands in.
+            (PathBuf::from("sleep"), vec!["infinity".to_owned()])
+        };
+        let mut cmd = Command::new(&exe);
         cmd.args(&args)
             .env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
@@ -644,7 +722,7 @@ impl Inner {
             cmd.env("KUBECONFIG", kube::controller_kubeconfig());
         }
         cmd.spawn()
-            .with_context(|| format!("starting {}", self.bins.join(program).display()))
+            .with_context(|| format!("starting {}", exe.display()))
     }
 
     /// Secret `name`'s data, decoded.
@@ -734,6 +812,31 @@ fn copy(mut from: TcpStream, mut to: TcpStream) {
     let _ = from.shutdown(Shutdown::Read);
 }
 
+/// `s` with each mount path in it (where a path component ends after it) replaced by the
+/// pod's directory for it, in one pass: a directory put in is not searched again (a pod
+/// directory under `/tmp` stays as it is when `/tmp` is a mount too). The longest mount path
+/// wins where several match.
+fn map_mounts(s: &str, mounts: &[(String, PathBuf)]) -> String {
+    let mut sorted: Vec<&(String, PathBuf)> = mounts.iter().collect();
+    sorted.sort_by_key(|(path, _)| std::cmp::Reverse(path.len()));
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    'scan: while let Some(c) = rest.chars().next() {
+        for (path, dir) in &sorted {
+            if let Some(after) = rest.strip_prefix(path.as_str())
+                && (after.is_empty() || after.starts_with('/'))
+            {
+                out.push_str(&dir.display().to_string());
+                rest = after;
+                continue 'scan;
+            }
+        }
+        out.push(c);
+        rest = &rest[c.len_utf8()..];
+    }
+    out
+}
+
 /// SIGTERM, then SIGKILL after `grace`.
 fn stop_gracefully(mut child: Child, grace: Duration) {
     // SIGCONT after the SIGTERM, for a frozen one, as a container runtime does.
@@ -774,13 +877,49 @@ fn container_port(spec: &Value, port: &Value) -> Result<u16> {
         .with_context(|| format!("the container has no port named {name}"))
 }
 
-/// The status a kubelet writes for a running pod.
+/// The status a kubelet writes for a running pod, or one whose main container has exited
+/// (`restartPolicy: Never`).
 fn pod_status(pod: &Pod) -> Value {
     let ready = if pod.ready { "True" } else { "False" };
     let now = rfc3339_now();
     let c = &pod.spec["containers"][0];
+    let (phase, state) = match pod.terminated {
+        None => ("Running", json!({"running": {"startedAt": pod.started_at}})),
+        Some(code) => (
+            if code == 0 { "Succeeded" } else { "Failed" },
+            json!({"terminated": {
+                "exitCode": code,
+                "reason": if code == 0 { "Completed" } else { "Error" },
+                "startedAt": pod.started_at,
+                "finishedAt": now,
+            }}),
+        ),
+    };
+    let sidecars: Vec<Value> = pod.spec["initContainers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| c["restartPolicy"].as_str() == Some("Always"))
+        .map(|s| {
+            let running = pod.terminated.is_none();
+            json!({
+                "name": s["name"],
+                "image": s["image"],
+                "imageID": "",
+                "ready": running,
+                "started": running,
+                "restartCount": 0,
+                "state": if running {
+                    json!({"running": {"startedAt": pod.started_at}})
+                } else {
+                    json!({"terminated": {"exitCode": 0, "reason": "Completed",
+                        "startedAt": pod.started_at, "finishedAt": now}})
+                },
+            })
+        })
+        .collect();
     json!({"status": {
-        "phase": "Running",
+        "phase": phase,
         "hostIP": "127.0.0.1",
         "podIP": pod.ip.to_string(),
         "podIPs": [{"ip": pod.ip.to_string()}],
@@ -798,8 +937,9 @@ fn pod_status(pod: &Pod) -> Value {
             "ready": pod.ready,
             "started": true,
             "restartCount": pod.restarts,
-            "state": {"running": {"startedAt": pod.started_at}},
+            "state": state,
         }],
+        "initContainerStatuses": sidecars,
     }})
 }
 
@@ -864,6 +1004,28 @@ mod tests {
         let now = rfc3339_now();
         assert_eq!(now.len(), 20, "{now}");
         assert!(now.starts_with("20") && now.ends_with('Z'), "{now}");
+    }
+
+    #[test]
+    fn mount_paths_are_mapped_once() {
+        let mounts = vec![
+            ("/tmp".to_owned(), PathBuf::from("/tmp/pods/p/volumes/tmp")),
+            (
+                "/etc/jumpstarter/exporter".to_owned(),
+                PathBuf::from("/tmp/pods/p/volumes/exporter-config"),
+            ),
+            ("/var/lib/jumpstarter".to_owned(), PathBuf::from("/d")),
+        ];
+        assert_eq!(
+            map_mounts("/etc/jumpstarter/exporter/exporter.yaml", &mounts),
+            "/tmp/pods/p/volumes/exporter-config/exporter.yaml"
+        );
+        assert_eq!(
+            map_mounts("--data-dir=/var/lib/jumpstarter", &mounts),
+            "--data-dir=/d"
+        );
+        assert_eq!(map_mounts("/tmpfoo", &mounts), "/tmpfoo");
+        assert_eq!(map_mounts("/tmp/x", &mounts), "/tmp/pods/p/volumes/tmp/x");
     }
 
     #[test]

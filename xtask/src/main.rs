@@ -32,6 +32,7 @@ mod kube;
 mod kube_e2e;
 mod kube_oidc;
 mod kube_podlet;
+mod kube_pools;
 mod kube_rollout;
 mod lab_harness;
 mod manifests;
@@ -91,6 +92,7 @@ fn main() -> std::process::ExitCode {
         Some("kube-e2e") => kube_e2e::run(&args[1..]),
         Some("go-controller") => go_controller::run(&args[1..]),
         Some("kube-rollout") => kube_rollout::run(&args[1..]),
+        Some("kube-pools") => kube_pools::run(&args[1..]),
         // Hidden: the controller failover part of `bench` alone.
         Some("bench-failover") => kube_rollout::bench(),
         Some("manifests") => manifests::run(&args[1..]),
@@ -121,6 +123,7 @@ fn main() -> std::process::ExitCode {
                  kube-e2e  [--reuse] [--images DIR] the Kubernetes store and controller against that real API server (and the images of DIR under podman)\n  \
                  go-controller [--reuse] upstream's 0.9.0 Go controller and router (built from ../shared, cached) driven by our exporter, jmp and j on that API server\n  \
                  kube-rollout [--reuse] [--no-build] deploy/kubernetes with kube-controller-manager and a stand-in node: rollouts, the leader killed under load\n  \
+                 kube-pools [--reuse] [--no-build] a virtual target pool (qemu.jumpstarter.dev) on that API server: Pods on a stand-in node, leases served, scaling, garbage collection\n  \
                  manifests [--cluster] deploy/kubernetes validated strictly offline (several Kubernetes versions); --cluster: applied to the kube-up API server, RBAC as the controller\n  \
                  qemu-board  install QEMU and build the test board image (cached); print its path\n  \
                  venv      create the pinned upstream venv and print its path"
