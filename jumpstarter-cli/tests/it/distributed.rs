@@ -72,6 +72,29 @@ impl Lab {
         self.ctl.as_ref().unwrap()
     }
 
+    /// Stops the controller gracefully and starts it again over the same data directory and
+    /// addresses, with `settings` applied to its config.
+    pub(crate) async fn restart_with(&mut self, settings: impl FnOnce(&mut ControllerConfig)) {
+        let old = self.ctl.take().unwrap();
+        let (listen, router_listen) = (old.addr.to_string(), old.router_addr.to_string());
+        old.shutdown().await;
+        let mut config = ControllerConfig {
+            listen,
+            router_listen,
+            advertise_host: "localhost".into(),
+            ..ControllerConfig::new(self.dir.path().join("data"))
+        };
+        settings(&mut config);
+        self.ctl = Some(start(config).await.unwrap());
+    }
+
+    /// Stops the controller gracefully.
+    pub(crate) async fn shutdown(&mut self) {
+        if let Some(ctl) = self.ctl.take() {
+            ctl.shutdown().await;
+        }
+    }
+
     pub(crate) fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }

@@ -24,6 +24,7 @@ mod login;
 mod mcp;
 mod metrics;
 mod motd;
+mod pools;
 mod python_drivers;
 mod qemu;
 mod router_faults;

@@ -648,7 +648,7 @@ pub async fn run<S: Store>(
     tokio::pin!(shutdown);
     let wake = Arc::new(Notify::new());
     let watchers = vec![
-        spawn_watch::<S, ExporterSet>(state.store.clone(), wake.clone()),
+        spawn_set_watch(state.clone(), wake.clone()),
         spawn_watch::<S, VirtualTargetClass>(state.store.clone(), wake.clone()),
         spawn_watch::<S, Exporter>(state.store.clone(), wake.clone()),
         spawn_watch::<S, Lease>(state.store.clone(), wake.clone()),
@@ -698,6 +698,39 @@ fn spawn_watch<S: Store, K: StoreObject>(
         loop {
             if let Ok(mut events) = store.watch::<K>(None, None).await {
                 while let Some(Ok(_)) = events.next().await {
+                    wake.notify_one();
+                }
+            }
+            wake.notify_one();
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    })
+}
+
+/// As [`spawn_watch`] for ExporterSets, also publishing a new or changed valid set's replica
+/// labels at once, so that a lease asked for right after the set was made waits for its
+/// replicas rather than ending before the next pass (which then corrects the labels).
+fn spawn_set_watch<S: Store>(
+    state: Arc<ControllerState<S>>,
+    wake: Arc<Notify>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            if let Ok(mut events) = state.store.watch::<ExporterSet>(None, None).await {
+                while let Some(Ok(event)) = events.next().await {
+                    if let crate::store::WatchEvent::Added(set)
+                    | crate::store::WatchEvent::Modified(set) = &event
+                        && set.spec.validate(set_name(set)).is_ok()
+                    {
+                        use jumpstarter_core::sync::LockExt;
+                        let entry = (set_namespace(set).to_string(), replica_labels(set));
+                        let mut slot = state.pool_labels.lock_or_recover();
+                        if !slot.contains(&entry) {
+                            let mut next = slot.to_vec();
+                            next.push(entry);
+                            *slot = next.into();
+                        }
+                    }
                     wake.notify_one();
                 }
             }

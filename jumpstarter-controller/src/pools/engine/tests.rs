@@ -596,3 +596,110 @@ fn the_scheduler_keeps_a_lease_only_a_pool_can_serve_waiting() {
     assert!(unsatisfiable(&[], std::slice::from_ref(&disabled)));
     assert!(!unsatisfiable(&pools, std::slice::from_ref(&disabled)));
 }
+
+/// A replica Exporter created at `t(0)`, online and registered at `now` when `online`.
+fn replica(online: bool) -> Exporter {
+    let mut e = Exporter::new(
+        "pool-aaaaa",
+        ExporterSpec {
+            username: None,
+            enabled: None,
+        },
+    );
+    e.metadata.namespace = Some("lab".into());
+    e.metadata.creation_timestamp = Some(metav1::Time(t(0)));
+    if online {
+        e.status = Some(crate::objects::ExporterStatus {
+            devices: Some(vec![]),
+            last_seen: Some(metav1::Time(t(99))),
+            exporter_status: Some(crate::objects::ExporterStatusValue::Available),
+            ..Default::default()
+        });
+    }
+    e
+}
+
+fn observed(phase: ReplicaPhase) -> ReplicaObservation {
+    ReplicaObservation {
+        name: "pool-aaaaa".into(),
+        phase,
+        message: None,
+    }
+}
+
+#[test]
+fn replica_states_from_the_exporter_and_its_process() {
+    let now = t(100);
+    let none = HashMap::new();
+    let held: HashMap<ObjectKey, String> = [(
+        ("lab".to_string(), "pool-aaaaa".to_string()),
+        "l1".to_string(),
+    )]
+    .into();
+    let running = observed(ReplicaPhase::Running);
+    let state = |e: &Exporter, o: Option<&ReplicaObservation>, h: &HashMap<ObjectKey, String>| {
+        replica_state(e, o, h, now, |_| false)
+    };
+    assert_eq!(state(&replica(false), Some(&running), &none), Starting);
+    assert_eq!(state(&replica(true), Some(&running), &none), Available);
+    assert_eq!(state(&replica(true), Some(&running), &held), Leased);
+    assert_eq!(
+        state(
+            &replica(true),
+            Some(&observed(ReplicaPhase::Succeeded)),
+            &held
+        ),
+        Ended { failed: false }
+    );
+    assert_eq!(
+        state(&replica(true), Some(&observed(ReplicaPhase::Failed)), &none),
+        Ended { failed: true }
+    );
+    // Nothing behind it: orphaned, unless it is new (its provisioner may not list it yet).
+    assert_eq!(state(&replica(true), None, &none), Orphaned);
+    let mut young = replica(false);
+    young.metadata.creation_timestamp = Some(metav1::Time(t(90)));
+    assert_eq!(state(&young, None, &none), Starting);
+    // Quarantined by the health check.
+    let mut sick = replica(true);
+    crate::objects::set_condition(
+        &mut sick.status.as_mut().unwrap().conditions,
+        crate::objects::conditions::HEALTHY,
+        false,
+        crate::objects::conditions::REASON_HEALTH_CHECK_FAILED,
+        "3 failures",
+        None,
+        now,
+    );
+    assert_eq!(
+        state(&sick, Some(&running), &none),
+        Quarantined { leased: false }
+    );
+    // Disabled by an admin: unavailable, not drained.
+    let mut off = replica(true);
+    off.spec.enabled = Some(false);
+    assert_eq!(state(&off, Some(&running), &none), Unavailable);
+    // Disabled by the engine.
+    let mut draining = off.clone();
+    draining.metadata.annotations =
+        Some([(ANNOTATION_RETIRING.to_string(), "ScaleDown".to_string())].into());
+    assert_eq!(
+        state(&draining, Some(&running), &held),
+        Draining { leased: true }
+    );
+    let mut retiring = off;
+    retiring.metadata.annotations = Some(
+        [(
+            ANNOTATION_RETIRING.to_string(),
+            "ExitAndReplace".to_string(),
+        )]
+        .into(),
+    );
+    assert_eq!(
+        replica_state(&retiring, Some(&running), &none, now, |leased| !leased),
+        Retiring {
+            leased: false,
+            overdue: true
+        }
+    );
+}
