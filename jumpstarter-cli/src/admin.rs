@@ -532,16 +532,16 @@ pub enum AdminGet {
     /// Get the exporter sets (pools of exporters scaled on demand): replicas, ready,
     /// available and leased counts, and their bounds
     #[command(
-        name = "exportersets",
-        alias = "exporterset",
+        name = "exporterset",
+        alias = "exportersets",
         alias = "es",
         alias = "exportersets.virtualtarget.jumpstarter.dev"
     )]
     ExporterSet(crate::admin_pools::PoolGetArgs),
     /// Get the virtual target classes (how exporter sets make their replicas)
     #[command(
-        name = "virtualtargetclasses",
-        alias = "virtualtargetclass",
+        name = "virtualtargetclass",
+        alias = "virtualtargetclasses",
         alias = "vtc",
         alias = "virtualtargetclasses.virtualtarget.jumpstarter.dev"
     )]
