@@ -25,6 +25,7 @@ mod mcp;
 mod metrics;
 mod motd;
 mod pools;
+mod pools_admin;
 mod python_drivers;
 mod qemu;
 mod router_faults;
