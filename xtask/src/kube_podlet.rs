@@ -1,7 +1,8 @@
-//! A stand-in node for `cargo xtask kube-rollout`: it does for the pods of one namespace what
-//! the scheduler, a kubelet and kube-proxy would, with the workspace's binaries as processes
-//! on loopback, so that the Deployment and ReplicaSet controllers of a real
-//! kube-controller-manager see pods start, pass or fail their readiness probes, and stop.
+//! A stand-in node for `cargo xtask kube-rollout` and `kube-pools`: it does for the pods of
+//! one namespace what the scheduler, a kubelet and kube-proxy would, with the workspace's
+//! binaries as processes on loopback, so that the Deployment and ReplicaSet controllers of a
+//! real kube-controller-manager (and the pool engine) see pods start, pass or fail their
+//! readiness probes, exit, and stop.
 //!
 //! - **Scheduling:** each new pod is bound to the Node [`NODE`] (the `pods/binding`
 //!   subresource, as the scheduler does), so that deleting it is graceful as on a cluster.

@@ -181,7 +181,13 @@ pub const CONTROLLER_USES: &[(&str, &[&str])] = &[
     ),
     ("clients.jumpstarter.dev/finalizers", &["update"]),
     ("exporters.jumpstarter.dev/finalizers", &["update"]),
-    ("secrets", &["get", "create", "update"]),
+    (
+        "exportersets.virtualtarget.jumpstarter.dev/finalizers",
+        &["update"],
+    ),
+    ("secrets", &["get", "create", "update", "delete"]),
+    // The replica Pods of the qemu.jumpstarter.dev pool provisioner.
+    ("pods", &["get", "list", "watch", "create", "delete"]),
     ("configmaps", &["get"]),
     ("leases.coordination.k8s.io", &["get", "create", "update"]),
     ("events", &["create"]),
