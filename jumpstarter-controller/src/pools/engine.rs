@@ -785,6 +785,16 @@ impl<S: Store> Engine<S> {
             LabelSelector::parse(LABEL_EXPORTER_SET).unwrap_or_else(|_| everything.clone());
         let mut replicas: Vec<Exporter> = list_all(store, &pooled).await?;
         replicas.retain(|e| e.label_map().contains_key(LABEL_EXPORTER_SET));
+        if sets.is_empty() && replicas.is_empty() && self.sets.is_empty() {
+            // No pool: the leases (the long list) need not be read.
+            return Ok(World {
+                sets,
+                classes: HashMap::new(),
+                replicas,
+                leases: Vec::new(),
+                holders: HashMap::new(),
+            });
+        }
         let not_ended = LabelSelector::parse(&format!("!{LEASE_ENDED_LABEL}"))
             .unwrap_or_else(|_| everything.clone());
         let mut leases: Vec<Lease> = list_all(store, &not_ended).await?;
