@@ -406,6 +406,13 @@ spec:
     lab.wait(&format!("Pod {first} gone after its lease"), |pods| {
         pods.iter().all(|p| p.name != first).then_some(())
     })?;
+    ensure!(
+        lab.podlet
+            .log_tail(&first)
+            .contains("[driver.MockPower] power on"),
+        "Pod {first}'s exporter did not log the driver call:\n{}",
+        lab.podlet.log_tail(&first)
+    );
     // Its exporter exited with 0 after the lease (ExitAndReplace) and the node wrote the
     // Pod's phase (Succeeded) before the engine deleted it.
     let events = lab.podlet.events();
