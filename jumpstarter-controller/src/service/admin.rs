@@ -407,23 +407,25 @@ fn labels(
     )?;
     let mut out = BTreeMap::new();
     for (k, v) in labels {
-        validate_qualified_name(k).map_err(|e| {
-            Status::invalid_argument(format!("{what} {ns}/{name}: label key {k:?}: {e}"))
-        })?;
-        validate_label_value(v).map_err(|e| {
-            Status::invalid_argument(format!(
-                "{what} {ns}/{name}: value {v:?} of label {k:?}: {e}"
-            ))
-        })?;
-        if reserved && k.starts_with(RESERVED_LABEL_PREFIX) {
-            return Err(Status::invalid_argument(format!(
-                "{what} {ns}/{name}: label key {k:?}: the {RESERVED_LABEL_PREFIX} prefix is \
-                 reserved for labels the exporter reports itself"
-            )));
-        }
+        label_problem(k, v, reserved)
+            .map_err(|e| Status::invalid_argument(format!("{what} {ns}/{name}: {e}")))?;
         out.insert(k.clone(), v.clone());
     }
     Ok(out)
+}
+
+/// What the API server would refuse in one label (`label key "a b": ...`, `value ... of label
+/// ...`); with `reserved`, also a key under the prefix an exporter reports itself.
+pub(crate) fn label_problem(k: &str, v: &str, reserved: bool) -> Result<(), String> {
+    validate_qualified_name(k).map_err(|e| format!("label key {k:?}: {e}"))?;
+    validate_label_value(v).map_err(|e| format!("value {v:?} of label {k:?}: {e}"))?;
+    if reserved && k.starts_with(RESERVED_LABEL_PREFIX) {
+        return Err(format!(
+            "label key {k:?}: the {RESERVED_LABEL_PREFIX} prefix is reserved for labels the \
+             exporter reports itself"
+        ));
+    }
+    Ok(())
 }
 
 fn meta(ns: &str, name: &str, labels: BTreeMap<String, String>) -> metav1::ObjectMeta {
@@ -435,7 +437,8 @@ fn meta(ns: &str, name: &str, labels: BTreeMap<String, String>) -> metav1::Objec
     }
 }
 
-fn created(m: &metav1::ObjectMeta) -> Option<prost_types::Timestamp> {
+/// When an object was created, for the admin API's messages.
+pub(crate) fn created(m: &metav1::ObjectMeta) -> Option<prost_types::Timestamp> {
     m.creation_timestamp
         .as_ref()
         .map(|t| timestamp_to_proto(t.0))

@@ -18,10 +18,8 @@ use serde_json::Value;
 use tonic::Status;
 
 use crate::objects::{
-    Client, Exporter, ExporterAccessPolicy, RESERVED_LABEL_PREFIX,
-    selector::{
-        LabelSelector, validate_dns1123_subdomain, validate_label_value, validate_qualified_name,
-    },
+    Client, Exporter, ExporterAccessPolicy,
+    selector::{LabelSelector, validate_dns1123_subdomain, validate_qualified_name},
     virtualtarget::{ExporterSet, VirtualTargetClass},
 };
 use crate::service::limits::{self, MAX_LABELS, MAX_RULES, MAX_TEXT};
@@ -400,14 +398,8 @@ fn check_labels(
 ) -> Result<(), String> {
     limits::check_count(field, labels.len(), MAX_LABELS).map_err(|s| s.message().to_string())?;
     for (k, v) in labels {
-        validate_qualified_name(k).map_err(|e| format!("{field} key {k:?}: {e}"))?;
-        validate_label_value(v).map_err(|e| format!("{field}: value {v:?} of {k:?}: {e}"))?;
-        if reserved && k.starts_with(RESERVED_LABEL_PREFIX) {
-            return Err(format!(
-                "{field} key {k:?}: the {RESERVED_LABEL_PREFIX} prefix is reserved for labels \
-                 the exporter reports itself"
-            ));
-        }
+        crate::service::admin::label_problem(k, v, reserved)
+            .map_err(|e| format!("{field}: {e}"))?;
     }
     Ok(())
 }
@@ -668,7 +660,7 @@ spec:
             ),
             (
                 SET.replace("        pool: mock\n    spec", "        pool: mock\n        jumpstarter.dev/name: x\n    spec"),
-                "spec.template.metadata.labels key \"jumpstarter.dev/name\"",
+                "spec.template.metadata.labels: label key \"jumpstarter.dev/name\"",
             ),
             (
                 CLASS.replace("provisioner: local", "provisioner: \"\""),
@@ -676,7 +668,7 @@ spec:
             ),
             (
                 "apiVersion: jumpstarter.dev/v1alpha1\nkind: Exporter\nmetadata:\n  name: e\n  labels: {\"bad key\": v}\n".into(),
-                "(Exporter e): metadata.labels key \"bad key\"",
+                "(Exporter e): metadata.labels: label key \"bad key\"",
             ),
             (
                 "apiVersion: jumpstarter.dev/v1alpha1\nkind: ExporterAccessPolicy\nmetadata: {name: p}\nspec:\n  policies: [{maximumDuration: 0s}]\n".into(),

@@ -12,12 +12,7 @@ use crate::objects::{
     virtualtarget::{BindingMode, ExporterSet, ReclaimPolicy, RecycleStrategy, VirtualTargetClass},
 };
 use crate::pools::decisions::Decision;
-
-fn created(m: &metav1::ObjectMeta) -> Option<prost_types::Timestamp> {
-    m.creation_timestamp
-        .as_ref()
-        .map(|t| timestamp_to_proto(t.0))
-}
+use crate::service::admin::created;
 
 /// The object as upstream's JSON (empty if it does not serialize, which our types always do).
 fn object_json<T: serde::Serialize>(o: &T) -> String {
