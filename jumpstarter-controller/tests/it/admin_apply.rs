@@ -1,8 +1,8 @@
 //! `AdminService.Apply` and the ExporterSet/VirtualTargetClass RPCs on the Kubernetes store
 //! (the in-memory fake API server): objects land as the CRDs' resources, a created client's
 //! token is in its credential Secret, re-applying changes nothing, and a bad document among
-//! good ones writes nothing. (`jumpstarter-cli`'s `pools_admin` tests run the same through
-//! `jmp admin` on the SQLite store.)
+//! good ones writes nothing. On the SQLite store: only the admin token applies or reads them.
+//! (`jumpstarter-cli`'s `pools_admin` tests run the rest through `jmp admin` on SQLite.)
 
 use jumpstarter_controller::{
     ControllerConfig,
@@ -209,5 +209,68 @@ metadata: {name: board, labels: {board: rpi4}}
         .into_inner()
         .exporter_sets;
     assert!(sets.is_empty());
+    ctl.shutdown().await;
+}
+
+#[tokio::test]
+async fn only_the_admin_token_applies_or_reads_pools() {
+    let dir = tempfile::tempdir().unwrap();
+    let ctl = jumpstarter_controller::start(ControllerConfig::loopback(dir.path().join("data")))
+        .await
+        .unwrap();
+    let ch = jumpstarter_core::client::connect_channel(
+        &format!("localhost:{}", ctl.addr.port()),
+        &jumpstarter_core::client::ConnectOptions {
+            insecure: false,
+            passphrase: None,
+            ca_pem: Some(ctl.ca_pem.clone().into_bytes()),
+        },
+    )
+    .await
+    .unwrap();
+    let token = ctl.admin_token.clone();
+    let mut admin = AdminServiceClient::new(ch);
+    let alice = crate::admin::create_client(&mut admin, &token, "alice", &[])
+        .await
+        .unwrap();
+    let docs: Vec<String> = DOCS[..2].iter().map(|d| d.to_string()).collect();
+    for (who, code) in [
+        (alice.token.as_str(), tonic::Code::PermissionDenied),
+        ("not-a-token", tonic::Code::Unauthenticated),
+    ] {
+        let e = admin.apply(admin_req(who, apply(&docs))).await.unwrap_err();
+        assert_eq!(e.code(), code, "{}", e.message());
+        let e = admin
+            .list_exporter_sets(admin_req(who, ListRequest::default()))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), code, "{}", e.message());
+        let e = admin
+            .delete_virtual_target_class(admin_req(who, obj("local")))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), code, "{}", e.message());
+    }
+    // Nothing was written; the admin token then applies on this (SQLite) store.
+    let sets = admin
+        .list_exporter_sets(admin_req(&token, ListRequest::default()))
+        .await
+        .unwrap()
+        .into_inner()
+        .exporter_sets;
+    assert!(sets.is_empty());
+    let out = admin
+        .apply(admin_req(&token, apply(&docs)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(out.results.len(), 2);
+    assert!(out.results.iter().all(|r| r.action == "created"));
+    let got = admin
+        .get_exporter_set(admin_req(&token, obj("mock-pool")))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(got.virtual_target_class_name, "local");
     ctl.shutdown().await;
 }
