@@ -535,3 +535,69 @@ async fn a_restarted_controller_adopts_its_replicas_keeps_the_held_lease_and_lea
         .unwrap_or_default();
     assert!(left.is_empty(), "replica directories left: {left:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_that_fail_before_becoming_ready_are_retried_with_a_growing_wait() {
+    let mut lab = lab_with(local_pools(false)).await;
+    // `jmp run` refuses this config at once (its ref names no driver).
+    make_pool(
+        &lab,
+        "broken",
+        serde_json::json!({
+            "minAvailableReplicas": 1,
+            "template": {
+                "metadata": {"labels": {"pool": "broken"}},
+                "spec": {"drivers": [{"name": "alias", "ref": "nowhere"}]}
+            }
+        }),
+    )
+    .await;
+    let blocked = |lab: &Lab| {
+        decisions(lab, "broken")
+            .into_iter()
+            .filter(|(a, _, why)| *a == Action::Blocked && why.contains("failed before"))
+            .map(|(_, _, why)| why)
+            .collect::<Vec<_>>()
+    };
+    for _ in 0..300 {
+        if blocked(&lab).len() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let said = blocked(&lab);
+    assert!(said.len() >= 2, "{}", story(&lab, "broken").await);
+    assert!(
+        said[0].contains("1 replica(s) in a row") && said[0].contains("waits 1s"),
+        "{said:?}"
+    );
+    assert!(
+        said[1].contains("2 replica(s) in a row") && said[1].contains("waits 2s"),
+        "{said:?}"
+    );
+    // Each failure is a replacement naming the exit status.
+    let failed = decisions(&lab, "broken")
+        .into_iter()
+        .filter(|(a, _, why)| *a == Action::Replace && why.contains("failed"))
+        .count();
+    assert!(failed >= 2, "{}", story(&lab, "broken").await);
+    // The status says why no replica is ready.
+    let mut condition = None;
+    for _ in 0..100 {
+        condition = set_of(&lab, "broken").await.status.and_then(|s| {
+            s.conditions
+                .into_iter()
+                .find(|c| c.type_ == "ProvisionerUnavailable" && c.status == "True")
+        });
+        if condition.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let condition = condition.expect("ProvisionerUnavailable while backing off");
+    assert!(
+        condition.message.contains("failed before becoming ready"),
+        "{condition:?}"
+    );
+    lab.shutdown().await;
+}

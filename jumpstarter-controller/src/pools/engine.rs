@@ -68,6 +68,11 @@ const MIN_PASS_INTERVAL: Duration = Duration::from_millis(200);
 pub const EXIT_GRACE: SignedDuration = SignedDuration::from_secs(60);
 /// How long a new Exporter may go unseen by its provisioner before it counts as orphaned.
 pub const START_GRACE: SignedDuration = SignedDuration::from_secs(30);
+/// How long a new replica may take to come online and register before it is replaced.
+pub const START_TIMEOUT: SignedDuration = SignedDuration::from_mins(5);
+/// The longest wait before starting again after replicas failed before becoming ready (the
+/// wait doubles from 1 s with each such failure in a row).
+pub const MAX_START_BACKOFF: SignedDuration = SignedDuration::from_mins(5);
 /// Annotation the engine puts on a replica it disabled: why (`ScaleDown` or
 /// `ExitAndReplace`). A replica disabled without it (by an admin) is left alone.
 pub const ANNOTATION_RETIRING: &str = "virtualtarget.jumpstarter.dev/retiring";
@@ -218,6 +223,8 @@ pub enum ReplicaState {
     },
     /// Nothing runs behind it (e.g. after a restart, not adopted again by its provisioner).
     Orphaned,
+    /// Started [`START_TIMEOUT`] ago and never online and registered.
+    NeverReady,
 }
 
 /// A replica and its state, for [`decide`].
@@ -319,6 +326,10 @@ pub fn decide(s: &Scaling, replicas: &[ReplicaView], pending: usize, now: Timest
             ReplicaState::Orphaned => plan
                 .remove
                 .push(removal(Action::Replace, "nothing runs behind it")),
+            ReplicaState::NeverReady => plan.remove.push(removal(
+                Action::Replace,
+                "not online and registered within 5m of its start",
+            )),
             ReplicaState::Draining { leased: false } => plan
                 .remove
                 .push(removal(Action::ScaleDown, "idle beyond the warm pool")),
@@ -626,6 +637,11 @@ struct Engine<S: Store> {
     limited: HashMap<ObjectKey, String>,
     /// Each set as last seen, with its provisioner's name (to clean up after it goes).
     sets: HashMap<ObjectKey, (ExporterSet, Option<String>)>,
+    /// Replicas seen online and registered at least once.
+    ever_ready: BTreeSet<ObjectKey>,
+    /// Per set: replicas in a row that failed before becoming ready, and when the next start
+    /// may be (no crash loop when a template's exporter cannot start).
+    backoff: HashMap<ObjectKey, (u32, Timestamp)>,
 }
 
 /// Everything a pass reads.
@@ -666,6 +682,8 @@ pub async fn run<S: Store>(
         known: BTreeSet::new(),
         limited: HashMap::new(),
         sets: HashMap::new(),
+        ever_ready: BTreeSet::new(),
+        backoff: HashMap::new(),
     };
     loop {
         if let Err(e) = engine.pass().await {
@@ -1102,7 +1120,7 @@ impl<S: Store> Engine<S> {
                     "running since before this controller started",
                 );
             }
-            let state = replica_state(e, obs.copied(), &world.holders, now, |leased| {
+            let mut state = replica_state(e, obs.copied(), &world.holders, now, |leased| {
                 if leased {
                     self.unleased_since.remove(&rkey);
                     false
@@ -1111,6 +1129,22 @@ impl<S: Store> Engine<S> {
                     since.saturating_add(EXIT_GRACE).is_ok_and(|t| t <= now)
                 }
             });
+            match state {
+                ReplicaState::Available | ReplicaState::Leased | ReplicaState::Unavailable => {
+                    self.ever_ready.insert(rkey.clone());
+                }
+                ReplicaState::Starting
+                    if !self.ever_ready.contains(&rkey)
+                        && e.metadata
+                            .creation_timestamp
+                            .as_ref()
+                            .and_then(|t| t.0.saturating_add(START_TIMEOUT).ok())
+                            .is_some_and(|t| t <= now) =>
+                {
+                    state = ReplicaState::NeverReady;
+                }
+                _ => {}
+            }
             let idle_since = if state == ReplicaState::Available {
                 Some(*self.idle_since.entry(rkey.clone()).or_insert(now))
             } else {
@@ -1123,6 +1157,9 @@ impl<S: Store> Engine<S> {
                 idle_since,
             });
         }
+        if views.iter().any(|v| v.state == ReplicaState::Available) {
+            self.backoff.remove(&key);
+        }
         let pending = world
             .leases
             .iter()
@@ -1130,7 +1167,7 @@ impl<S: Store> Engine<S> {
             .count();
         let cooldown = set.spec.cooldown(&name).unwrap_or_default();
         let scaling = Scaling::of(&set.spec, cooldown, self.config.max_starts_per_pass);
-        let plan = decide(&scaling, &views, pending, now);
+        let mut plan = decide(&scaling, &views, pending, now);
 
         let mut changed = false;
         for r in &plan.retire {
@@ -1148,13 +1185,46 @@ impl<S: Store> Engine<S> {
             }
         }
         for r in &plan.remove {
+            let rkey = (ns.clone(), r.name.clone());
+            let failed_start = !self.ever_ready.contains(&rkey)
+                && views.iter().any(|v| {
+                    v.name == r.name
+                        && matches!(
+                            v.state,
+                            ReplicaState::Ended { failed: true } | ReplicaState::NeverReady
+                        )
+                });
+            let reason = match by_name
+                .get(r.name.as_str())
+                .and_then(|o| o.message.as_deref())
+            {
+                Some(m) if !m.is_empty() => format!("{} ({m})", r.reason),
+                _ => r.reason.clone(),
+            };
             match self
                 .remove_replica(&ns, &r.name, Some(&provisioner_name), world)
                 .await
             {
                 Ok(()) => {
                     changed = true;
-                    self.record(set, r.action, Some(&r.name), &r.reason);
+                    self.record(set, r.action, Some(&r.name), &reason);
+                    if failed_start {
+                        let failures = self.backoff.get(&key).map_or(0, |b| b.0) + 1;
+                        let wait =
+                            SignedDuration::from_secs(1i64 << failures.saturating_sub(1).min(16))
+                                .min(MAX_START_BACKOFF);
+                        let until = now.saturating_add(wait).unwrap_or(now);
+                        self.backoff.insert(key.clone(), (failures, until));
+                        self.record(
+                            set,
+                            Action::Blocked,
+                            None,
+                            &format!(
+                                "{failures} replica(s) in a row failed before becoming ready; \
+                                 the next start waits {wait:#}"
+                            ),
+                        );
+                    }
                 }
                 Err(e) => tracing::warn!(
                     "pool {ns}/{name}: cannot remove replica {}: {e}",
@@ -1164,6 +1234,16 @@ impl<S: Store> Engine<S> {
             }
         }
         let mut start_failed = None;
+        if let Some((failures, until)) = self.backoff.get(&key).copied()
+            && until > now
+            && plan.start > 0
+        {
+            plan.start = 0;
+            start_failed = Some(format!(
+                "{failures} replica(s) in a row failed before becoming ready (see the \
+                 replicas' logs); starting again after {until}"
+            ));
+        }
         for _ in 0..plan.start {
             match self.start_replica(set, class, &provisioner, &labels).await {
                 Ok(rname) => {
@@ -1353,6 +1433,7 @@ impl<S: Store> Engine<S> {
             Err(e) => return Err(e.into()),
         }
         self.known.remove(&key);
+        self.ever_ready.remove(&key);
         self.idle_since.remove(&key);
         self.unleased_since.remove(&key);
         Ok(())

@@ -276,6 +276,16 @@ fn decisions_table() {
             limited: false,
         },
         Case {
+            what: "never ready: replaced",
+            s: scaling(0, 4, 1),
+            replicas: vec![r("a", NeverReady)],
+            pending: 0,
+            start: 1,
+            drain: vec![],
+            remove: vec![("a", Action::Replace)],
+            limited: false,
+        },
+        Case {
             what: "draining: removed once unleased, kept while leased",
             s: scaling(0, 4, 0),
             replicas: vec![
