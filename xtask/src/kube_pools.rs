@@ -24,7 +24,7 @@
 use std::{
     collections::BTreeSet,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::Command,
     thread,
     time::{Duration, Instant},
 };
@@ -35,7 +35,7 @@ use serde_json::Value;
 use crate::{
     kube,
     kube_podlet::Podlet,
-    procs::{run as run_cmd, wait_path},
+    procs::{Background, run as run_cmd, wait_path},
 };
 
 /// The namespace of the pool (the stand-in node serves its Pods only).
@@ -95,46 +95,6 @@ pub fn scenario(bins: &Path) -> Result<()> {
         Err(_) => println!("   logs under {}", work.display()),
     }
     result
-}
-
-/// A process stopped with SIGTERM (SIGKILL 10 s later) when dropped.
-struct Proc(Child);
-
-impl Proc {
-    fn start(mut cmd: Command, log: &Path) -> Result<Self> {
-        let log = std::fs::File::create(log)?;
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .with_context(|| format!("starting {cmd:?}"))?;
-        Ok(Self(child))
-    }
-
-    fn stop(&mut self) {
-        if !matches!(self.0.try_wait(), Ok(None)) {
-            return;
-        }
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.0.id().to_string()])
-            .status();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.0.try_wait() {
-                return;
-            }
-            thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.stop();
-    }
 }
 
 /// One of the set's Pods as the API server has it.
@@ -197,8 +157,8 @@ struct Lab {
     podlet: Podlet,
     /// Every Pod of the set seen so far.
     seen: BTreeSet<String>,
-    controller: Proc,
-    _kcm: Proc,
+    controller: Background,
+    _kcm: Background,
 }
 
 impl Lab {
@@ -233,9 +193,7 @@ impl Lab {
 
     /// What to look at when a step fails.
     fn diagnosis(&self, pods: &[PodState]) -> String {
-        let controller =
-            std::fs::read_to_string(self.work.join("controller.log")).unwrap_or_default();
-        let lines: Vec<&str> = controller.lines().collect();
+        let lines: Vec<String> = self.controller.lines.try_iter().collect();
         let logs: Vec<String> = pods
             .iter()
             .map(|p| format!("--- {}:\n{}", p.name, self.podlet.log_tail(&p.name)))
@@ -289,7 +247,7 @@ fn scenario_in(bins: &Path, work: &Path) -> Result<()> {
         "--use-service-account-credentials=false",
         "--v=1",
     ]);
-    let kcm = Proc::start(cmd, &work.join("kube-controller-manager.log"))?;
+    let kcm = Background::start("kube-controller-manager", cmd)?;
     let podlet = Podlet::start(NS, bins, &work.join("pods"))?;
 
     let config = work.join("config");
@@ -311,7 +269,7 @@ fn scenario_in(bins: &Path, work: &Path) -> Result<()> {
         .arg(config.join("admin.yaml"))
         .env("KUBECONFIG", kube::controller_kubeconfig())
         .env("RUST_LOG", "info");
-    let controller = Proc::start(cmd, &work.join("controller.log"))?;
+    let controller = Background::start("jumpstarter-controller", cmd)?;
     let mut lab = Lab {
         bins: bins.to_owned(),
         work: work.to_owned(),

@@ -28,7 +28,7 @@ pub(crate) fn suffix() -> String {
     format!("-{}", &uuid::Uuid::new_v4().simple().to_string()[..8])
 }
 
-async fn client_from(var: &str) -> kube::Client {
+pub(crate) async fn client_from(var: &str) -> kube::Client {
     let path = std::env::var(var).unwrap_or_else(|_| {
         panic!("{var} must name a kubeconfig of a real cluster (cargo xtask kube-e2e sets it)")
     });

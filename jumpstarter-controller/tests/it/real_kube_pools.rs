@@ -24,23 +24,9 @@ use kube::{
     api::{DeleteParams, Patch, PatchParams, PostParams},
 };
 
-use crate::real_kube::{SERIAL, admin_client, suffix};
+use crate::real_kube::{SERIAL, admin_client, client_from, suffix};
 
 const NAMESPACE: &str = "jumpstarter";
-
-async fn controller_client() -> kube::Client {
-    let path = std::env::var("JMP_TEST_CONTROLLER_KUBECONFIG").expect(
-        "JMP_TEST_CONTROLLER_KUBECONFIG must name the controller's kubeconfig (cargo xtask kube-e2e sets it)",
-    );
-    let kubeconfig = kube::config::Kubeconfig::read_from(&path).unwrap();
-    let config = kube::Config::from_custom_kubeconfig(
-        kubeconfig,
-        &kube::config::KubeConfigOptions::default(),
-    )
-    .await
-    .unwrap();
-    kube::Client::try_from(config).unwrap()
-}
 
 /// The namespace's `default` ServiceAccount, which Pods without one run as and the API
 /// server's ServiceAccount admission requires (kube-controller-manager makes it on a cluster;
@@ -180,7 +166,7 @@ async fn real_kube_pool_replicas_are_pods_started_observed_and_stopped_as_the_co
     let _serial = SERIAL.lock().await;
     let admin = admin_client().await;
     ensure_default_service_account(&admin).await;
-    let provisioner = KubeProvisioner::new(controller_client().await);
+    let provisioner = KubeProvisioner::new(client_from("JMP_TEST_CONTROLLER_KUBECONFIG").await);
     assert_eq!(provisioner.name(), PROVISIONER_QEMU);
     let set_name = format!("pool{}", suffix());
     let set = create_set(&admin, &set_name).await;
