@@ -302,7 +302,39 @@ fn unknown_fields(value: &Value, schema: &Value, path: &str, out: &mut Vec<Strin
     }
 }
 
-/// The document as kind `K`: no unknown field, a name, the namespace settled.
+/// Fills in the schema's `default`s where `value` leaves a field out (or null), recursively,
+/// as the API server does for a CRD.
+fn fill_defaults(value: &mut Value, schema: &Value) {
+    match value {
+        Value::Object(map) => {
+            if let Some(props) = schema.get("properties").and_then(Value::as_object) {
+                for (k, s) in props {
+                    match map.get_mut(k) {
+                        Some(v) if !v.is_null() => fill_defaults(v, s),
+                        _ => {
+                            if let Some(d) = s.get("default") {
+                                let mut d = d.clone();
+                                fill_defaults(&mut d, s);
+                                map.insert(k.clone(), d);
+                            }
+                        }
+                    }
+                }
+            } else if let Some(s) = schema.get("additionalProperties") {
+                map.values_mut().for_each(|v| fill_defaults(v, s));
+            }
+        }
+        Value::Array(items) => {
+            if let Some(s) = schema.get("items") {
+                items.iter_mut().for_each(|v| fill_defaults(v, s));
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The document as kind `K`: no unknown field, a name, the namespace settled, the CRD's
+/// defaults filled in.
 fn typed<K: Serialize + DeserializeOwned + kube::Resource>(
     kind: &str,
     mut body: Value,
@@ -347,6 +379,11 @@ fn typed<K: Serialize + DeserializeOwned + kube::Resource>(
     // require it).
     if body.get("spec").is_none_or(Value::is_null) {
         body["spec"] = Value::Object(Default::default());
+    }
+    // The CRD's defaults, as the API server fills them in: the object is stored the same on
+    // both backends, and a document applied again compares equal to what was stored.
+    if let Some(schema) = schemas().get(kind) {
+        fill_defaults(&mut body, schema);
     }
     let mut obj: K =
         serde_json::from_value(body).map_err(|e| format!("not a valid {kind}: {e}"))?;
@@ -492,6 +529,7 @@ fn check(desired: &Desired) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::objects::virtualtarget::{BindingMode, ReclaimPolicy, RecycleStrategy};
 
     const CLASS: &str = "\
 apiVersion: virtualtarget.jumpstarter.dev/v1alpha1
@@ -584,6 +622,22 @@ spec:
             drivers[0].config.as_ref().unwrap().0,
             serde_json::json!({"any": ["thing"]})
         );
+        // The CRD's defaults are filled in, as the API server does.
+        assert_eq!(set.spec.min_replicas, Some(0));
+        assert_eq!(set.spec.scale_down_cooldown.as_deref(), Some("5m"));
+        assert_eq!(
+            set.spec.recycle_strategy,
+            Some(RecycleStrategy::ExitAndReplace)
+        );
+        let Desired::Class(class) = &got[0].desired else {
+            panic!("{:?}", got[0]);
+        };
+        assert_eq!(class.spec.binding_mode, Some(BindingMode::Immediate));
+        assert_eq!(class.spec.reclaim_policy, Some(ReclaimPolicy::Delete));
+        let Desired::Exporter(exporter) = &got[3].desired else {
+            panic!("{:?}", got[3]);
+        };
+        assert_eq!(exporter.spec.enabled, Some(true));
         // The request's namespace applies to documents naming none.
         let got = parse_documents(&docs(&[CLASS]), "lab").unwrap();
         assert_eq!(got[0].desired.namespace(), "lab");
