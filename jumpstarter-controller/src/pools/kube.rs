@@ -106,6 +106,35 @@ fn bad(field: impl Into<String>, reason: impl Into<String>) -> RenderError {
     }
 }
 
+/// The cluster holds something that keeps a replica from being started or observed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClusterStateError {
+    /// An object of the replica's name exists and another owner controls it.
+    #[error("{kind} {name} exists and is not owned by ExporterSet {set}")]
+    NotOurs {
+        /// `Pod` or `Secret`.
+        kind: &'static str,
+        /// Its name.
+        name: String,
+        /// The set the replica is of.
+        set: String,
+    },
+    /// The replica's Pod is being deleted (a stop in progress): start it again later.
+    #[error("Pod {name} is being deleted")]
+    BeingDeleted {
+        /// The Pod's name.
+        name: String,
+    },
+    /// The set has more Pods than one observation reads.
+    #[error("more than {limit} Pods labelled {selector}")]
+    TooManyPods {
+        /// The label selector.
+        selector: String,
+        /// How many are read at most.
+        limit: usize,
+    },
+}
+
 /// A replica as the API server gets it: its Secret, then its Pod.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RenderedReplica {
@@ -473,10 +502,11 @@ impl KubeProvisioner {
             Err(kube::Error::Api(s)) if s.is_already_exists() => {
                 let current = secrets.get(&secret_name).await?;
                 if !owned_by(&current.metadata, &owner_uid) {
-                    return Err(format!(
-                        "Secret {secret_name} exists and is not owned by ExporterSet {}",
-                        req.set.name_any()
-                    )
+                    return Err(ClusterStateError::NotOurs {
+                        kind: "Secret",
+                        name: secret_name,
+                        set: req.set.name_any(),
+                    }
                     .into());
                 }
                 let mut next = rendered.secret.clone();
@@ -495,15 +525,18 @@ impl KubeProvisioner {
                 if !owned_by(&current.metadata, &owner_uid) {
                     // The config is not left behind for a Pod that is not ours.
                     ignore_not_found(secrets.delete(&secret_name, &DeleteParams::default()).await)?;
-                    return Err(format!(
-                        "Pod {} exists and is not owned by ExporterSet {}",
-                        req.name,
-                        req.set.name_any()
-                    )
+                    return Err(ClusterStateError::NotOurs {
+                        kind: "Pod",
+                        name: req.name.clone(),
+                        set: req.set.name_any(),
+                    }
                     .into());
                 }
                 if current.metadata.deletion_timestamp.is_some() {
-                    return Err(format!("Pod {} is being deleted", req.name).into());
+                    return Err(ClusterStateError::BeingDeleted {
+                        name: req.name.clone(),
+                    }
+                    .into());
                 }
                 Ok(())
             }
@@ -552,10 +585,10 @@ impl KubeProvisioner {
                 None => return Ok(out),
             }
         }
-        Err(format!(
-            "more than {} Pods labelled {selector}",
-            LIST_PAGE as usize * LIST_PAGES
-        )
+        Err(ClusterStateError::TooManyPods {
+            selector,
+            limit: LIST_PAGE as usize * LIST_PAGES,
+        }
         .into())
     }
 }
