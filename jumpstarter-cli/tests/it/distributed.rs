@@ -75,9 +75,25 @@ impl Lab {
     /// Stops the controller gracefully and starts it again over the same data directory and
     /// addresses, with `settings` applied to its config.
     pub(crate) async fn restart_with(&mut self, settings: impl FnOnce(&mut ControllerConfig)) {
+        let addresses = self.stop().await;
+        self.start_again(addresses, settings).await;
+    }
+
+    /// Stops the controller gracefully; returns its gRPC and router addresses, for
+    /// [`Lab::start_again`].
+    pub(crate) async fn stop(&mut self) -> (String, String) {
         let old = self.ctl.take().unwrap();
-        let (listen, router_listen) = (old.addr.to_string(), old.router_addr.to_string());
+        let addresses = (old.addr.to_string(), old.router_addr.to_string());
         old.shutdown().await;
+        addresses
+    }
+
+    /// Starts a controller over the data directory of the stopped one, on its `addresses`.
+    pub(crate) async fn start_again(
+        &mut self,
+        (listen, router_listen): (String, String),
+        settings: impl FnOnce(&mut ControllerConfig),
+    ) {
         let mut config = ControllerConfig {
             listen,
             router_listen,

@@ -601,3 +601,72 @@ async fn replicas_that_fail_before_becoming_ready_are_retried_with_a_growing_wai
     );
     lab.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_without_exporter_is_reaped_and_an_exporter_without_process_replaced() {
+    let mut lab = lab_with(local_pools(true)).await;
+    make_pool(
+        &lab,
+        "loose",
+        serde_json::json!({"minAvailableReplicas": 1}),
+    )
+    .await;
+    let rs = wait_replicas(&lab, "loose", "1 available", |rs| {
+        rs.len() == 1 && available(&rs[0])
+    })
+    .await;
+    let first = name(&rs[0]).to_string();
+    let first_pid = replica_pid(&lab, &first);
+
+    // Its Exporter deleted behind the engine's back: the process is stopped, a new one made.
+    lab.ctl()
+        .state
+        .store
+        .delete::<Exporter>("default", &first, None)
+        .await
+        .unwrap();
+    let rs = wait_replicas(&lab, "loose", "refilled", |rs| {
+        rs.len() == 1 && name(&rs[0]) != first && available(&rs[0])
+    })
+    .await;
+    let second = name(&rs[0]).to_string();
+    assert!(
+        decisions(&lab, "loose")
+            .iter()
+            .any(|(a, r, _)| *a == Action::Reap && *r == first),
+        "{:#?}",
+        decisions(&lab, "loose")
+    );
+    for _ in 0..100 {
+        if !alive(first_pid) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!alive(first_pid), "the reaped replica still runs");
+
+    // Its process dies while the controller is down: the restarted one replaces it.
+    let second_pid = replica_pid(&lab, &second);
+    let addresses = lab.stop().await;
+    assert!(alive(second_pid), "replicas outlive the controller here");
+    let status = std::process::Command::new("kill")
+        .args(["-KILL", &second_pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    lab.start_again(addresses, local_pools(false)).await;
+    wait_replicas(&lab, "loose", "replaced after the restart", |rs| {
+        rs.len() == 1 && name(&rs[0]) != second && available(&rs[0])
+    })
+    .await;
+    assert!(
+        decisions(&lab, "loose")
+            .iter()
+            .any(|(a, r, why)| *a == Action::Replace
+                && *r == second
+                && why.contains("nothing runs")),
+        "{:#?}",
+        decisions(&lab, "loose")
+    );
+    lab.shutdown().await;
+}

@@ -1120,15 +1120,23 @@ impl<S: Store> Engine<S> {
                     "running since before this controller started",
                 );
             }
-            let mut state = replica_state(e, obs.copied(), &world.holders, now, |leased| {
-                if leased {
-                    self.unleased_since.remove(&rkey);
-                    false
-                } else {
-                    let since = *self.unleased_since.entry(rkey.clone()).or_insert(now);
-                    since.saturating_add(EXIT_GRACE).is_ok_and(|t| t <= now)
-                }
-            });
+            let started_here = self.known.contains(&rkey);
+            let mut state = replica_state(
+                e,
+                obs.copied(),
+                &world.holders,
+                now,
+                started_here,
+                |leased| {
+                    if leased {
+                        self.unleased_since.remove(&rkey);
+                        false
+                    } else {
+                        let since = *self.unleased_since.entry(rkey.clone()).or_insert(now);
+                        since.saturating_add(EXIT_GRACE).is_ok_and(|t| t <= now)
+                    }
+                },
+            );
             match state {
                 ReplicaState::Available | ReplicaState::Leased | ReplicaState::Unavailable => {
                     self.ever_ready.insert(rkey.clone());
@@ -1571,13 +1579,16 @@ fn has_set_controller(e: &Exporter) -> bool {
         .any(|r| r.kind == "ExporterSet" && r.controller == Some(true))
 }
 
-/// The state of replica `e` whose process is `obs` (`None`: not seen by its provisioner);
-/// `overdue(leased)` says whether a retiring replica has been unleased past its grace.
+/// The state of replica `e` whose process is `obs` (`None`: not seen by its provisioner; an
+/// Exporter this engine made less than [`START_GRACE`] ago (`started_here`) is then still
+/// starting, for a provisioner whose lists lag); `overdue(leased)` says whether a retiring
+/// replica has been unleased past its grace.
 fn replica_state(
     e: &Exporter,
     obs: Option<&ReplicaObservation>,
     holders: &HashMap<ObjectKey, String>,
     now: Timestamp,
+    started_here: bool,
     overdue: impl FnOnce(bool) -> bool,
 ) -> ReplicaState {
     let leased = holders.contains_key(&key_of(&e.metadata))
@@ -1592,12 +1603,12 @@ fn replica_state(
         Some(ReplicaPhase::Succeeded) => return ReplicaState::Ended { failed: false },
         Some(ReplicaPhase::Failed) => return ReplicaState::Ended { failed: true },
         None => {
-            let young = e
-                .metadata
-                .creation_timestamp
-                .as_ref()
-                .and_then(|t| t.0.saturating_add(START_GRACE).ok())
-                .is_some_and(|t| t > now);
+            let young = started_here
+                && e.metadata
+                    .creation_timestamp
+                    .as_ref()
+                    .and_then(|t| t.0.saturating_add(START_GRACE).ok())
+                    .is_some_and(|t| t > now);
             if !young {
                 return ReplicaState::Orphaned;
             }

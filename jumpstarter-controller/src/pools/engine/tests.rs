@@ -648,7 +648,7 @@ fn replica_states_from_the_exporter_and_its_process() {
     .into();
     let running = observed(ReplicaPhase::Running);
     let state = |e: &Exporter, o: Option<&ReplicaObservation>, h: &HashMap<ObjectKey, String>| {
-        replica_state(e, o, h, now, |_| false)
+        replica_state(e, o, h, now, true, |_| false)
     };
     assert_eq!(state(&replica(false), Some(&running), &none), Starting);
     assert_eq!(state(&replica(true), Some(&running), &none), Available);
@@ -670,6 +670,11 @@ fn replica_states_from_the_exporter_and_its_process() {
     let mut young = replica(false);
     young.metadata.creation_timestamp = Some(metav1::Time(t(90)));
     assert_eq!(state(&young, None, &none), Starting);
+    // ... unless this engine did not make it (a restarted controller): orphaned at once.
+    assert_eq!(
+        replica_state(&young, None, &none, now, false, |_| false),
+        Orphaned
+    );
     // Quarantined by the health check.
     let mut sick = replica(true);
     crate::objects::set_condition(
@@ -706,7 +711,9 @@ fn replica_states_from_the_exporter_and_its_process() {
         .into(),
     );
     assert_eq!(
-        replica_state(&retiring, Some(&running), &none, now, |leased| !leased),
+        replica_state(&retiring, Some(&running), &none, now, true, |leased| {
+            !leased
+        }),
         Retiring {
             leased: false,
             overdue: true
