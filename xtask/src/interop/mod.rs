@@ -21,6 +21,7 @@ mod controller;
 mod custom;
 mod distributed;
 mod driver_tests;
+mod pools;
 mod qemu;
 mod scenarios;
 mod snmp;

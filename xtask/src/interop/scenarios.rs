@@ -125,6 +125,10 @@ pub fn run(filter: Option<&str>) -> Result<(usize, usize)> {
             controller::py_tools_against_our_controller,
         ),
         (
+            "pools: python jmp shell -l pool=interop -- j power on/off -> a replica our controller starts for the lease (local provisioner, MockPower)",
+            pools::py_client_leases_a_pool_replica,
+        ),
+        (
             "distributed: our jmp shell + j (power, 64 MiB storage) -> python exporter, our controller+router",
             distributed::our_client_to_py_exporter,
         ),
