@@ -670,3 +670,40 @@ async fn a_process_without_exporter_is_reaped_and_an_exporter_without_process_re
     );
     lab.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quarantined_replica_is_replaced_rather_than_left_quarantined() {
+    let mut lab = lab_with(local_pools(false)).await;
+    make_pool(&lab, "sick", serde_json::json!({"minAvailableReplicas": 1})).await;
+    let rs = wait_replicas(&lab, "sick", "1 available", |rs| {
+        rs.len() == 1 && available(&rs[0])
+    })
+    .await;
+    let quarantined = name(&rs[0]).to_string();
+    // As the controller marks an exporter whose health check failed `threshold` times.
+    let mut e = rs[0].clone();
+    jumpstarter_controller::objects::set_condition(
+        &mut e.status.as_mut().unwrap().conditions,
+        "Healthy",
+        false,
+        "HealthCheckFailed",
+        "3 health checks failed in a row",
+        None,
+        jiff::Timestamp::now(),
+    );
+    lab.ctl().state.store.update_status(&e).await.unwrap();
+    wait_replicas(&lab, "sick", "replaced", |rs| {
+        rs.len() == 1 && name(&rs[0]) != quarantined && available(&rs[0])
+    })
+    .await;
+    assert!(
+        decisions(&lab, "sick")
+            .iter()
+            .any(|(a, r, why)| *a == Action::Replace
+                && *r == quarantined
+                && why.contains("quarantined")),
+        "{:#?}",
+        decisions(&lab, "sick")
+    );
+    lab.shutdown().await;
+}
