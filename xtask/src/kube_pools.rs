@@ -212,7 +212,12 @@ impl Lab {
         cmd.args([
             "shell", "--client", CLIENT, "-l", "pool=e2e", "--", "j", "power", "on",
         ]);
-        let out = run_cmd(cmd, STEP)?;
+        let out = run_cmd(cmd, STEP).with_context(|| {
+            format!(
+                "{what}: {}",
+                self.diagnosis(&set_pods().unwrap_or_default())
+            )
+        })?;
         ensure!(
             out.code == 0,
             "{what}: jmp shell -l pool=e2e -- j power on exited with {}:\n{}{}\n{}",
@@ -253,7 +258,10 @@ fn scenario_in(bins: &Path, work: &Path) -> Result<()> {
     let config = work.join("config");
     std::fs::create_dir_all(&config)?;
     let mut cmd = Command::new(bins.join("jumpstarter-controller"));
-    cmd.args(["--store", "kubernetes", "--namespace", kube::NAMESPACE])
+    // The controller's own namespace is the pool's: its settings are the defaults (the
+    // in-process router), whatever ConfigMap earlier suites left in `jumpstarter`, and its
+    // key Secrets go with the scenario's cleanup.
+    cmd.args(["--store", "kubernetes", "--namespace", NS])
         .arg("--no-leader-election")
         .arg("--data-dir")
         .arg(work.join("data"))
