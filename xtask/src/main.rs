@@ -9,6 +9,7 @@ mod bench_console;
 mod bench_controller;
 mod bench_direct;
 mod bench_observers;
+mod bench_pools;
 mod bench_scale;
 mod bench_startup;
 mod bench_storage;
@@ -76,6 +77,8 @@ fn main() -> std::process::ExitCode {
         // Hidden: the `jmp` start-up part of `bench` alone (`--quick`: 3 runs each).
         Some("bench-startup") => bench_startup::run(&args[1..]),
         // Hidden: the storage part of `bench` alone (`--size-mib N`, `--ours-only`).
+        // Hidden: the virtual target pools part of `bench` alone (`--quick`: 3 runs each, `--debug`).
+        Some("bench-pools") => bench_pools::run(&args[1..]),
         Some("bench-storage") => bench_storage::run(&args[1..]),
         // Hidden: the QEMU board part of `bench` alone (`--size-mib N`, `--quick`).
         Some("bench-boards") => bench_boards::run(&args[1..]),
@@ -157,5 +160,6 @@ fn bench(args: &[String]) -> Result<()> {
     bench_boards::run(args)?;
     bench_bridge::run(args)?;
     bench_controller::run(args)?;
+    bench_pools::run(args)?;
     kube_rollout::bench()
 }
