@@ -707,3 +707,75 @@ async fn a_quarantined_replica_is_replaced_rather_than_left_quarantined() {
     );
     lab.shutdown().await;
 }
+
+/// The status of condition `type_` of set `set` (`None`: not written yet).
+async fn condition_status(lab: &Lab, set: &str, type_: &str) -> Option<String> {
+    set_of(lab, set)
+        .await
+        .status
+        .and_then(|s| s.conditions.into_iter().find(|c| c.type_ == type_))
+        .map(|c| c.status)
+}
+
+async fn wait_condition(lab: &Lab, set: &str, type_: &str, want: &str) {
+    for _ in 0..300 {
+        if condition_status(lab, set, type_).await.as_deref() == Some(want) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!(
+        "pool {set}: {type_} never {want}: {:?}\n{}",
+        set_of(lab, set).await.status,
+        story(lab, set).await
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_max_replicas_a_waiting_lease_is_scaling_limited_and_served_when_one_frees() {
+    let mut lab = lab_with(local_pools(false)).await;
+    let client = lab.client("ci").await;
+    make_pool(
+        &lab,
+        "one",
+        serde_json::json!({"recycleStrategy": "InPlaceReuse", "maxReplicas": 1}),
+    )
+    .await;
+    let go = lab.path("go");
+    let holder = shell(
+        &lab,
+        &client,
+        &["-l", "pool=one", "--duration", "5m"],
+        &format!(
+            "echo \"$JMP_EXPORTER\" > held; for i in $(seq 600); do [ -f {} ] && break; \
+             sleep 0.1; done; j power on",
+            go.display()
+        ),
+    );
+    for _ in 0..600 {
+        if lab.log("held").trim().starts_with("one-") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let held = lab.log("held").trim().to_string();
+    assert!(held.starts_with("one-"), "{}", story(&lab, "one").await);
+    // A second lease waits: the pool is at its ceiling.
+    let waiter = shell(
+        &lab,
+        &client,
+        &["-l", "pool=one", "--duration", "5m"],
+        "j power on && echo \"exporter=$JMP_EXPORTER\"",
+    );
+    wait_condition(&lab, "one", "ScalingLimited", "True").await;
+    assert_eq!(replicas(&lab, "one").await.len(), 1);
+    // The first lease ends; the same replica serves the second.
+    std::fs::write(&go, "").unwrap();
+    let (code, out, err) = finish(holder).await;
+    assert_eq!(code, 0, "{out}{err}");
+    let (code, out, err) = finish(waiter).await;
+    assert_eq!(code, 0, "{out}{err}\n{}", story(&lab, "one").await);
+    assert!(out.contains(&format!("exporter={held}")), "{out}");
+    wait_condition(&lab, "one", "ScalingLimited", "False").await;
+    lab.shutdown().await;
+}
