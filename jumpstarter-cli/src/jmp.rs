@@ -320,7 +320,10 @@ pub fn main_with(toolkit: crate::Toolkit) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(run(cli, &toolkit)) {
+    let result = rt.block_on(run(cli, &toolkit));
+    // With JSON logs, the lines logged so far go out before the process does.
+    jumpstarter_core::logging::flush();
+    match result {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
         Err(e) => {
             eprintln!("Error: {}", crate::output::format_error(&e));

@@ -432,7 +432,7 @@ pub fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    rt.block_on(async move {
+    let code = rt.block_on(async move {
         match run(args).await {
             Ok(code) => code,
             Err(e) => {
@@ -440,7 +440,9 @@ pub fn main() -> std::process::ExitCode {
                 std::process::ExitCode::FAILURE
             }
         }
-    })
+    });
+    jumpstarter_core::logging::flush();
+    code
 }
 
 /// Resolves on SIGINT or SIGTERM.

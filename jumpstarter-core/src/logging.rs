@@ -88,18 +88,32 @@ pub fn context_span(context: &std::collections::BTreeMap<String, String>) -> tra
 /// subscriber is installed.
 pub fn init_json(component: &'static str, filter: tracing_subscriber::EnvFilter) {
     use tracing_subscriber::prelude::*;
-    let _ = JSON_COMPONENT.set(component);
-    let _ = tracing_subscriber::registry()
+    let queue = LineQueue::start();
+    let installed = tracing_subscriber::registry()
         .with(crate::telemetry::with_trace_spans(filter))
         .with(SpanFields)
-        .with(
-            tracing_subscriber::fmt::layer()
-                .event_format(JsonLines::new(component))
-                .with_writer(std::io::stderr),
-        )
+        .with(JsonLayer {
+            lines: JsonLines::new(component),
+            queue: queue.clone(),
+        })
         .with(crate::telemetry::layer())
         .try_init();
+    if installed.is_ok() {
+        let _ = JSON_COMPONENT.set(component);
+        let _ = QUEUE.set(queue);
+    }
 }
+
+/// Writes out every line logged so far (waiting at most a few seconds for stderr). A binary
+/// calls it before it exits: with JSON logs the lines are written by a thread of their own.
+pub fn flush() {
+    if let Some(q) = QUEUE.get() {
+        q.flush(std::time::Duration::from_secs(5));
+    }
+}
+
+/// The queue of [`init_json`]'s lines, once installed.
+static QUEUE: std::sync::OnceLock<std::sync::Arc<LineQueue>> = std::sync::OnceLock::new();
 
 /// Set by [`init`] with JSON: the component [`say`] writes as.
 static JSON_COMPONENT: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
@@ -128,20 +142,52 @@ fn said(level: tracing::Level, message: &str, text_prefix: Option<&str>) {
             out.insert("component".into(), (*component).into());
             out.insert("target".into(), "jumpstarter::said".into());
             out.insert("message".into(), message.into());
-            eprintln!("{}", Value::Object(out));
+            let line = Value::Object(out).to_string();
+            match QUEUE.get() {
+                // In order with the lines logged before it, and out before the caller goes on
+                // (a ready line is what a script waits for; an error line is the last one).
+                Some(q) => {
+                    q.push(Pending::Text(line));
+                    q.flush(std::time::Duration::from_secs(5));
+                }
+                None => eprintln!("{line}"),
+            }
         }
     }
 }
 
 fn now_rfc3339() -> String {
-    let now = time::OffsetDateTime::now_utc();
-    now.format(&time::format_description::well_known::Rfc3339)
-        .unwrap_or_else(|_| now.unix_timestamp().to_string())
+    rfc3339(std::time::SystemTime::now())
 }
 
-/// The fields of a span, kept as JSON values by [`SpanFields`].
+fn rfc3339(at: std::time::SystemTime) -> String {
+    let at = time::OffsetDateTime::from(at);
+    at.format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_else(|_| at.unix_timestamp().to_string())
+}
+
+/// The fields of a span as JSON values, and the lease context it carries (parsed once, when
+/// recorded), kept by [`SpanFields`]. Lines take a snapshot (an `Arc` clone); a later record
+/// copies it first if a queued line still holds it.
+#[derive(Debug, Default, Clone)]
+struct SpanData {
+    fields: Map<String, Value>,
+    context: Option<Map<String, Value>>,
+}
+
+impl SpanData {
+    fn record(&mut self, values: impl FnOnce(&mut JsonVisitor<'_, Map<String, Value>>)) {
+        values(&mut JsonVisitor(&mut self.fields));
+        if let Some(Value::String(c)) = self.fields.remove(LEASE_CONTEXT_FIELD)
+            && let Ok(Value::Object(entries)) = serde_json::from_str::<Value>(&c)
+        {
+            self.context = Some(entries);
+        }
+    }
+}
+
 #[derive(Debug, Default)]
-struct SpanJson(Map<String, Value>);
+struct SpanJson(std::sync::Arc<SpanData>);
 
 /// A layer that keeps each span's fields as JSON values, for [`JsonLines`] (add it to the
 /// registry before the formatting layer).
@@ -154,49 +200,68 @@ where
 {
     fn on_new_span(&self, attrs: &span::Attributes<'_>, id: &span::Id, ctx: Context<'_, S>) {
         let Some(span) = ctx.span(id) else { return };
-        let mut fields = SpanJson::default();
-        attrs.record(&mut JsonVisitor(&mut fields.0));
-        span.extensions_mut().insert(fields);
+        let mut data = SpanData::default();
+        data.record(|v| attrs.record(v));
+        span.extensions_mut()
+            .insert(SpanJson(std::sync::Arc::new(data)));
     }
 
     fn on_record(&self, id: &span::Id, values: &span::Record<'_>, ctx: Context<'_, S>) {
         let Some(span) = ctx.span(id) else { return };
         let mut ext = span.extensions_mut();
         if let Some(fields) = ext.get_mut::<SpanJson>() {
-            values.record(&mut JsonVisitor(&mut fields.0));
+            std::sync::Arc::make_mut(&mut fields.0).record(|v| values.record(v));
         }
     }
 }
 
-/// Records fields into a JSON map: numbers and booleans as such, the rest as strings.
-struct JsonVisitor<'a>(&'a mut Map<String, Value>);
+/// Where [`JsonVisitor`] puts the fields it records.
+trait FieldSink {
+    fn put(&mut self, name: &'static str, value: Value);
+}
 
-impl Visit for JsonVisitor<'_> {
+/// A span's fields: by name, a later record replacing an earlier one.
+impl FieldSink for Map<String, Value> {
+    fn put(&mut self, name: &'static str, value: Value) {
+        self.insert(name.to_string(), value);
+    }
+}
+
+/// An event's own fields, in order, named by their static names: taking them costs the
+/// logging thread no map and no key copies (the writer thread builds the line's map).
+impl FieldSink for Vec<(&'static str, Value)> {
+    fn put(&mut self, name: &'static str, value: Value) {
+        self.push((name, value));
+    }
+}
+
+/// Records fields as JSON values: numbers and booleans as such, the rest as strings.
+struct JsonVisitor<'a, T: FieldSink>(&'a mut T);
+
+impl<T: FieldSink> Visit for JsonVisitor<'_, T> {
     fn record_f64(&mut self, field: &Field, value: f64) {
         let v = serde_json::Number::from_f64(value)
             .map(Value::Number)
             .unwrap_or_else(|| Value::String(value.to_string()));
-        self.0.insert(field.name().to_string(), v);
+        self.0.put(field.name(), v);
     }
     fn record_i64(&mut self, field: &Field, value: i64) {
-        self.0.insert(field.name().to_string(), value.into());
+        self.0.put(field.name(), value.into());
     }
     fn record_u64(&mut self, field: &Field, value: u64) {
-        self.0.insert(field.name().to_string(), value.into());
+        self.0.put(field.name(), value.into());
     }
     fn record_bool(&mut self, field: &Field, value: bool) {
-        self.0.insert(field.name().to_string(), value.into());
+        self.0.put(field.name(), value.into());
     }
     fn record_str(&mut self, field: &Field, value: &str) {
-        self.0.insert(field.name().to_string(), value.into());
+        self.0.put(field.name(), value.into());
     }
     fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
-        self.0
-            .insert(field.name().to_string(), crate::error_chain(value).into());
+        self.0.put(field.name(), crate::error_chain(value).into());
     }
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        self.0
-            .insert(field.name().to_string(), format!("{value:?}").into());
+        self.0.put(field.name(), format!("{value:?}").into());
     }
 }
 
@@ -212,39 +277,75 @@ impl JsonLines {
         Self { component }
     }
 
-    /// The object for `event` in the spans `scope` holds (outermost first).
-    fn object(&self, event: &Event<'_>, spans: Vec<Map<String, Value>>) -> Map<String, Value> {
+    /// The object for an event captured at `time` in the spans `spans` (outermost first).
+    fn object(&self, e: Captured) -> Map<String, Value> {
         let mut out = Map::new();
-        out.insert("timestamp".into(), now_rfc3339().into());
-        out.insert(
-            "level".into(),
-            event.metadata().level().as_str().to_string().into(),
-        );
+        out.insert("timestamp".into(), rfc3339(e.time).into());
+        out.insert("level".into(), e.level.as_str().to_string().into());
         // The in-process router of a controller writes as the router it is.
-        let target = event.metadata().target();
-        let component = if target.starts_with("jumpstarter_router") {
+        let component = if e.target.starts_with("jumpstarter_router") {
             "router"
         } else {
             self.component
         };
         out.insert("component".into(), component.into());
-        out.insert("target".into(), event.metadata().target().into());
+        out.insert("target".into(), e.target.into());
         let mut context = Map::new();
-        for mut fields in spans {
-            if let Some(Value::String(c)) = fields.remove(LEASE_CONTEXT_FIELD)
-                && let Ok(Value::Object(entries)) = serde_json::from_str::<Value>(&c)
-            {
-                context.extend(entries);
+        for span in &e.spans {
+            if let Some(c) = &span.context {
+                context.extend(c.iter().map(|(k, v)| (k.clone(), v.clone())));
             }
-            out.extend(fields);
+            out.extend(span.fields.iter().map(|(k, v)| (k.clone(), v.clone())));
         }
-        let mut own = Map::new();
-        event.record(&mut JsonVisitor(&mut own));
-        out.extend(own);
+        out.extend(e.own.into_iter().map(|(k, v)| (k.to_string(), v)));
         for (k, v) in context {
             out.entry(k).or_insert(v);
         }
         out
+    }
+
+    /// The line (with its newline) of a captured event.
+    fn line(&self, e: Captured, out: &mut Vec<u8>) {
+        let object = self.object(e);
+        if serde_json::to_writer(&mut *out, &object).is_ok() {
+            out.push(b'\n');
+        }
+    }
+}
+
+/// An event as [`JsonLayer`] takes it on the logging thread: what its line needs, owned, so
+/// that the line is formatted and written by the writer thread.
+struct Captured {
+    time: std::time::SystemTime,
+    level: tracing::Level,
+    target: &'static str,
+    spans: Vec<std::sync::Arc<SpanData>>,
+    own: Vec<(&'static str, Value)>,
+}
+
+impl Captured {
+    /// `event` in the spans of `scope` (the snapshots [`SpanFields`] keeps).
+    fn of<'a, R: LookupSpan<'a>>(
+        event: &Event<'_>,
+        scope: Option<tracing_subscriber::registry::Scope<'a, R>>,
+    ) -> Self {
+        let spans = scope
+            .map(|scope| {
+                scope
+                    .from_root()
+                    .filter_map(|span| span.extensions().get::<SpanJson>().map(|f| f.0.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut own = Vec::new();
+        event.record(&mut JsonVisitor(&mut own));
+        Captured {
+            time: std::time::SystemTime::now(),
+            level: *event.metadata().level(),
+            target: event.metadata().target(),
+            spans,
+            own,
+        }
     }
 }
 
@@ -259,18 +360,200 @@ where
         mut writer: format::Writer<'_>,
         event: &Event<'_>,
     ) -> fmt::Result {
-        let spans = ctx
-            .event_scope()
-            .map(|scope| {
-                scope
-                    .from_root()
-                    .filter_map(|span| span.extensions().get::<SpanJson>().map(|f| f.0.clone()))
-                    .collect()
-            })
-            .unwrap_or_default();
-        let object = self.object(event, spans);
+        let object = self.object(Captured::of(event, ctx.event_scope()));
         let line = serde_json::to_string(&object).map_err(|_| fmt::Error)?;
         writeln!(writer, "{line}")
+    }
+}
+
+/// The layer of [`init_json`]: takes each event (its fields and its spans' snapshots) on the
+/// thread that logs it and queues it; the [`LineQueue`]'s thread formats and writes the lines,
+/// in order, in batches. A driver call's lines thus cost its thread no formatting and no
+/// write to stderr.
+struct JsonLayer {
+    lines: JsonLines,
+    queue: std::sync::Arc<LineQueue>,
+}
+
+impl<S> Layer<S> for JsonLayer
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+{
+    fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
+        self.queue.push(Pending::Event(
+            self.lines.clone(),
+            Captured::of(event, ctx.event_scope(event)),
+        ));
+    }
+}
+
+/// A line waiting for the writer thread.
+enum Pending {
+    /// An event, formatted by the writer.
+    Event(JsonLines, Captured),
+    /// A line already formatted (without its newline).
+    Text(String),
+}
+
+/// How many lines may wait for the writer; a logging thread that finds the queue full waits
+/// for room (as it would wait for a full stderr pipe).
+const QUEUE_BOUND: usize = 16_384;
+
+/// The lines of [`init_json`] on their way to stderr, and the thread that writes them.
+///
+/// The writer takes every waiting line at once, formats them and writes them with one write.
+/// While lines keep coming it looks for more every millisecond on its own, so a busy logging
+/// thread never has to wake it; once idle for a while it sleeps until the next line wakes it.
+struct LineQueue {
+    state: std::sync::Mutex<QueueState>,
+    /// Signalled when lines were written (room in the queue, a flush done).
+    written: std::sync::Condvar,
+    /// The writer thread, to wake it from its idle sleep.
+    writer: std::sync::OnceLock<std::thread::Thread>,
+    /// Whether the writer sleeps until woken (else it looks again within a millisecond).
+    asleep: std::sync::atomic::AtomicBool,
+}
+
+#[derive(Default)]
+struct QueueState {
+    lines: std::collections::VecDeque<Pending>,
+    /// Lines queued and lines written since the start (a flush waits for the one to reach the
+    /// other).
+    queued: u64,
+    done: u64,
+    /// The writer is gone (it could not be started): lines are written by the logging thread.
+    no_writer: bool,
+}
+
+impl LineQueue {
+    fn start() -> std::sync::Arc<Self> {
+        Self::start_to(std::io::stderr())
+    }
+
+    /// A queue whose thread writes to `out`.
+    fn start_to(mut out: impl std::io::Write + Send + 'static) -> std::sync::Arc<Self> {
+        let q = std::sync::Arc::new(LineQueue {
+            state: Default::default(),
+            written: Default::default(),
+            writer: Default::default(),
+            asleep: Default::default(),
+        });
+        let worker = q.clone();
+        match std::thread::Builder::new()
+            .name("log-writer".into())
+            .spawn(move || worker.run(&mut out))
+        {
+            Ok(handle) => {
+                let _ = q.writer.set(handle.thread().clone());
+            }
+            Err(_) => {
+                use crate::sync::LockExt;
+                q.state.lock_or_recover().no_writer = true;
+            }
+        }
+        q
+    }
+
+    fn push(&self, line: Pending) {
+        use crate::sync::LockExt;
+        let mut state = self.state.lock_or_recover();
+        if state.no_writer {
+            drop(state);
+            let mut out = Vec::new();
+            write_one(line, &mut out);
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), &out);
+            return;
+        }
+        while state.lines.len() >= QUEUE_BOUND {
+            self.wake();
+            state = self
+                .written
+                .wait(state)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+        state.lines.push_back(line);
+        state.queued += 1;
+        drop(state);
+        if self.asleep.load(std::sync::atomic::Ordering::SeqCst) {
+            self.wake();
+        }
+    }
+
+    fn wake(&self) {
+        if let Some(t) = self.writer.get() {
+            t.unpark();
+        }
+    }
+
+    /// Waits until every line queued before the call is written, or `limit` passed.
+    fn flush(&self, limit: std::time::Duration) {
+        use crate::sync::LockExt;
+        let deadline = std::time::Instant::now() + limit;
+        let mut state = self.state.lock_or_recover();
+        let target = state.queued;
+        while state.done < target && !state.no_writer {
+            self.wake();
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            state = self
+                .written
+                .wait_timeout(state, left.min(std::time::Duration::from_millis(50)))
+                .map(|(s, _)| s)
+                .unwrap_or_else(|p| p.into_inner().0);
+        }
+    }
+
+    /// The writer thread: batches of lines to `out` until the process ends.
+    fn run(&self, out: &mut dyn std::io::Write) {
+        use crate::sync::LockExt;
+        use std::sync::atomic::Ordering;
+        /// Empty looks (a millisecond apart) before the writer sleeps until woken.
+        const IDLE_LOOKS: u32 = 100;
+        let mut buf = Vec::with_capacity(64 * 1024);
+        let mut idle = 0u32;
+        loop {
+            let batch = std::mem::take(&mut self.state.lock_or_recover().lines);
+            if batch.is_empty() {
+                idle += 1;
+                if idle < IDLE_LOOKS {
+                    std::thread::park_timeout(std::time::Duration::from_millis(1));
+                } else {
+                    self.asleep.store(true, Ordering::SeqCst);
+                    // A line queued before `asleep` was seen set is in the queue now.
+                    if self.state.lock_or_recover().lines.is_empty() {
+                        std::thread::park();
+                    }
+                    self.asleep.store(false, Ordering::SeqCst);
+                    idle = 0;
+                }
+                continue;
+            }
+            idle = 0;
+            let n = batch.len() as u64;
+            for line in batch {
+                write_one(line, &mut buf);
+            }
+            let _ = out.write_all(&buf);
+            let _ = out.flush();
+            buf.clear();
+            if buf.capacity() > 1024 * 1024 {
+                buf.shrink_to(64 * 1024);
+            }
+            self.state.lock_or_recover().done += n;
+            self.written.notify_all();
+        }
+    }
+}
+
+fn write_one(line: Pending, out: &mut Vec<u8>) {
+    match line {
+        Pending::Event(lines, e) => lines.line(e, out),
+        Pending::Text(t) => {
+            out.extend_from_slice(t.as_bytes());
+            out.push(b'\n');
+        }
     }
 }
 
@@ -356,6 +639,47 @@ mod tests {
         assert_eq!(got[0]["build_id"], "123");
         assert_eq!(got[0]["lease_id"], "l-3");
         assert!(got[0].get(LEASE_CONTEXT_FIELD).is_none(), "{}", got[0]);
+    }
+
+    #[test]
+    fn queued_lines_are_written_in_order_by_the_writer_and_a_flush_waits_for_them() {
+        let buf = Buf::default();
+        let queue = LineQueue::start_to(buf.clone());
+        let subscriber = tracing_subscriber::registry()
+            .with(SpanFields)
+            .with(JsonLayer {
+                lines: JsonLines::new("exporter"),
+                queue: queue.clone(),
+            });
+        tracing::subscriber::with_default(subscriber, || {
+            let lease = tracing::info_span!("lease", lease_id = "l-9");
+            let _a = lease.enter();
+            for n in 0..3000u64 {
+                tracing::info!(n, "driver call");
+                if n == 1500 {
+                    queue.push(Pending::Text("{\"said\":true}".into()));
+                }
+            }
+            // The span's field changes after the lines were queued: they keep the old value.
+            lease.record("lease_id", "l-10");
+            tracing::info!(n = 3000u64, "after");
+        });
+        queue.flush(std::time::Duration::from_secs(30));
+        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        let lines: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
+            .collect();
+        assert_eq!(lines.len(), 3002, "every line, once");
+        assert_eq!(lines[1501], serde_json::json!({"said": true}));
+        let ns: Vec<u64> = lines
+            .iter()
+            .filter_map(|l| l.get("n").and_then(Value::as_u64))
+            .collect();
+        assert_eq!(ns, (0..=3000).collect::<Vec<_>>(), "in order");
+        assert_eq!(lines[0]["lease_id"], "l-9");
+        assert_eq!(lines[3001]["lease_id"], "l-10");
+        assert_eq!(lines[3001]["message"], "after");
     }
 
     #[test]

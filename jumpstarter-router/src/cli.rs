@@ -112,13 +112,15 @@ pub fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    match rt.block_on(run(args)) {
+    let code = match rt.block_on(run(args)) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             jumpstarter_core::logging::say_error(format!("{e:#}"));
             std::process::ExitCode::FAILURE
         }
-    }
+    };
+    jumpstarter_core::logging::flush();
+    code
 }
 
 async fn run(args: Args) -> Result<()> {

@@ -186,13 +186,12 @@ impl Session {
     /// The line of one driver call (see [`Session::set_log_span`]).
     fn log_call<T>(
         &self,
-        uuid: &str,
+        driver_type: &str,
         operation: &str,
         r: &Result<T, DriverError>,
         started: std::time::Instant,
     ) {
         let span = self.log_span();
-        let driver_type = self.driver_type(uuid);
         let duration_ms = started.elapsed().as_secs_f64() * 1e3;
         match r {
             Ok(_) => tracing::info!(
@@ -465,9 +464,9 @@ impl Session {
         args: Vec<prost_types::Value>,
     ) -> Result<prost_types::Value, DriverError> {
         let lines = call_lines_wanted();
+        let driver_type = self.driver_type(uuid);
         // With traces on, the log span is the lease's `lease.serve`: each call is a span.
-        let traced =
-            crate::telemetry::driver_call(&self.log_span(), self.driver_type(uuid), &method);
+        let traced = crate::telemetry::driver_call(&self.log_span(), driver_type, &method);
         let observer = self.call_observer();
         if !lines && traced.is_none() && observer.is_none() {
             return self.driver_call_unlogged(uuid, method, args).await;
@@ -484,15 +483,9 @@ impl Session {
             tracing::Instrument::instrument(self.driver_call_unlogged(uuid, method, args), span)
                 .await;
         crate::telemetry::record_result(&traced, &r);
-        Self::observe_call(
-            observer.as_ref(),
-            self.driver_type(uuid),
-            &operation,
-            &r,
-            started,
-        );
+        Self::observe_call(observer.as_ref(), driver_type, &operation, &r, started);
         if lines {
-            self.log_call(uuid, &operation, &r, started);
+            self.log_call(driver_type, &operation, &r, started);
         }
         r
     }
@@ -591,7 +584,8 @@ impl ExporterService for SessionService {
             );
         }
         if let Some((started, operation)) = logged {
-            self.0.log_call(&req.uuid, &operation, &stream, started);
+            self.0
+                .log_call(self.0.driver_type(&req.uuid), &operation, &stream, started);
         }
         let stream = stream.map_err(|e| e.to_status())?;
         let out = stream.map(|item| {
