@@ -25,7 +25,10 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
-    sync::Arc,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
     time::Duration,
 };
 
@@ -642,6 +645,12 @@ struct Engine<S: Store> {
     /// Per set: replicas in a row that failed before becoming ready, and when the next start
     /// may be (no crash loop when a template's exporter cannot start).
     backoff: HashMap<ObjectKey, (u32, Timestamp)>,
+    /// Whether there is any pool (or leftover replica): Exporter and Lease changes wake the
+    /// engine only then.
+    active: Arc<AtomicBool>,
+    /// The last pass found no set and no replica: until a set appears, a pass reads the sets
+    /// only (one list, not four, on a controller without pools).
+    swept: bool,
 }
 
 /// Everything a pass reads.
@@ -663,11 +672,13 @@ pub async fn run<S: Store>(
 ) {
     tokio::pin!(shutdown);
     let wake = Arc::new(Notify::new());
+    // Exporter and Lease changes matter only while there are pools (or their leftovers).
+    let active = Arc::new(AtomicBool::new(true));
     let watchers = vec![
         spawn_set_watch(state.clone(), wake.clone()),
-        spawn_watch::<S, VirtualTargetClass>(state.store.clone(), wake.clone()),
-        spawn_watch::<S, Exporter>(state.store.clone(), wake.clone()),
-        spawn_watch::<S, Lease>(state.store.clone(), wake.clone()),
+        spawn_watch::<S, VirtualTargetClass>(state.store.clone(), wake.clone(), active.clone()),
+        spawn_watch::<S, Exporter>(state.store.clone(), wake.clone(), active.clone()),
+        spawn_watch::<S, Lease>(state.store.clone(), wake.clone(), active.clone()),
     ];
     tracing::info!(
         "pool engine running with provisioners {:?}",
@@ -684,6 +695,8 @@ pub async fn run<S: Store>(
         sets: HashMap::new(),
         ever_ready: BTreeSet::new(),
         backoff: HashMap::new(),
+        active,
+        swept: false,
     };
     loop {
         if let Err(e) = engine.pass().await {
@@ -711,12 +724,15 @@ pub async fn run<S: Store>(
 fn spawn_watch<S: Store, K: StoreObject>(
     store: S,
     wake: Arc<Notify>,
+    active: Arc<AtomicBool>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         loop {
             if let Ok(mut events) = store.watch::<K>(None, None).await {
                 while let Some(Ok(_)) = events.next().await {
-                    wake.notify_one();
+                    if active.load(Ordering::Relaxed) {
+                        wake.notify_one();
+                    }
                 }
             }
             wake.notify_one();
@@ -794,16 +810,28 @@ fn controlled_by(e: &Exporter, set: &ExporterSet) -> bool {
 }
 
 impl<S: Store> Engine<S> {
-    async fn read(&self) -> Result<World, StoreError> {
+    async fn read(&mut self) -> Result<World, StoreError> {
         let store = &self.state.store;
         let everything = LabelSelector::everything();
         let sets: Vec<ExporterSet> = list_all(store, &everything).await?;
+        let idle = sets.is_empty() && self.sets.is_empty();
+        self.active.store(!(idle && self.swept), Ordering::Relaxed);
+        if idle && self.swept {
+            return Ok(World {
+                sets,
+                classes: HashMap::new(),
+                replicas: Vec::new(),
+                leases: Vec::new(),
+                holders: HashMap::new(),
+            });
+        }
         let classes: Vec<VirtualTargetClass> = list_all(store, &everything).await?;
         let pooled =
             LabelSelector::parse(LABEL_EXPORTER_SET).unwrap_or_else(|_| everything.clone());
         let mut replicas: Vec<Exporter> = list_all(store, &pooled).await?;
         replicas.retain(|e| e.label_map().contains_key(LABEL_EXPORTER_SET));
-        if sets.is_empty() && replicas.is_empty() && self.sets.is_empty() {
+        self.swept = idle && replicas.is_empty();
+        if idle && replicas.is_empty() {
             // No pool: the leases (the long list) need not be read.
             return Ok(World {
                 sets,
