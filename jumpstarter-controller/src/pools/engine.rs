@@ -893,8 +893,8 @@ impl<S: Store> Engine<S> {
             if owner.is_some_and(|s| controlled_by(e, s)) {
                 continue;
             }
-            if owner.is_some() && !has_set_controller(e) {
-                // Labelled like the set's but not made by any set: not ours to remove.
+            if !has_set_controller(e) {
+                // Labelled like a set's replica but not made by a set: not ours to remove.
                 continue;
             }
             let name = name_of(&e.metadata).to_string();
