@@ -14,16 +14,13 @@ use std::{
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use jiff::Timestamp;
-use jumpstarter_core::{
-    client::channel::{AuthChannel, ControllerAuth, TlsSettings, connect_authenticated},
-    config::{
-        AdminConfig, ClientConfig, DriversConfig, ExporterConfig, ObjectMeta, SYSTEM_EXPORTER_DIR,
-        TlsConfig, UserConfig, config_dir, encode_ca, write_private,
-    },
+use jumpstarter_core::config::{
+    ClientConfig, DriversConfig, ExporterConfig, ObjectMeta, SYSTEM_EXPORTER_DIR, TlsConfig,
+    UserConfig, config_dir, encode_ca, write_private,
 };
 use jumpstarter_proto::admin_v1::{
     Client, CreateClientRequest, CreateExporterRequest, Credentials, Exporter, ListRequest,
-    ObjectRef, admin_service_client::AdminServiceClient,
+    ObjectRef,
 };
 use serde::Serialize;
 
@@ -37,14 +34,8 @@ const OUTPUT_HELP: &str = "Output mode. Use \"-o name\" for shorter output (reso
 const NOT_OFFERED: &str = "not offered: manage Kubernetes clusters with your own tools \
     (kind, minikube, k3s...); this controller runs without Kubernetes (`jumpstarter-controller`)";
 
-/// Options every admin command shares.
-#[derive(Args, Debug, Clone, Default)]
-pub struct AdminConnect {
-    /// Admin config to use (default: $JMP_ADMIN_CONFIG, else CONFIG_DIR/admin.yaml, written
-    /// by the controller on start)
-    #[arg(long, value_name = "PATH", global = true)]
-    pub admin_config: Option<PathBuf>,
-}
+pub(crate) use crate::admin_api::AdminApi;
+pub use crate::admin_api::{AdminConnect, KubeFlags};
 
 /// `jmp admin`.
 #[derive(Subcommand, Debug)]
@@ -118,44 +109,6 @@ async fn admin_logs(a: AdminLogsArgs) -> Result<i32> {
         crate::lease_logs::print(&logs, format)?;
     }
     Ok(0)
-}
-
-/// Kubernetes flags upstream has. `-n` is honoured; `--kubeconfig` and `--context` parse (so
-/// upstream's command lines are recognised) but are refused with an error naming them: `jmp admin`
-/// reaches the controller through its admin config, and silently talking to another controller
-/// than the cluster the flag names would be worse than stopping.
-#[derive(Args, Debug, Clone, Default)]
-pub struct KubeFlags {
-    /// Namespace to use (default: default)
-    #[arg(short = 'n', long, value_name = "TEXT")]
-    namespace: Option<String>,
-    /// Not supported (refused): jmp admin reaches the controller through --admin-config
-    #[arg(long, value_name = "PATH")]
-    kubeconfig: Option<PathBuf>,
-    /// Not supported (refused): jmp admin reaches the controller through --admin-config
-    #[arg(long, value_name = "TEXT")]
-    context: Option<String>,
-}
-
-impl KubeFlags {
-    /// The namespace to use; refuses `--kubeconfig`/`--context`, which this `jmp admin` cannot
-    /// honour.
-    pub(crate) fn namespace(&self) -> Result<String> {
-        let refused = match (&self.kubeconfig, &self.context) {
-            (Some(_), _) => Some("--kubeconfig"),
-            (None, Some(_)) => Some("--context"),
-            (None, None) => None,
-        };
-        if let Some(flag) = refused {
-            bail!(
-                "{flag} is not supported: this jmp admin does not talk to Kubernetes; it reaches \
-                 the controller named in its admin config (--admin-config FILE, by default the one \
-                 `jumpstarter-controller` wrote for this user), whichever store that controller \
-                 uses. Remove {flag}."
-            );
-        }
-        Ok(self.namespace.clone().unwrap_or_default())
-    }
 }
 
 /// `jmp admin create`.
@@ -674,35 +627,6 @@ pub struct ClearHealthArgs {
     kube: KubeFlags,
     #[arg(short, long, value_parser = ["name"], help = OUTPUT_HELP)]
     output: Option<String>,
-}
-
-/// A connection to the AdminService.
-pub(crate) struct AdminApi {
-    pub(crate) rpc: AdminServiceClient<AuthChannel>,
-}
-
-impl AdminApi {
-    pub(crate) async fn connect(opts: &AdminConnect, insecure: bool) -> Result<Self> {
-        let path = opts
-            .admin_config
-            .clone()
-            .unwrap_or_else(AdminConfig::default_path);
-        if !path.exists() {
-            bail!(
-                "no admin config at {}: start the controller (it writes one), or pass \
-                 --admin-config PATH / set JMP_ADMIN_CONFIG",
-                path.display()
-            );
-        }
-        let cfg = AdminConfig::load(&path)?;
-        let mut tls = TlsSettings::from_config(&cfg.tls, Some(&path))?;
-        tls.insecure |= insecure;
-        let channel =
-            connect_authenticated(&cfg.endpoint, &tls, &ControllerAuth::bearer(&cfg.token)).await?;
-        Ok(Self {
-            rpc: AdminServiceClient::new(channel),
-        })
-    }
 }
 
 /// Runs `jmp admin ...`.

@@ -14,7 +14,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::{
-    admin::{AdminApi, AdminConnect, KubeFlags},
+    admin_api::{AdminApi, AdminConnect, KubeFlags},
     output::{OutputMode, Table, format_age, print_structured, timestamp},
     resources::rpc_error,
 };

@@ -10,6 +10,7 @@
 #![allow(rustdoc::broken_intra_doc_links)]
 
 mod admin;
+mod admin_api;
 mod admin_pools;
 mod auth;
 mod completion;

@@ -32,10 +32,7 @@ use crate::{
         Lease, Policy, PolicyFrom, RESERVED_LABEL_PREFIX, conditions,
         duration::GoDuration,
         exporter_status_to_proto, find_condition,
-        selector::{
-            LabelSelector, validate_dns1123_subdomain, validate_label_value,
-            validate_qualified_name,
-        },
+        selector::{LabelSelector, validate_dns1123_subdomain},
         timestamp_to_proto,
     },
     service::{
@@ -48,10 +45,8 @@ use crate::{
     store::{ListParams, Store, StoreError, StoreObject},
 };
 
-/// The namespace used when a request leaves it empty.
-pub const DEFAULT_NAMESPACE: &str = "default";
-/// Longest namespace (a DNS-1123 label).
-const NAMESPACE_MAX: usize = 63;
+pub use super::admin_checks::DEFAULT_NAMESPACE;
+pub(crate) use super::admin_checks::{created, label_problem, validate_namespace};
 
 /// The AdminService implementation.
 pub struct AdminApi<S: Store> {
@@ -352,22 +347,6 @@ impl From<Status> for ApplyError {
     }
 }
 
-/// Kubernetes namespace rules (a DNS-1123 label).
-pub(crate) fn validate_namespace(ns: &str) -> Result<(), String> {
-    if ns.len() > NAMESPACE_MAX {
-        return Err(format!(
-            "{ns:?} must be no more than {NAMESPACE_MAX} characters"
-        ));
-    }
-    if ns.contains('.') {
-        return Err(format!(
-            "{ns:?} must be a DNS-1123 label: lowercase alphanumeric characters or '-', \
-             starting and ending with an alphanumeric character (no '.')"
-        ));
-    }
-    validate_dns1123_subdomain(ns)
-}
-
 /// The namespace (default when empty) and name of a request, validated.
 fn names(what: &str, namespace: &str, name: &str) -> Result<(String, String), Status> {
     let ns = if namespace.is_empty() {
@@ -414,20 +393,6 @@ fn labels(
     Ok(out)
 }
 
-/// What the API server would refuse in one label (`label key "a b": ...`, `value ... of label
-/// ...`); with `reserved`, also a key under the prefix an exporter reports itself.
-pub(crate) fn label_problem(k: &str, v: &str, reserved: bool) -> Result<(), String> {
-    validate_qualified_name(k).map_err(|e| format!("label key {k:?}: {e}"))?;
-    validate_label_value(v).map_err(|e| format!("value {v:?} of label {k:?}: {e}"))?;
-    if reserved && k.starts_with(RESERVED_LABEL_PREFIX) {
-        return Err(format!(
-            "label key {k:?}: the {RESERVED_LABEL_PREFIX} prefix is reserved for labels the \
-             exporter reports itself"
-        ));
-    }
-    Ok(())
-}
-
 fn meta(ns: &str, name: &str, labels: BTreeMap<String, String>) -> metav1::ObjectMeta {
     metav1::ObjectMeta {
         namespace: Some(ns.to_string()),
@@ -435,13 +400,6 @@ fn meta(ns: &str, name: &str, labels: BTreeMap<String, String>) -> metav1::Objec
         labels: (!labels.is_empty()).then_some(labels),
         ..Default::default()
     }
-}
-
-/// When an object was created, for the admin API's messages.
-pub(crate) fn created(m: &metav1::ObjectMeta) -> Option<prost_types::Timestamp> {
-    m.creation_timestamp
-        .as_ref()
-        .map(|t| timestamp_to_proto(t.0))
 }
 
 /// A Client as the admin API shows it.

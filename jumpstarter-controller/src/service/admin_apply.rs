@@ -394,7 +394,7 @@ fn typed<K: Serialize + DeserializeOwned + kube::Resource>(
     }
     validate_dns1123_subdomain(&name).map_err(|e| format!("metadata.name: {e}"))?;
     let wanted = if namespace.is_empty() {
-        crate::service::admin::DEFAULT_NAMESPACE
+        crate::service::admin_checks::DEFAULT_NAMESPACE
     } else {
         namespace
     };
@@ -406,7 +406,7 @@ fn typed<K: Serialize + DeserializeOwned + kube::Resource>(
             ));
         }
         Some(ns) => {
-            crate::service::admin::validate_namespace(ns)
+            crate::service::admin_checks::validate_namespace(ns)
                 .map_err(|e| format!("metadata.namespace: {e}"))?;
         }
         None => m.namespace = Some(wanted.to_string()),
@@ -435,7 +435,7 @@ fn check_labels(
 ) -> Result<(), String> {
     limits::check_count(field, labels.len(), MAX_LABELS).map_err(|s| s.message().to_string())?;
     for (k, v) in labels {
-        crate::service::admin::label_problem(k, v, reserved)
+        crate::service::admin_checks::label_problem(k, v, reserved)
             .map_err(|e| format!("{field}: {e}"))?;
     }
     Ok(())

@@ -12,7 +12,7 @@ use crate::objects::{
     virtualtarget::{BindingMode, ExporterSet, ReclaimPolicy, RecycleStrategy, VirtualTargetClass},
 };
 use crate::pools::decisions::Decision;
-use crate::service::admin::created;
+use crate::service::admin_checks::created;
 
 /// The object as upstream's JSON (empty if it does not serialize, which our types always do).
 fn object_json<T: serde::Serialize>(o: &T) -> String {

@@ -3,6 +3,7 @@
 
 pub mod admin;
 pub mod admin_apply;
+pub(crate) mod admin_checks;
 pub mod admin_pools;
 pub mod client;
 pub mod controller;
