@@ -293,6 +293,44 @@ async fn a_queued_lease_scales_an_empty_pool_up_and_exit_and_replace_gives_the_n
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_class_that_waits_for_the_first_consumer_keeps_no_warm_pool() {
+    let mut lab = lab_with(local_pools(false)).await;
+    let client = lab.client("ci").await;
+    let class: VirtualTargetClass = serde_json::from_value(serde_json::json!({
+        "apiVersion": "virtualtarget.jumpstarter.dev/v1alpha1",
+        "kind": "VirtualTargetClass",
+        "metadata": {"name": "ondemand", "namespace": "default"},
+        "spec": {"provisioner": "local", "bindingMode": "WaitForFirstConsumer"}
+    }))
+    .unwrap();
+    lab.ctl().state.store.create(&class).await.unwrap();
+    make_pool(
+        &lab,
+        "lazy",
+        serde_json::json!({
+            "virtualTargetClassName": "ondemand",
+            "minAvailableReplicas": 2,
+            "recycleStrategy": "InPlaceReuse",
+            "scaleDownCooldown": "1h"
+        }),
+    )
+    .await;
+    // The set is valid and looked at, and its warm pool of 2 is not made.
+    wait_condition(&lab, "lazy", "Invalid", "False").await;
+    assert!(replicas(&lab, "lazy").await.is_empty());
+    // A waiting lease gets one, and only one is made.
+    let first = lease_once(&lab, &client, "lazy").await;
+    assert!(first.starts_with("lazy-"), "{first}");
+    let names: Vec<String> = replicas(&lab, "lazy")
+        .await
+        .iter()
+        .map(|e| name(e).to_string())
+        .collect();
+    assert_eq!(names, vec![first], "no warm replica beside the leased one");
+    lab.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_place_reuse_serves_the_next_lease_with_the_same_exporter() {
     let mut lab = lab_with(local_pools(false)).await;
     let client = lab.client("ci").await;
@@ -355,6 +393,21 @@ async fn sets_that_cannot_scale_say_why_in_their_conditions_and_make_nothing() {
         serde_json::json!({"virtualTargetClassName": "cloud", "minAvailableReplicas": 1}),
     )
     .await;
+    // Its class asks for what no provisioner here does (keep replicas' resources).
+    let class: VirtualTargetClass = serde_json::from_value(serde_json::json!({
+        "apiVersion": "virtualtarget.jumpstarter.dev/v1alpha1",
+        "kind": "VirtualTargetClass",
+        "metadata": {"name": "keeper", "namespace": "default"},
+        "spec": {"provisioner": "local", "reclaimPolicy": "Retain"}
+    }))
+    .unwrap();
+    lab.ctl().state.store.create(&class).await.unwrap();
+    make_pool(
+        &lab,
+        "retained",
+        serde_json::json!({"virtualTargetClassName": "keeper", "minAvailableReplicas": 1}),
+    )
+    .await;
     // Its class does not exist.
     make_pool(
         &lab,
@@ -374,6 +427,7 @@ async fn sets_that_cannot_scale_say_why_in_their_conditions_and_make_nothing() {
             ("bad", "Invalid"),
             ("elsewhere", "ProvisionerUnavailable"),
             ("classless", "Invalid"),
+            ("retained", "Invalid"),
         ] {
             let c = condition(&set_of(&lab, set).await, type_);
             seen.push(c.filter(|c| c.status == "True"));
@@ -397,7 +451,11 @@ async fn sets_that_cannot_scale_say_why_in_their_conditions_and_make_nothing() {
         messages[2].contains("spec.virtualTargetClassName") && messages[2].contains("missing"),
         "{messages:?}"
     );
-    for set in ["bad", "elsewhere", "classless"] {
+    assert!(
+        messages[3].contains("VirtualTargetClass keeper: spec.reclaimPolicy"),
+        "{messages:?}"
+    );
+    for set in ["bad", "elsewhere", "classless", "retained"] {
         assert!(replicas(&lab, set).await.is_empty(), "{set}");
     }
     lab.shutdown().await;

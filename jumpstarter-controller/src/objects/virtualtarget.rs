@@ -432,7 +432,7 @@ pub struct ExporterSetStatus {
 /// Why an ExporterSet or VirtualTargetClass is not valid.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PoolError {
-    /// A field is out of range or malformed.
+    /// A field of an ExporterSet is out of range or malformed.
     #[error("ExporterSet {name}: {field}: {reason}")]
     Field {
         /// The set's name.
@@ -442,6 +442,114 @@ pub enum PoolError {
         /// What is wrong.
         reason: String,
     },
+    /// A field of a VirtualTargetClass asks for what this controller does not do.
+    #[error("VirtualTargetClass {name}: {field}: {reason}")]
+    ClassField {
+        /// The class's name.
+        name: String,
+        /// The field at fault (e.g. `spec.reclaimPolicy`).
+        field: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+impl PoolError {
+    /// The field at fault and what is wrong with it (without the object's name).
+    pub fn field_and_reason(&self) -> String {
+        match self {
+            Self::Field { field, reason, .. } | Self::ClassField { field, reason, .. } => {
+                format!("{field}: {reason}")
+            }
+        }
+    }
+}
+
+impl VirtualTargetClassSpec {
+    /// `bindingMode` is `WaitForFirstConsumer`: replicas are made only for waiting leases.
+    pub fn waits_for_first_consumer(&self) -> bool {
+        self.binding_mode == Some(BindingMode::WaitForFirstConsumer)
+    }
+
+    /// Refuses what no provisioner here honours, naming the field: `reclaimPolicy: Retain`
+    /// (a replica's process or Pod and its config always go with it), `caBundleConfigMapRef`
+    /// and `credentialsSecretRef` (no provisioner here injects them), and, for the `local`
+    /// provisioner, which runs `jmp run` processes, `images`, `scheduling` and `parameters`.
+    pub fn validate(&self, name: &str) -> Result<(), PoolError> {
+        let bad = |field: &'static str, reason: &str| PoolError::ClassField {
+            name: name.to_string(),
+            field,
+            reason: reason.to_string(),
+        };
+        if self.provisioner.is_empty() {
+            return Err(bad("spec.provisioner", "must not be empty"));
+        }
+        if self.reclaim_policy == Some(ReclaimPolicy::Retain) {
+            return Err(bad(
+                "spec.reclaimPolicy",
+                "Retain is not supported: a removed replica's process or Pod and its config \
+                 are always deleted (Delete)",
+            ));
+        }
+        if self.ca_bundle_config_map_ref.is_some() {
+            return Err(bad(
+                "spec.caBundleConfigMapRef",
+                "not supported: each replica's exporter config carries the CA of the \
+                 controller's endpoint; remove the field",
+            ));
+        }
+        if self.credentials_secret_ref.is_some() {
+            return Err(bad(
+                "spec.credentialsSecretRef",
+                "not supported: no provisioner here injects backend credentials; remove the \
+                 field",
+            ));
+        }
+        if self.provisioner == PROVISIONER_LOCAL {
+            for (field, set) in [
+                ("spec.images", self.images.is_some()),
+                ("spec.scheduling", self.scheduling.is_some()),
+                ("spec.parameters", self.parameters.is_some()),
+            ] {
+                if set {
+                    return Err(bad(
+                        field,
+                        "the local provisioner runs `jmp run` processes on the controller's \
+                         machine and has no use for it; remove the field",
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl ExporterSetSpec {
+    /// What [`Self::validate`] cannot check alone: fields of the set that its class's
+    /// provisioner has no use for (`images` and `parameters` with the `local` provisioner).
+    pub fn validate_with_class(
+        &self,
+        name: &str,
+        class: &VirtualTargetClassSpec,
+    ) -> Result<(), PoolError> {
+        if class.provisioner == PROVISIONER_LOCAL {
+            for (field, set) in [
+                ("spec.images", self.images.is_some()),
+                ("spec.parameters", self.parameters.is_some()),
+            ] {
+                if set {
+                    return Err(PoolError::Field {
+                        name: name.to_string(),
+                        field,
+                        reason: "its class's local provisioner runs `jmp run` processes and \
+                                 has no use for it; remove the field"
+                            .to_string(),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 impl ExporterSetSpec {
@@ -664,6 +772,52 @@ spec:
         let mut s = set(POOL).spec;
         s.template.spec.as_mut().unwrap().drivers.as_mut().unwrap()[0].ref_ = Some("x".into());
         assert!(s.validate("p").is_err());
+    }
+
+    #[test]
+    fn class_fields_no_provisioner_honours_are_refused_naming_them() {
+        let class =
+            |yaml: &str| -> VirtualTargetClassSpec { serde_saphyr::from_str(yaml).unwrap() };
+        let field = |r: Result<(), PoolError>| match r {
+            Err(PoolError::ClassField { field, .. }) => field,
+            other => panic!("{other:?}"),
+        };
+        class("provisioner: local\nbindingMode: WaitForFirstConsumer\nreclaimPolicy: Delete")
+            .validate("c")
+            .unwrap();
+        assert_eq!(
+            field(class("provisioner: local\nreclaimPolicy: Retain").validate("c")),
+            "spec.reclaimPolicy"
+        );
+        assert_eq!(
+            field(
+                class("provisioner: qemu.jumpstarter.dev\ncredentialsSecretRef: {name: x}")
+                    .validate("c")
+            ),
+            "spec.credentialsSecretRef"
+        );
+        assert_eq!(
+            field(
+                class("provisioner: qemu.jumpstarter.dev\ncaBundleConfigMapRef: {name: x}")
+                    .validate("c")
+            ),
+            "spec.caBundleConfigMapRef"
+        );
+        assert_eq!(
+            field(class("provisioner: local\nparameters: {a: 1}").validate("c")),
+            "spec.parameters"
+        );
+        class("provisioner: qemu.jumpstarter.dev\nparameters: {a: 1}\nscheduling: {nodeSelector: {a: b}}")
+            .validate("c")
+            .unwrap();
+        let mut s = set(POOL).spec;
+        s.parameters = Some(Parameters(serde_json::json!({"a": 1})));
+        assert!(
+            s.validate_with_class("p", &class("provisioner: local"))
+                .is_err()
+        );
+        s.validate_with_class("p", &class("provisioner: qemu.jumpstarter.dev"))
+            .unwrap();
     }
 
     #[test]

@@ -1034,7 +1034,12 @@ impl<S: Store> Engine<S> {
                         set.spec.virtual_target_class_name
                     ),
                 )),
-                Some(_) => None,
+                Some(class) => class
+                    .spec
+                    .validate(name_of(&class.metadata))
+                    .and_then(|()| set.spec.validate_with_class(&name, &class.spec))
+                    .err()
+                    .map(|e| ("InvalidSpec", e.to_string())),
             },
         };
         if let Some((reason, message)) = invalid {
@@ -1202,7 +1207,11 @@ impl<S: Store> Engine<S> {
             .filter(|l| lease_waits_for(l, &ns, &labels, now))
             .count();
         let cooldown = set.spec.cooldown(&name).unwrap_or_default();
-        let scaling = Scaling::of(&set.spec, cooldown, self.config.max_starts_per_pass);
+        let mut scaling = Scaling::of(&set.spec, cooldown, self.config.max_starts_per_pass);
+        if class.spec.waits_for_first_consumer() {
+            // No warm pool: replicas are made for waiting leases (and minReplicas) only.
+            scaling.min_available = 0;
+        }
         let mut plan = decide(&scaling, &views, pending, now);
 
         let mut changed = false;

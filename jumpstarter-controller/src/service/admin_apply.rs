@@ -496,11 +496,7 @@ fn check(desired: &Desired) -> Result<(), String> {
         Desired::Set(s) => {
             check_meta(&s.metadata, false)?;
             let name = s.metadata.name.as_deref().unwrap_or_default();
-            s.spec.validate(name).map_err(|e| match e {
-                crate::objects::virtualtarget::PoolError::Field { field, reason, .. } => {
-                    format!("{field}: {reason}")
-                }
-            })?;
+            s.spec.validate(name).map_err(|e| e.field_and_reason())?;
             let template_labels = s
                 .spec
                 .template
@@ -513,9 +509,8 @@ fn check(desired: &Desired) -> Result<(), String> {
         }
         Desired::Class(c) => {
             check_meta(&c.metadata, false)?;
-            if c.spec.provisioner.is_empty() {
-                return Err("spec.provisioner: must not be empty".into());
-            }
+            let name = c.metadata.name.as_deref().unwrap_or_default();
+            c.spec.validate(name).map_err(|e| e.field_and_reason())?;
             if let Some(r) = &c.spec.ca_bundle_config_map_ref
                 && r.name.is_empty()
             {
