@@ -112,6 +112,32 @@ impl Drop for Cluster {
     }
 }
 
+/// The `[--reuse] [--no-build]` arguments of a suite run on the `kube-up` cluster (`task`
+/// names it in the usage line): the cluster it started (`None` with `--reuse`: the running
+/// one, checked) and the directory of the binaries (built unless `--no-build`).
+pub fn suite_setup(task: &str, args: &[String]) -> Result<(Option<Cluster>, PathBuf)> {
+    let (mut reuse, mut build) = (false, true);
+    for a in args {
+        match a.as_str() {
+            "--reuse" => reuse = true,
+            "--no-build" => build = false,
+            _ => bail!("usage: cargo xtask {task} [--reuse] [--no-build]"),
+        }
+    }
+    let cluster = if reuse {
+        running()?;
+        None
+    } else {
+        Some(up()?)
+    };
+    let bins = if build {
+        crate::debug_build()?
+    } else {
+        crate::target_dir().join("debug")
+    };
+    Ok((cluster, bins))
+}
+
 /// Builds what is missing, stops an earlier cluster, starts a fresh one and configures it.
 pub fn up() -> Result<Cluster> {
     let total = Instant::now();

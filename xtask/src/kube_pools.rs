@@ -50,25 +50,7 @@ const STEP: Duration = Duration::from_secs(120);
 
 /// `cargo xtask kube-pools [--reuse] [--no-build]`.
 pub fn run(args: &[String]) -> Result<()> {
-    let (mut reuse, mut build) = (false, true);
-    for a in args {
-        match a.as_str() {
-            "--reuse" => reuse = true,
-            "--no-build" => build = false,
-            _ => bail!("usage: cargo xtask kube-pools [--reuse] [--no-build]"),
-        }
-    }
-    let cluster = if reuse {
-        kube::running()?;
-        None
-    } else {
-        Some(kube::up()?)
-    };
-    let bins = if build {
-        crate::debug_build()?
-    } else {
-        crate::target_dir().join("debug")
-    };
+    let (cluster, bins) = kube::suite_setup("kube-pools", args)?;
     scenario(&bins)?;
     drop(cluster);
     Ok(())

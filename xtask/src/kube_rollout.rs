@@ -79,25 +79,7 @@ pub struct Report {
 /// Runs the suite (`--reuse`: on the running `kube-up` cluster; `--no-build`: with the
 /// binaries in target/debug as they are).
 pub fn run(args: &[String]) -> Result<()> {
-    let (mut reuse, mut build) = (false, true);
-    for a in args {
-        match a.as_str() {
-            "--reuse" => reuse = true,
-            "--no-build" => build = false,
-            _ => bail!("usage: cargo xtask kube-rollout [--reuse] [--no-build]"),
-        }
-    }
-    let cluster = if reuse {
-        kube::running()?;
-        None
-    } else {
-        Some(kube::up()?)
-    };
-    let bins = if build {
-        crate::debug_build()?
-    } else {
-        crate::target_dir().join("debug")
-    };
+    let (cluster, bins) = kube::suite_setup("kube-rollout", args)?;
     let report = scenario(&bins)?;
     print_report(&report);
     drop(cluster);
