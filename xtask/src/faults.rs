@@ -1190,10 +1190,12 @@ fn round(
                     )?);
                     counts.operations += 1;
                     if fault.kind == Kind::Client {
-                        // A moment within 3 s, then within ever less: on an idle machine
-                        // an operation takes a quarter of a second.
-                        let within = 300 + 2700 / fault.extra as u64;
-                        fault.at = t0.elapsed() + rng.millis(50, within);
+                        // A moment within this operation's life: it takes about a quarter
+                        // of a second on an idle machine, so within 1 s, then ever closer
+                        // to that (a moment each operation outlived at 3 s, then within
+                        // ever less, missed all ten in about one round of thirty).
+                        let within = 250 + 750 / fault.extra as u64;
+                        fault.at = t0.elapsed() + rng.millis(20, within);
                     }
                 }
             }
