@@ -65,16 +65,7 @@ async fn apply_on_the_kubernetes_store() {
     )
     .await
     .unwrap();
-    let ch = jumpstarter_core::client::connect_channel(
-        &format!("localhost:{}", ctl.addr.port()),
-        &jumpstarter_core::client::ConnectOptions {
-            insecure: false,
-            passphrase: None,
-            ca_pem: Some(ctl.ca_pem.clone().into_bytes()),
-        },
-    )
-    .await
-    .unwrap();
+    let ch = crate::tls_channel(&ctl).await;
     let token = ctl.admin_token.clone();
     let mut admin = AdminServiceClient::new(ch);
     let docs: Vec<String> = DOCS.iter().map(|d| d.to_string()).collect();
@@ -218,16 +209,7 @@ async fn only_the_admin_token_applies_or_reads_pools() {
     let ctl = jumpstarter_controller::start(ControllerConfig::loopback(dir.path().join("data")))
         .await
         .unwrap();
-    let ch = jumpstarter_core::client::connect_channel(
-        &format!("localhost:{}", ctl.addr.port()),
-        &jumpstarter_core::client::ConnectOptions {
-            insecure: false,
-            passphrase: None,
-            ca_pem: Some(ctl.ca_pem.clone().into_bytes()),
-        },
-    )
-    .await
-    .unwrap();
+    let ch = crate::tls_channel(&ctl).await;
     let token = ctl.admin_token.clone();
     let mut admin = AdminServiceClient::new(ch);
     let alice = crate::admin::create_client(&mut admin, &token, "alice", &[])

@@ -64,16 +64,7 @@ async fn kube_controller(
     )
     .await
     .unwrap();
-    let ch = jumpstarter_core::client::connect_channel(
-        &format!("localhost:{}", ctl.addr.port()),
-        &jumpstarter_core::client::ConnectOptions {
-            insecure: false,
-            passphrase: None,
-            ca_pem: Some(ctl.ca_pem.clone().into_bytes()),
-        },
-    )
-    .await
-    .unwrap();
+    let ch = crate::tls_channel(&ctl).await;
     (ctl, store, ch)
 }
 

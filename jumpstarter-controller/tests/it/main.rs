@@ -61,6 +61,23 @@ pub async fn lab_configured(change: impl FnOnce(&mut ControllerConfig)) -> Lab {
     Lab { ctl, dir }
 }
 
+/// A channel to `ctl`'s gRPC listener over TLS, trusting its CA (as a client on this
+/// machine connects).
+pub async fn tls_channel<S: jumpstarter_controller::store::Store>(
+    ctl: &RunningController<S>,
+) -> jumpstarter_core::client::SessionChannel {
+    jumpstarter_core::client::connect_channel(
+        &format!("localhost:{}", ctl.addr.port()),
+        &jumpstarter_core::client::ConnectOptions {
+            insecure: false,
+            passphrase: None,
+            ca_pem: Some(ctl.ca_pem.clone().into_bytes()),
+        },
+    )
+    .await
+    .unwrap()
+}
+
 /// Who a test acts as.
 #[derive(Clone)]
 pub struct Identity {
