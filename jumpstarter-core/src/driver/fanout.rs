@@ -20,6 +20,11 @@
 //!   [`OBSERVER_WAKE_BYTES`], or [`OBSERVER_LINGER`] after its first unread byte, so that
 //!   under a fast console each observer delivers a few large frames rather than one per
 //!   chunk the source produced (each frame an observer sends costs CPU the writer shares).
+//!   Each observer also has a delivery budget ([`FanoutOptions::observer_rate`], by default
+//!   [`OBSERVER_BYTES_PER_SECOND`], far above any real console): past it, an observer takes
+//!   the newest bytes its budget allows and the older ones count as dropped (the same
+//!   marker), so that observers together cannot take more than a bounded share of the CPU
+//!   the writer and the board need. A bounded burst (its buffer's worth) goes at once.
 //!
 //! [`ConsoleFanout::release_console`] takes the seat from the writer (its later writes fail,
 //! it reads on as an observer would) so that someone else may `connect`. The source ending
@@ -64,6 +69,14 @@ pub const OBSERVER_WAKE_BYTES: usize = 32 * 1024;
 /// fewer, larger frames).
 pub const OBSERVER_LINGER: Duration = Duration::from_millis(5);
 
+/// Bytes per second each observer may receive at most (4 MiB/s, ten times a 4 Mbaud UART's
+/// 400 KB/s): beyond it the observer's oldest bytes are dropped.
+pub const OBSERVER_BYTES_PER_SECOND: u64 = 4 * 1024 * 1024;
+
+/// The longest a throttled observer waits before it reads again (at a low budget it takes
+/// what it may every so often rather than waiting for a full batch).
+const OBSERVER_THROTTLE_MAX_WAIT: Duration = Duration::from_millis(100);
+
 /// Bytes buffered for the writer before the reading task waits for it.
 pub const WRITER_BUFFER_BYTES: usize = 64 * 1024;
 
@@ -84,6 +97,10 @@ pub struct FanoutOptions {
     pub observer_wake: usize,
     /// How long an observer's first unread bytes wait for more (zero: read at once).
     pub linger: Duration,
+    /// Bytes per second each observer (and a writer whose seat was taken) may receive at
+    /// most, after a first burst of `observer_buffer` bytes; what it cannot take is dropped,
+    /// oldest first, and marked. At least 1.
+    pub observer_rate: u64,
     /// Bytes buffered for the writer before the reading task waits for it.
     pub writer_buffer: usize,
     /// How long a `connect` waits for the writer's seat before it is refused.
@@ -97,6 +114,7 @@ impl Default for FanoutOptions {
             observer_buffer: OBSERVER_BUFFER_BYTES,
             observer_wake: OBSERVER_WAKE_BYTES,
             linger: OBSERVER_LINGER,
+            observer_rate: OBSERVER_BYTES_PER_SECOND,
             writer_buffer: WRITER_BUFFER_BYTES,
             seat_grace: Duration::from_secs(2),
         }
@@ -300,6 +318,8 @@ impl ConsoleFanout {
             role,
             buf,
             linger: None,
+            budget: Budget::new(&self.shared.opts),
+            throttle: None,
         })
     }
 
@@ -307,6 +327,11 @@ impl ConsoleFanout {
     fn state_if_open(&self, opened: bool) -> Option<MutexGuard<'_, State>> {
         let st = lock(&self.shared.state);
         (st.source.is_some() || opened).then_some(st)
+    }
+
+    /// The sizes and timings it was made with.
+    pub fn options(&self) -> FanoutOptions {
+        self.shared.opts
     }
 
     /// Takes the seat from the writer, if any: its later writes fail, it reads on without
@@ -517,6 +542,23 @@ impl BufState {
         }
     }
 
+    /// Drops the oldest `n` buffered bytes (fewer if there are fewer), counted as dropped.
+    fn drop_oldest(&mut self, mut n: usize) {
+        while n > 0 {
+            let Some(front) = self.chunks.front_mut() else {
+                break;
+            };
+            let cut = n.min(front.len());
+            front.advance(cut);
+            self.bytes -= cut;
+            self.dropped += cut as u64;
+            n -= cut;
+            if front.is_empty() {
+                self.chunks.pop_front();
+            }
+        }
+    }
+
     /// Appends `chunk`, dropping the oldest bytes beyond the cap (never waits).
     fn push_lossy(&mut self, mut chunk: Bytes) {
         if self.end.is_some() {
@@ -527,18 +569,8 @@ impl BufState {
             self.dropped += cut as u64;
             chunk.advance(cut);
         }
-        while self.bytes + chunk.len() > self.cap {
-            let Some(front) = self.chunks.front_mut() else {
-                break;
-            };
-            let excess = self.bytes + chunk.len() - self.cap;
-            let cut = excess.min(front.len());
-            front.advance(cut);
-            self.bytes -= cut;
-            self.dropped += cut as u64;
-            if front.is_empty() {
-                self.chunks.pop_front();
-            }
+        if self.bytes + chunk.len() > self.cap {
+            self.drop_oldest(self.bytes + chunk.len() - self.cap);
         }
         let was_empty = self.bytes == 0;
         self.bytes += chunk.len();
@@ -597,6 +629,68 @@ pub struct ConsoleStream {
     /// An observer's wait for more bytes after its first unread ones (see
     /// [`OBSERVER_LINGER`]).
     linger: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// What this client may receive now, when it reads lossily (see
+    /// [`FanoutOptions::observer_rate`]).
+    budget: Budget,
+    /// A throttled client's wait for its budget.
+    throttle: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+/// A token bucket: bytes a lossy reader may take now, refilled at the observers' rate up to
+/// its buffer's size.
+struct Budget {
+    /// Bytes it may take now.
+    allowance: u64,
+    /// Most it may hold (the observer's buffer).
+    burst: u64,
+    /// Bytes per second it gains.
+    rate: u64,
+    /// Up to when the allowance was refilled.
+    refilled: tokio::time::Instant,
+}
+
+impl Budget {
+    fn new(opts: &FanoutOptions) -> Self {
+        let burst = opts.observer_buffer.max(1) as u64;
+        Self {
+            allowance: burst,
+            burst,
+            rate: opts.observer_rate.max(1),
+            refilled: tokio::time::Instant::now(),
+        }
+    }
+
+    /// Adds what the time since the last refill earned (whole bytes; the time of a byte
+    /// not yet whole counts towards the next refill).
+    fn refill(&mut self, now: tokio::time::Instant) {
+        let elapsed = now.saturating_duration_since(self.refilled);
+        let earned = u128::from(self.rate) * elapsed.as_nanos() / 1_000_000_000;
+        if earned == 0 {
+            return;
+        }
+        if u128::from(self.allowance) + earned >= u128::from(self.burst) {
+            self.allowance = self.burst;
+            self.refilled = now;
+        } else {
+            // Below the burst, so it fits in a u64.
+            self.allowance += earned as u64;
+            let spent = earned * 1_000_000_000 / u128::from(self.rate);
+            self.refilled += Duration::from_nanos(u64::try_from(spent).unwrap_or(u64::MAX));
+        }
+    }
+
+    /// Bytes earned in `d`.
+    fn earned_in(&self, d: Duration) -> u64 {
+        u64::try_from(u128::from(self.rate) * d.as_nanos() / 1_000_000_000).unwrap_or(u64::MAX)
+    }
+
+    /// How long until the allowance reaches `want` bytes (at most `want` = burst).
+    fn wait_for(&self, want: u64, now: tokio::time::Instant) -> Duration {
+        let missing = want.min(self.burst).saturating_sub(self.allowance);
+        let nanos = (u128::from(missing) * 1_000_000_000).div_ceil(u128::from(self.rate));
+        let due = self.refilled + Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX));
+        due.saturating_duration_since(now)
+    }
 }
 
 impl ConsoleStream {
@@ -658,10 +752,43 @@ impl AsyncRead for ConsoleStream {
             }
         }
         this.linger = None;
+        if !b.lossless && b.bytes > 0 && b.end.is_none() {
+            // A lossy reader takes what its budget allows: once it has enough for a batch
+            // (or for what it has), the newest bytes; the older ones count as dropped.
+            let budget = &mut this.budget;
+            let want = (b.bytes.min(b.wake_at) as u64)
+                .min(budget.earned_in(OBSERVER_THROTTLE_MAX_WAIT))
+                .max(1);
+            loop {
+                let now = tokio::time::Instant::now();
+                budget.refill(now);
+                if budget.allowance >= want {
+                    this.throttle = None;
+                    break;
+                }
+                let sleep = this.throttle.get_or_insert_with(|| {
+                    Box::pin(tokio::time::sleep(budget.wait_for(want, now)))
+                });
+                if sleep.as_mut().poll(cx).is_pending() {
+                    // The sleep wakes it (not each chunk the reading task adds meanwhile).
+                    b.read_waker = None;
+                    return Poll::Pending;
+                }
+                this.throttle = None;
+            }
+            let allowed = usize::try_from(budget.allowance).unwrap_or(usize::MAX);
+            if b.bytes > allowed {
+                let excess = b.bytes - allowed;
+                b.drop_oldest(excess);
+            }
+        }
+        // Marker bytes are not charged to the budget.
+        let mut uncharged = 0;
         if b.dropped > 0 && out.remaining() > 0 {
             let marker = format!("\r\n[{} bytes dropped]\r\n", b.dropped);
             b.dropped = 0;
             let marker = Bytes::from(marker);
+            uncharged = marker.len();
             b.bytes += marker.len();
             b.chunks.push_front(marker);
         }
@@ -677,6 +804,11 @@ impl AsyncRead for ConsoleStream {
                 b.chunks.pop_front();
             }
             b.bytes -= n;
+            let free = n.min(uncharged);
+            uncharged -= free;
+            if !b.lossless {
+                this.budget.allowance = this.budget.allowance.saturating_sub((n - free) as u64);
+            }
             copied = true;
         }
         if copied {
@@ -1019,6 +1151,181 @@ mod tests {
         assert_eq!(wakes.count(), 2);
         assert!(Pin::new(&mut obs).poll_read(&mut cx, &mut out).is_ready());
         assert_eq!(out.filled().len(), 110);
+    }
+
+    /// `n` bytes of numbered lines (`0000000\n`, `0000001\n`, ...): any stretch of them
+    /// shows where it came from.
+    fn numbered(n: usize) -> Vec<u8> {
+        let mut all = Vec::with_capacity(n + 8);
+        let mut i = 0u32;
+        while all.len() < n {
+            all.extend_from_slice(format!("{i:07}\n").as_bytes());
+            i += 1;
+        }
+        all.truncate(n);
+        all
+    }
+
+    /// Splits what an observer read into the stretches of the source it got, checking that
+    /// each is exactly the source's bytes at its place and that each `[N bytes dropped]`
+    /// marker says exactly how many were skipped; returns (bytes received, bytes dropped).
+    fn check_coherent(read: &[u8], source: &[u8]) -> (usize, usize) {
+        let text = read;
+        let (mut pos, mut at, mut received, mut dropped) = (0, 0, 0, 0);
+        while at < text.len() {
+            let rest = &text[at..];
+            let next = rest.windows(3).position(|w| w == b"\r\n[");
+            let data = &rest[..next.unwrap_or(rest.len())];
+            assert_eq!(
+                data,
+                &source[pos..pos + data.len()],
+                "a stretch at byte {pos} of the source is not the source"
+            );
+            pos += data.len();
+            received += data.len();
+            at += data.len();
+            if next.is_some() {
+                let end = at + text[at..].iter().position(|&c| c == b']').unwrap();
+                let marker = std::str::from_utf8(&text[at + 3..end]).unwrap();
+                let n: usize = marker
+                    .strip_suffix(" bytes dropped")
+                    .unwrap()
+                    .parse()
+                    .unwrap();
+                assert!(n > 0);
+                assert_eq!(&text[end..end + 3], b"]\r\n");
+                pos += n;
+                dropped += n;
+                at = end + 3;
+            }
+        }
+        assert_eq!(
+            pos,
+            source.len(),
+            "the stretches and markers cover the source"
+        );
+        (received, dropped)
+    }
+
+    /// Plays `total` bytes of numbered lines into the board, `per_tick` bytes every `tick`,
+    /// with an observer reading all the while (no writer: nothing holds the board back);
+    /// returns what the observer read to the end and the source.
+    async fn observe_a_board(
+        opts: FanoutOptions,
+        total: usize,
+        per_tick: usize,
+        tick: Duration,
+    ) -> (Vec<u8>, Vec<u8>) {
+        let fan = ConsoleFanout::new(opts);
+        let (mut far, open) = board();
+        let mut obs = fan.observe(open, None).await.unwrap();
+        let source = numbered(total);
+        let reader = tokio::spawn(async move {
+            let mut read = Vec::new();
+            obs.read_to_end(&mut read).await.unwrap();
+            read
+        });
+        for part in source.chunks(per_tick) {
+            far.write_all(part).await.unwrap();
+            tokio::time::sleep(tick).await;
+        }
+        drop(far);
+        (reader.await.unwrap(), source)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn at_real_console_rates_every_observer_gets_every_byte() {
+        // 115200 baud is 11.5 KB/s: 1152 bytes every 100 ms, ten times the 64 KB window.
+        let (read, source) = observe_a_board(
+            FanoutOptions::default(),
+            1152 * 600,
+            1152,
+            Duration::from_millis(100),
+        )
+        .await;
+        assert_eq!(
+            read, source,
+            "an observer of a 115200 baud console lost bytes"
+        );
+        // A 4 Mbaud UART (400 KB/s, 4000 bytes every 10 ms) is still far below the budget.
+        let (read, source) = observe_a_board(
+            FanoutOptions::default(),
+            4000 * 500,
+            4000,
+            Duration::from_millis(10),
+        )
+        .await;
+        assert_eq!(read, source, "an observer of a 4 Mbaud console lost bytes");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_observer_faster_than_its_budget_gets_its_budget_of_newest_bytes_coherently() {
+        // 8 KiB every ms (8 MiB/s of the paused clock) for one second, to an observer whose
+        // budget is 1 MiB/s (its buffer, 64 KiB, the first burst).
+        let opts = FanoutOptions {
+            observer_rate: 1 << 20,
+            ..FanoutOptions::default()
+        };
+        let started = tokio::time::Instant::now();
+        let total = 8 << 20;
+        let (read, source) = observe_a_board(opts, total, 8 << 10, Duration::from_millis(1)).await;
+        let seconds = started.elapsed().as_secs_f64();
+        let (received, dropped) = check_coherent(&read, &source);
+        assert_eq!(received + dropped, total);
+        // It received no more than its budget allowed (and its last buffer, which the end
+        // delivers whole), and not much less: it was never starved.
+        let budget = 64.0 * 1024.0 + seconds * f64::from(1u32 << 20);
+        assert!(
+            (received as f64) <= budget + 64.0 * 1024.0,
+            "received {received} bytes in {seconds} s, budget {budget}"
+        );
+        assert!(
+            (received as f64) >= 0.9 * (budget - 64.0 * 1024.0),
+            "received {received} bytes in {seconds} s, budget {budget}"
+        );
+        // The newest bytes: its last stretch ends with the source's end.
+        assert!(read.ends_with(&source[total - 1000..]));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_throttled_observer_reads_large_batches_not_one_per_chunk() {
+        // 16 KiB chunks every ms (16 MiB/s, four times the default budget), 1 KiB at a time:
+        // the observer reads batches of at least its wake threshold, not one per chunk.
+        let fan = ConsoleFanout::default();
+        let (mut far, open) = board();
+        let mut obs = fan.observe(open, None).await.unwrap();
+        let reads = tokio::spawn(async move {
+            let mut sizes = Vec::new();
+            let mut buf = vec![0u8; 256 * 1024];
+            loop {
+                let n = obs.read(&mut buf).await.unwrap();
+                if n == 0 {
+                    return sizes;
+                }
+                sizes.push(n);
+            }
+        });
+        let chunk = [b'x'; 1024];
+        for _ in 0..1000 {
+            for _ in 0..16 {
+                far.write_all(&chunk).await.unwrap();
+                tokio::task::yield_now().await;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        drop(far);
+        let sizes = reads.await.unwrap();
+        let received: usize = sizes.iter().sum();
+        assert!(received < 16 << 20, "everything was delivered: {received}");
+        let small = sizes[..sizes.len() - 1]
+            .iter()
+            .filter(|&&n| n < OBSERVER_WAKE_BYTES)
+            .count();
+        assert!(
+            small <= 1,
+            "{small} of {} reads were below {OBSERVER_WAKE_BYTES} bytes: {sizes:?}",
+            sizes.len()
+        );
     }
 
     #[derive(Default)]
