@@ -9,10 +9,16 @@
 //! - burst: 20 `jmp shell` at once on a set of `maxReplicas: 20` at zero: every lease
 //!   granted, the time from each `jmp shell` start to its command running (p50, p99), the
 //!   controller's RSS and CPU (from `/proc`) over the burst, and the time until every replica
-//!   is gone once the leases ended (`scaleDownCooldown: 2s`).
+//!   is gone once the leases ended (`scaleDownCooldown: 2s`);
+//! - QEMU cold start: a lease on a set of QEMU boards at zero (the board of `cargo xtask
+//!   qemu-board`), whose command flashes the board, powers it on and waits for its console to
+//!   say it is ready: the time from `jmp shell` to its command (what the pool adds; goal:
+//!   under 1 s) and the boot itself (flash, power on, ready), which a static exporter's board
+//!   takes too.
 //!
 //! Medians of several runs; nothing here is asserted against a time. `--quick`: fewer runs;
-//! `--debug`: the debug binaries (no release build; slower in absolute terms).
+//! `--debug`: the debug binaries (no release build; slower in absolute terms); `--no-qemu`:
+//! without the QEMU part (which installs QEMU and builds the board when missing).
 
 use std::{
     path::{Path, PathBuf},
@@ -407,7 +413,107 @@ pub fn run(args: &[String]) -> Result<()> {
         ms(cold_m)
     );
 
-    burst(&lab)
+    burst(&lab)?;
+    if !args.iter().any(|a| a == "--no-qemu") {
+        qemu_cold(&lab, if quick { 1 } else { 3 })?;
+    }
+    Ok(())
+}
+
+/// The set of QEMU boards at zero replicas; `{accel}` is filled in.
+const QEMU_POOL: &str = "apiVersion: virtualtarget.jumpstarter.dev/v1alpha1
+kind: ExporterSet
+metadata: {name: qemu, namespace: default}
+spec:
+  virtualTargetClassName: local
+  maxReplicas: 1
+  minAvailableReplicas: 0
+  recycleStrategy: ExitAndReplace
+  scaleDownCooldown: 1s
+  selector: {matchLabels: {pool: qemu}}
+  template:
+    metadata: {labels: {pool: qemu}}
+    spec:
+      drivers:
+        - name: board
+          type: jumpstarter_driver_qemu.driver.Qemu
+          config: {arch: x86_64, accel: {accel}, smp: 1, mem: 256M}
+";
+
+/// What the board prints on its console once booted.
+const BOARD_READY: &str = "jumpstarter-board: ready";
+
+/// `runs` leases on a set of QEMU boards at zero, each flashing, booting and waiting for the
+/// board: the time to the command (the pool's part) and the boot (the board's part).
+fn qemu_cold(lab: &Lab, runs: usize) -> Result<()> {
+    let image = crate::qemu_board::prepare()?;
+    // TCG unless told otherwise, as the QEMU tests (nested KVM hangs some hosts' BIOS).
+    let accel = std::env::var("JUMPSTARTER_TEST_QEMU_ACCEL").unwrap_or_else(|_| "tcg".into());
+    let pool = lab.dir.join("qemu-pool.yaml");
+    std::fs::write(&pool, QEMU_POOL.replace("{accel}", &accel))?;
+    lab.admin(&["apply", "-f", &pool.to_string_lossy()])?;
+    let j = lab
+        .jmp
+        .parent()
+        .context("the jmp binary has no directory")?
+        .join("j");
+    let dir = lab.dir.join("qemu");
+    std::fs::create_dir_all(&dir)?;
+    println!(
+        "== QEMU board pool ({accel}), cold: jmp shell -l pool=qemu, flash, power on, wait for the board"
+    );
+    let (mut to_cmd, mut boot) = (Vec::new(), Vec::new());
+    for i in 0..runs {
+        lab.wait("QEMU pool at zero replicas", TIMEOUT, || {
+            Ok(lab.replica_dirs("qemu") == 0)
+        })?;
+        let started = dir.join(format!("started-{i}"));
+        let booted = dir.join(format!("booted-{i}"));
+        let script = format!(
+            "date +%s%N > {started}; \
+             {j} board flasher flash {image} >/dev/null && {j} board power on && \
+             timeout 300 {j} board console pipe --no-input </dev/null 2>/dev/null \
+               | grep -m1 -q '{BOARD_READY}' && \
+             date +%s%N > {booted}",
+            started = started.display(),
+            booted = booted.display(),
+            j = j.display(),
+            image = image.display(),
+        );
+        let at = SystemTime::now();
+        let took = timed(
+            "jmp shell -l pool=qemu (flash, boot)",
+            lab.shell("pool=qemu", &["sh", "-c", &script]),
+        )?;
+        let stamp = |path: &Path| -> Result<SystemTime> {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("the command did not write {}", path.display()))?;
+            let ns: u64 = text
+                .trim()
+                .parse()
+                .with_context(|| format!("bad time in {}: {text:?}", path.display()))?;
+            Ok(UNIX_EPOCH + Duration::from_nanos(ns))
+        };
+        let (s, b) = (stamp(&started)?, stamp(&booted)?);
+        let cmd = s.duration_since(at).unwrap_or_default();
+        let up = b.duration_since(s).unwrap_or_default();
+        println!(
+            "  run {}: {:.0} ms to the command, board ready {:.1} s later ({:.1} s in all)",
+            i + 1,
+            ms(cmd),
+            up.as_secs_f64(),
+            took.as_secs_f64()
+        );
+        to_cmd.push(cmd);
+        boot.push(up);
+    }
+    let (cmd_m, boot_m) = (median(to_cmd), median(boot));
+    println!(
+        "QEMU cold start ({runs} runs, medians): {:.0} ms to the command + {:.1} s boot (flash, power on, ready) (goal: boot time plus under 1 s)",
+        ms(cmd_m),
+        boot_m.as_secs_f64()
+    );
+    Ok(())
 }
 
 /// `BURST` leases at once on the `burst` set at zero.
