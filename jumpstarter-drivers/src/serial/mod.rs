@@ -6,8 +6,10 @@
 //! opened fails the exporter at start), `cps` (characters per second sent to the device,
 //! for boards whose UART drops bytes of fast input) and `disable_hupcl` (keep DTR up when
 //! the port closes), and ours: `transcript` (default true; `false` keeps the console out of
-//! the exporter's `consoleTranscripts`, for a console that carries secrets). `rfc2217://` URLs are refused at start (no maintained Rust RFC 2217
-//! client to build on).
+//! the exporter's `consoleTranscripts`, for a console that carries secrets) and
+//! `observer_bytes_per_second` (default 4 MiB/s: the most each observer receives, beyond
+//! which its oldest bytes are dropped; see [`ConsoleFanout`]). `rfc2217://` URLs are refused
+//! at start (no maintained Rust RFC 2217 client to build on).
 //!
 //! Methods (client class `jumpstarter_driver_pyserial.client.PySerialClient`):
 //! `connect` (`@exportstream`, the console's bytes both ways: the writer), `observe`
@@ -43,7 +45,10 @@ use std::{
 
 use jumpstarter_core::{
     CallContext, Driver, DriverError, driver,
-    driver::{BoxDuplex, ConsoleFanout, ConsoleRecorder, ConsoleStatus, ConsoleStream, DriverArgs},
+    driver::{
+        BoxDuplex, ConsoleFanout, ConsoleRecorder, ConsoleStatus, ConsoleStream, DriverArgs,
+        fanout::{FanoutOptions, OBSERVER_BYTES_PER_SECOND},
+    },
 };
 use serde::Deserialize;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -140,6 +145,13 @@ struct Config {
     /// carries secrets).
     #[serde(default = "default_true")]
     transcript: bool,
+    /// Ours: the most each observer receives per second (see [`FanoutOptions::observer_rate`]).
+    #[serde(default = "default_observer_rate")]
+    observer_bytes_per_second: u64,
+}
+
+fn default_observer_rate() -> u64 {
+    OBSERVER_BYTES_PER_SECOND
 }
 
 /// Bytes buffered by a `loop://` connection before its writer waits.
@@ -251,6 +263,16 @@ impl PySerial {
         self
     }
 
+    /// Each observer receives at most `bytes_per_second` (`observer_bytes_per_second`; at
+    /// least 1); beyond it its oldest bytes are dropped.
+    pub fn with_observer_rate(mut self, bytes_per_second: u64) -> Self {
+        self.fanout = ConsoleFanout::new(FanoutOptions {
+            observer_rate: bytes_per_second.max(1),
+            ..FanoutOptions::default()
+        });
+        self
+    }
+
     /// Keeps this console out of the exporter's transcripts (`transcript: false`).
     pub fn without_transcript(mut self) -> Self {
         self.transcript = false;
@@ -264,11 +286,24 @@ impl PySerial {
 
     /// Constructor for the registry: upstream's fields (see the module docs).
     pub fn from_args(args: &DriverArgs) -> Result<Arc<dyn Driver>, DriverError> {
+        Ok(Arc::new(Self::from_config(args)?))
+    }
+
+    /// A console from its config fields (see the module docs); errors name the field.
+    pub fn from_config(args: &DriverArgs) -> Result<Self, DriverError> {
         if let Some(v) = args.config.get("transcript")
             && !v.is_boolean()
         {
             return Err(DriverError::InvalidArgument(format!(
                 "transcript: must be true or false, not {v}"
+            )));
+        }
+        if let Some(v) = args.config.get("observer_bytes_per_second")
+            && v.as_u64().is_none_or(|n| n == 0)
+        {
+            return Err(DriverError::InvalidArgument(format!(
+                "observer_bytes_per_second: must be a whole number of bytes greater than 0, \
+                 not {v}"
             )));
         }
         let c: Config = args.parse()?;
@@ -301,12 +336,13 @@ impl PySerial {
                 baudrate: c.baudrate,
                 disable_hupcl: c.disable_hupcl,
             })
-            .with_cps(c.cps);
-        Ok(Arc::new(if c.transcript {
+            .with_cps(c.cps)
+            .with_observer_rate(c.observer_bytes_per_second);
+        Ok(if c.transcript {
             serial
         } else {
             serial.without_transcript()
-        }))
+        })
     }
 
     /// Opens the physical console (the fan-out's source), throttled to `cps`.
@@ -522,6 +558,31 @@ mod tests {
             serde_json::json!({"url": "loop://", "cps": -1.0}),
         )));
         assert!(e.contains("cps"), "{e}");
+        for bad in [
+            serde_json::json!(0),
+            serde_json::json!(-1),
+            serde_json::json!("4M"),
+        ] {
+            let e = err(PySerial::from_args(&args(
+                serde_json::json!({"url": "loop://", "observer_bytes_per_second": bad}),
+            )));
+            assert!(e.contains("observer_bytes_per_second"), "{bad}: {e}");
+        }
+        let rate = |v: serde_json::Value| {
+            PySerial::from_config(&args(v))
+                .unwrap()
+                .fanout
+                .options()
+                .observer_rate
+        };
+        assert_eq!(
+            rate(serde_json::json!({"url": "loop://"})),
+            OBSERVER_BYTES_PER_SECOND
+        );
+        assert_eq!(
+            rate(serde_json::json!({"url": "loop://", "observer_bytes_per_second": 1000})),
+            1000
+        );
         let e = err(PySerial::from_args(&args(
             serde_json::json!({"url": "/dev/no-such-serial-device"}),
         )));
