@@ -254,4 +254,4 @@ pub fn against_kubernetes(
 /// [`against_kubernetes`] create; their credential Secrets are `<name>-exporter` and
 /// `<name>-client`.
 pub const KUBE_SCENARIO_OBJECTS: (&[&str], &[&str]) =
-    (&["py-exporter"], &["py-client", "rs-client"]);
+    (&["py-exporter"], &["py-client", "rs-client", "rs-owner"]);
