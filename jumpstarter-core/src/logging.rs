@@ -83,6 +83,69 @@ pub fn context_span(context: &std::collections::BTreeMap<String, String>) -> tra
     )
 }
 
+/// The target of a driver call's line.
+pub const CALL_TARGET: &str = "jumpstarter::driver_call";
+/// The message of a driver call's line.
+pub const CALL_MESSAGE: &str = "driver call";
+
+/// A driver call's line (target [`CALL_TARGET`], level INFO, message [`CALL_MESSAGE`]), as
+/// [`queue_call_line`] takes it.
+#[derive(Debug)]
+pub struct CallLine {
+    /// `driver_type`.
+    pub driver_type: &'static str,
+    /// `operation`.
+    pub operation: String,
+    /// `result` is `error` with this `error` (the error's chain) when set, else `ok`.
+    pub error: Option<String>,
+    /// `duration_ms`.
+    pub duration_ms: f64,
+}
+
+/// Queues `line`, in the span `parent`, for the writer of [`init_json`] when that is this
+/// thread's subscriber: its line is the one the same call logged as a tracing event would
+/// get, but the calling thread only takes the time and the snapshots of `parent`'s spans,
+/// and formats nothing. Gives `line` back when the subscriber is another (text logs, a
+/// test's) or traces are on (their layer sees events): the caller then logs it as an event.
+/// The caller has checked that [`CALL_TARGET`] is enabled at INFO.
+pub fn queue_call_line(parent: &tracing::Span, line: CallLine) -> Result<(), CallLine> {
+    if crate::telemetry::traces_on() {
+        return Err(line);
+    }
+    let mut line = Some(line);
+    tracing::dispatcher::get_default(|d| {
+        let Some(layer) = d.downcast_ref::<JsonLayer>() else {
+            return;
+        };
+        let Some(line) = line.take() else { return };
+        let spans = parent
+            .with_subscriber(|(id, d)| {
+                d.downcast_ref::<tracing_subscriber::Registry>()
+                    .and_then(|r| r.span(id))
+                    .map(|span| {
+                        span.scope()
+                            .from_root()
+                            .filter_map(|s| s.extensions().get::<SpanJson>().map(|f| f.0.clone()))
+                            .collect()
+                    })
+            })
+            .flatten()
+            .unwrap_or_default();
+        layer.queue.push(Pending::Call(
+            layer.lines.clone(),
+            CallCaptured {
+                time: std::time::SystemTime::now(),
+                spans,
+                line,
+            },
+        ));
+    });
+    match line {
+        None => Ok(()),
+        Some(line) => Err(line),
+    }
+}
+
 /// Installs [`JsonLines`] of `component` on stderr with `filter` (what [`init`] does with
 /// JSON, for a binary that picks its own filter; with traces as [`init`]). Does nothing if a
 /// subscriber is installed.
@@ -349,6 +412,47 @@ impl Captured {
     }
 }
 
+/// A driver call's line as [`queue_call_line`] takes it on the calling thread.
+struct CallCaptured {
+    time: std::time::SystemTime,
+    spans: Vec<std::sync::Arc<SpanData>>,
+    line: CallLine,
+}
+
+impl From<CallCaptured> for Captured {
+    /// The fields the call's tracing event would have had, in the same order.
+    fn from(c: CallCaptured) -> Self {
+        let CallLine {
+            driver_type,
+            operation,
+            error,
+            duration_ms,
+        } = c.line;
+        let mut own: Vec<(&'static str, Value)> = Vec::with_capacity(6);
+        own.push(("message", CALL_MESSAGE.into()));
+        own.push(("driver_type", driver_type.into()));
+        own.push(("operation", operation.into()));
+        match error {
+            None => own.push(("result", "ok".into())),
+            Some(e) => {
+                own.push(("result", "error".into()));
+                own.push(("error", e.into()));
+            }
+        }
+        let duration = serde_json::Number::from_f64(duration_ms)
+            .map(Value::Number)
+            .unwrap_or_else(|| Value::String(duration_ms.to_string()));
+        own.push(("duration_ms", duration));
+        Captured {
+            time: c.time,
+            level: tracing::Level::INFO,
+            target: CALL_TARGET,
+            spans: c.spans,
+            own,
+        }
+    }
+}
+
 impl<S, N> FormatEvent<S, N> for JsonLines
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
@@ -391,6 +495,8 @@ where
 enum Pending {
     /// An event, formatted by the writer.
     Event(JsonLines, Captured),
+    /// A driver call's line ([`queue_call_line`]), formatted by the writer.
+    Call(JsonLines, CallCaptured),
     /// A line already formatted (without its newline).
     Text(String),
 }
@@ -550,6 +656,7 @@ impl LineQueue {
 fn write_one(line: Pending, out: &mut Vec<u8>) {
     match line {
         Pending::Event(lines, e) => lines.line(e, out),
+        Pending::Call(lines, c) => lines.line(c.into(), out),
         Pending::Text(t) => {
             out.extend_from_slice(t.as_bytes());
             out.push(b'\n');
@@ -680,6 +787,73 @@ mod tests {
         assert_eq!(lines[0]["lease_id"], "l-9");
         assert_eq!(lines[3001]["lease_id"], "l-10");
         assert_eq!(lines[3001]["message"], "after");
+    }
+
+    #[test]
+    fn a_queued_call_line_is_the_line_its_event_would_be_and_other_subscribers_get_it_back() {
+        let call = |error: Option<&str>| CallLine {
+            driver_type: "MockPower",
+            operation: "on".into(),
+            error: error.map(str::to_string),
+            duration_ms: 0.25,
+        };
+        let buf = Buf::default();
+        let queue = LineQueue::start_to(buf.clone());
+        let subscriber = tracing_subscriber::registry()
+            .with(SpanFields)
+            .with(JsonLayer {
+                lines: JsonLines::new("exporter"),
+                queue: queue.clone(),
+            });
+        let context = [("build_id", "7")]
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .into();
+        tracing::subscriber::with_default(subscriber, || {
+            let lease = tracing::info_span!(
+                "lease",
+                lease_id = "l-4",
+                { LEASE_CONTEXT_FIELD } = context_field(&context).as_str()
+            );
+            assert!(queue_call_line(&lease, call(None)).is_ok());
+            assert!(queue_call_line(&lease, call(Some("stuck: relay"))).is_ok());
+            assert!(queue_call_line(&tracing::Span::none(), call(None)).is_ok());
+            tracing::info!(
+                target: "jumpstarter::driver_call",
+                parent: &lease,
+                driver_type = "MockPower",
+                operation = "on",
+                result = "ok",
+                duration_ms = 0.25,
+                "driver call"
+            );
+        });
+        queue.flush(std::time::Duration::from_secs(30));
+        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        let mut got: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
+            .collect();
+        assert_eq!(got.len(), 4, "{text}");
+        for l in &mut got {
+            l.as_object_mut().unwrap().remove("timestamp").unwrap();
+        }
+        assert_eq!(got[0], got[3], "as its event");
+        assert_eq!(
+            got[0],
+            serde_json::json!({"level": "INFO", "component": "exporter",
+                "target": CALL_TARGET, "message": CALL_MESSAGE, "lease_id": "l-4",
+                "build_id": "7", "driver_type": "MockPower", "operation": "on",
+                "result": "ok", "duration_ms": 0.25})
+        );
+        assert_eq!(got[1]["result"], "error");
+        assert_eq!(got[1]["error"], "stuck: relay");
+        assert!(got[2].get("lease_id").is_none(), "{}", got[2]);
+        // Another subscriber logs it itself.
+        let back = lines(|| {
+            let back = queue_call_line(&tracing::Span::none(), call(None));
+            assert_eq!(back.map_err(|l| l.operation), Err("on".to_string()));
+        });
+        assert!(back.is_empty());
     }
 
     #[test]

@@ -59,12 +59,38 @@ pub struct ExporterMetrics {
     sessions: Gauge,
     operations_seen: Mutex<HashSet<(String, String)>>,
     /// The series a successful call of (driver type, operation) counts in, once known: a
-    /// call then costs two map lookups instead of building and hashing its labels three times.
-    successes: Mutex<HashMap<String, HashMap<String, SuccessSeries>>>,
+    /// call then costs two lookups of short names instead of building and hashing its labels
+    /// three times.
+    successes: Mutex<NameMap<NameMap<SuccessSeries>>>,
+}
+
+/// A map keyed by short names (driver types, operations), hashed with [`Fnv`].
+type NameMap<V> = HashMap<String, V, std::hash::BuildHasherDefault<Fnv>>;
+
+/// FNV-1a, for the names of [`NameMap`]: a few instructions a byte where the default
+/// SipHash costs a hundred or more a key, on the path of every driver call. Its keys are
+/// bounded ([`MAX_OPERATIONS`]), so names made to collide cost at most that many compares.
+struct Fnv(u64);
+
+impl Default for Fnv {
+    fn default() -> Self {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl std::hash::Hasher for Fnv {
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
 }
 
 /// The counter and histogram series of successful calls of one (driver type, operation).
-#[derive(Clone)]
 struct SuccessSeries {
     count: CounterWithExemplar<ExemplarLabels>,
     duration: HistogramWithExemplars<ExemplarLabels>,
@@ -140,7 +166,7 @@ impl ExporterMetrics {
             stream_bytes,
             sessions: sessions_series,
             operations_seen: Mutex::new(HashSet::new()),
-            successes: Mutex::new(HashMap::new()),
+            successes: Mutex::new(NameMap::default()),
         })
     }
 
@@ -167,6 +193,7 @@ impl ExporterMetrics {
             observer: Arc::new(LeaseCalls {
                 metrics: Arc::clone(self),
                 exemplar: exemplar(pairs),
+                streams: Mutex::new(Vec::new()),
             }),
         }
     }
@@ -206,18 +233,14 @@ impl ExporterMetrics {
     ) {
         let ex = || (!exemplar.is_empty()).then(|| exemplar.clone());
         if error.is_none() {
-            let known = self
-                .successes
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get(driver_type)
-                .and_then(|ops| ops.get(operation))
-                .cloned();
-            if let Some(series) = known {
+            // Counted under the lock (held for as long as a clone of the series would take).
+            let known = self.successes.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(series) = known.get(driver_type).and_then(|ops| ops.get(operation)) {
                 series.count.inc_by(1, ex(), None);
                 series.duration.observe(elapsed.as_secs_f64(), ex(), None);
                 return;
             }
+            drop(known);
         }
         let raw_operation = operation;
         let operation = self.operation_label(driver_type, operation, error);
@@ -285,7 +308,14 @@ impl Drop for LeaseMetrics {
 struct LeaseCalls {
     metrics: Arc<ExporterMetrics>,
     exemplar: ExemplarLabels,
+    /// The stream byte series of this lease's streams by (driver type, direction), once
+    /// looked up: a batch of bytes then costs a short scan instead of building and hashing
+    /// its labels.
+    streams: Mutex<Vec<(String, &'static str, CounterWithExemplar<ExemplarLabels>)>>,
 }
+
+/// Stream byte series a [`LeaseCalls`] remembers, at most (a session's drivers are fewer).
+const MAX_STREAM_SERIES: usize = 64;
 
 impl CallObserver for LeaseCalls {
     fn driver_call(
@@ -302,16 +332,26 @@ impl CallObserver for LeaseCalls {
 
 impl StreamObserver for LeaseCalls {
     fn stream_bytes(&self, driver_type: &str, direction: &'static str, bytes: u64) {
+        let ex = || (!self.exemplar.is_empty()).then(|| self.exemplar.clone());
+        let mut streams = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, _, series)) = streams
+            .iter()
+            .find(|(t, d, _)| *d == direction && t == driver_type)
+        {
+            series.inc_by(bytes, ex(), None);
+            return;
+        }
         let m = &self.metrics;
         let labels: Labels = vec![
             ("exporter", m.exporter.clone()),
             ("driver_type", label_value(driver_type)),
             ("direction", direction.to_string()),
         ];
-        let ex = (!self.exemplar.is_empty()).then(|| self.exemplar.clone());
-        m.stream_bytes
-            .get_or_create(&labels)
-            .inc_by(bytes, ex, None);
+        let series = m.stream_bytes.get_or_create(&labels).clone();
+        series.inc_by(bytes, ex(), None);
+        if streams.len() < MAX_STREAM_SERIES {
+            streams.push((driver_type.to_string(), direction, series));
+        }
     }
 }
 

@@ -169,10 +169,10 @@ impl Session {
         driver_type: &str,
         operation: &str,
         r: &Result<T, DriverError>,
-        started: std::time::Instant,
+        elapsed: std::time::Duration,
     ) {
         if let Some(o) = observer {
-            o.driver_call(driver_type, operation, r.as_ref().err(), started.elapsed());
+            o.driver_call(driver_type, operation, r.as_ref().err(), elapsed);
         }
     }
 
@@ -183,33 +183,54 @@ impl Session {
             .clone()
     }
 
-    /// The line of one driver call (see [`Session::set_log_span`]).
+    /// The line of one driver call (see [`Session::set_log_span`]) in `span`; `traced`: the
+    /// call has a span of its own in a trace. With JSON logs the line is queued for their
+    /// writer as it is ([`crate::logging::queue_call_line`]), else logged as an event.
     fn log_call<T>(
-        &self,
-        driver_type: &str,
-        operation: &str,
+        span: &tracing::Span,
+        traced: bool,
+        driver_type: &'static str,
+        operation: String,
         r: &Result<T, DriverError>,
-        started: std::time::Instant,
+        elapsed: std::time::Duration,
     ) {
-        let span = self.log_span();
-        let duration_ms = started.elapsed().as_secs_f64() * 1e3;
-        match r {
-            Ok(_) => tracing::info!(
+        let line = crate::logging::CallLine {
+            driver_type,
+            operation,
+            error: r.as_ref().err().map(|e| crate::error_chain(e)),
+            duration_ms: elapsed.as_secs_f64() * 1e3,
+        };
+        let line = if traced {
+            line
+        } else {
+            match crate::logging::queue_call_line(span, line) {
+                Ok(()) => return,
+                Err(line) => line,
+            }
+        };
+        let crate::logging::CallLine {
+            driver_type,
+            operation,
+            error,
+            duration_ms,
+        } = line;
+        match error {
+            None => tracing::info!(
                 target: "jumpstarter::driver_call",
-                parent: &span,
+                parent: span,
                 driver_type,
                 operation,
                 result = "ok",
                 duration_ms,
                 "driver call"
             ),
-            Err(e) => tracing::info!(
+            Some(error) => tracing::info!(
                 target: "jumpstarter::driver_call",
-                parent: &span,
+                parent: span,
                 driver_type,
                 operation,
                 result = "error",
-                error = %crate::error_chain(e),
+                error = %error,
                 duration_ms,
                 "driver call"
             ),
@@ -217,7 +238,7 @@ impl Session {
     }
 
     /// The type of the driver `uuid` names (`unknown` for none).
-    fn driver_type(&self, uuid: &str) -> &str {
+    fn driver_type(&self, uuid: &str) -> &'static str {
         Uuid::parse_str(uuid)
             .ok()
             .and_then(|u| self.drivers.get(&u))
@@ -465,27 +486,36 @@ impl Session {
     ) -> Result<prost_types::Value, DriverError> {
         let lines = call_lines_wanted();
         let driver_type = self.driver_type(uuid);
+        let log_span = self.log_span();
         // With traces on, the log span is the lease's `lease.serve`: each call is a span.
-        let traced = crate::telemetry::driver_call(&self.log_span(), driver_type, &method);
+        let traced = crate::telemetry::driver_call(&log_span, driver_type, &method);
         let observer = self.call_observer();
         if !lines && traced.is_none() && observer.is_none() {
             return self.driver_call_unlogged(uuid, method, args).await;
         }
         let started = std::time::Instant::now();
         let operation = method.clone();
+        let call = self.driver_call_unlogged(uuid, method, args);
         // The driver's own log lines carry the lease's fields too.
-        let span = if traced.is_none() {
-            self.log_span()
+        let r = if !traced.is_none() {
+            tracing::Instrument::instrument(call, traced.clone()).await
+        } else if !log_span.is_none() {
+            tracing::Instrument::instrument(call, log_span.clone()).await
         } else {
-            traced.clone()
+            call.await
         };
-        let r =
-            tracing::Instrument::instrument(self.driver_call_unlogged(uuid, method, args), span)
-                .await;
+        let elapsed = started.elapsed();
         crate::telemetry::record_result(&traced, &r);
-        Self::observe_call(observer.as_ref(), driver_type, &operation, &r, started);
+        Self::observe_call(observer.as_ref(), driver_type, &operation, &r, elapsed);
         if lines {
-            self.log_call(driver_type, &operation, &r, started);
+            Self::log_call(
+                &log_span,
+                !traced.is_none(),
+                driver_type,
+                operation,
+                &r,
+                elapsed,
+            );
         }
         r
     }
@@ -556,36 +586,35 @@ impl ExporterService for SessionService {
         self.0.check_ready().map_err(|e| e.to_status())?;
         let (name, driver) = self.0.lookup(&req.uuid).map_err(|e| e.to_status())?;
         let ctx = self.0.context(&name, &req.uuid);
-        let logged = call_lines_wanted().then(|| (std::time::Instant::now(), req.method.clone()));
-        let observed = self
-            .0
-            .call_observer()
-            .map(|o| (o, std::time::Instant::now(), req.method.clone()));
+        let lines = call_lines_wanted();
+        let observer = self.0.call_observer();
+        let started = std::time::Instant::now();
+        let operation = (lines || observer.is_some()).then(|| req.method.clone());
+        let driver_type = self.0.driver_type(&req.uuid);
+        let log_span = self.0.log_span();
         // The span of a streaming call covers its start.
-        let traced = crate::telemetry::driver_call(
-            &self.0.log_span(),
-            self.0.driver_type(&req.uuid),
-            &req.method,
-        );
+        let traced = crate::telemetry::driver_call(&log_span, driver_type, &req.method);
         let stream = tracing::Instrument::instrument(
             driver.streaming_call(ctx, req.method, req.args),
             traced.clone(),
         )
         .await;
+        let elapsed = started.elapsed();
         crate::telemetry::record_result(&traced, &stream);
+        let is_traced = !traced.is_none();
         drop(traced);
-        if let Some((observer, started, operation)) = &observed {
-            Session::observe_call(
-                Some(observer),
-                self.0.driver_type(&req.uuid),
-                operation,
-                &stream,
-                *started,
-            );
-        }
-        if let Some((started, operation)) = logged {
-            self.0
-                .log_call(self.0.driver_type(&req.uuid), &operation, &stream, started);
+        if let Some(operation) = operation {
+            Session::observe_call(observer.as_ref(), driver_type, &operation, &stream, elapsed);
+            if lines {
+                Session::log_call(
+                    &log_span,
+                    is_traced,
+                    driver_type,
+                    operation,
+                    &stream,
+                    elapsed,
+                );
+            }
         }
         let stream = stream.map_err(|e| e.to_status())?;
         let out = stream.map(|item| {
