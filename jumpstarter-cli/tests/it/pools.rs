@@ -837,3 +837,75 @@ async fn at_max_replicas_a_waiting_lease_is_scaling_limited_and_served_when_one_
     wait_condition(&lab, "one", "ScalingLimited", "False").await;
     lab.shutdown().await;
 }
+
+/// A lease on a pool's labels whose client no access policy grants the pool's exporters ends
+/// (no access) instead of waiting, and the pool makes no replica for it; once a policy grants
+/// them, the same lease is served by a new replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_the_access_policies_deny_makes_no_replica_and_ends() {
+    use jumpstarter_controller::objects::ExporterAccessPolicy;
+    let mut lab = lab_with(local_pools(false)).await;
+    let client = lab.client("ci").await;
+    make_pool(
+        &lab,
+        "guarded",
+        serde_json::json!({"scaleDownCooldown": "1h"}),
+    )
+    .await;
+    let policy = |client_selector: serde_json::Value| -> ExporterAccessPolicy {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "jumpstarter.dev/v1alpha1",
+            "kind": "ExporterAccessPolicy",
+            "metadata": {"name": "guarded", "namespace": "default"},
+            "spec": {
+                "exporterSelector": {"matchLabels": {"pool": "guarded"}},
+                "policies": [{"priority": 1, "from": [{"clientSelector": client_selector}]}]
+            }
+        }))
+        .unwrap()
+    };
+    let store = &lab.ctl().state.store;
+    store
+        .create(&policy(
+            serde_json::json!({"matchLabels": {"team": "other"}}),
+        ))
+        .await
+        .unwrap();
+    for _ in 0..100 {
+        if set_of(&lab, "guarded").await.status.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let (code, out, err) = finish(shell(
+        &lab,
+        &client,
+        &["-l", "pool=guarded", "--duration", "5m"],
+        "true",
+    ))
+    .await;
+    assert_ne!(code, 0, "{out}{err}");
+    assert!(
+        err.contains("no exporters matching the selector"),
+        "{err}\n{}",
+        story(&lab, "guarded").await
+    );
+    assert!(replicas(&lab, "guarded").await.is_empty());
+    assert!(
+        !decisions(&lab, "guarded")
+            .iter()
+            .any(|(a, _, _)| *a == Action::ScaleUp),
+        "{:#?}",
+        decisions(&lab, "guarded")
+    );
+
+    // A rule for every client: the pool serves the lease.
+    let mut open = policy(serde_json::json!({}));
+    let stored: ExporterAccessPolicy = store.get("default", "guarded").await.unwrap().unwrap();
+    open.metadata.resource_version = stored.metadata.resource_version;
+    store.update(&open).await.unwrap();
+    let got = lease_once(&lab, &client, "guarded").await;
+    assert!(got.starts_with("guarded-"), "{got}");
+    lab.shutdown().await;
+}

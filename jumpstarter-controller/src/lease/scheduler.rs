@@ -273,7 +273,8 @@ impl<'a> Namespace<'a> {
     }
 
     /// Whether `lease`, which no enabled exporter of the namespace matches, waits for a
-    /// pool to make one: it pins no exporter and a pool's exporters match its selector.
+    /// pool to make one: it pins no exporter, a pool's exporters match its selector and the
+    /// access policies (if any) would grant its client such an exporter.
     fn pool_may_serve(&self, lease: &Lease) -> bool {
         if self.pools.is_empty()
             || lease
@@ -287,12 +288,22 @@ impl<'a> Namespace<'a> {
         let Ok(selector) = LabelSelector::from_k8s(&lease.spec.selector) else {
             return false;
         };
-        !selector.is_empty()
-            && self.pools.iter().any(|labels| selector.matches(labels))
-            && !self
+        if selector.is_empty()
+            || self
                 .exporters()
                 .iter()
                 .any(|e| e.is_enabled() && selector.matches(e.label_map()))
+        {
+            return false;
+        }
+        let none = BTreeMap::new();
+        let client = self
+            .client_labels
+            .get(lease.spec.client_ref.name.as_str())
+            .unwrap_or(&none);
+        self.pools.iter().any(|labels| {
+            selector.matches(labels) && policies_grant(lease, labels, &self.policies, client)
+        })
     }
 }
 
@@ -686,6 +697,29 @@ pub fn policy_duration(lease: &Lease) -> Option<SignedDuration> {
         (Some(r), Some(h)) => Some(r.max(h)),
         (r, h) => r.or(h),
     }
+}
+
+/// Whether the access policies (none: everything is allowed) grant `lease`'s client an
+/// exporter labelled `labels` for the lease's duration: what a pool would make for it.
+pub fn policies_grant(
+    lease: &Lease,
+    labels: &BTreeMap<String, String>,
+    policies: &[&ExporterAccessPolicy],
+    client_labels: &BTreeMap<String, String>,
+) -> bool {
+    if policies.is_empty() {
+        return true;
+    }
+    let mut probe = Exporter::new("pool-replica", Default::default());
+    probe.metadata.labels = Some(labels.clone());
+    best_grant(
+        &probe,
+        policies,
+        client_labels,
+        policy_duration(lease),
+        &mut BTreeSet::new(),
+    )
+    .is_some()
 }
 
 /// Checks `lease` (as it would be after a change: its client, selector, pinned exporter and

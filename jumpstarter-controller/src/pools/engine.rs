@@ -46,9 +46,9 @@ use super::{
     provisioner::{ProvisionError, Provisioner, ReplicaObservation, ReplicaPhase, ReplicaRequest},
 };
 use crate::{
-    lease::scheduler::{exporter_is_online, exporter_is_ready},
+    lease::scheduler::{exporter_is_online, exporter_is_ready, policies_grant},
     objects::{
-        Exporter, ExporterSpec, LEASE_ENDED_LABEL, Lease, ObjectKey,
+        Client, Exporter, ExporterAccessPolicy, ExporterSpec, LEASE_ENDED_LABEL, Lease, ObjectKey,
         selector::LabelSelector,
         set_condition,
         virtualtarget::{
@@ -662,6 +662,11 @@ struct World {
     leases: Vec<Lease>,
     /// (namespace, exporter) -> the live lease holding it.
     holders: HashMap<ObjectKey, String>,
+    /// The access policies, read only while some lease waits (a lease its client may not
+    /// have a pool's exporter for makes no replica).
+    policies: Vec<ExporterAccessPolicy>,
+    /// (namespace, client) -> its labels, read with the policies.
+    client_labels: HashMap<ObjectKey, BTreeMap<String, String>>,
 }
 
 /// Runs the engine until `shutdown` resolves.
@@ -823,6 +828,8 @@ impl<S: Store> Engine<S> {
                 replicas: Vec::new(),
                 leases: Vec::new(),
                 holders: HashMap::new(),
+                policies: Vec::new(),
+                client_labels: HashMap::new(),
             });
         }
         let classes: Vec<VirtualTargetClass> = list_all(store, &everything).await?;
@@ -839,6 +846,8 @@ impl<S: Store> Engine<S> {
                 replicas,
                 leases: Vec::new(),
                 holders: HashMap::new(),
+                policies: Vec::new(),
+                client_labels: HashMap::new(),
             });
         }
         let not_ended = LabelSelector::parse(&format!("!{LEASE_ENDED_LABEL}"))
@@ -857,6 +866,22 @@ impl<S: Store> Engine<S> {
                 );
             }
         }
+        // Policies matter only for leases that wait for an exporter.
+        let (policies, client_labels) = if leases.iter().any(|l| l.assigned_exporter().is_none()) {
+            let policies: Vec<ExporterAccessPolicy> = list_all(store, &everything).await?;
+            let client_labels = if policies.is_empty() {
+                HashMap::new()
+            } else {
+                list_all::<S, Client>(store, &everything)
+                    .await?
+                    .into_iter()
+                    .map(|c| (key_of(&c.metadata), c.metadata.labels.unwrap_or_default()))
+                    .collect()
+            };
+            (policies, client_labels)
+        } else {
+            (Vec::new(), HashMap::new())
+        };
         Ok(World {
             sets,
             classes: classes
@@ -866,6 +891,8 @@ impl<S: Store> Engine<S> {
             replicas,
             leases,
             holders,
+            policies,
+            client_labels,
         })
     }
 
@@ -1201,10 +1228,27 @@ impl<S: Store> Engine<S> {
         if views.iter().any(|v| v.state == ReplicaState::Available) {
             self.backoff.remove(&key);
         }
+        let policies: Vec<&ExporterAccessPolicy> = world
+            .policies
+            .iter()
+            .filter(|p| p.metadata.namespace.as_deref() == Some(ns.as_str()))
+            .collect();
+        let no_labels = BTreeMap::new();
         let pending = world
             .leases
             .iter()
-            .filter(|l| lease_waits_for(l, &ns, &labels, now))
+            .filter(|l| {
+                lease_waits_for(l, &ns, &labels, now)
+                    && policies_grant(
+                        l,
+                        &labels,
+                        &policies,
+                        world
+                            .client_labels
+                            .get(&(ns.clone(), l.spec.client_ref.name.clone()))
+                            .unwrap_or(&no_labels),
+                    )
+            })
             .count();
         let cooldown = set.spec.cooldown(&name).unwrap_or_default();
         let mut scaling = Scaling::of(&set.spec, cooldown, self.config.max_starts_per_pass);

@@ -105,6 +105,8 @@ struct World {
     exporters: Vec<Exporter>,
     policies: Vec<ExporterAccessPolicy>,
     clients: Vec<Client>,
+    /// The labels of the exporters pools can make, by namespace.
+    pools: Vec<(String, BTreeMap<String, String>)>,
 }
 
 impl World {
@@ -114,7 +116,7 @@ impl World {
             exporters: &self.exporters,
             policies: &self.policies,
             clients: &self.clients,
-            pools: &[],
+            pools: &self.pools,
             now: now(),
         })
     }
@@ -317,6 +319,7 @@ fn policies_grant_priority_and_deny() {
             vec![rule(5, "team=qa"), rule(9, "team=dev")],
         )],
         clients: vec![client("alice", &[("team", "qa")])],
+        pools: Vec::new(),
     };
     let d = w.one("l1");
     assert_eq!(
@@ -365,6 +368,7 @@ fn spot_access_is_unsatisfiable() {
         exporters: vec![exporter("e1", &[("board", "rpi4")])],
         policies: vec![policy("p", "", vec![r])],
         clients: vec![client("alice", &[])],
+        pools: Vec::new(),
     };
     assert_ended(
         &w.one("l1"),
@@ -634,6 +638,7 @@ fn queue_order_is_priority_then_fifo_then_name() {
             client("alice", &[("team", "qa")]),
             client("boss", &[("team", "boss")]),
         ],
+        pools: Vec::new(),
     };
     let ds = w.run();
     let by = |n: &str| ds.iter().find(|d| d.name == n).unwrap();
@@ -827,6 +832,7 @@ fn build(exps: &[GenExporter], ls: &[GenLease]) -> World {
             client("alice", &[("team", "qa")]),
             client("boss", &[("team", "boss")]),
         ],
+        pools: Vec::new(),
     }
 }
 
@@ -1021,6 +1027,7 @@ fn a_policy_with_an_unknown_operator_is_an_error_naming_it_not_a_policy_matching
             policy("good", "board=rpi4", vec![rule(1, "team=a")]),
         ],
         clients: clients.clone(),
+        pools: Vec::new(),
     };
     let d = w.one("l1");
     assert_ended(&d, c::INVALID, c::REASON_INVALID_SELECTOR, "\"Matches\"");
@@ -1038,6 +1045,7 @@ fn a_policy_with_an_unknown_operator_is_an_error_naming_it_not_a_policy_matching
         exporters,
         policies: vec![broken],
         clients,
+        pools: Vec::new(),
     };
     assert_ended(
         &w.one("l2"),
@@ -1045,4 +1053,71 @@ fn a_policy_with_an_unknown_operator_is_an_error_naming_it_not_a_policy_matching
         c::REASON_INVALID_SELECTOR,
         "spec.policies[0].from[0].clientSelector is invalid: invalid label selector requirement for key \"board\": \"Matches\"",
     );
+}
+
+#[test]
+fn a_lease_only_a_pool_could_serve_waits_for_it_when_the_policies_grant_its_exporters() {
+    let mut w = World {
+        leases: vec![lease("l", "pool=qemu", -1)],
+        clients: vec![client("alice", &[("team", "a")])],
+        pools: vec![(NS.into(), labels(&[("pool", "qemu")]))],
+        ..Default::default()
+    };
+    // No policies: the pool may serve it.
+    assert!(
+        matches!(w.one("l").action, Action::Waiting { .. }),
+        "{:?}",
+        w.one("l")
+    );
+    // A policy granting the pool's exporters to alice's team: still waiting.
+    w.policies = vec![policy("p", "pool=qemu", vec![rule(1, "team=a")])];
+    assert!(
+        matches!(w.one("l").action, Action::Waiting { .. }),
+        "{:?}",
+        w.one("l")
+    );
+    // Policies that grant them to another team only: no replica would ever be alice's.
+    w.policies = vec![policy("p", "pool=qemu", vec![rule(1, "team=b")])];
+    assert_ended(
+        &w.one("l"),
+        c::UNSATISFIABLE,
+        c::REASON_NO_ACCESS,
+        "no exporters matching",
+    );
+    // A pool in another namespace does not count.
+    w.policies.clear();
+    w.pools = vec![("elsewhere".into(), labels(&[("pool", "qemu")]))];
+    assert_ended(
+        &w.one("l"),
+        c::UNSATISFIABLE,
+        c::REASON_NO_ACCESS,
+        "no exporters matching",
+    );
+}
+
+#[test]
+fn policies_grant_judges_a_pool_replica_by_its_labels_and_the_lease_duration() {
+    let l = lease("l", "pool=qemu", -1);
+    let team_a = labels(&[("team", "a")]);
+    let replica = labels(&[("pool", "qemu")]);
+    assert!(policies_grant(&l, &replica, &[], &team_a));
+    let grants = policy("p", "pool=qemu", vec![rule(1, "team=a")]);
+    assert!(policies_grant(&l, &replica, &[&grants], &team_a));
+    assert!(!policies_grant(
+        &l,
+        &replica,
+        &[&grants],
+        &labels(&[("team", "b")])
+    ));
+    assert!(!policies_grant(
+        &l,
+        &labels(&[("pool", "other")]),
+        &[&grants],
+        &team_a
+    ));
+    // The lease asks 1 h; a rule allowing 10 minutes does not grant it.
+    let mut short = rule(1, "team=a");
+    short.maximum_duration = Some(GoDuration::from_secs(600));
+    let short = policy("p", "pool=qemu", vec![short]);
+    assert!(!policies_grant(&l, &replica, &[&short], &team_a));
 }
