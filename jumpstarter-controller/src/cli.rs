@@ -122,6 +122,11 @@ pub struct Args {
         env = "JUMPSTARTER_METRICS_LISTEN"
     )]
     pub metrics_listen: String,
+    /// Web dashboard listen address (plain HTTP, pages under `/ui`, see docs/dashboard.md);
+    /// "off" or "" disables it. Default 127.0.0.1:8086 (when that port is taken, the
+    /// controller starts without the dashboard and warns; an address given here must bind).
+    #[arg(long, value_name = "ADDR", env = "JUMPSTARTER_UI_LISTEN")]
+    pub ui_listen: Option<String>,
     /// Exporter labels whose values split the exporters online / leased / quarantined
     /// metrics (comma-separated, e.g. `board,site`; default: one total each). Keep them to
     /// labels with few values: each combination is a series.
@@ -322,6 +327,7 @@ impl Args {
             )
         };
         let metrics = self.metrics_listen.trim();
+        let ui = self.ui_listen.as_deref().map(str::trim);
         ControllerConfig {
             listen: self.listen.clone(),
             router_listen: self.router_listen.clone(),
@@ -352,6 +358,12 @@ impl Args {
             jwt_authenticators: Vec::new(),
             provisioning: self.provisioning,
             login_listen: self.login_listen.clone(),
+            ui_listen: match ui {
+                None => Some(DEFAULT_UI_LISTEN.to_string()),
+                Some(a) if a.is_empty() || a.eq_ignore_ascii_case("off") => None,
+                Some(a) => Some(a.to_string()),
+            },
+            ui_listen_optional: ui.is_none(),
             login_namespace: self.namespace.clone(),
             pending_client_timeout: self.pending_lease_client_timeout.0,
             accept_empty_store: self.accept_empty_store,
@@ -403,6 +415,9 @@ impl Args {
         }
     }
 }
+
+/// The dashboard's address unless `--ui-listen` says otherwise.
+pub const DEFAULT_UI_LISTEN: &str = "127.0.0.1:8086";
 
 /// Prefix of the one stderr line that gives the bound addresses, for scripts and tests:
 /// `jumpstarter-controller ready: grpc=<addr> router=<addr> metrics=<addr|off> endpoint=<host:port>`.
@@ -1234,6 +1249,20 @@ deprecatedLabels:
         let c = parse(&["--metrics-listen", ""]).unwrap().config();
         assert_eq!(c.metrics_listen, None);
         assert!(!c.credential_secrets);
+    }
+
+    #[test]
+    fn the_dashboard_listens_on_loopback_unless_told_otherwise() {
+        let c = parse(&[]).unwrap().config();
+        assert_eq!(c.ui_listen.as_deref(), Some("127.0.0.1:8086"));
+        assert!(c.ui_listen_optional, "the default address may be taken");
+        let c = parse(&["--ui-listen", "0.0.0.0:9000"]).unwrap().config();
+        assert_eq!(c.ui_listen.as_deref(), Some("0.0.0.0:9000"));
+        assert!(!c.ui_listen_optional, "an address given must bind");
+        for off in ["off", "OFF", "", " "] {
+            let c = parse(&["--ui-listen", off]).unwrap().config();
+            assert_eq!(c.ui_listen, None, "{off:?}");
+        }
     }
 
     #[test]

@@ -47,6 +47,7 @@
 //!   ([`ExternalAuth`]) and the admin token.
 //! - `kubernetes/`: what a cluster deployment adds: [`crd`], [`cluster_config`],
 //!   [`key_secret`], leader election, Events about exporters and owner references.
+//! - `ui/`: the web dashboard (`--ui-listen`, see `docs/dashboard.md`).
 //! - [`objects`]: the data model, with [`GoDuration`] and [`LabelSelector`].
 //! - At the root: [`cli`], `server.rs` ([`start`]), `state.rs` ([`ControllerState`]),
 //!   `metrics.rs` (Prometheus), `testing/` (the `test-util` fakes).
@@ -68,6 +69,7 @@ mod metrics;
 mod server;
 mod service;
 mod state;
+mod ui;
 
 pub use auth::external_auth::{ExternalAuth, read_authentication_file};
 pub use kubernetes::{cluster_config, crd, key_secret};

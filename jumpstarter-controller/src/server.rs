@@ -197,6 +197,13 @@ pub struct ControllerConfig {
     /// Virtual target pools: the engine scaling ExporterSets and its provisioners (see
     /// [`crate::pools::engine`]); `None` runs no engine.
     pub pools: Option<crate::pools::engine::PoolsConfig>,
+    /// Address of the web dashboard's plain-HTTP listener (pages under `/ui`, see
+    /// `docs/dashboard.md`); `None` serves none. The binary's default is `127.0.0.1:8086`.
+    pub ui_listen: Option<String>,
+    /// When [`ControllerConfig::ui_listen`] cannot be bound (e.g. another controller on this
+    /// machine has the port), start without the dashboard and warn instead of failing: the
+    /// binary sets it when the address is its default rather than one given explicitly.
+    pub ui_listen_optional: bool,
 }
 
 impl ControllerConfig {
@@ -229,6 +236,8 @@ impl ControllerConfig {
             connection_limits: ConnectionLimits::default(),
             lease_logs: Some(Default::default()),
             pools: Some(crate::pools::engine::PoolsConfig::new(&data_dir)),
+            ui_listen: None,
+            ui_listen_optional: false,
             data_dir,
         }
     }
@@ -260,6 +269,8 @@ pub struct RunningController<S: Store = SqliteStore> {
     pub login_addr: Option<SocketAddr>,
     /// The admin bearer token AdminService accepts.
     pub admin_token: String,
+    /// The dashboard listener's address, when serving it (see [`RunningController::ui_addr`]).
+    ui: Option<SocketAddr>,
     /// Where the admin config was written, if anywhere.
     pub admin_config: Option<PathBuf>,
     /// The shared state (store, issuer...).
@@ -274,6 +285,11 @@ pub struct RunningController<S: Store = SqliteStore> {
 }
 
 impl<S: Store> RunningController<S> {
+    /// The web dashboard's address (`http://ADDR/ui`), when serving it.
+    pub fn ui_addr(&self) -> Option<SocketAddr> {
+        self.ui
+    }
+
     /// Stops serving: open streams (exporters' Status, Listen) get a few seconds to end
     /// gracefully, then everything is cut.
     pub async fn shutdown(mut self) {
@@ -514,6 +530,7 @@ async fn start_locked<S: Store>(
     let router_addr = local_addr(&listeners.router)?;
     let metrics_addr = listeners.metrics.as_ref().map(local_addr).transpose()?;
     let login_addr = listeners.login.as_ref().map(local_addr).transpose()?;
+    let ui_addr = listeners.ui.as_ref().map(local_addr).transpose()?;
     let endpoint = format!("{}:{}", config.advertise_host, addr.port());
     let router_endpoint = format!("{}:{}", config.advertise_host, router_addr.port());
 
@@ -649,6 +666,22 @@ async fn start_locked<S: Store>(
             until_stopped(stopped.clone()),
         )));
     }
+    if let Some(l) = listeners.ui {
+        let ui = crate::ui::dashboard(
+            state.clone(),
+            secrets.admin_token.clone(),
+            secrets.ca_pem.clone(),
+            stopped.clone(),
+        );
+        if let Some(a) = ui_addr {
+            tracing::info!("dashboard listening on http://{a}/ui");
+        }
+        tasks.push(tokio::spawn(crate::ui::serve(
+            l,
+            ui,
+            until_stopped(stopped.clone()),
+        )));
+    }
     let (health, grpc) = grpc_server(
         &config,
         &state,
@@ -680,6 +713,7 @@ async fn start_locked<S: Store>(
         ca_pem: secrets.ca_pem,
         metrics_addr,
         login_addr,
+        ui: ui_addr,
         admin_token: secrets.admin_token.as_str().to_string(),
         admin_config,
         _locks: (data_lock, admin_lock),
@@ -795,6 +829,7 @@ struct Listeners {
     router: TcpListener,
     metrics: Option<TcpListener>,
     login: Option<TcpListener>,
+    ui: Option<TcpListener>,
 }
 
 impl Listeners {
@@ -808,6 +843,20 @@ impl Listeners {
             },
             login: match &config.login_listen {
                 Some(a) => Some(bind(a).await?),
+                None => None,
+            },
+            ui: match &config.ui_listen {
+                Some(a) => match bind(a).await {
+                    Ok(l) => Some(l),
+                    Err(e) if config.ui_listen_optional => {
+                        tracing::warn!(
+                            "the dashboard is off: {e} (give --ui-listen ADDR, or off)",
+                            e = jumpstarter_core::error_chain(&e)
+                        );
+                        None
+                    }
+                    Err(e) => return Err(e),
+                },
                 None => None,
             },
         })

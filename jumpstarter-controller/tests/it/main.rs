@@ -27,6 +27,7 @@ mod real_kube_storm;
 mod restart;
 mod sharing;
 mod store_integrity;
+mod ui;
 
 use jumpstarter_controller::{
     ControllerConfig, RunningController,

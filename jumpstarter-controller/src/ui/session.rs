@@ -1,0 +1,464 @@
+//! Logins to the dashboard: a token (the admin token or a client token) pasted once into the
+//! login form is checked as the API checks it and kept server-side in a bounded session
+//! table; the browser gets only a random session id in an `HttpOnly; Secure;
+//! SameSite=Strict` cookie. Each session has its own CSRF token, which every POST must carry.
+
+use std::{
+    collections::HashMap,
+    sync::Mutex,
+    time::{Duration, Instant},
+};
+
+use axum::{
+    Form,
+    http::{HeaderMap, StatusCode, header},
+    response::{IntoResponse, Redirect, Response},
+};
+use jumpstarter_core::{auth::ObjectKind, sync::LockExt};
+use ring::rand::SecureRandom;
+use serde::Deserialize;
+use subtle::ConstantTimeEq;
+
+use super::{UiState, pages};
+use crate::store::Store;
+
+/// The session cookie's name.
+pub const COOKIE: &str = "jmp_ui";
+/// Sessions kept at once; a new login beyond it ends the oldest.
+pub const MAX_SESSIONS: usize = 1000;
+/// How long a login lasts.
+pub const SESSION_LIFETIME: Duration = Duration::from_secs(12 * 3600);
+/// Random bytes of a session id and of a CSRF token.
+const ID_BYTES: usize = 32;
+/// Characters a pasted token may have (the body limit bounds it too).
+const MAX_TOKEN: usize = 8 * 1024;
+
+/// Who is logged in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Role {
+    /// The admin token: every page and every action.
+    Admin,
+    /// A client token: every page, no action.
+    Client {
+        /// The client's namespace.
+        namespace: String,
+        /// The client's name.
+        name: String,
+    },
+}
+
+impl Role {
+    /// `admin` or `client` (the `<body data-role>`).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Role::Admin => "admin",
+            Role::Client { .. } => "client",
+        }
+    }
+}
+
+/// One login, as kept server-side.
+struct Session {
+    role: Role,
+    /// The token presented at login (checked again on every request: a rotated admin token
+    /// or an expired client token ends the session).
+    token: String,
+    csrf: String,
+    created: Instant,
+}
+
+/// A request's login, for the handlers.
+#[derive(Debug, Clone)]
+pub struct Login {
+    /// Who.
+    pub role: Role,
+    /// The session's CSRF token (put into every form).
+    pub csrf: String,
+    /// Who, in words, for the logs: `admin (session 1a2b3c4d)` or `client ns/name`.
+    pub who: String,
+}
+
+impl Login {
+    /// Whether this login may act.
+    pub fn is_admin(&self) -> bool {
+        self.role == Role::Admin
+    }
+
+    /// Whether `presented` is this session's CSRF token (constant time).
+    pub fn csrf_matches(&self, presented: &str) -> bool {
+        let (a, b) = (self.csrf.as_bytes(), presented.as_bytes());
+        a.len() == b.len() && bool::from(a.ct_eq(b))
+    }
+}
+
+/// The session table (bounded by [`MAX_SESSIONS`], each for [`SESSION_LIFETIME`]).
+#[derive(Default)]
+pub struct Sessions {
+    table: Mutex<HashMap<String, Session>>,
+}
+
+/// `n` random bytes as hex, or `None` when the system has no randomness to give.
+fn random_hex(n: usize) -> Option<String> {
+    let mut bytes = vec![0u8; n];
+    ring::rand::SystemRandom::new().fill(&mut bytes).ok()?;
+    Some(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+impl Sessions {
+    /// A new session for `role` (logged in with `token`): its id, or `None` without
+    /// randomness.
+    fn create(&self, role: Role, token: String) -> Option<String> {
+        let id = random_hex(ID_BYTES)?;
+        let csrf = random_hex(ID_BYTES)?;
+        let now = Instant::now();
+        let mut table = self.table.lock_or_recover();
+        table.retain(|_, s| now.duration_since(s.created) < SESSION_LIFETIME);
+        if table.len() >= MAX_SESSIONS {
+            let oldest = table
+                .iter()
+                .min_by_key(|(_, s)| s.created)
+                .map(|(k, _)| k.clone());
+            if let Some(k) = oldest {
+                table.remove(&k);
+            }
+        }
+        table.insert(
+            id.clone(),
+            Session {
+                role,
+                token,
+                csrf,
+                created: now,
+            },
+        );
+        Some(id)
+    }
+
+    /// The live session `id` (its role, CSRF token and token).
+    fn get(&self, id: &str) -> Option<(Role, String, String)> {
+        let mut table = self.table.lock_or_recover();
+        let s = table.get(id)?;
+        if s.created.elapsed() >= SESSION_LIFETIME {
+            table.remove(id);
+            return None;
+        }
+        Some((s.role.clone(), s.csrf.clone(), s.token.clone()))
+    }
+
+    /// Ends session `id`.
+    fn remove(&self, id: &str) {
+        self.table.lock_or_recover().remove(id);
+    }
+
+    /// How many sessions are kept.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.table.lock_or_recover().len()
+    }
+}
+
+/// The session id in the request's cookies: the value of `jmp_ui` when it has the shape of an
+/// id (anything else counts as no cookie).
+pub fn session_id(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|c| c.trim().split_once('='))
+        .find(|(k, _)| *k == COOKIE)
+        .map(|(_, v)| v.trim().to_string())
+        .filter(|v| v.len() == ID_BYTES * 2 && v.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// Why a request has no usable login.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoLogin {
+    /// No cookie, an unknown or expired session, or its token is no longer valid.
+    Missing,
+}
+
+/// The request's login: the session of its cookie, whose token still holds.
+pub fn login<S: Store>(ui: &super::Ui<S>, headers: &HeaderMap) -> Result<Login, NoLogin> {
+    let id = session_id(headers).ok_or(NoLogin::Missing)?;
+    let (role, csrf, token) = ui.sessions.get(&id).ok_or(NoLogin::Missing)?;
+    let still_valid = match &role {
+        Role::Admin => ui.admin_token.matches(&token),
+        Role::Client { .. } => ui.state.auth.issuer.verify(&token).is_ok(),
+    };
+    if !still_valid {
+        ui.sessions.remove(&id);
+        return Err(NoLogin::Missing);
+    }
+    let who = match &role {
+        Role::Admin => format!("admin (session {})", id.get(..8).unwrap_or_default()),
+        Role::Client { namespace, name } => format!("client {namespace}/{name}"),
+    };
+    Ok(Login { role, csrf, who })
+}
+
+/// The login of a page request, or the redirect to the login form.
+pub fn page_login<S: Store>(ui: &super::Ui<S>, headers: &HeaderMap) -> Result<Login, Response> {
+    login(ui, headers).map_err(|_| Redirect::to("/ui/login").into_response())
+}
+
+/// The login of an event-stream or action request, or 401.
+pub fn api_login<S: Store>(ui: &super::Ui<S>, headers: &HeaderMap) -> Result<Login, Response> {
+    login(ui, headers).map_err(|_| {
+        (
+            StatusCode::UNAUTHORIZED,
+            "not logged in (or the login expired): log in at /ui/login",
+        )
+            .into_response()
+    })
+}
+
+/// `GET /ui/login`.
+pub async fn login_form<S: Store>(
+    axum::extract::State(ui): UiState<S>,
+    headers: HeaderMap,
+) -> Response {
+    let logged_in = login(&ui, &headers).ok();
+    pages::html(pages::login_page(None, logged_in.as_ref())).into_response()
+}
+
+/// The login form's fields.
+#[derive(Debug, Deserialize)]
+pub struct LoginForm {
+    /// The pasted token.
+    #[serde(default)]
+    token: String,
+}
+
+/// Checks a pasted token: the admin token, or a client token of ours whose client exists with
+/// the token's uid (as the client API checks it).
+async fn check_token<S: Store>(ui: &super::Ui<S>, token: &str) -> Result<Role, String> {
+    if token.is_empty() {
+        return Err("paste a token: the admin token (jsadmin_...) or a client token".into());
+    }
+    if token.len() > MAX_TOKEN {
+        return Err(format!("a token has at most {MAX_TOKEN} characters"));
+    }
+    if ui.admin_token.matches(token) {
+        return Ok(Role::Admin);
+    }
+    let subject = ui.state.auth.issuer.verify(token).map_err(|e| {
+        format!(
+            "the token is refused: {}",
+            jumpstarter_core::error_chain(&e)
+        )
+    })?;
+    if subject.kind != ObjectKind::Client {
+        return Err(
+            "an exporter token cannot log in to the dashboard: use a client token or the \
+             admin token"
+                .into(),
+        );
+    }
+    let mut md = tonic::metadata::MetadataMap::new();
+    let pairs = [
+        ("authorization", format!("Bearer {token}")),
+        ("jumpstarter-kind", ObjectKind::Client.as_str().to_string()),
+        ("jumpstarter-namespace", subject.namespace.clone()),
+        ("jumpstarter-name", subject.name.clone()),
+    ];
+    for (k, v) in pairs {
+        let v = v
+            .parse()
+            .map_err(|_| "the token holds characters a token cannot have".to_string())?;
+        md.insert(k, v);
+    }
+    let caller = ui
+        .state
+        .auth
+        .authenticate(&md, ObjectKind::Client)
+        .await
+        .map_err(|s| format!("the token is refused: {}", s.message()))?;
+    Ok(Role::Client {
+        namespace: caller.namespace,
+        name: caller.name,
+    })
+}
+
+/// The `Set-Cookie` value of session `id` (`None`: the one that ends it).
+fn cookie(id: Option<&str>) -> String {
+    match id {
+        Some(id) => format!(
+            "{COOKIE}={id}; Path=/ui; HttpOnly; Secure; SameSite=Strict; Max-Age={}",
+            SESSION_LIFETIME.as_secs()
+        ),
+        None => format!("{COOKIE}=; Path=/ui; HttpOnly; Secure; SameSite=Strict; Max-Age=0"),
+    }
+}
+
+/// `POST /ui/login`: on success a session cookie and 303 to `/ui`, else 401 with the form.
+pub async fn login_submit<S: Store>(
+    axum::extract::State(ui): UiState<S>,
+    form: Result<Form<LoginForm>, axum::extract::rejection::FormRejection>,
+) -> Response {
+    let token = match form {
+        Ok(Form(f)) => f.token.trim().to_string(),
+        Err(e) => {
+            let status = if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                StatusCode::PAYLOAD_TOO_LARGE
+            } else {
+                StatusCode::BAD_REQUEST
+            };
+            return (
+                status,
+                pages::html(pages::login_page(
+                    Some(&format!("the form could not be read: {}", e.body_text())),
+                    None,
+                )),
+            )
+                .into_response();
+        }
+    };
+    let role = match check_token(&ui, &token).await {
+        Ok(r) => r,
+        Err(why) => {
+            tracing::info!("dashboard: login refused: {why}");
+            return (
+                StatusCode::UNAUTHORIZED,
+                pages::html(pages::login_page(Some(&why), None)),
+            )
+                .into_response();
+        }
+    };
+    let Some(id) = ui.sessions.create(role.clone(), token) else {
+        return (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "no randomness for a session id",
+        )
+            .into_response();
+    };
+    match &role {
+        Role::Admin => tracing::info!(
+            "dashboard: admin logged in (session {})",
+            id.get(..8).unwrap_or_default()
+        ),
+        Role::Client { namespace, name } => {
+            tracing::info!("dashboard: client {namespace}/{name} logged in")
+        }
+    }
+    (
+        StatusCode::SEE_OTHER,
+        [
+            (header::SET_COOKIE, cookie(Some(&id))),
+            (header::LOCATION, "/ui".to_string()),
+        ],
+    )
+        .into_response()
+}
+
+/// The logout form's fields.
+#[derive(Debug, Deserialize)]
+pub struct CsrfForm {
+    /// The session's CSRF token.
+    #[serde(default)]
+    pub csrf: String,
+}
+
+/// `POST /ui/logout`: ends the session (with its CSRF token) and clears the cookie.
+pub async fn logout<S: Store>(
+    axum::extract::State(ui): UiState<S>,
+    headers: HeaderMap,
+    form: Result<Form<CsrfForm>, axum::extract::rejection::FormRejection>,
+) -> Response {
+    let login = match api_login(&ui, &headers) {
+        Ok(l) => l,
+        Err(r) => return r,
+    };
+    let csrf = match form {
+        Ok(Form(f)) => f.csrf,
+        Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => return e.into_response(),
+        Err(_) => String::new(),
+    };
+    if !login.csrf_matches(&csrf) {
+        return (
+            StatusCode::FORBIDDEN,
+            "the CSRF token is missing or wrong: reload the page",
+        )
+            .into_response();
+    }
+    if let Some(id) = session_id(&headers) {
+        ui.sessions.remove(&id);
+    }
+    tracing::info!("dashboard: {} logged out", login.who);
+    (
+        StatusCode::SEE_OTHER,
+        [
+            (header::SET_COOKIE, cookie(None)),
+            (header::LOCATION, "/ui/login".to_string()),
+        ],
+    )
+        .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cookie_headers(v: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(header::COOKIE, v.parse().unwrap_or_else(|_| unreachable!()));
+        h
+    }
+
+    #[test]
+    fn the_session_id_is_read_only_in_its_shape() {
+        let id = "ab".repeat(ID_BYTES);
+        assert_eq!(
+            session_id(&cookie_headers(&format!("x=1; jmp_ui={id}; y=2"))),
+            Some(id.clone())
+        );
+        assert_eq!(session_id(&cookie_headers("jmp_ui=short")), None);
+        assert_eq!(
+            session_id(&cookie_headers(&format!(
+                "jmp_ui={}",
+                "zz".repeat(ID_BYTES)
+            ))),
+            None
+        );
+        assert_eq!(session_id(&cookie_headers("jmp_ui")), None);
+        assert_eq!(session_id(&HeaderMap::new()), None);
+    }
+
+    #[test]
+    fn the_table_is_bounded_and_sessions_are_distinct() {
+        let s = Sessions::default();
+        let mut ids = std::collections::HashSet::new();
+        for _ in 0..(MAX_SESSIONS + 10) {
+            let id = s.create(Role::Admin, "t".into());
+            assert!(id.as_ref().is_some_and(|i| ids.insert(i.clone())));
+        }
+        assert_eq!(s.len(), MAX_SESSIONS);
+    }
+
+    #[test]
+    fn the_cookie_is_http_only_secure_strict_and_never_holds_the_token() {
+        let c = cookie(Some("abc"));
+        for part in [
+            "jmp_ui=abc",
+            "HttpOnly",
+            "Secure",
+            "SameSite=Strict",
+            "Path=/ui",
+        ] {
+            assert!(c.contains(part), "{c}");
+        }
+        assert!(cookie(None).contains("Max-Age=0"));
+    }
+
+    #[test]
+    fn csrf_comparison() {
+        let l = Login {
+            role: Role::Admin,
+            csrf: "abc".into(),
+            who: "admin".into(),
+        };
+        assert!(l.csrf_matches("abc"));
+        assert!(!l.csrf_matches("abd"));
+        assert!(!l.csrf_matches(""));
+    }
+}

@@ -1,0 +1,593 @@
+//! The web dashboard (`--ui-listen`) of an in-process controller, over plain HTTP/1.1 on
+//! loopback: every route refuses without a login, a client login reads but cannot act, the
+//! admin's actions need the session's CSRF token and change the store, bad input is answered
+//! with a clear error, the event stream reports a store change, and the fleet pages through
+//! thousands of exporters.
+
+use std::{net::SocketAddr, time::Duration};
+
+use jumpstarter_controller::{
+    objects::{Exporter, ExporterSpec, Lease, LeaseSpec},
+    store::Store,
+};
+use k8s_openapi::api::core::v1::LocalObjectReference;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::{Lab, lab_configured};
+
+/// An answer: status code, head (lower-cased), body.
+struct Answer {
+    status: u16,
+    head: String,
+    body: String,
+}
+
+impl Answer {
+    fn location(&self) -> Option<&str> {
+        self.head
+            .lines()
+            .find_map(|l| l.strip_prefix("location: "))
+            .map(str::trim)
+    }
+}
+
+/// One request on its own connection (`Connection: close`), the whole answer read.
+async fn send(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    cookie: Option<&str>,
+    form: Option<&str>,
+    extra: &[(&str, &str)],
+) -> Answer {
+    let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n");
+    if let Some(id) = cookie {
+        req += &format!("Cookie: {id}\r\n");
+    }
+    for (k, v) in extra {
+        req += &format!("{k}: {v}\r\n");
+    }
+    match form {
+        Some(body) => {
+            req += &format!(
+                "Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
+        }
+        None if method == "POST" => req += "Content-Length: 0\r\n\r\n",
+        None => req += "\r\n",
+    }
+    // A refused large body may close the connection before all of it is written.
+    let _ = c.write_all(req.as_bytes()).await;
+    let mut raw = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), c.read_to_end(&mut raw))
+        .await
+        .expect("the dashboard did not answer")
+        .ok();
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {text:?}"));
+    Answer {
+        status,
+        head: head.to_lowercase(),
+        body: body.to_string(),
+    }
+}
+
+async fn get(addr: SocketAddr, path: &str, cookie: Option<&str>) -> Answer {
+    send(addr, "GET", path, cookie, None, &[]).await
+}
+
+async fn post(addr: SocketAddr, path: &str, cookie: Option<&str>, form: &str) -> Answer {
+    send(addr, "POST", path, cookie, Some(form), &[]).await
+}
+
+/// Percent-encodes a form value.
+fn enc(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+/// A lab whose controller serves the dashboard on a port of its own.
+async fn ui_lab() -> (Lab, SocketAddr) {
+    let lab = lab_configured(|c| c.ui_listen = Some("127.0.0.1:0".into())).await;
+    let addr = lab.ctl.ui_addr().expect("the dashboard listens");
+    (lab, addr)
+}
+
+/// Logs in with `token`: the `Cookie` header value of the session.
+async fn login(addr: SocketAddr, token: &str) -> String {
+    let a = post(addr, "/ui/login", None, &format!("token={}", enc(token))).await;
+    assert_eq!(a.status, 303, "{} {}", a.head, a.body);
+    assert_eq!(a.location(), Some("/ui"));
+    let set = a
+        .head
+        .lines()
+        .find_map(|l| l.strip_prefix("set-cookie: "))
+        .expect("a session cookie")
+        .to_string();
+    for part in ["httponly", "secure", "samesite=strict", "path=/ui"] {
+        assert!(set.contains(part), "{set}");
+    }
+    assert!(
+        !set.contains(&token.to_lowercase()),
+        "the cookie holds the token: {set}"
+    );
+    let id = set.split(';').next().unwrap().trim().to_string();
+    assert!(id.starts_with("jmp_ui="), "{set}");
+    id
+}
+
+/// The CSRF token a page of `cookie`'s session carries.
+async fn csrf(addr: SocketAddr, cookie: &str) -> String {
+    let page = get(addr, "/ui", Some(cookie)).await;
+    assert_eq!(page.status, 200, "{}", page.body);
+    page.body
+        .split("data-csrf=\"")
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .expect("the page carries the CSRF token")
+        .to_string()
+}
+
+async fn lease(lab: &Lab, name: &str, client: &str, exporter: &str) -> Lease {
+    let mut l = Lease::new(
+        name,
+        LeaseSpec {
+            client_ref: LocalObjectReference {
+                name: client.into(),
+            },
+            duration: Some(jumpstarter_controller::GoDuration::from_secs(600)),
+            exporter_ref: Some(LocalObjectReference {
+                name: exporter.into(),
+            }),
+            ..Default::default()
+        },
+    );
+    l.metadata.namespace = Some("default".into());
+    lab.ctl.state.store.create(&l).await.unwrap()
+}
+
+async fn stored_lease(lab: &Lab, name: &str) -> Lease {
+    lab.ctl
+        .state
+        .store
+        .get::<Lease>("default", name)
+        .await
+        .unwrap()
+        .unwrap()
+}
+
+async fn stored_exporter(lab: &Lab, name: &str) -> Exporter {
+    lab.ctl
+        .state
+        .store
+        .get::<Exporter>("default", name)
+        .await
+        .unwrap()
+        .unwrap()
+}
+
+const PAGES: [&str; 5] = [
+    "/ui",
+    "/ui/leases",
+    "/ui/pools",
+    "/ui/exporters/default/e1",
+    "/ui?page=2&selector=a%3Db",
+];
+const ACTIONS: [&str; 6] = [
+    "/ui/leases/default/l1/end",
+    "/ui/exporters/default/e1/quarantine",
+    "/ui/exporters/default/e1/unquarantine",
+    "/ui/exporters/default/e1/disable",
+    "/ui/exporters/default/e1/enable",
+    "/ui/logout",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_route_refuses_without_a_login() {
+    let (lab, addr) = ui_lab().await;
+    lab.exporter("e1", &[]).await;
+    let root = get(addr, "/", None).await;
+    assert_eq!((root.status, root.location()), (303, Some("/ui")));
+    let form = get(addr, "/ui/login", None).await;
+    assert_eq!(form.status, 200);
+    assert!(
+        form.body.contains("id=\"token\"") && form.body.contains("id=\"login-submit\""),
+        "{}",
+        form.body
+    );
+    let unknown = "jmp_ui=".to_string() + &"ab".repeat(32);
+    let cookies = [
+        None,
+        Some("jmp_ui=garbage"),
+        Some(unknown.as_str()),
+        Some("jmp_ui=; other=1"),
+        Some("jmp_ui=ZZ; jmp_ui=0"),
+    ];
+    for cookie in cookies {
+        for p in PAGES {
+            let a = get(addr, p, cookie).await;
+            assert_eq!(a.status, 303, "GET {p} with {cookie:?}: {}", a.body);
+            assert_eq!(a.location(), Some("/ui/login"), "GET {p}");
+            assert!(!a.body.contains("e1"), "{}", a.body);
+        }
+        let ev = get(addr, "/ui/events", cookie).await;
+        assert_eq!(ev.status, 401, "events with {cookie:?}");
+        for p in ACTIONS {
+            let a = post(addr, p, cookie, "csrf=x").await;
+            assert_eq!(a.status, 401, "POST {p} with {cookie:?}: {}", a.body);
+            assert!(a.body.contains("log in"), "{}", a.body);
+        }
+    }
+    assert!(stored_exporter(&lab, "e1").await.is_enabled());
+    lab.ctl.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_sees_the_pages_but_cannot_act() {
+    let (lab, addr) = ui_lab().await;
+    let client = lab.client("alice").await;
+    let exporter = lab.exporter("e1", &[("board", "rpi4")]).await;
+    lease(&lab, "l1", "alice", "e1").await;
+
+    // Refused logins say why, with the form again.
+    for (token, why) in [
+        ("", "paste a token"),
+        ("not-a-token", "refused"),
+        (exporter.token.as_str(), "exporter token"),
+    ] {
+        let a = post(addr, "/ui/login", None, &format!("token={}", enc(token))).await;
+        assert_eq!(a.status, 401, "{token:?}: {}", a.body);
+        assert!(
+            a.body.contains("id=\"login-error\"") && a.body.contains(why),
+            "{}",
+            a.body
+        );
+        assert!(!a.head.contains("set-cookie"), "{}", a.head);
+    }
+
+    let cookie = login(addr, &client.token).await;
+    for p in PAGES {
+        let a = get(addr, p, Some(&cookie)).await;
+        assert_eq!(a.status, 200, "GET {p}: {}", a.body);
+        assert!(a.body.contains("data-role=\"client\""), "{}", a.body);
+        assert!(!a.body.contains("data-action"), "{p}: {}", a.body);
+        assert!(!a.body.contains("id=\"confirm\""), "{p}: {}", a.body);
+    }
+    let fleet = get(addr, "/ui", Some(&cookie)).await;
+    assert!(fleet.body.contains("<table id=\"fleet\""), "{}", fleet.body);
+    assert!(
+        fleet.body.contains("data-exporter=\"default/e1\""),
+        "{}",
+        fleet.body
+    );
+    assert!(fleet.body.contains("board=rpi4"), "{}", fleet.body);
+    let leases = get(addr, "/ui/leases", Some(&cookie)).await;
+    for id in [
+        "id=\"leases\"",
+        "id=\"queue\"",
+        "id=\"ended\"",
+        "data-lease=\"default/l1\"",
+    ] {
+        assert!(leases.body.contains(id), "{id}: {}", leases.body);
+    }
+
+    let token = csrf(addr, &cookie).await;
+    for p in &ACTIONS[..5] {
+        let a = post(addr, p, Some(&cookie), &format!("csrf={token}")).await;
+        assert_eq!(a.status, 403, "POST {p}: {}", a.body);
+        assert!(a.body.contains("admin token"), "{}", a.body);
+    }
+    assert!(!stored_lease(&lab, "l1").await.spec.release);
+    let e = stored_exporter(&lab, "e1").await;
+    assert!(e.is_enabled() && e.unhealthy().is_none());
+
+    // Logging out ends the session.
+    let out = post(addr, "/ui/logout", Some(&cookie), &format!("csrf={token}")).await;
+    assert_eq!((out.status, out.location()), (303, Some("/ui/login")));
+    assert_eq!(get(addr, "/ui", Some(&cookie)).await.status, 303);
+    lab.ctl.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_actions_need_the_csrf_token_and_change_the_store() {
+    let (lab, addr) = ui_lab().await;
+    lab.client("alice").await;
+    lab.exporter("e1", &[]).await;
+    lease(&lab, "l1", "alice", "e1").await;
+    let cookie = login(addr, &lab.ctl.admin_token).await;
+    let fleet = get(addr, "/ui", Some(&cookie)).await;
+    assert!(fleet.body.contains("data-role=\"admin\""), "{}", fleet.body);
+    assert!(fleet.body.contains("id=\"confirm\""), "{}", fleet.body);
+    assert!(
+        fleet.body.contains("data-action=\"disable\""),
+        "{}",
+        fleet.body
+    );
+    let leases = get(addr, "/ui/leases", Some(&cookie)).await;
+    assert!(
+        leases
+            .body
+            .contains("data-action=\"end-lease\" data-lease=\"default/l1\""),
+        "{}",
+        leases.body
+    );
+    let token = csrf(addr, &cookie).await;
+
+    // Without, or with a wrong, CSRF token: 403 and nothing changes.
+    for form in ["", "csrf=", "csrf=0123", &format!("csrf={token}x")] {
+        for p in &ACTIONS[..5] {
+            let a = post(addr, p, Some(&cookie), form).await;
+            assert_eq!(a.status, 403, "POST {p} {form:?}: {}", a.body);
+            assert!(a.body.contains("CSRF"), "{}", a.body);
+        }
+    }
+    assert!(!stored_lease(&lab, "l1").await.spec.release);
+    let e = stored_exporter(&lab, "e1").await;
+    assert!(e.is_enabled() && e.unhealthy().is_none());
+
+    let act = |p: &'static str| {
+        let (cookie, token) = (cookie.clone(), token.clone());
+        async move { post(addr, p, Some(&cookie), &format!("csrf={token}")).await }
+    };
+    // Ending the lease: marked for release at once, then ended by the scheduler.
+    assert!(!stored_lease(&lab, "l1").await.is_ended());
+    let a = act("/ui/leases/default/l1/end").await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert!(stored_lease(&lab, "l1").await.spec.release);
+    let mut ended = false;
+    for _ in 0..200 {
+        if stored_lease(&lab, "l1").await.is_ended() {
+            ended = true;
+            break;
+        }
+        lab.ctl.state.wake.notify_one();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(ended, "the lease was not ended");
+    let a = act("/ui/exporters/default/e1/quarantine").await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    let q = stored_exporter(&lab, "e1").await;
+    assert_eq!(
+        q.unhealthy().map(|c| c.reason.as_str()),
+        Some("QuarantinedByAdmin")
+    );
+    assert!(q.unhealthy().unwrap().message.contains("admin"));
+    let a = act("/ui/exporters/default/e1/unquarantine").await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert!(stored_exporter(&lab, "e1").await.unhealthy().is_none());
+    let a = act("/ui/exporters/default/e1/disable").await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert!(!stored_exporter(&lab, "e1").await.is_enabled());
+    let a = act("/ui/exporters/default/e1/enable").await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert!(stored_exporter(&lab, "e1").await.is_enabled());
+
+    let again = act("/ui/leases/default/l1/end").await;
+    assert_eq!(again.status, 409, "{}", again.body);
+    assert!(again.body.contains("already ended"), "{}", again.body);
+    let ended_page = get(addr, "/ui/leases", Some(&cookie)).await;
+    let ended_table = ended_page
+        .body
+        .split("id=\"ended\"")
+        .nth(1)
+        .unwrap_or_default();
+    assert!(ended_table.contains("default/l1"), "{}", ended_page.body);
+    lab.ctl.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_a_clear_error() {
+    let (lab, addr) = ui_lab().await;
+    lab.exporter("e1", &[]).await;
+    let cookie = login(addr, &lab.ctl.admin_token).await;
+    let token = csrf(addr, &cookie).await;
+    let form = format!("csrf={token}");
+
+    for (path, status, says) in [
+        ("/ui?selector=a%20in%20(", 400, "selector"),
+        ("/ui?page=abc", 400, "page"),
+        ("/ui?per_page=-3", 400, "per_page"),
+        ("/ui?sort=bogus", 400, "sort"),
+        ("/ui/exporters/default/nope", 404, "not found"),
+        ("/ui/nowhere", 404, "not found"),
+    ] {
+        let a = get(addr, path, Some(&cookie)).await;
+        assert_eq!(a.status, status, "{path}: {}", a.body);
+        assert!(a.body.contains(says), "{path}: {}", a.body);
+    }
+    // Absurd page numbers are clamped to the last page.
+    for path in [
+        "/ui?page=99999999999",
+        "/ui?page=0",
+        "/ui?per_page=0",
+        "/ui?per_page=99999999",
+    ] {
+        let a = get(addr, path, Some(&cookie)).await;
+        assert_eq!(a.status, 200, "{path}: {}", a.body);
+        assert!(a.body.contains("data-exporter=\"default/e1\""), "{path}");
+    }
+    for (path, status, says) in [
+        ("/ui/leases/default/nope/end", 404, "not found"),
+        ("/ui/leases/Not_A_Name/x/end", 400, "namespace"),
+        ("/ui/exporters/default/e1/explode", 404, "unknown action"),
+        ("/ui/exporters/default/nope/disable", 404, "not found"),
+        ("/ui/exporters/default/nope/unquarantine", 404, "not found"),
+    ] {
+        let a = post(addr, path, Some(&cookie), &form).await;
+        assert_eq!(a.status, status, "{path}: {}", a.body);
+        assert!(a.body.contains(says), "{path}: {}", a.body);
+    }
+    // Huge bodies are refused before they are read.
+    let huge = format!("csrf={token}&pad={}", "x".repeat(200_000));
+    let a = post(
+        addr,
+        "/ui/exporters/default/e1/disable",
+        Some(&cookie),
+        &huge,
+    )
+    .await;
+    assert_eq!(a.status, 413, "{}", a.body);
+    let a = post(
+        addr,
+        "/ui/login",
+        None,
+        &format!("token={}", "x".repeat(200_000)),
+    )
+    .await;
+    assert_eq!(a.status, 413, "{}", a.body);
+    assert!(stored_exporter(&lab, "e1").await.is_enabled());
+    // A form that is not one.
+    let a = send(
+        addr,
+        "POST",
+        "/ui/login",
+        None,
+        None,
+        &[
+            ("Content-Type", "application/json"),
+            ("Content-Length", "2"),
+        ],
+    )
+    .await;
+    assert!(
+        a.status == 400 || a.status == 415,
+        "{} {}",
+        a.status,
+        a.body
+    );
+    // The controller still serves.
+    assert_eq!(get(addr, "/ui", Some(&cookie)).await.status, 200);
+    lab.ctl.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_event_stream_reports_a_store_change() {
+    let (lab, addr) = ui_lab().await;
+    let cookie = login(addr, &lab.ctl.admin_token).await;
+    let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+    c.write_all(
+        format!("GET /ui/events HTTP/1.1\r\nHost: localhost\r\nCookie: {cookie}\r\n\r\n")
+            .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut seen = String::new();
+    let mut buf = [0u8; 4096];
+    // Read until `want` arrived; a generous bound only keeps a broken stream from hanging.
+    async fn until(
+        c: &mut tokio::net::TcpStream,
+        seen: &mut String,
+        buf: &mut [u8],
+        want: &str,
+    ) -> bool {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while !seen.contains(want) {
+            match tokio::time::timeout_at(deadline, c.read(buf)).await {
+                Ok(Ok(n)) if n > 0 => seen.push_str(&String::from_utf8_lossy(&buf[..n])),
+                _ => return false,
+            }
+        }
+        true
+    }
+    assert!(
+        until(&mut c, &mut seen, &mut buf, "event: ready").await,
+        "{seen}"
+    );
+    assert!(seen.starts_with("HTTP/1.1 200"), "{seen}");
+    assert!(seen.to_lowercase().contains("text/event-stream"), "{seen}");
+    seen.clear();
+    lab.exporter("newcomer", &[]).await;
+    assert!(
+        until(&mut c, &mut seen, &mut buf, "exporters").await,
+        "{seen}"
+    );
+    assert!(seen.contains("event: change"), "{seen}");
+    lab.ctl.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fleet_pages_through_thousands_of_exporters() {
+    const N: usize = 2500;
+    let (lab, addr) = ui_lab().await;
+    let store = lab.ctl.state.store.clone();
+    let mut tasks = Vec::new();
+    for chunk in 0..10 {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            for i in (chunk..N).step_by(10) {
+                let mut e = Exporter::new(&format!("e{i:05}"), ExporterSpec::default());
+                e.metadata.namespace = Some("default".into());
+                let parity = if i % 2 == 0 { "even" } else { "odd" };
+                e.metadata.labels = Some(
+                    [("parity".to_string(), parity.to_string())]
+                        .into_iter()
+                        .collect(),
+                );
+                store.create(&e).await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let cookie = login(addr, &lab.ctl.admin_token).await;
+    let total = |body: &str| {
+        body.split("data-total=\"")
+            .nth(1)
+            .and_then(|r| r.split('"').next())
+            .and_then(|n| n.parse::<usize>().ok())
+    };
+    let rows = |body: &str| body.matches("<tr data-exporter=").count();
+    // The view follows the store's watch: wait (bounded) until it has them all.
+    let mut first = None;
+    for _ in 0..300 {
+        let a = get(addr, "/ui?per_page=500", Some(&cookie)).await;
+        if total(&a.body) == Some(N) {
+            first = Some(a);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let first = first.expect("the fleet never showed every exporter");
+    assert_eq!(rows(&first.body), 500);
+    assert!(first.body.contains("data-exporter=\"default/e00000\""));
+    assert!(first.body.contains("page 1 of 5"), "{}", first.body);
+
+    let last = get(addr, "/ui?per_page=500&page=5", Some(&cookie)).await;
+    assert_eq!(rows(&last.body), 500);
+    assert!(last.body.contains(&format!("default/e{:05}", N - 1)));
+    let past = get(addr, "/ui?per_page=500&page=4000000", Some(&cookie)).await;
+    assert!(past.body.contains("page 5 of 5"), "{}", past.body);
+    let default = get(addr, "/ui", Some(&cookie)).await;
+    assert_eq!(rows(&default.body), 100);
+
+    let even = get(
+        addr,
+        "/ui?selector=parity%3Deven&per_page=500&page=3",
+        Some(&cookie),
+    )
+    .await;
+    assert_eq!(total(&even.body), Some(N / 2));
+    assert_eq!(even.body.matches("parity=odd").count(), 0);
+    let search = get(addr, "/ui?q=e0123", Some(&cookie)).await;
+    // e01230..e01239
+    assert_eq!(total(&search.body), Some(10), "{}", search.body);
+    let sorted = get(addr, "/ui?sort=status&per_page=10", Some(&cookie)).await;
+    assert_eq!(sorted.status, 200);
+    assert_eq!(rows(&sorted.body), 10);
+    lab.ctl.shutdown().await;
+}
