@@ -45,6 +45,10 @@ use crate::{
     store::{ListParams, Store, StoreError, StoreObject},
 };
 
+/// Annotations under this prefix are written by the pool engine (a replica being retired):
+/// `Apply` keeps them when the document does not name them, as it keeps system labels.
+pub const SYSTEM_ANNOTATION_PREFIX: &str = "virtualtarget.jumpstarter.dev/";
+
 pub use super::admin_checks::DEFAULT_NAMESPACE;
 pub(crate) use super::admin_checks::{created, label_problem, validate_namespace};
 
@@ -103,7 +107,8 @@ impl<S: Store> AdminApi<S> {
     }
 
     /// Creates `desired`, or updates the stored object of its name to its spec, labels and
-    /// annotations (keeping the stored labels `keep` selects, which are the system's);
+    /// annotations (keeping the stored labels `keep` selects and the annotations under
+    /// [`SYSTEM_ANNOTATION_PREFIX`], which are the system's);
     /// `created`, `configured` or `unchanged` and the object as stored. A write that meets
     /// another one (the pool engine writing a set's status) is tried again, a few times.
     async fn apply_object<K: StoreObject>(
@@ -174,7 +179,13 @@ impl<S: Store> AdminApi<S> {
                 labels.entry(k.clone()).or_insert_with(|| v.clone());
             }
         }
-        let annotations = desired.meta().annotations.clone().unwrap_or_default();
+        // The pool engine's annotations (a replica being retired) are the system's too.
+        let mut annotations = desired.meta().annotations.clone().unwrap_or_default();
+        for (k, v) in old.meta().annotations.iter().flatten() {
+            if k.starts_with(SYSTEM_ANNOTATION_PREFIX) {
+                annotations.entry(k.clone()).or_insert_with(|| v.clone());
+            }
+        }
         if let Some(m) = next.get_mut("metadata").and_then(|m| m.as_object_mut()) {
             for (field, map) in [("labels", labels), ("annotations", annotations)] {
                 if map.is_empty() {

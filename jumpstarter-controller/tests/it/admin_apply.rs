@@ -120,8 +120,8 @@ async fn apply_on_the_kubernetes_store() {
         .into_inner();
     assert_eq!((got.max_replicas, got.selector.as_str()), (5, "pool=mock"));
 
-    // An exporter's own labels (reported at registration) stay when its document is applied
-    // again without them.
+    // An exporter's own labels (reported at registration) and the pool engine's annotations
+    // stay when its document is applied again without them.
     let exporter = "apiVersion: jumpstarter.dev/v1alpha1
 kind: Exporter
 metadata: {name: board, labels: {board: rpi4}}
@@ -139,6 +139,14 @@ metadata: {name: board, labels: {board: rpi4}}
         .labels
         .get_or_insert_default()
         .insert("jumpstarter.dev/name".into(), "board".into());
+    // The pool engine's annotation stays too; one a person added by hand goes, as the
+    // document does not carry it.
+    let annotations = e.metadata.annotations.get_or_insert_default();
+    annotations.insert(
+        "virtualtarget.jumpstarter.dev/retiring".into(),
+        "scaled down".into(),
+    );
+    annotations.insert("note".into(), "by hand".into());
     store.update(&e).await.unwrap();
     let relabelled = exporter.replace("board: rpi4", "board: rpi5");
     let out = admin
@@ -151,6 +159,14 @@ metadata: {name: board, labels: {board: rpi4}}
     let labels = e.metadata.labels.unwrap();
     assert_eq!(labels["board"], "rpi5");
     assert_eq!(labels["jumpstarter.dev/name"], "board");
+    let annotations = e.metadata.annotations.unwrap_or_default();
+    assert_eq!(
+        annotations
+            .get("virtualtarget.jumpstarter.dev/retiring")
+            .map(String::as_str),
+        Some("scaled down")
+    );
+    assert!(!annotations.contains_key("note"), "{annotations:?}");
 
     // A bad document among good ones: nothing is written, the document is named.
     let mut bad = vec![DOCS[0].replace("name: local", "name: other")];
