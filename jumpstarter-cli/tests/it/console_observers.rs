@@ -16,6 +16,11 @@ use crate::{J, JMP, Running, Scratch, hooks::upstream_venv, start_exporter, text
 const WAIT: Duration = Duration::from_secs(20);
 
 fn config(device: &str) -> String {
+    config_with(device, "")
+}
+
+/// [`config`] with `extra` (indented) lines in the console's config.
+fn config_with(device: &str, extra: &str) -> String {
     format!(
         "apiVersion: jumpstarter.dev/v1alpha1
 kind: ExporterConfig
@@ -29,7 +34,7 @@ export:
     type: jumpstarter_driver_pyserial.driver.PySerial
     config:
       url: \"{device}\"
-"
+{extra}"
     )
 }
 
@@ -74,11 +79,16 @@ struct Lab {
 
 impl Lab {
     fn start() -> Self {
+        Self::start_with("")
+    }
+
+    /// [`Lab::start`] with `extra` lines in the console's config.
+    fn start_with(extra: &str) -> Self {
         let board = Pty::open().unwrap();
         let s = Scratch::new();
         s.write(
             "exporter.yaml",
-            &config(&board.device_path.display().to_string()),
+            &config_with(&board.device_path.display().to_string(), extra),
         );
         let (exporter, port) = start_exporter(&s, &["--tls-grpc-insecure"]);
         Self {
@@ -288,6 +298,55 @@ async fn a_writer_and_two_observers_one_late_share_a_console() {
         1,
         "{}",
         writer.seen()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observer_past_its_budget_reads_the_newest_bytes_after_a_marker_and_the_writer_all() {
+    // Each observer may receive 2 KB/s after its first 64 KB; the board prints 256 KiB of
+    // numbered lines as fast as the pty takes them.
+    let mut lab = Lab::start_with("      observer_bytes_per_second: 2048\n");
+    let writer = lab.client(&["pipe"]);
+    let observer = lab.client(&["pipe", "--observe"]);
+    lab.wait_status("Total clients: 2");
+    let mut source: String = (0..32768).map(|i| format!("{i:07}\n")).collect();
+    source.push_str("the end\n");
+    lab.board_says(&source).await;
+    writer.wait_for("the end\n", "the writer");
+    observer.wait_for("the end\n", "the observer");
+    assert!(writer.seen() == source, "the writer lost bytes");
+    // The observer read stretches of the board's output in order, each after a marker that
+    // counts exactly the bytes it skipped, and ends with the newest.
+    let seen = observer.seen();
+    let (mut at, mut pos, mut received, mut markers) = (0, 0, 0, 0);
+    while at < seen.len() {
+        let rest = &seen[at..];
+        let next = rest.find("\r\n[");
+        let data = &rest[..next.unwrap_or(rest.len())];
+        assert_eq!(
+            data,
+            &source[pos..pos + data.len()],
+            "a stretch at byte {pos} is not the board's"
+        );
+        (pos, received, at) = (pos + data.len(), received + data.len(), at + data.len());
+        if next.is_some() {
+            let end = at + seen[at..].find("]\r\n").unwrap();
+            let n: usize = seen[at + 3..end]
+                .strip_suffix(" bytes dropped")
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("not a marker: {:?}", &seen[at..end + 3]));
+            (pos, markers, at) = (pos + n, markers + 1, end + 3);
+        }
+    }
+    assert_eq!(pos, source.len(), "stretches and markers cover the output");
+    assert!(
+        markers >= 1,
+        "nothing was dropped: {received} bytes received"
+    );
+    assert!(
+        received < source.len() / 2,
+        "{received} of {} bytes at 2 KB/s",
+        source.len()
     );
 }
 
