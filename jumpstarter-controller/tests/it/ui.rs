@@ -591,3 +591,82 @@ async fn the_fleet_pages_through_thousands_of_exporters() {
     assert_eq!(rows(&sorted.body), 10);
     lab.ctl.shutdown().await;
 }
+
+/// The same dashboard over the Kubernetes store (the in-memory fake API server): the fleet
+/// shows what the store holds, the event stream reports a change, and an admin action writes
+/// to the cluster.
+#[cfg(feature = "kubernetes")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_works_over_the_kubernetes_store() {
+    use jumpstarter_controller::{
+        ControllerConfig, start_with_store, store::KubeStore, testing::FakeApiServer,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let api = FakeApiServer::new();
+    let store = KubeStore::new(api.client()).with_watch_timeout(5);
+    let ctl = start_with_store(
+        ControllerConfig {
+            ui_listen: Some("127.0.0.1:0".into()),
+            ..ControllerConfig::loopback(dir.path().join("data"))
+        },
+        store.clone(),
+    )
+    .await
+    .unwrap();
+    let addr = ctl.ui_addr().expect("the dashboard listens");
+    let new_exporter = |name: &str| {
+        let mut e = Exporter::new(name, ExporterSpec::default());
+        e.metadata.namespace = Some("default".into());
+        e
+    };
+    store.create(&new_exporter("k1")).await.unwrap();
+    let cookie = login(addr, &ctl.admin_token).await;
+    let mut shown = false;
+    for _ in 0..200 {
+        let page = get(addr, "/ui", Some(&cookie)).await;
+        assert_eq!(page.status, 200, "{}", page.body);
+        if page.body.contains("data-exporter=\"default/k1\"") {
+            shown = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(shown, "the fleet never showed the exporter");
+
+    let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+    c.write_all(
+        format!("GET /ui/events HTTP/1.1\r\nHost: localhost\r\nCookie: {cookie}\r\n\r\n")
+            .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut seen = String::new();
+    let mut buf = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let mut created = false;
+    while !seen.contains("exporters") {
+        if !created && seen.contains("event: ready") {
+            seen.clear();
+            store.create(&new_exporter("k2")).await.unwrap();
+            created = true;
+        }
+        match tokio::time::timeout_at(deadline, c.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => seen.push_str(&String::from_utf8_lossy(&buf[..n])),
+            _ => panic!("the stream ended or stalled: {seen}"),
+        }
+    }
+    assert!(created && seen.contains("event: change"), "{seen}");
+
+    let token = csrf(addr, &cookie).await;
+    let a = post(
+        addr,
+        "/ui/exporters/default/k1/disable",
+        Some(&cookie),
+        &format!("csrf={token}"),
+    )
+    .await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    let e: Exporter = store.get("default", "k1").await.unwrap().unwrap();
+    assert!(!e.is_enabled());
+    ctl.shutdown().await;
+}
