@@ -43,7 +43,17 @@
       if (parts.some(function (p) { return watched.indexOf(p) >= 0; })) { refresh(); }
     });
     es.addEventListener("logout", function () { es.close(); location.assign("/ui/login"); });
-    es.onerror = function () { if (live) { live.className = "live off"; } };
+    es.onerror = function () {
+      if (live) { live.className = "live off"; }
+      // Refused (the login ended, or the controller restarted and forgot it): log in again.
+      // While the controller is only unreachable the browser keeps reconnecting.
+      if (es.readyState === EventSource.CLOSED) {
+        fetch("/ui/events", { credentials: "same-origin" }).then(function (r) {
+          if (r.status === 401) { location.assign("/ui/login"); }
+          else if (r.body && r.body.cancel) { r.body.cancel(); }
+        }).catch(function () {});
+      }
+    };
   }
 
   document.addEventListener("click", function (ev) {

@@ -592,6 +592,141 @@ async fn the_fleet_pages_through_thousands_of_exporters() {
     lab.ctl.shutdown().await;
 }
 
+/// The fleet and the exporter page leave out the labels clients are not shown (the
+/// controller's `hiddenLabels`, deprecated labels and `hidden.jumpstarter.dev/` keys), as
+/// `jmp get exporters` does; a selector still matches them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hidden_labels_are_not_shown() {
+    let lab = lab_configured(|c| {
+        c.ui_listen = Some("127.0.0.1:0".into());
+        c.label_policy.hidden.insert("secret-site".into());
+        c.label_policy
+            .deprecated
+            .insert("old-board".into(), "use board".into());
+    })
+    .await;
+    let addr = lab.ctl.ui_addr().unwrap();
+    lab.exporter(
+        "e1",
+        &[
+            ("board", "rpi4"),
+            ("secret-site", "bunker"),
+            ("old-board", "pi"),
+            ("hidden.jumpstarter.dev/serial", "sn-42"),
+        ],
+    )
+    .await;
+    let cookie = login(addr, &lab.ctl.admin_token).await;
+    for path in ["/ui", "/ui/exporters/default/e1"] {
+        let page = get(addr, path, Some(&cookie)).await;
+        assert_eq!(page.status, 200, "{path}: {}", page.body);
+        assert!(page.body.contains("board=rpi4"), "{path}: {}", page.body);
+        for hidden in ["bunker", "old-board", "sn-42"] {
+            assert!(
+                !page.body.contains(hidden),
+                "{path} shows {hidden}: {}",
+                page.body
+            );
+        }
+    }
+    let matched = get(addr, "/ui?selector=secret-site%3Dbunker", Some(&cookie)).await;
+    assert!(matched.body.contains("data-exporter=\"default/e1\""));
+    // A search does not find an exporter by a label it does not show.
+    let searched = get(addr, "/ui?q=bunker", Some(&cookie)).await;
+    assert!(
+        !searched.body.contains("data-exporter="),
+        "{}",
+        searched.body
+    );
+    lab.ctl.shutdown().await;
+}
+
+/// An exporter's page shows its driver tree, its recent leases and the log lines they
+/// pushed, and says what the controller does not record (hook runs, health-check history).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_exporter_page_shows_drivers_leases_and_log_lines() {
+    use jumpstarter_controller::objects::Device;
+    let (lab, addr) = ui_lab().await;
+    lab.client("alice").await;
+    lab.exporter("e1", &[]).await;
+    let device = |uuid: &str, parent: Option<&str>, name: &str| Device {
+        uuid: uuid.into(),
+        parent_uuid: parent.map(Into::into),
+        labels: [
+            ("jumpstarter.dev/name".to_string(), name.to_string()),
+            (
+                "jumpstarter.dev/client".to_string(),
+                "jumpstarter_driver_power.client.PowerClient".to_string(),
+            ),
+        ]
+        .into_iter()
+        .collect(),
+    };
+    jumpstarter_controller::testing::update_exporter_status(
+        &lab.ctl.state.store,
+        "default",
+        "e1",
+        |e| {
+            e.status.get_or_insert_with(Default::default).devices = Some(vec![
+                device("u-root", None, "board-root"),
+                device("u-power", Some("u-root"), "power-outlet"),
+            ]);
+        },
+    )
+    .await;
+    lease(&lab, "l1", "alice", "e1").await;
+    let logs = lab
+        .ctl
+        .state
+        .lease_logs
+        .as_ref()
+        .expect("log gathering is on");
+    logs.append(
+        "default",
+        "l1",
+        vec![jumpstarter_proto::v1::LogEntry {
+            timestamp: Some(prost_types::Timestamp {
+                seconds: 1_800_000_000,
+                nanos: 0,
+            }),
+            severity: "info".into(),
+            message: "power <on> went fine".into(),
+            component: "exporter".into(),
+            lease: "l1".into(),
+            namespace: "default".into(),
+            ..Default::default()
+        }],
+    );
+    let cookie = login(addr, &lab.ctl.admin_token).await;
+    let mut page = String::new();
+    for _ in 0..200 {
+        page = get(addr, "/ui/exporters/default/e1", Some(&cookie))
+            .await
+            .body;
+        if page.contains("power-outlet") && page.contains("data-lease=\"default/l1\"") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for want in [
+        "id=\"drivers\"",
+        "board-root",
+        "power-outlet",
+        "PowerClient",
+        "data-lease=\"default/l1\"",
+        "power &lt;on&gt; went fine",
+        "No hook run is recorded here",
+        "Health-check history",
+    ] {
+        assert!(page.contains(want), "{want}: {page}");
+    }
+    // The child sits under its parent.
+    let root = page.find("board-root").unwrap();
+    let child = page.find("power-outlet").unwrap();
+    assert!(page[root..child].contains("<ul>"), "{page}");
+    lab.ctl.shutdown().await;
+}
+
 /// The same dashboard over the Kubernetes store (the in-memory fake API server): the fleet
 /// shows what the store holds, the event stream reports a change, and an admin action writes
 /// to the cluster.
