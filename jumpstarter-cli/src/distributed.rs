@@ -15,6 +15,7 @@ use jumpstarter_core::{
     client::{
         ControllerClient, LeaseRequest, LeaseSession,
         lease::{self, LeaseError, LeaseSource},
+        timings,
         tunnel::{self, RetryPolicy},
     },
     config::{ClientConfig, ExporterConfig},
@@ -109,7 +110,9 @@ fn retry_events(timeout: Duration) -> tunnel::TunnelEvents {
 /// runs `command` (or a shell) there and releases the lease afterwards. Returns the
 /// command's exit code.
 pub async fn shell(toolkit: &crate::Toolkit, opts: ShellLease, command: &[String]) -> Result<i32> {
+    let step = timings::step("client config loaded");
     let cfg = ClientConfig::resolve(opts.client_config.as_deref(), opts.client.as_deref())?;
+    step.end();
     let existing = opts
         .lease
         .clone()
@@ -163,9 +166,11 @@ pub async fn shell(toolkit: &crate::Toolkit, opts: ShellLease, command: &[String
         LeaseSource::Create(req) => req.lease_id.clone(),
         LeaseSource::Existing(_) => None,
     };
+    let step = timings::step("controller connection (TCP, TLS, HTTP/2)");
     let controller = ControllerClient::connect(&cfg)
         .await
         .map_err(|e| crate::hints::controller_error(&cfg, e.into()))?;
+    step.end();
     // `grpcOptions` apply to the router channels too, as upstream's client applies them
     // (already checked when the controller channel was opened).
     let router_keepalive = jumpstarter_core::client::grpc_options::keepalive(
@@ -176,6 +181,7 @@ pub async fn shell(toolkit: &crate::Toolkit, opts: ShellLease, command: &[String
     let waiting = QuietWait::new(WAIT_NOTICE_DELAY);
     // The exporter is reached once before the command starts: a router that stays
     // unreachable (past --retry-timeout) is one clear error here, not one per command.
+    let acquiring = timings::step("lease acquired, exporter reached");
     let opened = tokio::select! {
         r = LeaseSession::from_source(&controller, source)
             .acquisition_timeout(timeout)
@@ -199,6 +205,7 @@ pub async fn shell(toolkit: &crate::Toolkit, opts: ShellLease, command: &[String
         }
     };
     waiting.stop();
+    acquiring.end();
     let session = match opened {
         Ok(session) => session,
         Err(e @ LeaseError::Connect(_)) => return Err(unreachable(e, retry)),
@@ -212,17 +219,7 @@ pub async fn shell(toolkit: &crate::Toolkit, opts: ShellLease, command: &[String
     );
     if lease.owned {
         // The deprecated labels its selector uses, as upstream main warns of them.
-        match controller.get_lease(&lease.name).await {
-            Ok(l) => crate::resources::warn_deprecated_selector_labels(
-                None,
-                &l.deprecated_labels.into_iter().collect(),
-            ),
-            Err(e) => tracing::debug!(
-                "lease {}: {e}",
-                lease.name,
-                e = jumpstarter_core::error_chain(&e)
-            ),
-        }
+        crate::resources::warn_deprecated_selector_labels(None, &lease.deprecated_labels);
     }
 
     // Extensions come from this process only: they stop when the command is done (below) or
@@ -244,24 +241,30 @@ pub async fn shell(toolkit: &crate::Toolkit, opts: ShellLease, command: &[String
             ),
             None => eprintln!("Connected to {} via router", lease.exporter),
         }
+        let step = timings::step("local socket served");
         let server = tokio::spawn(lease.serve_local_via(&socket, direct, cancel.clone())?);
         let mut env = shell::base_env(&socket.to_string_lossy());
         env.insert("JMP_DRIVERS_ALLOW".into(), drivers_allow(&cfg));
         env.insert("JMP_LEASE".into(), lease.name.clone());
         env.insert("JMP_EXPORTER".into(), lease.exporter.clone());
         env.insert("JMP_EXPORTER_LABELS".into(), lease.labels_env());
+        step.end();
         // The hooks: their output shows while the shell lives; the command starts once the
-        // beforeLease hook is over, and the afterLease hook runs when it exits.
-        let channel = jumpstarter_core::client::connect_channel(
-            &socket.to_string_lossy(),
-            &jumpstarter_core::client::ConnectOptions::default(),
-        )
-        .await?;
+        // beforeLease hook is over, and the afterLease hook runs when it exits. Over the
+        // session's own channel (the tunnel that reached the exporter, or the direct path),
+        // not a second tunnel through the local socket.
+        let channel = session.channel().await?;
         let logs = crate::hook_wait::follow_logs(channel.clone(), opts.exporter_logs);
         let mut server = Some(server);
         let mut watch = RunWatch::default();
+        let step = timings::step("exporter ready (GetStatus)");
+        let ready = async {
+            let ready = session.wait_ready_on(channel.clone()).await;
+            step.end();
+            ready
+        };
         let (code, end) = tokio::select! {
-            ready = session.wait_ready_on(channel.clone()) => match crate::hook_wait::on_ready(ready, || lease.refusal()) {
+            ready = ready => match crate::hook_wait::on_ready(ready, || lease.refusal()) {
                 Ok(None) => {
                     let (code, end) = run_until_end(
                         lease, (command, &env, toolkit.j_program()), &socket, &cancel,
@@ -270,6 +273,7 @@ pub async fn shell(toolkit: &crate::Toolkit, opts: ShellLease, command: &[String
                     .await;
                     // EndSession (and the afterLease output) only while the lease lives.
                     if end_session && end.is_none() {
+                        let _step = timings::step("EndSession, afterLease hook awaited");
                         match crate::hook_wait::on_ended(session.end_session_on(channel).await) {
                             Ok(()) => (code, end),
                             Err(e) => (Err(e), end),
@@ -283,13 +287,17 @@ pub async fn shell(toolkit: &crate::Toolkit, opts: ShellLease, command: &[String
             },
             sig = terminated() => (Ok(128 + sig), None),
         };
+        let step = timings::step("log follower stopped");
         crate::hook_wait::stop_logs(logs).await;
+        step.end();
+        let step = timings::step("tunnels closed");
         cancel.cancel();
         if let Some(server) = server {
             let _ = server.await;
         }
         watch.stop().await;
         drop(dir);
+        step.end();
         match end {
             Some(end) => {
                 ended = true;
@@ -391,7 +399,12 @@ async fn run_until_end(
         announced: true,
         j_program,
     };
-    let child = shell::run_child(command, env, &lease.exporter, announced);
+    let step = timings::step("command ran");
+    let child = async {
+        let code = shell::run_child(command, env, &lease.exporter, announced).await;
+        step.end();
+        code
+    };
     let signal = terminated();
     let ends = lease_end::watch(lease);
     tokio::pin!(child, signal, ends);

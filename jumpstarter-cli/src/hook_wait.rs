@@ -53,10 +53,14 @@ pub fn follow_logs(channel: SessionChannel, all: bool) -> LogFollower {
                 Ok(response) => {
                     let mut records = response.into_inner();
                     while let Ok(Some(r)) = records.message().await {
-                        let at = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-                        seen.store(at.max(1), Ordering::Relaxed);
                         let (label, hook) = source_label(r.source);
                         if hook || all {
+                            // Only what is printed counts for the drain: the backlog the
+                            // stream starts with (the lease's start, the exporter's own
+                            // lines) would otherwise hold every exit for LOG_QUIET.
+                            let at =
+                                u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+                            seen.store(at.max(1), Ordering::Relaxed);
                             if hook && r.severity == "INFO" {
                                 eprintln!("[{label}] {}", r.message);
                             } else {
@@ -82,15 +86,23 @@ pub fn follow_logs(channel: SessionChannel, all: bool) -> LogFollower {
 pub struct LogFollower {
     task: JoinHandle<()>,
     started: Instant,
-    /// When the last record arrived, in milliseconds since `started` (0: none yet).
+    /// When the last printed record arrived, in milliseconds since `started` (0: none
+    /// yet).
     last: Arc<AtomicU64>,
 }
 
 impl LogFollower {
-    /// How long the stream has been quiet.
+    /// How long since the last printed record; [`Duration::MAX`] when none was printed: a
+    /// session without hook output (and without `--exporter-logs`) has nothing to drain. The
+    /// records of an afterLease hook come before its end's status, on the same connection.
     fn quiet_for(&self) -> Duration {
-        let last = Duration::from_millis(self.last.load(Ordering::Relaxed));
-        self.started.elapsed().saturating_sub(last)
+        match self.last.load(Ordering::Relaxed) {
+            0 => Duration::MAX,
+            last => self
+                .started
+                .elapsed()
+                .saturating_sub(Duration::from_millis(last)),
+        }
     }
 }
 
@@ -164,9 +176,10 @@ pub fn on_ended(ended: Ended) -> Result<()> {
     Ok(())
 }
 
-/// Stops the log follower after letting the last records arrive: once the stream has been
-/// quiet for [`LOG_QUIET`], at most [`LOG_DRAIN`] after the call. (A fixed drain added
-/// 300 ms to every `jmp shell`, hooks or not.)
+/// Stops the log follower after letting the last records arrive: once no record to print
+/// has come for [`LOG_QUIET`], at most [`LOG_DRAIN`] after the call. (A fixed drain added
+/// 300 ms to every `jmp shell`, hooks or not; counting records that are not printed held
+/// every exit for [`LOG_QUIET`] after the stream's backlog.)
 pub async fn stop_logs(logs: LogFollower) {
     let deadline = Instant::now() + LOG_DRAIN;
     loop {

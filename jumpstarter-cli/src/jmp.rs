@@ -1,11 +1,15 @@
 //! `jmp`: the Jumpstarter CLI.
 
-use std::{path::PathBuf, process::ExitCode, time::Duration};
+use std::{
+    path::PathBuf,
+    process::ExitCode,
+    time::{Duration, Instant},
+};
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use jumpstarter_core::{
-    client::{ConnectOptions, ExporterSession},
+    client::{ConnectOptions, ExporterSession, timings},
     config::{ExporterConfig, exporter_config_path},
     server::{
         ServeOptions,
@@ -179,6 +183,11 @@ struct ShellArgs {
     /// build_id=123. On every log line of the lease
     #[arg(long, value_name = "KEY=VALUE")]
     context: Vec<String>,
+    /// Print on stderr, at exit, where the time went: each step (config, controller
+    /// connection, lease, tunnel, command, release) with its start and duration since the
+    /// process started, in milliseconds. Also JMP_TIMINGS=1.
+    #[arg(long)]
+    timings: bool,
     /// The command to run instead of a shell.
     #[arg(
         trailing_var_arg = true,
@@ -276,16 +285,38 @@ impl RunArgs {
 
 /// Entry point of the `jmp` binary: the stock drivers.
 pub fn main() -> ExitCode {
-    main_with(crate::Toolkit::stock())
+    let started = Instant::now();
+    let toolkit = crate::Toolkit::stock();
+    timed_main(toolkit, started)
 }
 
 /// Entry point of a lab's own `jmp`: every command and flag of `jmp`, with the drivers of
 /// `toolkit` (`jmp run`, local `jmp shell`, `jmp driver list`, the config check of
 /// `jmp config exporter edit`) and its `j` commands and `j` program (`jmp mcp`).
 pub fn main_with(toolkit: crate::Toolkit) -> ExitCode {
+    timed_main(toolkit, Instant::now())
+}
+
+/// [`main_with`], the timeline of `--timings` / `JMP_TIMINGS` counted from `started`.
+fn timed_main(toolkit: crate::Toolkit, started: Instant) -> ExitCode {
+    let before_parse = Instant::now();
     crate::pipe::exit_quietly_on_closed_stdout();
     crate::completion::answer_if_asked(<Cli as clap::CommandFactory>::command);
     let cli = Cli::parse();
+    if timings::wanted_by_env() || matches!(&cli.command, Command::Shell(s) if s.timings) {
+        timings::start(started);
+        timings::record("drivers registered", started, before_parse);
+        timings::record("arguments parsed", before_parse, Instant::now());
+    }
+    let code = untimed_main(cli, &toolkit);
+    if let Some(text) = timings::render() {
+        eprint!("{text}");
+    }
+    code
+}
+
+fn untimed_main(cli: Cli, toolkit: &crate::Toolkit) -> ExitCode {
+    let setup = timings::step("logging and async runtime set up");
     let json = matches!(&cli.command, Command::Run(r) if r.log_format == "json");
     // `jmp run` exports traces when an OTLP endpoint is set.
     let _traces = match &cli.command {
@@ -320,7 +351,11 @@ pub fn main_with(toolkit: crate::Toolkit) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let result = rt.block_on(run(cli, &toolkit));
+    setup.end();
+    let result = rt.block_on(run(cli, toolkit));
+    let shutdown = timings::step("async runtime shut down");
+    drop(rt);
+    shutdown.end();
     // With JSON logs, the lines logged so far go out before the process does.
     jumpstarter_core::logging::flush();
     match result {

@@ -160,9 +160,11 @@ pub async fn run_child(
     // If jmp is told to stop while the child runs, the child must not outlive it.
     cmd.kill_on_drop(true);
     let program = command.first().cloned().unwrap_or_else(|| "shell".into());
+    let spawning = jumpstarter_core::client::timings::step("command spawned");
     let mut child = cmd
         .spawn()
         .with_context(|| format!("cannot run {program:?}"))?;
+    spawning.end();
     let logs = opts
         .exporter_logs
         .then(|| tokio::spawn(print_exporter_logs(env.clone())));

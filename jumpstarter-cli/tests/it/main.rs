@@ -31,6 +31,7 @@ mod qemu;
 mod router_faults;
 mod selectors;
 mod sharing;
+mod shell_timings;
 mod single_lease;
 mod storage;
 mod token_expiry;

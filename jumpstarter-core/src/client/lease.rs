@@ -40,6 +40,7 @@ use crate::{
         channel::AuthChannel,
         controller::{ControllerClient, LeaseRequest},
         direct::{self, DIRECT_CONNECT_TIMEOUT, DIRECT_COPY_BUFFER, DirectTarget},
+        timings,
         tunnel::{self, RetryPolicy, TicketError, TicketSource, TunnelTicket},
     },
     sync::LockExt,
@@ -185,11 +186,20 @@ pub async fn acquire(
     acquisition_timeout: Duration,
     mut on_wait: impl FnMut(&str, &str),
 ) -> Result<AcquiredLease, LeaseError> {
+    // A controller of ours answers `CreateLease` once its scheduler has looked at the new
+    // lease: a lease granted at once comes back ready, and needs no `GetLease` poll.
+    let mut granted = None;
     let (resource, owned) = match &source {
         LeaseSource::Create(req) => {
             req.check()?;
+            let step = timings::step("CreateLease");
             let lease = controller.create_lease(req).await?;
-            (lease.name, true)
+            step.end();
+            let name = lease.name.clone();
+            if matches!(lease_state(&lease), LeaseState::Ready) && lease.exporter.is_some() {
+                granted = Some(lease);
+            }
+            (name, true)
         }
         LeaseSource::Existing(name) => {
             if name.trim().is_empty() {
@@ -199,16 +209,26 @@ pub async fn acquire(
         }
     };
     let name = short_name(&resource).to_string();
-    let waited = wait_ready(
-        controller,
-        &resource,
-        &name,
-        acquisition_timeout,
-        &mut on_wait,
-    )
-    .await;
+    let mut step = timings::step("lease granted");
+    let waited = match granted {
+        Some(lease) => Ok((lease, 0)),
+        None => {
+            wait_ready(
+                controller,
+                &resource,
+                &name,
+                acquisition_timeout,
+                &mut on_wait,
+            )
+            .await
+        }
+    };
     let lease = match waited {
-        Ok(l) => l,
+        Ok((l, polls)) => {
+            step.detail(|| format!("{polls} GetLease"));
+            step.end();
+            l
+        }
         Err(e) => {
             if owned && let Err(d) = controller.delete_lease(&resource).await {
                 tracing::debug!("releasing lease {name} after a failure: {d}");
@@ -217,6 +237,7 @@ pub async fn acquire(
         }
     };
     let exporter_resource = lease.exporter.clone().unwrap_or_default();
+    let step = timings::step("GetExporter (labels)");
     let exporter_labels = controller
         .get_exporter(&exporter_resource, false)
         .await
@@ -228,6 +249,7 @@ pub async fn acquire(
             );
             BTreeMap::new()
         });
+    step.end();
     Ok(AcquiredLease {
         dialer: Arc::new(LeaseDialer {
             channel: controller.channel.clone(),
@@ -238,6 +260,7 @@ pub async fn acquire(
         retry: RetryPolicy::new(tunnel::DEFAULT_RETRY_TIMEOUT),
         exporter: short_name(&exporter_resource).to_string(),
         exporter_labels,
+        deprecated_labels: lease.deprecated_labels.into_iter().collect(),
         name,
         resource,
         owned,
@@ -250,13 +273,15 @@ async fn wait_ready(
     name: &str,
     timeout: Duration,
     on_wait: &mut impl FnMut(&str, &str),
-) -> Result<Lease, LeaseError> {
+) -> Result<(Lease, u32), LeaseError> {
     let start = tokio::time::Instant::now();
+    let mut polls = 0;
     let deadline = start + timeout;
     let mut last = String::new();
     let mut interval = FIRST_POLL;
     let mut reminder = Reminder::new(start);
     loop {
+        polls += 1;
         let lease = match controller.get_lease(resource).await {
             Ok(lease) => lease,
             // The controller restarting, or away for a moment: the lease is still queued
@@ -287,7 +312,7 @@ async fn wait_ready(
             Err(e) => return Err(e),
         };
         let why = match lease_state(&lease) {
-            LeaseState::Ready => return Ok(lease),
+            LeaseState::Ready => return Ok((lease, polls)),
             LeaseState::Failed(state, message) => {
                 return Err(LeaseError::Failed {
                     lease: name.to_string(),
@@ -361,7 +386,10 @@ impl TicketSource for LeaseDialer {
         let mut ctl = ControllerServiceClient::new(self.channel.clone());
         let deadline = tokio::time::Instant::now() + DIAL_TIMEOUT;
         let mut delay = Duration::from_millis(300);
+        let mut step = timings::step("Dial");
+        let mut tries = 0;
         loop {
+            tries += 1;
             let r = ctl
                 .dial(DialRequest {
                     lease_name: self.lease.clone(),
@@ -369,6 +397,9 @@ impl TicketSource for LeaseDialer {
                 .await;
             match r {
                 Ok(r) => {
+                    if tries > 1 {
+                        step.detail(|| format!("{tries} tries"));
+                    }
                     let r = r.into_inner();
                     return Ok(TunnelTicket {
                         router_endpoint: r.router_endpoint,
@@ -418,6 +449,9 @@ pub struct AcquiredLease {
     pub exporter: String,
     /// The exporter's labels.
     pub exporter_labels: BTreeMap<String, String>,
+    /// The deprecated labels the lease's selector uses, each with what to use instead, as
+    /// the controller said when the lease became ready (upstream main's warnings).
+    pub deprecated_labels: BTreeMap<String, String>,
     /// Whether we created it (and so release it).
     pub owned: bool,
 }
@@ -479,12 +513,27 @@ impl AcquiredLease {
     /// and returns the first advertised endpoint that answers for the same session within
     /// `timeout` ([`crate::client::direct`]); `None` when there is none (stay on the router).
     pub async fn find_direct(&self, timeout: Duration) -> Result<Option<DirectTarget>, LeaseError> {
+        let step = timings::step("tunnel to the exporter");
         let channel = self.session_channel().await?;
+        step.end();
+        self.find_direct_on(channel, timeout).await
+    }
+
+    /// [`AcquiredLease::find_direct`] over `channel`, a channel to the lease's session
+    /// through the router that the caller keeps for its own calls.
+    pub async fn find_direct_on(
+        &self,
+        channel: SessionChannel,
+        timeout: Duration,
+    ) -> Result<Option<DirectTarget>, LeaseError> {
+        let step = timings::step("GetReport (direct endpoints)");
         let report = ExporterServiceClient::new(channel)
             .get_report(())
             .await
             .map_err(|s| LeaseError::rpc("GetReport", s))?
             .into_inner();
+        step.end();
+        let _step = timings::step("direct endpoints probed");
         Ok(direct::probe(&report.alternative_endpoints, &report.uuid, timeout).await)
     }
 
@@ -608,6 +657,7 @@ impl AcquiredLease {
         if !self.owned {
             return Ok(());
         }
+        let _step = timings::step("DeleteLease");
         self.controller.delete_lease(&self.resource).await
     }
 }

@@ -16,6 +16,7 @@ use crate::{
         direct::{self, DirectTarget},
         lease::{self, AcquiredLease, LeaseSource},
         lease_error::LeaseError,
+        timings,
         tunnel::RetryPolicy,
     },
     hooks::wait::{self, Ended, HOOK_WAIT, Ready},
@@ -102,32 +103,44 @@ impl<'a> LeaseSessionBuilder<'a> {
         let mut session = LeaseSession {
             lease: acquired,
             direct: None,
+            router: None,
             exporter: None,
             hook_timeout,
             ready: AtomicBool::new(false),
             session_ended: AtomicBool::new(false),
             finished: false,
         };
-        let reached = if direct {
-            match session
-                .lease
-                .find_direct(direct::DIRECT_CONNECT_TIMEOUT)
-                .await
-            {
-                Ok(d) => Ok(d),
-                Err(e @ LeaseError::Connect(_)) => Err(e),
-                // The tunnel works but the report is unreadable: stay on the router, the
-                // driver calls will say what is wrong.
-                Err(e) => {
-                    tracing::warn!(
-                        "cannot read the exporter's report: {e}",
-                        e = crate::error_chain(&e)
-                    );
-                    Ok(None)
+        // The first tunnel stays open: the session's own calls (its status, `EndSession`)
+        // use it rather than dialling again.
+        let step = timings::step("tunnel to the exporter");
+        let router = session.lease.session_channel().await;
+        step.end();
+        let reached = match router {
+            Err(e) => Err(e),
+            Ok(router) if direct => {
+                session.router = Some(router.clone());
+                match session
+                    .lease
+                    .find_direct_on(router, direct::DIRECT_CONNECT_TIMEOUT)
+                    .await
+                {
+                    Ok(d) => Ok(d),
+                    Err(e @ LeaseError::Connect(_)) => Err(e),
+                    // The tunnel works but the report is unreadable: stay on the router, the
+                    // driver calls will say what is wrong.
+                    Err(e) => {
+                        tracing::warn!(
+                            "cannot read the exporter's report: {e}",
+                            e = crate::error_chain(&e)
+                        );
+                        Ok(None)
+                    }
                 }
             }
-        } else {
-            session.lease.session_channel().await.map(|_| None)
+            Ok(router) => {
+                session.router = Some(router);
+                Ok(None)
+            }
         };
         match reached {
             Ok(direct) => {
@@ -183,6 +196,9 @@ impl<'a> LeaseSessionBuilder<'a> {
 pub struct LeaseSession {
     lease: AcquiredLease,
     direct: Option<DirectTarget>,
+    /// The channel through the router opened when the exporter was first reached (it dials
+    /// again by itself when its tunnel breaks).
+    router: Option<SessionChannel>,
     exporter: Option<ExporterSession>,
     hook_timeout: Duration,
     ready: AtomicBool,
@@ -234,13 +250,18 @@ impl LeaseSession {
         self.direct.as_ref()
     }
 
-    /// A new gRPC channel to the exporter's session, over the direct path or the router.
+    /// A gRPC channel to the exporter's session: a new one over the direct path, else the
+    /// one through the router that reached the exporter first (shared: HTTP/2 carries many
+    /// calls at once), else a new one through the router.
     pub async fn channel(&self) -> Result<SessionChannel, LeaseError> {
         if let Some(direct) = &self.direct {
             match direct.channel().await {
                 Ok(c) => return Ok(c),
                 Err(e) => tracing::warn!("{e}; using the router", e = crate::error_chain(&e)),
             }
+        }
+        if let Some(router) = &self.router {
+            return Ok(router.clone());
         }
         self.lease.session_channel().await
     }

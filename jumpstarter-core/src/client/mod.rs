@@ -13,6 +13,7 @@ pub mod lease;
 mod lease_error;
 mod lease_session;
 mod session;
+pub mod timings;
 pub mod tls_mismatch;
 pub mod tunnel;
 

@@ -315,6 +315,7 @@ pub async fn connect_with(
     token: &str,
     keepalive: Keepalive,
 ) -> Result<RouterLink, TunnelError> {
+    let _step = crate::client::timings::step("router connection (TCP, TLS, HTTP/2)");
     let channel =
         connect_authenticated_with(endpoint, tls, &ControllerAuth::bearer(token), keepalive)
             .await
