@@ -55,6 +55,8 @@ pub struct ControllerState<S: Store> {
     pub stopping: watch::Sender<bool>,
     /// Poked whenever something may need rescheduling.
     pub wake: Notify,
+    /// The reconcile loop's passes (`CreateLease` waits for the one that sees its lease).
+    pub passes: crate::lease::passes::ReconcilePasses,
     /// The reconcile loop's own copy of the exporters, updated from the cache's changes.
     pub(crate) exporter_view: tokio::sync::Mutex<Option<ExporterView>>,
     /// The reconcile loop's copy of the leases, fed by the store's watch (only for a store
@@ -119,6 +121,7 @@ impl<S: Store> ControllerState<S> {
             fatal: watch::channel(None).0,
             stopping: watch::channel(false).0,
             wake: Notify::new(),
+            passes: Default::default(),
             exporter_view: tokio::sync::Mutex::new(None),
             lease_view: tokio::sync::Mutex::new(None),
             policy_view: Default::default(),

@@ -7,6 +7,7 @@
 pub mod exporter_view;
 pub mod gc;
 pub mod object_view;
+pub mod passes;
 pub mod pending_guard;
 pub mod reconcile;
 pub mod scheduler;

@@ -708,7 +708,10 @@ pub async fn run<S: Store>(
     tokio::pin!(shutdown);
     state.start_exporter_feed();
     loop {
-        let sleep = match reconcile_once(&state).await {
+        state.passes.begin();
+        let pass = reconcile_once(&state).await;
+        state.passes.end();
+        let sleep = match pass {
             Ok(next) => next
                 .map(|t| {
                     let ms = t.duration_since(Timestamp::now()).as_millis().max(0);

@@ -599,6 +599,9 @@ impl<S: Store> ControllerService for ControllerApi<S> {
         // a first wait of 500 ms added half a second to every back-to-back `jmp shell`.
         let mut delay = DIAL_READY_FIRST_WAIT;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        // Woken when the exporter's status changes (its report of LEASE_READY), rather than
+        // only at the end of each wait.
+        let mut updates = self.0.exporters.updates(&caller.namespace, &exporter_name);
         let exporter = loop {
             let e: Exporter = self
                 .0
@@ -629,7 +632,11 @@ impl<S: Store> ControllerService for ControllerApi<S> {
                             "exporter is not ready (status: Available)",
                         ));
                     }
-                    tokio::time::sleep(delay).await;
+                    let changed = tokio::time::timeout(delay, updates.changed()).await;
+                    if matches!(changed, Ok(Err(_))) {
+                        // No more updates (the cache went away): wait the whole delay.
+                        tokio::time::sleep(delay).await;
+                    }
                     delay = (delay * 2).min(Duration::from_secs(3));
                 }
             }

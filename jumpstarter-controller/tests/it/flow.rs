@@ -414,3 +414,133 @@ async fn hidden_and_deprecated_labels_are_left_out_unless_asked() {
         }
     }
 }
+
+fn ready(l: &Lease) -> bool {
+    l.conditions
+        .iter()
+        .any(|c| c.r#type.as_deref() == Some("Ready") && c.status.as_deref() == Some("True"))
+}
+
+fn granted_spec(selector: &str) -> Option<Lease> {
+    Some(Lease {
+        selector: selector.into(),
+        duration: Some(prost_types::Duration {
+            seconds: 300,
+            nanos: 0,
+        }),
+        ..Default::default()
+    })
+}
+
+/// `CreateLease` answers once the scheduler has looked at the new lease: a lease an online,
+/// free exporter can take at once comes back ready (its client need not poll for the
+/// grant); one that must wait comes back waiting, and is granted later as before (what a
+/// client that polls, like upstream's, sees either way).
+#[tokio::test]
+async fn a_lease_granted_at_once_comes_back_ready_and_a_waiting_one_waiting() {
+    let lab = lab().await;
+    let first = lab.client("first").await;
+    let second = lab.client("second").await;
+    let ex = lab.exporter("ex1", &[("board", "g")]).await;
+    let ch = lab.channel().await;
+    let mut ctl = ControllerServiceClient::new(ch.clone());
+    let mut cli = ClientServiceClient::new(ch.clone());
+    // The exporter comes online: registered, available, its Status stream open.
+    ctl.register(req(
+        &ex,
+        RegisterRequest {
+            labels: Default::default(),
+            reports: vec![DriverInstanceReport {
+                uuid: uuid::Uuid::new_v4().to_string(),
+                ..Default::default()
+            }],
+        },
+    ))
+    .await
+    .unwrap();
+    ctl.report_status(req(
+        &ex,
+        ReportStatusRequest {
+            status: ExporterStatus::Available as i32,
+            message: None,
+            release_lease: None,
+        },
+    ))
+    .await
+    .unwrap();
+    let mut status = ctl
+        .status(req(&ex, StatusRequest {}))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!status.next().await.unwrap().unwrap().leased);
+
+    let granted = cli
+        .create_lease(req(
+            &first,
+            CreateLeaseRequest {
+                parent: "namespaces/default".into(),
+                lease_id: String::new(),
+                lease: granted_spec("board=g"),
+            },
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(ready(&granted), "{granted:?}");
+    assert_eq!(
+        granted.exporter.as_deref(),
+        Some("namespaces/default/exporters/ex1")
+    );
+    // What a polling client then reads says the same.
+    let polled = cli
+        .get_lease(req(
+            &first,
+            GetLeaseRequest {
+                name: granted.name.clone(),
+            },
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(ready(&polled) && polled.exporter == granted.exporter);
+
+    // The exporter is taken: the next lease comes back waiting, with its place in the queue.
+    let waiting = cli
+        .create_lease(req(
+            &second,
+            CreateLeaseRequest {
+                parent: "namespaces/default".into(),
+                lease_id: String::new(),
+                lease: granted_spec("board=g"),
+            },
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!ready(&waiting), "{waiting:?}");
+    assert!(waiting.exporter.is_none(), "{waiting:?}");
+    assert!(
+        waiting
+            .conditions
+            .iter()
+            .any(|c| c.r#type.as_deref() == Some("Pending") && c.status.as_deref() == Some("True")),
+        "{waiting:?}"
+    );
+    cli.delete_lease(req(
+        &first,
+        DeleteLeaseRequest {
+            name: granted.name.clone(),
+        },
+    ))
+    .await
+    .unwrap();
+    cli.delete_lease(req(
+        &second,
+        DeleteLeaseRequest {
+            name: waiting.name.clone(),
+        },
+    ))
+    .await
+    .unwrap();
+}
