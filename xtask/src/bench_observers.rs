@@ -17,7 +17,7 @@
 //! round's case without observers. Release binaries (only `jmp` and the `bench_console`
 //! example are built); `--debug` times the debug binaries instead (slower in absolute terms,
 //! the ratio is the figure); `--no-build` takes the binaries as they are; `--rounds N` takes
-//! N rounds of each case (9 by default, 3 with `--quick`).
+//! N rounds of each case (15 by default, 3 with `--quick`).
 //!
 //! Per case: the writer's throughput (MiB/s, and as a share of it without observers); what
 //! each reading observer received (MiB, MiB/s and a share of the bytes the writer moved: an
@@ -104,7 +104,7 @@ const CASES: [Case; 5] = [
 pub fn run(args: &[String]) -> Result<()> {
     let quick = args.iter().any(|a| a == "--quick");
     let debug = args.iter().any(|a| a == "--debug");
-    let (mib, mut rounds) = if quick { (16, 3) } else { (256, 9) };
+    let (mib, mut rounds) = if quick { (16, 3) } else { (256, 15) };
     if let Some(i) = args.iter().position(|a| a == "--rounds") {
         rounds = args
             .get(i + 1)
