@@ -243,17 +243,9 @@ fn ns_name(m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> (&
     )
 }
 
-/// Percent-encodes a query value.
+/// Percent-encodes a query value or path segment (RFC 3986 unreserved characters stay).
 fn enc(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    jumpstarter_core::oidc::url_encode(s)
 }
 
 /// An exporter's labels as clients are shown them: without the controller's `hiddenLabels`

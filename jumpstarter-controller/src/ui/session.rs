@@ -74,7 +74,7 @@ pub struct Login {
     pub role: Role,
     /// The session's CSRF token (put into every form).
     pub csrf: String,
-    /// Who, in words, for the logs: `admin (session 1a2b3c4d)` or `client ns/name`.
+    /// Who, in words, for the logs: `admin (session ab12cd34)` or `client ns/name`.
     pub who: String,
 }
 
