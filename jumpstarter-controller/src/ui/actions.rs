@@ -34,12 +34,12 @@ fn refuse(status: StatusCode, why: impl Into<String>) -> Response {
 }
 
 /// The admin login of an action request, with its CSRF token checked; else 401 or 403.
-fn admin_login<S: Store>(
+async fn admin_login<S: Store>(
     ui: &Ui<S>,
     headers: &HeaderMap,
     form: Result<Form<CsrfForm>, axum::extract::rejection::FormRejection>,
 ) -> Result<Login, Response> {
-    let login = session::api_login(ui, headers)?;
+    let login = session::api_login(ui, headers).await?;
     if !login.is_admin() {
         return Err(refuse(
             StatusCode::FORBIDDEN,
@@ -107,7 +107,7 @@ pub async fn end_lease<S: Store>(
     Path((namespace, name)): Path<(String, String)>,
     form: Result<Form<CsrfForm>, axum::extract::rejection::FormRejection>,
 ) -> Response {
-    let login = match admin_login(&ui, &headers, form) {
+    let login = match admin_login(&ui, &headers, form).await {
         Ok(l) => l,
         Err(r) => return r,
     };
@@ -152,7 +152,7 @@ pub async fn exporter_action<S: Store>(
     Path((namespace, name, action)): Path<(String, String, String)>,
     form: Result<Form<CsrfForm>, axum::extract::rejection::FormRejection>,
 ) -> Response {
-    let login = match admin_login(&ui, &headers, form) {
+    let login = match admin_login(&ui, &headers, form).await {
         Ok(l) => l,
         Err(r) => return r,
     };

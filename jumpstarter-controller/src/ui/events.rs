@@ -45,7 +45,7 @@ pub fn moved(before: &Changes, now: &Changes) -> Vec<&'static str> {
 
 /// `GET /ui/events` (401 without a login).
 pub async fn events<S: Store>(State(ui): UiState<S>, headers: HeaderMap) -> Response {
-    if let Err(r) = session::api_login(&ui, &headers) {
+    if let Err(r) = session::api_login(&ui, &headers).await {
         return r;
     }
     Sse::new(stream(ui, headers))
@@ -101,7 +101,7 @@ fn stream<S: Store>(
             match woke {
                 Woke::Gone => return None,
                 Woke::Recheck => {
-                    if session::login(&f.ui, &f.headers).is_err() {
+                    if session::login(&f.ui, &f.headers).await.is_err() {
                         f.done = true;
                         return Some((Ok(Event::default().event("logout").data("login ended")), f));
                     }
@@ -110,7 +110,7 @@ fn stream<S: Store>(
                 Woke::Changed => {}
             }
             tokio::time::sleep(COALESCE).await;
-            if session::login(&f.ui, &f.headers).is_err() {
+            if session::login(&f.ui, &f.headers).await.is_err() {
                 f.done = true;
                 return Some((Ok(Event::default().event("logout").data("login ended")), f));
             }

@@ -559,7 +559,7 @@ pub async fn fleet<S: Store>(
     headers: HeaderMap,
     query: Result<Query<FleetQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
-    let login = match session::page_login(&ui, &headers) {
+    let login = match session::page_login(&ui, &headers).await {
         Ok(l) => l,
         Err(r) => return r,
     };
@@ -726,7 +726,7 @@ fn fleet_content<S: Store>(
 
 /// `GET /ui/leases`: active leases, the queue, recent ended leases.
 pub async fn leases<S: Store>(State(ui): UiState<S>, headers: HeaderMap) -> Response {
-    let login = match session::page_login(&ui, &headers) {
+    let login = match session::page_login(&ui, &headers).await {
         Ok(l) => l,
         Err(r) => return r,
     };
@@ -870,7 +870,7 @@ pub async fn exporter<S: Store>(
     Path((namespace, name)): Path<(String, String)>,
     query: Result<Query<ExporterQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
-    let login = match session::page_login(&ui, &headers) {
+    let login = match session::page_login(&ui, &headers).await {
         Ok(l) => l,
         Err(r) => return r,
     };
@@ -1121,7 +1121,7 @@ fn exporter_content<S: Store>(
 
 /// `GET /ui/pools`: the ExporterSets.
 pub async fn pools<S: Store>(State(ui): UiState<S>, headers: HeaderMap) -> Response {
-    let login = match session::page_login(&ui, &headers) {
+    let login = match session::page_login(&ui, &headers).await {
         Ok(l) => l,
         Err(r) => return r,
     };

@@ -30,6 +30,10 @@ pub const MAX_SESSIONS: usize = 1000;
 pub const SESSION_LIFETIME: Duration = Duration::from_secs(12 * 3600);
 /// Random bytes of a session id and of a CSRF token.
 const ID_BYTES: usize = 32;
+/// How often a client session's token is checked again as the client API checks it (its
+/// client must still exist with the token's uid); its signature and expiry are checked on
+/// every request.
+pub const CLIENT_RECHECK: Duration = Duration::from_secs(60);
 /// Characters a pasted token may have (the body limit bounds it too).
 const MAX_TOKEN: usize = 8 * 1024;
 
@@ -65,6 +69,8 @@ struct Session {
     token: String,
     csrf: String,
     created: Instant,
+    /// When the token was last checked against the store.
+    checked: Instant,
 }
 
 /// A request's login, for the handlers.
@@ -129,20 +135,29 @@ impl Sessions {
                 token,
                 csrf,
                 created: now,
+                checked: now,
             },
         );
         Some(id)
     }
 
-    /// The live session `id` (its role, CSRF token and token).
-    fn get(&self, id: &str) -> Option<(Role, String, String)> {
+    /// The live session `id`: its role, CSRF token, token, and when the token was last
+    /// checked against the store.
+    fn get(&self, id: &str) -> Option<(Role, String, String, Instant)> {
         let mut table = self.table.lock_or_recover();
         let s = table.get(id)?;
         if s.created.elapsed() >= SESSION_LIFETIME {
             table.remove(id);
             return None;
         }
-        Some((s.role.clone(), s.csrf.clone(), s.token.clone()))
+        Some((s.role.clone(), s.csrf.clone(), s.token.clone(), s.checked))
+    }
+
+    /// Notes that session `id`'s token was just checked against the store.
+    fn checked(&self, id: &str) {
+        if let Some(s) = self.table.lock_or_recover().get_mut(id) {
+            s.checked = Instant::now();
+        }
     }
 
     /// Ends session `id`.
@@ -178,13 +193,22 @@ pub enum NoLogin {
     Missing,
 }
 
-/// The request's login: the session of its cookie, whose token still holds.
-pub fn login<S: Store>(ui: &super::Ui<S>, headers: &HeaderMap) -> Result<Login, NoLogin> {
+/// The request's login: the session of its cookie, whose token still holds (a client's is
+/// checked against the store again every [`CLIENT_RECHECK`]).
+pub async fn login<S: Store>(ui: &super::Ui<S>, headers: &HeaderMap) -> Result<Login, NoLogin> {
     let id = session_id(headers).ok_or(NoLogin::Missing)?;
-    let (role, csrf, token) = ui.sessions.get(&id).ok_or(NoLogin::Missing)?;
+    let (role, csrf, token, checked) = ui.sessions.get(&id).ok_or(NoLogin::Missing)?;
     let still_valid = match &role {
         Role::Admin => ui.admin_token.matches(&token),
-        Role::Client { .. } => ui.state.auth.issuer.verify(&token).is_ok(),
+        Role::Client { .. } if ui.state.auth.issuer.verify(&token).is_err() => false,
+        Role::Client { .. } if checked.elapsed() < CLIENT_RECHECK => true,
+        Role::Client { .. } => {
+            let again = check_token(ui, &token).await;
+            if again.as_ref() == Ok(&role) {
+                ui.sessions.checked(&id);
+            }
+            again.as_ref() == Ok(&role)
+        }
     };
     if !still_valid {
         ui.sessions.remove(&id);
@@ -198,13 +222,21 @@ pub fn login<S: Store>(ui: &super::Ui<S>, headers: &HeaderMap) -> Result<Login, 
 }
 
 /// The login of a page request, or the redirect to the login form.
-pub fn page_login<S: Store>(ui: &super::Ui<S>, headers: &HeaderMap) -> Result<Login, Response> {
-    login(ui, headers).map_err(|_| Redirect::to("/ui/login").into_response())
+pub async fn page_login<S: Store>(
+    ui: &super::Ui<S>,
+    headers: &HeaderMap,
+) -> Result<Login, Response> {
+    login(ui, headers)
+        .await
+        .map_err(|_| Redirect::to("/ui/login").into_response())
 }
 
 /// The login of an event-stream or action request, or 401.
-pub fn api_login<S: Store>(ui: &super::Ui<S>, headers: &HeaderMap) -> Result<Login, Response> {
-    login(ui, headers).map_err(|_| {
+pub async fn api_login<S: Store>(
+    ui: &super::Ui<S>,
+    headers: &HeaderMap,
+) -> Result<Login, Response> {
+    login(ui, headers).await.map_err(|_| {
         (
             StatusCode::UNAUTHORIZED,
             "not logged in (or the login expired): log in at /ui/login",
@@ -218,7 +250,7 @@ pub async fn login_form<S: Store>(
     axum::extract::State(ui): UiState<S>,
     headers: HeaderMap,
 ) -> Response {
-    let logged_in = login(&ui, &headers).ok();
+    let logged_in = login(&ui, &headers).await.ok();
     pages::html(pages::login_page(None, logged_in.as_ref())).into_response()
 }
 
@@ -365,7 +397,7 @@ pub async fn logout<S: Store>(
     headers: HeaderMap,
     form: Result<Form<CsrfForm>, axum::extract::rejection::FormRejection>,
 ) -> Response {
-    let login = match api_login(&ui, &headers) {
+    let login = match api_login(&ui, &headers).await {
         Ok(l) => l,
         Err(r) => return r,
     };
