@@ -47,6 +47,10 @@ pub const MAX_CONNECTIONS: usize = 128;
 pub const MAX_BODY: usize = 16 * 1024;
 /// A request other than the event stream must be answered within this.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
+/// A connection on which nothing was read or written for this long is closed (an idle
+/// keep-alive connection, or one that sends its request too slowly); an event stream writes
+/// every 15 seconds.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(45);
 
 /// What the dashboard's handlers share.
 pub(crate) struct Ui<S: Store> {
@@ -185,10 +189,27 @@ struct Bounded {
     permits: Arc<Semaphore>,
 }
 
-/// A connection holding its place among the [`MAX_CONNECTIONS`].
+/// A connection holding its place among the [`MAX_CONNECTIONS`], closed after
+/// [`IDLE_TIMEOUT`] without a byte read or written.
 struct Counted {
     stream: TcpStream,
+    idle: std::pin::Pin<Box<tokio::time::Sleep>>,
     _permit: OwnedSemaphorePermit,
+}
+
+impl Counted {
+    fn active(&mut self) {
+        self.idle
+            .as_mut()
+            .reset(tokio::time::Instant::now() + IDLE_TIMEOUT);
+    }
+}
+
+fn idle_error() -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        "dashboard connection idle for too long",
+    )
 }
 
 impl tokio::io::AsyncRead for Counted {
@@ -197,7 +218,20 @@ impl tokio::io::AsyncRead for Counted {
         cx: &mut std::task::Context<'_>,
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.stream).poll_read(cx, buf)
+        use std::task::Poll;
+        let before = buf.filled().len();
+        match std::pin::Pin::new(&mut self.stream).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                if buf.filled().len() > before {
+                    self.active();
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Pending if self.idle.as_mut().poll(cx).is_ready() => {
+                Poll::Ready(Err(idle_error()))
+            }
+            other => other,
+        }
     }
 }
 
@@ -207,7 +241,20 @@ impl tokio::io::AsyncWrite for Counted {
         cx: &mut std::task::Context<'_>,
         buf: &[u8],
     ) -> std::task::Poll<std::io::Result<usize>> {
-        std::pin::Pin::new(&mut self.stream).poll_write(cx, buf)
+        use std::task::Poll;
+        match std::pin::Pin::new(&mut self.stream).poll_write(cx, buf) {
+            Poll::Ready(Ok(n)) => {
+                if n > 0 {
+                    self.active();
+                }
+                Poll::Ready(Ok(n))
+            }
+            // A peer that stopped reading is as idle as one that stopped writing.
+            Poll::Pending if self.idle.as_mut().poll(cx).is_ready() => {
+                Poll::Ready(Err(idle_error()))
+            }
+            other => other,
+        }
     }
 
     fn poll_flush(
@@ -246,6 +293,7 @@ impl axum::serve::Listener for Bounded {
                     return (
                         Counted {
                             stream,
+                            idle: Box::pin(tokio::time::sleep(IDLE_TIMEOUT)),
                             _permit: permit,
                         },
                         addr,

@@ -727,6 +727,30 @@ async fn the_exporter_page_shows_drivers_leases_and_log_lines() {
     lab.ctl.shutdown().await;
 }
 
+/// A connection that sends nothing (or stops halfway through its request) does not keep its
+/// place among the listener's connections: the dashboard closes it once idle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_connection_is_closed() {
+    let (lab, addr) = ui_lab().await;
+    let mut silent = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut half = tokio::net::TcpStream::connect(addr).await.unwrap();
+    half.write_all(b"GET /ui HTTP/1.1\r\nHost: loc")
+        .await
+        .unwrap();
+    for c in [&mut silent, &mut half] {
+        let mut buf = [0u8; 256];
+        // Only a bound for a broken server: the idle timeout is well below it.
+        let r = tokio::time::timeout(Duration::from_secs(150), c.read(&mut buf)).await;
+        assert!(
+            matches!(r, Ok(Ok(0)) | Ok(Err(_))),
+            "the idle connection was not closed: {r:?}"
+        );
+    }
+    // The listener still serves.
+    assert_eq!(get(addr, "/ui/login", None).await.status, 200);
+    lab.ctl.shutdown().await;
+}
+
 /// The same dashboard over the Kubernetes store (the in-memory fake API server): the fleet
 /// shows what the store holds, the event stream reports a change, and an admin action writes
 /// to the cluster.
