@@ -410,6 +410,8 @@ impl Page {
 
     /// A PNG of the viewport (or of the whole page when `full_page`), written to `path`.
     pub fn screenshot(&self, b: &mut Browser, path: &Path, full_page: bool) -> Result<()> {
+        // A page behind another paints no frame to capture: to the front first.
+        self.call(b, "Page.bringToFront", json!({}))?;
         let mut params = json!({"format": "png"});
         if full_page {
             params["captureBeyondViewport"] = json!(true);

@@ -368,6 +368,13 @@ fn scenario(
     shots: &Path,
 ) -> Result<()> {
     let (w, h) = DESKTOP;
+    let t0 = Instant::now();
+    // Each step that passed, with the seconds since the scenario started.
+    macro_rules! ok {
+        ($($arg:tt)*) => {
+            println!("[{:5.1} s] ok: {}", t0.elapsed().as_secs_f64(), format!($($arg)*))
+        };
+    }
     // 1. No login: the pages send the browser to the login form, the event stream answers
     // 401.
     let anon_ctx = b.new_context()?;
@@ -384,7 +391,7 @@ fn scenario(
         status == 401,
         "the event stream without a login answered {status}, not 401"
     );
-    println!("ok: without a login /ui/leases goes to /ui/login and /ui/events answers 401");
+    ok!("without a login /ui/leases goes to /ui/login and /ui/events answers 401");
 
     // 2. The admin logs in.
     let admin_ctx = b.new_context()?;
@@ -397,7 +404,7 @@ fn scenario(
         "admin",
         Some(&shots.join("login.png")),
     )?;
-    println!("ok: the admin logged in through the form");
+    ok!("the admin logged in through the form");
     wait_live(b, &fleet)?;
     mark(b, &fleet)?;
 
@@ -431,7 +438,7 @@ fn scenario(
         return Err(e.context(format!("jmp run printed:\n{}", said.join("\n"))));
     }
     check_no_reload(b, &fleet, "the exporter going online")?;
-    println!("ok: the exporter's row turned online without a reload");
+    ok!("the exporter's row turned online without a reload");
 
     let leases = b.new_page(Some(&admin_ctx), w, h)?;
     leases.navigate(b, &format!("{base}/ui/leases"))?;
@@ -474,7 +481,7 @@ fn scenario(
         "the row's holder naming the client",
     )?;
     check_no_reload(b, &fleet, "the exporter being leased")?;
-    println!("ok: the row turned leased (holder {holder}) without a reload");
+    ok!("the row turned leased (holder {holder}) without a reload");
     let lease_key = leases.wait_for(
         b,
         "(() => { const r = document.querySelector('#leases tr[data-lease]'); \
@@ -500,7 +507,7 @@ fn scenario(
         listed.contains(&lease_name),
         "jmp get leases does not list {lease_name}: {listed}"
     );
-    println!("ok: lease {lease_key} appeared on /ui/leases without a reload");
+    ok!("lease {lease_key} appeared on /ui/leases without a reload");
 
     fleet.screenshot(b, &shots.join("fleet.png"), false)?;
     leases.screenshot(b, &shots.join("leases.png"), false)?;
@@ -521,11 +528,13 @@ fn scenario(
         "the pools page",
     )?;
     detail.screenshot(b, &shots.join("pools.png"), false)?;
+    ok!("screenshots of the fleet, the leases, the exporter and the pools");
 
     // 5. The client: the pages are readable, without action buttons; the action refused.
     let client_ctx = b.new_context()?;
     let client = b.new_page(Some(&client_ctx), w, h)?;
     log_in(b, &client, base, client_token, "client", None)?;
+    ok!("the client logged in through the form");
     client.wait_for(
         b,
         &query(&row("leased")),
@@ -564,14 +573,14 @@ fn scenario(
         status == 403,
         "the client's POST of the end action answered {status}, not 403: {body}"
     );
-    println!(
-        "ok: the client reads both pages without action buttons; its POST of end-lease \
-         answered 403 ({}): {}",
-        if refused[2] == Value::Bool(true) {
-            "with the session's CSRF token"
-        } else {
-            "the page offers a client no CSRF token"
-        },
+    ensure!(
+        refused[2] == Value::Bool(true),
+        "a client's page carries no CSRF token (body data-csrf), so its 403 may be the CSRF \
+         check's rather than the role's"
+    );
+    ok!(
+        "the client reads both pages without action buttons; its POST of end-lease with its \
+         session's CSRF token answered 403: {}",
         body.chars().take(200).collect::<String>().trim()
     );
     // The lease is still there.
@@ -615,7 +624,7 @@ fn scenario(
         PAGE_WAIT,
         "the ended lease gone from /ui/leases",
     )?;
-    println!("ok: the admin ended {lease_key} from the page");
+    ok!("the admin ended {lease_key} from the page");
     let deadline = Instant::now() + PAGE_WAIT;
     let status = loop {
         if let Some(status) = shell.0.try_wait()? {
@@ -633,7 +642,7 @@ fn scenario(
         "jmp shell ended with {status}, not 3 (its command's calls failed) or 75 (it saw the \
          lease end); it printed:\n{said}"
     );
-    println!("ok: jmp shell ended ({status}): its lease ended under its command");
+    ok!("jmp shell ended ({status}): its lease ended under its command");
     let listed = lab.jmp(&[
         "get",
         "leases",
@@ -653,9 +662,7 @@ fn scenario(
         "the exporter's row online again",
     )?;
     check_no_reload(b, &fleet, "the lease ending")?;
-    println!(
-        "ok: the lease is gone from jmp get leases, and the row is online again without a reload"
-    );
+    ok!("the lease is gone from jmp get leases, and the row is online again without a reload");
 
     // The fleet at a phone's width.
     let (pw, ph) = PHONE;
