@@ -7,6 +7,7 @@ mod bench_boards;
 mod bench_bridge;
 mod bench_console;
 mod bench_controller;
+mod bench_dashboard;
 mod bench_direct;
 mod bench_observers;
 mod bench_pools;
@@ -16,10 +17,12 @@ mod bench_storage;
 mod bench_table;
 mod bench_tunnels;
 mod boot_tools;
+mod cdp;
 mod ci;
 mod ci_summary;
 mod conformance;
 mod crds;
+mod dashboard_e2e;
 mod faults;
 mod fuzz;
 mod go_controller;
@@ -79,6 +82,8 @@ fn main() -> std::process::ExitCode {
         // Hidden: the storage part of `bench` alone (`--size-mib N`, `--ours-only`).
         // Hidden: the virtual target pools part of `bench` alone (`--quick`: 3 runs each, `--debug`).
         Some("bench-pools") => bench_pools::run(&args[1..]),
+        // Hidden: the web dashboard part of `bench` alone (`--quick`, `--debug`, `--exporters N`).
+        Some("bench-dashboard") => bench_dashboard::run(&args[1..]),
         Some("bench-storage") => bench_storage::run(&args[1..]),
         // Hidden: the QEMU board part of `bench` alone (`--size-mib N`, `--quick`).
         Some("bench-boards") => bench_boards::run(&args[1..]),
@@ -89,6 +94,7 @@ fn main() -> std::process::ExitCode {
         Some("images-run") => images_run::run(&args[1..]),
         Some("quickstart") => quickstart::run(&args[1..]),
         Some("lab-harness") => lab_harness::run(&args[1..]),
+        Some("dashboard-e2e") => dashboard_e2e::run(&args[1..]),
         Some("s3") => s3::run(),
         Some("kube-up") => kube::run_up(),
         Some("kube-down") => kube::run_down(),
@@ -120,6 +126,7 @@ fn main() -> std::process::ExitCode {
                  fuzz      [--cases N] [--target FILTER] [--seed N] every fuzz target with many more cases (20,000) than cargo test\n  \
                  quickstart  the whole lab on one machine: controller, mock exporter, client, jmp shell\n  \
                  lab-harness examples/lab-harness (the jumpstarter-core facade) against a local lab with a mock board\n  \
+                 dashboard-e2e [--update-docs] [--no-build] the web dashboard in headless chromium against a local lab; screenshots in target/ci-artifacts/dashboard\n  \
                  s3        the Opendal driver's S3 service (feature storage-s3) against moto's S3 on loopback\n  \
                  kube-up   a real kube-apiserver + etcd on loopback (built from Go modules, cached)\n  \
                  kube-down stop what kube-up started\n  \
@@ -161,5 +168,6 @@ fn bench(args: &[String]) -> Result<()> {
     bench_bridge::run(args)?;
     bench_controller::run(args)?;
     bench_pools::run(args)?;
+    bench_dashboard::run(args)?;
     kube_rollout::bench()
 }
