@@ -14,8 +14,8 @@
 //! 4. `cargo doc` with `-D warnings`.
 //! 5. `cargo test --workspace` (the S3 service's tests against moto included).
 //! 6. The suites that run the binaries against real servers: interop with upstream 0.9.0,
-//!    fault injection, the container images, the lab at scale (smoke), and last the
-//!    Kubernetes backend (its API server built meanwhile).
+//!    the web dashboard in headless chromium, fault injection, the container images, the
+//!    lab at scale (smoke), and last the Kubernetes backend (its API server built meanwhile).
 //!
 //! `--timings` prints each step's seconds as it ends and a table at the end (also of a
 //! failed run, up to the step that failed). `--full` runs the long soak of fault injection
@@ -120,6 +120,10 @@ fn steps(o: Options, t: &mut Timings) -> Result<(ci_summary::TestCounts, (usize,
     t.step("examples/lab-harness against a local lab", || {
         crate::lab_harness::run(&[])
     })?;
+    // The web dashboard in headless chromium; its screenshots in target/ci-artifacts/dashboard.
+    t.step("dashboard in headless chromium", || {
+        crate::dashboard_e2e::run(&[])
+    })?;
     if o.full {
         t.step("fault injection (soak)", || crate::faults::run(&[]))?;
     } else {
@@ -147,12 +151,14 @@ fn steps(o: Options, t: &mut Timings) -> Result<(ci_summary::TestCounts, (usize,
 }
 
 /// `cargo xtask ci-prepare` (started by `ci`): the Debian packages (podman and runc for the
-/// images among them, snmpd and prometheus), the QEMU board and the venvs the tests need.
+/// images among them, snmpd, prometheus and chromium), the QEMU board and the venvs the
+/// tests need.
 pub fn prepare() -> Result<()> {
     crate::qemu_board::prepare()?;
     crate::snmpd::prepare()?;
     crate::prometheus::prepare()?;
     crate::boot_tools::ensure()?;
+    crate::cdp::ensure_chromium()?;
     crate::podman::ensure_podman()?;
     crate::interop::ensure_venv()?;
     crate::s3::venv()?;
