@@ -76,7 +76,7 @@ fn mb_per_s(bytes: u64, secs: f64) -> f64 {
     bytes as f64 / 1e6 / secs.max(1e-9)
 }
 
-fn random_file(path: &Path, len: u64) -> Result<()> {
+pub(crate) fn random_file(path: &Path, len: u64) -> Result<()> {
     use std::io::Write;
     let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
     let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
@@ -315,13 +315,9 @@ pub fn run(args: &[String]) -> Result<()> {
     let (bench, on_tmpfs) = Bench::prepare(opts.size_mib * 1024 * 1024)?;
     print_conditions(&bench, opts.size_mib, on_tmpfs);
     random_file(&bench.src, bench.size)?;
+    // What metrics and JSON call logs cost an upload is measured by `cargo xtask bench`'s
+    // section of its own, in interleaved rounds.
     let tcp = ours_tcp(&bench, &[], "ours   TCP ")?;
-    // The same with the exporter's metrics (stream bytes counted) and JSON call logs.
-    let observed = ours_tcp(
-        &bench,
-        &["--metrics-listen", "127.0.0.1:0", "--log-format", "json"],
-        "ours + obs ",
-    )?;
     let unix = ours_unix(&bench)?;
     let mut peak = Vec::new();
     if let Some(kib) = tcp.peak_kib {
@@ -331,7 +327,7 @@ pub fn run(args: &[String]) -> Result<()> {
         peak.push(("ours, Unix socket (jmp shell)", kib));
     }
     let plain = [("TCP ", tcp.plain), ("Unix", unix.plain)];
-    let mut rows = vec![tcp.figures, observed.figures, unix.figures];
+    let mut rows = vec![tcp.figures, unix.figures];
     if let Some(venv) = &venv {
         rows.push(python_tcp(&bench, venv)?);
         rows.push(python_unix(&bench, venv)?);

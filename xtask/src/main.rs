@@ -79,6 +79,9 @@ fn main() -> std::process::ExitCode {
         Some("bench-direct") => bench_direct::run(&args[1..]),
         // Hidden: the `jmp` start-up part of `bench` alone (`--quick`: 3 runs each).
         Some("bench-startup") => bench_startup::run(&args[1..]),
+        // Hidden: the metrics and JSON logs overhead part of `bench` alone (`--quick`).
+        Some("bench-obs") => bench::build_release()
+            .and_then(|rel| bench::observability(&rel, args[1..].iter().any(|a| a == "--quick"))),
         // Hidden: the storage part of `bench` alone (`--size-mib N`, `--ours-only`).
         // Hidden: the virtual target pools part of `bench` alone (`--quick`: 3 runs each, `--debug`).
         Some("bench-pools") => bench_pools::run(&args[1..]),
