@@ -324,7 +324,11 @@ impl<T: FieldSink> Visit for JsonVisitor<'_, T> {
         self.0.put(field.name(), crate::error_chain(value).into());
     }
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        self.0.put(field.name(), format!("{value:?}").into());
+        // Room for a usual message at once: `format!` would start empty and grow it piece by
+        // piece (a log line's message is formatted on the thread that logs it).
+        let mut text = String::with_capacity(128);
+        let _ = fmt::Write::write_fmt(&mut text, format_args!("{value:?}"));
+        self.0.put(field.name(), text.into());
     }
 }
 
@@ -400,7 +404,7 @@ impl Captured {
                     .collect()
             })
             .unwrap_or_default();
-        let mut own = Vec::new();
+        let mut own = Vec::with_capacity(event.metadata().fields().len());
         event.record(&mut JsonVisitor(&mut own));
         Captured {
             time: std::time::SystemTime::now(),
