@@ -86,10 +86,6 @@ impl Browser {
                 "--hide-scrollbars",
                 "--mute-audio",
                 "--font-render-hinting=none",
-                // A page left behind is unloaded, its connections closed (the back/forward
-                // cache would keep its event stream open, and a browser opens at most six
-                // connections to one HTTP/1.1 server).
-                "--disable-features=BackForwardCache",
                 "about:blank",
             ]);
         // Root in a container has no user namespace for chromium's sandbox.

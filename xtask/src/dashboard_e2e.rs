@@ -529,6 +529,19 @@ fn scenario(
     )?;
     detail.screenshot(b, &shots.join("pools.png"), false)?;
     ok!("screenshots of the fleet, the leases, the exporter and the pools");
+    // Through the pages as a person clicks, more times than a browser opens connections to
+    // one server (six): each page left must close its event stream, or the back/forward
+    // cache keeps it open and a navigation hangs once all are taken.
+    for (i, path) in ["/ui", "/ui/leases", "/ui/pools"]
+        .iter()
+        .cycle()
+        .take(9)
+        .enumerate()
+    {
+        detail.navigate(b, &format!("{base}{path}"))?;
+        wait_live(b, &detail).with_context(|| format!("page {} of 9 ({path})", i + 1))?;
+    }
+    ok!("nine pages one after the other, each of them live");
 
     // 5. The client: the pages are readable, without action buttons; the action refused.
     let client_ctx = b.new_context()?;

@@ -35,19 +35,27 @@
       .catch(function () {});
   }
 
-  if (watched.length && window.EventSource) {
-    var es = new EventSource("/ui/events");
-    es.addEventListener("ready", function () { if (live) { live.className = "live on"; } });
-    es.addEventListener("change", function (ev) {
+  var es = null;
+
+  // The live stream. Closed when the page is left: a browser keeps a left page alive in its
+  // back/forward cache, and its open stream would hold one of the few connections a browser
+  // allows a server, until navigation hangs. Opened again (with the page brought up to date)
+  // when such a page is shown again.
+  function connect() {
+    if (es || !watched.length || !window.EventSource) { return; }
+    var stream = new EventSource("/ui/events");
+    es = stream;
+    stream.addEventListener("ready", function () { if (live) { live.className = "live on"; } });
+    stream.addEventListener("change", function (ev) {
       var parts = (ev.data || "").split(" ");
       if (parts.some(function (p) { return watched.indexOf(p) >= 0; })) { refresh(); }
     });
-    es.addEventListener("logout", function () { es.close(); location.assign("/ui/login"); });
-    es.onerror = function () {
+    stream.addEventListener("logout", function () { disconnect(); location.assign("/ui/login"); });
+    stream.onerror = function () {
       if (live) { live.className = "live off"; }
       // Refused (the login ended, or the controller restarted and forgot it): log in again.
       // While the controller is only unreachable the browser keeps reconnecting.
-      if (es.readyState === EventSource.CLOSED) {
+      if (stream.readyState === EventSource.CLOSED) {
         fetch("/ui/events", { credentials: "same-origin" }).then(function (r) {
           if (r.status === 401) { location.assign("/ui/login"); }
           else if (r.body && r.body.cancel) { r.body.cancel(); }
@@ -55,6 +63,17 @@
       }
     };
   }
+
+  function disconnect() {
+    if (es) { es.close(); es = null; }
+    if (live) { live.className = "live off"; }
+  }
+
+  connect();
+  window.addEventListener("pagehide", disconnect);
+  window.addEventListener("pageshow", function (ev) {
+    if (ev.persisted) { connect(); refresh(); }
+  });
 
   document.addEventListener("click", function (ev) {
     var b = ev.target.closest ? ev.target.closest("button[data-action]") : null;
