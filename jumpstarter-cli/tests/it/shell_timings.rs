@@ -89,6 +89,11 @@ async fn shell_timings_list_each_step_of_a_lease_to_command_in_order() {
             ),
         }
     }
+    // A free exporter: the grant came in CreateLease's answer, not from a GetLease poll.
+    assert!(
+        seen.iter().any(|s| s == "lease granted (0 GetLease)"),
+        "{stderr}"
+    );
     let total = stderr.lines().last().unwrap_or_default();
     assert!(total.trim_end().ends_with("total"), "{stderr}");
 
