@@ -14,8 +14,9 @@ use jumpstarter_proto::admin_v1::{ObjectRef, admin_service_server::AdminService}
 use tonic::Code;
 
 use super::{
-    Login, Ui, UiState,
-    session::{self, CsrfForm},
+    app::{Ui, UiState},
+    login,
+    session::{CsrfForm, Login},
 };
 use crate::{
     objects::conditions,
@@ -39,7 +40,7 @@ async fn admin_login<S: Store>(
     headers: &HeaderMap,
     form: Result<Form<CsrfForm>, axum::extract::rejection::FormRejection>,
 ) -> Result<Login, Response> {
-    let login = session::api_login(ui, headers).await?;
+    let login = login::api_login(ui, headers).await?;
     if !login.is_admin() {
         return Err(refuse(
             StatusCode::FORBIDDEN,

@@ -18,7 +18,11 @@ use axum::{
 };
 use futures::Stream;
 
-use super::{Ui, UiState, session, view::Changes};
+use super::{
+    app::{Ui, UiState},
+    login,
+    view::Changes,
+};
 use crate::store::Store;
 
 /// How long a stream gathers changes before it reports them.
@@ -45,7 +49,7 @@ pub fn moved(before: &Changes, now: &Changes) -> Vec<&'static str> {
 
 /// `GET /ui/events` (401 without a login).
 pub async fn events<S: Store>(State(ui): UiState<S>, headers: HeaderMap) -> Response {
-    if let Err(r) = session::api_login(&ui, &headers).await {
+    if let Err(r) = login::api_login(&ui, &headers).await {
         return r;
     }
     Sse::new(stream(ui, headers))
@@ -101,7 +105,7 @@ fn stream<S: Store>(
             match woke {
                 Woke::Gone => return None,
                 Woke::Recheck => {
-                    if session::login(&f.ui, &f.headers).await.is_err() {
+                    if login::login(&f.ui, &f.headers).await.is_err() {
                         f.done = true;
                         return Some((Ok(Event::default().event("logout").data("login ended")), f));
                     }
@@ -110,7 +114,7 @@ fn stream<S: Store>(
                 Woke::Changed => {}
             }
             tokio::time::sleep(COALESCE).await;
-            if session::login(&f.ui, &f.headers).await.is_err() {
+            if login::login(&f.ui, &f.headers).await.is_err() {
                 f.done = true;
                 return Some((Ok(Event::default().event("logout").data("login ended")), f));
             }

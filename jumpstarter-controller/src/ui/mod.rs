@@ -5,18 +5,23 @@
 //!
 //! - [`serve`] runs it on a listener: bounded connections, request bodies and request times
 //!   (as the other listeners).
-//! - `session`: the login (an admin token or a client token, kept server-side) and its
-//!   cookie and CSRF token.
+//! - `app`: what the handlers share (`Ui`).
+//! - `login`: the login (an admin token or a client token) and each request's check of it;
+//!   `session`: the session table, its cookie and CSRF token.
 //! - `view`: the objects the pages show, kept from the store's watch, and the change counters
 //!   the event stream reports.
-//! - `pages`: the HTML (maud) of each page; `actions`: the admin's POSTs; `events`: the
-//!   event stream. `ui.js` and `ui.css` are vendored (no build step).
+//! - `layout`: the page around each page; `pages`: the HTML (maud) of each page; `actions`:
+//!   the admin's POSTs; `events`: the event stream. `ui.js` and `ui.css` are vendored (no
+//!   build step).
 
 // A handler's refusal is its HTTP answer (`Err(Response)`), made at most once per request.
 #![allow(clippy::result_large_err)]
 
 mod actions;
+mod app;
 mod events;
+mod layout;
+mod login;
 mod pages;
 mod session;
 mod view;
@@ -25,7 +30,7 @@ use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use axum::{
     Router,
-    extract::{DefaultBodyLimit, Request, State},
+    extract::{DefaultBodyLimit, Request},
     http::{HeaderValue, StatusCode, header},
     middleware::{self, Next},
     response::{IntoResponse, Redirect, Response},
@@ -33,13 +38,12 @@ use axum::{
 };
 use tokio::{
     net::{TcpListener, TcpStream},
-    sync::{OwnedSemaphorePermit, Semaphore, watch},
+    sync::{OwnedSemaphorePermit, Semaphore},
 };
 
-use crate::{auth::admin_token::AdminToken, state::ControllerState, store::Store};
+use crate::store::Store;
 
-pub(crate) use session::Sessions;
-pub(crate) use view::View;
+pub(crate) use app::{Ui, dashboard};
 
 /// Connections open at once; more are closed as they come.
 pub const MAX_CONNECTIONS: usize = 128;
@@ -52,49 +56,15 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
 /// every 15 seconds.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(45);
 
-/// What the dashboard's handlers share.
-pub(crate) struct Ui<S: Store> {
-    /// The controller's state (store, auth, lease logs, pool decisions).
-    pub state: Arc<ControllerState<S>>,
-    /// The admin API, whose code path the admin's actions share.
-    pub admin: crate::service::admin::AdminApi<S>,
-    /// The admin token a login may present.
-    pub admin_token: AdminToken,
-    /// The logins.
-    pub sessions: Sessions,
-    /// The objects as the store's watch delivers them.
-    pub view: Arc<View>,
-    /// Says true when the controller stops (ends the event streams).
-    pub stopped: watch::Receiver<bool>,
-}
-
-/// Builds the dashboard over `state` and starts keeping its view from the store.
-pub(crate) fn dashboard<S: Store>(
-    state: Arc<ControllerState<S>>,
-    admin_token: AdminToken,
-    ca_pem: String,
-    stopped: watch::Receiver<bool>,
-) -> Arc<Ui<S>> {
-    let view = View::start(&state.store, stopped.clone());
-    Arc::new(Ui {
-        admin: crate::service::admin::AdminApi::new(state.clone(), admin_token.clone(), ca_pem),
-        state,
-        admin_token,
-        sessions: Sessions::default(),
-        view,
-        stopped,
-    })
-}
-
 /// The routes (see the module docs and `docs/dashboard.md`).
 pub(crate) fn router<S: Store>(ui: Arc<Ui<S>>) -> Router {
     Router::new()
         .route("/", get(|| async { Redirect::to("/ui") }))
         .route(
             "/ui/login",
-            get(session::login_form::<S>).post(session::login_submit::<S>),
+            get(login::login_form::<S>).post(login::login_submit::<S>),
         )
-        .route("/ui/logout", post(session::logout::<S>))
+        .route("/ui/logout", post(login::logout::<S>))
         .route("/ui/static/ui.js", get(script))
         .route("/ui/static/ui.css", get(style))
         .route("/ui", get(pages::fleet::<S>))
@@ -332,9 +302,3 @@ pub(crate) async fn serve<S: Store>(
         tracing::error!("dashboard stopped: {e}");
     }
 }
-
-/// The session of a request, for handlers: what the page shows and may do.
-pub(crate) type Login = session::Login;
-
-/// `State` of the handlers.
-pub(crate) type UiState<S> = State<Arc<Ui<S>>>;

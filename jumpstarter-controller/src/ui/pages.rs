@@ -11,15 +11,17 @@ use std::{
 use axum::{
     extract::{Path, Query, State},
     http::{HeaderMap, StatusCode},
-    response::{Html, IntoResponse, Response},
+    response::{IntoResponse, Response},
 };
 use jiff::{SignedDuration, Timestamp};
-use maud::{DOCTYPE, Markup, html};
+use maud::{Markup, html};
 use serde::Deserialize;
 
 use super::{
-    Login, Ui, UiState,
-    session::{self, Role},
+    app::{Ui, UiState},
+    layout::{Nav, error_page, page},
+    login,
+    session::Login,
     view::View,
 };
 use crate::{
@@ -46,151 +48,6 @@ const LOG_LINES: usize = 500;
 const SYNC_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 /// Operations whose log entries are hook runs and health checks.
 const HOOK_OPERATIONS: [&str; 3] = ["beforeLease", "afterLease", "healthCheck"];
-
-/// A rendered page as an HTML response.
-pub fn html(m: Markup) -> Html<String> {
-    Html(m.into_string())
-}
-
-/// Which page a layout is for (the navigation marks it).
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Nav {
-    Fleet,
-    Leases,
-    Pools,
-    Exporter,
-}
-
-/// Whether the request asks for the content only.
-fn wants_fragment(headers: &HeaderMap) -> bool {
-    headers
-        .get("x-ui-fragment")
-        .is_some_and(|v| v.as_bytes() == b"1")
-}
-
-/// The page around `content`, or `content` alone for a fragment request. `watch` names the
-/// change counters (`exporters leases pools`) after which the script fetches it again.
-fn page(
-    headers: &HeaderMap,
-    login: &Login,
-    title: &str,
-    nav: Nav,
-    watch: &str,
-    content: Markup,
-) -> Html<String> {
-    if wants_fragment(headers) {
-        return html(content);
-    }
-    let link = |n: Nav, href: &str, text: &str| {
-        html! { a href=(href) class=[(n == nav).then_some("current")] { (text) } }
-    };
-    html(html! {
-        (DOCTYPE)
-        html lang="en" {
-            head {
-                meta charset="utf-8";
-                meta name="viewport" content="width=device-width, initial-scale=1";
-                title { (title) " - Jumpstarter" }
-                link rel="stylesheet" href="/ui/static/ui.css";
-                script src="/ui/static/ui.js" defer {}
-            }
-            body data-role=(login.role.as_str()) data-csrf=(login.csrf) data-watch=(watch) {
-                header {
-                    strong { "Jumpstarter" }
-                    nav {
-                        (link(Nav::Fleet, "/ui", "Fleet"))
-                        (link(Nav::Leases, "/ui/leases", "Leases"))
-                        (link(Nav::Pools, "/ui/pools", "Pools"))
-                    }
-                    span class="who" {
-                        @match &login.role {
-                            Role::Admin => "admin",
-                            Role::Client { namespace, name } => { "client " (namespace) "/" (name) }
-                        }
-                    }
-                    span id="live" class="live" title="live updates" { "" }
-                    form method="post" action="/ui/logout" class="logout" {
-                        input type="hidden" name="csrf" value=(login.csrf);
-                        button id="logout" type="submit" { "Log out" }
-                    }
-                }
-                div id="flash" role="status" {}
-                main id="content" { (content) }
-                @if login.is_admin() {
-                    dialog id="confirm" {
-                        p id="confirm-text" { "Are you sure?" }
-                        div class="buttons" {
-                            button id="confirm-no" type="button" { "Cancel" }
-                            button id="confirm-yes" type="button" { "Confirm" }
-                        }
-                    }
-                }
-            }
-        }
-    })
-}
-
-/// A 400/404 page naming what is wrong.
-fn error_page(
-    headers: &HeaderMap,
-    login: &Login,
-    status: StatusCode,
-    nav: Nav,
-    message: &str,
-) -> Response {
-    (
-        status,
-        page(
-            headers,
-            login,
-            "Error",
-            nav,
-            "",
-            html! { p id="error" class="error" { (message) } },
-        ),
-    )
-        .into_response()
-}
-
-/// The login page, with `error` after a refused login.
-pub fn login_page(error: Option<&str>, logged_in: Option<&Login>) -> Markup {
-    html! {
-        (DOCTYPE)
-        html lang="en" {
-            head {
-                meta charset="utf-8";
-                meta name="viewport" content="width=device-width, initial-scale=1";
-                title { "Log in - Jumpstarter" }
-                link rel="stylesheet" href="/ui/static/ui.css";
-            }
-            body class="login" {
-                main {
-                    h1 { "Jumpstarter dashboard" }
-                    @if let Some(l) = logged_in {
-                        p { "You are logged in as " (l.role.as_str()) ". " a href="/ui" { "Go to the fleet" } "." }
-                    }
-                    @if let Some(e) = error {
-                        p id="login-error" class="error" { (e) }
-                    }
-                    form method="post" action="/ui/login" {
-                        label for="token" {
-                            "Paste a token: the admin token (the " code { "jsadmin_..." }
-                            " line of the controller's " code { "admin-token" } " file) to see and act, "
-                            "or a client token (the " code { "token" } " of a client config) to see."
-                        }
-                        textarea id="token" name="token" rows="4" autocomplete="off"
-                            spellcheck="false" required {}
-                        button id="login-submit" type="submit" { "Log in" }
-                    }
-                    p class="note" {
-                        "The token stays on the controller; the browser keeps only a session "
-                        "cookie, for 12 hours."
-                    }
-                }
-            }
-        }
-    }
-}
 
 // ---------------------------------------------------------------------------------------------
 // Shared bits
@@ -559,7 +416,7 @@ pub async fn fleet<S: Store>(
     headers: HeaderMap,
     query: Result<Query<FleetQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
-    let login = match session::page_login(&ui, &headers).await {
+    let login = match login::page_login(&ui, &headers).await {
         Ok(l) => l,
         Err(r) => return r,
     };
@@ -726,7 +583,7 @@ fn fleet_content<S: Store>(
 
 /// `GET /ui/leases`: active leases, the queue, recent ended leases.
 pub async fn leases<S: Store>(State(ui): UiState<S>, headers: HeaderMap) -> Response {
-    let login = match session::page_login(&ui, &headers).await {
+    let login = match login::page_login(&ui, &headers).await {
         Ok(l) => l,
         Err(r) => return r,
     };
@@ -870,7 +727,7 @@ pub async fn exporter<S: Store>(
     Path((namespace, name)): Path<(String, String)>,
     query: Result<Query<ExporterQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
-    let login = match session::page_login(&ui, &headers).await {
+    let login = match login::page_login(&ui, &headers).await {
         Ok(l) => l,
         Err(r) => return r,
     };
@@ -1121,7 +978,7 @@ fn exporter_content<S: Store>(
 
 /// `GET /ui/pools`: the ExporterSets.
 pub async fn pools<S: Store>(State(ui): UiState<S>, headers: HeaderMap) -> Response {
-    let login = match session::page_login(&ui, &headers).await {
+    let login = match login::page_login(&ui, &headers).await {
         Ok(l) => l,
         Err(r) => return r,
     };

@@ -1,5 +1,4 @@
-//! Logins to the dashboard: a token (the admin token or a client token) pasted once into the
-//! login form is checked as the API checks it and kept server-side in a bounded session
+//! The dashboard's sessions: a login (see `login`) is kept server-side in a bounded session
 //! table; the browser gets only a random session id in an `HttpOnly; Secure;
 //! SameSite=Strict` cookie. Each session has its own CSRF token, which every POST must carry.
 
@@ -9,18 +8,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use axum::{
-    Form,
-    http::{HeaderMap, StatusCode, header},
-    response::{IntoResponse, Redirect, Response},
-};
-use jumpstarter_core::{auth::ObjectKind, sync::LockExt};
+use axum::http::{HeaderMap, header};
+use jumpstarter_core::sync::LockExt;
 use ring::rand::SecureRandom;
 use serde::Deserialize;
 use subtle::ConstantTimeEq;
-
-use super::{UiState, pages};
-use crate::store::Store;
 
 /// The session cookie's name.
 pub const COOKIE: &str = "jmp_ui";
@@ -35,7 +27,7 @@ const ID_BYTES: usize = 32;
 /// every request.
 pub const CLIENT_RECHECK: Duration = Duration::from_secs(60);
 /// Characters a pasted token may have (the body limit bounds it too).
-const MAX_TOKEN: usize = 8 * 1024;
+pub const MAX_TOKEN: usize = 8 * 1024;
 
 /// Who is logged in.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,7 +105,7 @@ fn random_hex(n: usize) -> Option<String> {
 impl Sessions {
     /// A new session for `role` (logged in with `token`): its id, or `None` without
     /// randomness.
-    fn create(&self, role: Role, token: String) -> Option<String> {
+    pub fn create(&self, role: Role, token: String) -> Option<String> {
         let id = random_hex(ID_BYTES)?;
         let csrf = random_hex(ID_BYTES)?;
         let now = Instant::now();
@@ -143,7 +135,7 @@ impl Sessions {
 
     /// The live session `id`: its role, CSRF token, token, and when the token was last
     /// checked against the store.
-    fn get(&self, id: &str) -> Option<(Role, String, String, Instant)> {
+    pub fn get(&self, id: &str) -> Option<(Role, String, String, Instant)> {
         let mut table = self.table.lock_or_recover();
         let s = table.get(id)?;
         if s.created.elapsed() >= SESSION_LIFETIME {
@@ -154,14 +146,14 @@ impl Sessions {
     }
 
     /// Notes that session `id`'s token was just checked against the store.
-    fn checked(&self, id: &str) {
+    pub fn checked(&self, id: &str) {
         if let Some(s) = self.table.lock_or_recover().get_mut(id) {
             s.checked = Instant::now();
         }
     }
 
     /// Ends session `id`.
-    fn remove(&self, id: &str) {
+    pub fn remove(&self, id: &str) {
         self.table.lock_or_recover().remove(id);
     }
 
@@ -193,127 +185,8 @@ pub enum NoLogin {
     Missing,
 }
 
-/// The request's login: the session of its cookie, whose token still holds (a client's is
-/// checked against the store again every [`CLIENT_RECHECK`]).
-pub async fn login<S: Store>(ui: &super::Ui<S>, headers: &HeaderMap) -> Result<Login, NoLogin> {
-    let id = session_id(headers).ok_or(NoLogin::Missing)?;
-    let (role, csrf, token, checked) = ui.sessions.get(&id).ok_or(NoLogin::Missing)?;
-    let still_valid = match &role {
-        Role::Admin => ui.admin_token.matches(&token),
-        Role::Client { .. } if ui.state.auth.issuer.verify(&token).is_err() => false,
-        Role::Client { .. } if checked.elapsed() < CLIENT_RECHECK => true,
-        Role::Client { .. } => {
-            let again = check_token(ui, &token).await;
-            if again.as_ref() == Ok(&role) {
-                ui.sessions.checked(&id);
-            }
-            again.as_ref() == Ok(&role)
-        }
-    };
-    if !still_valid {
-        ui.sessions.remove(&id);
-        return Err(NoLogin::Missing);
-    }
-    let who = match &role {
-        Role::Admin => format!("admin (session {})", id.get(..8).unwrap_or_default()),
-        Role::Client { namespace, name } => format!("client {namespace}/{name}"),
-    };
-    Ok(Login { role, csrf, who })
-}
-
-/// The login of a page request, or the redirect to the login form.
-pub async fn page_login<S: Store>(
-    ui: &super::Ui<S>,
-    headers: &HeaderMap,
-) -> Result<Login, Response> {
-    login(ui, headers)
-        .await
-        .map_err(|_| Redirect::to("/ui/login").into_response())
-}
-
-/// The login of an event-stream or action request, or 401.
-pub async fn api_login<S: Store>(
-    ui: &super::Ui<S>,
-    headers: &HeaderMap,
-) -> Result<Login, Response> {
-    login(ui, headers).await.map_err(|_| {
-        (
-            StatusCode::UNAUTHORIZED,
-            "not logged in (or the login expired): log in at /ui/login",
-        )
-            .into_response()
-    })
-}
-
-/// `GET /ui/login`.
-pub async fn login_form<S: Store>(
-    axum::extract::State(ui): UiState<S>,
-    headers: HeaderMap,
-) -> Response {
-    let logged_in = login(&ui, &headers).await.ok();
-    pages::html(pages::login_page(None, logged_in.as_ref())).into_response()
-}
-
-/// The login form's fields.
-#[derive(Debug, Deserialize)]
-pub struct LoginForm {
-    /// The pasted token.
-    #[serde(default)]
-    token: String,
-}
-
-/// Checks a pasted token: the admin token, or a client token of ours whose client exists with
-/// the token's uid (as the client API checks it).
-async fn check_token<S: Store>(ui: &super::Ui<S>, token: &str) -> Result<Role, String> {
-    if token.is_empty() {
-        return Err("paste a token: the admin token (jsadmin_...) or a client token".into());
-    }
-    if token.len() > MAX_TOKEN {
-        return Err(format!("a token has at most {MAX_TOKEN} characters"));
-    }
-    if ui.admin_token.matches(token) {
-        return Ok(Role::Admin);
-    }
-    let subject = ui.state.auth.issuer.verify(token).map_err(|e| {
-        format!(
-            "the token is refused: {}",
-            jumpstarter_core::error_chain(&e)
-        )
-    })?;
-    if subject.kind != ObjectKind::Client {
-        return Err(
-            "an exporter token cannot log in to the dashboard: use a client token or the \
-             admin token"
-                .into(),
-        );
-    }
-    let mut md = tonic::metadata::MetadataMap::new();
-    let pairs = [
-        ("authorization", format!("Bearer {token}")),
-        ("jumpstarter-kind", ObjectKind::Client.as_str().to_string()),
-        ("jumpstarter-namespace", subject.namespace.clone()),
-        ("jumpstarter-name", subject.name.clone()),
-    ];
-    for (k, v) in pairs {
-        let v = v
-            .parse()
-            .map_err(|_| "the token holds characters a token cannot have".to_string())?;
-        md.insert(k, v);
-    }
-    let caller = ui
-        .state
-        .auth
-        .authenticate(&md, ObjectKind::Client)
-        .await
-        .map_err(|s| format!("the token is refused: {}", s.message()))?;
-    Ok(Role::Client {
-        namespace: caller.namespace,
-        name: caller.name,
-    })
-}
-
 /// The `Set-Cookie` value of session `id` (`None`: the one that ends it).
-fn cookie(id: Option<&str>) -> String {
+pub fn cookie(id: Option<&str>) -> String {
     match id {
         Some(id) => format!(
             "{COOKIE}={id}; Path=/ui; HttpOnly; Secure; SameSite=Strict; Max-Age={}",
@@ -323,108 +196,12 @@ fn cookie(id: Option<&str>) -> String {
     }
 }
 
-/// `POST /ui/login`: on success a session cookie and 303 to `/ui`, else 401 with the form.
-pub async fn login_submit<S: Store>(
-    axum::extract::State(ui): UiState<S>,
-    form: Result<Form<LoginForm>, axum::extract::rejection::FormRejection>,
-) -> Response {
-    let token = match form {
-        Ok(Form(f)) => f.token.trim().to_string(),
-        Err(e) => {
-            let status = if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                StatusCode::PAYLOAD_TOO_LARGE
-            } else {
-                StatusCode::BAD_REQUEST
-            };
-            return (
-                status,
-                pages::html(pages::login_page(
-                    Some(&format!("the form could not be read: {}", e.body_text())),
-                    None,
-                )),
-            )
-                .into_response();
-        }
-    };
-    let role = match check_token(&ui, &token).await {
-        Ok(r) => r,
-        Err(why) => {
-            tracing::info!("dashboard: login refused: {why}");
-            return (
-                StatusCode::UNAUTHORIZED,
-                pages::html(pages::login_page(Some(&why), None)),
-            )
-                .into_response();
-        }
-    };
-    let Some(id) = ui.sessions.create(role.clone(), token) else {
-        return (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "no randomness for a session id",
-        )
-            .into_response();
-    };
-    match &role {
-        Role::Admin => tracing::info!(
-            "dashboard: admin logged in (session {})",
-            id.get(..8).unwrap_or_default()
-        ),
-        Role::Client { namespace, name } => {
-            tracing::info!("dashboard: client {namespace}/{name} logged in")
-        }
-    }
-    (
-        StatusCode::SEE_OTHER,
-        [
-            (header::SET_COOKIE, cookie(Some(&id))),
-            (header::LOCATION, "/ui".to_string()),
-        ],
-    )
-        .into_response()
-}
-
 /// The logout form's fields.
 #[derive(Debug, Deserialize)]
 pub struct CsrfForm {
     /// The session's CSRF token.
     #[serde(default)]
     pub csrf: String,
-}
-
-/// `POST /ui/logout`: ends the session (with its CSRF token) and clears the cookie.
-pub async fn logout<S: Store>(
-    axum::extract::State(ui): UiState<S>,
-    headers: HeaderMap,
-    form: Result<Form<CsrfForm>, axum::extract::rejection::FormRejection>,
-) -> Response {
-    let login = match api_login(&ui, &headers).await {
-        Ok(l) => l,
-        Err(r) => return r,
-    };
-    let csrf = match form {
-        Ok(Form(f)) => f.csrf,
-        Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => return e.into_response(),
-        Err(_) => String::new(),
-    };
-    if !login.csrf_matches(&csrf) {
-        return (
-            StatusCode::FORBIDDEN,
-            "the CSRF token is missing or wrong: reload the page",
-        )
-            .into_response();
-    }
-    if let Some(id) = session_id(&headers) {
-        ui.sessions.remove(&id);
-    }
-    tracing::info!("dashboard: {} logged out", login.who);
-    (
-        StatusCode::SEE_OTHER,
-        [
-            (header::SET_COOKIE, cookie(None)),
-            (header::LOCATION, "/ui/login".to_string()),
-        ],
-    )
-        .into_response()
 }
 
 #[cfg(test)]
