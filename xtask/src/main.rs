@@ -9,6 +9,7 @@ mod bench_console;
 mod bench_controller;
 mod bench_dashboard;
 mod bench_direct;
+mod bench_obs;
 mod bench_observers;
 mod bench_pools;
 mod bench_scale;
@@ -73,20 +74,21 @@ fn main() -> std::process::ExitCode {
         Some("bench-scale") => bench_scale::run(&args[1..]),
         // Hidden: the console and port-forwarding part of `bench` alone (`--quick`: small).
         Some("bench-console") => bench_console::run(&args[1..]),
-        // Hidden: the console observers part of `bench` alone (`--quick`, `--debug`).
+        // Hidden: the console observers part of `bench` alone (`--quick`, `--debug`,
+        // `--no-build`, `--rounds N`).
         Some("bench-observers") => bench_observers::run(&args[1..]),
         // Hidden: the direct-path-vs-router part of `bench` alone (`--quick`: 64 MiB).
         Some("bench-direct") => bench_direct::run(&args[1..]),
         // Hidden: the `jmp` start-up part of `bench` alone (`--quick`: 3 runs each).
         Some("bench-startup") => bench_startup::run(&args[1..]),
         // Hidden: the metrics and JSON logs overhead part of `bench` alone (`--quick`).
-        Some("bench-obs") => bench::build_release()
-            .and_then(|rel| bench::observability(&rel, args[1..].iter().any(|a| a == "--quick"))),
-        // Hidden: the storage part of `bench` alone (`--size-mib N`, `--ours-only`).
-        // Hidden: the virtual target pools part of `bench` alone (`--quick`: 3 runs each, `--debug`).
+        Some("bench-obs") => bench_obs::run(&args[1..]),
+        // Hidden: the virtual target pools part of `bench` alone (`--quick`: 3 runs each,
+        // `--debug`, `--no-qemu`).
         Some("bench-pools") => bench_pools::run(&args[1..]),
         // Hidden: the web dashboard part of `bench` alone (`--quick`, `--debug`, `--exporters N`).
         Some("bench-dashboard") => bench_dashboard::run(&args[1..]),
+        // Hidden: the storage part of `bench` alone (`--size-mib N`, `--ours-only`).
         Some("bench-storage") => bench_storage::run(&args[1..]),
         // Hidden: the QEMU board part of `bench` alone (`--size-mib N`, `--quick`).
         Some("bench-boards") => bench_boards::run(&args[1..]),
@@ -157,6 +159,7 @@ fn main() -> std::process::ExitCode {
 fn bench(args: &[String]) -> Result<()> {
     let quick = args.iter().any(|a| a == "--quick");
     bench::run(args)?;
+    bench_obs::run(args)?;
     bench_startup::run(args)?;
     let storage_args: Vec<String> = if quick {
         vec!["--size-mib".into(), "64".into()]
