@@ -443,37 +443,9 @@ async fn a_lease_granted_at_once_comes_back_ready_and_a_waiting_one_waiting() {
     let second = lab.client("second").await;
     let ex = lab.exporter("ex1", &[("board", "g")]).await;
     let ch = lab.channel().await;
-    let mut ctl = ControllerServiceClient::new(ch.clone());
     let mut cli = ClientServiceClient::new(ch.clone());
     // The exporter comes online: registered, available, its Status stream open.
-    ctl.register(req(
-        &ex,
-        RegisterRequest {
-            labels: Default::default(),
-            reports: vec![DriverInstanceReport {
-                uuid: uuid::Uuid::new_v4().to_string(),
-                ..Default::default()
-            }],
-        },
-    ))
-    .await
-    .unwrap();
-    ctl.report_status(req(
-        &ex,
-        ReportStatusRequest {
-            status: ExporterStatus::Available as i32,
-            message: None,
-            release_lease: None,
-        },
-    ))
-    .await
-    .unwrap();
-    let mut status = ctl
-        .status(req(&ex, StatusRequest {}))
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(!status.next().await.unwrap().unwrap().leased);
+    let _status = crate::admin::bring_online(&ch, &ex).await;
 
     let granted = cli
         .create_lease(req(

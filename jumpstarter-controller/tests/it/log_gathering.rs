@@ -12,8 +12,7 @@ use jumpstarter_proto::{
     client_v1::{CreateLeaseRequest, Lease, client_service_client::ClientServiceClient},
     ext_v1::{GetLeaseLogsRequest, client_extension_service_client::ClientExtensionServiceClient},
     v1::{
-        DriverInstanceReport, ExporterStatus, GetServiceEndpointsRequest, LogEntry,
-        PushLogsRequest, RegisterRequest, ReportStatusRequest, StatusRequest, StatusResponse,
+        GetServiceEndpointsRequest, LogEntry, PushLogsRequest, StatusResponse,
         controller_service_client::ControllerServiceClient,
         telemetry_service_client::TelemetryServiceClient,
     },
@@ -25,35 +24,7 @@ use crate::{Identity, Lab, lab, lab_configured, req};
 /// Exporter `name` (board=NAME) registered, available and following its status stream.
 async fn board(lab: &Lab, name: &str) -> (Identity, tonic::Streaming<StatusResponse>) {
     let ex = lab.exporter(name, &[("board", name)]).await;
-    let mut ctl = ControllerServiceClient::new(lab.channel().await);
-    ctl.register(req(
-        &ex,
-        RegisterRequest {
-            labels: Default::default(),
-            reports: vec![DriverInstanceReport {
-                uuid: uuid::Uuid::new_v4().to_string(),
-                ..Default::default()
-            }],
-        },
-    ))
-    .await
-    .unwrap();
-    ctl.report_status(req(
-        &ex,
-        ReportStatusRequest {
-            status: ExporterStatus::Available as i32,
-            message: None,
-            release_lease: None,
-        },
-    ))
-    .await
-    .unwrap();
-    let mut status = ctl
-        .status(req(&ex, StatusRequest {}))
-        .await
-        .unwrap()
-        .into_inner();
-    status.next().await.unwrap().unwrap();
+    let status = crate::admin::bring_online(&lab.channel().await, &ex).await;
     (ex, status)
 }
 

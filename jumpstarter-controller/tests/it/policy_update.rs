@@ -4,7 +4,6 @@
 
 use std::time::Duration;
 
-use futures::StreamExt;
 use jumpstarter_controller::{
     GoDuration, LabelSelector,
     objects::{
@@ -13,15 +12,9 @@ use jumpstarter_controller::{
     store::Store,
 };
 use jumpstarter_core::auth::{ObjectKind, Subject};
-use jumpstarter_proto::{
-    client_v1::{
-        CreateLeaseRequest, GetLeaseRequest, Lease, UpdateLeaseRequest,
-        client_service_client::ClientServiceClient,
-    },
-    v1::{
-        DriverInstanceReport, ExporterStatus, RegisterRequest, ReportStatusRequest, StatusRequest,
-        controller_service_client::ControllerServiceClient,
-    },
+use jumpstarter_proto::client_v1::{
+    CreateLeaseRequest, GetLeaseRequest, Lease, UpdateLeaseRequest,
+    client_service_client::ClientServiceClient,
 };
 use tonic::Code;
 
@@ -96,36 +89,8 @@ async fn policy_limits_hold_after_the_grant() {
     lab.ctl.state.store.create(&policy).await.unwrap();
 
     let ch = lab.channel().await;
-    let mut ctl = ControllerServiceClient::new(ch.clone());
     let mut cli = ClientServiceClient::new(ch.clone());
-    ctl.register(req(
-        &ex,
-        RegisterRequest {
-            labels: Default::default(),
-            reports: vec![DriverInstanceReport {
-                uuid: uuid::Uuid::new_v4().to_string(),
-                ..Default::default()
-            }],
-        },
-    ))
-    .await
-    .unwrap();
-    ctl.report_status(req(
-        &ex,
-        ReportStatusRequest {
-            status: ExporterStatus::Available as i32,
-            message: None,
-            release_lease: None,
-        },
-    ))
-    .await
-    .unwrap();
-    let mut status = ctl
-        .status(req(&ex, StatusRequest {}))
-        .await
-        .unwrap()
-        .into_inner();
-    status.next().await.unwrap().unwrap();
+    let _status = crate::admin::bring_online(&ch, &ex).await;
 
     let lease = cli
         .create_lease(req(

@@ -3,7 +3,6 @@
 //! transfers it nor changes the list; any other client is told it does not exist; bad lists
 //! are refused with a reason and change nothing.
 
-use futures::StreamExt;
 use jumpstarter_controller::{objects::Lease as LeaseObject, store::Store};
 use jumpstarter_proto::{
     client_v1::{
@@ -11,9 +10,8 @@ use jumpstarter_proto::{
         UpdateLeaseRequest, client_service_client::ClientServiceClient,
     },
     v1::{
-        DriverInstanceReport, ExporterStatus, GetLeaseRequest as V1GetLeaseRequest,
-        ListLeasesRequest as V1ListLeasesRequest, RegisterRequest, ReportStatusRequest,
-        StatusRequest, controller_service_client::ControllerServiceClient,
+        GetLeaseRequest as V1GetLeaseRequest, ListLeasesRequest as V1ListLeasesRequest,
+        controller_service_client::ControllerServiceClient,
     },
 };
 use tonic::Code;
@@ -88,36 +86,7 @@ async fn list(cli: &mut Cli, who: &Identity) -> Vec<String> {
 /// access check of an update.
 async fn board(lab: &Lab) -> tonic::Streaming<jumpstarter_proto::v1::StatusResponse> {
     let ex = lab.exporter("board1", &[("board", "b")]).await;
-    let mut ctl = ControllerServiceClient::new(lab.channel().await);
-    ctl.register(req(
-        &ex,
-        RegisterRequest {
-            labels: Default::default(),
-            reports: vec![DriverInstanceReport {
-                uuid: uuid::Uuid::new_v4().to_string(),
-                ..Default::default()
-            }],
-        },
-    ))
-    .await
-    .unwrap();
-    ctl.report_status(req(
-        &ex,
-        ReportStatusRequest {
-            status: ExporterStatus::Available as i32,
-            message: None,
-            release_lease: None,
-        },
-    ))
-    .await
-    .unwrap();
-    let mut status = ctl
-        .status(req(&ex, StatusRequest {}))
-        .await
-        .unwrap()
-        .into_inner();
-    status.next().await.unwrap().unwrap();
-    status
+    crate::admin::bring_online(&lab.channel().await, &ex).await
 }
 
 #[tokio::test]
