@@ -5,7 +5,7 @@
 
 use std::{path::Path, process::Command, time::Duration};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 
 use crate::{bench::parse_figures, procs};
 
@@ -221,16 +221,8 @@ pub(crate) fn observability(rel: &Path, quick: bool) -> Result<()> {
 
 /// The two numbers of the `times t0 t1` line a shell printed.
 fn shell_times(stdout: &str) -> Result<(f64, f64)> {
-    let line = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("times "))
-        .with_context(|| format!("no timings in:\n{stdout}"))?;
-    let t: Vec<f64> = line
-        .split_whitespace()
-        .filter_map(|v| v.parse().ok())
-        .collect();
-    match t[..] {
+    match crate::bench_storage::times_line(stdout)?[..] {
         [t0, t1] => Ok((t0, t1)),
-        _ => bail!("bad timings {line:?}"),
+        ref t => bail!("bad timings {t:?}: two times expected"),
     }
 }

@@ -453,16 +453,23 @@ fn ours_unix(bench: &Bench) -> Result<Ours> {
 
 /// The upload and download seconds of the shell's `times t0 t1 t2` line.
 fn shell_timings(stdout: &str) -> Result<(f64, f64)> {
+    match times_line(stdout)?[..] {
+        [t0, t1, t2] => Ok((t1 - t0, t2 - t1)),
+        ref t => bail!("bad timings {t:?}: three times expected"),
+    }
+}
+
+/// The numbers of the `times ...` line a bench's shell command printed (the moments it
+/// took, in seconds).
+pub(crate) fn times_line(stdout: &str) -> Result<Vec<f64>> {
     let line = stdout
         .lines()
         .find_map(|l| l.strip_prefix("times "))
         .with_context(|| format!("no timings in:\n{stdout}"))?;
-    let t: Vec<f64> = line
+    Ok(line
         .split_whitespace()
         .filter_map(|v| v.parse().ok())
-        .collect();
-    ensure!(t.len() == 3, "bad timings {line:?}");
-    Ok((t[1] - t[0], t[2] - t[1]))
+        .collect())
 }
 
 /// The Python client's RUNS round trips against `host`: one row of figures.
@@ -673,4 +680,18 @@ fn plain_copy(src: &Path, dst: &Path, unix: bool, dir: &Path) -> Result<f64> {
         join(recv)?;
     }
     Ok(start.elapsed().as_secs_f64())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_times_line_gives_the_transfer_seconds() {
+        let out = "wrote\ntimes 10.0 12.5 16.0\n";
+        assert_eq!(times_line(out).unwrap(), [10.0, 12.5, 16.0]);
+        assert_eq!(shell_timings(out).unwrap(), (2.5, 3.5));
+        assert!(shell_timings("times 1 2\n").is_err());
+        assert!(times_line("no line\n").is_err());
+    }
 }
