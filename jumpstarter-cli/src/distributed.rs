@@ -327,11 +327,30 @@ pub async fn shell(toolkit: &crate::Toolkit, opts: ShellLease, command: &[String
         let name = lease.name.clone();
         // EndSession was sent above when the command ran to its end; after a signal or a
         // failed hook the lease is released at once.
-        if let Err(e) = session.release_now().await {
-            eprintln!(
+        match session.release_now().await {
+            Ok(()) => {}
+            // Released by someone else (an admin, the dashboard) while the command ran, and
+            // the command ended before the shell saw the lease end: it ended under the
+            // command all the same.
+            Err(LeaseError::Rpc {
+                code: tonic::Code::FailedPrecondition,
+                ..
+            }) => {
+                if let Ok(code) = outcome {
+                    eprintln!(
+                        "Lease {name} ended while the command ran (it was released elsewhere, \
+                         e.g. by an admin); exiting with {} (the command's own exit code was \
+                         {code})",
+                        lease_end::LEASE_ENDED_EXIT_CODE,
+                    );
+                    return Ok(lease_end::LEASE_ENDED_EXIT_CODE);
+                }
+                eprintln!("Lease {name} had already been released elsewhere (e.g. by an admin)");
+            }
+            Err(e) => eprintln!(
                 "Warning: could not release lease {name}: {e}",
                 e = jumpstarter_core::error_chain(&e)
-            );
+            ),
         }
     }
     outcome
