@@ -19,6 +19,7 @@ use jumpstarter_core::{
         tunnel::{self, RetryPolicy},
     },
     config::{ClientConfig, ExporterConfig},
+    hooks::wait::{Ended, Ready},
     server::local_socket_path,
 };
 use tokio_util::sync::CancellationToken;
@@ -258,13 +259,17 @@ pub async fn shell(toolkit: &crate::Toolkit, opts: ShellLease, command: &[String
         let mut server = Some(server);
         let mut watch = RunWatch::default();
         let step = timings::step("exporter ready (GetStatus)");
+        // Whether a hook said it failed: the log follower then waits for its output.
+        let mut hook_failed = false;
         let ready = async {
             let ready = session.wait_ready_on(channel.clone()).await;
             step.end();
             ready
         };
         let (code, end) = tokio::select! {
-            ready = ready => match crate::hook_wait::on_ready(ready, || lease.refusal()) {
+            ready = ready => {
+                hook_failed = matches!(ready, Ready::Failed(_));
+                match crate::hook_wait::on_ready(ready, || lease.refusal()) {
                 Ok(None) => {
                     let (code, end) = run_until_end(
                         lease, (command, &env, toolkit.j_program()), &socket, &cancel,
@@ -274,7 +279,9 @@ pub async fn shell(toolkit: &crate::Toolkit, opts: ShellLease, command: &[String
                     // EndSession (and the afterLease output) only while the lease lives.
                     if end_session && end.is_none() {
                         let _step = timings::step("EndSession, afterLease hook awaited");
-                        match crate::hook_wait::on_ended(session.end_session_on(channel).await) {
+                        let ended = session.end_session_on(channel).await;
+                        hook_failed = matches!(ended, Ended::Failed(_));
+                        match crate::hook_wait::on_ended(ended) {
                             Ok(()) => (code, end),
                             Err(e) => (Err(e), end),
                         }
@@ -284,11 +291,11 @@ pub async fn shell(toolkit: &crate::Toolkit, opts: ShellLease, command: &[String
                 }
                 Ok(Some(code)) => (Ok(code), None),
                 Err(e) => (Err(e), None),
-            },
+            }},
             sig = terminated() => (Ok(128 + sig), None),
         };
         let step = timings::step("log follower stopped");
-        crate::hook_wait::stop_logs(logs).await;
+        crate::hook_wait::stop_logs(logs, hook_failed).await;
         step.end();
         let step = timings::step("tunnels closed");
         cancel.cancel();

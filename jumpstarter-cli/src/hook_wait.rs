@@ -8,7 +8,7 @@
 use std::{
     sync::{
         Arc,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
     time::{Duration, Instant},
 };
@@ -17,6 +17,7 @@ use anyhow::{Result, anyhow};
 use jumpstarter_core::{
     client::SessionChannel,
     hooks::wait::{self, Ended, HOOK_WAIT, Ready},
+    server::LOG_BACKLOG_HEADER,
 };
 use jumpstarter_proto::v1::{LogSource, exporter_service_client::ExporterServiceClient};
 use tokio::task::JoinHandle;
@@ -27,6 +28,11 @@ const LOG_STREAM_ATTEMPTS: u32 = 10;
 const LOG_DRAIN: Duration = Duration::from_millis(300);
 /// The follower stops once no record has come for this long.
 const LOG_QUIET: Duration = Duration::from_millis(50);
+/// How long the log stream gets to open, and deliver what the exporter held for it, once
+/// the session is over.
+const OPEN_DRAIN: Duration = Duration::from_secs(2);
+/// How long the record of a hook's failure gets to arrive once its status said so.
+const FAILURE_DRAIN: Duration = Duration::from_secs(3);
 
 /// The label of a log record's source.
 fn source_label(source: Option<i32>) -> (&'static str, bool) {
@@ -44,6 +50,12 @@ pub fn follow_logs(channel: SessionChannel, all: bool) -> LogFollower {
     let started = Instant::now();
     let last = Arc::new(AtomicU64::new(0));
     let seen = last.clone();
+    let failure = Arc::new(AtomicBool::new(false));
+    let failure_seen = failure.clone();
+    // Records still to come before the follower has what the exporter held when the
+    // stream opened; `u64::MAX` until it opened.
+    let pending = Arc::new(AtomicU64::new(u64::MAX));
+    let pending_left = pending.clone();
     let task = tokio::spawn(async move {
         for _ in 0..LOG_STREAM_ATTEMPTS {
             match ExporterServiceClient::new(channel.clone())
@@ -51,8 +63,19 @@ pub fn follow_logs(channel: SessionChannel, all: bool) -> LogFollower {
                 .await
             {
                 Ok(response) => {
+                    let held = response
+                        .metadata()
+                        .get(LOG_BACKLOG_HEADER)
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.parse::<u64>().ok())
+                        .unwrap_or(0);
+                    pending_left.store(held, Ordering::Relaxed);
                     let mut records = response.into_inner();
                     while let Ok(Some(r)) = records.message().await {
+                        let _ =
+                            pending_left.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                                n.checked_sub(1)
+                            });
                         let (label, hook) = source_label(r.source);
                         if hook || all {
                             // Only what is printed counts for the drain: the backlog the
@@ -61,6 +84,9 @@ pub fn follow_logs(channel: SessionChannel, all: bool) -> LogFollower {
                             let at =
                                 u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
                             seen.store(at.max(1), Ordering::Relaxed);
+                            if hook && r.severity == "ERROR" {
+                                failure_seen.store(true, Ordering::Relaxed);
+                            }
                             if hook && r.severity == "INFO" {
                                 eprintln!("[{label}] {}", r.message);
                             } else {
@@ -68,9 +94,16 @@ pub fn follow_logs(channel: SessionChannel, all: bool) -> LogFollower {
                             }
                         }
                     }
+                    // Cut off (the lease or the connection gone): nothing more to wait for.
+                    pending_left.store(0, Ordering::Relaxed);
                 }
                 Err(status) if status.code() == tonic::Code::Unimplemented => return,
-                Err(status) => tracing::debug!("exporter LogStream: {}", status.message()),
+                Err(status) => {
+                    // No stream: a later attempt may open one, but the end of the session
+                    // does not wait for it.
+                    pending_left.store(0, Ordering::Relaxed);
+                    tracing::debug!("exporter LogStream: {}", status.message());
+                }
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
@@ -79,6 +112,8 @@ pub fn follow_logs(channel: SessionChannel, all: bool) -> LogFollower {
         task,
         started,
         last,
+        failure,
+        pending,
     }
 }
 
@@ -89,6 +124,11 @@ pub struct LogFollower {
     /// When the last printed record arrived, in milliseconds since `started` (0: none
     /// yet).
     last: Arc<AtomicU64>,
+    /// Whether a hook's ERROR record (its failure, logged before its status) was printed.
+    failure: Arc<AtomicBool>,
+    /// How many of the records held for this client (the exporter's
+    /// [`LOG_BACKLOG_HEADER`]) have not arrived yet; `u64::MAX` until the stream opened.
+    pending: Arc<AtomicU64>,
 }
 
 impl LogFollower {
@@ -180,7 +220,31 @@ pub fn on_ended(ended: Ended) -> Result<()> {
 /// has come for [`LOG_QUIET`], at most [`LOG_DRAIN`] after the call. (A fixed drain added
 /// 300 ms to every `jmp shell`, hooks or not; counting records that are not printed held
 /// every exit for [`LOG_QUIET`] after the stream's backlog.)
-pub async fn stop_logs(logs: LogFollower) {
+///
+/// With `hook_failed` (a hook's status said it failed), first waits (at most
+/// [`FAILURE_DRAIN`]) for the hook's ERROR record: the exporter logs it, after the hook's
+/// output, before it sets the failed status, but the log stream may not have delivered it
+/// (or even opened) by the time the status poll saw the failure; the user must see the
+/// hook's output that explains the failure.
+pub async fn stop_logs(logs: LogFollower, hook_failed: bool) {
+    // The stream open, with what the exporter held for us (hook output of a hook that ran
+    // before the stream opened): a quick command can end before either arrived.
+    let deadline = Instant::now() + OPEN_DRAIN;
+    while logs.pending.load(Ordering::Relaxed) != 0
+        && !logs.task.is_finished()
+        && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    if hook_failed {
+        let deadline = Instant::now() + FAILURE_DRAIN;
+        while !logs.failure.load(Ordering::Relaxed)
+            && !logs.task.is_finished()
+            && Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
     let deadline = Instant::now() + LOG_DRAIN;
     loop {
         let quiet = logs.quiet_for();

@@ -464,6 +464,8 @@ async fn shell(args: ShellArgs, toolkit: &crate::Toolkit) -> Result<i32> {
         let ready = // No controller to ask: a standalone exporter's session outlives every client, so
         // polls that fail are retried for the whole wait.
         crate::hook_wait::before_command(channel, || std::future::ready(false), || None).await;
+        // A failed beforeLease hook: its output (which says why) is waited for.
+        let hook_failed = ready.is_err();
         let code = match ready {
             Ok(None) => {
                 let child = shell::ChildOptions {
@@ -475,7 +477,7 @@ async fn shell(args: ShellArgs, toolkit: &crate::Toolkit) -> Result<i32> {
             Ok(Some(code)) => Ok(code),
             Err(e) => Err(e),
         };
-        crate::hook_wait::stop_logs(logs).await;
+        crate::hook_wait::stop_logs(logs, hook_failed).await;
         return code;
     }
     match args.exporter.load()? {

@@ -22,5 +22,7 @@ pub use serve::{
     SHUTDOWN_GRACE, ServeOptions, local_socket_path, nodelay_incoming, serve_tcp, serve_tunnels,
     serve_unix,
 };
-pub use session::{SESSION_END_TIMEOUT, Session, SessionService, StatusState, StreamService};
+pub use session::{
+    LOG_BACKLOG_HEADER, SESSION_END_TIMEOUT, Session, SessionService, StatusState, StreamService,
+};
 pub use tunnel_conn::{TunnelConn, tunnel_conn};

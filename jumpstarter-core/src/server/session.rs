@@ -31,6 +31,10 @@ use crate::{
     },
 };
 
+/// The `LogStream` response header that says how many records held for a client that had
+/// not opened the stream yet (hook output) come first. Our own; other clients ignore it.
+pub const LOG_BACKLOG_HEADER: &str = "jumpstarter-log-backlog";
+
 /// How long [`Session::close`] waits for one driver's [`Driver::session_end`].
 pub const SESSION_END_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -635,6 +639,7 @@ impl ExporterService for SessionService {
     async fn log_stream(&self, _: Request<()>) -> Result<Response<Self::LogStreamStream>, Status> {
         let (backlog, rx) = self.0.logs.subscribe();
         let uuid = self.0.uuid.to_string();
+        let replayed = backlog.len();
         let backlog = futures::stream::iter(backlog.into_iter().map(Ok));
         let live = tokio_stream::wrappers::BroadcastStream::new(rx);
         let out = backlog.chain(live).filter_map(move |r| {
@@ -650,7 +655,13 @@ impl ExporterService for SessionService {
                 }
             }
         });
-        Ok(Response::new(Box::pin(out)))
+        let mut response = Response::new(Box::pin(out) as Self::LogStreamStream);
+        // How many held records come first, so that a client leaving soon after a hook
+        // (`jmp shell` with a quick command) knows when it has them all.
+        response
+            .metadata_mut()
+            .insert(LOG_BACKLOG_HEADER, replayed.into());
+        Ok(response)
     }
 
     async fn reset(&self, _: Request<ResetRequest>) -> Result<Response<ResetResponse>, Status> {
