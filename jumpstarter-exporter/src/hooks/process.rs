@@ -1,13 +1,13 @@
 //! Runs one hook process, as upstream 0.9.0 does: in a PTY (so its output is line-buffered),
 //! with upstream's environment, its output line by line to the session's `LogStream`.
 //!
-//! **No hook child outlives the exporter.** The hook starts in a process group of its own.
-//! On timeout the group gets `SIGTERM`, then `SIGKILL` 5 s later; when the run is dropped
-//! (the exporter stops, the lease task is cancelled) the group gets `SIGKILL`. Against a
-//! `SIGKILL` of the exporter itself, each hook has a *watcher*: a tiny `/bin/sh` in its own
-//! process group that blocks reading a pipe whose only writer is the exporter; when the
-//! exporter dies the kernel closes the pipe, the read returns and the watcher kills the hook's
-//! group. (A parent-death signal, `PR_SET_PDEATHSIG`, would need `unsafe` code between fork
+//! **No hook child outlives the exporter.** The hook starts in a process group of its own
+//! (apart from the exporter's). On timeout the group gets `SIGTERM`, then `SIGKILL` 5 s
+//! later; when the run is dropped (the exporter stops, the lease task is cancelled) the group
+//! gets `SIGKILL`. Against a `SIGKILL` of the exporter itself, each hook has a *watcher*: a
+//! tiny `/bin/sh`, started before the hook and leading the hook's process group, that blocks
+//! reading a pipe whose only writer is the exporter; when the exporter dies the kernel closes
+//! the pipe, the read returns and the watcher kills the group. (A parent-death signal, `PR_SET_PDEATHSIG`, would need `unsafe` code between fork
 //! and exec, which this workspace forbids, and would reach only the direct child.) When the
 //! hook ends by itself the watcher is stopped first, so what the hook left running in the
 //! background keeps running, as upstream.
@@ -232,9 +232,13 @@ pub async fn run(spec: &HookSpec, out: OutputTo, env: &HookEnv) -> Outcome {
     }
     let key = out.key;
     let argv = spec.command_line();
-    let (master, mut child) = match spawn(&argv, spec.path.as_deref(), env) {
+    // The watcher first, and the hook in its process group: an exporter killed at any
+    // moment after the hook started leaves a watcher to kill it.
+    let mut group = GroupGuard::new();
+    let (master, mut child) = match spawn(&argv, spec.path.as_deref(), env, group.pgid) {
         Ok(x) => x,
         Err(e) => {
+            group.disarm().await;
             return Outcome::failed(format!(
                 "Error executing hook: {}: {e}",
                 argv[0],
@@ -243,9 +247,10 @@ pub async fn run(spec: &HookSpec, out: OutputTo, env: &HookEnv) -> Outcome {
         }
     };
     let Some(pid) = child.id().and_then(|id| Pid::from_raw(id as i32)) else {
+        group.disarm().await;
         return Outcome::failed("Error executing hook: the hook process vanished at once".into());
     };
-    let mut group = GroupGuard::new(pid);
+    group.pgid.get_or_insert(pid);
     let reader = tokio::spawn(forward_output(master, out));
     let result = match tokio::time::timeout(spec.timeout, child.wait()).await {
         Ok(Ok(status)) => {
@@ -297,10 +302,12 @@ fn exit_result(status: std::process::ExitStatus) -> Result<(), String> {
 }
 
 /// Opens a PTY and starts the hook on its slave side, in a new process group.
+/// Spawns the hook in process group `group` (its watcher's), or in a group of its own.
 fn spawn(
     argv: &[String],
     path: Option<&std::ffi::OsStr>,
     env: &HookEnv,
+    group: Option<Pid>,
 ) -> io::Result<(OwnedFd, tokio::process::Child)> {
     // Close-on-exec: later children of the exporter do not inherit the master.
     let master =
@@ -330,7 +337,7 @@ fn spawn(
         cmd.stdin(Stdio::from(slave.try_clone()?))
             .stdout(Stdio::from(slave.try_clone()?))
             .stderr(Stdio::from(slave))
-            .process_group(0)
+            .process_group(group.map_or(0, |g| g.as_raw_nonzero().get()))
             .kill_on_drop(true);
         cmd.spawn()?
         // `cmd` (and with it the parent's copies of the slave) is dropped here, so the
@@ -437,23 +444,27 @@ impl Tail {
 
 /// Kills the hook's process group when dropped (and, through its watcher, when the exporter
 /// dies).
+///
+/// The watcher is started before the hook and leads the process group the hook joins: its
+/// pid is the group's id before the hook exists. (Started after the hook, for the hook's own
+/// group, a `SIGKILL` of the exporter between the two spawns left the hook without one.)
 struct GroupGuard {
-    pgid: Pid,
+    /// The process group: the watcher's, or (without a watcher) the hook's own once spawned.
+    pgid: Option<Pid>,
     watcher: Option<(tokio::process::Child, std::io::PipeWriter)>,
     armed: bool,
 }
 
 impl GroupGuard {
-    fn new(pgid: Pid) -> Self {
-        let watcher = match start_watcher(pgid) {
-            Ok(w) => Some(w),
+    fn new() -> Self {
+        let (pgid, watcher) = match start_watcher() {
+            Ok((pid, child, writer)) => (Some(pid), Some((child, writer))),
             Err(e) => {
                 tracing::warn!(
-                    "hook process group {}: no watcher ({e}); the hook may outlive a killed exporter",
-                    pgid.as_raw_nonzero(),
+                    "hook watcher: {e}; the hook may outlive a killed exporter",
                     e = jumpstarter_core::error_chain(&e)
                 );
-                None
+                (None, None)
             }
         };
         Self {
@@ -465,7 +476,9 @@ impl GroupGuard {
 
     fn signal(&self, sig: Signal) {
         // The group may be gone already (ESRCH): nothing to do then.
-        let _ = rustix::process::kill_process_group(self.pgid, sig);
+        if let Some(pgid) = self.pgid {
+            let _ = rustix::process::kill_process_group(pgid, sig);
+        }
     }
 
     /// The hook ended by itself: stop the watcher without touching the group.
@@ -489,22 +502,28 @@ impl Drop for GroupGuard {
     }
 }
 
-/// Starts the watcher of process group `pgid` (see the module docs).
-fn start_watcher(pgid: Pid) -> io::Result<(tokio::process::Child, std::io::PipeWriter)> {
+/// Starts a watcher leading a process group of its own (see the module docs): the group's id
+/// (its pid), the watcher, and the pipe's only writer. It ignores the `SIGTERM` a timed-out
+/// hook's group gets, so that it still guards the grace period before the `SIGKILL`.
+fn start_watcher() -> io::Result<(Pid, tokio::process::Child, std::io::PipeWriter)> {
     let (reader, writer) = std::io::pipe()?;
     let child = tokio::process::Command::new("/bin/sh")
         .args([
             "-c",
-            "read _ignored; kill -9 \"-$1\" 2>/dev/null",
+            "trap '' TERM INT HUP; read _ignored; kill -9 \"-$$\" 2>/dev/null",
             "jumpstarter-hook-watcher",
         ])
-        .arg(pgid.as_raw_nonzero().to_string())
         .stdin(Stdio::from(reader))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .process_group(0)
         .spawn()?;
-    Ok((child, writer))
+    let pid = child
+        .id()
+        .and_then(|id| i32::try_from(id).ok())
+        .and_then(Pid::from_raw)
+        .ok_or_else(|| io::Error::other("the watcher exited at once"))?;
+    Ok((pid, child, writer))
 }
 
 #[cfg(test)]
