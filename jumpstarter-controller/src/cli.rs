@@ -33,6 +33,24 @@ fn parse_optional_duration(s: &str) -> Result<OptionalDuration, String> {
     parse_duration(t).map(|d| OptionalDuration(Some(d)))
 }
 
+/// `--ui-public-url`: an `http://` or `https://` URL with a host and no path, query or
+/// fragment (a trailing `/` is dropped).
+fn parse_public_url(s: &str) -> Result<String, String> {
+    let t = s.trim().trim_end_matches('/');
+    let uri: http::Uri = t.parse().map_err(|e| format!("{s:?} is not a URL: {e}"))?;
+    if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
+        return Err(format!(
+            "{s:?} must be an http:// or https:// URL with a host, e.g. https://lab.example.com"
+        ));
+    }
+    if !matches!(uri.path(), "" | "/") || uri.query().is_some() || t.contains('#') {
+        return Err(format!(
+            "{s:?} must be the dashboard's base URL, without a path (the dashboard is under /ui)"
+        ));
+    }
+    Ok(t.to_owned())
+}
+
 fn parse_duration(s: &str) -> Result<Duration, String> {
     let d = crate::objects::duration::GoDuration::parse(s)
         .map_err(|e| jumpstarter_core::error_chain(&e))?;
@@ -127,6 +145,20 @@ pub struct Args {
     /// controller starts without the dashboard and warns; an address given here must bind).
     #[arg(long, value_name = "ADDR", env = "JUMPSTARTER_UI_LISTEN")]
     pub ui_listen: Option<String>,
+    /// The OIDC client id of the dashboard's "Log in with OIDC" buttons, one per external
+    /// issuer (a public client: authorization code with PKCE, no secret). Register the
+    /// redirect URI `<dashboard URL>/ui/login/oidc/callback` for it with each issuer (see
+    /// docs/dashboard.md). Default: `jumpstarter-cli` when the issuer's audiences hold it
+    /// (as `jmp login`), else the issuer's first audience.
+    #[arg(long, value_name = "ID", env = "JUMPSTARTER_UI_OIDC_CLIENT_ID")]
+    pub ui_oidc_client_id: Option<String>,
+    /// The dashboard's base URL as browsers reach it, e.g. `https://lab.example.com` behind a
+    /// TLS proxy: its OIDC logins send the issuer the redirect URI
+    /// `URL/ui/login/oidc/callback`. Default: `http://` + the host and port the browser
+    /// asked for (right for a dashboard reached on loopback or through a port-forward).
+    #[arg(long, value_name = "URL", env = "JUMPSTARTER_UI_PUBLIC_URL",
+          value_parser = parse_public_url)]
+    pub ui_public_url: Option<String>,
     /// Exporter labels whose values split the exporters online / leased / quarantined
     /// metrics (comma-separated, e.g. `board,site`; default: one total each). Keep them to
     /// labels with few values: each combination is a series.
@@ -364,6 +396,13 @@ impl Args {
                 Some(a) => Some(a.to_string()),
             },
             ui_listen_optional: ui.is_none(),
+            ui_oidc_client_id: self
+                .ui_oidc_client_id
+                .as_deref()
+                .map(str::trim)
+                .filter(|c| !c.is_empty())
+                .map(str::to_owned),
+            ui_public_url: self.ui_public_url.clone(),
             login_namespace: self.namespace.clone(),
             pending_client_timeout: self.pending_lease_client_timeout.0,
             accept_empty_store: self.accept_empty_store,
@@ -1262,6 +1301,31 @@ deprecatedLabels:
         for off in ["off", "OFF", "", " "] {
             let c = parse(&["--ui-listen", off]).unwrap().config();
             assert_eq!(c.ui_listen, None, "{off:?}");
+        }
+    }
+
+    #[test]
+    fn the_dashboard_s_oidc_flags() {
+        let c = parse(&[]).unwrap().config();
+        assert_eq!((c.ui_oidc_client_id, c.ui_public_url), (None, None));
+        let c = parse(&[
+            "--ui-oidc-client-id",
+            "dashboard",
+            "--ui-public-url",
+            "https://lab.example.com/",
+        ])
+        .unwrap()
+        .config();
+        assert_eq!(c.ui_oidc_client_id.as_deref(), Some("dashboard"));
+        assert_eq!(c.ui_public_url.as_deref(), Some("https://lab.example.com"));
+        for bad in [
+            "lab.example.com",
+            "ftp://lab.example.com",
+            "https://lab.example.com/ui",
+            "https://lab.example.com?x=1",
+        ] {
+            let e = parse(&["--ui-public-url", bad]).unwrap_err().to_string();
+            assert!(e.contains(bad), "{e}");
         }
     }
 

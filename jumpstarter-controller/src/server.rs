@@ -204,6 +204,13 @@ pub struct ControllerConfig {
     /// machine has the port), start without the dashboard and warn instead of failing: the
     /// binary sets it when the address is its default rather than one given explicitly.
     pub ui_listen_optional: bool,
+    /// The OIDC client id of the dashboard's "Log in with OIDC" (`None`: `jumpstarter-cli`
+    /// when the issuer accepts that audience, else its first audience).
+    pub ui_oidc_client_id: Option<String>,
+    /// The dashboard's public base URL (e.g. `https://lab.example.com`), for the redirect
+    /// URI of its OIDC logins (`<url>/ui/login/oidc/callback`); `None`: `http://` + the
+    /// request's `Host`.
+    pub ui_public_url: Option<String>,
 }
 
 impl ControllerConfig {
@@ -238,6 +245,8 @@ impl ControllerConfig {
             pools: Some(crate::pools::engine::PoolsConfig::new(&data_dir)),
             ui_listen: None,
             ui_listen_optional: false,
+            ui_oidc_client_id: None,
+            ui_public_url: None,
             data_dir,
         }
     }
@@ -672,6 +681,11 @@ async fn start_locked<S: Store>(
             secrets.admin_token.clone(),
             secrets.ca_pem.clone(),
             stopped.clone(),
+            crate::ui::UiOidc {
+                client_id: config.ui_oidc_client_id.clone(),
+                public_url: config.ui_public_url.clone(),
+                namespace: config.login_namespace.clone(),
+            },
         );
         if let Some(a) = ui_addr {
             tracing::info!("dashboard listening on http://{a}/ui");

@@ -320,7 +320,16 @@ impl ExternalVerifier {
         &self.config.issuer.audiences
     }
 
-    async fn fetch_keys(&self) -> Result<Vec<Jwk>, OidcError> {
+    /// The HTTPS client for this issuer (trusting its `certificateAuthority`), with a
+    /// timeout on every request.
+    pub fn http(&self) -> &HttpsClient {
+        &self.http
+    }
+
+    /// The issuer's discovery document (from `discoveryURL`, else
+    /// `<url>/.well-known/openid-configuration`), and where it was read; without
+    /// `discoveryURL` its `issuer` must be the configured URL.
+    pub async fn discovery(&self) -> Result<(Value, String), OidcError> {
         let base = self.config.issuer.url.trim_end_matches('/');
         let discovery_url = self
             .config
@@ -341,6 +350,11 @@ impl ExternalVerifier {
                 });
             }
         }
+        Ok((doc, discovery_url))
+    }
+
+    async fn fetch_keys(&self) -> Result<Vec<Jwk>, OidcError> {
+        let (doc, discovery_url) = self.discovery().await?;
         let jwks_uri =
             doc.get("jwks_uri")
                 .and_then(Value::as_str)

@@ -4,7 +4,8 @@
 //! It serves discovery, a JWKS with one ES256 key generated here, a token endpoint with the
 //! password, refresh-token and authorization-code (PKCE S256) grants, and an authorize
 //! endpoint that approves at once: it redirects to the callback with a code for
-//! [`FakeIssuer::BROWSER_USER`]. Its device authorization endpoint (RFC 8628) hands out
+//! [`FakeIssuer::BROWSER_USER`] (whose ID token carries the request's `nonce`), or with an
+//! error after [`FakeIssuer::set_authorize_error`]. Its device authorization endpoint (RFC 8628) hands out
 //! device codes that play a [`DeviceScript`]: some `authorization_pending` answers (one of
 //! them `slow_down`, if asked), then approval for [`FakeIssuer::BROWSER_USER`], denial or
 //! expiry.
@@ -43,6 +44,8 @@ pub struct FakeIssuer {
 struct Grant {
     user: String,
     client_id: String,
+    /// The authorization request's `nonce`, put into the ID token of its code.
+    nonce: Option<String>,
 }
 
 /// What the device codes handed out from now on answer when polled.
@@ -98,6 +101,8 @@ struct State {
     counter: AtomicUsize,
     device_script: Mutex<DeviceScript>,
     devices: Mutex<HashMap<String, Device>>,
+    authorize_error: Mutex<Option<String>>,
+    authorize_requests: AtomicUsize,
 }
 
 /// Seconds since the Unix epoch (the `iat`/`exp` clock of tokens).
@@ -193,6 +198,8 @@ impl FakeIssuer {
             counter: AtomicUsize::new(0),
             device_script: Mutex::new(DeviceScript::default()),
             devices: Mutex::new(HashMap::new()),
+            authorize_error: Mutex::new(None),
+            authorize_requests: AtomicUsize::new(0),
         });
         let s = state.clone();
         let task = tokio::spawn(async move {
@@ -247,6 +254,17 @@ impl FakeIssuer {
         codes.iter().map(|c| devices[*c].polls.clone()).collect()
     }
 
+    /// What the authorize endpoint answers from now on: `Some(error)` (e.g. `access_denied`)
+    /// redirects back with that error instead of a code; `None` approves.
+    pub fn set_authorize_error(&self, error: Option<&str>) {
+        *self.state.authorize_error.lock().unwrap() = error.map(str::to_owned);
+    }
+
+    /// How many authorization requests the authorize endpoint answered.
+    pub fn authorize_requests(&self) -> usize {
+        self.state.authorize_requests.load(Ordering::SeqCst)
+    }
+
     /// How often the JWKS was fetched.
     pub fn jwks_fetches(&self) -> usize {
         self.state.jwks_fetches.load(Ordering::SeqCst)
@@ -276,11 +294,14 @@ impl State {
 
     fn tokens(&self, grant: Grant) -> Value {
         let now = now();
-        let claims = json!({
+        let mut claims = json!({
             "iss": self.url, "sub": grant.user, "aud": grant.client_id,
             "email": format!("{}@example.com", grant.user),
             "iat": now, "exp": now + self.token_lifetime,
         });
+        if let Some(nonce) = &grant.nonce {
+            claims["nonce"] = nonce.clone().into();
+        }
         let token = sign(&self.key, FakeIssuer::KID, &claims);
         let refresh = self.next("refresh");
         self.refresh.lock().unwrap().insert(refresh.clone(), grant);
@@ -305,13 +326,20 @@ impl State {
                 if self.users.get(&user) != Some(&get("password")) {
                     return invalid("wrong username or password");
                 }
-                (200, self.tokens(Grant { user, client_id }))
+                (
+                    200,
+                    self.tokens(Grant {
+                        user,
+                        client_id,
+                        nonce: None,
+                    }),
+                )
             }
             "refresh_token" => {
                 // The guard must be gone before `tokens` locks the map again.
                 let grant = self.refresh.lock().unwrap().remove(&get("refresh_token"));
                 match grant {
-                    Some(g) => (200, self.tokens(g)),
+                    Some(g) => (200, self.tokens(Grant { nonce: None, ..g })),
                     None => invalid("unknown refresh token"),
                 }
             }
@@ -353,6 +381,7 @@ impl State {
                         let grant = Grant {
                             user: FakeIssuer::BROWSER_USER.into(),
                             client_id,
+                            nonce: None,
                         };
                         drop(devices);
                         (200, self.tokens(grant))
@@ -474,8 +503,21 @@ async fn handle<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
         }
         ("GET", "/authorize") => {
             let get = |k: &str| params.get(k).cloned().unwrap_or_default();
+            s.authorize_requests.fetch_add(1, Ordering::SeqCst);
+            let refusal = s.authorize_error.lock().unwrap().clone();
             if get("code_challenge_method") != "S256" || get("response_type") != "code" {
                 (400, String::new(), "bad authorize request".into())
+            } else if let Some(error) = refusal {
+                let location = format!(
+                    "{}?{}",
+                    get("redirect_uri"),
+                    oidc::form_encode(&[
+                        ("error", &error),
+                        ("error_description", "the user said no"),
+                        ("state", &get("state")),
+                    ])
+                );
+                (302, format!("Location: {location}\r\n"), String::new())
             } else {
                 let code = s.next("code");
                 let redirect = get("redirect_uri");
@@ -487,6 +529,7 @@ async fn handle<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
                         Grant {
                             user: FakeIssuer::BROWSER_USER.into(),
                             client_id: get("client_id"),
+                            nonce: params.get("nonce").cloned(),
                         },
                     ),
                 );

@@ -6,7 +6,10 @@ use std::sync::Arc;
 use axum::extract::State;
 use tokio::sync::watch;
 
-use super::{session::Sessions, view::View};
+use super::{
+    session::{PendingLogins, Sessions},
+    view::View,
+};
 use crate::{auth::admin_token::AdminToken, state::ControllerState, store::Store};
 
 /// What the dashboard's handlers share.
@@ -23,6 +26,23 @@ pub(crate) struct Ui<S: Store> {
     pub view: Arc<View>,
     /// Says true when the controller stops (ends the event streams).
     pub stopped: watch::Receiver<bool>,
+    /// How logins through the external OIDC issuers go.
+    pub oidc: UiOidc,
+    /// The OIDC logins waiting for the issuer's answer.
+    pub pending: PendingLogins,
+}
+
+/// How the dashboard logs in through the controller's external OIDC issuers (`login`).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct UiOidc {
+    /// The client id of the authorization requests (`None`: `jumpstarter-cli` when the
+    /// issuer accepts that audience, else its first audience, as `/v1/auth/config` says).
+    pub client_id: Option<String>,
+    /// The dashboard's public base URL (`https://lab.example.com`) for the redirect URI
+    /// `<url>/ui/login/oidc/callback`; `None`: `http://` + the request's `Host`.
+    pub public_url: Option<String>,
+    /// The namespace of the Clients an external user logs in as (`/v1/auth/config`'s).
+    pub namespace: String,
 }
 
 /// Builds the dashboard over `state` and starts keeping its view from the store.
@@ -31,6 +51,7 @@ pub(crate) fn dashboard<S: Store>(
     admin_token: AdminToken,
     ca_pem: String,
     stopped: watch::Receiver<bool>,
+    oidc: UiOidc,
 ) -> Arc<Ui<S>> {
     let view = View::start(&state.store, stopped.clone());
     Arc::new(Ui {
@@ -40,6 +61,8 @@ pub(crate) fn dashboard<S: Store>(
         sessions: Sessions::default(),
         view,
         stopped,
+        oidc,
+        pending: PendingLogins::default(),
     })
 }
 

@@ -114,8 +114,9 @@ pub fn error_page(
         .into_response()
 }
 
-/// The login page, with `error` after a refused login.
-pub fn login_page(error: Option<&str>, logged_in: Option<&Login>) -> Markup {
+/// The login page, with `error` after a refused login, and a "Log in with OIDC" button for
+/// each of `issuers` (the controller's external OIDC issuers).
+pub fn login_page(error: Option<&str>, logged_in: Option<&Login>, issuers: &[String]) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
@@ -138,11 +139,27 @@ pub fn login_page(error: Option<&str>, logged_in: Option<&Login>) -> Markup {
                         label for="token" {
                             "Paste a token: the admin token (the " code { "jsadmin_..." }
                             " line of the controller's " code { "admin-token" } " file) to see and act, "
-                            "or a client token (the " code { "token" } " of a client config) to see."
+                            "or, to see, a client token (the " code { "token" } " of a client "
+                            "config) or a token of an OIDC issuer the controller trusts."
                         }
                         textarea id="token" name="token" rows="4" autocomplete="off"
                             spellcheck="false" required {}
                         button id="login-submit" type="submit" { "Log in" }
+                    }
+                    @if !issuers.is_empty() {
+                        p class="oidc" {
+                            "Or log in (to see) through an OIDC issuer, as the client that has "
+                            "your username:"
+                        }
+                        @for (i, issuer) in issuers.iter().enumerate() {
+                            p class="oidc" {
+                                a id=(format!("oidc-login-{i}")) class="button"
+                                    href=(format!("/ui/login/oidc/start?issuer={}",
+                                        jumpstarter_core::oidc::url_encode(issuer))) {
+                                    "Log in with OIDC: " (issuer)
+                                }
+                            }
+                        }
                     }
                     p class="note" {
                         "The token stays on the controller; the browser keeps only a session "

@@ -6,7 +6,8 @@
 //! - [`serve`] runs it on a listener: bounded connections, request bodies and request times
 //!   (as the other listeners).
 //! - `app`: what the handlers share (`Ui`).
-//! - `login`: the login (an admin token or a client token) and each request's check of it;
+//! - `login`: the login (an admin token, a client token, an external OIDC issuer's token
+//!   pasted or obtained through the issuer's login page) and each request's check of it;
 //!   `session`: the session table, its cookie and CSRF token.
 //! - `view`: the objects the pages show, kept from the store's watch, and the change counters
 //!   the event stream reports.
@@ -43,7 +44,7 @@ use tokio::{
 
 use crate::store::Store;
 
-pub(crate) use app::{Ui, dashboard};
+pub(crate) use app::{Ui, UiOidc, dashboard};
 
 /// Connections open at once; more are closed as they come.
 pub const MAX_CONNECTIONS: usize = 128;
@@ -65,6 +66,8 @@ pub(crate) fn router<S: Store>(ui: Arc<Ui<S>>) -> Router {
             get(login::login_form::<S>).post(login::login_submit::<S>),
         )
         .route("/ui/logout", post(login::logout::<S>))
+        .route("/ui/login/oidc/start", get(login::oidc_start::<S>))
+        .route("/ui/login/oidc/callback", get(login::oidc_callback::<S>))
         .route("/ui/static/ui.js", get(script))
         .route("/ui/static/ui.css", get(style))
         .route("/ui", get(pages::fleet::<S>))
