@@ -75,6 +75,8 @@ pub struct ControllerState<S: Store> {
     pub lease_logs: Option<Arc<crate::lease_logs::LeaseLogs>>,
     /// The pool engine's recent scaling decisions (for `jmp admin describe exporterset`).
     pub pool_decisions: Arc<crate::pools::decisions::Decisions>,
+    /// Each exporter's recent hook runs and health events (the dashboard's exporter page).
+    pub hook_history: crate::hook_history::HookHistory,
     /// The labels of the replicas each valid ExporterSet can make, by namespace (published by
     /// the pool engine): a waiting lease that only such a replica could serve waits for it
     /// instead of ending as unsatisfiable.
@@ -131,6 +133,7 @@ impl<S: Store> ControllerState<S> {
                 Default::default(),
             ))),
             pool_decisions: Arc::default(),
+            hook_history: Default::default(),
             pool_labels: std::sync::Mutex::new(Arc::from(Vec::new())),
             store,
         })

@@ -510,7 +510,11 @@ fn grant_in_order(
             Pick::Unsatisfiable(reason, message) => {
                 w.end_with(c::UNSATISFIABLE, reason, &message, now);
             }
-            Pick::Wait(reason, message) => waiting.push((q.work, reason, message)),
+            Pick::Wait(reason, message) => {
+                // The priority the queue is ordered by, for those who read the queue.
+                w.status.priority = q.priority;
+                waiting.push((q.work, reason, message));
+            }
         }
     }
     waiting

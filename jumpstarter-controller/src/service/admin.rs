@@ -38,7 +38,7 @@ use crate::{
     service::{
         admin_apply::{Desired, parse_documents},
         admin_pools::{class_to_admin, exporter_set_to_admin},
-        controller::{update_exporter, update_lease},
+        controller::{release_lease, update_exporter},
         limits::{self, MAX_LABELS, MAX_RULES, MAX_SELECTOR, MAX_TEXT},
     },
     state::{ControllerState, store_status},
@@ -322,14 +322,7 @@ impl<S: Store> AdminApi<S> {
             let Some(name) = l.metadata.name.as_deref() else {
                 continue;
             };
-            let r = update_lease(&self.state.store, namespace, name, |l| {
-                if l.is_ended() || l.spec.release {
-                    return Ok(false);
-                }
-                l.spec.release = true;
-                Ok(true)
-            })
-            .await;
+            let r = release_lease(&self.state, namespace, name).await;
             match r {
                 Ok(_) => n += 1,
                 // Deleted meanwhile: nothing to release.
@@ -337,10 +330,181 @@ impl<S: Store> AdminApi<S> {
                 Err(e) => return Err(e),
             }
         }
-        if n > 0 {
-            self.state.wake.notify_one();
-        }
         Ok(n)
+    }
+}
+
+/// Reason of the `Healthy=False` condition an admin sets ([`AdminApi::quarantine_exporter`]).
+pub const REASON_QUARANTINED_BY_ADMIN: &str = "QuarantinedByAdmin";
+
+/// The admin's changes to one lease or exporter that the dashboard makes too: each checks the
+/// admin token as the RPCs do (`md` carries it), writes through one code path, wakes the
+/// scheduler and logs who did it (`by`: `admin API`, or the dashboard's login).
+impl<S: Store> AdminApi<S> {
+    /// Ends lease `namespace/name` (marks it for release, as `jmp delete lease` does);
+    /// FAILED_PRECONDITION when it has already ended or been released.
+    pub(crate) async fn end_lease(
+        &self,
+        md: &MetadataMap,
+        namespace: &str,
+        name: &str,
+        by: &str,
+    ) -> Result<Lease, Status> {
+        self.authorize(md)?;
+        let r = ObjectRef {
+            namespace: namespace.into(),
+            name: name.into(),
+        };
+        let (ns, name, lease) = self.get_object::<Lease>("lease", &r).await?;
+        if lease.is_ended() {
+            return Err(Status::failed_precondition(format!(
+                "lease {ns}/{name} has already ended"
+            )));
+        }
+        if lease.spec.release {
+            return Err(Status::failed_precondition(format!(
+                "lease {ns}/{name} has already been released"
+            )));
+        }
+        let l = release_lease(&self.state, &ns, &name).await?;
+        tracing::info!(who = %by, "admin: {by} ended lease {ns}/{name}");
+        Ok(l)
+    }
+
+    /// Clears the quarantine of exporter `namespace/name` (`ClearExporterHealth`, `jmp admin
+    /// clear-health exporter`).
+    pub(crate) async fn clear_health(
+        &self,
+        md: &MetadataMap,
+        namespace: &str,
+        name: &str,
+        by: &str,
+    ) -> Result<Exporter, Status> {
+        self.authorize(md)?;
+        let r = ObjectRef {
+            namespace: namespace.into(),
+            name: name.into(),
+        };
+        let (ns, name, _) = self.get_object::<Exporter>("exporter", &r).await?;
+        let mut cleared = false;
+        let e = update_exporter(&self.state.store, &ns, &name, true, |e| {
+            cleared = false;
+            if e.unhealthy().is_none() {
+                return false;
+            }
+            let Some(st) = e.status.as_mut() else {
+                return false;
+            };
+            cleared = crate::objects::set_condition(
+                &mut st.conditions,
+                conditions::HEALTHY,
+                true,
+                conditions::REASON_CLEARED,
+                "Cleared by an admin",
+                None,
+                jiff::Timestamp::now(),
+            );
+            cleared
+        })
+        .await?;
+        if cleared {
+            self.state.hook_history.health(
+                &ns,
+                &name,
+                crate::hook_history::HealthEvent {
+                    time: jiff::Timestamp::now(),
+                    kind: crate::hook_history::HealthKind::Cleared,
+                    source: by.to_string(),
+                    message: "Cleared by an admin".into(),
+                },
+            );
+        }
+        tracing::info!(who = %by, "admin: {by} cleared the health of exporter {ns}/{name}");
+        self.state.wake.notify_one();
+        Ok(e)
+    }
+
+    /// Quarantines exporter `namespace/name` (`Healthy=False`, reason
+    /// [`REASON_QUARANTINED_BY_ADMIN`], naming `by`): it is leased to nobody until its health
+    /// is cleared. An exporter already quarantined is left as it is.
+    pub(crate) async fn quarantine_exporter(
+        &self,
+        md: &MetadataMap,
+        namespace: &str,
+        name: &str,
+        by: &str,
+    ) -> Result<Exporter, Status> {
+        self.authorize(md)?;
+        let r = ObjectRef {
+            namespace: namespace.into(),
+            name: name.into(),
+        };
+        let (ns, name, _) = self.get_object::<Exporter>("exporter", &r).await?;
+        let message = format!("Quarantined by an admin ({by})");
+        let mut changed = false;
+        let e = update_exporter(&self.state.store, &ns, &name, true, |e| {
+            changed = false;
+            if e.unhealthy().is_some() {
+                return false;
+            }
+            let st = e.status.get_or_insert_with(Default::default);
+            changed = crate::objects::set_condition(
+                &mut st.conditions,
+                conditions::HEALTHY,
+                false,
+                REASON_QUARANTINED_BY_ADMIN,
+                &message,
+                None,
+                jiff::Timestamp::now(),
+            );
+            changed
+        })
+        .await?;
+        if changed {
+            self.state.hook_history.health(
+                &ns,
+                &name,
+                crate::hook_history::HealthEvent {
+                    time: jiff::Timestamp::now(),
+                    kind: crate::hook_history::HealthKind::QuarantinedByAdmin,
+                    source: by.to_string(),
+                    message: message.clone(),
+                },
+            );
+        }
+        tracing::info!(who = %by, "admin: {by} quarantined exporter {ns}/{name}");
+        self.state.wake.notify_one();
+        Ok(e)
+    }
+
+    /// Enables or disables exporter `namespace/name` (`spec.enabled`; a disabled exporter
+    /// keeps its running lease but gets no new one).
+    pub(crate) async fn set_exporter_enabled(
+        &self,
+        md: &MetadataMap,
+        namespace: &str,
+        name: &str,
+        enabled: bool,
+        by: &str,
+    ) -> Result<Exporter, Status> {
+        self.authorize(md)?;
+        let r = ObjectRef {
+            namespace: namespace.into(),
+            name: name.into(),
+        };
+        let (ns, name, _) = self.get_object::<Exporter>("exporter", &r).await?;
+        let e = update_exporter(&self.state.store, &ns, &name, false, |e| {
+            if e.is_enabled() == enabled {
+                return false;
+            }
+            e.spec.enabled = Some(enabled);
+            true
+        })
+        .await?;
+        let done = if enabled { "enabled" } else { "disabled" };
+        tracing::info!(who = %by, "admin: {by} {done} exporter {ns}/{name}");
+        self.state.wake.notify_one();
+        Ok(e)
     }
 }
 
@@ -772,30 +936,10 @@ impl<S: Store> AdminService for AdminApi<S> {
         &self,
         request: Request<ObjectRef>,
     ) -> Result<Response<PbExporter>, Status> {
-        self.authorize(request.metadata())?;
-        let (ns, name, _) = self
-            .get_object::<Exporter>("exporter", request.get_ref())
+        let r = request.get_ref();
+        let e = self
+            .clear_health(request.metadata(), &r.namespace, &r.name, "admin API")
             .await?;
-        let e = update_exporter(&self.state.store, &ns, &name, true, |e| {
-            if e.unhealthy().is_none() {
-                return false;
-            }
-            let Some(st) = e.status.as_mut() else {
-                return false;
-            };
-            crate::objects::set_condition(
-                &mut st.conditions,
-                conditions::HEALTHY,
-                true,
-                conditions::REASON_CLEARED,
-                "Cleared by an admin",
-                None,
-                jiff::Timestamp::now(),
-            )
-        })
-        .await?;
-        tracing::info!("admin: cleared the health of exporter {ns}/{name}");
-        self.state.wake.notify_one();
         Ok(Response::new(exporter_to_admin(&e)))
     }
 

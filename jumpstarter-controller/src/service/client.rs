@@ -508,15 +508,7 @@ impl<S: Store> ClientService for ClientApi<S> {
                 "lease \"{lease_name}\" has already been released"
             )));
         }
-        update_lease(&self.0.store, ns, lease_name, |l| {
-            if l.spec.release {
-                return Ok(false);
-            }
-            l.spec.release = true;
-            Ok(true)
-        })
-        .await?;
-        self.0.wake.notify_one();
+        super::controller::release_lease(&self.0, ns, lease_name).await?;
         Ok(Response::new(()))
     }
 

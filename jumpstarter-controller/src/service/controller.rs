@@ -136,6 +136,27 @@ pub async fn update_lease<S: Store>(
     )))
 }
 
+/// Marks lease `namespace/name` for release (`spec.release`; the scheduler then ends it) and
+/// wakes the scheduler: the one write of `jmp delete lease` (the client API's `DeleteLease`),
+/// of the admin API releasing a deleted exporter's leases and of the dashboard's End lease.
+/// A lease already marked is left as it is. Returns the lease as stored after.
+pub(crate) async fn release_lease<S: Store>(
+    state: &ControllerState<S>,
+    namespace: &str,
+    name: &str,
+) -> Result<Lease, Status> {
+    let l = update_lease(&state.store, namespace, name, |l| {
+        if l.spec.release {
+            return Ok(false);
+        }
+        l.spec.release = true;
+        Ok(true)
+    })
+    .await?;
+    state.wake.notify_one();
+    Ok(l)
+}
+
 /// The lease `namespace/name`, or NOT_FOUND.
 async fn get_lease<S: Store>(store: &S, namespace: &str, name: &str) -> Result<Lease, Status> {
     store
@@ -399,6 +420,18 @@ impl<S: Store> ControllerService for ControllerApi<S> {
             true
         })
         .await?;
+        // The dashboard's hook runs and health events (in memory).
+        self.0.hook_history.status_reported(
+            &caller.namespace,
+            &caller.name,
+            status,
+            &message,
+            e.status
+                .as_ref()
+                .and_then(|s| s.lease_ref.as_ref())
+                .map(|r| r.name.as_str()),
+            jiff::Timestamp::now(),
+        );
         if req.release_lease == Some(true)
             && let Some(lease) = e.status.as_ref().and_then(|s| s.lease_ref.as_ref())
         {

@@ -103,11 +103,19 @@ impl<S: Store> TelemetryService for TelemetryApi<S> {
             }
             by_lease.entry(e.lease.clone()).or_default().push(e);
         }
+        // Hook output shows on the dashboard's exporter page: tell it.
+        let hook_output = by_lease
+            .values()
+            .flatten()
+            .any(crate::hook_history::is_any_hook_output);
         let (mut accepted, mut dropped) = (0u32, 0u32);
         for (lease, entries) in by_lease {
             let (a, d) = logs.append(&caller.namespace, &lease, entries);
             accepted = accepted.saturating_add(a);
             dropped = dropped.saturating_add(d);
+        }
+        if hook_output {
+            self.0.hook_history.touch();
         }
         Ok(Response::new(PushLogsResponse { accepted, dropped }))
     }

@@ -1,8 +1,9 @@
 //! The admin's actions: end a lease, quarantine or unquarantine an exporter, disable or
-//! enable it. Each needs an admin login and the session's CSRF token (`csrf` form field),
-//! writes through the same store helpers as the admin gRPC API (unquarantine is its
-//! `ClearExporterHealth` itself, called with the admin token), wakes the scheduler as it does,
-//! and is logged with who did it.
+//! enable it. Each needs an admin login and the session's CSRF token (`csrf` form field), then
+//! calls the admin API's own function for it (`crate::service::admin`: the one code path that
+//! writes the change, the admin token checked as its RPCs check it; unquarantine is
+//! `ClearExporterHealth`'s, end a lease shares `DeleteLease`'s write), and is logged with who
+//! did it (by the admin API and here).
 
 use axum::{
     Form,
@@ -10,22 +11,15 @@ use axum::{
     http::{HeaderMap, StatusCode},
     response::{IntoResponse, Response},
 };
-use jumpstarter_proto::admin_v1::{ObjectRef, admin_service_server::AdminService};
-use tonic::Code;
+use tonic::{Code, metadata::MetadataMap};
 
 use super::{
     app::{Ui, UiState},
     login,
     session::{CsrfForm, Login},
 };
-use crate::{
-    objects::conditions,
-    service::controller::{update_exporter, update_lease},
-    store::Store,
-};
+use crate::store::Store;
 
-/// Reason of the `Healthy=False` condition an admin sets from the dashboard.
-pub const REASON_QUARANTINED_BY_ADMIN: &str = "QuarantinedByAdmin";
 /// Longest namespace or name accepted in a path.
 const MAX_NAME: usize = 253;
 
@@ -100,8 +94,29 @@ fn status_response(s: &tonic::Status) -> Response {
     refuse(code, s.message().to_string())
 }
 
-/// `POST /ui/leases/{namespace}/{name}/end`: marks the lease for release (as the admin API
-/// releases the leases of a deleted exporter, and a client its own); the scheduler ends it.
+/// The admin token as the admin API reads it (`authorization: Bearer ...`): the actions call
+/// the admin API's own functions, which check it as the RPCs do.
+fn admin_metadata<S: Store>(ui: &Ui<S>) -> Result<MetadataMap, Response> {
+    let mut md = MetadataMap::new();
+    let v = format!("Bearer {}", ui.admin_token.as_str())
+        .parse()
+        .map_err(|_| {
+            refuse(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "the admin token cannot be sent",
+            )
+        })?;
+    md.insert("authorization", v);
+    Ok(md)
+}
+
+/// Who did an action, as the admin API logs it.
+fn by(login: &Login) -> String {
+    format!("{} from the dashboard", login.who)
+}
+
+/// `POST /ui/leases/{namespace}/{name}/end`: the admin API's end of a lease (it marks the
+/// lease for release, as `jmp delete lease` does; the scheduler ends it).
 pub async fn end_lease<S: Store>(
     State(ui): UiState<S>,
     headers: HeaderMap,
@@ -115,21 +130,16 @@ pub async fn end_lease<S: Store>(
     if let Err(r) = names(&namespace, &name) {
         return r;
     }
-    let r = update_lease(&ui.state.store, &namespace, &name, |l| {
-        if l.is_ended() || l.spec.release {
-            return Ok(false);
-        }
-        l.spec.release = true;
-        Ok(true)
-    })
-    .await;
-    match r {
-        Ok(l) if l.is_ended() => refuse(
-            StatusCode::CONFLICT,
-            format!("lease {namespace}/{name} has already ended"),
-        ),
+    let md = match admin_metadata(&ui) {
+        Ok(md) => md,
+        Err(r) => return r,
+    };
+    match ui
+        .admin
+        .end_lease(&md, &namespace, &name, &by(&login))
+        .await
+    {
         Ok(_) => {
-            ui.state.wake.notify_one();
             tracing::info!(
                 who = %login.who,
                 "dashboard: {} ended lease {namespace}/{name}",
@@ -141,12 +151,16 @@ pub async fn end_lease<S: Store>(
             )
                 .into_response()
         }
+        // Ended or released already.
+        Err(s) if s.code() == Code::FailedPrecondition => {
+            refuse(StatusCode::CONFLICT, s.message().to_string())
+        }
         Err(s) => status_response(&s),
     }
 }
 
 /// `POST /ui/exporters/{namespace}/{name}/{action}`: `quarantine`, `unquarantine`, `disable`,
-/// `enable`.
+/// `enable`, each the admin API's own function.
 pub async fn exporter_action<S: Store>(
     State(ui): UiState<S>,
     headers: HeaderMap,
@@ -160,59 +174,16 @@ pub async fn exporter_action<S: Store>(
     if let Err(r) = names(&namespace, &name) {
         return r;
     }
-    let store = &ui.state.store;
+    let md = match admin_metadata(&ui) {
+        Ok(md) => md,
+        Err(r) => return r,
+    };
+    let (ns, n, who) = (namespace.as_str(), name.as_str(), by(&login));
     let result = match action.as_str() {
-        "unquarantine" => {
-            // The admin API's own ClearExporterHealth, with the admin token.
-            let mut req = tonic::Request::new(ObjectRef {
-                namespace: namespace.clone(),
-                name: name.clone(),
-            });
-            match format!("Bearer {}", ui.admin_token.as_str()).parse() {
-                Ok(v) => {
-                    req.metadata_mut().insert("authorization", v);
-                }
-                Err(_) => {
-                    return refuse(
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        "the admin token cannot be sent",
-                    );
-                }
-            }
-            ui.admin.clear_exporter_health(req).await.map(|_| ())
-        }
-        "quarantine" => {
-            let message = format!("Quarantined by an admin from the dashboard ({})", login.who);
-            update_exporter(store, &namespace, &name, true, |e| {
-                if e.unhealthy().is_some() {
-                    return false;
-                }
-                let st = e.status.get_or_insert_with(Default::default);
-                crate::objects::set_condition(
-                    &mut st.conditions,
-                    conditions::HEALTHY,
-                    false,
-                    REASON_QUARANTINED_BY_ADMIN,
-                    &message,
-                    None,
-                    jiff::Timestamp::now(),
-                )
-            })
-            .await
-            .map(|_| ())
-        }
-        "disable" | "enable" => {
-            let enabled = action == "enable";
-            update_exporter(store, &namespace, &name, false, |e| {
-                if e.is_enabled() == enabled {
-                    return false;
-                }
-                e.spec.enabled = Some(enabled);
-                true
-            })
-            .await
-            .map(|_| ())
-        }
+        "unquarantine" => ui.admin.clear_health(&md, ns, n, &who).await,
+        "quarantine" => ui.admin.quarantine_exporter(&md, ns, n, &who).await,
+        "disable" => ui.admin.set_exporter_enabled(&md, ns, n, false, &who).await,
+        "enable" => ui.admin.set_exporter_enabled(&md, ns, n, true, &who).await,
         other => {
             return refuse(
                 StatusCode::NOT_FOUND,
@@ -224,8 +195,7 @@ pub async fn exporter_action<S: Store>(
         }
     };
     match result {
-        Ok(()) => {
-            ui.state.wake.notify_one();
+        Ok(_) => {
             tracing::info!(
                 who = %login.who,
                 "dashboard: {} did {action} on exporter {namespace}/{name}",

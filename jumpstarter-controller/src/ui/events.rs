@@ -1,9 +1,10 @@
 //! `GET /ui/events`: server-sent events telling a page which of its objects changed.
 //!
-//! Each stream holds no queue: it waits on the view's change counters (a `watch`, which keeps
-//! only the latest value), then waits [`COALESCE`] more so that a burst of store changes is
-//! one event, and sends one `change` event naming the parts that moved (`exporters`,
-//! `leases`, `pools`). A slow browser only makes its own stream skip to the latest counters.
+//! Each stream holds no queue: it waits on the view's change counters and the hook history's
+//! (`watch`es, which keep only the latest value), then waits [`COALESCE`] more so that a burst
+//! of store changes is one event, and sends one `change` event naming the parts that moved
+//! (`exporters`, `leases`, `pools`; a hook run, health event or pushed hook output is a change
+//! of `exporters`, whose pages show them). A slow browser only makes its own stream skip to the latest counters.
 //! The stream ends when the login ends (a `logout` event first) or the controller stops.
 
 use std::{convert::Infallible, sync::Arc, time::Duration};
@@ -62,6 +63,8 @@ struct Follow<S: Store> {
     ui: Arc<Ui<S>>,
     headers: HeaderMap,
     rx: tokio::sync::watch::Receiver<Changes>,
+    /// The hook history's counter (not in the store: the view does not see it).
+    history: tokio::sync::watch::Receiver<u64>,
     stopped: tokio::sync::watch::Receiver<bool>,
     last: Changes,
     started: bool,
@@ -74,7 +77,10 @@ fn stream<S: Store>(
 ) -> impl Stream<Item = Result<Event, Infallible>> + Send + 'static {
     let mut rx = ui.view.subscribe();
     let last = *rx.borrow_and_update();
+    let mut history = ui.state.hook_history.subscribe();
+    history.borrow_and_update();
     let follow = Follow {
+        history,
         stopped: ui.stopped.clone(),
         ui,
         headers,
@@ -94,11 +100,13 @@ fn stream<S: Store>(
         loop {
             enum Woke {
                 Changed,
+                History,
                 Gone,
                 Recheck,
             }
             let woke = tokio::select! {
                 r = f.rx.changed() => if r.is_err() { Woke::Gone } else { Woke::Changed },
+                r = f.history.changed() => if r.is_err() { Woke::Gone } else { Woke::History },
                 _ = f.stopped.wait_for(|s| *s) => Woke::Gone,
                 _ = tokio::time::sleep(RECHECK) => Woke::Recheck,
             };
@@ -111,16 +119,23 @@ fn stream<S: Store>(
                     }
                     continue;
                 }
-                Woke::Changed => {}
+                Woke::Changed | Woke::History => {}
             }
+            let history_moved = matches!(woke, Woke::History);
             tokio::time::sleep(COALESCE).await;
             if login::login(&f.ui, &f.headers).await.is_err() {
                 f.done = true;
                 return Some((Ok(Event::default().event("logout").data("login ended")), f));
             }
             let now = *f.rx.borrow_and_update();
-            let parts = moved(&f.last, &now);
+            let mut parts = moved(&f.last, &now);
             f.last = now;
+            if f.history.has_changed().unwrap_or(false) || history_moved {
+                f.history.borrow_and_update();
+                if !parts.contains(&"exporters") {
+                    parts.push("exporters");
+                }
+            }
             if parts.is_empty() {
                 continue;
             }

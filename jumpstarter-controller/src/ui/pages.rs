@@ -46,8 +46,10 @@ const RECENT_LEASES: usize = 20;
 const LOG_LINES: usize = 500;
 /// How long a page waits for the view's first listing (a controller just started).
 const SYNC_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
-/// Operations whose log entries are hook runs and health checks.
-const HOOK_OPERATIONS: [&str; 3] = ["beforeLease", "afterLease", "healthCheck"];
+/// Output lines shown per hook run, at most.
+const HOOK_OUTPUT_LINES: usize = 200;
+/// Bytes of output shown per hook run, at most.
+const HOOK_OUTPUT_BYTES: usize = 16 * 1024;
 
 // ---------------------------------------------------------------------------------------------
 // Shared bits
@@ -600,8 +602,8 @@ fn leases_content<S: Store>(ui: &Ui<S>, login: &Login, now: Timestamp) -> Markup
         .filter(|l| !l.is_ended() && l.assigned_exporter().is_some())
         .collect();
     // The scheduler serves waiting leases by policy priority (descending), then creation,
-    // then name; a waiting lease's priority is stored once it is granted, so the queue here
-    // is in creation order, with each lease's place as the scheduler last wrote it.
+    // then name, and writes each waiting lease's priority (`status.priority`) as it queues
+    // it: the same order here, with each lease's place as the scheduler last wrote it.
     let mut queue: Vec<&Arc<Lease>> = leases
         .iter()
         .filter(|l| !l.is_ended() && l.assigned_exporter().is_none())
@@ -658,9 +660,10 @@ fn leases_content<S: Store>(ui: &Ui<S>, login: &Login, now: Timestamp) -> Markup
         }
         h2 { "Waiting (" (queue.len()) ")" }
         p class="note" {
-            "In the order the scheduler serves them (policy priority, then age). The position "
-            "is among the leases waiting for the same exporters, as the scheduler last wrote it; "
-            "a waiting lease's policy priority is only stored once it is granted."
+            "In the order the scheduler serves them: policy priority (the highest priority of "
+            "the access-policy rules that let the lease's client use a matching exporter, "
+            "non-spot rules first; 0 without policies), then age. The position is among the "
+            "leases waiting for the same exporters, as the scheduler last wrote it."
         }
         div class="scroll" {
             table id="queue" {
@@ -679,7 +682,7 @@ fn leases_content<S: Store>(ui: &Ui<S>, login: &Login, now: Timestamp) -> Markup
                             td { (name) " " span class="ns" { (ns) } }
                             td class="client" { (l.spec.client_ref.name) }
                             td class="selector" { code { (selector_text(l)) } }
-                            td { (l.status.as_ref().map_or(0, |s| s.priority)) }
+                            td class="priority" { (l.status.as_ref().map_or(0, |s| s.priority)) }
                             td { (time_cell(created(&l.metadata), now)) }
                             td class="why" {
                                 (l.status.as_ref().and_then(|s| find_condition(&s.conditions, c::PENDING)).map(|p| p.message.clone()).unwrap_or_default())
@@ -847,17 +850,41 @@ fn exporter_content<S: Store>(
             })
             .unwrap_or((None, None)),
     };
-    let hook_runs: Vec<(String, &jumpstarter_proto::v1::LogEntry)> = Vec::new();
-    let hook_runs = {
-        let mut runs = hook_runs;
-        if let (Some(lease), Some(s)) = (&log_lease, &story) {
-            for entry in &s.entries {
-                if HOOK_OPERATIONS.contains(&entry.operation.as_str()) {
-                    runs.push((lease.clone(), entry));
-                }
+    let history = &ui.state.hook_history;
+    let hook_runs = history.runs(ns, name);
+    let health_events = history.health_events(ns, name);
+    // Each run's output: its lease's pushed hook lines (read once per lease).
+    let mut lease_entries: HashMap<&str, Vec<jumpstarter_proto::v1::LogEntry>> = HashMap::new();
+    if let Some(logs) = logs {
+        for run in &hook_runs {
+            if let Some(l) = run.lease.as_deref() {
+                lease_entries.entry(l).or_insert_with(|| {
+                    logs.read(ns, l)
+                        .entries
+                        .into_iter()
+                        .filter(crate::hook_history::is_any_hook_output)
+                        .collect()
+                });
             }
         }
-        runs
+    }
+    let output_of = |run: &crate::hook_history::HookRun| -> (Vec<String>, bool) {
+        let Some(entries) = run.lease.as_deref().and_then(|l| lease_entries.get(l)) else {
+            return (Vec::new(), false);
+        };
+        let mut lines = Vec::new();
+        let mut bytes = 0;
+        for e in entries
+            .iter()
+            .filter(|e| crate::hook_history::is_hook_output(e, run.kind))
+        {
+            if lines.len() == HOOK_OUTPUT_LINES || bytes + e.message.len() > HOOK_OUTPUT_BYTES {
+                return (lines, true);
+            }
+            bytes += e.message.len();
+            lines.push(e.message.clone());
+        }
+        (lines, false)
     };
     let entry_time = |e: &jumpstarter_proto::v1::LogEntry| {
         e.timestamp
@@ -890,10 +917,33 @@ fn exporter_content<S: Store>(
             },
             None => p id="health" { "Healthy (not quarantined)." },
         }
+        h2 { "Health history" }
         p class="note" {
-            "Health-check history: the controller keeps only the current Healthy condition "
-            "(the last failure, until an admin clears it), not a history of checks; each check "
-            "is in the exporter's own log."
+            "What the controller saw of this exporter's health, newest first (the last "
+            (crate::hook_history::HEALTH_KEPT) "): each time it reported itself unhealthy (its "
+            "health check, or its hooks, failed the configured number of times in a row; with "
+            "the last output) and each quarantine and clearing by an admin. Passing health "
+            "checks are not reported to the controller. Kept in the controller's memory: a "
+            "restart forgets it."
+        }
+        @if health_events.is_empty() {
+            p class="muted" id="health-history" { "Nothing since this controller started." }
+        } @else {
+            div class="scroll" {
+                table id="health-history" {
+                    thead { tr { th { "When" } th { "Event" } th { "What / who" } th { "Message" } } }
+                    tbody {
+                        @for ev in &health_events {
+                            tr data-health=(ev.kind.as_str()) {
+                                td { (time_cell(Some(ev.time), now)) }
+                                td { (ev.kind.as_str()) }
+                                td { (ev.source) }
+                                td { pre { (ev.message) } }
+                            }
+                        }
+                    }
+                }
+            }
         }
         h2 { "Conditions" }
         div class="scroll" {
@@ -931,19 +981,38 @@ fn exporter_content<S: Store>(
             }
         }
         h2 { "Hook runs" }
+        p class="note" {
+            "The last " (crate::hook_history::RUNS_KEPT) " beforeLease and afterLease hook "
+            "runs, newest first, from the statuses the exporter reported; the output is the "
+            "hook's lines the exporter pushed with its lease's log entries (log gathering; "
+            "exporters that push none, such as upstream's, show the status message only). "
+            "Kept in the controller's memory: a restart forgets them."
+        }
         @if hook_runs.is_empty() {
-            p class="note" id="hooks" {
-                "No hook run is recorded here: the controller stores no hook runs or their output. "
-                "A failed hook or health check quarantines the exporter (see Health above, with the "
-                "hook's output in its message); every run is in the exporter's own log."
-            }
+            p class="muted" id="hooks" { "No hook run since this controller started." }
         } @else {
-            table id="hooks" {
-                thead { tr { th { "When" } th { "Lease" } th { "Hook" } th { "Result" } th { "Output" } } }
-                tbody {
-                    @for (lease, entry) in &hook_runs {
-                        tr { td { (entry_time(entry)) } td { (lease) } td { (entry.operation) }
-                             td { (entry.result) } td { pre { (entry.message) } } }
+            div class="scroll" {
+                table id="hooks" {
+                    thead { tr { th { "Started" } th { "Ended" } th { "Hook" } th { "Lease" } th { "Result" } th { "Output" } } }
+                    tbody {
+                        @for run in &hook_runs {
+                            @let (lines, cut) = output_of(run);
+                            tr data-hook=(run.kind.as_str()) data-result=(run.result.as_str())
+                                data-lease=[run.lease.as_deref().map(|l| key_text(ns, l))] {
+                                td { (time_cell(Some(run.start), now)) }
+                                td { @match run.end { Some(e) => (time_cell(Some(e), now)), None => span class="muted" { "running" } } }
+                                td { (run.kind.as_str()) }
+                                td { (run.lease.as_deref().unwrap_or("-")) }
+                                td { span class={"result " (run.result.as_str())} { (run.result.as_str()) } }
+                                td {
+                                    @if !run.message.is_empty() { p class="message" { (run.message) } }
+                                    @if !lines.is_empty() {
+                                        pre class="output" { @for l in &lines { (l) "\n" } }
+                                    }
+                                    @if cut { p class="note" { "(output cut at " (HOOK_OUTPUT_LINES) " lines / " (HOOK_OUTPUT_BYTES / 1024) " KiB)" } }
+                                }
+                            }
+                        }
                     }
                 }
             }

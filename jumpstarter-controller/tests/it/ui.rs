@@ -1,8 +1,10 @@
 //! The web dashboard (`--ui-listen`) of an in-process controller, over plain HTTP/1.1 on
 //! loopback: every route refuses without a login, a client login reads but cannot act, the
 //! admin's actions need the session's CSRF token and change the store, bad input is answered
-//! with a clear error, the event stream reports a store change, and the fleet pages through
-//! thousands of exporters.
+//! with a clear error, the event stream reports a store change, the fleet pages through
+//! thousands of exporters, an exporter's page shows its hook runs (with their pushed output)
+//! and health events, the actions read back through the admin gRPC API, and a waiting lease
+//! shows the priority it is queued by.
 
 use std::{net::SocketAddr, time::Duration};
 
@@ -715,8 +717,8 @@ async fn the_exporter_page_shows_drivers_leases_and_log_lines() {
         "PowerClient",
         "data-lease=\"default/l1\"",
         "power &lt;on&gt; went fine",
-        "No hook run is recorded here",
-        "Health-check history",
+        "No hook run since this controller started.",
+        "Health history",
     ] {
         assert!(page.contains(want), "{want}: {page}");
     }
@@ -828,4 +830,326 @@ async fn the_dashboard_works_over_the_kubernetes_store() {
     let e: Exporter = store.get("default", "k1").await.unwrap().unwrap();
     assert!(!e.is_enabled());
     ctl.shutdown().await;
+}
+
+/// Exporter `name` (board=NAME) online, and a lease of `client` on it once granted (its
+/// short name), with the exporter's status stream.
+async fn granted_lease(
+    lab: &Lab,
+    client: &crate::Identity,
+    name: &str,
+) -> (
+    crate::Identity,
+    tonic::Streaming<jumpstarter_proto::v1::StatusResponse>,
+    String,
+) {
+    use futures::StreamExt;
+    let ex = lab.exporter(name, &[("board", name)]).await;
+    let ch = lab.channel().await;
+    let mut status = crate::admin::bring_online(&ch, &ex).await;
+    let lease = crate::admin::create_lease(&ch, client, &format!("board={name}")).await;
+    let short = lease.name.rsplit('/').next().unwrap().to_string();
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(Ok(msg)) = status.next().await {
+            if msg.leased && msg.lease_name.as_deref() == Some(short.as_str()) {
+                return;
+            }
+        }
+        panic!("status stream ended before the lease was granted");
+    })
+    .await
+    .expect("the lease was not granted within 60 s");
+    (ex, status, short)
+}
+
+/// The exporter page of `default/NAME` once it contains every one of `want`.
+async fn exporter_page_with(addr: SocketAddr, cookie: &str, name: &str, want: &[&str]) -> String {
+    let mut page = String::new();
+    for _ in 0..200 {
+        page = get(addr, &format!("/ui/exporters/default/{name}"), Some(cookie))
+            .await
+            .body;
+        if want.iter().all(|w| page.contains(w)) {
+            return page;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let missing: Vec<_> = want.iter().filter(|w| !page.contains(**w)).collect();
+    panic!("missing {missing:?}: {page}");
+}
+
+/// What the exporter reported of its hooks (`ReportStatus`) and pushed of their output
+/// (`PushLogs`, lines marked `stream=hook`) shows on its page: each run with its lease,
+/// result and output, and an `[UNHEALTHY]` report in the health history.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hook_runs_and_health_events_show_on_the_exporter_page() {
+    use jumpstarter_proto::v1::{
+        ExporterStatus, LogEntry, PushLogsRequest, ReportStatusRequest,
+        controller_service_client::ControllerServiceClient,
+        telemetry_service_client::TelemetryServiceClient,
+    };
+    let (lab, addr) = ui_lab().await;
+    let alice = lab.client("alice").await;
+    let (ex, _status, lease) = granted_lease(&lab, &alice, "b1").await;
+    let ch = lab.channel().await;
+    let mut ctl = ControllerServiceClient::new(ch.clone());
+    let report = |status: ExporterStatus, message: &str| {
+        crate::req(
+            &ex,
+            ReportStatusRequest {
+                status: status as i32,
+                message: Some(message.into()),
+                release_lease: None,
+            },
+        )
+    };
+    let hook_line = |op: &str, message: &str| LogEntry {
+        timestamp: Some(prost_types::Timestamp::from(std::time::SystemTime::now())),
+        severity: "info".into(),
+        message: message.into(),
+        lease: lease.clone(),
+        operation: op.into(),
+        extra_fields: [("stream".to_string(), "hook".to_string())].into(),
+        ..Default::default()
+    };
+    ctl.report_status(report(
+        ExporterStatus::BeforeLeaseHook,
+        "Running beforeLease hook",
+    ))
+    .await
+    .unwrap();
+    TelemetryServiceClient::new(ch.clone())
+        .push_logs(crate::req(
+            &ex,
+            PushLogsRequest {
+                entries: vec![
+                    hook_line("beforeLease", "flashing <image> to the board"),
+                    hook_line("beforeLease", "flash done"),
+                    // A driver call of the same name is no hook output.
+                    LogEntry {
+                        operation: "beforeLease".into(),
+                        message: "not hook output".into(),
+                        lease: lease.clone(),
+                        ..Default::default()
+                    },
+                ],
+            },
+        ))
+        .await
+        .unwrap();
+    ctl.report_status(report(ExporterStatus::LeaseReady, "Ready for commands"))
+        .await
+        .unwrap();
+    ctl.report_status(report(
+        ExporterStatus::Available,
+        "[UNHEALTHY] healthCheck: failed 3 times in a row (last: exit status 1)\nprobe said no",
+    ))
+    .await
+    .unwrap();
+
+    let cookie = login(addr, &alice.token).await;
+    let page = exporter_page_with(
+        addr,
+        &cookie,
+        "b1",
+        &[
+            "data-hook=\"beforeLease\" data-result=\"succeeded\"",
+            &format!("data-lease=\"default/{lease}\""),
+            "flashing &lt;image&gt; to the board\nflash done",
+            "data-health=\"unhealthy\"",
+            "probe said no",
+        ],
+    )
+    .await;
+    let hooks = page
+        .split("id=\"hooks\"")
+        .nth(1)
+        .and_then(|t| t.split("</table>").next())
+        .unwrap_or_default();
+    assert!(hooks.contains("flash done"), "{page}");
+    // In the lease's log lines, not in the hook's output.
+    assert!(!hooks.contains("not hook output"), "{page}");
+    assert!(page.contains("not hook output"), "{page}");
+    assert!(page.contains("restart forgets"), "{page}");
+
+    // The afterLease hook fails: a failed run of its own.
+    ctl.report_status(report(
+        ExporterStatus::AfterLeaseHook,
+        "Running afterLease hooks",
+    ))
+    .await
+    .unwrap();
+    ctl.report_status(report(
+        ExporterStatus::AfterLeaseHookFailed,
+        "afterLease hook failed (on_failure=endLease): exit status 3",
+    ))
+    .await
+    .unwrap();
+    let page = exporter_page_with(
+        addr,
+        &cookie,
+        "b1",
+        &[
+            "data-hook=\"afterLease\" data-result=\"failed\"",
+            "exit status 3",
+        ],
+    )
+    .await;
+    // Newest first.
+    assert!(
+        page.find("data-hook=\"afterLease\"") < page.find("data-hook=\"beforeLease\""),
+        "{page}"
+    );
+    lab.ctl.shutdown().await;
+}
+
+/// The dashboard's actions are the admin API's: what they change reads back through the admin
+/// gRPC API, and the page's health history names the admin's quarantine and its clearing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_actions_show_through_the_admin_api() {
+    use jumpstarter_proto::admin_v1::admin_service_client::AdminServiceClient;
+    let (lab, addr) = ui_lab().await;
+    let alice = lab.client("alice").await;
+    let (_ex, _status, lease) = granted_lease(&lab, &alice, "b1").await;
+    let cookie = login(addr, &lab.ctl.admin_token).await;
+    let token = csrf(addr, &cookie).await;
+    let act = |p: String| {
+        let (cookie, token) = (cookie.clone(), token.clone());
+        async move { post(addr, &p, Some(&cookie), &format!("csrf={token}")).await }
+    };
+    let mut admin = AdminServiceClient::new(lab.channel().await);
+    let get_exporter = |mut admin: AdminServiceClient<_>| {
+        let t = lab.ctl.admin_token.clone();
+        async move {
+            admin
+                .get_exporter(crate::admin::admin_req(&t, crate::admin::obj("b1")))
+                .await
+                .unwrap()
+                .into_inner()
+        }
+    };
+
+    let a = act("/ui/exporters/default/b1/quarantine".into()).await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    let e = get_exporter(admin.clone()).await;
+    assert!(e.unhealthy, "{e:?}");
+    assert_eq!(e.health_reason, "QuarantinedByAdmin");
+    assert!(e.health_message.contains("from the dashboard"), "{e:?}");
+    let a = act("/ui/exporters/default/b1/disable".into()).await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert!(!get_exporter(admin.clone()).await.enabled);
+    let a = act("/ui/exporters/default/b1/enable".into()).await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert!(get_exporter(admin.clone()).await.enabled);
+    let a = act("/ui/exporters/default/b1/unquarantine".into()).await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert!(!get_exporter(admin.clone()).await.unhealthy);
+
+    // Ending the lease from the page: the admin API sees the exporter freed.
+    assert_eq!(get_exporter(admin.clone()).await.lease, lease);
+    let a = act(format!("/ui/leases/default/{lease}/end")).await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    let mut freed = false;
+    for _ in 0..200 {
+        if get_exporter(admin.clone()).await.lease.is_empty() {
+            freed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(freed, "the exporter still holds the lease");
+
+    // The health history, newest first: cleared, then quarantined by the admin.
+    let page = exporter_page_with(
+        addr,
+        &cookie,
+        "b1",
+        &[
+            "data-health=\"cleared\"",
+            "data-health=\"quarantined by an admin\"",
+        ],
+    )
+    .await;
+    assert!(
+        page.find("data-health=\"cleared\"") < page.find("data-health=\"quarantined by an admin\""),
+        "{page}"
+    );
+    // The admin API's own ClearExporterHealth is the same function: a no-op now, still fine.
+    admin
+        .clear_exporter_health(crate::admin::admin_req(
+            &lab.ctl.admin_token,
+            crate::admin::obj("b1"),
+        ))
+        .await
+        .unwrap();
+
+    // A client's session is refused (403) and changes nothing.
+    let client = login(addr, &alice.token).await;
+    let ctoken = csrf(addr, &client).await;
+    let a = post(
+        addr,
+        "/ui/exporters/default/b1/quarantine",
+        Some(&client),
+        &format!("csrf={ctoken}"),
+    )
+    .await;
+    assert_eq!(a.status, 403, "{}", a.body);
+    assert!(!get_exporter(admin.clone()).await.unhealthy);
+    lab.ctl.shutdown().await;
+}
+
+/// A waiting lease shows the priority the scheduler orders the queue by (its best access
+/// policy rule's), not 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_lease_shows_the_priority_it_is_queued_by() {
+    use jumpstarter_controller::{
+        LabelSelector,
+        objects::{ExporterAccessPolicy, ExporterAccessPolicySpec, Policy, PolicyFrom},
+    };
+    let (lab, addr) = ui_lab().await;
+    let alice = lab.client("alice").await;
+    let mut policy = ExporterAccessPolicy::new(
+        "everyone-7",
+        ExporterAccessPolicySpec {
+            exporter_selector: LabelSelector::parse("board=b1").unwrap().to_k8s(),
+            policies: vec![Policy {
+                description: "everyone, priority 7".into(),
+                priority: 7,
+                from: vec![PolicyFrom {
+                    client_selector: LabelSelector::everything().to_k8s(),
+                }],
+                maximum_duration: None,
+                spot_access: false,
+            }],
+        },
+    );
+    policy.metadata.namespace = Some("default".into());
+    lab.ctl.state.store.create(&policy).await.unwrap();
+    let (_ex, _status, _first) = granted_lease(&lab, &alice, "b1").await;
+    let second = crate::admin::create_lease(&lab.channel().await, &alice, "board=b1").await;
+    let second = second.name.rsplit('/').next().unwrap().to_string();
+    let cookie = login(addr, &alice.token).await;
+    let want = format!("data-lease=\"default/{second}\"");
+    let mut queue = String::new();
+    for _ in 0..200 {
+        let page = get(addr, "/ui/leases", Some(&cookie)).await.body;
+        queue = page
+            .split("id=\"queue\"")
+            .nth(1)
+            .and_then(|q| q.split("</table>").next())
+            .unwrap_or_default()
+            .to_string();
+        if queue.contains(&want) && queue.contains("<td class=\"priority\">7</td>") {
+            break;
+        }
+        lab.ctl.state.wake.notify_one();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(queue.contains(&want), "{queue}");
+    assert!(queue.contains("<td class=\"priority\">7</td>"), "{queue}");
+    assert_eq!(
+        stored_lease(&lab, &second).await.status.unwrap().priority,
+        7
+    );
+    lab.ctl.shutdown().await;
 }

@@ -22,6 +22,12 @@ pub const HOOK_WARNING_PREFIX: &str = "[HOOK_WARNING] ";
 /// controller just shows the message.
 pub const UNHEALTHY_PREFIX: &str = "[UNHEALTHY] ";
 
+/// The `extra_fields["stream"]` of a log-gathering entry (`TelemetryService.PushLogs`) that is
+/// one line of a lease hook's output, its `operation` the hook (`beforeLease` or
+/// `afterLease`); ours: our exporter pushes them, our controller shows them with the
+/// exporter's hook runs on its dashboard.
+pub const HOOK_OUTPUT_STREAM: &str = "hook";
+
 /// What an `[UNHEALTHY] ...` status message says (see [`UNHEALTHY_PREFIX`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Unhealthy<'a> {

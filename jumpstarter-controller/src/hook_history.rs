@@ -1,0 +1,522 @@
+//! Each exporter's recent hook runs and health events, as the controller sees them, for the
+//! dashboard's exporter page (`docs/dashboard.md`). Kept in the controller's memory only: a
+//! restarted controller (or a new leader) starts with none.
+//!
+//! - A **hook run** is read from the statuses the exporter reports (`ReportStatus`, upstream
+//!   0.9.0's and ours alike): `BEFORE_LEASE_HOOK` / `AFTER_LEASE_HOOK` start one, the next
+//!   status ends it (`LEASE_READY` / `AVAILABLE`: succeeded, or warned when the message starts
+//!   with `[HOOK_WARNING]`; `*_HOOK_FAILED`: failed; `OFFLINE`: interrupted), with the lease
+//!   the exporter held and the status message. Its output is the lease's pushed log entries
+//!   marked as hook output ([`is_hook_output`]), read where log gathering keeps them.
+//! - A **health event** is what the controller sees of health: an `[UNHEALTHY]` report (a
+//!   health check or hooks failing `threshold` times in a row quarantine the exporter), an
+//!   admin's quarantine and its clearing. Health checks that pass are not reported to the
+//!   controller (the exporter counts failures itself), so they are not here.
+//!
+//! Bounded: [`RUNS_KEPT`] runs and [`HEALTH_KEPT`] events per exporter, messages cut to
+//! [`MAX_MESSAGE`] bytes, at most [`MAX_EXPORTERS`] exporters (the one changed longest ago is
+//! forgotten first).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+
+use jiff::Timestamp;
+use jumpstarter_core::hooks::{HOOK_WARNING_PREFIX, Unhealthy};
+use jumpstarter_core::sync::LockExt;
+use jumpstarter_proto::v1::{ExporterStatus, LogEntry};
+use tokio::sync::watch;
+
+/// Hook runs kept per exporter.
+pub const RUNS_KEPT: usize = 20;
+/// Health events kept per exporter.
+pub const HEALTH_KEPT: usize = 50;
+/// Exporters with a history, at most.
+pub const MAX_EXPORTERS: usize = 20_000;
+/// Bytes of a kept message, at most (the end is cut).
+pub const MAX_MESSAGE: usize = 4096;
+/// The `extra_fields["stream"]` of a pushed entry that is a line of hook output (with
+/// `operation` the hook: `beforeLease` or `afterLease`).
+pub const HOOK_STREAM: &str = jumpstarter_core::hooks::HOOK_OUTPUT_STREAM;
+
+/// Which lease hook ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HookKind {
+    /// `hooks.beforeLease`.
+    BeforeLease,
+    /// `hooks.afterLease`.
+    AfterLease,
+}
+
+impl HookKind {
+    /// The config key (`beforeLease`, `afterLease`), also the `operation` of its output lines.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::BeforeLease => "beforeLease",
+            Self::AfterLease => "afterLease",
+        }
+    }
+}
+
+/// How a hook run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunResult {
+    /// Not ended yet.
+    Running,
+    /// The next status was `LEASE_READY` / `AVAILABLE`.
+    Succeeded,
+    /// It failed with `onFailure: warn` (`[HOOK_WARNING]` message).
+    Warned,
+    /// `BEFORE_LEASE_HOOK_FAILED` / `AFTER_LEASE_HOOK_FAILED`.
+    Failed,
+    /// The exporter went offline (or started another hook) before it ended.
+    Interrupted,
+}
+
+impl RunResult {
+    /// The word shown.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Running => "running",
+            Self::Succeeded => "succeeded",
+            Self::Warned => "warned",
+            Self::Failed => "failed",
+            Self::Interrupted => "interrupted",
+        }
+    }
+}
+
+/// One hook run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HookRun {
+    /// Which hook.
+    pub kind: HookKind,
+    /// The lease it ran for, when the exporter held one.
+    pub lease: Option<String>,
+    /// When its `*_HOOK` status was reported.
+    pub start: Timestamp,
+    /// When the status that ended it was reported.
+    pub end: Option<Timestamp>,
+    /// How it ended.
+    pub result: RunResult,
+    /// The message of the status that ended it (why it failed, the warning).
+    pub message: String,
+}
+
+/// What a health event was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HealthKind {
+    /// The exporter reported itself unhealthy and is quarantined.
+    Unhealthy,
+    /// An admin quarantined it.
+    QuarantinedByAdmin,
+    /// An admin cleared its quarantine.
+    Cleared,
+}
+
+impl HealthKind {
+    /// The word shown.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Unhealthy => "unhealthy",
+            Self::QuarantinedByAdmin => "quarantined by an admin",
+            Self::Cleared => "cleared",
+        }
+    }
+}
+
+/// One health event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthEvent {
+    /// When the controller saw it.
+    pub time: Timestamp,
+    /// What it was.
+    pub kind: HealthKind,
+    /// What failed (`healthCheck`, `beforeLease`, `afterLease`), or who acted.
+    pub source: String,
+    /// Why, and the last output of what failed.
+    pub message: String,
+}
+
+#[derive(Debug, Default)]
+struct Exporter {
+    runs: VecDeque<HookRun>,
+    health: VecDeque<HealthEvent>,
+    /// The last lease a status report came with (an `AFTER_LEASE_HOOK` may come once the
+    /// lease has ended and the exporter's `leaseRef` is gone).
+    last_lease: Option<String>,
+    touched: Timestamp,
+}
+
+/// The hook runs and health events of every exporter (see the module docs).
+#[derive(Debug)]
+pub struct HookHistory {
+    exporters: Mutex<HashMap<(String, String), Exporter>>,
+    changes: watch::Sender<u64>,
+}
+
+impl Default for HookHistory {
+    fn default() -> Self {
+        Self {
+            exporters: Mutex::default(),
+            changes: watch::channel(0).0,
+        }
+    }
+}
+
+/// `s` cut to [`MAX_MESSAGE`] bytes on a character boundary.
+fn cut(s: &str) -> String {
+    if s.len() <= MAX_MESSAGE {
+        return s.to_string();
+    }
+    let mut end = MAX_MESSAGE;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}
+
+/// Whether a pushed entry is a line of output of hook `kind`.
+pub fn is_hook_output(e: &LogEntry, kind: HookKind) -> bool {
+    e.operation == kind.as_str()
+        && e.extra_fields.get("stream").map(String::as_str) == Some(HOOK_STREAM)
+}
+
+/// Whether a pushed entry is a line of output of any hook.
+pub fn is_any_hook_output(e: &LogEntry) -> bool {
+    is_hook_output(e, HookKind::BeforeLease) || is_hook_output(e, HookKind::AfterLease)
+}
+
+impl HookHistory {
+    /// Changes each time something is recorded (the dashboard's event stream waits on it).
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
+    /// Says that something shown with the history changed (hook output was pushed).
+    pub fn touch(&self) {
+        self.changes.send_modify(|n| *n += 1);
+    }
+
+    fn with<R>(
+        &self,
+        namespace: &str,
+        name: &str,
+        now: Timestamp,
+        f: impl FnOnce(&mut Exporter) -> R,
+    ) -> R {
+        let r = {
+            let mut all = self.exporters.lock_or_recover();
+            let key = (namespace.to_string(), name.to_string());
+            if !all.contains_key(&key)
+                && all.len() >= MAX_EXPORTERS
+                && let Some(oldest) = all
+                    .iter()
+                    .min_by_key(|(_, e)| e.touched)
+                    .map(|(k, _)| k.clone())
+            {
+                all.remove(&oldest);
+            }
+            let e = all.entry(key).or_default();
+            e.touched = now;
+            f(e)
+        };
+        self.touch();
+        r
+    }
+
+    /// Exporter `namespace/name` reported `status` with `message` while holding `lease`.
+    pub fn status_reported(
+        &self,
+        namespace: &str,
+        name: &str,
+        status: ExporterStatus,
+        message: &str,
+        lease: Option<&str>,
+        now: Timestamp,
+    ) {
+        use ExporterStatus as S;
+        if let Some(u) = Unhealthy::parse(message) {
+            let text = if u.output.is_empty() {
+                u.reason.to_string()
+            } else {
+                format!("{}\n{}", u.reason, u.output)
+            };
+            self.health(
+                namespace,
+                name,
+                HealthEvent {
+                    time: now,
+                    kind: HealthKind::Unhealthy,
+                    source: u.kind.to_string(),
+                    message: text,
+                },
+            );
+            return;
+        }
+        if !matches!(
+            status,
+            S::BeforeLeaseHook
+                | S::AfterLeaseHook
+                | S::BeforeLeaseHookFailed
+                | S::AfterLeaseHookFailed
+                | S::LeaseReady
+                | S::Available
+                | S::Offline
+        ) {
+            return;
+        }
+        self.with(namespace, name, now, |e| {
+            if let Some(l) = lease {
+                e.last_lease = Some(l.to_string());
+            }
+            let lease = lease.map(str::to_string).or_else(|| e.last_lease.clone());
+            let running = e.runs.back_mut().filter(|r| r.result == RunResult::Running);
+            let (kind, result) = match status {
+                S::BeforeLeaseHook | S::AfterLeaseHook => {
+                    let kind = if status == S::BeforeLeaseHook {
+                        HookKind::BeforeLease
+                    } else {
+                        HookKind::AfterLease
+                    };
+                    if let Some(r) = running {
+                        if r.kind == kind && r.lease == lease {
+                            return; // the same run reported again
+                        }
+                        r.result = RunResult::Interrupted;
+                        r.end = Some(now);
+                    }
+                    if e.runs.len() >= RUNS_KEPT {
+                        e.runs.pop_front();
+                    }
+                    e.runs.push_back(HookRun {
+                        kind,
+                        lease,
+                        start: now,
+                        end: None,
+                        result: RunResult::Running,
+                        message: cut(message),
+                    });
+                    return;
+                }
+                S::BeforeLeaseHookFailed => (HookKind::BeforeLease, RunResult::Failed),
+                S::AfterLeaseHookFailed => (HookKind::AfterLease, RunResult::Failed),
+                S::LeaseReady | S::Available | S::Offline => {
+                    let Some(r) = running else { return };
+                    r.result = if status == S::Offline {
+                        RunResult::Interrupted
+                    } else if message.starts_with(HOOK_WARNING_PREFIX) {
+                        RunResult::Warned
+                    } else {
+                        RunResult::Succeeded
+                    };
+                    r.end = Some(now);
+                    r.message = cut(message);
+                    return;
+                }
+                _ => return,
+            };
+            // A failure ends the running run of its kind, else is a run of its own.
+            match running {
+                Some(r) if r.kind == kind => {
+                    r.result = result;
+                    r.end = Some(now);
+                    r.message = cut(message);
+                }
+                _ => {
+                    if e.runs.len() >= RUNS_KEPT {
+                        e.runs.pop_front();
+                    }
+                    e.runs.push_back(HookRun {
+                        kind,
+                        lease,
+                        start: now,
+                        end: Some(now),
+                        result,
+                        message: cut(message),
+                    });
+                }
+            }
+        });
+    }
+
+    /// Records a health event of exporter `namespace/name`.
+    pub fn health(&self, namespace: &str, name: &str, mut ev: HealthEvent) {
+        ev.message = cut(&ev.message);
+        self.with(namespace, name, ev.time, |e| {
+            if e.health.len() >= HEALTH_KEPT {
+                e.health.pop_front();
+            }
+            e.health.push_back(ev);
+        });
+    }
+
+    /// The hook runs of `namespace/name`, newest first.
+    pub fn runs(&self, namespace: &str, name: &str) -> Vec<HookRun> {
+        self.exporters
+            .lock_or_recover()
+            .get(&(namespace.to_string(), name.to_string()))
+            .map(|e| e.runs.iter().rev().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// The health events of `namespace/name`, newest first.
+    pub fn health_events(&self, namespace: &str, name: &str) -> Vec<HealthEvent> {
+        self.exporters
+            .lock_or_recover()
+            .get(&(namespace.to_string(), name.to_string()))
+            .map(|e| e.health.iter().rev().cloned().collect())
+            .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ExporterStatus as S;
+
+    fn t(s: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + s).unwrap()
+    }
+
+    #[test]
+    fn statuses_make_hook_runs() {
+        let h = HookHistory::default();
+        let r =
+            |s, m: &str, lease: Option<&str>, at| h.status_reported("ns", "e", s, m, lease, t(at));
+        r(S::Available, "Available for new lease", None, 0);
+        assert!(h.runs("ns", "e").is_empty());
+        r(
+            S::BeforeLeaseHook,
+            "Running beforeLease hook",
+            Some("l1"),
+            1,
+        );
+        r(
+            S::BeforeLeaseHook,
+            "Running beforeLease hook",
+            Some("l1"),
+            2,
+        );
+        r(S::LeaseReady, "Ready for commands", Some("l1"), 3);
+        r(S::AfterLeaseHook, "Running afterLease hooks", None, 10);
+        r(
+            S::Available,
+            "[HOOK_WARNING] afterLease hook warning: exit 1",
+            None,
+            11,
+        );
+        r(
+            S::BeforeLeaseHookFailed,
+            "beforeLease hook failed (on_failure=endLease): boom",
+            Some("l2"),
+            20,
+        );
+        r(
+            S::AfterLeaseHook,
+            "Running afterLease hooks",
+            Some("l3"),
+            30,
+        );
+        r(S::Offline, "bye", None, 31);
+        let runs = h.runs("ns", "e");
+        let got: Vec<_> = runs
+            .iter()
+            .map(|r| (r.kind, r.lease.as_deref(), r.result, r.start, r.end))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (
+                    HookKind::AfterLease,
+                    Some("l3"),
+                    RunResult::Interrupted,
+                    t(30),
+                    Some(t(31))
+                ),
+                (
+                    HookKind::BeforeLease,
+                    Some("l2"),
+                    RunResult::Failed,
+                    t(20),
+                    Some(t(20))
+                ),
+                // The lease had ended: the last one reported is named.
+                (
+                    HookKind::AfterLease,
+                    Some("l1"),
+                    RunResult::Warned,
+                    t(10),
+                    Some(t(11))
+                ),
+                (
+                    HookKind::BeforeLease,
+                    Some("l1"),
+                    RunResult::Succeeded,
+                    t(1),
+                    Some(t(3))
+                ),
+            ]
+        );
+        assert!(runs[1].message.ends_with("boom"));
+        assert!(h.runs("ns", "other").is_empty());
+    }
+
+    #[test]
+    fn history_is_bounded() {
+        let h = HookHistory::default();
+        for i in 0..(RUNS_KEPT as i64 + 5) {
+            h.status_reported(
+                "ns",
+                "e",
+                S::BeforeLeaseHook,
+                "x",
+                Some(&format!("l{i}")),
+                t(2 * i),
+            );
+            h.status_reported(
+                "ns",
+                "e",
+                S::LeaseReady,
+                &"y".repeat(10_000),
+                None,
+                t(2 * i + 1),
+            );
+        }
+        let runs = h.runs("ns", "e");
+        assert_eq!(runs.len(), RUNS_KEPT);
+        assert_eq!(
+            runs[0].lease.as_deref(),
+            Some(&*format!("l{}", RUNS_KEPT + 4))
+        );
+        assert!(runs[0].message.len() <= MAX_MESSAGE + 3);
+        for i in 0..(HEALTH_KEPT + 3) {
+            h.status_reported(
+                "ns",
+                "e",
+                S::Available,
+                &format!("[UNHEALTHY] healthCheck: failed {i}\nout"),
+                None,
+                t(0),
+            );
+        }
+        let ev = h.health_events("ns", "e");
+        assert_eq!(ev.len(), HEALTH_KEPT);
+        assert_eq!(
+            (ev[0].kind, ev[0].source.as_str()),
+            (HealthKind::Unhealthy, "healthCheck")
+        );
+        assert_eq!(ev[0].message, format!("failed {}\nout", HEALTH_KEPT + 2));
+    }
+
+    #[test]
+    fn hook_output_is_marked_by_stream_and_operation() {
+        let mut e = LogEntry {
+            operation: "beforeLease".into(),
+            ..Default::default()
+        };
+        assert!(!is_any_hook_output(&e), "a driver method of that name");
+        e.extra_fields.insert("stream".into(), HOOK_STREAM.into());
+        assert!(is_hook_output(&e, HookKind::BeforeLease));
+        assert!(!is_hook_output(&e, HookKind::AfterLease));
+    }
+}
