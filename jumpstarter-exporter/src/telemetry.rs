@@ -2,8 +2,9 @@
 //! exporter asks the controller where its telemetry sink is (`GetServiceEndpoints`; an
 //! upstream 0.9.0 controller answers UNIMPLEMENTED, which means none) and pushes each
 //! lease's structured entries there (`TelemetryService.PushLogs`): one per driver call
-//! (`driver_type`, `operation`, `result`, `duration_ms`) and one per driver log line, each
-//! with the lease's name, client and context.
+//! (`driver_type`, `operation`, `result`, `duration_ms`), one per driver log line and one per
+//! line of the lease's hooks' output (`stream=hook`, see [`HOOK_STREAM`]), each with the
+//! lease's name, client and context.
 //!
 //! Entries go through a bounded queue to one background task that sends them in batches:
 //! a driver call only ever tries to queue its entry, never waits. When the queue is full
@@ -20,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use jumpstarter_core::client::channel::AuthChannel;
 use jumpstarter_proto::v1::{
-    GetServiceEndpointsRequest, LogEntry, PushLogsRequest, TelemetryEndpoint,
+    GetServiceEndpointsRequest, LogEntry, LogSource, PushLogsRequest, TelemetryEndpoint,
     controller_service_client::ControllerServiceClient,
     telemetry_service_client::TelemetryServiceClient,
 };
@@ -314,10 +315,28 @@ impl jumpstarter_core::metrics::CallObserver for LeaseTelemetry {
     }
 }
 
+/// The `extra_fields` value of `stream` that marks an entry as a line of a lease hook's
+/// output (with `operation` the hook, `beforeLease` or `afterLease`): the controller's
+/// dashboard shows these with the exporter's hook runs.
+pub const HOOK_STREAM: &str = jumpstarter_core::hooks::HOOK_OUTPUT_STREAM;
+
 impl jumpstarter_core::driver::LogObserver for LeaseTelemetry {
     fn driver_log(&self, driver: &str, severity: &str, message: &str) {
         let mut e = self.entry(&severity.to_ascii_lowercase(), message);
         e.driver_type = truncate(driver, 200);
+        self.sink.offer(e);
+    }
+
+    fn hook_log(&self, source: LogSource, severity: &str, message: &str) {
+        let hook = match source {
+            LogSource::BeforeLeaseHook => "beforeLease",
+            LogSource::AfterLeaseHook => "afterLease",
+            _ => return,
+        };
+        let mut e = self.entry(&severity.to_ascii_lowercase(), message);
+        e.operation = hook.into();
+        e.extra_fields
+            .insert("stream".to_string(), HOOK_STREAM.to_string());
         self.sink.offer(e);
     }
 }
@@ -477,5 +496,32 @@ mod tests {
         );
         assert!(e.extra_fields.contains_key("error"));
         assert_eq!(e.extra_fields["k00"].len(), MAX_EXTRA_VALUE);
+    }
+
+    #[test]
+    fn hook_lines_are_marked_with_their_hook() {
+        use jumpstarter_core::driver::LogObserver;
+        let (tx, mut rx) = mpsc::channel(4);
+        let sink = TelemetrySink {
+            tx,
+            drops: Arc::default(),
+            reserve: 1,
+        };
+        let context = BTreeMap::from([("build".to_string(), "7".to_string())]);
+        let lease = LeaseTelemetry::new(sink, "l-1", "ci", "board", "ns", &context);
+        lease.hook_log(LogSource::BeforeLeaseHook, "INFO", "flashing");
+        lease.hook_log(LogSource::Driver, "INFO", "not a hook");
+        let e = rx.try_recv().unwrap();
+        assert_eq!(
+            (
+                e.operation.as_str(),
+                e.message.as_str(),
+                e.severity.as_str()
+            ),
+            ("beforeLease", "flashing", "info")
+        );
+        assert_eq!(e.extra_fields["stream"], HOOK_STREAM);
+        assert_eq!(e.extra_fields["build"], "7");
+        assert!(rx.try_recv().is_err());
     }
 }

@@ -21,6 +21,10 @@ fn now() -> prost_types::Timestamp {
 pub trait LogObserver: Send + Sync {
     /// Driver `driver` logged `message` at `severity` (`DEBUG`, `INFO`, `WARNING`, ...).
     fn driver_log(&self, driver: &str, severity: &str, message: &str);
+
+    /// A hook printed one line of output, `message`, under `source` (`BEFORE_LEASE_HOOK` /
+    /// `AFTER_LEASE_HOOK`); by default nothing happens.
+    fn hook_log(&self, _source: LogSource, _severity: &str, _message: &str) {}
 }
 
 /// Where driver log records go: `tracing` (target `driver`) and the session's `LogStream`.
@@ -80,8 +84,16 @@ impl LogSink {
 
     /// Records one line of hook output (or a hook's failure) under `source`
     /// (`BEFORE_LEASE_HOOK` / `AFTER_LEASE_HOOK`); kept for the next `LogStream` when none
-    /// is open.
+    /// is open. The observer is told of it too ([`LogObserver::hook_log`]).
     pub fn emit_hook(&self, source: LogSource, severity: &str, message: String) {
+        let observer = self
+            .observer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if let Some(o) = observer {
+            o.hook_log(source, severity, &message);
+        }
         let rec = LogStreamResponse {
             uuid: String::new(),
             severity: severity.to_string(),
@@ -115,6 +127,29 @@ impl LogSink {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_observer_is_told_of_hook_lines_apart() {
+        struct Hooks(Mutex<Vec<String>>);
+        impl LogObserver for Hooks {
+            fn driver_log(&self, _: &str, _: &str, _: &str) {}
+            fn hook_log(&self, source: LogSource, severity: &str, message: &str) {
+                self.0
+                    .lock()
+                    .unwrap()
+                    .push(format!("{} {severity} {message}", source.as_str_name()));
+            }
+        }
+        let sink = LogSink::default();
+        let seen = Arc::new(Hooks(Mutex::default()));
+        sink.set_observer(seen.clone());
+        sink.emit("MockPower", "INFO", "power on".into());
+        sink.emit_hook(LogSource::AfterLeaseHook, "INFO", "wiping".into());
+        assert_eq!(
+            *seen.0.lock().unwrap(),
+            ["LOG_SOURCE_AFTER_LEASE_HOOK INFO wiping"]
+        );
+    }
 
     #[test]
     fn an_observer_is_told_of_driver_lines_not_hook_lines() {
