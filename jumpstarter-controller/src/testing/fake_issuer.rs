@@ -103,6 +103,7 @@ struct State {
     devices: Mutex<HashMap<String, Device>>,
     authorize_error: Mutex<Option<String>>,
     authorize_requests: AtomicUsize,
+    nonce_override: Mutex<Option<String>>,
 }
 
 /// Seconds since the Unix epoch (the `iat`/`exp` clock of tokens).
@@ -200,6 +201,7 @@ impl FakeIssuer {
             devices: Mutex::new(HashMap::new()),
             authorize_error: Mutex::new(None),
             authorize_requests: AtomicUsize::new(0),
+            nonce_override: Mutex::new(None),
         });
         let s = state.clone();
         let task = tokio::spawn(async move {
@@ -258,6 +260,12 @@ impl FakeIssuer {
     /// redirects back with that error instead of a code; `None` approves.
     pub fn set_authorize_error(&self, error: Option<&str>) {
         *self.state.authorize_error.lock().unwrap() = error.map(str::to_owned);
+    }
+
+    /// The `nonce` the ID tokens of codes handed out from now on carry: `Some(n)` instead of
+    /// the authorization request's (a replayed or foreign ID token); `None`, the request's.
+    pub fn set_id_token_nonce(&self, nonce: Option<&str>) {
+        *self.state.nonce_override.lock().unwrap() = nonce.map(str::to_owned);
     }
 
     /// How many authorization requests the authorize endpoint answered.
@@ -529,7 +537,12 @@ async fn handle<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
                         Grant {
                             user: FakeIssuer::BROWSER_USER.into(),
                             client_id: get("client_id"),
-                            nonce: params.get("nonce").cloned(),
+                            nonce: s
+                                .nonce_override
+                                .lock()
+                                .unwrap()
+                                .clone()
+                                .or_else(|| params.get("nonce").cloned()),
                         },
                     ),
                 );

@@ -311,6 +311,15 @@ async fn a_bad_foreign_or_denied_oidc_login_is_refused_with_a_clear_message() {
     assert!(a.body.contains("the user said no"), "{}", a.body);
     issuer.set_authorize_error(None);
 
+    // An ID token that is not this login's (another nonce).
+    issuer.set_id_token_nonce(Some("another-login-s-nonce"));
+    let begun = begin(addr, &issuer).await;
+    let a = get(addr, &begun.callback, Some(&begun.cookie)).await;
+    assert_eq!(a.status, 401, "{}", a.body);
+    assert!(a.body.contains("nonce is not this login"), "{}", a.body);
+    assert!(set_cookie(&a, "jmp_ui").is_none());
+    issuer.set_id_token_nonce(None);
+
     // A user without a client.
     lab.ctl
         .state
