@@ -122,12 +122,7 @@ pub fn queue_call_line(parent: &tracing::Span, line: CallLine) -> Result<(), Cal
             .with_subscriber(|(id, d)| {
                 d.downcast_ref::<tracing_subscriber::Registry>()
                     .and_then(|r| r.span(id))
-                    .map(|span| {
-                        span.scope()
-                            .from_root()
-                            .filter_map(|s| s.extensions().get::<SpanJson>().map(|f| f.0.clone()))
-                            .collect()
-                    })
+                    .map(|span| snapshots(span.scope()))
             })
             .flatten()
             .unwrap_or_default();
@@ -146,6 +141,64 @@ pub fn queue_call_line(parent: &tracing::Span, line: CallLine) -> Result<(), Cal
     }
 }
 
+/// The target of a driver's own log lines (`[driver.NAME] message`).
+pub const DRIVER_TARGET: &str = "driver";
+
+/// Queues driver `driver`'s log line `message` at `level` (target [`DRIVER_TARGET`], message
+/// `[driver.NAME] message`, in the current span) for the writer of [`init_json`] when that is
+/// this thread's subscriber: its line is the one the same line logged as a tracing event
+/// would get, but the calling thread joins the message once, takes the time and the
+/// snapshots of the current spans, and visits no fields. Returns false when the subscriber
+/// is another (text logs, a test's) or traces are on (their layer sees events): the caller
+/// then logs it as an event. The caller has checked that [`DRIVER_TARGET`] is enabled at
+/// `level`.
+pub fn queue_driver_line(level: tracing::Level, driver: &str, message: &str) -> bool {
+    if !JSON_LAYERS.load(std::sync::atomic::Ordering::Relaxed) || crate::telemetry::traces_on() {
+        return false;
+    }
+    let mut queued = false;
+    tracing::dispatcher::get_default(|d| {
+        let Some(layer) = d.downcast_ref::<JsonLayer>() else {
+            return;
+        };
+        let spans = d
+            .downcast_ref::<tracing_subscriber::Registry>()
+            .and_then(|r| r.span(tracing::Subscriber::current_span(r).id()?))
+            .map(|span| snapshots(span.scope()))
+            .unwrap_or_default();
+        let mut text = String::with_capacity(10 + driver.len() + message.len());
+        text.push_str("[driver.");
+        text.push_str(driver);
+        text.push_str("] ");
+        text.push_str(message);
+        layer.queue.push(Pending::Driver(
+            layer.lines.clone(),
+            DriverCaptured {
+                time: std::time::SystemTime::now(),
+                level,
+                spans,
+                message: text,
+            },
+        ));
+        queued = true;
+    });
+    queued
+}
+
+/// Whether a [`JsonLayer`] was ever made: until then [`queue_driver_line`] has nothing to
+/// look for (text logs pay one load).
+static JSON_LAYERS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The snapshots of the fields of the spans of `scope`, outermost first.
+fn snapshots<'a, R: LookupSpan<'a>>(
+    scope: tracing_subscriber::registry::Scope<'a, R>,
+) -> Vec<std::sync::Arc<SpanData>> {
+    scope
+        .from_root()
+        .filter_map(|span| span.extensions().get::<SpanJson>().map(|f| f.0.clone()))
+        .collect()
+}
+
 /// Installs [`JsonLines`] of `component` on stderr with `filter` (what [`init`] does with
 /// JSON, for a binary that picks its own filter; with traces as [`init`]). Does nothing if a
 /// subscriber is installed.
@@ -155,10 +208,7 @@ pub fn init_json(component: &'static str, filter: tracing_subscriber::EnvFilter)
     let installed = tracing_subscriber::registry()
         .with(crate::telemetry::with_trace_spans(filter))
         .with(SpanFields)
-        .with(JsonLayer {
-            lines: JsonLines::new(component),
-            queue: queue.clone(),
-        })
+        .with(JsonLayer::new(JsonLines::new(component), queue.clone()))
         .with(crate::telemetry::layer())
         .try_init();
     if installed.is_ok() {
@@ -396,14 +446,7 @@ impl Captured {
         event: &Event<'_>,
         scope: Option<tracing_subscriber::registry::Scope<'a, R>>,
     ) -> Self {
-        let spans = scope
-            .map(|scope| {
-                scope
-                    .from_root()
-                    .filter_map(|span| span.extensions().get::<SpanJson>().map(|f| f.0.clone()))
-                    .collect()
-            })
-            .unwrap_or_default();
+        let spans = scope.map(snapshots).unwrap_or_default();
         let mut own = Vec::with_capacity(event.metadata().fields().len());
         event.record(&mut JsonVisitor(&mut own));
         Captured {
@@ -457,6 +500,28 @@ impl From<CallCaptured> for Captured {
     }
 }
 
+/// A driver's log line as [`queue_driver_line`] takes it on the logging thread.
+struct DriverCaptured {
+    time: std::time::SystemTime,
+    level: tracing::Level,
+    spans: Vec<std::sync::Arc<SpanData>>,
+    /// `[driver.NAME] message`.
+    message: String,
+}
+
+impl From<DriverCaptured> for Captured {
+    /// The fields the line's tracing event would have had: its message.
+    fn from(d: DriverCaptured) -> Self {
+        Captured {
+            time: d.time,
+            level: d.level,
+            target: DRIVER_TARGET,
+            spans: d.spans,
+            own: vec![("message", d.message.into())],
+        }
+    }
+}
+
 impl<S, N> FormatEvent<S, N> for JsonLines
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
@@ -483,6 +548,13 @@ struct JsonLayer {
     queue: std::sync::Arc<LineQueue>,
 }
 
+impl JsonLayer {
+    fn new(lines: JsonLines, queue: std::sync::Arc<LineQueue>) -> Self {
+        JSON_LAYERS.store(true, std::sync::atomic::Ordering::Relaxed);
+        JsonLayer { lines, queue }
+    }
+}
+
 impl<S> Layer<S> for JsonLayer
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
@@ -501,6 +573,8 @@ enum Pending {
     Event(JsonLines, Captured),
     /// A driver call's line ([`queue_call_line`]), formatted by the writer.
     Call(JsonLines, CallCaptured),
+    /// A driver's log line ([`queue_driver_line`]), formatted by the writer.
+    Driver(JsonLines, DriverCaptured),
     /// A line already formatted (without its newline).
     Text(String),
 }
@@ -661,6 +735,7 @@ fn write_one(line: Pending, out: &mut Vec<u8>) {
     match line {
         Pending::Event(lines, e) => lines.line(e, out),
         Pending::Call(lines, c) => lines.line(c.into(), out),
+        Pending::Driver(lines, d) => lines.line(d.into(), out),
         Pending::Text(t) => {
             out.extend_from_slice(t.as_bytes());
             out.push(b'\n');
@@ -758,10 +833,7 @@ mod tests {
         let queue = LineQueue::start_to(buf.clone());
         let subscriber = tracing_subscriber::registry()
             .with(SpanFields)
-            .with(JsonLayer {
-                lines: JsonLines::new("exporter"),
-                queue: queue.clone(),
-            });
+            .with(JsonLayer::new(JsonLines::new("exporter"), queue.clone()));
         tracing::subscriber::with_default(subscriber, || {
             let lease = tracing::info_span!("lease", lease_id = "l-9");
             let _a = lease.enter();
@@ -805,10 +877,7 @@ mod tests {
         let queue = LineQueue::start_to(buf.clone());
         let subscriber = tracing_subscriber::registry()
             .with(SpanFields)
-            .with(JsonLayer {
-                lines: JsonLines::new("exporter"),
-                queue: queue.clone(),
-            });
+            .with(JsonLayer::new(JsonLines::new("exporter"), queue.clone()));
         let context = [("build_id", "7")]
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .into();
@@ -857,6 +926,59 @@ mod tests {
             let back = queue_call_line(&tracing::Span::none(), call(None));
             assert_eq!(back.map_err(|l| l.operation), Err("on".to_string()));
         });
+        assert!(back.is_empty());
+    }
+
+    #[test]
+    fn a_queued_driver_line_is_the_line_its_event_would_be_and_other_subscribers_get_it_back() {
+        let buf = Buf::default();
+        let queue = LineQueue::start_to(buf.clone());
+        let subscriber = tracing_subscriber::registry()
+            .with(SpanFields)
+            .with(JsonLayer::new(JsonLines::new("exporter"), queue.clone()));
+        let context = [("build_id", "7")]
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .into();
+        tracing::subscriber::with_default(subscriber, || {
+            let lease = tracing::info_span!(
+                "lease",
+                lease_id = "l-5",
+                { LEASE_CONTEXT_FIELD } = context_field(&context).as_str()
+            );
+            let in_lease = lease.enter();
+            let call = tracing::info_span!("call", driver_type = "MockPower");
+            let in_call = call.enter();
+            let (driver, message) = ("MockPower", "Power \"on\"");
+            assert!(queue_driver_line(tracing::Level::WARN, driver, message));
+            tracing::warn!(target: DRIVER_TARGET, "[driver.{driver}] {message}");
+            drop(in_call);
+            drop(in_lease);
+            assert!(queue_driver_line(tracing::Level::DEBUG, driver, "no lease"));
+        });
+        queue.flush(std::time::Duration::from_secs(30));
+        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        let mut got: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
+            .collect();
+        assert_eq!(got.len(), 3, "{text}");
+        for l in &mut got {
+            l.as_object_mut().unwrap().remove("timestamp").unwrap();
+        }
+        assert_eq!(got[0], got[1], "as its event");
+        assert_eq!(
+            got[0],
+            serde_json::json!({"level": "WARN", "component": "exporter", "target": "driver",
+                "message": "[driver.MockPower] Power \"on\"", "lease_id": "l-5",
+                "build_id": "7", "driver_type": "MockPower"})
+        );
+        assert_eq!(
+            got[2],
+            serde_json::json!({"level": "DEBUG", "component": "exporter", "target": "driver",
+                "message": "[driver.MockPower] no lease"})
+        );
+        // Another subscriber logs it itself.
+        let back = lines(|| assert!(!queue_driver_line(tracing::Level::INFO, "MockPower", "on")));
         assert!(back.is_empty());
     }
 
