@@ -14,6 +14,7 @@ use jumpstarter_core::{
         CallObserver, ExemplarLabels, StreamObserver, error_type, exemplar, is_unknown_call,
         label_value, openmetrics_page,
         prometheus_client::{
+            encoding::{EncodeLabelSet, LabelSetEncoder},
             metrics::{
                 exemplar::{CounterWithExemplar, HistogramWithExemplars},
                 family::Family,
@@ -40,11 +41,22 @@ pub const OTHER_OPERATION: &str = "other";
 type Labels = Vec<(&'static str, String)>;
 type HistogramFamily = Family<
     Labels,
-    HistogramWithExemplars<ExemplarLabels>,
-    fn() -> HistogramWithExemplars<ExemplarLabels>,
+    HistogramWithExemplars<LeaseExemplar>,
+    fn() -> HistogramWithExemplars<LeaseExemplar>,
 >;
 
-fn operation_histogram() -> HistogramWithExemplars<ExemplarLabels> {
+/// A lease's exemplar labels, shared by the samples of its calls: a call's exemplar is an
+/// `Arc` clone, not a copy of the labels' strings.
+#[derive(Clone, Debug, Default)]
+struct LeaseExemplar(Arc<ExemplarLabels>);
+
+impl EncodeLabelSet for LeaseExemplar {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        self.0.as_slice().encode(encoder)
+    }
+}
+
+fn operation_histogram() -> HistogramWithExemplars<LeaseExemplar> {
     HistogramWithExemplars::new(OPERATION_BUCKETS.into_iter())
 }
 
@@ -52,10 +64,10 @@ fn operation_histogram() -> HistogramWithExemplars<ExemplarLabels> {
 pub struct ExporterMetrics {
     registry: Registry,
     exporter: String,
-    operations: Family<Labels, CounterWithExemplar<ExemplarLabels>>,
+    operations: Family<Labels, CounterWithExemplar<LeaseExemplar>>,
     durations: HistogramFamily,
-    errors: Family<Labels, CounterWithExemplar<ExemplarLabels>>,
-    stream_bytes: Family<Labels, CounterWithExemplar<ExemplarLabels>>,
+    errors: Family<Labels, CounterWithExemplar<LeaseExemplar>>,
+    stream_bytes: Family<Labels, CounterWithExemplar<LeaseExemplar>>,
     sessions: Gauge,
     operations_seen: Mutex<HashSet<(String, String)>>,
     /// The series a successful call of (driver type, operation) counts in, once known: a
@@ -92,8 +104,8 @@ impl std::hash::Hasher for Fnv {
 
 /// The counter and histogram series of successful calls of one (driver type, operation).
 struct SuccessSeries {
-    count: CounterWithExemplar<ExemplarLabels>,
-    duration: HistogramWithExemplars<ExemplarLabels>,
+    count: CounterWithExemplar<LeaseExemplar>,
+    duration: HistogramWithExemplars<LeaseExemplar>,
 }
 
 impl std::fmt::Debug for ExporterMetrics {
@@ -115,7 +127,7 @@ impl ExporterMetrics {
     /// The metrics of the exporter named `exporter` (its `exporter` label).
     pub fn new(exporter: &str) -> Arc<Self> {
         let mut registry = Registry::default();
-        let operations = Family::<Labels, CounterWithExemplar<ExemplarLabels>>::default();
+        let operations = Family::<Labels, CounterWithExemplar<LeaseExemplar>>::default();
         registry.register(
             "jumpstarter_operations",
             "Driver calls served, by driver type, operation and result (success or failure)",
@@ -127,13 +139,13 @@ impl ExporterMetrics {
             "Time a driver call took (for a streaming call: until its stream was open)",
             durations.clone(),
         );
-        let errors = Family::<Labels, CounterWithExemplar<ExemplarLabels>>::default();
+        let errors = Family::<Labels, CounterWithExemplar<LeaseExemplar>>::default();
         registry.register(
             "jumpstarter_operation_errors",
             "Failed driver calls, by class of error",
             errors.clone(),
         );
-        let stream_bytes = Family::<Labels, CounterWithExemplar<ExemplarLabels>>::default();
+        let stream_bytes = Family::<Labels, CounterWithExemplar<LeaseExemplar>>::default();
         registry.register(
             "jumpstarter_stream_bytes",
             "Bytes of driver and resource streams (rx: from the client, tx: to the client)",
@@ -192,7 +204,7 @@ impl ExporterMetrics {
         LeaseMetrics {
             observer: Arc::new(LeaseCalls {
                 metrics: Arc::clone(self),
-                exemplar: exemplar(pairs),
+                exemplar: LeaseExemplar(Arc::new(exemplar(pairs))),
                 streams: Mutex::new(Vec::new()),
             }),
         }
@@ -229,9 +241,9 @@ impl ExporterMetrics {
         operation: &str,
         error: Option<&DriverError>,
         elapsed: Duration,
-        exemplar: &ExemplarLabels,
+        exemplar: &LeaseExemplar,
     ) {
-        let ex = || (!exemplar.is_empty()).then(|| exemplar.clone());
+        let ex = || (!exemplar.0.is_empty()).then(|| exemplar.clone());
         if error.is_none() {
             // Counted under the lock (held for as long as a clone of the series would take).
             let known = self.successes.lock().unwrap_or_else(|p| p.into_inner());
@@ -307,11 +319,11 @@ impl Drop for LeaseMetrics {
 
 struct LeaseCalls {
     metrics: Arc<ExporterMetrics>,
-    exemplar: ExemplarLabels,
+    exemplar: LeaseExemplar,
     /// The stream byte series of this lease's streams by (driver type, direction), once
     /// looked up: a batch of bytes then costs a short scan instead of building and hashing
     /// its labels.
-    streams: Mutex<Vec<(String, &'static str, CounterWithExemplar<ExemplarLabels>)>>,
+    streams: Mutex<Vec<(String, &'static str, CounterWithExemplar<LeaseExemplar>)>>,
 }
 
 /// Stream byte series a [`LeaseCalls`] remembers, at most (a session's drivers are fewer).
@@ -332,7 +344,7 @@ impl CallObserver for LeaseCalls {
 
 impl StreamObserver for LeaseCalls {
     fn stream_bytes(&self, driver_type: &str, direction: &'static str, bytes: u64) {
-        let ex = || (!self.exemplar.is_empty()).then(|| self.exemplar.clone());
+        let ex = || (!self.exemplar.0.is_empty()).then(|| self.exemplar.clone());
         let mut streams = self.streams.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((_, _, series)) = streams
             .iter()
