@@ -62,7 +62,7 @@ pub mod testing;
 
 #[cfg(test)]
 mod fuzz_tests;
-mod hook_history;
+pub mod hook_history;
 mod kubernetes;
 mod lease;
 pub mod lease_logs;

@@ -508,6 +508,54 @@ async fn distributed_hooks_run_in_order_around_the_command() {
     );
     assert!(!stderr.contains("Error"), "{stderr}");
     lab.wait_status("hk1", ExporterStatusValue::Available).await;
+    // The controller saw both runs (the dashboard's exporter page) and got their output
+    // with the lease's pushed lines (log gathering is on by default).
+    use jumpstarter_controller::hook_history::{HookKind, RunResult, is_hook_output};
+    let state = &lab.ctl().state;
+    let mut seen = (Vec::new(), Vec::new());
+    for _ in 0..100 {
+        let runs = state.hook_history.runs("default", "hk1");
+        let story = state
+            .lease_logs
+            .as_ref()
+            .expect("lease logs are kept by default")
+            .read("default", &lease);
+        let output = |kind| {
+            story
+                .entries
+                .iter()
+                .filter(|e| is_hook_output(e, kind))
+                .map(|e| e.message.clone())
+                .collect::<Vec<_>>()
+        };
+        seen = (
+            runs.iter()
+                .map(|r| (r.kind, r.result, r.lease.clone()))
+                .collect::<Vec<_>>(),
+            [output(HookKind::BeforeLease), output(HookKind::AfterLease)].concat(),
+        );
+        if seen.1.len() >= 2 && seen.0.len() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let lease = Some(lease);
+    assert_eq!(
+        seen.0,
+        // Newest first.
+        vec![
+            (HookKind::AfterLease, RunResult::Succeeded, lease.clone()),
+            (HookKind::BeforeLease, RunResult::Succeeded, lease.clone()),
+        ],
+        "{}",
+        lab.log("hk1.log")
+    );
+    assert!(
+        seen.1.iter().any(|l| l.contains("before "))
+            && seen.1.iter().any(|l| l == "after cleaning up"),
+        "{:?}",
+        seen.1
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
