@@ -209,6 +209,18 @@ pub fn run(args: &[String]) -> Result<()> {
         "",
         None,
     );
+    // The controller's share of that, per lease granted.
+    let granted = f("granted")?;
+    row(
+        "controller CPU per grant (ms)",
+        if granted > 0.0 {
+            fmt(f("grant_ctl_cpu_ms")? / granted, 2)
+        } else {
+            "n/a".to_string()
+        },
+        "",
+        None,
+    );
     if drop_n > 0 {
         row(
             &format!("{drop_n} exporters dropped: all listed offline (s)"),
