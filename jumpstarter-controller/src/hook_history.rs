@@ -102,6 +102,23 @@ pub struct HookRun {
     pub message: String,
 }
 
+impl HookRun {
+    /// Ends this run at `now` with `result` and the message of the status that ended it.
+    fn finish(&mut self, result: RunResult, now: Timestamp, message: &str) {
+        self.result = result;
+        self.end = Some(now);
+        self.message = cut(message);
+    }
+}
+
+/// Adds `run` to an exporter's `runs`, dropping the oldest when [`RUNS_KEPT`] are kept.
+fn push_run(runs: &mut VecDeque<HookRun>, run: HookRun) {
+    if runs.len() >= RUNS_KEPT {
+        runs.pop_front();
+    }
+    runs.push_back(run);
+}
+
 /// What a health event was.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HealthKind {
@@ -285,55 +302,50 @@ impl HookHistory {
                         r.result = RunResult::Interrupted;
                         r.end = Some(now);
                     }
-                    if e.runs.len() >= RUNS_KEPT {
-                        e.runs.pop_front();
-                    }
-                    e.runs.push_back(HookRun {
-                        kind,
-                        lease,
-                        start: now,
-                        end: None,
-                        result: RunResult::Running,
-                        message: cut(message),
-                    });
+                    push_run(
+                        &mut e.runs,
+                        HookRun {
+                            kind,
+                            lease,
+                            start: now,
+                            end: None,
+                            result: RunResult::Running,
+                            message: cut(message),
+                        },
+                    );
                     return;
                 }
                 S::BeforeLeaseHookFailed => (HookKind::BeforeLease, RunResult::Failed),
                 S::AfterLeaseHookFailed => (HookKind::AfterLease, RunResult::Failed),
                 S::LeaseReady | S::Available | S::Offline => {
                     let Some(r) = running else { return };
-                    r.result = if status == S::Offline {
+                    let result = if status == S::Offline {
                         RunResult::Interrupted
                     } else if message.starts_with(HOOK_WARNING_PREFIX) {
                         RunResult::Warned
                     } else {
                         RunResult::Succeeded
                     };
-                    r.end = Some(now);
-                    r.message = cut(message);
+                    r.finish(result, now, message);
                     return;
                 }
                 _ => return,
             };
             // A failure ends the running run of its kind, else is a run of its own.
             match running {
-                Some(r) if r.kind == kind => {
-                    r.result = result;
-                    r.end = Some(now);
-                    r.message = cut(message);
-                }
+                Some(r) if r.kind == kind => r.finish(result, now, message),
                 _ => {
-                    if e.runs.len() >= RUNS_KEPT {
-                        e.runs.pop_front();
-                    }
-                    e.runs.push_back(HookRun {
-                        kind,
-                        lease,
-                        start: now,
-                        end: Some(now),
-                        result,
-                        message: cut(message),
-                    });
+                    push_run(
+                        &mut e.runs,
+                        HookRun {
+                            kind,
+                            lease,
+                            start: now,
+                            end: Some(now),
+                            result,
+                            message: cut(message),
+                        },
+                    );
                 }
             }
         });

@@ -297,6 +297,76 @@ impl<S: Store> AdminApi<S> {
             .items)
     }
 
+    /// Checks the admin token in `md` and reads the `what` named `namespace/name` (the first
+    /// steps of each of the admin's changes below).
+    async fn authorized_object<K: StoreObject>(
+        &self,
+        md: &MetadataMap,
+        what: &str,
+        namespace: &str,
+        name: &str,
+    ) -> Result<(String, String, K), Status> {
+        self.authorize(md)?;
+        let r = ObjectRef {
+            namespace: namespace.into(),
+            name: name.into(),
+        };
+        self.get_object::<K>(what, &r).await
+    }
+
+    /// Sets the `Healthy` condition of exporter `ns/name` to `healthy` with `message` unless
+    /// it already is (an exporter with no status yet is healthy): cleared
+    /// ([`conditions::REASON_CLEARED`]) or quarantined by an admin
+    /// ([`REASON_QUARANTINED_BY_ADMIN`]), and records the change in the exporter's health
+    /// history, by `by`.
+    async fn set_exporter_health(
+        &self,
+        ns: &str,
+        name: &str,
+        healthy: bool,
+        message: &str,
+        by: &str,
+    ) -> Result<Exporter, Status> {
+        use crate::hook_history::HealthKind;
+        let (reason, kind) = if healthy {
+            (conditions::REASON_CLEARED, HealthKind::Cleared)
+        } else {
+            (REASON_QUARANTINED_BY_ADMIN, HealthKind::QuarantinedByAdmin)
+        };
+        let mut changed = false;
+        let e = update_exporter(&self.state.store, ns, name, true, |e| {
+            changed = false;
+            if e.unhealthy().is_none() == healthy {
+                return false;
+            }
+            let st = e.status.get_or_insert_with(Default::default);
+            changed = crate::objects::set_condition(
+                &mut st.conditions,
+                conditions::HEALTHY,
+                healthy,
+                reason,
+                message,
+                None,
+                jiff::Timestamp::now(),
+            );
+            changed
+        })
+        .await?;
+        if changed {
+            self.state.hook_history.health(
+                ns,
+                name,
+                crate::hook_history::HealthEvent {
+                    time: jiff::Timestamp::now(),
+                    kind,
+                    source: by.to_string(),
+                    message: message.to_string(),
+                },
+            );
+        }
+        Ok(e)
+    }
+
     /// Marks for release every lease in `namespace` that `pick` selects and that has not ended.
     async fn release_leases(
         &self,
@@ -350,12 +420,9 @@ impl<S: Store> AdminApi<S> {
         name: &str,
         by: &str,
     ) -> Result<Lease, Status> {
-        self.authorize(md)?;
-        let r = ObjectRef {
-            namespace: namespace.into(),
-            name: name.into(),
-        };
-        let (ns, name, lease) = self.get_object::<Lease>("lease", &r).await?;
+        let (ns, name, lease) = self
+            .authorized_object::<Lease>(md, "lease", namespace, name)
+            .await?;
         if lease.is_ended() {
             return Err(Status::failed_precondition(format!(
                 "lease {ns}/{name} has already ended"
@@ -380,45 +447,12 @@ impl<S: Store> AdminApi<S> {
         name: &str,
         by: &str,
     ) -> Result<Exporter, Status> {
-        self.authorize(md)?;
-        let r = ObjectRef {
-            namespace: namespace.into(),
-            name: name.into(),
-        };
-        let (ns, name, _) = self.get_object::<Exporter>("exporter", &r).await?;
-        let mut cleared = false;
-        let e = update_exporter(&self.state.store, &ns, &name, true, |e| {
-            cleared = false;
-            if e.unhealthy().is_none() {
-                return false;
-            }
-            let Some(st) = e.status.as_mut() else {
-                return false;
-            };
-            cleared = crate::objects::set_condition(
-                &mut st.conditions,
-                conditions::HEALTHY,
-                true,
-                conditions::REASON_CLEARED,
-                "Cleared by an admin",
-                None,
-                jiff::Timestamp::now(),
-            );
-            cleared
-        })
-        .await?;
-        if cleared {
-            self.state.hook_history.health(
-                &ns,
-                &name,
-                crate::hook_history::HealthEvent {
-                    time: jiff::Timestamp::now(),
-                    kind: crate::hook_history::HealthKind::Cleared,
-                    source: by.to_string(),
-                    message: "Cleared by an admin".into(),
-                },
-            );
-        }
+        let (ns, name, _) = self
+            .authorized_object::<Exporter>(md, "exporter", namespace, name)
+            .await?;
+        let e = self
+            .set_exporter_health(&ns, &name, true, "Cleared by an admin", by)
+            .await?;
         tracing::info!(who = %by, "admin: {by} cleared the health of exporter {ns}/{name}");
         self.state.wake.notify_one();
         Ok(e)
@@ -434,44 +468,18 @@ impl<S: Store> AdminApi<S> {
         name: &str,
         by: &str,
     ) -> Result<Exporter, Status> {
-        self.authorize(md)?;
-        let r = ObjectRef {
-            namespace: namespace.into(),
-            name: name.into(),
-        };
-        let (ns, name, _) = self.get_object::<Exporter>("exporter", &r).await?;
-        let message = format!("Quarantined by an admin ({by})");
-        let mut changed = false;
-        let e = update_exporter(&self.state.store, &ns, &name, true, |e| {
-            changed = false;
-            if e.unhealthy().is_some() {
-                return false;
-            }
-            let st = e.status.get_or_insert_with(Default::default);
-            changed = crate::objects::set_condition(
-                &mut st.conditions,
-                conditions::HEALTHY,
-                false,
-                REASON_QUARANTINED_BY_ADMIN,
-                &message,
-                None,
-                jiff::Timestamp::now(),
-            );
-            changed
-        })
-        .await?;
-        if changed {
-            self.state.hook_history.health(
+        let (ns, name, _) = self
+            .authorized_object::<Exporter>(md, "exporter", namespace, name)
+            .await?;
+        let e = self
+            .set_exporter_health(
                 &ns,
                 &name,
-                crate::hook_history::HealthEvent {
-                    time: jiff::Timestamp::now(),
-                    kind: crate::hook_history::HealthKind::QuarantinedByAdmin,
-                    source: by.to_string(),
-                    message: message.clone(),
-                },
-            );
-        }
+                false,
+                &format!("Quarantined by an admin ({by})"),
+                by,
+            )
+            .await?;
         tracing::info!(who = %by, "admin: {by} quarantined exporter {ns}/{name}");
         self.state.wake.notify_one();
         Ok(e)
@@ -487,12 +495,9 @@ impl<S: Store> AdminApi<S> {
         enabled: bool,
         by: &str,
     ) -> Result<Exporter, Status> {
-        self.authorize(md)?;
-        let r = ObjectRef {
-            namespace: namespace.into(),
-            name: name.into(),
-        };
-        let (ns, name, _) = self.get_object::<Exporter>("exporter", &r).await?;
+        let (ns, name, _) = self
+            .authorized_object::<Exporter>(md, "exporter", namespace, name)
+            .await?;
         let e = update_exporter(&self.state.store, &ns, &name, false, |e| {
             if e.is_enabled() == enabled {
                 return false;

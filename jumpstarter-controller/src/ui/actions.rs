@@ -115,6 +115,20 @@ fn by(login: &Login) -> String {
     format!("{} from the dashboard", login.who)
 }
 
+/// The first steps of an action on object `namespace/name`: its admin login (CSRF token
+/// checked), the names checked and the admin token to call the admin API with.
+async fn admin_request<S: Store>(
+    ui: &Ui<S>,
+    headers: &HeaderMap,
+    form: Result<Form<CsrfForm>, axum::extract::rejection::FormRejection>,
+    namespace: &str,
+    name: &str,
+) -> Result<(Login, MetadataMap), Response> {
+    let login = admin_login(ui, headers, form).await?;
+    names(namespace, name)?;
+    Ok((login, admin_metadata(ui)?))
+}
+
 /// `POST /ui/leases/{namespace}/{name}/end`: the admin API's end of a lease (it marks the
 /// lease for release, as `jmp delete lease` does; the scheduler ends it).
 pub async fn end_lease<S: Store>(
@@ -123,15 +137,8 @@ pub async fn end_lease<S: Store>(
     Path((namespace, name)): Path<(String, String)>,
     form: Result<Form<CsrfForm>, axum::extract::rejection::FormRejection>,
 ) -> Response {
-    let login = match admin_login(&ui, &headers, form).await {
-        Ok(l) => l,
-        Err(r) => return r,
-    };
-    if let Err(r) = names(&namespace, &name) {
-        return r;
-    }
-    let md = match admin_metadata(&ui) {
-        Ok(md) => md,
+    let (login, md) = match admin_request(&ui, &headers, form, &namespace, &name).await {
+        Ok(r) => r,
         Err(r) => return r,
     };
     match ui
@@ -167,15 +174,8 @@ pub async fn exporter_action<S: Store>(
     Path((namespace, name, action)): Path<(String, String, String)>,
     form: Result<Form<CsrfForm>, axum::extract::rejection::FormRejection>,
 ) -> Response {
-    let login = match admin_login(&ui, &headers, form).await {
-        Ok(l) => l,
-        Err(r) => return r,
-    };
-    if let Err(r) = names(&namespace, &name) {
-        return r;
-    }
-    let md = match admin_metadata(&ui) {
-        Ok(md) => md,
+    let (login, md) = match admin_request(&ui, &headers, form, &namespace, &name).await {
+        Ok(r) => r,
         Err(r) => return r,
     };
     let (ns, n, who) = (namespace.as_str(), name.as_str(), by(&login));

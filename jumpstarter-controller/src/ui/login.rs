@@ -348,6 +348,15 @@ pub struct StartQuery {
     issuer: String,
 }
 
+/// The verifier of the trusted external issuer whose URL is `issuer`, if any.
+fn trusted_issuer<'a, S: Store>(ui: &'a Ui<S>, issuer: &str) -> Option<&'a ExternalVerifier> {
+    ui.state
+        .auth
+        .external_auth
+        .issuers()
+        .find(|v| v.issuer() == issuer)
+}
+
 /// The client id of the dashboard's authorization requests to `verifier`'s issuer.
 fn client_id<S: Store>(ui: &Ui<S>, verifier: &ExternalVerifier) -> String {
     use crate::service::login::DEFAULT_CLIENT_ID;
@@ -395,13 +404,7 @@ pub async fn oidc_start<S: Store>(
     let Ok(Query(q)) = query else {
         return oidc_refused(&ui, StatusCode::BAD_REQUEST, "the login link is malformed");
     };
-    let Some(verifier) = ui
-        .state
-        .auth
-        .external_auth
-        .issuers()
-        .find(|v| v.issuer() == q.issuer)
-    else {
+    let Some(verifier) = trusted_issuer(&ui, &q.issuer) else {
         return oidc_refused(
             &ui,
             StatusCode::BAD_REQUEST,
@@ -571,13 +574,7 @@ pub async fn oidc_callback<S: Store>(
             "the OIDC issuer's answer holds no code",
         );
     }
-    let Some(verifier) = ui
-        .state
-        .auth
-        .external_auth
-        .issuers()
-        .find(|v| v.issuer() == pending.issuer)
-    else {
+    let Some(verifier) = trusted_issuer(&ui, &pending.issuer) else {
         return oidc_refused(
             &ui,
             StatusCode::BAD_REQUEST,
