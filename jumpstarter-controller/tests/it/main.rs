@@ -28,6 +28,7 @@ mod restart;
 mod sharing;
 mod store_integrity;
 mod ui;
+mod ui_http;
 mod ui_oidc;
 
 use jumpstarter_controller::{

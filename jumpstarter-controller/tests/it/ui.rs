@@ -12,94 +12,24 @@ use jumpstarter_controller::{
     objects::{Exporter, ExporterSpec, Lease, LeaseSpec},
     store::Store,
 };
+use jumpstarter_core::oidc::url_encode;
 use k8s_openapi::api::core::v1::LocalObjectReference;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::{Lab, lab_configured};
+use crate::{
+    Lab, lab_configured,
+    ui_http::{Answer, csrf, get, login, post, send},
+};
 
-/// An answer: status code, head (lower-cased), body.
-struct Answer {
-    status: u16,
-    head: String,
-    body: String,
+/// Posts the form of the admin's action `path` with the session's CSRF token `token`.
+async fn act(addr: SocketAddr, cookie: &str, token: &str, path: &str) -> Answer {
+    post(addr, path, Some(cookie), &format!("csrf={token}")).await
 }
 
-impl Answer {
-    fn location(&self) -> Option<&str> {
-        self.head
-            .lines()
-            .find_map(|l| l.strip_prefix("location: "))
-            .map(str::trim)
-    }
-}
-
-/// One request on its own connection (`Connection: close`), the whole answer read.
-async fn send(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    cookie: Option<&str>,
-    form: Option<&str>,
-    extra: &[(&str, &str)],
-) -> Answer {
-    let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n");
-    if let Some(id) = cookie {
-        req += &format!("Cookie: {id}\r\n");
-    }
-    for (k, v) in extra {
-        req += &format!("{k}: {v}\r\n");
-    }
-    match form {
-        Some(body) => {
-            req += &format!(
-                "Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{body}",
-                body.len()
-            );
-        }
-        None if method == "POST" => req += "Content-Length: 0\r\n\r\n",
-        None => req += "\r\n",
-    }
-    // A refused large body may close the connection before all of it is written.
-    let _ = c.write_all(req.as_bytes()).await;
-    let mut raw = Vec::new();
-    tokio::time::timeout(Duration::from_secs(30), c.read_to_end(&mut raw))
-        .await
-        .expect("the dashboard did not answer")
-        .ok();
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("no status line in {text:?}"));
-    Answer {
-        status,
-        head: head.to_lowercase(),
-        body: body.to_string(),
-    }
-}
-
-async fn get(addr: SocketAddr, path: &str, cookie: Option<&str>) -> Answer {
-    send(addr, "GET", path, cookie, None, &[]).await
-}
-
-async fn post(addr: SocketAddr, path: &str, cookie: Option<&str>, form: &str) -> Answer {
-    send(addr, "POST", path, cookie, Some(form), &[]).await
-}
-
-/// Percent-encodes a form value.
-fn enc(s: &str) -> String {
-    s.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
+/// [`act`], which is done (200).
+async fn act_done(addr: SocketAddr, cookie: &str, token: &str, path: &str) {
+    let a = act(addr, cookie, token, path).await;
+    assert_eq!(a.status, 200, "{}", a.body);
 }
 
 /// A lab whose controller serves the dashboard on a port of its own.
@@ -107,41 +37,6 @@ async fn ui_lab() -> (Lab, SocketAddr) {
     let lab = lab_configured(|c| c.ui_listen = Some("127.0.0.1:0".into())).await;
     let addr = lab.ctl.ui_addr().expect("the dashboard listens");
     (lab, addr)
-}
-
-/// Logs in with `token`: the `Cookie` header value of the session.
-async fn login(addr: SocketAddr, token: &str) -> String {
-    let a = post(addr, "/ui/login", None, &format!("token={}", enc(token))).await;
-    assert_eq!(a.status, 303, "{} {}", a.head, a.body);
-    assert_eq!(a.location(), Some("/ui"));
-    let set = a
-        .head
-        .lines()
-        .find_map(|l| l.strip_prefix("set-cookie: "))
-        .expect("a session cookie")
-        .to_string();
-    for part in ["httponly", "secure", "samesite=strict", "path=/ui"] {
-        assert!(set.contains(part), "{set}");
-    }
-    assert!(
-        !set.contains(&token.to_lowercase()),
-        "the cookie holds the token: {set}"
-    );
-    let id = set.split(';').next().unwrap().trim().to_string();
-    assert!(id.starts_with("jmp_ui="), "{set}");
-    id
-}
-
-/// The CSRF token a page of `cookie`'s session carries.
-async fn csrf(addr: SocketAddr, cookie: &str) -> String {
-    let page = get(addr, "/ui", Some(cookie)).await;
-    assert_eq!(page.status, 200, "{}", page.body);
-    page.body
-        .split("data-csrf=\"")
-        .nth(1)
-        .and_then(|r| r.split('"').next())
-        .expect("the page carries the CSRF token")
-        .to_string()
 }
 
 async fn lease(lab: &Lab, name: &str, client: &str, exporter: &str) -> Lease {
@@ -251,7 +146,13 @@ async fn a_client_sees_the_pages_but_cannot_act() {
         ("not-a-token", "refused"),
         (exporter.token.as_str(), "exporter token"),
     ] {
-        let a = post(addr, "/ui/login", None, &format!("token={}", enc(token))).await;
+        let a = post(
+            addr,
+            "/ui/login",
+            None,
+            &format!("token={}", url_encode(token)),
+        )
+        .await;
         assert_eq!(a.status, 401, "{token:?}: {}", a.body);
         assert!(
             a.body.contains("id=\"login-error\"") && a.body.contains(why),
@@ -341,14 +242,9 @@ async fn admin_actions_need_the_csrf_token_and_change_the_store() {
     let e = stored_exporter(&lab, "e1").await;
     assert!(e.is_enabled() && e.unhealthy().is_none());
 
-    let act = |p: &'static str| {
-        let (cookie, token) = (cookie.clone(), token.clone());
-        async move { post(addr, p, Some(&cookie), &format!("csrf={token}")).await }
-    };
     // Ending the lease: marked for release at once, then ended by the scheduler.
     assert!(!stored_lease(&lab, "l1").await.is_ended());
-    let a = act("/ui/leases/default/l1/end").await;
-    assert_eq!(a.status, 200, "{}", a.body);
+    act_done(addr, &cookie, &token, "/ui/leases/default/l1/end").await;
     assert!(stored_lease(&lab, "l1").await.spec.release);
     let mut ended = false;
     for _ in 0..200 {
@@ -360,25 +256,27 @@ async fn admin_actions_need_the_csrf_token_and_change_the_store() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(ended, "the lease was not ended");
-    let a = act("/ui/exporters/default/e1/quarantine").await;
-    assert_eq!(a.status, 200, "{}", a.body);
+    act_done(addr, &cookie, &token, "/ui/exporters/default/e1/quarantine").await;
     let q = stored_exporter(&lab, "e1").await;
     assert_eq!(
         q.unhealthy().map(|c| c.reason.as_str()),
         Some("QuarantinedByAdmin")
     );
     assert!(q.unhealthy().unwrap().message.contains("admin"));
-    let a = act("/ui/exporters/default/e1/unquarantine").await;
-    assert_eq!(a.status, 200, "{}", a.body);
+    act_done(
+        addr,
+        &cookie,
+        &token,
+        "/ui/exporters/default/e1/unquarantine",
+    )
+    .await;
     assert!(stored_exporter(&lab, "e1").await.unhealthy().is_none());
-    let a = act("/ui/exporters/default/e1/disable").await;
-    assert_eq!(a.status, 200, "{}", a.body);
+    act_done(addr, &cookie, &token, "/ui/exporters/default/e1/disable").await;
     assert!(!stored_exporter(&lab, "e1").await.is_enabled());
-    let a = act("/ui/exporters/default/e1/enable").await;
-    assert_eq!(a.status, 200, "{}", a.body);
+    act_done(addr, &cookie, &token, "/ui/exporters/default/e1/enable").await;
     assert!(stored_exporter(&lab, "e1").await.is_enabled());
 
-    let again = act("/ui/leases/default/l1/end").await;
+    let again = act(addr, &cookie, &token, "/ui/leases/default/l1/end").await;
     assert_eq!(again.status, 409, "{}", again.body);
     assert!(again.body.contains("already ended"), "{}", again.body);
     let ended_page = get(addr, "/ui/leases", Some(&cookie)).await;
@@ -878,6 +776,11 @@ async fn exporter_page_with(addr: SocketAddr, cookie: &str, name: &str, want: &[
     panic!("missing {missing:?}: {page}");
 }
 
+/// Asserts that `first` stands before `then` on `page` (its tables list the newest first).
+fn assert_before(page: &str, first: &str, then: &str) {
+    assert!(page.find(first) < page.find(then), "{page}");
+}
+
 /// What the exporter reported of its hooks (`ReportStatus`) and pushed of their output
 /// (`PushLogs`, lines marked `stream=hook`) shows on its page: each run with its lease,
 /// result and output, and an `[UNHEALTHY]` report in the health history.
@@ -892,16 +795,21 @@ async fn hook_runs_and_health_events_show_on_the_exporter_page() {
     let alice = lab.client("alice").await;
     let (ex, _status, lease) = granted_lease(&lab, &alice, "b1").await;
     let ch = lab.channel().await;
-    let mut ctl = ControllerServiceClient::new(ch.clone());
+    let ctl = ControllerServiceClient::new(ch.clone());
+    // Reports a status of the exporter (`ReportStatus`).
     let report = |status: ExporterStatus, message: &str| {
-        crate::req(
+        let mut ctl = ctl.clone();
+        let req = crate::req(
             &ex,
             ReportStatusRequest {
                 status: status as i32,
                 message: Some(message.into()),
                 release_lease: None,
             },
-        )
+        );
+        async move {
+            ctl.report_status(req).await.unwrap();
+        }
     };
     let hook_line = |op: &str, message: &str| LogEntry {
         timestamp: Some(prost_types::Timestamp::from(std::time::SystemTime::now())),
@@ -912,12 +820,7 @@ async fn hook_runs_and_health_events_show_on_the_exporter_page() {
         extra_fields: [("stream".to_string(), "hook".to_string())].into(),
         ..Default::default()
     };
-    ctl.report_status(report(
-        ExporterStatus::BeforeLeaseHook,
-        "Running beforeLease hook",
-    ))
-    .await
-    .unwrap();
+    report(ExporterStatus::BeforeLeaseHook, "Running beforeLease hook").await;
     TelemetryServiceClient::new(ch.clone())
         .push_logs(crate::req(
             &ex,
@@ -937,15 +840,12 @@ async fn hook_runs_and_health_events_show_on_the_exporter_page() {
         ))
         .await
         .unwrap();
-    ctl.report_status(report(ExporterStatus::LeaseReady, "Ready for commands"))
-        .await
-        .unwrap();
-    ctl.report_status(report(
+    report(ExporterStatus::LeaseReady, "Ready for commands").await;
+    report(
         ExporterStatus::Available,
         "[UNHEALTHY] healthCheck: failed 3 times in a row (last: exit status 1)\nprobe said no",
-    ))
-    .await
-    .unwrap();
+    )
+    .await;
 
     let cookie = login(addr, &alice.token).await;
     let page = exporter_page_with(
@@ -973,18 +873,12 @@ async fn hook_runs_and_health_events_show_on_the_exporter_page() {
     assert!(page.contains("restart forgets"), "{page}");
 
     // The afterLease hook fails: a failed run of its own.
-    ctl.report_status(report(
-        ExporterStatus::AfterLeaseHook,
-        "Running afterLease hooks",
-    ))
-    .await
-    .unwrap();
-    ctl.report_status(report(
+    report(ExporterStatus::AfterLeaseHook, "Running afterLease hooks").await;
+    report(
         ExporterStatus::AfterLeaseHookFailed,
         "afterLease hook failed (on_failure=endLease): exit status 3",
-    ))
-    .await
-    .unwrap();
+    )
+    .await;
     let page = exporter_page_with(
         addr,
         &cookie,
@@ -996,9 +890,10 @@ async fn hook_runs_and_health_events_show_on_the_exporter_page() {
     )
     .await;
     // Newest first.
-    assert!(
-        page.find("data-hook=\"afterLease\"") < page.find("data-hook=\"beforeLease\""),
-        "{page}"
+    assert_before(
+        &page,
+        "data-hook=\"afterLease\"",
+        "data-hook=\"beforeLease\"",
     );
     lab.ctl.shutdown().await;
 }
@@ -1013,10 +908,6 @@ async fn dashboard_actions_show_through_the_admin_api() {
     let (_ex, _status, lease) = granted_lease(&lab, &alice, "b1").await;
     let cookie = login(addr, &lab.ctl.admin_token).await;
     let token = csrf(addr, &cookie).await;
-    let act = |p: String| {
-        let (cookie, token) = (cookie.clone(), token.clone());
-        async move { post(addr, &p, Some(&cookie), &format!("csrf={token}")).await }
-    };
     let mut admin = AdminServiceClient::new(lab.channel().await);
     let get_exporter = |mut admin: AdminServiceClient<_>| {
         let t = lab.ctl.admin_token.clone();
@@ -1029,26 +920,33 @@ async fn dashboard_actions_show_through_the_admin_api() {
         }
     };
 
-    let a = act("/ui/exporters/default/b1/quarantine".into()).await;
-    assert_eq!(a.status, 200, "{}", a.body);
+    act_done(addr, &cookie, &token, "/ui/exporters/default/b1/quarantine").await;
     let e = get_exporter(admin.clone()).await;
     assert!(e.unhealthy, "{e:?}");
     assert_eq!(e.health_reason, "QuarantinedByAdmin");
     assert!(e.health_message.contains("from the dashboard"), "{e:?}");
-    let a = act("/ui/exporters/default/b1/disable".into()).await;
-    assert_eq!(a.status, 200, "{}", a.body);
+    act_done(addr, &cookie, &token, "/ui/exporters/default/b1/disable").await;
     assert!(!get_exporter(admin.clone()).await.enabled);
-    let a = act("/ui/exporters/default/b1/enable".into()).await;
-    assert_eq!(a.status, 200, "{}", a.body);
+    act_done(addr, &cookie, &token, "/ui/exporters/default/b1/enable").await;
     assert!(get_exporter(admin.clone()).await.enabled);
-    let a = act("/ui/exporters/default/b1/unquarantine".into()).await;
-    assert_eq!(a.status, 200, "{}", a.body);
+    act_done(
+        addr,
+        &cookie,
+        &token,
+        "/ui/exporters/default/b1/unquarantine",
+    )
+    .await;
     assert!(!get_exporter(admin.clone()).await.unhealthy);
 
     // Ending the lease from the page: the admin API sees the exporter freed.
     assert_eq!(get_exporter(admin.clone()).await.lease, lease);
-    let a = act(format!("/ui/leases/default/{lease}/end")).await;
-    assert_eq!(a.status, 200, "{}", a.body);
+    act_done(
+        addr,
+        &cookie,
+        &token,
+        &format!("/ui/leases/default/{lease}/end"),
+    )
+    .await;
     let mut freed = false;
     for _ in 0..200 {
         if get_exporter(admin.clone()).await.lease.is_empty() {
@@ -1070,9 +968,10 @@ async fn dashboard_actions_show_through_the_admin_api() {
         ],
     )
     .await;
-    assert!(
-        page.find("data-health=\"cleared\"") < page.find("data-health=\"quarantined by an admin\""),
-        "{page}"
+    assert_before(
+        &page,
+        "data-health=\"cleared\"",
+        "data-health=\"quarantined by an admin\"",
     );
     // The admin API's own ClearExporterHealth is the same function: a no-op now, still fine.
     admin

@@ -13,97 +13,11 @@ use jumpstarter_controller::{
     testing::FakeIssuer,
 };
 use jumpstarter_core::oidc::{HttpsClient, url_encode};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::{Lab, lab_configured};
-
-/// An answer: status code, head (as sent, and lower-cased), body.
-struct Answer {
-    status: u16,
-    raw_head: String,
-    head: String,
-    body: String,
-}
-
-impl Answer {
-    /// The `Location` header, case kept.
-    fn location(&self) -> Option<&str> {
-        self.raw_head.lines().find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            k.eq_ignore_ascii_case("location").then(|| v.trim())
-        })
-    }
-}
-
-/// One request to the dashboard on its own connection, the whole answer read.
-async fn send(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    cookie: Option<&str>,
-    form: &str,
-) -> Answer {
-    let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n");
-    if let Some(id) = cookie {
-        req += &format!("Cookie: {id}\r\n");
-    }
-    if method == "POST" {
-        req += &format!(
-            "Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n",
-            form.len()
-        );
-    }
-    req += &format!("\r\n{form}");
-    c.write_all(req.as_bytes()).await.unwrap();
-    let mut raw = Vec::new();
-    tokio::time::timeout(Duration::from_secs(30), c.read_to_end(&mut raw))
-        .await
-        .expect("the dashboard did not answer")
-        .unwrap();
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    Answer {
-        status: head.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap(),
-        raw_head: head.to_string(),
-        head: head.to_lowercase(),
-        body: body.to_string(),
-    }
-}
-
-async fn get(addr: SocketAddr, path: &str, cookie: Option<&str>) -> Answer {
-    send(addr, "GET", path, cookie, "").await
-}
-
-async fn post(addr: SocketAddr, path: &str, cookie: Option<&str>, form: &str) -> Answer {
-    send(addr, "POST", path, cookie, form).await
-}
-
-/// Logs in with a pasted `token`: the `Cookie` header value of the session.
-async fn login(addr: SocketAddr, token: &str) -> String {
-    let a = post(
-        addr,
-        "/ui/login",
-        None,
-        &format!("token={}", url_encode(token)),
-    )
-    .await;
-    assert_eq!(a.status, 303, "{}", a.body);
-    assert_eq!(a.location(), Some("/ui"));
-    set_cookie(&a, "jmp_ui").expect("a session cookie").0
-}
-
-/// The CSRF token a page of `cookie`'s session carries.
-async fn csrf(addr: SocketAddr, cookie: &str) -> String {
-    let page = get(addr, "/ui", Some(cookie)).await;
-    assert_eq!(page.status, 200, "{}", page.body);
-    page.body
-        .split("data-csrf=\"")
-        .nth(1)
-        .and_then(|r| r.split('"').next())
-        .expect("the page carries the CSRF token")
-        .to_string()
-}
+use crate::{
+    Lab, lab_configured,
+    ui_http::{Answer, csrf, get, login, post, set_cookie},
+};
 
 const PREFIX: &str = "fake:";
 
@@ -131,20 +45,6 @@ async fn add_client(lab: &Lab, name: &str, username: &str) {
     );
     c.metadata.namespace = Some("default".into());
     lab.ctl.state.store.create(&c).await.unwrap();
-}
-
-/// The `name=value` of the `Set-Cookie` header for cookie `name`, and the whole header.
-fn set_cookie(a: &Answer, name: &str) -> Option<(String, String)> {
-    a.head
-        .lines()
-        .filter_map(|l| l.strip_prefix("set-cookie: "))
-        .find(|v| v.starts_with(&format!("{name}=")))
-        .map(|v| {
-            (
-                v.split(';').next().unwrap().trim().to_string(),
-                v.to_string(),
-            )
-        })
 }
 
 /// A begun OIDC login: the browser's binding cookie and the issuer's redirect back (path
@@ -201,6 +101,19 @@ async fn begin(addr: SocketAddr, issuer: &FakeIssuer) -> Begun {
         "{callback}"
     );
     Begun { cookie, callback }
+}
+
+/// Begins a login and brings the issuer's answer back to its own browser: the callback's
+/// answer.
+async fn log_in(addr: SocketAddr, issuer: &FakeIssuer) -> Answer {
+    let begun = begin(addr, issuer).await;
+    get(addr, &begun.callback, Some(&begun.cookie)).await
+}
+
+/// Asserts that `a` is refused with `status` and says `why`.
+fn assert_refused(a: &Answer, status: u16, why: &str) {
+    assert_eq!(a.status, status, "{}", a.body);
+    assert!(a.body.contains(why), "{}", a.body);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -267,8 +180,7 @@ async fn log_in_with_oidc_ends_logged_in_as_the_user_s_client_read_only() {
 
     // The same answer again (a replayed state) is refused, and says so.
     let again = get(addr, &begun.callback, Some(&begun.cookie)).await;
-    assert_eq!(again.status, 400, "{}", again.body);
-    assert!(again.body.contains("already used"), "{}", again.body);
+    assert_refused(&again, 400, "already used");
     assert!(set_cookie(&again, "jmp_ui").is_none());
 }
 
@@ -282,16 +194,14 @@ async fn a_bad_foreign_or_denied_oidc_login_is_refused_with_a_clear_message() {
     let begun = begin(addr, &issuer).await;
     let forged = begun.callback.replace("state=", "state=00");
     let a = get(addr, &forged, Some(&begun.cookie)).await;
-    assert_eq!(a.status, 400, "{}", a.body);
-    assert!(a.body.contains("unknown, expired"), "{}", a.body);
+    assert_refused(&a, 400, "unknown, expired");
     assert!(set_cookie(&a, "jmp_ui").is_none());
 
     // The issuer's answer brought to another browser (no binding cookie, or another one).
     for cookie in [None, Some(format!("jmp_ui_oidc={}", "ab".repeat(32)))] {
         let begun = begin(addr, &issuer).await;
         let a = get(addr, &begun.callback, cookie.as_deref()).await;
-        assert_eq!(a.status, 400, "{}", a.body);
-        assert!(a.body.contains("another browser"), "{}", a.body);
+        assert_refused(&a, 400, "another browser");
         assert!(set_cookie(&a, "jmp_ui").is_none());
         // ... and the login cannot be finished afterwards by its own browser either.
         let a = get(addr, &begun.callback, Some(&begun.cookie)).await;
@@ -300,23 +210,15 @@ async fn a_bad_foreign_or_denied_oidc_login_is_refused_with_a_clear_message() {
 
     // The user says no at the issuer.
     issuer.set_authorize_error(Some("access_denied"));
-    let begun = begin(addr, &issuer).await;
-    let a = get(addr, &begun.callback, Some(&begun.cookie)).await;
-    assert_eq!(a.status, 401, "{}", a.body);
-    assert!(
-        a.body.contains("did not log you in: access_denied"),
-        "{}",
-        a.body
-    );
+    let a = log_in(addr, &issuer).await;
+    assert_refused(&a, 401, "did not log you in: access_denied");
     assert!(a.body.contains("the user said no"), "{}", a.body);
     issuer.set_authorize_error(None);
 
     // An ID token that is not this login's (another nonce).
     issuer.set_id_token_nonce(Some("another-login-s-nonce"));
-    let begun = begin(addr, &issuer).await;
-    let a = get(addr, &begun.callback, Some(&begun.cookie)).await;
-    assert_eq!(a.status, 401, "{}", a.body);
-    assert!(a.body.contains("nonce is not this login"), "{}", a.body);
+    let a = log_in(addr, &issuer).await;
+    assert_refused(&a, 401, "nonce is not this login");
     assert!(set_cookie(&a, "jmp_ui").is_none());
     issuer.set_id_token_nonce(None);
 
@@ -327,14 +229,8 @@ async fn a_bad_foreign_or_denied_oidc_login_is_refused_with_a_clear_message() {
         .delete::<Client>("default", "carol", None)
         .await
         .unwrap();
-    let begun = begin(addr, &issuer).await;
-    let a = get(addr, &begun.callback, Some(&begun.cookie)).await;
-    assert_eq!(a.status, 403, "{}", a.body);
-    assert!(
-        a.body.contains("no client in namespace default"),
-        "{}",
-        a.body
-    );
+    let a = log_in(addr, &issuer).await;
+    assert_refused(&a, 403, "no client in namespace default");
 
     // An issuer the controller does not trust.
     let a = get(
@@ -343,8 +239,7 @@ async fn a_bad_foreign_or_denied_oidc_login_is_refused_with_a_clear_message() {
         None,
     )
     .await;
-    assert_eq!(a.status, 400, "{}", a.body);
-    assert!(a.body.contains("not an OIDC issuer this controller trusts"));
+    assert_refused(&a, 400, "not an OIDC issuer this controller trusts");
 
     // The issuer down: the login page says so.
     let url = issuer.url.clone();
@@ -356,12 +251,7 @@ async fn a_bad_foreign_or_denied_oidc_login_is_refused_with_a_clear_message() {
         None,
     )
     .await;
-    assert_eq!(a.status, 502, "{}", a.body);
-    assert!(
-        a.body.contains("cannot reach the OIDC issuer"),
-        "{}",
-        a.body
-    );
+    assert_refused(&a, 502, "cannot reach the OIDC issuer");
     assert!(a.body.contains("login-error"), "{}", a.body);
 }
 
