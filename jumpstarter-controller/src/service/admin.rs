@@ -314,27 +314,32 @@ impl<S: Store> AdminApi<S> {
         self.get_object::<K>(what, &r).await
     }
 
-    /// Sets the `Healthy` condition of exporter `ns/name` to `healthy` with `message` unless
-    /// it already is (an exporter with no status yet is healthy): cleared
+    /// Sets the `Healthy` condition of exporter `namespace/name` to `healthy` with `message`
+    /// unless it already is (an exporter with no status yet is healthy): cleared
     /// ([`conditions::REASON_CLEARED`]) or quarantined by an admin
-    /// ([`REASON_QUARANTINED_BY_ADMIN`]), and records the change in the exporter's health
-    /// history, by `by`.
+    /// ([`REASON_QUARANTINED_BY_ADMIN`]). Checks the admin token in `md` first; records the
+    /// change in the exporter's health history, logs it as done by `by` and wakes the
+    /// scheduler.
     async fn set_exporter_health(
         &self,
-        ns: &str,
+        md: &MetadataMap,
+        namespace: &str,
         name: &str,
         healthy: bool,
         message: &str,
         by: &str,
     ) -> Result<Exporter, Status> {
         use crate::hook_history::HealthKind;
+        let (ns, name, _) = self
+            .authorized_object::<Exporter>(md, "exporter", namespace, name)
+            .await?;
         let (reason, kind) = if healthy {
             (conditions::REASON_CLEARED, HealthKind::Cleared)
         } else {
             (REASON_QUARANTINED_BY_ADMIN, HealthKind::QuarantinedByAdmin)
         };
         let mut changed = false;
-        let e = update_exporter(&self.state.store, ns, name, true, |e| {
+        let e = update_exporter(&self.state.store, &ns, &name, true, |e| {
             changed = false;
             if e.unhealthy().is_none() == healthy {
                 return false;
@@ -354,8 +359,8 @@ impl<S: Store> AdminApi<S> {
         .await?;
         if changed {
             self.state.hook_history.health(
-                ns,
-                name,
+                &ns,
+                &name,
                 crate::hook_history::HealthEvent {
                     time: jiff::Timestamp::now(),
                     kind,
@@ -364,6 +369,12 @@ impl<S: Store> AdminApi<S> {
                 },
             );
         }
+        if healthy {
+            tracing::info!(who = %by, "admin: {by} cleared the health of exporter {ns}/{name}");
+        } else {
+            tracing::info!(who = %by, "admin: {by} quarantined exporter {ns}/{name}");
+        }
+        self.state.wake.notify_one();
         Ok(e)
     }
 
@@ -447,15 +458,8 @@ impl<S: Store> AdminApi<S> {
         name: &str,
         by: &str,
     ) -> Result<Exporter, Status> {
-        let (ns, name, _) = self
-            .authorized_object::<Exporter>(md, "exporter", namespace, name)
-            .await?;
-        let e = self
-            .set_exporter_health(&ns, &name, true, "Cleared by an admin", by)
-            .await?;
-        tracing::info!(who = %by, "admin: {by} cleared the health of exporter {ns}/{name}");
-        self.state.wake.notify_one();
-        Ok(e)
+        self.set_exporter_health(md, namespace, name, true, "Cleared by an admin", by)
+            .await
     }
 
     /// Quarantines exporter `namespace/name` (`Healthy=False`, reason
@@ -468,21 +472,9 @@ impl<S: Store> AdminApi<S> {
         name: &str,
         by: &str,
     ) -> Result<Exporter, Status> {
-        let (ns, name, _) = self
-            .authorized_object::<Exporter>(md, "exporter", namespace, name)
-            .await?;
-        let e = self
-            .set_exporter_health(
-                &ns,
-                &name,
-                false,
-                &format!("Quarantined by an admin ({by})"),
-                by,
-            )
-            .await?;
-        tracing::info!(who = %by, "admin: {by} quarantined exporter {ns}/{name}");
-        self.state.wake.notify_one();
-        Ok(e)
+        let message = format!("Quarantined by an admin ({by})");
+        self.set_exporter_health(md, namespace, name, false, &message, by)
+            .await
     }
 
     /// Enables or disables exporter `namespace/name` (`spec.enabled`; a disabled exporter

@@ -32,6 +32,19 @@ async fn act_done(addr: SocketAddr, cookie: &str, token: &str, path: &str) {
     assert_eq!(a.status, 200, "{}", a.body);
 }
 
+/// Opens the event stream (`/ui/events`) of `cookie`'s session: the connection, its answer
+/// to be read.
+async fn events(addr: SocketAddr, cookie: &str) -> tokio::net::TcpStream {
+    let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+    c.write_all(
+        format!("GET /ui/events HTTP/1.1\r\nHost: localhost\r\nCookie: {cookie}\r\n\r\n")
+            .as_bytes(),
+    )
+    .await
+    .unwrap();
+    c
+}
+
 /// A lab whose controller serves the dashboard on a port of its own.
 async fn ui_lab() -> (Lab, SocketAddr) {
     let lab = lab_configured(|c| c.ui_listen = Some("127.0.0.1:0".into())).await;
@@ -378,13 +391,7 @@ async fn bad_input_gets_a_clear_error() {
 async fn the_event_stream_reports_a_store_change() {
     let (lab, addr) = ui_lab().await;
     let cookie = login(addr, &lab.ctl.admin_token).await;
-    let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
-    c.write_all(
-        format!("GET /ui/events HTTP/1.1\r\nHost: localhost\r\nCookie: {cookie}\r\n\r\n")
-            .as_bytes(),
-    )
-    .await
-    .unwrap();
+    let mut c = events(addr, &cookie).await;
     let mut seen = String::new();
     let mut buf = [0u8; 4096];
     // Read until `want` arrived; a generous bound only keeps a broken stream from hanging.
@@ -692,13 +699,7 @@ async fn the_dashboard_works_over_the_kubernetes_store() {
     }
     assert!(shown, "the fleet never showed the exporter");
 
-    let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
-    c.write_all(
-        format!("GET /ui/events HTTP/1.1\r\nHost: localhost\r\nCookie: {cookie}\r\n\r\n")
-            .as_bytes(),
-    )
-    .await
-    .unwrap();
+    let mut c = events(addr, &cookie).await;
     let mut seen = String::new();
     let mut buf = [0u8; 4096];
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
@@ -717,14 +718,7 @@ async fn the_dashboard_works_over_the_kubernetes_store() {
     assert!(created && seen.contains("event: change"), "{seen}");
 
     let token = csrf(addr, &cookie).await;
-    let a = post(
-        addr,
-        "/ui/exporters/default/k1/disable",
-        Some(&cookie),
-        &format!("csrf={token}"),
-    )
-    .await;
-    assert_eq!(a.status, 200, "{}", a.body);
+    act_done(addr, &cookie, &token, "/ui/exporters/default/k1/disable").await;
     let e: Exporter = store.get("default", "k1").await.unwrap().unwrap();
     assert!(!e.is_enabled());
     ctl.shutdown().await;
