@@ -381,6 +381,35 @@ async fn get(
 /// dropped when leaving the origin, each hop reported to `progress`. Returns the first
 /// answer that is not a redirect, whatever its status, and the URL that gave it. `what`
 /// names the request in errors.
+/// How long a bodiless request waits before its one retry after a reset connection.
+const RESET_RETRY: Duration = Duration::from_millis(50);
+
+/// [`send`] of a request without a body (`GET`, `HEAD`: idempotent), tried once more when
+/// its fresh connection was reset or broke off before any answer: a server stopping while
+/// the connection sat in its accept queue (or a listening socket a forked process still held
+/// for a moment) accepts and then resets it; the retry then meets the closed port and says
+/// so ("cannot connect"), or reaches a server that is up again.
+async fn send_bodiless(
+    target: &Target,
+    method: Method,
+    headers: &[(header::HeaderName, header::HeaderValue)],
+) -> io::Result<http::Response<hyper::body::Incoming>> {
+    let empty = || -> Body { Empty::new().map_err(|never| match never {}).boxed() };
+    match send(target, method.clone(), headers, empty(), None).await {
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::ConnectionAborted | io::ErrorKind::ConnectionReset
+            ) =>
+        {
+            tracing::debug!("{e}; trying once more");
+            tokio::time::sleep(RESET_RETRY).await;
+            send(target, method, headers, empty(), None).await
+        }
+        r => r,
+    }
+}
+
 async fn follow(
     method: Method,
     what: &str,
@@ -392,10 +421,9 @@ async fn follow(
     let mut seen = HashSet::new();
     for _ in 0..=MAX_REDIRECTS {
         seen.insert(target.url.clone());
-        let empty: Body = Empty::new().map_err(|never| match never {}).boxed();
         let resp = tokio::time::timeout(
             HEADERS_TIMEOUT,
-            send(&target, method.clone(), &headers, empty, None),
+            send_bodiless(&target, method.clone(), &headers),
         )
         .await
         .map_err(|_| {
@@ -977,6 +1005,45 @@ mod tests {
             .unwrap();
         let e = fetch(&format!("http://{dead}/x"), &[]).await.0.unwrap_err();
         assert!(e.to_string().contains("cannot connect"), "{e}");
+    }
+
+    /// A GET whose first connection is accepted and closed without an answer (a server
+    /// stopping, restarting) is tried once more; a POST is not (it may have been done).
+    #[tokio::test]
+    async fn a_bodiless_request_reset_before_any_answer_is_tried_once_more() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((mut sock, _)) = l.accept().await {
+                let n = count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let mut head = [0u8; 1024];
+                let _ = sock.read(&mut head).await;
+                // The first connection of each request goes unanswered.
+                if n % 2 == 1 {
+                    let _ = sock
+                        .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                        .await;
+                }
+            }
+        });
+        let url = format!("http://{addr}/x");
+        let resp = request(Method::GET, &url, &http::HeaderMap::new(), Bytes::new())
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 2);
+        let e = request(
+            Method::POST,
+            &url,
+            &http::HeaderMap::new(),
+            Bytes::from("x"),
+        )
+        .await
+        .unwrap_err();
+        assert!(e.to_string().contains(&url), "{e}");
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 3);
     }
 
     #[tokio::test]
