@@ -12,13 +12,12 @@ use jumpstarter_controller::{
     objects::{Exporter, ExporterSpec, Lease, LeaseSpec},
     store::Store,
 };
-use jumpstarter_core::oidc::url_encode;
 use k8s_openapi::api::core::v1::LocalObjectReference;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::{
     Lab, lab_configured,
-    ui_http::{Answer, csrf, get, login, post, send},
+    ui_http::{Answer, csrf, get, login, post, post_token, send},
 };
 
 /// Posts the form of the admin's action `path` with the session's CSRF token `token`.
@@ -159,13 +158,7 @@ async fn a_client_sees_the_pages_but_cannot_act() {
         ("not-a-token", "refused"),
         (exporter.token.as_str(), "exporter token"),
     ] {
-        let a = post(
-            addr,
-            "/ui/login",
-            None,
-            &format!("token={}", url_encode(token)),
-        )
-        .await;
+        let a = post_token(addr, token).await;
         assert_eq!(a.status, 401, "{token:?}: {}", a.body);
         assert!(
             a.body.contains("id=\"login-error\"") && a.body.contains(why),

@@ -96,16 +96,21 @@ pub(crate) fn set_cookie(a: &Answer, name: &str) -> Option<(String, String)> {
         })
 }
 
-/// Logs in with a pasted `token`: the `Cookie` header value of the session, whose cookie is
-/// HTTP-only, secure, strict and does not hold the token.
-pub(crate) async fn login(addr: SocketAddr, token: &str) -> String {
-    let a = post(
+/// Posts the login form with a pasted `token`.
+pub(crate) async fn post_token(addr: SocketAddr, token: &str) -> Answer {
+    post(
         addr,
         "/ui/login",
         None,
         &format!("token={}", url_encode(token)),
     )
-    .await;
+    .await
+}
+
+/// Logs in with a pasted `token`: the `Cookie` header value of the session, whose cookie is
+/// HTTP-only, secure, strict and does not hold the token.
+pub(crate) async fn login(addr: SocketAddr, token: &str) -> String {
+    let a = post_token(addr, token).await;
     assert_eq!(a.status, 303, "{} {}", a.head, a.body);
     assert_eq!(a.location(), Some("/ui"));
     let (id, set) = set_cookie(&a, "jmp_ui").expect("a session cookie");

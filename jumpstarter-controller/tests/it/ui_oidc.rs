@@ -16,7 +16,7 @@ use jumpstarter_core::oidc::{HttpsClient, url_encode};
 
 use crate::{
     Lab, lab_configured,
-    ui_http::{Answer, csrf, get, login, post, set_cookie},
+    ui_http::{Answer, csrf, get, login, post, post_token, set_cookie},
 };
 
 const PREFIX: &str = "fake:";
@@ -299,13 +299,7 @@ async fn a_pasted_oidc_token_logs_in_as_its_client_until_it_expires() {
             "permission denied",
         ),
     ] {
-        let a = post(
-            addr,
-            "/ui/login",
-            None,
-            &format!("token={}", url_encode(&token)),
-        )
-        .await;
+        let a = post_token(addr, &token).await;
         assert_eq!(a.status, 401, "{why}: {}", a.body);
         assert!(a.body.contains(why), "{why}: {}", a.body);
         assert!(set_cookie(&a, "jmp_ui").is_none());
