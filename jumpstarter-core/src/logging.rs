@@ -827,14 +827,25 @@ mod tests {
         assert!(got[0].get(LEASE_CONTEXT_FIELD).is_none(), "{}", got[0]);
     }
 
-    #[test]
-    fn queued_lines_are_written_in_order_by_the_writer_and_a_flush_waits_for_them() {
+    /// The JSON lines written through the line queue while `run` logs (given the queue),
+    /// one object a line, once the queue is flushed.
+    fn queued_lines(run: impl FnOnce(&LineQueue)) -> Vec<Value> {
         let buf = Buf::default();
         let queue = LineQueue::start_to(buf.clone());
         let subscriber = tracing_subscriber::registry()
             .with(SpanFields)
             .with(JsonLayer::new(JsonLines::new("exporter"), queue.clone()));
-        tracing::subscriber::with_default(subscriber, || {
+        tracing::subscriber::with_default(subscriber, || run(&queue));
+        queue.flush(std::time::Duration::from_secs(30));
+        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        text.lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
+            .collect()
+    }
+
+    #[test]
+    fn queued_lines_are_written_in_order_by_the_writer_and_a_flush_waits_for_them() {
+        let lines = queued_lines(|queue| {
             let lease = tracing::info_span!("lease", lease_id = "l-9");
             let _a = lease.enter();
             for n in 0..3000u64 {
@@ -847,12 +858,6 @@ mod tests {
             lease.record("lease_id", "l-10");
             tracing::info!(n = 3000u64, "after");
         });
-        queue.flush(std::time::Duration::from_secs(30));
-        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
-        let lines: Vec<Value> = text
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
-            .collect();
         assert_eq!(lines.len(), 3002, "every line, once");
         assert_eq!(lines[1501], serde_json::json!({"said": true}));
         let ns: Vec<u64> = lines
@@ -873,15 +878,10 @@ mod tests {
             error: error.map(str::to_string),
             duration_ms: 0.25,
         };
-        let buf = Buf::default();
-        let queue = LineQueue::start_to(buf.clone());
-        let subscriber = tracing_subscriber::registry()
-            .with(SpanFields)
-            .with(JsonLayer::new(JsonLines::new("exporter"), queue.clone()));
         let context = [("build_id", "7")]
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .into();
-        tracing::subscriber::with_default(subscriber, || {
+        let mut got = queued_lines(|_| {
             let lease = tracing::info_span!(
                 "lease",
                 lease_id = "l-4",
@@ -900,13 +900,7 @@ mod tests {
                 "driver call"
             );
         });
-        queue.flush(std::time::Duration::from_secs(30));
-        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
-        let mut got: Vec<Value> = text
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
-            .collect();
-        assert_eq!(got.len(), 4, "{text}");
+        assert_eq!(got.len(), 4, "{got:?}");
         for l in &mut got {
             l.as_object_mut().unwrap().remove("timestamp").unwrap();
         }
@@ -931,15 +925,10 @@ mod tests {
 
     #[test]
     fn a_queued_driver_line_is_the_line_its_event_would_be_and_other_subscribers_get_it_back() {
-        let buf = Buf::default();
-        let queue = LineQueue::start_to(buf.clone());
-        let subscriber = tracing_subscriber::registry()
-            .with(SpanFields)
-            .with(JsonLayer::new(JsonLines::new("exporter"), queue.clone()));
         let context = [("build_id", "7")]
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .into();
-        tracing::subscriber::with_default(subscriber, || {
+        let mut got = queued_lines(|_| {
             let lease = tracing::info_span!(
                 "lease",
                 lease_id = "l-5",
@@ -955,13 +944,7 @@ mod tests {
             drop(in_lease);
             assert!(queue_driver_line(tracing::Level::DEBUG, driver, "no lease"));
         });
-        queue.flush(std::time::Duration::from_secs(30));
-        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
-        let mut got: Vec<Value> = text
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
-            .collect();
-        assert_eq!(got.len(), 3, "{text}");
+        assert_eq!(got.len(), 3, "{got:?}");
         for l in &mut got {
             l.as_object_mut().unwrap().remove("timestamp").unwrap();
         }
