@@ -496,14 +496,7 @@ fn scenario(
         .map(|(_, n)| n.to_string())
         .with_context(|| format!("data-lease {lease_key:?} is not NAMESPACE/NAME"))?;
     check_no_reload(b, &leases, "the lease appearing")?;
-    let listed = lab.jmp(&[
-        "get",
-        "leases",
-        "--client-config",
-        &client_str(lab),
-        "-o",
-        "name",
-    ])?;
+    let listed = leases_listed(lab)?;
     ensure!(
         listed.contains(&lease_name),
         "jmp get leases does not list {lease_name}: {listed}"
@@ -598,15 +591,7 @@ fn scenario(
         body.chars().take(200).collect::<String>().trim()
     );
     // The lease is still there.
-    lab.jmp(&[
-        "get",
-        "leases",
-        "--client-config",
-        &client_str(lab),
-        "-o",
-        "name",
-    ])
-    .and_then(|l| {
+    leases_listed(lab).and_then(|l| {
         ensure!(
             l.contains(&lease_name),
             "the client's refused POST ended the lease"
@@ -661,14 +646,7 @@ fn scenario(
         "jmp shell warned about releasing a lease an admin had ended:\n{said}"
     );
     ok!("jmp shell ended ({status}): its lease ended under its command");
-    let listed = lab.jmp(&[
-        "get",
-        "leases",
-        "--client-config",
-        &client_str(lab),
-        "-o",
-        "name",
-    ])?;
+    let listed = leases_listed(lab)?;
     ensure!(
         !listed.contains(&lease_name),
         "jmp get leases still lists {lease_name}: {listed}"
@@ -698,6 +676,18 @@ fn scenario(
 
 fn client_str(lab: &Lab) -> String {
     lab.path("client.yaml").to_string_lossy().into_owned()
+}
+
+/// `jmp get leases -o name` as the lab's client.
+fn leases_listed(lab: &Lab) -> Result<String> {
+    lab.jmp(&[
+        "get",
+        "leases",
+        "--client-config",
+        &client_str(lab),
+        "-o",
+        "name",
+    ])
 }
 
 #[cfg(test)]
