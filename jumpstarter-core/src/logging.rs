@@ -773,7 +773,12 @@ mod tests {
                 .with_writer(move || buf.clone()),
         );
         tracing::subscriber::with_default(subscriber, f);
-        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        parsed(&out)
+    }
+
+    /// What `buf` holds, one JSON object a line.
+    fn parsed(buf: &Buf) -> Vec<Value> {
+        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
         text.lines()
             .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
             .collect()
@@ -837,10 +842,7 @@ mod tests {
             .with(JsonLayer::new(JsonLines::new("exporter"), queue.clone()));
         tracing::subscriber::with_default(subscriber, || run(&queue));
         queue.flush(std::time::Duration::from_secs(30));
-        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
-        text.lines()
-            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
-            .collect()
+        parsed(&buf)
     }
 
     #[test]
