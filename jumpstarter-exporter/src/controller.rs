@@ -559,7 +559,8 @@ struct Runtime {
     transcripts: Option<TranscriptStore>,
     /// `jmp run --metrics-listen`.
     metrics: Option<Arc<crate::metrics::ExporterMetrics>>,
-    /// Where the leases' entries are pushed (the telemetry sink the controller names).
+    /// Where the leases' and health checks' entries are pushed (the telemetry sink the
+    /// controller names; started at the first registration, kept between leases).
     telemetry: Option<crate::telemetry::TelemetrySink>,
 }
 
@@ -655,7 +656,7 @@ impl Runtime {
         }
         // A health check runs only between leases; a lease that starts stops it (its
         // process group is killed) and it does not count.
-        let mut check: Option<futures::future::BoxFuture<'static, Outcome>> = None;
+        let mut check: Option<futures::future::BoxFuture<'static, (Outcome, Duration)>> = None;
         loop {
             let due = match &self.health_check {
                 Some(_) if self.lease.is_none() && check.is_none() => Some(self.next_check),
@@ -675,21 +676,25 @@ impl Runtime {
                     Some(Err(s)) => return Err(self.refused(&s)),
                     None => return Ok(()),
                 },
-                outcome = async {
+                (outcome, took) = async {
                     match check.as_mut() {
                         Some(running) => running.await,
                         None => std::future::pending().await,
                     }
                 }, if check.is_some() => {
                     check = None;
-                    self.health_checked(&outcome, &channel).await;
+                    self.health_checked(&outcome, took, &channel).await;
                 }
                 _ = tokio::time::sleep_until(due.unwrap_or_else(tokio::time::Instant::now)),
                     if due.is_some() => {
                     if let Some((spec, _)) = &self.health_check {
                         let (spec, tree) = (spec.clone(), self.tree.clone());
                         tracing::info!("running health check");
-                        check = Some(Box::pin(async move { health::run_check(&spec, tree).await }));
+                        check = Some(Box::pin(async move {
+                            let start = tokio::time::Instant::now();
+                            let outcome = health::run_check(&spec, tree).await;
+                            (outcome, start.elapsed())
+                        }));
                     }
                 }
             }
@@ -739,9 +744,9 @@ impl Runtime {
         self.telemetry = Some(sink);
     }
 
-    /// A health check ended: count it, schedule the next one, and tell the controller when
-    /// the exporter became unhealthy.
-    async fn health_checked(&mut self, outcome: &Outcome, channel: &AuthChannel) {
+    /// A health check ended after `took`: count it, push its entry (with log gathering),
+    /// schedule the next one, and tell the controller when the exporter became unhealthy.
+    async fn health_checked(&mut self, outcome: &Outcome, took: Duration, channel: &AuthChannel) {
         if let Some((_, interval)) = &self.health_check {
             self.next_check = tokio::time::Instant::now() + *interval;
         }
@@ -752,7 +757,13 @@ impl Runtime {
         let Some(tracker) = &self.health else {
             return;
         };
-        if let Some(message) = tracker.record(health::HEALTH_CHECK, outcome) {
+        let exporter = (
+            self.target.auth.name.as_str(),
+            self.target.auth.namespace.as_str(),
+        );
+        if let Some(message) =
+            health::checked(tracker, self.telemetry.as_ref(), exporter, outcome, took)
+        {
             tracing::error!("exporter unhealthy: {message}");
             report_status(channel, ExporterStatus::Available, &message).await;
         }

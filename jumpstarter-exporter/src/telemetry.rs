@@ -4,7 +4,8 @@
 //! lease's structured entries there (`TelemetryService.PushLogs`): one per driver call
 //! (`driver_type`, `operation`, `result`, `duration_ms`), one per driver log line and one per
 //! line of the lease's hooks' output (`stream=hook`, see [`HOOK_STREAM`]), each with the
-//! lease's name, client and context.
+//! lease's name, client and context. Between leases too, one entry per run of the health
+//! check (`stream=health`, no lease; see [`HealthCheckRun`]).
 //!
 //! Entries go through a bounded queue to one background task that sends them in batches:
 //! a driver call only ever tries to queue its entry, never waits. When the queue is full
@@ -100,7 +101,8 @@ impl Drops {
     }
 }
 
-/// Where a lease's entries go: the queue to the background task pushing them.
+/// Where the entries go (the leases' and the health checks'): the queue to the background
+/// task pushing them; one per exporter, started once it knows the controller's sink.
 #[derive(Debug, Clone)]
 pub struct TelemetrySink {
     tx: mpsc::Sender<LogEntry>,
@@ -338,6 +340,68 @@ impl jumpstarter_core::driver::LogObserver for LeaseTelemetry {
         e.extra_fields
             .insert("stream".to_string(), HOOK_STREAM.to_string());
         self.sink.offer(e);
+    }
+}
+
+/// The `extra_fields` value of `stream` that marks an entry as one run of the exporter's
+/// health check (see [`HealthCheckRun`]): the controller's dashboard shows these in the
+/// exporter's health history.
+pub const HEALTH_STREAM: &str = jumpstarter_core::hooks::HEALTH_CHECK_STREAM;
+
+/// One run of the health check, as its entry tells it: pushed between leases, so with no
+/// lease (nor client, nor context); `operation` `healthCheck`, `result` `ok` or `error`, the
+/// extra fields `stream=health`, `failures` (in a row, this one included), `threshold`,
+/// `duration_ms` and, when it failed, `error`; the message is the last lines of its output.
+#[derive(Debug, Clone, Copy)]
+pub struct HealthCheckRun<'a> {
+    /// Passed, or why it failed.
+    pub result: &'a Result<(), String>,
+    /// The last lines of its output.
+    pub output: &'a str,
+    /// Failures in a row with this run (0 when it passed).
+    pub failures: u32,
+    /// Failures in a row that make the exporter unhealthy.
+    pub threshold: u32,
+    /// How long it ran.
+    pub duration: Duration,
+}
+
+impl HealthCheckRun<'_> {
+    /// The entry of this run of exporter `(name, namespace)`.
+    fn entry(&self, (exporter, namespace): (&str, &str)) -> LogEntry {
+        let failed = self.result.is_err();
+        let mut extra_fields = HashMap::from([
+            ("stream".to_string(), HEALTH_STREAM.to_string()),
+            ("failures".to_string(), self.failures.to_string()),
+            ("threshold".to_string(), self.threshold.to_string()),
+            (
+                "duration_ms".to_string(),
+                format!("{:.3}", self.duration.as_secs_f64() * 1e3),
+            ),
+        ]);
+        if let Err(why) = self.result {
+            extra_fields.insert("error".into(), truncate(why, MAX_EXTRA_VALUE));
+        }
+        LogEntry {
+            timestamp: Some(prost_types::Timestamp::from(std::time::SystemTime::now())),
+            severity: if failed { "warning" } else { "info" }.into(),
+            message: truncate(self.output, MAX_MESSAGE),
+            component: "exporter".into(),
+            exporter: exporter.into(),
+            namespace: namespace.into(),
+            operation: crate::hooks::health::HEALTH_CHECK.into(),
+            result: if failed { "error" } else { "ok" }.into(),
+            extra_fields,
+            ..Default::default()
+        }
+    }
+}
+
+impl TelemetrySink {
+    /// Queues the entry of one run of the health check of exporter `(name, namespace)`, as
+    /// [`TelemetrySink::offer`] does (never waits; dropped and counted when it does not fit).
+    pub fn health_check(&self, exporter: (&str, &str), run: &HealthCheckRun<'_>) {
+        self.offer(run.entry(exporter));
     }
 }
 

@@ -28,6 +28,14 @@ pub const UNHEALTHY_PREFIX: &str = "[UNHEALTHY] ";
 /// exporter's hook runs on its dashboard.
 pub const HOOK_OUTPUT_STREAM: &str = "hook";
 
+/// The `extra_fields["stream"]` of a log-gathering entry (`TelemetryService.PushLogs`) that is
+/// one run of an exporter's health check (`healthCheck`), pass or fail: no lease, `operation`
+/// `healthCheck`, `result` `ok` or `error`, the extra fields `failures` (in a row, this run
+/// included; 0 when it passed), `threshold`, `duration_ms` and, when it failed, `error` (why),
+/// and the message the last lines of its output. Ours: our exporter pushes them, our
+/// controller shows them in the exporter's health history on its dashboard.
+pub const HEALTH_CHECK_STREAM: &str = "health";
+
 /// What an `[UNHEALTHY] ...` status message says (see [`UNHEALTHY_PREFIX`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Unhealthy<'a> {

@@ -6,6 +6,11 @@
 //! [`UNHEALTHY_PREFIX`] (`[UNHEALTHY] KIND: REASON`, then the last output), which our
 //! controller keeps as the exporter's `Healthy` condition until an admin clears it
 //! (`jmp admin clear-health exporter NAME`); meanwhile it leases the exporter to nobody.
+//!
+//! With log gathering (a controller naming its telemetry sink), each run of the health
+//! check, pass or fail, is also pushed as one entry without a lease (`stream=health`, with
+//! the failures in a row, the threshold, its duration and the last output; see
+//! [`checked`]), which our controller shows in the exporter's health history.
 
 use std::{
     collections::BTreeMap,
@@ -90,13 +95,24 @@ impl HealthTracker {
         }
     }
 
+    /// Failures in a row that make the exporter unhealthy.
+    pub fn threshold(&self) -> u32 {
+        self.threshold
+    }
+
     /// Records one run of `key` (`healthCheck`, `beforeLease`, `afterLease`); returns the
     /// `[UNHEALTHY]` status message to send when this failure is the `threshold`-th in a
     /// row (the count then starts again).
     pub fn record(&self, key: &str, outcome: &Outcome) -> Option<String> {
+        self.count(key, outcome).1
+    }
+
+    /// [`HealthTracker::record`], also returning the failures in a row this run makes (0
+    /// when it passed; `threshold` when it made the exporter unhealthy).
+    pub fn count(&self, key: &str, outcome: &Outcome) -> (u32, Option<String>) {
         let Err(why) = &outcome.result else {
             self.failures.store(0, Ordering::SeqCst);
-            return None;
+            return (0, None);
         };
         let n = self.failures.fetch_add(1, Ordering::SeqCst) + 1;
         tracing::warn!(
@@ -104,11 +120,41 @@ impl HealthTracker {
             self.threshold
         );
         if n < self.threshold {
-            return None;
+            return (n, None);
         }
         self.failures.store(0, Ordering::SeqCst);
-        Some(unhealthy_message(key, n, why, &outcome.last_output))
+        (
+            n,
+            Some(unhealthy_message(key, n, why, &outcome.last_output)),
+        )
     }
+}
+
+/// One health check ended after `duration`: counts it with `tracker` and offers its entry
+/// (`stream=health`, see [`crate::telemetry::HealthCheckRun`]) to `sink`, when the exporter
+/// pushes its logs (never waiting: a full queue or a sink that is down drops it, counted);
+/// returns the `[UNHEALTHY]` message to report when it made the exporter unhealthy.
+pub fn checked(
+    tracker: &HealthTracker,
+    sink: Option<&crate::telemetry::TelemetrySink>,
+    exporter: (&str, &str),
+    outcome: &Outcome,
+    duration: Duration,
+) -> Option<String> {
+    let (failures, unhealthy) = tracker.count(HEALTH_CHECK, outcome);
+    if let Some(sink) = sink {
+        sink.health_check(
+            exporter,
+            &crate::telemetry::HealthCheckRun {
+                result: &outcome.result,
+                output: &outcome.last_output,
+                failures,
+                threshold: tracker.threshold(),
+                duration,
+            },
+        );
+    }
+    unhealthy
 }
 
 /// `[UNHEALTHY] KEY: failed N times in a row (last: WHY)` and the last output, at most
@@ -222,6 +268,75 @@ mod tests {
         assert_eq!(parsed.kind, "afterLease");
         // The count starts again.
         assert_eq!(t.record("healthCheck", &fail), None);
+    }
+
+    /// Each run offers one lease-less `stream=health` entry, pass or fail, with its count.
+    #[tokio::test]
+    async fn each_check_offers_an_entry_with_its_result_and_count() {
+        let tree = DriverNode::new(std::sync::Arc::new(jumpstarter_drivers::Composite));
+        let spec = |script: &str| HookSpec {
+            exec: None,
+            script: script.into(),
+            timeout: Duration::from_secs(30),
+            on_failure: OnFailure::Warn,
+            path: None,
+        };
+        let (sink, mut rx) = crate::telemetry::TelemetrySink::channel(8);
+        let t = HealthTracker::new(2);
+        let mut run = async |script: &str| {
+            let o = run_check(&spec(script), tree.clone()).await;
+            let unhealthy = checked(
+                &t,
+                Some(&sink),
+                ("board", "lab"),
+                &o,
+                Duration::from_millis(1500),
+            );
+            (unhealthy, rx.try_recv().unwrap())
+        };
+        let (unhealthy, e) = run("echo probe: no answer; exit 3").await;
+        assert_eq!(unhealthy, None);
+        assert_eq!(
+            (e.lease.as_str(), e.exporter.as_str(), e.namespace.as_str()),
+            ("", "board", "lab")
+        );
+        assert_eq!(
+            (e.operation.as_str(), e.result.as_str()),
+            ("healthCheck", "error")
+        );
+        assert_eq!(e.severity, "warning");
+        assert_eq!(e.message, "probe: no answer");
+        let f = |k: &str| e.extra_fields.get(k).map(String::as_str);
+        assert_eq!(
+            f("stream"),
+            Some(jumpstarter_core::hooks::HEALTH_CHECK_STREAM)
+        );
+        assert_eq!((f("failures"), f("threshold")), (Some("1"), Some("2")));
+        assert_eq!(f("duration_ms"), Some("1500.000"));
+        assert_eq!(f("error"), Some("Hook failed with exit code 3"));
+        // The second failure in a row makes the exporter unhealthy; its entry says 2 of 2.
+        let (unhealthy, e) = run("exit 3").await;
+        assert!(
+            unhealthy
+                .unwrap()
+                .starts_with("[UNHEALTHY] healthCheck: failed 2")
+        );
+        assert_eq!(e.extra_fields["failures"], "2");
+        let (unhealthy, e) = run("echo all good").await;
+        assert_eq!(unhealthy, None);
+        assert_eq!((e.result.as_str(), e.severity.as_str()), ("ok", "info"));
+        assert_eq!(
+            (e.extra_fields["failures"].as_str(), e.message.as_str()),
+            ("0", "all good")
+        );
+        assert!(!e.extra_fields.contains_key("error"));
+        // Without a sink (no log gathering) only the count is kept.
+        let o = run_check(&spec("exit 1"), tree.clone()).await;
+        assert_eq!(
+            checked(&t, None, ("board", "lab"), &o, Duration::ZERO),
+            None
+        );
+        assert!(rx.try_recv().is_err());
     }
 
     #[test]
