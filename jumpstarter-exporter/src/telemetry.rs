@@ -389,7 +389,8 @@ impl HealthCheckRun<'_> {
             component: "exporter".into(),
             exporter: exporter.into(),
             namespace: namespace.into(),
-            operation: crate::hooks::health::HEALTH_CHECK.into(),
+            // The config key, as `[UNHEALTHY] healthCheck: ...` names it.
+            operation: "healthCheck".into(),
             result: if failed { "error" } else { "ok" }.into(),
             extra_fields,
             ..Default::default()
