@@ -10,10 +10,12 @@
 //!   marked as hook output ([`is_hook_output`]), read where log gathering keeps them.
 //! - A **health event** is what the controller sees of health: an `[UNHEALTHY]` report (a
 //!   health check or hooks failing `threshold` times in a row quarantine the exporter), an
-//!   admin's quarantine and its clearing. Health checks that pass are not reported to the
-//!   controller (the exporter counts failures itself), so they are not here.
+//!   admin's quarantine and its clearing, and each run of the exporter's health check, pass
+//!   or fail, that our exporter pushes with log gathering (a lease-less entry marked
+//!   `stream=health`, [`is_health_check`]; upstream's exporters push none).
 //!
-//! Bounded: [`RUNS_KEPT`] runs and [`HEALTH_KEPT`] events per exporter, messages cut to
+//! Bounded: [`RUNS_KEPT`] runs per exporter, [`HEALTH_KEPT`] health-check runs and as many
+//! other health events (frequent checks never push out a quarantine), messages cut to
 //! [`MAX_MESSAGE`] bytes, at most [`MAX_EXPORTERS`] exporters (the one changed longest ago is
 //! forgotten first).
 
@@ -37,6 +39,9 @@ pub const MAX_MESSAGE: usize = 4096;
 /// The `extra_fields["stream"]` of a pushed entry that is a line of hook output (with
 /// `operation` the hook: `beforeLease` or `afterLease`).
 pub const HOOK_STREAM: &str = jumpstarter_core::hooks::HOOK_OUTPUT_STREAM;
+/// The `extra_fields["stream"]` of a pushed entry that is one run of the exporter's health
+/// check (no lease; see [`jumpstarter_core::hooks::HEALTH_CHECK_STREAM`]).
+pub const HEALTH_STREAM: &str = jumpstarter_core::hooks::HEALTH_CHECK_STREAM;
 
 /// Which lease hook ran.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,6 +133,10 @@ pub enum HealthKind {
     QuarantinedByAdmin,
     /// An admin cleared its quarantine.
     Cleared,
+    /// A run of its health check passed (pushed by the exporter).
+    CheckPassed,
+    /// A run of its health check failed (pushed by the exporter).
+    CheckFailed,
 }
 
 impl HealthKind {
@@ -137,8 +146,28 @@ impl HealthKind {
             Self::Unhealthy => "unhealthy",
             Self::QuarantinedByAdmin => "quarantined by an admin",
             Self::Cleared => "cleared",
+            Self::CheckPassed => "check passed",
+            Self::CheckFailed => "check failed",
         }
     }
+
+    /// Whether it is a run of the health check (kept apart, see [`HEALTH_KEPT`]).
+    pub fn is_check(self) -> bool {
+        matches!(self, Self::CheckPassed | Self::CheckFailed)
+    }
+}
+
+/// What a run of the health check pushed besides its result.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckRun {
+    /// Failures in a row with this run (0 when it passed).
+    pub failures: u32,
+    /// Failures in a row that quarantine the exporter (0: not said).
+    pub threshold: u32,
+    /// How long it ran, when said.
+    pub duration: Option<std::time::Duration>,
+    /// The last lines of its output.
+    pub output: String,
 }
 
 /// One health event.
@@ -150,8 +179,10 @@ pub struct HealthEvent {
     pub kind: HealthKind,
     /// What failed (`healthCheck`, `beforeLease`, `afterLease`), or who acted.
     pub source: String,
-    /// Why, and the last output of what failed.
+    /// Why, and the last output of what failed (a health check's run: why it failed).
     pub message: String,
+    /// A run of the health check: its count, duration and output.
+    pub check: Option<CheckRun>,
 }
 
 #[derive(Debug, Default)]
@@ -201,6 +232,39 @@ pub fn is_hook_output(e: &LogEntry, kind: HookKind) -> bool {
 /// Whether a pushed entry is a line of output of any hook.
 pub fn is_any_hook_output(e: &LogEntry) -> bool {
     is_hook_output(e, HookKind::BeforeLease) || is_hook_output(e, HookKind::AfterLease)
+}
+
+/// Whether a pushed entry is a run of the health check: no lease and marked
+/// `stream=health` (the only entries without a lease the controller takes).
+pub fn is_health_check(e: &LogEntry) -> bool {
+    e.lease.is_empty() && e.extra_fields.get("stream").map(String::as_str) == Some(HEALTH_STREAM)
+}
+
+/// The health event of a pushed run of the health check ([`is_health_check`]), seen at
+/// `now`: failed unless its `result` is `ok`; `failures`, `threshold` and `duration_ms`
+/// read from its extra fields (left out when they do not parse), `error` as the message.
+pub fn health_check_event(e: &LogEntry, now: Timestamp) -> HealthEvent {
+    let field = |k: &str| e.extra_fields.get(k).map(String::as_str);
+    let number = |k: &str| field(k).and_then(|v| v.parse::<u32>().ok()).unwrap_or(0);
+    let duration = field("duration_ms")
+        .and_then(|v| v.parse::<f64>().ok())
+        .and_then(|ms| std::time::Duration::try_from_secs_f64(ms / 1e3).ok());
+    HealthEvent {
+        time: now,
+        kind: if e.result == "ok" {
+            HealthKind::CheckPassed
+        } else {
+            HealthKind::CheckFailed
+        },
+        source: "healthCheck".to_string(),
+        message: field("error").unwrap_or_default().to_string(),
+        check: Some(CheckRun {
+            failures: number("failures"),
+            threshold: number("threshold"),
+            duration,
+            output: e.message.clone(),
+        }),
+    }
 }
 
 impl HookHistory {
@@ -266,6 +330,7 @@ impl HookHistory {
                     kind: HealthKind::Unhealthy,
                     source: u.kind.to_string(),
                     message: text,
+                    check: None,
                 },
             );
             return;
@@ -351,12 +416,20 @@ impl HookHistory {
         });
     }
 
-    /// Records a health event of exporter `namespace/name`.
+    /// Records a health event of exporter `namespace/name`, forgetting the oldest of its
+    /// sort (a health check's run, or another event) when [`HEALTH_KEPT`] are kept.
     pub fn health(&self, namespace: &str, name: &str, mut ev: HealthEvent) {
         ev.message = cut(&ev.message);
+        if let Some(c) = &mut ev.check {
+            c.output = cut(&c.output);
+        }
+        let check = ev.kind.is_check();
         self.with(namespace, name, ev.time, |e| {
-            if e.health.len() >= HEALTH_KEPT {
-                e.health.pop_front();
+            let of_sort = |h: &HealthEvent| h.kind.is_check() == check;
+            if e.health.iter().filter(|h| of_sort(h)).count() >= HEALTH_KEPT
+                && let Some(i) = e.health.iter().position(of_sort)
+            {
+                e.health.remove(i);
             }
             e.health.push_back(ev);
         });
@@ -518,6 +591,110 @@ mod tests {
             (HealthKind::Unhealthy, "healthCheck")
         );
         assert_eq!(ev[0].message, format!("failed {}\nout", HEALTH_KEPT + 2));
+    }
+
+    fn check_entry(result: &str, failures: &str, output: &str) -> LogEntry {
+        LogEntry {
+            operation: "healthCheck".into(),
+            result: result.into(),
+            message: output.into(),
+            extra_fields: [
+                ("stream", HEALTH_STREAM),
+                ("failures", failures),
+                ("threshold", "3"),
+                ("duration_ms", "1234.500"),
+                ("error", "Hook failed with exit code 2"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn health_check_runs_are_recorded_and_bounded_apart_from_other_events() {
+        let e = check_entry("error", "2", "probe: no answer");
+        assert!(is_health_check(&e));
+        assert!(!is_any_hook_output(&e));
+        let mut leased = e.clone();
+        leased.lease = "l1".into();
+        assert!(!is_health_check(&leased), "a lease's entry");
+        let ev = health_check_event(&e, t(5));
+        assert_eq!(
+            (ev.kind, ev.source.as_str(), ev.message.as_str(), ev.time),
+            (
+                HealthKind::CheckFailed,
+                "healthCheck",
+                "Hook failed with exit code 2",
+                t(5)
+            )
+        );
+        assert_eq!(
+            ev.check,
+            Some(CheckRun {
+                failures: 2,
+                threshold: 3,
+                duration: Some(std::time::Duration::from_micros(1_234_500)),
+                output: "probe: no answer".into(),
+            })
+        );
+        // Fields that do not parse are left out; `ok` is a pass.
+        let mut odd = check_entry("ok", "many", "");
+        odd.extra_fields.insert("duration_ms".into(), "-1".into());
+        let ev = health_check_event(&odd, t(6));
+        let c = ev.check.unwrap();
+        assert_eq!(
+            (ev.kind, c.failures, c.duration),
+            (HealthKind::CheckPassed, 0, None)
+        );
+
+        let h = HookHistory::default();
+        h.status_reported(
+            "ns",
+            "e",
+            S::Available,
+            "[UNHEALTHY] healthCheck: failed 3 times in a row (last: x)",
+            None,
+            t(0),
+        );
+        for i in 0..(HEALTH_KEPT as i64 + 7) {
+            let mut e = check_entry("ok", "0", &format!("run {i}"));
+            e.message
+                .push_str(&"y".repeat(if i == 0 { 0 } else { 10_000 }));
+            h.health("ns", "e", health_check_event(&e, t(i + 1)));
+        }
+        let ev = h.health_events("ns", "e");
+        // The oldest checks went; the quarantine, older than all of them, stayed.
+        assert_eq!(ev.len(), HEALTH_KEPT + 1);
+        assert_eq!(ev[HEALTH_KEPT].kind, HealthKind::Unhealthy);
+        assert!(
+            ev[..HEALTH_KEPT]
+                .iter()
+                .all(|e| e.kind == HealthKind::CheckPassed)
+        );
+        let output = |e: &HealthEvent| e.check.as_ref().unwrap().output.clone();
+        assert!(output(&ev[0]).starts_with(&format!("run {}", HEALTH_KEPT + 6)));
+        assert!(output(&ev[HEALTH_KEPT - 1]).starts_with("run 7"));
+        assert!(output(&ev[0]).len() <= MAX_MESSAGE + 3);
+        // Other events are bounded on their own: the checks stay.
+        for _ in 0..HEALTH_KEPT {
+            h.health(
+                "ns",
+                "e",
+                HealthEvent {
+                    time: t(100),
+                    kind: HealthKind::Cleared,
+                    source: "admin".into(),
+                    message: String::new(),
+                    check: None,
+                },
+            );
+        }
+        let ev = h.health_events("ns", "e");
+        assert_eq!(ev.len(), 2 * HEALTH_KEPT);
+        assert!(!ev.iter().any(|e| e.kind == HealthKind::Unhealthy));
+        assert_eq!(ev.iter().filter(|e| e.kind.is_check()).count(), HEALTH_KEPT);
     }
 
     #[test]

@@ -366,6 +366,7 @@ impl<S: Store> AdminApi<S> {
                     kind,
                     source: by.to_string(),
                     message: message.to_string(),
+                    check: None,
                 },
             );
         }

@@ -1,7 +1,10 @@
 //! The controller as the sink of upstream main's `TelemetryService` (JEP-0013): exporters
 //! push their leases' entries (driver calls, driver log lines) with `PushLogs`,
 //! authenticated as for the other exporter calls, and the controller keeps them per lease
-//! ([`crate::lease_logs`]) for `jmp get lease NAME --logs`.
+//! ([`crate::lease_logs`]) for `jmp get lease NAME --logs`. Ours too: entries without a
+//! lease that are runs of the exporter's health check (`stream=health`), each kept as a
+//! health event of the pushing exporter ([`crate::hook_history`]) for its dashboard page,
+//! not with any lease's entries.
 
 use std::{collections::HashMap, sync::Arc};
 
@@ -13,6 +16,7 @@ use jumpstarter_proto::v1::{
 use tonic::{Request, Response, Status};
 
 use crate::{
+    hook_history,
     lease_logs::check_batch,
     objects::Lease,
     state::{ControllerState, store_status},
@@ -53,8 +57,9 @@ impl<S: Store> TelemetryService for TelemetryApi<S> {
         };
         let mut entries = request.into_inner().entries;
         check_batch(&entries).map_err(Status::invalid_argument)?;
-        // Every lease named must be one this exporter serves (or served): checked for the
-        // whole batch before anything is kept.
+        // Every entry must be the pushing exporter's, and every lease named one it serves
+        // (or served); the only entries without a lease (`check_batch`) are its health
+        // checks' runs. Checked for the whole batch before anything is kept.
         let mut clients: HashMap<String, String> = HashMap::new();
         for e in &entries {
             if !e.exporter.is_empty() && e.exporter != caller.name {
@@ -69,7 +74,7 @@ impl<S: Store> TelemetryService for TelemetryApi<S> {
                     e.namespace, caller.namespace
                 )));
             }
-            if clients.contains_key(&e.lease) {
+            if hook_history::is_health_check(e) || clients.contains_key(&e.lease) {
                 continue;
             }
             let lease: Option<Lease> = self
@@ -92,7 +97,17 @@ impl<S: Store> TelemetryService for TelemetryApi<S> {
         }
         // Names come from the authenticated identity and the lease, never from the entry.
         let mut by_lease: HashMap<String, Vec<LogEntry>> = HashMap::new();
+        let mut checks = 0u32;
+        let now = jiff::Timestamp::now();
         for mut e in entries.drain(..) {
+            if hook_history::is_health_check(&e) {
+                let ev = hook_history::health_check_event(&e, now);
+                self.0
+                    .hook_history
+                    .health(&caller.namespace, &caller.name, ev);
+                checks = checks.saturating_add(1);
+                continue;
+            }
             e.exporter = caller.name.clone();
             e.namespace = caller.namespace.clone();
             if let Some(client) = clients.get(&e.lease) {
@@ -107,8 +122,8 @@ impl<S: Store> TelemetryService for TelemetryApi<S> {
         let hook_output = by_lease
             .values()
             .flatten()
-            .any(crate::hook_history::is_any_hook_output);
-        let (mut accepted, mut dropped) = (0u32, 0u32);
+            .any(hook_history::is_any_hook_output);
+        let (mut accepted, mut dropped) = (checks, 0u32);
         for (lease, entries) in by_lease {
             let (a, d) = logs.append(&caller.namespace, &lease, entries);
             accepted = accepted.saturating_add(a);
