@@ -74,6 +74,15 @@ fn span(d: SignedDuration) -> String {
     }
 }
 
+/// A health check's duration as shown: milliseconds under a second, else seconds.
+fn duration_text(d: std::time::Duration) -> String {
+    if d < std::time::Duration::from_secs(1) {
+        format!("{} ms", d.as_millis())
+    } else {
+        format!("{:.1} s", d.as_secs_f64())
+    }
+}
+
 /// `t` with how long ago (or in how long) it is.
 fn time_cell(t: Option<Timestamp>, now: Timestamp) -> Markup {
     match t {
@@ -919,26 +928,44 @@ fn exporter_content<S: Store>(
         }
         h2 { "Health history" }
         p class="note" {
-            "What the controller saw of this exporter's health, newest first (the last "
-            (crate::hook_history::HEALTH_KEPT) "): each time it reported itself unhealthy (its "
-            "health check, or its hooks, failed the configured number of times in a row; with "
-            "the last output) and each quarantine and clearing by an admin. Passing health "
-            "checks are not reported to the controller. Kept in the controller's memory: a "
-            "restart forgets it."
+            "What the controller saw of this exporter's health, newest first: each run of its "
+            "health check, passed or failed, with its failures in a row out of the threshold "
+            "that quarantines it, its duration and the last lines of its output (pushed by our "
+            "exporter with log gathering; the last " (crate::hook_history::HEALTH_KEPT) "), and "
+            "each time it reported itself unhealthy (its health check, or its hooks, failed "
+            "that many times in a row), was quarantined or cleared by an admin (the last "
+            (crate::hook_history::HEALTH_KEPT) "). Kept in the controller's memory: a restart "
+            "(or a new leader) forgets it."
         }
         @if health_events.is_empty() {
             p class="muted" id="health-history" { "Nothing since this controller started." }
         } @else {
             div class="scroll" {
                 table id="health-history" {
-                    thead { tr { th { "When" } th { "Event" } th { "What / who" } th { "Message" } } }
+                    thead { tr { th { "When" } th { "Event" } th { "What / who" } th { "Failures in a row" } th { "Duration" } th { "Message" } } }
                     tbody {
                         @for ev in &health_events {
-                            tr data-health=(ev.kind.as_str()) {
+                            tr data-health=(ev.kind.as_str()) class=[(ev.kind == crate::hook_history::HealthKind::CheckFailed).then_some("sev-warning")] {
                                 td { (time_cell(Some(ev.time), now)) }
                                 td { (ev.kind.as_str()) }
                                 td { (ev.source) }
-                                td { pre { (ev.message) } }
+                                @match &ev.check {
+                                    Some(c) => {
+                                        td class="failures" {
+                                            (c.failures)
+                                            @if c.threshold > 0 { " / " (c.threshold) }
+                                        }
+                                        td { @match c.duration { Some(d) => (duration_text(d)), None => "-" } }
+                                        td {
+                                            @if !ev.message.is_empty() { p class="message" { (ev.message) } }
+                                            @if !c.output.is_empty() { pre class="output" { (c.output) } }
+                                        }
+                                    }
+                                    None => {
+                                        td { "-" } td { "-" }
+                                        td { pre { (ev.message) } }
+                                    }
+                                }
                             }
                         }
                     }

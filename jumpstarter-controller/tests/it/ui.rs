@@ -3,7 +3,7 @@
 //! admin's actions need the session's CSRF token and change the store, bad input is answered
 //! with a clear error, the event stream reports a store change, the fleet pages through
 //! thousands of exporters, an exporter's page shows its hook runs (with their pushed output)
-//! and health events, the actions read back through the admin gRPC API, and a waiting lease
+//! and health events (with each pushed health-check run), the actions read back through the admin gRPC API, and a waiting lease
 //! shows the priority it is queued by.
 
 use std::{net::SocketAddr, time::Duration};
@@ -42,6 +42,24 @@ async fn events(addr: SocketAddr, cookie: &str) -> tokio::net::TcpStream {
     .await
     .unwrap();
     c
+}
+
+/// Reads the event stream `c` into `seen` until `want` arrived; a generous bound only keeps
+/// a broken stream from hanging (false then).
+async fn until(
+    c: &mut tokio::net::TcpStream,
+    seen: &mut String,
+    buf: &mut [u8],
+    want: &str,
+) -> bool {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !seen.contains(want) {
+        match tokio::time::timeout_at(deadline, c.read(buf)).await {
+            Ok(Ok(n)) if n > 0 => seen.push_str(&String::from_utf8_lossy(&buf[..n])),
+            _ => return false,
+        }
+    }
+    true
 }
 
 /// A lab whose controller serves the dashboard on a port of its own.
@@ -387,22 +405,6 @@ async fn the_event_stream_reports_a_store_change() {
     let mut c = events(addr, &cookie).await;
     let mut seen = String::new();
     let mut buf = [0u8; 4096];
-    // Read until `want` arrived; a generous bound only keeps a broken stream from hanging.
-    async fn until(
-        c: &mut tokio::net::TcpStream,
-        seen: &mut String,
-        buf: &mut [u8],
-        want: &str,
-    ) -> bool {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-        while !seen.contains(want) {
-            match tokio::time::timeout_at(deadline, c.read(buf)).await {
-                Ok(Ok(n)) if n > 0 => seen.push_str(&String::from_utf8_lossy(&buf[..n])),
-                _ => return false,
-            }
-        }
-        true
-    }
     assert!(
         until(&mut c, &mut seen, &mut buf, "event: ready").await,
         "{seen}"
@@ -881,6 +883,142 @@ async fn hook_runs_and_health_events_show_on_the_exporter_page() {
         &page,
         "data-hook=\"afterLease\"",
         "data-hook=\"beforeLease\"",
+    );
+    lab.ctl.shutdown().await;
+}
+
+/// Each run of an exporter's health check that it pushes (`PushLogs`, a lease-less entry
+/// marked `stream=health`) shows in its page's health history, newest first, with its failures
+/// in a row out of the threshold, its duration and output, and tells open pages to reload. An
+/// exporter cannot push one for another, nor an entry without a lease that is no health
+/// check: the whole batch is refused and nothing of it kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_check_runs_show_on_the_exporter_page() {
+    use jumpstarter_proto::v1::{
+        LogEntry, PushLogsRequest, telemetry_service_client::TelemetryServiceClient,
+    };
+    let (lab, addr) = ui_lab().await;
+    let alice = lab.client("alice").await;
+    let hc1 = lab.exporter("hc1", &[]).await;
+    lab.exporter("hc2", &[]).await;
+    let check = |result: &str, failures: &str, ms: &str, output: &str| LogEntry {
+        timestamp: Some(prost_types::Timestamp::from(std::time::SystemTime::now())),
+        severity: "info".into(),
+        message: output.into(),
+        operation: "healthCheck".into(),
+        result: result.into(),
+        extra_fields: [
+            ("stream", "health"),
+            ("failures", failures),
+            ("threshold", "3"),
+            ("duration_ms", ms),
+        ]
+        .into_iter()
+        .chain((result == "error").then_some(("error", "Hook failed with exit code 3")))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect(),
+        ..Default::default()
+    };
+    let telemetry = TelemetryServiceClient::new(lab.channel().await);
+    let push = |entries: Vec<LogEntry>| {
+        let mut t = telemetry.clone();
+        let req = crate::req(&hc1, PushLogsRequest { entries });
+        async move { t.push_logs(req).await }
+    };
+    let cookie = login(addr, &alice.token).await;
+    let mut c = events(addr, &cookie).await;
+    let (mut seen, mut buf) = (String::new(), [0u8; 4096]);
+    assert!(
+        until(&mut c, &mut seen, &mut buf, "event: ready").await,
+        "{seen}"
+    );
+    seen.clear();
+
+    let pushed = push(vec![check("ok", "0", "12.300", "board answers <ok>")])
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((pushed.accepted, pushed.dropped), (1, 0));
+    // An open page is told (nothing else changed meanwhile).
+    assert!(
+        until(&mut c, &mut seen, &mut buf, "exporters").await,
+        "{seen}"
+    );
+    push(vec![check("error", "2", "1500.000", "probe: no answer")])
+        .await
+        .unwrap();
+
+    // Refused, and nothing of the batch kept: an entry for another exporter...
+    let mut other = check("ok", "0", "1.000", "");
+    other.exporter = "hc2".into();
+    let refused = push(vec![check("ok", "0", "1.000", "refused batch"), other])
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+    assert!(refused.message().contains("\"hc2\""), "{refused:?}");
+    // ... and an entry without a lease that is no health check's.
+    let mut not_health = check("ok", "0", "1.000", "");
+    not_health
+        .extra_fields
+        .insert("stream".into(), "hook".into());
+    let refused = push(vec![check("ok", "0", "1.000", "refused batch"), not_health])
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+    assert!(refused.message().contains("lease is empty"), "{refused:?}");
+
+    let page = exporter_page_with(
+        addr,
+        &cookie,
+        "hc1",
+        &[
+            "data-health=\"check failed\"",
+            "data-health=\"check passed\"",
+            "probe: no answer",
+            "Hook failed with exit code 3",
+            "board answers &lt;ok&gt;",
+            "1.5 s",
+            "12 ms",
+        ],
+    )
+    .await;
+    let history = page
+        .split("id=\"health-history\"")
+        .nth(1)
+        .and_then(|t| t.split("</table>").next())
+        .unwrap_or_default();
+    assert!(
+        history.contains("<td class=\"failures\">2 / 3</td>")
+            && history.contains("<td class=\"failures\">0 / 3</td>"),
+        "{page}"
+    );
+    // Newest first.
+    assert_before(
+        &page,
+        "data-health=\"check failed\"",
+        "data-health=\"check passed\"",
+    );
+    assert!(!page.contains("refused batch"), "{page}");
+    assert_eq!(
+        lab.ctl
+            .state
+            .hook_history
+            .health_events("default", "hc1")
+            .len(),
+        2
+    );
+    // Not another exporter's, and no lease's log lines.
+    let page = exporter_page_with(addr, &cookie, "hc2", &["id=\"health-history\""]).await;
+    assert!(!page.contains("data-health="), "{page}");
+    assert!(
+        lab.ctl
+            .state
+            .lease_logs
+            .as_ref()
+            .unwrap()
+            .read("default", "")
+            .entries
+            .is_empty()
     );
     lab.ctl.shutdown().await;
 }
