@@ -753,6 +753,37 @@ async fn distributed_failing_health_checks_quarantine_the_exporter() {
         message,
         "healthCheck: failed 2 times in a row (last: Hook failed with exit code 3)\nPowered on\nprobe: no answer"
     );
+    // Each failed run reached the controller (log gathering is on by default): the
+    // dashboard's health history lists them, newest first, counted out of the threshold.
+    use jumpstarter_controller::hook_history::HealthKind;
+    let mut runs = Vec::new();
+    for _ in 0..100 {
+        runs = lab
+            .ctl()
+            .state
+            .hook_history
+            .health_events("default", "hq1")
+            .into_iter()
+            .filter_map(|ev| Some((ev.kind, ev.message, ev.check?)))
+            .map(|(kind, why, c)| (kind, c.failures, c.threshold, why, c.output))
+            .collect();
+        if runs.len() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let run = |failures| {
+        (
+            HealthKind::CheckFailed,
+            failures,
+            2,
+            "Hook failed with exit code 3".to_string(),
+            "Powered on\nprobe: no answer".to_string(),
+        )
+    };
+    // The first two (the oldest; the count starts again after the quarantine).
+    let first = runs.len().checked_sub(2).map(|i| &runs[i..]);
+    assert_eq!(first, Some(&[run(2), run(1)][..]), "{}", lab.log("hq1.log"));
     // Clients see it; its ordinary status is unchanged.
     let out = lab
         .cmd(JMP)
