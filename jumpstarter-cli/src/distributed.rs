@@ -78,8 +78,8 @@ fn unreachable(e: lease::LeaseError, retry: Duration) -> anyhow::Error {
 }
 
 /// Tells the user on stderr, once per outage, that connections wait for the router, and
-/// when a tunnel is lost.
-fn retry_events(timeout: Duration) -> tunnel::TunnelEvents {
+/// when a tunnel is lost (unless the loss is the lease's end, see [`lease_end::EndSeen`]).
+fn retry_events(timeout: Duration, seen: lease_end::EndSeen) -> tunnel::TunnelEvents {
     let waiting = Arc::new(AtomicBool::new(false));
     Arc::new(move |event| match event {
         tunnel::TunnelEvent::Retrying { error, remaining } => {
@@ -99,10 +99,12 @@ fn retry_events(timeout: Duration) -> tunnel::TunnelEvents {
             }
         }
         tunnel::TunnelEvent::Lost { endpoint, reason } => {
-            eprintln!(
+            // The router also fails the tunnel when the lease ends (the exporter closes its
+            // side): that is said once as the lease's end, not as a lost connection.
+            seen.warn_unless_ended(format!(
                 "Lost the connection to router {endpoint} ({reason}): calls in flight fail, \
                  new ones reconnect"
-            );
+            ));
         }
     })
 }
@@ -111,6 +113,20 @@ fn retry_events(timeout: Duration) -> tunnel::TunnelEvents {
 /// runs `command` (or a shell) there and releases the lease afterwards. Returns the
 /// command's exit code.
 pub async fn shell(toolkit: &crate::Toolkit, opts: ShellLease, command: &[String]) -> Result<i32> {
+    let seen = lease_end::EndSeen::default();
+    let result = leased_shell(toolkit, opts, command, &seen).await;
+    // A lost tunnel's warning still held back is said (or dropped) before the shell exits.
+    seen.flush().await;
+    result
+}
+
+/// [`shell`], telling `seen` when the lease is known to have ended.
+async fn leased_shell(
+    toolkit: &crate::Toolkit,
+    opts: ShellLease,
+    command: &[String],
+    seen: &lease_end::EndSeen,
+) -> Result<i32> {
     let step = timings::step("client config loaded");
     let cfg = ClientConfig::resolve(opts.client_config.as_deref(), opts.client.as_deref())?;
     step.end();
@@ -189,7 +205,7 @@ pub async fn shell(toolkit: &crate::Toolkit, opts: ShellLease, command: &[String
             .direct(!opts.no_direct)
             .retry(
                 RetryPolicy::new(retry)
-                    .with_events(retry_events(retry))
+                    .with_events(retry_events(retry, seen.clone()))
                     .with_keepalive(router_keepalive),
             )
             .on_wait(|name, why| waiting.say(format!("Waiting for lease {name}: {why}")))
@@ -273,7 +289,7 @@ pub async fn shell(toolkit: &crate::Toolkit, opts: ShellLease, command: &[String
                 Ok(None) => {
                     let (code, end) = run_until_end(
                         lease, (command, &env, toolkit.j_program()), &socket, &cancel,
-                        &mut server, &mut watch,
+                        &mut server, &mut watch, seen,
                     )
                     .await;
                     // EndSession (and the afterLease output) only while the lease lives.
@@ -343,6 +359,7 @@ pub async fn shell(toolkit: &crate::Toolkit, opts: ShellLease, command: &[String
                 code: tonic::Code::FailedPrecondition,
                 ..
             }) => {
+                seen.mark_ended();
                 if let Ok(code) = outcome {
                     eprintln!(
                         "Lease {name} ended while the command ran (it was released elsewhere, \
@@ -419,6 +436,7 @@ async fn run_until_end(
     cancel: &CancellationToken,
     server: &mut Option<tokio::task::JoinHandle<()>>,
     watch: &mut RunWatch,
+    seen: &lease_end::EndSeen,
 ) -> (Result<i32>, Option<lease_end::LeaseEnd>) {
     let announced = shell::ChildOptions {
         exporter_logs: false,
@@ -432,7 +450,7 @@ async fn run_until_end(
         code
     };
     let signal = terminated();
-    let ends = lease_end::watch(lease);
+    let ends = lease_end::watch(lease, seen);
     tokio::pin!(child, signal, ends);
     let mut end = None;
     let code = loop {
@@ -440,6 +458,9 @@ async fn run_until_end(
             code = &mut child => break code,
             sig = &mut signal => break Ok(128 + sig),
             e = &mut ends, if end.is_none() => {
+                // Before anything is said or closed: the tunnels the router fails now (or
+                // failed a moment ago) are the lease's end, not lost connections.
+                seen.mark_ended();
                 eprintln!("{}", e.message(&lease.name));
                 cancel.cancel();
                 if let Some(server) = server.take() {

@@ -167,16 +167,97 @@ async fn check(lease: &AcquiredLease) -> Check {
 }
 
 /// Resolves when the lease has ended (expired, released or deleted by someone else), with
-/// when and why; checks with the controller around the lease's end time and every
-/// `CHECK_INTERVAL` besides. A controller that cannot be reached for a while is no end.
-pub async fn watch(lease: &AcquiredLease) -> LeaseEnd {
+/// when and why; checks with the controller around the lease's end time, every
+/// `CHECK_INTERVAL` besides, and at once when `seen` asks (a tunnel was lost: perhaps
+/// because the lease ended). A controller that cannot be reached for a while is no end.
+pub async fn watch(lease: &AcquiredLease, seen: &EndSeen) -> LeaseEnd {
     loop {
         let wait = match check(lease).await {
             Check::Ended(end) => return end,
             Check::Live(wait) => wait,
             Check::Unknown => CHECK_INTERVAL.min(Duration::from_secs(2)),
         };
-        tokio::time::sleep(wait).await;
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            () = seen.0.check_now.notified() => {}
+        }
+    }
+}
+
+/// How long the warning of a lost router tunnel is held back, in case the lease turns out to
+/// have ended. The exporter learns of the end from the controller's stream and closes its
+/// side of the tunnel at once, so the router often fails our side a little *before* the
+/// shell's status check sees the end (it checks just after the expected end time, every
+/// `PAST_END_INTERVAL` after that, and at once when a tunnel is lost): well within a second
+/// on a working controller. A lost tunnel during a live lease is still reported, this much
+/// later.
+pub const LOST_GRACE: Duration = Duration::from_secs(1);
+
+/// What `jmp shell`'s lease watch and its tunnel events share: whether the lease is known to
+/// have ended, and a way for a lost tunnel to have the lease checked at once. A tunnel the
+/// router closes because the lease ended is the lease's end, said once by the shell; it is
+/// not reported as a lost connection.
+#[derive(Clone)]
+pub struct EndSeen(std::sync::Arc<Shared>);
+
+struct Shared {
+    /// True once the shell knows the lease ended.
+    ended: tokio::sync::watch::Sender<bool>,
+    /// Wakes [`watch`] for a check now (a permit is kept when it is not waiting).
+    check_now: tokio::sync::Notify,
+    /// How many lost-tunnel warnings are being held back.
+    held: tokio::sync::watch::Sender<usize>,
+}
+
+impl Default for EndSeen {
+    fn default() -> Self {
+        Self(std::sync::Arc::new(Shared {
+            ended: tokio::sync::watch::Sender::new(false),
+            check_now: tokio::sync::Notify::new(),
+            held: tokio::sync::watch::Sender::new(0),
+        }))
+    }
+}
+
+impl EndSeen {
+    /// The shell knows the lease ended: warnings held back are dropped, later ones not said.
+    pub fn mark_ended(&self) {
+        self.0.ended.send_replace(true);
+    }
+
+    /// Says `warning` (a lost tunnel) on stderr unless the lease is known to have ended
+    /// within [`LOST_GRACE`]; has the lease checked at once meanwhile.
+    pub fn warn_unless_ended(&self, warning: String) {
+        self.say_unless_ended(warning, |w| eprintln!("{w}"));
+    }
+
+    /// [`Self::warn_unless_ended`], saying it with `say`.
+    fn say_unless_ended(&self, warning: String, say: impl FnOnce(String) + Send + 'static) {
+        if *self.0.ended.borrow() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            say(warning);
+            return;
+        };
+        self.0.check_now.notify_one();
+        self.0.held.send_modify(|n| *n += 1);
+        let this = self.clone();
+        runtime.spawn(async move {
+            let mut ended = this.0.ended.subscribe();
+            let seen = tokio::time::timeout(LOST_GRACE, ended.wait_for(|e| *e)).await;
+            if !matches!(seen, Ok(Ok(_))) {
+                say(warning);
+            }
+            this.0.held.send_modify(|n| *n = n.saturating_sub(1));
+        });
+    }
+
+    /// Waits (at most about [`LOST_GRACE`]) for the warnings held back to be said or dropped,
+    /// so that none is lost when the shell exits.
+    pub async fn flush(&self) {
+        let mut held = self.0.held.subscribe();
+        let _ = tokio::time::timeout(LOST_GRACE * 2, held.wait_for(|n| *n == 0)).await;
     }
 }
 
@@ -322,6 +403,48 @@ mod tests {
         };
         assert_eq!(next_check(&long, at(1_002)), CHECK_INTERVAL);
         assert_eq!(next_check(&Lease::default(), at(1_002)), CHECK_INTERVAL);
+    }
+
+    /// What [`EndSeen`] said, in order.
+    #[derive(Clone, Default)]
+    struct Said(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+    impl Said {
+        fn say(&self) -> impl FnOnce(String) + Send + 'static {
+            let to = self.clone();
+            move |w| to.0.lock().unwrap().push(w)
+        }
+
+        fn lines(&self) -> Vec<String> {
+            self.0.lock().unwrap().clone()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_lost_tunnel_while_the_lease_lives_is_said_and_has_the_lease_checked() {
+        let seen = EndSeen::default();
+        let said = Said::default();
+        seen.say_unless_ended("lost".into(), said.say());
+        // The watch is woken for a check at once (the permit waits for it).
+        tokio::time::timeout(Duration::from_secs(5), seen.0.check_now.notified())
+            .await
+            .expect("no check asked for");
+        seen.flush().await;
+        assert_eq!(said.lines(), ["lost"]);
+    }
+
+    #[tokio::test]
+    async fn a_lost_tunnel_the_lease_end_follows_or_precedes_is_not_said() {
+        let seen = EndSeen::default();
+        let said = Said::default();
+        // The router fails the tunnel, then the shell learns that the lease ended.
+        seen.say_unless_ended("lost before".into(), said.say());
+        seen.mark_ended();
+        seen.flush().await;
+        // Once the end is known, later losses are the end too.
+        seen.say_unless_ended("lost after".into(), said.say());
+        seen.flush().await;
+        assert_eq!(said.lines(), Vec::<String>::new());
     }
 
     #[test]

@@ -55,6 +55,8 @@ async fn a_lease_that_ends_under_the_command_is_announced_and_has_its_own_exit_c
     assert!(!lease.is_empty(), "{stdout}{stderr}");
     assert_eq!(code, 75, "{stdout}{stderr}");
     assert!(!stderr.contains("transport error"), "{stderr}");
+    // The router closing the tunnel is the lease's end, not a lost connection: no warning.
+    assert!(!stderr.contains("Lost the connection"), "{stderr}");
     insta::assert_snapshot!(end_lines(&stderr, &lease), @r"
     Lease LEASE ended at TIME: its duration of 3s ran out
     Error: GetReport: the lease ended (lease LEASE ended at TIME: its duration of 3s ran out) (gRPC code UNAVAILABLE)
@@ -76,5 +78,95 @@ async fn a_lease_that_ends_under_the_command_is_announced_and_has_its_own_exit_c
         "No resources found.\n",
         "{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The lease of an idle command runs out: the exporter closes its side of the tunnel the
+/// shell keeps open (the exporter's log stream), the router fails ours, usually a moment before
+/// the shell's status check sees the end. That is the lease's end, said once, not a lost
+/// connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_that_runs_out_under_an_idle_command_is_no_lost_connection() {
+    let lab = lab().await;
+    let exporter_cfg = lab.exporter("ex-idle", &[("board", "idle")]).await;
+    let client = lab.client("idler").await;
+    let _exporter = lab.run_exporter(&exporter_cfg, "ex-idle.log");
+    lab.wait_status("ex-idle", ExporterStatusValue::Available)
+        .await;
+    let child = shell(
+        &lab,
+        &client,
+        &["-l", "board=idle", "--duration", "3s"],
+        "echo \"lease=$JMP_LEASE\"; j power on || exit 9; sleep 7; exit 3",
+    );
+    let (code, stdout, stderr) = finish(child).await;
+    let lease = stdout
+        .split("lease=")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .unwrap_or_default()
+        .to_string();
+    assert!(!lease.is_empty(), "{stdout}{stderr}");
+    assert_eq!(code, 75, "{stdout}{stderr}");
+    assert!(!stderr.contains("Lost the connection"), "{stderr}");
+    insta::assert_snapshot!(end_lines(&stderr, &lease), @r"
+    Lease LEASE ended at TIME: its duration of 3s ran out
+    Lease LEASE ended while the command ran (its duration of 3s ran out); exiting with 75 (the command's own exit code was 3)
+    ");
+}
+
+/// `jmp delete lease` from elsewhere while the command runs: the router fails the tunnel at
+/// once, and the lost tunnel has the shell check its lease, which has ended: the end is said,
+/// no lost connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_deleted_under_the_command_is_no_lost_connection() {
+    let lab = lab().await;
+    let exporter_cfg = lab.exporter("ex-del", &[("board", "del")]).await;
+    let client = lab.client("deleter").await;
+    let _exporter = lab.run_exporter(&exporter_cfg, "ex-del.log");
+    lab.wait_status("ex-del", ExporterStatusValue::Available)
+        .await;
+    // Idle long enough for the shell's periodic check (every 10s) to see the end too.
+    let mut child = shell(
+        &lab,
+        &client,
+        &["-l", "board=del", "--duration", "10m"],
+        "j power on || exit 9; echo \"$JMP_LEASE\" > lease.txt; sleep 12; exit 3",
+    );
+    for _ in 0..600 {
+        if !lab.log("lease.txt").trim().is_empty() {
+            break;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("the shell exited ({status}) before its command started");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let lease = lab.log("lease.txt").trim().to_string();
+    assert!(!lease.is_empty(), "the command never wrote its lease");
+    let out = lab
+        .cmd(JMP)
+        .args(["delete", "lease", &lease, "--client-config"])
+        .arg(&client)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (code, stdout, stderr) = finish(child).await;
+    assert_eq!(code, 75, "{stdout}{stderr}");
+    assert!(!stderr.contains("Lost the connection"), "{stderr}");
+    // Said once, while the command ran.
+    assert_eq!(
+        stderr.matches(&format!("Lease {lease} ended at")).count(),
+        1,
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("Lease {lease} ended while the command ran")),
+        "{stderr}"
     );
 }
