@@ -868,19 +868,22 @@ async fn run_kubernetes(
                 ));
             }
         };
+        // The dashboard's port too, when this replica serves one once it leads.
+        let ui = bind_standby_ui(&mut config).await?;
+        let ui_addr = ui.as_ref().and_then(|l| l.local_addr().ok());
         tracing::info!(
-            "standby listeners: grpc={} router={}; forwarded to the leader until this replica \
-             leads",
+            "standby listeners: grpc={} router={} ui={}; forwarded to the leader until this \
+             replica leads",
             config.listen,
-            config.router_listen
+            config.router_listen,
+            ui_addr.map_or_else(|| "off".to_owned(), |a| a.to_string())
         );
-        let standby = crate::kubernetes::standby::forward(
-            vec![
-                (grpc, crate::kubernetes::standby::Port::Grpc),
-                (router, crate::kubernetes::standby::Port::Router),
-            ],
-            forward_to.subscribe(),
-        );
+        let mut listeners = vec![
+            (grpc, crate::kubernetes::standby::Port::Grpc),
+            (router, crate::kubernetes::standby::Port::Router),
+        ];
+        listeners.extend(ui.map(|l| (l, crate::kubernetes::standby::Port::Ui)));
+        let standby = crate::kubernetes::standby::forward(listeners, forward_to.subscribe());
         // The leader's endpoints, as the election sees them, while we stand by.
         let mut theirs = e.leader_endpoints();
         let relay = async {
@@ -899,8 +902,12 @@ async fn run_kubernetes(
         };
         // A leader whose process died is taken over at once, not when its Lease expires.
         let holder_gone = crate::kubernetes::leader::HolderGone::new();
-        let own =
-            crate::kubernetes::standby::Endpoints::advertised(grpc_addr, router_addr, pod_ip());
+        let own = crate::kubernetes::standby::Endpoints::advertised(
+            grpc_addr,
+            router_addr,
+            ui_addr,
+            pod_ip(),
+        );
         let probe =
             crate::kubernetes::standby::watch_leader(e.leader_endpoints(), own, &holder_gone);
         tokio::select! {
@@ -927,9 +934,19 @@ async fn run_kubernetes(
         match crate::kubernetes::standby::Endpoints::advertised(
             running.addr,
             running.router_addr,
+            running.ui_addr(),
             pod_ip(),
         ) {
             Some(at) => {
+                if let Some(ui) = running.ui_addr()
+                    && at.ui.is_none()
+                {
+                    tracing::info!(
+                        "the dashboard listens on {ui}, which other pods cannot reach: standby \
+                         replicas close dashboard connections (give --ui-listen 0.0.0.0:PORT \
+                         to serve it through every replica)"
+                    );
+                }
                 e.set_endpoints(at.annotation());
                 forward_to.send_replace(Some(crate::kubernetes::standby::Target {
                     endpoints: at.annotation(),
@@ -967,6 +984,40 @@ async fn run_kubernetes(
         tracing::warn!("{err}", err = jumpstarter_core::error_chain(&err));
     }
     Ok(code)
+}
+
+/// Binds the dashboard's port for a standby, as the leader's server would bind it: nothing
+/// when the dashboard is off; when the address cannot be bound, a warning and nothing if it is
+/// the default ([`ControllerConfig::ui_listen_optional`]: another process may have it), an
+/// error if it was given. `config.ui_listen` becomes the bound address (a port 0 resolved),
+/// which the server binds again once this replica leads and the standby's listener is gone.
+#[cfg(feature = "kubernetes")]
+async fn bind_standby_ui(
+    config: &mut ControllerConfig,
+) -> Result<Option<tokio::net::TcpListener>, String> {
+    let Some(at) = config.ui_listen.as_mut() else {
+        return Ok(None);
+    };
+    match tokio::net::TcpListener::bind(at.as_str()).await {
+        Ok(l) => {
+            if let Ok(a) = l.local_addr() {
+                *at = a.to_string();
+            }
+            Ok(Some(l))
+        }
+        Err(e) if config.ui_listen_optional => {
+            tracing::warn!(
+                "the dashboard is not forwarded: cannot listen on {at}: {e} (give \
+                 --ui-listen ADDR, or off)",
+                e = jumpstarter_core::error_chain(&e)
+            );
+            Ok(None)
+        }
+        Err(e) => Err(format!(
+            "cannot listen on {at}: {e}",
+            e = jumpstarter_core::error_chain(&e)
+        )),
+    }
 }
 
 /// `POD_IP` (the downward API's `status.podIP`), when set to an address.
@@ -1405,5 +1456,32 @@ deprecatedLabels:
         let e = apply_settings_file(&dir.path().join("nope.yaml"), &args, &mut args.config())
             .unwrap_err();
         assert!(e.contains("nope.yaml"), "{e}");
+    }
+
+    #[cfg(feature = "kubernetes")]
+    #[tokio::test]
+    async fn a_standby_binds_the_dashboard_port_as_the_leader_would() {
+        let mut config = ControllerConfig::new("/nonexistent".into());
+        // Off: nothing.
+        config.ui_listen = None;
+        assert!(bind_standby_ui(&mut config).await.unwrap().is_none());
+        // Port 0: bound, and the server is to bind the same port once this replica leads.
+        config.ui_listen = Some("127.0.0.1:0".into());
+        let l = bind_standby_ui(&mut config).await.unwrap().unwrap();
+        let bound = l.local_addr().unwrap();
+        assert_ne!(bound.port(), 0);
+        assert_eq!(config.ui_listen, Some(bound.to_string()));
+        // Taken: the default address warns and goes on, one given explicitly fails.
+        let taken = bound.to_string();
+        config.ui_listen = Some(taken.clone());
+        config.ui_listen_optional = true;
+        assert!(bind_standby_ui(&mut config).await.unwrap().is_none());
+        assert_eq!(config.ui_listen, Some(taken.clone()));
+        config.ui_listen_optional = false;
+        let e = bind_standby_ui(&mut config).await.unwrap_err();
+        assert!(e.contains(&taken), "{e}");
+        // Once the standby's listener is gone, the address is free for the server.
+        drop(l);
+        assert!(bind_standby_ui(&mut config).await.unwrap().is_some());
     }
 }

@@ -7,8 +7,11 @@
 //! and every rolling update would stall. Instead every replica is Ready and the Service
 //! spreads connections over all of them: a standby forwards its share to the leader, found
 //! in the leader election Lease ([`super::leader::ENDPOINTS_ANNOTATION`], `grpc=IP:PORT,
-//! router=IP:PORT`). TLS passes through untouched (every replica serves the same
-//! certificate, from the key Secret), so clients and exporters see the leader itself.
+//! router=IP:PORT` and, when the leader serves the web dashboard where standbys can reach it,
+//! `,ui=IP:PORT`). TLS passes through untouched (every replica serves the same
+//! certificate, from the key Secret), so clients and exporters see the leader itself; the
+//! dashboard's plain HTTP goes through the same way, so a browser reaches the leader's pages
+//! (and its sessions) on any replica.
 //!
 //! When the leader goes away its forwarded connections break like its own; clients and
 //! exporters reconnect by themselves, and reach the new leader (the standby that took the
@@ -16,6 +19,7 @@
 
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
+use jumpstarter_core::sync::LockExt;
 use tokio::{
     net::{TcpListener, TcpStream},
     sync::{Semaphore, watch},
@@ -33,44 +37,60 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// Lease expires) before it is closed.
 const LEADER_WAIT: Duration = Duration::from_secs(10);
 
-/// Where the leader serves: its controller gRPC and router listeners.
+/// Where the leader serves: its controller gRPC and router listeners, and its web
+/// dashboard's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Endpoints {
     /// The controller's gRPC listener.
     pub grpc: SocketAddr,
     /// The in-process router's listener.
     pub router: SocketAddr,
+    /// The web dashboard's listener; `None` when the leader serves none the standbys can
+    /// reach (dashboard off, on loopback only, or a leader of a version that did not say).
+    pub ui: Option<SocketAddr>,
 }
 
 impl Endpoints {
-    /// The annotation text: `grpc=IP:PORT,router=IP:PORT`.
+    /// The annotation text: `grpc=IP:PORT,router=IP:PORT`, then `,ui=IP:PORT` with a
+    /// dashboard.
     pub fn annotation(self) -> String {
-        format!("grpc={},router={}", self.grpc, self.router)
+        let mut text = format!("grpc={},router={}", self.grpc, self.router);
+        if let Some(ui) = self.ui {
+            text.push_str(&format!(",ui={ui}"));
+        }
+        text
     }
 
-    /// Reads [`Endpoints::annotation`]'s text; `None` for anything else.
+    /// Reads [`Endpoints::annotation`]'s text (with or without `ui`); `None` for anything
+    /// else.
     pub fn parse(text: &str) -> Option<Self> {
-        let (mut grpc, mut router) = (None, None);
+        let (mut grpc, mut router, mut ui) = (None, None, None);
         for part in text.split(',') {
-            match part.trim().split_once('=') {
-                Some(("grpc", a)) => grpc = a.parse().ok(),
-                Some(("router", a)) => router = a.parse().ok(),
+            let (slot, a) = match part.trim().split_once('=') {
+                Some(("grpc", a)) => (&mut grpc, a),
+                Some(("router", a)) => (&mut router, a),
+                Some(("ui", a)) => (&mut ui, a),
                 _ => return None,
-            }
+            };
+            *slot = Some(a.parse::<SocketAddr>().ok()?);
         }
         Some(Self {
             grpc: grpc?,
             router: router?,
+            ui,
         })
     }
 
     /// Where this process serves, for the standbys: the bound addresses, with `pod_ip`
     /// (the downward API's `status.podIP`, as `POD_IP`) in place of an unspecified one.
-    /// `None` when an address is unspecified and there is no pod IP: the standbys could not
-    /// reach us (and loopback would be their own port).
+    /// `None` when the gRPC or router address is unspecified and there is no pod IP: the
+    /// standbys could not reach us (and loopback would be their own port). The dashboard
+    /// (`ui`) is left out on the same condition, and when it listens on loopback while the
+    /// gRPC port does not (the default `127.0.0.1:8086` in a Pod: no other Pod reaches it).
     pub fn advertised(
         grpc: SocketAddr,
         router: SocketAddr,
+        ui: Option<SocketAddr>,
         pod_ip: Option<std::net::IpAddr>,
     ) -> Option<Self> {
         let fix = |a: SocketAddr| match (a.ip().is_unspecified(), pod_ip) {
@@ -78,10 +98,20 @@ impl Endpoints {
             (true, Some(ip)) => Some(SocketAddr::new(ip, a.port())),
             (true, None) => None,
         };
+        let grpc = fix(grpc)?;
         Some(Self {
-            grpc: fix(grpc)?,
+            grpc,
             router: fix(router)?,
+            ui: ui
+                .and_then(fix)
+                .filter(|u| !u.ip().is_loopback() || grpc.ip().is_loopback()),
         })
+    }
+
+    /// Whether `self` and `other` name the same gRPC and router addresses (the same
+    /// process's ports, whatever either says of the dashboard).
+    fn same_ports(&self, other: &Self) -> bool {
+        self.grpc == other.grpc && self.router == other.router
     }
 }
 
@@ -92,6 +122,8 @@ pub enum Port {
     Grpc,
     /// The router's port.
     Router,
+    /// The web dashboard's port.
+    Ui,
 }
 
 /// Where a standby forwards to: the leader's [`Endpoints::annotation`], and whether that
@@ -99,7 +131,7 @@ pub enum Port {
 /// listeners had, and the connections they accepted before go there).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target {
-    /// The leader's `grpc=IP:PORT,router=IP:PORT`.
+    /// The leader's `grpc=IP:PORT,router=IP:PORT[,ui=IP:PORT]`.
     pub endpoints: String,
     /// The leader is this process.
     pub ours: bool,
@@ -108,6 +140,8 @@ pub struct Target {
 /// Forwards every connection `listeners` accept to the matching endpoint of the latest
 /// [`Target`] in `leader`. A connection that arrives while no leader is known, or while the
 /// known one cannot be reached, waits for one (up to [`LEADER_WAIT`]) and is then closed.
+/// A dashboard connection ([`Port::Ui`]) to a leader that names no dashboard is closed at
+/// once (logged once per such leader).
 /// Runs until dropped; dropping it closes the listeners, while the connections accepted so
 /// far go on: forwarded, or still waiting (this process may be the leader they reach).
 pub async fn forward(listeners: Vec<(TcpListener, Port)>, leader: watch::Receiver<Option<Target>>) {
@@ -129,6 +163,8 @@ async fn forward_waiting(
             .collect(),
     );
     let slots = Arc::new(Semaphore::new(MAX_FORWARDED));
+    // The last leader whose missing dashboard was logged: once per leader, not per request.
+    let no_ui_logged: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
     let mut accepts = JoinSet::new();
     let (tx, mut rx) = tokio::sync::mpsc::channel::<(TcpStream, Port)>(64);
     for (listener, port) in listeners {
@@ -161,6 +197,7 @@ async fn forward_waiting(
             continue;
         };
         let (mut leader, own) = (leader.clone(), Arc::clone(&own));
+        let no_ui_logged = Arc::clone(&no_ui_logged);
         // Not tied to this future: accepted connections outlive the listeners.
         tokio::spawn(async move {
             let _slot = slot;
@@ -169,12 +206,16 @@ async fn forward_waiting(
             // renewal: a connection that comes before that waits for it (a while).
             let pick = |target: &Option<Target>| {
                 let target = target.as_ref()?;
-                Endpoints::parse(&target.endpoints)
-                    .map(|e| match port {
-                        Port::Grpc => e.grpc,
-                        Port::Router => e.router,
-                    })
-                    .filter(|t| target.ours || !own.contains(t))
+                let e = Endpoints::parse(&target.endpoints)?;
+                Some(match port {
+                    Port::Grpc => Pick::To(e.grpc),
+                    Port::Router => Pick::To(e.router),
+                    Port::Ui => e.ui.map_or(Pick::NoUi, Pick::To),
+                })
+                .filter(|p| match p {
+                    Pick::To(t) => target.ours || !own.contains(t),
+                    Pick::NoUi => true,
+                })
             };
             // A leader that cannot be reached (it has just died) is tried again only once
             // the Lease names another one: the connection waits for that (a while).
@@ -183,15 +224,38 @@ async fn forward_waiting(
             let mut upstream = loop {
                 let next = tokio::time::timeout_at(
                     deadline,
-                    leader.wait_for(|text| pick(text).is_some_and(|t| Some(t) != failed)),
+                    leader.wait_for(|text| match pick(text) {
+                        Some(Pick::To(t)) => Some(t) != failed,
+                        Some(Pick::NoUi) => true,
+                        None => false,
+                    }),
                 )
                 .await;
-                let Some(target) = next.ok().and_then(Result::ok).and_then(|t| pick(&t)) else {
+                let Some((picked, text)) = next
+                    .ok()
+                    .and_then(Result::ok)
+                    .and_then(|t| Some((pick(&t)?, t.as_ref()?.endpoints.clone())))
+                else {
                     tracing::debug!(
                         "standby: no reachable leader known for {leader_wait:?}; closed a \
                          connection"
                     );
                     return;
+                };
+                let target = match picked {
+                    Pick::To(target) => target,
+                    Pick::NoUi => {
+                        let mut logged = no_ui_logged.lock_or_recover();
+                        if logged.as_deref() != Some(text.as_str()) {
+                            tracing::warn!(
+                                "standby: the leader ({text}) serves no dashboard this replica \
+                                 can reach (off, or on loopback only): dashboard connections \
+                                 to this replica are closed"
+                            );
+                            *logged = Some(text);
+                        }
+                        return;
+                    }
                 };
                 match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(target)).await {
                     Ok(Ok(u)) => break u,
@@ -208,6 +272,15 @@ async fn forward_waiting(
             let _ = tokio::io::copy_bidirectional(&mut conn, &mut upstream).await;
         });
     }
+}
+
+/// Where one forwarded connection goes, as the leader's [`Endpoints`] say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pick {
+    /// This address.
+    To(SocketAddr),
+    /// Nowhere: a dashboard connection, and the leader names no dashboard.
+    NoUi,
 }
 
 /// How often a standby checks that the leader still listens.
@@ -231,7 +304,9 @@ pub async fn watch_leader(
     loop {
         let annotation = leader.borrow().clone();
         let theirs = annotation.as_deref().and_then(Endpoints::parse);
-        if theirs.is_some() && theirs == own {
+        if let (Some(t), Some(o)) = (&theirs, &own)
+            && t.same_ports(o)
+        {
             tracing::info!(
                 "standby: the Lease names this pod's own address: its holder was an earlier \
                  run of this container"
@@ -264,16 +339,39 @@ mod tests {
 
     #[test]
     fn endpoints_round_trip_and_bad_text_is_none() {
+        // A leader without a dashboard, or of a version that did not name one: the old form.
         let e = Endpoints {
             grpc: "10.0.0.7:8082".parse().unwrap(),
             router: "[fd00::1]:8083".parse().unwrap(),
+            ui: None,
         };
         assert_eq!(e.annotation(), "grpc=10.0.0.7:8082,router=[fd00::1]:8083");
         assert_eq!(Endpoints::parse(&e.annotation()), Some(e));
+        assert_eq!(
+            Endpoints::parse("router=[fd00::1]:8083, grpc=10.0.0.7:8082"),
+            Some(e)
+        );
+        // With the dashboard.
+        let with_ui = Endpoints {
+            ui: Some("10.0.0.7:8086".parse().unwrap()),
+            ..e
+        };
+        assert_eq!(
+            with_ui.annotation(),
+            "grpc=10.0.0.7:8082,router=[fd00::1]:8083,ui=10.0.0.7:8086"
+        );
+        assert_eq!(Endpoints::parse(&with_ui.annotation()), Some(with_ui));
         for bad in [
             "",
             "grpc=10.0.0.7:8082",
+            "ui=10.0.0.7:8086",
+            "grpc=10.0.0.7:8082,ui=10.0.0.7:8086",
             "grpc=x,router=y",
+            "grpc=10.0.0.7:8082,router=[fd00::1]:8083,ui=",
+            "grpc=10.0.0.7:8082,router=[fd00::1]:8083,ui=10.0.0.7",
+            "grpc=10.0.0.7:8082,router=[fd00::1]:8083,ui",
+            "grpc=10.0.0.7:8082,router=[fd00::1]:8083,",
+            "grpc=10.0.0.7:8082,router=[fd00::1]:8083,web=10.0.0.7:8086",
             "a=b,grpc=1.2.3.4:1",
         ] {
             assert_eq!(Endpoints::parse(bad), None, "{bad}");
@@ -284,14 +382,24 @@ mod tests {
     fn an_unspecified_address_is_advertised_only_with_a_pod_ip() {
         let any: SocketAddr = "0.0.0.0:8082".parse().unwrap();
         let router: SocketAddr = "0.0.0.0:8083".parse().unwrap();
-        assert_eq!(Endpoints::advertised(any, router, None), None);
-        let e = Endpoints::advertised(any, router, Some("10.1.2.3".parse().unwrap())).unwrap();
+        let ui: SocketAddr = "0.0.0.0:8086".parse().unwrap();
+        let pod = Some("10.1.2.3".parse().unwrap());
+        assert_eq!(Endpoints::advertised(any, router, Some(ui), None), None);
+        let e = Endpoints::advertised(any, router, None, pod).unwrap();
         assert_eq!(e.annotation(), "grpc=10.1.2.3:8082,router=10.1.2.3:8083");
-        let lo: SocketAddr = "127.0.0.1:9000".parse().unwrap();
+        let e = Endpoints::advertised(any, router, Some(ui), pod).unwrap();
         assert_eq!(
-            Endpoints::advertised(lo, lo, None).map(|e| e.grpc),
-            Some(lo)
+            e.annotation(),
+            "grpc=10.1.2.3:8082,router=10.1.2.3:8083,ui=10.1.2.3:8086"
         );
+        // The default dashboard address, loopback in a Pod: no other Pod reaches it.
+        let lo_ui: SocketAddr = "127.0.0.1:8086".parse().unwrap();
+        let e = Endpoints::advertised(any, router, Some(lo_ui), pod).unwrap();
+        assert_eq!(e.ui, None);
+        // Everything on loopback (replicas on one machine): all of it is advertised.
+        let lo: SocketAddr = "127.0.0.1:9000".parse().unwrap();
+        let e = Endpoints::advertised(lo, lo, Some(lo_ui), None).unwrap();
+        assert_eq!((e.grpc, e.ui), (lo, Some(lo_ui)));
     }
 
     #[tokio::test]
@@ -341,6 +449,7 @@ mod tests {
             endpoints: Endpoints {
                 grpc: leader[0],
                 router: leader[1],
+                ui: None,
             }
             .annotation(),
             ours: false,
@@ -372,7 +481,11 @@ mod tests {
         drop(closed);
         let alive = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let live = alive.local_addr().unwrap();
-        let at = |grpc| Endpoints { grpc, router: grpc };
+        let at = |grpc| Endpoints {
+            grpc,
+            router: grpc,
+            ui: None,
+        };
         let (_tx, rx) = watch::channel(Some(at(dead).annotation()));
         let gone = super::super::leader::HolderGone::new();
         tokio::time::timeout(Duration::from_secs(5), async {
@@ -416,7 +529,12 @@ mod tests {
         let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let router = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let (g, r) = (grpc.local_addr().unwrap(), router.local_addr().unwrap());
-        let own = Endpoints { grpc: g, router: r }.annotation();
+        let own = Endpoints {
+            grpc: g,
+            router: r,
+            ui: None,
+        }
+        .annotation();
         let standby = tokio::spawn(forward(
             vec![(grpc, Port::Grpc), (router, Port::Router)],
             rx,
@@ -452,5 +570,118 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(String::from_utf8(out).unwrap(), "leader:hello");
+    }
+
+    /// A fake leader's dashboard: answers one HTTP request with a page naming itself.
+    async fn fake_dashboard() -> SocketAddr {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move {
+            loop {
+                let (mut c, _) = l.accept().await.unwrap();
+                tokio::spawn(async move {
+                    let mut req = Vec::new();
+                    let mut buf = [0u8; 256];
+                    while !req.ends_with(b"\r\n\r\n") {
+                        let n = c.read(&mut buf).await.unwrap();
+                        assert!(n > 0, "request cut short");
+                        req.extend_from_slice(&buf[..n]);
+                    }
+                    let first = String::from_utf8_lossy(&req)
+                        .lines()
+                        .next()
+                        .unwrap()
+                        .to_owned();
+                    let body = format!("leader's dashboard: {first}");
+                    let reply = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    c.write_all(reply.as_bytes()).await.unwrap();
+                });
+            }
+        });
+        addr
+    }
+
+    /// Sends a GET of `path` to `addr`; everything that comes back before the close (nothing
+    /// when the connection is closed or reset unanswered).
+    async fn get(addr: SocketAddr, path: &str) -> String {
+        let mut c = TcpStream::connect(addr).await.unwrap();
+        // A connection the standby closes may refuse the request: what comes back says.
+        let _ = c
+            .write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n").as_bytes())
+            .await;
+        let mut out = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), c.read_to_end(&mut out))
+            .await
+            .expect("the standby held the connection")
+            .unwrap_or(0);
+        String::from_utf8(out).unwrap()
+    }
+
+    #[tokio::test]
+    async fn dashboard_connections_reach_the_leaders_dashboard() {
+        let dashboard = fake_dashboard().await;
+        let (tx, rx) = watch::channel(None);
+        let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let ui = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let u = ui.local_addr().unwrap();
+        let standby = tokio::spawn(forward_waiting(
+            vec![(grpc, Port::Grpc), (ui, Port::Ui)],
+            rx,
+            Duration::from_secs(5),
+        ));
+        let unused: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        tx.send_replace(Some(Target {
+            endpoints: Endpoints {
+                grpc: unused,
+                router: unused,
+                ui: Some(dashboard),
+            }
+            .annotation(),
+            ours: false,
+        }));
+        let page = get(u, "/ui/login").await;
+        assert!(page.starts_with("HTTP/1.1 200 OK\r\n"), "{page}");
+        assert!(
+            page.ends_with("leader's dashboard: GET /ui/login HTTP/1.1"),
+            "{page}"
+        );
+        standby.abort();
+    }
+
+    #[tokio::test]
+    async fn dashboard_connections_are_closed_at_once_when_the_leader_names_no_dashboard() {
+        let (tx, rx) = watch::channel(None);
+        let ui = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let u = ui.local_addr().unwrap();
+        // Waiting for a leader would take an hour: a close within the test's seconds is the
+        // leader's missing dashboard, not the wait running out.
+        let standby = tokio::spawn(forward_waiting(
+            vec![(ui, Port::Ui)],
+            rx,
+            Duration::from_secs(3600),
+        ));
+        let unused: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        // The old two-field form (a leader of an earlier version, or with its dashboard off).
+        tx.send_replace(Some(Target {
+            endpoints: format!("grpc={unused},router={unused}"),
+            ours: false,
+        }));
+        for _ in 0..2 {
+            assert_eq!(get(u, "/ui/login").await, "");
+        }
+        // A connection waiting for a leader is closed as soon as one without a dashboard
+        // shows up.
+        tx.send_replace(None);
+        let waiting = tokio::spawn(get(u, "/ui"));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        tx.send_replace(Some(Target {
+            endpoints: format!("grpc={unused},router={unused}"),
+            ours: false,
+        }));
+        assert_eq!(waiting.await.unwrap(), "");
+        standby.abort();
     }
 }
