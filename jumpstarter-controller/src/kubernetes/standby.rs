@@ -572,10 +572,16 @@ mod tests {
         assert_eq!(String::from_utf8(out).unwrap(), "leader:hello");
     }
 
-    /// A fake leader's dashboard: answers one HTTP request with a page naming itself.
+    /// A fake leader's dashboard on a new loopback port (see [`serve_fake_dashboard`]).
     async fn fake_dashboard() -> SocketAddr {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
+        serve_fake_dashboard(l);
+        addr
+    }
+
+    /// Answers each HTTP request on `l` with a page naming the leader and the request line.
+    fn serve_fake_dashboard(l: TcpListener) {
         tokio::spawn(async move {
             loop {
                 let (mut c, _) = l.accept().await.unwrap();
@@ -601,7 +607,6 @@ mod tests {
                 });
             }
         });
-        addr
     }
 
     /// Sends a GET of `path` to `addr`; everything that comes back before the close (nothing
@@ -649,6 +654,44 @@ mod tests {
             "{page}"
         );
         standby.abort();
+    }
+
+    #[tokio::test]
+    async fn a_dashboard_connection_waiting_at_takeover_reaches_this_replicas_dashboard() {
+        let (tx, rx) = watch::channel(None);
+        let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let router = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let ui = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let own = Endpoints {
+            grpc: grpc.local_addr().unwrap(),
+            router: router.local_addr().unwrap(),
+            ui: Some(ui.local_addr().unwrap()),
+        };
+        let standby = tokio::spawn(forward(
+            vec![(grpc, Port::Grpc), (router, Port::Router), (ui, Port::Ui)],
+            rx,
+        ));
+        // No leader known yet: the browser's request waits.
+        let waiting = tokio::spawn(get(own.ui.unwrap(), "/ui/login"));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+
+        // This process leads: the standby's dashboard listener closes, the dashboard server
+        // binds the same address, and this process names it.
+        standby.abort();
+        let _ = standby.await;
+        serve_fake_dashboard(TcpListener::bind(own.ui.unwrap()).await.unwrap());
+        tx.send_replace(Some(Target {
+            endpoints: own.annotation(),
+            ours: true,
+        }));
+        let page = waiting.await.unwrap();
+        assert!(
+            page.ends_with("leader's dashboard: GET /ui/login HTTP/1.1"),
+            "{page}"
+        );
+        // And the next request reaches the server itself.
+        let page = get(own.ui.unwrap(), "/ui").await;
+        assert!(page.ends_with("GET /ui HTTP/1.1"), "{page}");
     }
 
     #[tokio::test]
