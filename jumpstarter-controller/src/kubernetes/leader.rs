@@ -29,6 +29,40 @@ pub const LEASE_NAME: &str = "jumpstarter-controller-leader";
 /// [`crate::kubernetes::standby`]), for the standbys to forward connections to.
 pub const ENDPOINTS_ANNOTATION: &str = "jumpstarter.dev/leader-endpoints";
 
+/// Annotation of the Lease where its holder says where its web dashboard serves
+/// (`IP:PORT`), when the standbys can reach it. Apart from [`ENDPOINTS_ANNOTATION`] so that a
+/// standby of a version that forwards no dashboard, which refuses any part it does not know
+/// there, keeps forwarding the other ports during a rolling update.
+pub const UI_ENDPOINT_ANNOTATION: &str = "jumpstarter.dev/leader-ui-endpoint";
+
+/// The part of the endpoints text ([`crate::kubernetes::standby::Endpoints::annotation`])
+/// that names the dashboard, kept in [`UI_ENDPOINT_ANNOTATION`].
+const UI_PART: &str = ",ui=";
+
+/// The endpoints text `endpoints` as the Lease's two annotations: the gRPC and router part
+/// ([`ENDPOINTS_ANNOTATION`]) and the dashboard's address ([`UI_ENDPOINT_ANNOTATION`]).
+fn split_endpoints(endpoints: &str) -> (&str, Option<&str>) {
+    match endpoints.split_once(UI_PART) {
+        Some((ports, ui)) => (ports, Some(ui)),
+        None => (endpoints, None),
+    }
+}
+
+/// The endpoints text of a Lease's annotations (see [`split_endpoints`]). A dashboard
+/// address that is not `IP:PORT` is left out: it costs the dashboard, not the other ports.
+fn joined_endpoints(annotations: &std::collections::BTreeMap<String, String>) -> Option<String> {
+    let ports = annotations.get(ENDPOINTS_ANNOTATION)?;
+    Some(
+        match annotations
+            .get(UI_ENDPOINT_ANNOTATION)
+            .filter(|ui| ui.parse::<std::net::SocketAddr>().is_ok())
+        {
+            Some(ui) => format!("{ports}{UI_PART}{ui}"),
+            None => ports.clone(),
+        },
+    )
+}
+
 /// Leader election failed in a way that retrying cannot fix, or leadership was lost.
 #[derive(Debug, thiserror::Error)]
 pub enum LeaderError {
@@ -204,9 +238,13 @@ impl<S: Store> LeaderElector<S> {
 
     fn annotate(&self, meta: &mut ObjectMeta) {
         if let Some(e) = &self.endpoints {
-            meta.annotations
-                .get_or_insert_with(Default::default)
-                .insert(ENDPOINTS_ANNOTATION.to_owned(), e.clone());
+            let (ports, ui) = split_endpoints(e);
+            let a = meta.annotations.get_or_insert_with(Default::default);
+            a.insert(ENDPOINTS_ANNOTATION.to_owned(), ports.to_owned());
+            match ui {
+                Some(ui) => a.insert(UI_ENDPOINT_ANNOTATION.to_owned(), ui.to_owned()),
+                None => a.remove(UI_ENDPOINT_ANNOTATION),
+            };
         }
     }
 
@@ -270,8 +308,7 @@ impl<S: Store> LeaderElector<S> {
                 .metadata
                 .annotations
                 .as_ref()
-                .and_then(|a| a.get(ENDPOINTS_ANNOTATION))
-                .cloned();
+                .and_then(joined_endpoints);
             let gone = self.holder_gone.as_ref().is_some_and(|(rv, endpoints)| {
                 *rv == lease.metadata.resource_version && *endpoints == theirs
             });
@@ -439,6 +476,7 @@ impl<S: Store> LeaderElector<S> {
         spec.lease_duration_seconds = Some(1);
         if let Some(a) = lease.metadata.annotations.as_mut() {
             a.remove(ENDPOINTS_ANNOTATION);
+            a.remove(UI_ENDPOINT_ANNOTATION);
         }
         spec.renew_time = Some(micro_now());
         lease.spec = Some(spec);
@@ -654,6 +692,67 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(lease.spec.unwrap().holder_identity.as_deref(), Some("b"));
+    }
+
+    #[tokio::test]
+    async fn the_dashboard_is_named_in_an_annotation_of_its_own() {
+        use crate::kubernetes::standby::Endpoints;
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::SqliteStore::open(dir.path()).await.unwrap();
+        let cfg = |id: &str| LeaderConfig {
+            lease_duration: Duration::from_secs(30),
+            ..config(id)
+        };
+        let with_ui = "grpc=10.0.0.4:8082,router=10.0.0.4:8083,ui=10.0.0.4:8086";
+        let mut a = LeaderElector::new(store.clone(), cfg("a")).unwrap();
+        a.set_endpoints(with_ui.to_string());
+        assert!(a.try_acquire_or_renew().await.unwrap());
+        let annotations = || async {
+            store
+                .get::<Lease>("lab", LEASE_NAME)
+                .await
+                .unwrap()
+                .unwrap()
+                .metadata
+                .annotations
+                .unwrap_or_default()
+        };
+        let written = annotations().await;
+        // What a standby that knows no dashboard reads: the two ports alone, in the
+        // grammar it accepts (`grpc=`, `router=`; it refuses any other part).
+        let ports = &written[ENDPOINTS_ANNOTATION];
+        assert_eq!(ports, "grpc=10.0.0.4:8082,router=10.0.0.4:8083");
+        assert!(
+            ports
+                .split(',')
+                .all(|p| p.starts_with("grpc=") || p.starts_with("router="))
+        );
+        assert_eq!(written[UI_ENDPOINT_ANNOTATION], "10.0.0.4:8086");
+        // A standby of this version sees all three.
+        let mut b = LeaderElector::new(store.clone(), cfg("b")).unwrap();
+        assert!(!b.try_acquire_or_renew().await.unwrap());
+        let seen = b.leader_endpoints().borrow().clone().unwrap();
+        assert_eq!(seen, with_ui);
+        let e = Endpoints::parse(&seen).unwrap();
+        assert_eq!(e.ui, Some("10.0.0.4:8086".parse().unwrap()));
+        // The dashboard no longer reachable: its annotation goes.
+        a.set_endpoints("grpc=10.0.0.4:8082,router=10.0.0.4:8083".to_string());
+        assert!(a.try_acquire_or_renew().await.unwrap());
+        assert!(!annotations().await.contains_key(UI_ENDPOINT_ANNOTATION));
+        // A dashboard address that does not parse costs only the dashboard.
+        let mut bad = annotations().await;
+        bad.insert(UI_ENDPOINT_ANNOTATION.into(), "not an address".into());
+        assert_eq!(
+            joined_endpoints(&bad).as_deref(),
+            Some("grpc=10.0.0.4:8082,router=10.0.0.4:8083")
+        );
+        // And both go when the Lease is given up.
+        a.set_endpoints(with_ui.to_string());
+        assert!(a.try_acquire_or_renew().await.unwrap());
+        a.release().await.unwrap();
+        let left = annotations().await;
+        assert!(!left.contains_key(ENDPOINTS_ANNOTATION), "{left:?}");
+        assert!(!left.contains_key(UI_ENDPOINT_ANNOTATION), "{left:?}");
     }
 
     #[tokio::test]

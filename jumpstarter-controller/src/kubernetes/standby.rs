@@ -7,8 +7,9 @@
 //! and every rolling update would stall. Instead every replica is Ready and the Service
 //! spreads connections over all of them: a standby forwards its share to the leader, found
 //! in the leader election Lease ([`super::leader::ENDPOINTS_ANNOTATION`], `grpc=IP:PORT,
-//! router=IP:PORT` and, when the leader serves the web dashboard where standbys can reach it,
-//! `,ui=IP:PORT`). TLS passes through untouched (every replica serves the same
+//! router=IP:PORT`, and [`super::leader::UI_ENDPOINT_ANNOTATION`] when the leader serves the
+//! web dashboard where standbys can reach it; [`Endpoints`] reads both as one text, with
+//! `,ui=IP:PORT` last). TLS passes through untouched (every replica serves the same
 //! certificate, from the key Secret), so clients and exporters see the leader itself; the
 //! dashboard's plain HTTP goes through the same way, so a browser reaches the leader's pages
 //! (and its sessions) on any replica.
