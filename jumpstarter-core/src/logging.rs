@@ -102,6 +102,73 @@ pub struct CallLine {
     pub duration_ms: f64,
 }
 
+/// Where the driver call lines of this thread go: [`call_lines`] finds it once, at the start
+/// of a call.
+#[derive(Debug)]
+pub enum CallLines {
+    /// Nobody wants them.
+    Off,
+    /// To the writer of [`init_json`], whose filter wants them: [`CallQueue::push`].
+    Queued(CallQueue),
+    /// Wanted by another subscriber (text logs, a test's), or by a JSON one whose filter is
+    /// asked at each line: [`queue_call_line`], else a tracing event.
+    Logged,
+}
+
+/// The line queue of [`init_json`], as [`call_lines`] found it.
+pub struct CallQueue {
+    lines: JsonLines,
+    queue: std::sync::Arc<LineQueue>,
+}
+
+impl fmt::Debug for CallQueue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CallQueue")
+            .field("lines", &self.lines)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CallQueue {
+    /// Queues `line` in the span `parent`, as [`queue_call_line`] does, without looking for
+    /// the queue again.
+    pub fn push(self, parent: &tracing::Span, line: CallLine) {
+        push_call(&self.queue, self.lines, parent, line);
+    }
+}
+
+/// Where this thread's driver call lines go ([`CallLines`]). With the subscriber of
+/// [`init_json`] the answer of its filter, asked once when it was installed, is kept: the
+/// call neither asks the filter again nor looks for the queue a second time.
+pub fn call_lines() -> CallLines {
+    if JSON_LAYERS.load(std::sync::atomic::Ordering::Relaxed) && !crate::telemetry::traces_on() {
+        let mut found = None;
+        tracing::dispatcher::get_default(|d| {
+            let Some(layer) = d.downcast_ref::<JsonLayer>() else {
+                return;
+            };
+            found = layer.wanted.get().map(|w| {
+                if w.call {
+                    CallLines::Queued(CallQueue {
+                        lines: layer.lines.clone(),
+                        queue: layer.queue.clone(),
+                    })
+                } else {
+                    CallLines::Off
+                }
+            });
+        });
+        if let Some(found) = found {
+            return found;
+        }
+    }
+    if tracing::enabled!(target: CALL_TARGET, tracing::Level::INFO) {
+        CallLines::Logged
+    } else {
+        CallLines::Off
+    }
+}
+
 /// Queues `line`, in the span `parent`, for the writer of [`init_json`] when that is this
 /// thread's subscriber: its line is the one the same call logged as a tracing event would
 /// get, but the calling thread only takes the time and the snapshots of `parent`'s spans,
@@ -118,27 +185,32 @@ pub fn queue_call_line(parent: &tracing::Span, line: CallLine) -> Result<(), Cal
             return;
         };
         let Some(line) = line.take() else { return };
-        let spans = parent
-            .with_subscriber(|(id, d)| {
-                d.downcast_ref::<tracing_subscriber::Registry>()
-                    .and_then(|r| r.span(id))
-                    .map(|span| snapshots(span.scope()))
-            })
-            .flatten()
-            .unwrap_or_default();
-        layer.queue.push(Pending::Call(
-            layer.lines.clone(),
-            CallCaptured {
-                time: std::time::SystemTime::now(),
-                spans,
-                line,
-            },
-        ));
+        push_call(&layer.queue, layer.lines.clone(), parent, line);
     });
     match line {
         None => Ok(()),
         Some(line) => Err(line),
     }
+}
+
+/// Queues the call line `line` in the span `parent` on `queue`.
+fn push_call(queue: &LineQueue, lines: JsonLines, parent: &tracing::Span, line: CallLine) {
+    let spans = parent
+        .with_subscriber(|(id, d)| {
+            d.downcast_ref::<tracing_subscriber::Registry>()
+                .and_then(|r| r.span(id))
+                .map(|span| snapshots(span.scope()))
+        })
+        .flatten()
+        .unwrap_or_default();
+    queue.push(Pending::Call(
+        lines,
+        CallCaptured {
+            time: std::time::SystemTime::now(),
+            spans,
+            line,
+        },
+    ));
 }
 
 /// The target of a driver's own log lines (`[driver.NAME] message`).
@@ -161,28 +233,69 @@ pub fn queue_driver_line(level: tracing::Level, driver: &str, message: &str) -> 
         let Some(layer) = d.downcast_ref::<JsonLayer>() else {
             return;
         };
-        let spans = d
-            .downcast_ref::<tracing_subscriber::Registry>()
-            .and_then(|r| r.span(tracing::Subscriber::current_span(r).id()?))
-            .map(|span| snapshots(span.scope()))
-            .unwrap_or_default();
-        let mut text = String::with_capacity(10 + driver.len() + message.len());
-        text.push_str("[driver.");
-        text.push_str(driver);
-        text.push_str("] ");
-        text.push_str(message);
-        layer.queue.push(Pending::Driver(
-            layer.lines.clone(),
-            DriverCaptured {
-                time: std::time::SystemTime::now(),
-                level,
-                spans,
-                message: text,
-            },
-        ));
+        push_driver(d, layer, level, driver, message);
         queued = true;
     });
     queued
+}
+
+/// [`queue_driver_line`] without its caller's check, when the subscriber of [`init_json`] is
+/// this thread's and the answer of its filter for `level` is kept (see [`call_lines`]):
+/// `Some(true)` when the line was queued, `Some(false)` when the filter does not want it.
+/// `None` otherwise: the caller asks the filter, then calls [`queue_driver_line`] or logs an
+/// event.
+pub fn queue_wanted_driver_line(
+    level: tracing::Level,
+    driver: &str,
+    message: &str,
+) -> Option<bool> {
+    if !JSON_LAYERS.load(std::sync::atomic::Ordering::Relaxed) || crate::telemetry::traces_on() {
+        return None;
+    }
+    let mut out = None;
+    tracing::dispatcher::get_default(|d| {
+        let Some(layer) = d.downcast_ref::<JsonLayer>() else {
+            return;
+        };
+        let Some(wanted) = layer.wanted.get().and_then(|w| w.driver(level)) else {
+            return;
+        };
+        if wanted {
+            push_driver(d, layer, level, driver, message);
+        }
+        out = Some(wanted);
+    });
+    out
+}
+
+/// Queues driver `driver`'s line `message` at `level`, in the current span of `d`, on
+/// `layer`'s queue.
+fn push_driver(
+    d: &tracing::Dispatch,
+    layer: &JsonLayer,
+    level: tracing::Level,
+    driver: &str,
+    message: &str,
+) {
+    let spans = d
+        .downcast_ref::<tracing_subscriber::Registry>()
+        .and_then(|r| r.span(tracing::Subscriber::current_span(r).id()?))
+        .map(|span| snapshots(span.scope()))
+        .unwrap_or_default();
+    let mut text = String::with_capacity(10 + driver.len() + message.len());
+    text.push_str("[driver.");
+    text.push_str(driver);
+    text.push_str("] ");
+    text.push_str(message);
+    layer.queue.push(Pending::Driver(
+        layer.lines.clone(),
+        DriverCaptured {
+            time: std::time::SystemTime::now(),
+            level,
+            spans,
+            message: text,
+        },
+    ));
 }
 
 /// Whether a [`JsonLayer`] was ever made: until then [`queue_driver_line`] has nothing to
@@ -205,16 +318,29 @@ fn snapshots<'a, R: LookupSpan<'a>>(
 pub fn init_json(component: &'static str, filter: tracing_subscriber::EnvFilter) {
     use tracing_subscriber::prelude::*;
     let queue = LineQueue::start();
+    let fixed = answers_fixed(&filter);
+    let layer = JsonLayer::new(JsonLines::new(component), queue.clone());
+    let wanted = layer.wanted.clone();
+    // The JSON layer outermost: the first layer a look for it meets.
     let installed = tracing_subscriber::registry()
         .with(crate::telemetry::with_trace_spans(filter))
         .with(SpanFields)
-        .with(JsonLayer::new(JsonLines::new(component), queue.clone()))
         .with(crate::telemetry::layer())
+        .with(layer)
         .try_init();
     if installed.is_ok() {
         let _ = JSON_COMPONENT.set(component);
         let _ = QUEUE.set(queue);
+        if fixed {
+            let _ = wanted.set(Wanted::ask());
+        }
     }
+}
+
+/// Whether `filter`'s answer for a target and level is the same wherever it is asked: not
+/// when a directive names a span (`[lease{lease_id=...}]=debug`).
+fn answers_fixed(filter: &tracing_subscriber::EnvFilter) -> bool {
+    !filter.to_string().contains('[')
 }
 
 /// Writes out every line logged so far (waiting at most a few seconds for stderr). A binary
@@ -546,12 +672,55 @@ where
 struct JsonLayer {
     lines: JsonLines,
     queue: std::sync::Arc<LineQueue>,
+    /// What its filter wants of a driver call's lines, when [`init_json`] asked it.
+    wanted: std::sync::Arc<std::sync::OnceLock<Wanted>>,
 }
 
 impl JsonLayer {
     fn new(lines: JsonLines, queue: std::sync::Arc<LineQueue>) -> Self {
         JSON_LAYERS.store(true, std::sync::atomic::Ordering::Relaxed);
-        JsonLayer { lines, queue }
+        JsonLayer {
+            lines,
+            queue,
+            wanted: Default::default(),
+        }
+    }
+}
+
+/// What the filter of [`init_json`]'s subscriber lets through of the lines a driver call
+/// makes, asked once when it is installed: its directives stay as they are from then on, so
+/// a call need not ask it again (asking costs as much as queueing the line). Not kept when
+/// a directive names a span: those answer line by line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Wanted {
+    /// Driver call lines ([`CALL_TARGET`] at INFO).
+    call: bool,
+    /// A driver's own lines ([`DRIVER_TARGET`]) at WARN, INFO and DEBUG.
+    driver: [bool; 3],
+}
+
+impl Wanted {
+    /// Asks this thread's subscriber.
+    fn ask() -> Self {
+        use tracing::Level;
+        Wanted {
+            call: tracing::enabled!(target: CALL_TARGET, Level::INFO),
+            driver: [
+                tracing::enabled!(target: DRIVER_TARGET, Level::WARN),
+                tracing::enabled!(target: DRIVER_TARGET, Level::INFO),
+                tracing::enabled!(target: DRIVER_TARGET, Level::DEBUG),
+            ],
+        }
+    }
+
+    /// Whether a driver's line at `level` is wanted (`None`: not asked for that level).
+    fn driver(&self, level: tracing::Level) -> Option<bool> {
+        match level {
+            tracing::Level::WARN => Some(self.driver[0]),
+            tracing::Level::INFO => Some(self.driver[1]),
+            tracing::Level::DEBUG => Some(self.driver[2]),
+            _ => None,
+        }
     }
 }
 
@@ -835,11 +1004,18 @@ mod tests {
     /// The JSON lines written through the line queue while `run` logs (given the queue),
     /// one object a line, once the queue is flushed.
     fn queued_lines(run: impl FnOnce(&LineQueue)) -> Vec<Value> {
+        queued_lines_wanting(None, run)
+    }
+
+    /// [`queued_lines`] with the JSON layer keeping `wanted` as its filter's answers.
+    fn queued_lines_wanting(wanted: Option<Wanted>, run: impl FnOnce(&LineQueue)) -> Vec<Value> {
         let buf = Buf::default();
         let queue = LineQueue::start_to(buf.clone());
-        let subscriber = tracing_subscriber::registry()
-            .with(SpanFields)
-            .with(JsonLayer::new(JsonLines::new("exporter"), queue.clone()));
+        let layer = JsonLayer::new(JsonLines::new("exporter"), queue.clone());
+        if let Some(w) = wanted {
+            layer.wanted.set(w).unwrap();
+        }
+        let subscriber = tracing_subscriber::registry().with(SpanFields).with(layer);
         tracing::subscriber::with_default(subscriber, || run(&queue));
         queue.flush(std::time::Duration::from_secs(30));
         parsed(&buf)
@@ -979,5 +1155,110 @@ mod tests {
         assert_eq!(got[0]["exporter"], "board \"1\"");
         assert_eq!(got[0]["message"], "line\nwith \"quotes\"");
         assert_eq!(got[0]["level"], "WARN");
+    }
+
+    #[test]
+    fn kept_answers_route_a_calls_lines_without_asking_the_filter() {
+        let call = || CallLine {
+            driver_type: "MockPower",
+            operation: "on".into(),
+            error: None,
+            duration_ms: 0.5,
+        };
+        let wanted = Wanted {
+            call: true,
+            driver: [true, false, true],
+        };
+        let got = queued_lines_wanting(Some(wanted), |_| {
+            let lease = tracing::info_span!("lease", lease_id = "l-6");
+            let _in = lease.enter();
+            match call_lines() {
+                CallLines::Queued(q) => q.push(&lease, call()),
+                other => panic!("{other:?}"),
+            }
+            assert_eq!(
+                queue_wanted_driver_line(tracing::Level::INFO, "MockPower", "not wanted"),
+                Some(false)
+            );
+            assert_eq!(
+                queue_wanted_driver_line(tracing::Level::WARN, "MockPower", "hot"),
+                Some(true)
+            );
+            // A level it was not asked about: the caller asks the filter.
+            assert_eq!(
+                queue_wanted_driver_line(tracing::Level::ERROR, "MockPower", "x"),
+                None
+            );
+        });
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert_eq!(got[0]["operation"], "on");
+        assert_eq!(got[0]["lease_id"], "l-6");
+        assert_eq!(got[1]["message"], "[driver.MockPower] hot");
+        assert_eq!(got[1]["lease_id"], "l-6");
+        // Call lines not wanted: off, and nothing is queued.
+        let none = Wanted {
+            call: false,
+            driver: [false; 3],
+        };
+        let got = queued_lines_wanting(Some(none), |_| {
+            assert!(matches!(call_lines(), CallLines::Off));
+            assert_eq!(
+                queue_wanted_driver_line(tracing::Level::WARN, "MockPower", "x"),
+                Some(false)
+            );
+        });
+        assert!(got.is_empty(), "{got:?}");
+    }
+
+    #[test]
+    fn without_kept_answers_the_filter_is_asked_at_each_line() {
+        // A JSON layer that keeps no answer, and another subscriber: the caller asks.
+        queued_lines(|_| {
+            assert!(matches!(call_lines(), CallLines::Logged));
+            assert_eq!(
+                queue_wanted_driver_line(tracing::Level::WARN, "MockPower", "x"),
+                None
+            );
+        });
+        lines(|| assert!(matches!(call_lines(), CallLines::Logged)));
+        let quiet = tracing_subscriber::registry().with(tracing_subscriber::EnvFilter::new("warn"));
+        tracing::subscriber::with_default(quiet, || {
+            assert!(matches!(call_lines(), CallLines::Off));
+        });
+    }
+
+    #[test]
+    fn the_filter_is_asked_once_for_each_line_a_call_makes() {
+        let ask = |directives: &str| {
+            let filter = tracing_subscriber::EnvFilter::new(directives);
+            let fixed = answers_fixed(&filter);
+            let subscriber = tracing_subscriber::registry().with(filter);
+            (
+                fixed,
+                tracing::subscriber::with_default(subscriber, Wanted::ask),
+            )
+        };
+        assert_eq!(
+            ask("warn,driver=info"),
+            (
+                true,
+                Wanted {
+                    call: false,
+                    driver: [true, true, false]
+                }
+            )
+        );
+        assert_eq!(
+            ask("warn,driver=debug,jumpstarter::driver_call=info"),
+            (
+                true,
+                Wanted {
+                    call: true,
+                    driver: [true, true, true]
+                }
+            )
+        );
+        // A directive naming a span answers line by line: nothing is kept.
+        assert!(!ask("warn,[lease{lease_id=l-1}]=debug").0);
     }
 }

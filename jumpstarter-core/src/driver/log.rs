@@ -67,25 +67,25 @@ impl LogSink {
         // With JSON logs the line is queued as it is (its message joined once, no fields
         // visited), else logged as an event.
         use tracing::Level;
-        let (level, enabled) = match severity {
-            "WARNING" | "ERROR" | "CRITICAL" => (
-                Level::WARN,
-                tracing::enabled!(target: "driver", Level::WARN),
-            ),
-            "DEBUG" => (
-                Level::DEBUG,
-                tracing::enabled!(target: "driver", Level::DEBUG),
-            ),
-            _ => (
-                Level::INFO,
-                tracing::enabled!(target: "driver", Level::INFO),
-            ),
+        let level = match severity {
+            "WARNING" | "ERROR" | "CRITICAL" => Level::WARN,
+            "DEBUG" => Level::DEBUG,
+            _ => Level::INFO,
         };
-        if enabled && !crate::logging::queue_driver_line(level, driver, &message) {
-            match level {
-                Level::WARN => tracing::warn!(target: "driver", "[driver.{driver}] {message}"),
-                Level::DEBUG => tracing::debug!(target: "driver", "[driver.{driver}] {message}"),
-                _ => tracing::info!(target: "driver", "[driver.{driver}] {message}"),
+        if crate::logging::queue_wanted_driver_line(level, driver, &message).is_none() {
+            let enabled = match level {
+                Level::WARN => tracing::enabled!(target: "driver", Level::WARN),
+                Level::DEBUG => tracing::enabled!(target: "driver", Level::DEBUG),
+                _ => tracing::enabled!(target: "driver", Level::INFO),
+            };
+            if enabled && !crate::logging::queue_driver_line(level, driver, &message) {
+                match level {
+                    Level::WARN => tracing::warn!(target: "driver", "[driver.{driver}] {message}"),
+                    Level::DEBUG => {
+                        tracing::debug!(target: "driver", "[driver.{driver}] {message}")
+                    }
+                    _ => tracing::info!(target: "driver", "[driver.{driver}] {message}"),
+                }
             }
         }
         // A record only for a `LogStream` that is open: without one, nobody would get it.

@@ -187,12 +187,14 @@ impl Session {
             .clone()
     }
 
-    /// The line of one driver call (see [`Session::set_log_span`]) in `span`; `traced`: the
-    /// call has a span of its own in a trace. With JSON logs the line is queued for their
-    /// writer as it is ([`crate::logging::queue_call_line`]), else logged as an event.
+    /// The line of one driver call (see [`Session::set_log_span`]) in `span`, going where
+    /// `lines` says; `traced`: the call has a span of its own in a trace. With JSON logs the
+    /// line is queued for their writer as it is ([`crate::logging::CallQueue::push`],
+    /// [`crate::logging::queue_call_line`]), else logged as an event.
     fn log_call<T>(
         span: &tracing::Span,
         traced: bool,
+        lines: crate::logging::CallLines,
         driver_type: &'static str,
         operation: String,
         r: &Result<T, DriverError>,
@@ -206,6 +208,9 @@ impl Session {
         };
         let line = if traced {
             line
+        } else if let crate::logging::CallLines::Queued(queue) = lines {
+            queue.push(span, line);
+            return;
         } else {
             match crate::logging::queue_call_line(span, line) {
                 Ok(()) => return,
@@ -488,13 +493,14 @@ impl Session {
         method: String,
         args: Vec<prost_types::Value>,
     ) -> Result<prost_types::Value, DriverError> {
-        let lines = call_lines_wanted();
+        let lines = crate::logging::call_lines();
         let driver_type = self.driver_type(uuid);
         let log_span = self.log_span();
         // With traces on, the log span is the lease's `lease.serve`: each call is a span.
         let traced = crate::telemetry::driver_call(&log_span, driver_type, &method);
         let observer = self.call_observer();
-        if !lines && traced.is_none() && observer.is_none() {
+        let off = matches!(lines, crate::logging::CallLines::Off);
+        if off && traced.is_none() && observer.is_none() {
             return self.driver_call_unlogged(uuid, method, args).await;
         }
         let started = std::time::Instant::now();
@@ -511,10 +517,11 @@ impl Session {
         let elapsed = started.elapsed();
         crate::telemetry::record_result(&traced, &r);
         Self::observe_call(observer.as_ref(), driver_type, &operation, &r, elapsed);
-        if lines {
+        if !off {
             Self::log_call(
                 &log_span,
                 !traced.is_none(),
+                lines,
                 driver_type,
                 operation,
                 &r,
@@ -545,11 +552,6 @@ impl Session {
     pub fn services(self: &Arc<Self>) -> SessionService {
         SessionService(self.clone())
     }
-}
-
-/// Whether the subscriber wants the driver call lines (`--log-format json` does).
-fn call_lines_wanted() -> bool {
-    tracing::enabled!(target: "jumpstarter::driver_call", tracing::Level::INFO)
 }
 
 /// `ExporterService` and `RouterService` over a [`Session`].
@@ -590,10 +592,11 @@ impl ExporterService for SessionService {
         self.0.check_ready().map_err(|e| e.to_status())?;
         let (name, driver) = self.0.lookup(&req.uuid).map_err(|e| e.to_status())?;
         let ctx = self.0.context(&name, &req.uuid);
-        let lines = call_lines_wanted();
+        let lines = crate::logging::call_lines();
+        let off = matches!(lines, crate::logging::CallLines::Off);
         let observer = self.0.call_observer();
         let started = std::time::Instant::now();
-        let operation = (lines || observer.is_some()).then(|| req.method.clone());
+        let operation = (!off || observer.is_some()).then(|| req.method.clone());
         let driver_type = self.0.driver_type(&req.uuid);
         let log_span = self.0.log_span();
         // The span of a streaming call covers its start.
@@ -609,10 +612,11 @@ impl ExporterService for SessionService {
         drop(traced);
         if let Some(operation) = operation {
             Session::observe_call(observer.as_ref(), driver_type, &operation, &stream, elapsed);
-            if lines {
+            if !off {
                 Session::log_call(
                     &log_span,
                     is_traced,
+                    lines,
                     driver_type,
                     operation,
                     &stream,
