@@ -14,6 +14,7 @@ use anyhow::{Context, Result};
 use jumpstarter_core::{
     client::{
         ControllerClient, LeaseRequest, LeaseSession,
+        direct::DIRECT_ENV,
         lease::{self, LeaseError, LeaseSource},
         timings,
         tunnel::{self, RetryPolicy},
@@ -259,12 +260,23 @@ async fn leased_shell(
             None => eprintln!("Connected to {} via router", lease.exporter),
         }
         let step = timings::step("local socket served");
-        let server = tokio::spawn(lease.serve_local_via(&socket, direct, cancel.clone())?);
+        let server =
+            tokio::spawn(lease.serve_local_via(&socket, direct.clone(), cancel.clone())?);
         let mut env = shell::base_env(&socket.to_string_lossy());
         env.insert("JMP_DRIVERS_ALLOW".into(), drivers_allow(&cfg));
         env.insert("JMP_LEASE".into(), lease.name.clone());
         env.insert("JMP_EXPORTER".into(), lease.exporter.clone());
         env.insert("JMP_EXPORTER_LABELS".into(), lease.labels_env());
+        if let Some(d) = &direct {
+            // `j` then takes the direct path itself, sparing the socket's relay.
+            let path = dir.path().join("direct-endpoint");
+            match d.save(&path) {
+                Ok(()) => {
+                    env.insert(DIRECT_ENV.into(), path.to_string_lossy().into_owned());
+                }
+                Err(e) => tracing::warn!("cannot keep the direct path for j: {e}"),
+            }
+        }
         step.end();
         // The hooks: their output shows while the shell lives; the command starts once the
         // beforeLease hook is over, and the afterLease hook runs when it exits. Over the

@@ -2,7 +2,10 @@
 
 use std::process::ExitCode;
 
-use jumpstarter_core::client::{ClientError, ConnectOptions, ExporterSession};
+use jumpstarter_core::client::{
+    ClientError, ConnectOptions,
+    direct::{DIRECT_ENV, connect_session},
+};
 
 /// Entry point of the `j` binary: the stock drivers' commands.
 pub fn main() -> ExitCode {
@@ -34,7 +37,10 @@ pub fn main_with(toolkit: crate::Toolkit) -> ExitCode {
         }
     };
     let code = rt.block_on(async move {
-        let session = match ExporterSession::connect(&host, &ConnectOptions::from_env()).await {
+        // Over the shell's direct path when it has one: its socket would relay every byte.
+        let direct = std::env::var_os(DIRECT_ENV).map(std::path::PathBuf::from);
+        let opts = ConnectOptions::from_env();
+        let session = match connect_session(direct.as_deref(), &host, &opts).await {
             Ok(s) => s,
             Err(e) => {
                 eprintln!("Error: {}", describe(&e));

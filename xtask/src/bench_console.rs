@@ -9,7 +9,8 @@
 //! - Port forwarding: `j net forward-tcp 0` to a local sink (`bench_console sink`), timed by
 //!   `bench_console send`, as a fraction of plain loopback TCP to the same sink in the same
 //!   run: ours and upstream's `j` against their local exporters, and ours in distributed
-//!   mode (our controller and router, our exporter) on the direct path and via the router.
+//!   mode (our controller and router, our exporter) on the direct path (`j` connecting to it
+//!   itself, and `j` through the shell's socket, which relays over it) and via the router.
 
 use std::{path::Path, process::Command, time::Duration};
 
@@ -224,7 +225,7 @@ pub fn run(args: &[String]) -> Result<()> {
         Some((py_loop, py_pty, py_fwd))
     };
 
-    let (direct_fwd, routed_fwd) = distributed(&rel, &link, sink_port, &example, fwd_mib)?;
+    let dist = distributed(&rel, &link, sink_port, &example, fwd_mib)?;
     let plain_after = send(&example, &sink_addr, fwd_mib)?;
     let plain = (plain_before.0 + plain_after.0) / 2.0;
     drop(pty);
@@ -249,8 +250,12 @@ pub fn run(args: &[String]) -> Result<()> {
     if let Some((_, _, py_fwd)) = upstream {
         rows.push(("upstream, local exporter (TCP)", py_fwd));
     }
-    rows.push(("ours, distributed, direct path", direct_fwd));
-    rows.push(("ours, distributed, via router", routed_fwd));
+    rows.push(("ours, distributed, direct path", dist.direct));
+    rows.push((
+        "ours, distributed, direct path via the shell's socket",
+        dist.relayed,
+    ));
+    rows.push(("ours, distributed, via router", dist.routed));
     for (name, (v, _)) in &rows {
         println!(
             "{:<52} {:>10.0} {:>11.0}%",
@@ -349,7 +354,8 @@ fn compare(rel: &Path, other: &Path, mib: u64, rounds: usize) -> Result<()> {
         plain.push(send(&example, &sink_addr, mib)?.0);
         for k in 0..2 {
             let b = (round + k) % 2;
-            let (direct, routed) = distributed(builds[b].1, &link, sink_port, &example, mib)?;
+            let Distributed { direct, routed, .. } =
+                distributed(builds[b].1, &link, sink_port, &example, mib)?;
             println!(
                 "round {}: {:<11} direct {:>6.0} MiB/s, router {:>6.0} MiB/s\n  direct: {}\n  router: {}",
                 round + 1,
@@ -390,14 +396,15 @@ fn compare(rel: &Path, other: &Path, mib: u64, rounds: usize) -> Result<()> {
 }
 
 /// Our controller (in-process router), our exporter serving the bench drivers with its
-/// direct listener, and `j net forward-tcp 0` in `jmp shell`, direct and `--no-direct`.
+/// direct listener, and `j net forward-tcp 0` in `jmp shell`: direct, direct through the
+/// shell's socket, and `--no-direct`.
 fn distributed(
     rel: &Path,
     link: &Path,
     sink_port: u16,
     example: &Path,
     mib: u64,
-) -> Result<((f64, String), (f64, String))> {
+) -> Result<Distributed> {
     let lab = Lab {
         rel: rel.to_path_buf(),
         work: crate::interop::tempfile_dir::Dir::new("jmp-bench-console-dist")?,
@@ -425,25 +432,64 @@ fn distributed(
         .env("JMP_LOG", "info");
     let mut exporter = Background::start("jmp run", run)?;
     exporter.wait_for_line("registered with controller", START)?;
-    let measure = |no_direct: bool| -> Result<(f64, String)> {
+    let measure = |path: Via| -> Result<(f64, String)> {
         let mut c = lab.jmp();
         c.arg("shell").arg("--client-config").arg(&client);
         c.args(["-l", "board=console"]);
-        if no_direct {
+        if path == Via::Router {
             c.arg("--no-direct");
         }
-        c.args(["--", "sh", "-c", "exec j net forward-tcp 0 1>&2"]);
-        let want = if no_direct { "via router" } else { "directly" };
+        // Without the shell's direct path file, `j` goes through the shell's socket, whose
+        // relay then forwards every byte over the direct path.
+        let unset = if path == Via::ShellRelay {
+            "unset JMP_DIRECT_ENDPOINT; "
+        } else {
+            ""
+        };
+        c.args([
+            "--",
+            "sh",
+            "-c",
+            &format!("{unset}exec j net forward-tcp 0 1>&2"),
+        ]);
+        let want = if path == Via::Router {
+            "via router"
+        } else {
+            "directly"
+        };
         let (mut fwd, addr) = start_forward("jmp shell -- j net forward-tcp", c, Some(want))?;
         let v = send(example, &addr, mib)?;
         fwd.stop();
         Ok(v)
     };
-    let direct = measure(false)?;
-    let routed = measure(true)?;
+    let direct = measure(Via::Direct)?;
+    let relayed = measure(Via::ShellRelay)?;
+    let routed = measure(Via::Router)?;
     drop(exporter);
     controller.stop();
-    Ok((direct, routed))
+    Ok(Distributed {
+        direct,
+        relayed,
+        routed,
+    })
+}
+
+/// How `j` in `jmp shell` reaches the exporter in [`distributed`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Via {
+    /// `j` connects to the direct path itself.
+    Direct,
+    /// `j` goes through the shell's socket, which relays over the direct path.
+    ShellRelay,
+    /// `jmp shell --no-direct`: through the router.
+    Router,
+}
+
+/// MiB/s and where the CPU went, for each path of [`distributed`].
+struct Distributed {
+    direct: (f64, String),
+    relayed: (f64, String),
+    routed: (f64, String),
 }
 
 /// CPU time spent while a measurement ran: the whole machine's (from `/proc/stat`) and per

@@ -250,6 +250,35 @@ async fn direct_listener_carries_calls_and_bulk_data_past_the_router() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn j_takes_the_direct_path_itself_and_the_shells_socket_when_it_cannot() {
+    let lab = lab().await;
+    let _exporter = lab
+        .run_exporter("dx7", &["--direct-listener", "127.0.0.1:0"])
+        .await;
+    // Past a socket that is not there, `j` can only have used the direct path (and without
+    // the direct path file it must fail there); with a direct path file that is not there,
+    // only the shell's socket.
+    let script = "JUMPSTARTER_HOST=/nonexistent/sock j power on && echo direct-ok; \
+                  JMP_DIRECT_ENDPOINT=/nonexistent j power on && echo socket-ok; \
+                  env -u JMP_DIRECT_ENDPOINT JUMPSTARTER_HOST=/nonexistent/sock j power on \
+                  || echo socket-needed";
+    let (code, out, err) = lab.shell("dx7", &[], script).await;
+    assert_eq!(code, 0, "{out}{err}\n{}", lab.log("dx7"));
+    for want in ["direct-ok", "socket-ok", "socket-needed"] {
+        assert!(out.contains(want), "no {want} in {out}{err}");
+    }
+    let (code, out, err) = lab
+        .shell(
+            "dx7",
+            &["--no-direct"],
+            "test -z \"$JMP_DIRECT_ENDPOINT\" && echo unset",
+        )
+        .await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("unset"), "{out}{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_direct_flag_keeps_bulk_data_on_the_router() {
     let lab = lab().await;
     let _exporter = lab

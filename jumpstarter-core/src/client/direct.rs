@@ -8,10 +8,11 @@
 //! session, uses it ([`DirectTarget`]); otherwise it stays on the router. Upstream clients
 //! ignore the field.
 
-use std::{sync::Arc, time::Duration};
+use std::{path::Path, sync::Arc, time::Duration};
 
 use hyper_util::rt::TokioIo;
 use jumpstarter_proto::v1::{Endpoint, exporter_service_client::ExporterServiceClient};
+use prost::Message;
 use tokio::{io::BufReader, net::TcpStream};
 use tokio_rustls::{
     TlsConnector,
@@ -25,9 +26,13 @@ use tonic::transport::Uri;
 
 use crate::{
     Because, BoxError,
-    client::{CallMetadata, ClientError, SessionChannel},
+    client::{CallMetadata, ClientError, ConnectOptions, ExporterSession, SessionChannel},
     wire::settings::{CONNECTION_WINDOW, STREAM_WINDOW},
 };
+
+/// The variable through which `jmp shell` names the file holding its direct path's
+/// advertisement ([`DirectTarget::save`]), for `j` to connect by itself.
+pub const DIRECT_ENV: &str = "JMP_DIRECT_ENDPOINT";
 
 /// How long a client waits for an advertised endpoint before staying on the router.
 pub const DIRECT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -52,6 +57,8 @@ pub struct DirectTarget {
     endpoint: String,
     server_name: ServerName<'static>,
     connector: TlsConnector,
+    /// The advertisement it was made from, kept for [`DirectTarget::save`].
+    advert: Endpoint,
 }
 
 impl std::fmt::Debug for DirectTarget {
@@ -105,7 +112,28 @@ impl DirectTarget {
             endpoint: ep.endpoint.clone(),
             server_name,
             connector: TlsConnector::from(Arc::new(config)),
+            advert: ep.clone(),
         })
+    }
+
+    /// Keeps the advertisement in `path`, readable by its owner only, for the commands
+    /// `jmp shell` runs ([`DIRECT_ENV`]): they then reach the exporter themselves rather
+    /// than through the shell's local socket, whose relay costs every forwarded byte two
+    /// more copies through the kernel and a process's CPU.
+    pub fn save(&self, path: &Path) -> std::io::Result<()> {
+        crate::private_file::write_private_file(path, &self.advert.encode_to_vec())
+    }
+
+    /// Reads what [`DirectTarget::save`] wrote and checks it as
+    /// [`DirectTarget::from_endpoint`] does.
+    pub fn load(path: &Path) -> Result<Self, EndpointError> {
+        let bad = |source: BoxError| EndpointError {
+            endpoint: path.display().to_string(),
+            source,
+        };
+        let bytes = std::fs::read(path).map_err(|e| bad(e.into()))?;
+        let ep = Endpoint::decode(bytes.as_slice()).map_err(|e| bad(e.into()))?;
+        Self::from_endpoint(&ep)
     }
 
     /// The `host:port` it connects to.
@@ -168,6 +196,32 @@ impl DirectTarget {
             .await
             .map_err(|_| format!("no answer within {:.1}s", timeout.as_secs_f64()))?
     }
+}
+
+/// What `j` connects to inside `jmp shell`: the direct path whose advertisement
+/// `direct` names (the shell's [`DIRECT_ENV`]) when it answers within
+/// [`DIRECT_CONNECT_TIMEOUT`], else `host` (the shell's socket, which also says why a
+/// lease has ended). Over the direct path the forwarded bytes skip the shell's relay.
+pub async fn connect_session(
+    direct: Option<&Path>,
+    host: &str,
+    opts: &ConnectOptions,
+) -> Result<ExporterSession, ClientError> {
+    if let Some(path) = direct {
+        let attempt = async {
+            let target = DirectTarget::load(path).map_err(|e| crate::error_chain(&e))?;
+            let channel = target.channel().await.map_err(|e| crate::error_chain(&e))?;
+            ExporterSession::from_channel(channel)
+                .await
+                .map_err(|e| crate::error_chain(&e))
+        };
+        match tokio::time::timeout(DIRECT_CONNECT_TIMEOUT, attempt).await {
+            Ok(Ok(session)) => return Ok(session),
+            Ok(Err(e)) => tracing::debug!("direct path: {e}; using {host}"),
+            Err(_) => tracing::debug!("direct path did not answer; using {host}"),
+        }
+    }
+    ExporterSession::connect(host, opts).await
 }
 
 /// The first of `endpoints` that answers for the session `uuid` within `timeout` each;
