@@ -5,8 +5,34 @@ use jumpstarter_controller::objects::ExporterStatusValue;
 
 use crate::{
     JMP,
-    distributed::{finish, lab, shell},
+    distributed::{Lab, finish, lab, shell},
 };
+
+/// A lab with exporter `exporter` (label `board=BOARD`) running and available, and the
+/// config of client `client`.
+async fn lab_with_board(
+    exporter: &str,
+    board: &str,
+    client: &str,
+) -> (Lab, std::path::PathBuf, tokio::process::Child) {
+    let lab = lab().await;
+    let exporter_cfg = lab.exporter(exporter, &[("board", board)]).await;
+    let client = lab.client(client).await;
+    let running = lab.run_exporter(&exporter_cfg, &format!("{exporter}.log"));
+    lab.wait_status(exporter, ExporterStatusValue::Available)
+        .await;
+    (lab, client, running)
+}
+
+/// The lease the command's `echo "lease=$JMP_LEASE"` named on stdout.
+fn lease_echoed(stdout: &str) -> String {
+    stdout
+        .split("lease=")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .unwrap_or_default()
+        .to_string()
+}
 
 /// The lines of `stderr` about the end, with the lease name and the times made stable.
 fn end_lines(stderr: &str, lease: &str) -> String {
@@ -26,12 +52,7 @@ fn end_lines(stderr: &str, lease: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_that_ends_under_the_command_is_announced_and_has_its_own_exit_code() {
-    let lab = lab().await;
-    let exporter_cfg = lab.exporter("ex-end", &[("board", "end")]).await;
-    let client = lab.client("ender").await;
-    let _exporter = lab.run_exporter(&exporter_cfg, "ex-end.log");
-    lab.wait_status("ex-end", ExporterStatusValue::Available)
-        .await;
+    let (lab, client, _exporter) = lab_with_board("ex-end", "end", "ender").await;
 
     // `j` works during the lease; after its end (a bounded wait) it fails with "the lease
     // ended", which the script passes on before exiting 3.
@@ -46,12 +67,7 @@ async fn a_lease_that_ends_under_the_command_is_announced_and_has_its_own_exit_c
          done; cat j.err >&2; exit 3",
     );
     let (code, stdout, stderr) = finish(child).await;
-    let lease = stdout
-        .split("lease=")
-        .nth(1)
-        .and_then(|s| s.split_whitespace().next())
-        .unwrap_or_default()
-        .to_string();
+    let lease = lease_echoed(&stdout);
     assert!(!lease.is_empty(), "{stdout}{stderr}");
     assert_eq!(code, 75, "{stdout}{stderr}");
     assert!(!stderr.contains("transport error"), "{stderr}");
@@ -87,12 +103,7 @@ async fn a_lease_that_ends_under_the_command_is_announced_and_has_its_own_exit_c
 /// connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_that_runs_out_under_an_idle_command_is_no_lost_connection() {
-    let lab = lab().await;
-    let exporter_cfg = lab.exporter("ex-idle", &[("board", "idle")]).await;
-    let client = lab.client("idler").await;
-    let _exporter = lab.run_exporter(&exporter_cfg, "ex-idle.log");
-    lab.wait_status("ex-idle", ExporterStatusValue::Available)
-        .await;
+    let (lab, client, _exporter) = lab_with_board("ex-idle", "idle", "idler").await;
     let child = shell(
         &lab,
         &client,
@@ -100,12 +111,7 @@ async fn a_lease_that_runs_out_under_an_idle_command_is_no_lost_connection() {
         "echo \"lease=$JMP_LEASE\"; j power on || exit 9; sleep 7; exit 3",
     );
     let (code, stdout, stderr) = finish(child).await;
-    let lease = stdout
-        .split("lease=")
-        .nth(1)
-        .and_then(|s| s.split_whitespace().next())
-        .unwrap_or_default()
-        .to_string();
+    let lease = lease_echoed(&stdout);
     assert!(!lease.is_empty(), "{stdout}{stderr}");
     assert_eq!(code, 75, "{stdout}{stderr}");
     assert!(!stderr.contains("Lost the connection"), "{stderr}");
@@ -120,12 +126,7 @@ async fn a_lease_that_runs_out_under_an_idle_command_is_no_lost_connection() {
 /// no lost connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_deleted_under_the_command_is_no_lost_connection() {
-    let lab = lab().await;
-    let exporter_cfg = lab.exporter("ex-del", &[("board", "del")]).await;
-    let client = lab.client("deleter").await;
-    let _exporter = lab.run_exporter(&exporter_cfg, "ex-del.log");
-    lab.wait_status("ex-del", ExporterStatusValue::Available)
-        .await;
+    let (lab, client, _exporter) = lab_with_board("ex-del", "del", "deleter").await;
     // Idle long enough for the shell's periodic check (every 10s) to see the end too.
     let mut child = shell(
         &lab,
