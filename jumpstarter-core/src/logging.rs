@@ -196,12 +196,7 @@ pub fn queue_call_line(parent: &tracing::Span, line: CallLine) -> Result<(), Cal
 /// Queues the call line `line` in the span `parent` on `queue`.
 fn push_call(queue: &LineQueue, lines: JsonLines, parent: &tracing::Span, line: CallLine) {
     let spans = parent
-        .with_subscriber(|(id, d)| {
-            d.downcast_ref::<tracing_subscriber::Registry>()
-                .and_then(|r| r.span(id))
-                .map(|span| snapshots(span.scope()))
-        })
-        .flatten()
+        .with_subscriber(|(id, d)| scope_snapshots(d, id))
         .unwrap_or_default();
     queue.push(Pending::Call(
         lines,
@@ -277,11 +272,10 @@ fn push_driver(
     driver: &str,
     message: &str,
 ) {
-    let spans = d
-        .downcast_ref::<tracing_subscriber::Registry>()
-        .and_then(|r| r.span(tracing::Subscriber::current_span(r).id()?))
-        .map(|span| snapshots(span.scope()))
-        .unwrap_or_default();
+    let spans = match d.current_span().id() {
+        Some(id) => scope_snapshots(d, id),
+        None => Vec::new(),
+    };
     let mut text = String::with_capacity(10 + driver.len() + message.len());
     text.push_str("[driver.");
     text.push_str(driver);
@@ -312,6 +306,45 @@ fn snapshots<'a, R: LookupSpan<'a>>(
         .collect()
 }
 
+/// The snapshots of the spans of span `id`'s scope in `d` (outermost first). Looked up
+/// through the layers under [`init_json`]'s JSON layer ([`JsonInner`], the third a look
+/// meets) when `d` is its subscriber, else through the registry at the bottom of `d`.
+fn scope_snapshots(d: &tracing::Dispatch, id: &span::Id) -> Vec<std::sync::Arc<SpanData>> {
+    let found = match d.downcast_ref::<JsonInner>() {
+        Some(inner) => inner.span(id).map(|span| snapshots(span.scope())),
+        None => d
+            .downcast_ref::<tracing_subscriber::Registry>()
+            .and_then(|r| r.span(id))
+            .map(|span| snapshots(span.scope())),
+    };
+    found.unwrap_or_default()
+}
+
+/// The layers of [`init_json`]'s subscriber under the traces' layer: the registry, the
+/// filter and [`SpanFields`].
+type JsonBase = tracing_subscriber::layer::Layered<
+    SpanFields,
+    tracing_subscriber::layer::Layered<tracing_subscriber::EnvFilter, tracing_subscriber::Registry>,
+>;
+
+/// The layers of [`init_json`]'s subscriber under its JSON layer.
+type JsonInner =
+    tracing_subscriber::layer::Layered<Option<Box<dyn Layer<JsonBase> + Send + Sync>>, JsonBase>;
+
+/// The subscriber of [`init_json`]: `filter`, [`SpanFields`], the traces' layer (when
+/// traces are on) and `layer` outermost, the first layer a look for it meets.
+fn json_stack(
+    filter: tracing_subscriber::EnvFilter,
+    layer: JsonLayer,
+) -> tracing_subscriber::layer::Layered<JsonLayer, JsonInner> {
+    use tracing_subscriber::prelude::*;
+    tracing_subscriber::registry()
+        .with(crate::telemetry::with_trace_spans(filter))
+        .with(SpanFields)
+        .with(crate::telemetry::layer())
+        .with(layer)
+}
+
 /// Installs [`JsonLines`] of `component` on stderr with `filter` (what [`init`] does with
 /// JSON, for a binary that picks its own filter; with traces as [`init`]). Does nothing if a
 /// subscriber is installed.
@@ -321,13 +354,7 @@ pub fn init_json(component: &'static str, filter: tracing_subscriber::EnvFilter)
     let fixed = answers_fixed(&filter);
     let layer = JsonLayer::new(JsonLines::new(component), queue.clone());
     let wanted = layer.wanted.clone();
-    // The JSON layer outermost: the first layer a look for it meets.
-    let installed = tracing_subscriber::registry()
-        .with(crate::telemetry::with_trace_spans(filter))
-        .with(SpanFields)
-        .with(crate::telemetry::layer())
-        .with(layer)
-        .try_init();
+    let installed = json_stack(filter, layer).try_init();
     if installed.is_ok() {
         let _ = JSON_COMPONENT.set(component);
         let _ = QUEUE.set(queue);
@@ -1004,18 +1031,23 @@ mod tests {
     /// The JSON lines written through the line queue while `run` logs (given the queue),
     /// one object a line, once the queue is flushed.
     fn queued_lines(run: impl FnOnce(&LineQueue)) -> Vec<Value> {
-        queued_lines_wanting(None, run)
-    }
-
-    /// [`queued_lines`] with the JSON layer keeping `wanted` as its filter's answers.
-    fn queued_lines_wanting(wanted: Option<Wanted>, run: impl FnOnce(&LineQueue)) -> Vec<Value> {
         let buf = Buf::default();
         let queue = LineQueue::start_to(buf.clone());
         let layer = JsonLayer::new(JsonLines::new("exporter"), queue.clone());
-        if let Some(w) = wanted {
-            layer.wanted.set(w).unwrap();
-        }
         let subscriber = tracing_subscriber::registry().with(SpanFields).with(layer);
+        tracing::subscriber::with_default(subscriber, || run(&queue));
+        queue.flush(std::time::Duration::from_secs(30));
+        parsed(&buf)
+    }
+
+    /// [`queued_lines`] through [`init_json`]'s own subscriber ([`json_stack`], everything
+    /// enabled), its JSON layer keeping `wanted` as its filter's answers.
+    fn queued_lines_wanting(wanted: Wanted, run: impl FnOnce(&LineQueue)) -> Vec<Value> {
+        let buf = Buf::default();
+        let queue = LineQueue::start_to(buf.clone());
+        let layer = JsonLayer::new(JsonLines::new("exporter"), queue.clone());
+        layer.wanted.set(wanted).unwrap();
+        let subscriber = json_stack(tracing_subscriber::EnvFilter::new("trace"), layer);
         tracing::subscriber::with_default(subscriber, || run(&queue));
         queue.flush(std::time::Duration::from_secs(30));
         parsed(&buf)
@@ -1169,7 +1201,9 @@ mod tests {
             call: true,
             driver: [true, false, true],
         };
-        let got = queued_lines_wanting(Some(wanted), |_| {
+        let got = queued_lines_wanting(wanted, |_| {
+            // The spans are found through the layers under the JSON layer, not at the bottom.
+            tracing::dispatcher::get_default(|d| assert!(d.downcast_ref::<JsonInner>().is_some()));
             let lease = tracing::info_span!("lease", lease_id = "l-6");
             let _in = lease.enter();
             match call_lines() {
@@ -1200,7 +1234,7 @@ mod tests {
             call: false,
             driver: [false; 3],
         };
-        let got = queued_lines_wanting(Some(none), |_| {
+        let got = queued_lines_wanting(none, |_| {
             assert!(matches!(call_lines(), CallLines::Off));
             assert_eq!(
                 queue_wanted_driver_line(tracing::Level::WARN, "MockPower", "x"),
