@@ -1011,21 +1011,28 @@ mod tests {
 
     #[test]
     fn a_lease_context_becomes_fields_of_their_own_never_over_the_lines_own() {
-        let context = [("build_id", "123"), ("lease_id", "forged")]
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .into();
         let got = lines(|| {
-            let lease = tracing::info_span!(
-                "lease",
-                lease_id = "l-3",
-                { LEASE_CONTEXT_FIELD } = context_field(&context).as_str()
-            );
+            let lease = lease_span("l-3", &[("build_id", "123"), ("lease_id", "forged")]);
             let _a = lease.enter();
             tracing::info!("driver call");
         });
         assert_eq!(got[0]["build_id"], "123");
         assert_eq!(got[0]["lease_id"], "l-3");
         assert!(got[0].get(LEASE_CONTEXT_FIELD).is_none(), "{}", got[0]);
+    }
+
+    /// A lease's span, `lease_id` and its `context` as [`LEASE_CONTEXT_FIELD`], as the
+    /// exporter makes it.
+    fn lease_span(lease_id: &str, context: &[(&str, &str)]) -> tracing::Span {
+        let context = context
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        tracing::info_span!(
+            "lease",
+            lease_id,
+            { LEASE_CONTEXT_FIELD } = context_field(&context).as_str()
+        )
     }
 
     /// The JSON lines written through the line queue while `run` logs (given the queue),
@@ -1088,15 +1095,8 @@ mod tests {
             error: error.map(str::to_string),
             duration_ms: 0.25,
         };
-        let context = [("build_id", "7")]
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .into();
         let mut got = queued_lines(|_| {
-            let lease = tracing::info_span!(
-                "lease",
-                lease_id = "l-4",
-                { LEASE_CONTEXT_FIELD } = context_field(&context).as_str()
-            );
+            let lease = lease_span("l-4", &[("build_id", "7")]);
             assert!(queue_call_line(&lease, call(None)).is_ok());
             assert!(queue_call_line(&lease, call(Some("stuck: relay"))).is_ok());
             assert!(queue_call_line(&tracing::Span::none(), call(None)).is_ok());
@@ -1135,15 +1135,8 @@ mod tests {
 
     #[test]
     fn a_queued_driver_line_is_the_line_its_event_would_be_and_other_subscribers_get_it_back() {
-        let context = [("build_id", "7")]
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .into();
         let mut got = queued_lines(|_| {
-            let lease = tracing::info_span!(
-                "lease",
-                lease_id = "l-5",
-                { LEASE_CONTEXT_FIELD } = context_field(&context).as_str()
-            );
+            let lease = lease_span("l-5", &[("build_id", "7")]);
             let in_lease = lease.enter();
             let call = tracing::info_span!("call", driver_type = "MockPower");
             let in_call = call.enter();

@@ -54,14 +54,17 @@ impl LogSink {
         *self.observer.lock().unwrap_or_else(|p| p.into_inner()) = Some(observer);
     }
 
-    /// Records one driver log line.
-    pub fn emit(&self, driver: &str, severity: &str, message: String) {
-        let observer = self
-            .observer
+    /// The observer [`LogSink::set_observer`] set, if any.
+    fn observer(&self) -> Option<Arc<dyn LogObserver>> {
+        self.observer
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        if let Some(o) = observer {
+            .clone()
+    }
+
+    /// Records one driver log line.
+    pub fn emit(&self, driver: &str, severity: &str, message: String) {
+        if let Some(o) = self.observer() {
             o.driver_log(driver, severity, &message);
         }
         // With JSON logs the line is queued as it is (its message joined once, no fields
@@ -107,12 +110,7 @@ impl LogSink {
     /// (`BEFORE_LEASE_HOOK` / `AFTER_LEASE_HOOK`); kept for the next `LogStream` when none
     /// is open. The observer is told of it too ([`LogObserver::hook_log`]).
     pub fn emit_hook(&self, source: LogSource, severity: &str, message: String) {
-        let observer = self
-            .observer
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        if let Some(o) = observer {
+        if let Some(o) = self.observer() {
             o.hook_log(source, severity, &message);
         }
         let rec = LogStreamResponse {
