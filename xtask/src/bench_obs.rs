@@ -1,11 +1,13 @@
 //! `cargo xtask bench-obs` (part of `cargo xtask bench`): what metrics and JSON call logs
 //! cost, an exporter with `--metrics-listen` and `--log-format json` beside one that logs no
 //! line per call, in interleaved rounds: `j power on` as a user runs it in `jmp shell`, a
-//! connected client's `power.on` p50, and a 256 MiB upload, each overhead against 3%.
+//! connected client's `power.on` p50, and a 256 MiB upload, each overhead against 3%; and,
+//! with valgrind installed, the repeatable figure: the instructions of the thread serving a
+//! `power.on` call, counted by callgrind.
 
 use std::{path::Path, process::Command, time::Duration};
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 
 use crate::{bench::parse_figures, procs};
 
@@ -216,7 +218,132 @@ pub(crate) fn observability(rel: &Path, quick: bool) -> Result<()> {
         "(overhead: the median of the rounds' ratios observed / plain, in time; medians of \
          the rounds in the columns)"
     );
+    instructions(rel, work.path(), &config, if quick { 1 } else { 3 })
+}
+
+/// The calls of the shorter and of the longer run of [`instructions`]: their difference
+/// leaves out the start, the connection and the end.
+const FEW_CALLS: u64 = 1000;
+const MANY_CALLS: u64 = 3000;
+
+/// The repeatable figure, which time on this noisy machine cannot give: the instructions of
+/// the thread serving `power.on` (`jmp run` with one tokio worker, under `valgrind
+/// --tool=callgrind --separate-threads=yes`), per call: the difference between
+/// [`MANY_CALLS`] and [`FEW_CALLS`] calls of one connected client, divided by their
+/// difference; for the plain and the observed exporter in `rounds` interleaved rounds.
+/// Without valgrind, says so and measures nothing.
+fn instructions(rel: &Path, work: &Path, config: &Path, rounds: usize) -> Result<()> {
+    let valgrind = Command::new("valgrind")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !valgrind {
+        println!(
+            "(instructions a call: valgrind is not installed (Debian: apt install valgrind); \
+             not measured)"
+        );
+        return Ok(());
+    }
+    println!(
+        "== instructions of the thread serving power.on (callgrind), {rounds} interleaved rounds"
+    );
+    let mut paired = Paired::default();
+    for round in 0..rounds {
+        paired.round(round, |observed| {
+            let few = serving_instructions(rel, work, config, observed, FEW_CALLS)?;
+            let many = serving_instructions(rel, work, config, observed, MANY_CALLS)?;
+            let per_call = many.saturating_sub(few) as f64 / (MANY_CALLS - FEW_CALLS) as f64;
+            println!(
+                "round {}: {:<8} {per_call:>8.0} instructions a call",
+                round + 1,
+                if observed { "observed" } else { "plain" }
+            );
+            Ok(per_call)
+        })?;
+    }
+    let overhead = paired.overhead();
+    println!(
+        "{:<44} {:>12.0} {:>12.0} {:>+9.1}%  {}",
+        "power.on, serving thread (instructions)",
+        median(paired.plain.clone()),
+        median(paired.observed.clone()),
+        overhead * 100.0,
+        if overhead < OVERHEAD_GOAL {
+            "< 3%: met"
+        } else {
+            "< 3%: NOT met"
+        }
+    );
     Ok(())
+}
+
+/// The instructions of the busiest thread (the one serving the calls) of `jmp run` under
+/// callgrind while one `bench_calls` client makes `calls` calls.
+fn serving_instructions(
+    rel: &Path,
+    work: &Path,
+    config: &Path,
+    observed: bool,
+    calls: u64,
+) -> Result<u64> {
+    let dir = work.join(format!(
+        "callgrind-{}-{calls}",
+        if observed { "observed" } else { "plain" }
+    ));
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir)?;
+    }
+    std::fs::create_dir_all(&dir)?;
+    let mut c = Command::new("valgrind");
+    c.args(["--tool=callgrind", "--separate-threads=yes"])
+        .arg(format!(
+            "--callgrind-out-file={}/callgrind.out.%p",
+            dir.display()
+        ))
+        .arg(rel.join("jmp"))
+        .args(["run", "--exporter-config"])
+        .arg(config)
+        .args(["--tls-grpc-listener", "127.0.0.1:0", "--tls-grpc-insecure"])
+        .env("TOKIO_WORKER_THREADS", "1")
+        .env("JMP_CLIENT_CONFIG_HOME", work.join("config"));
+    if observed {
+        c.args(OBSERVED_ARGS);
+    } else {
+        c.env("JMP_LOG", "warn");
+    }
+    let mut exporter = procs::Background::start("jmp run under callgrind", c)?;
+    let line = exporter.wait_for_line("listening on", Duration::from_secs(300))?;
+    let port = procs::listening_port(&line)?;
+    let mut client = Command::new(rel.join("examples/bench_calls"));
+    client
+        .args([
+            format!("127.0.0.1:{port}"),
+            calls.to_string(),
+            "1".to_string(),
+        ])
+        .env("JMP_GRPC_INSECURE", "1");
+    let out = procs::run(client, Duration::from_secs(900))?;
+    if out.code != 0 {
+        bail!("bench_calls under callgrind failed: {}", out.stderr);
+    }
+    // It ends its session, then callgrind writes each thread's counts.
+    exporter.stop_within(Duration::from_secs(120));
+    let mut busiest = None;
+    for entry in std::fs::read_dir(&dir)? {
+        let text = std::fs::read_to_string(entry?.path())?;
+        if let Some(n) = callgrind_summary(&text) {
+            busiest = busiest.max(Some(n));
+        }
+    }
+    busiest.with_context(|| format!("no callgrind profile with a summary in {}", dir.display()))
+}
+
+/// The instruction count of a callgrind profile's `summary:` line.
+fn callgrind_summary(profile: &str) -> Option<u64> {
+    profile
+        .lines()
+        .find_map(|l| l.strip_prefix("summary:"))
+        .and_then(|n| n.trim().parse().ok())
 }
 
 /// The two numbers of the `times t0 t1` line a shell printed.
@@ -224,5 +351,19 @@ fn shell_times(stdout: &str) -> Result<(f64, f64)> {
     match crate::bench_storage::times_line(stdout)?[..] {
         [t0, t1] => Ok((t0, t1)),
         ref t => bail!("bad timings {t:?}: two times expected"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_profiles_summary_is_its_instruction_count() {
+        let profile = "version: 1\ncreator: callgrind-3.24.0\nthread: 3\nevents: Ir\n\
+                       summary: 226736178\n\nfn=(1) main\n";
+        assert_eq!(callgrind_summary(profile), Some(226_736_178));
+        assert_eq!(callgrind_summary("events: Ir\n"), None);
+        assert_eq!(callgrind_summary("summary: lots\n"), None);
     }
 }

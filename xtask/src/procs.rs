@@ -68,12 +68,18 @@ impl Background {
     /// Stops the process now (nothing to do if it has exited and been reaped already:
     /// its pid may belong to another process by now).
     pub fn stop(&mut self) {
+        self.stop_within(Duration::from_secs(5));
+    }
+
+    /// [`Background::stop`], giving the process `grace` to end after SIGTERM (a process
+    /// under valgrind writes its profile out first).
+    pub fn stop_within(&mut self, grace: Duration) {
         if !matches!(self.child.try_wait(), Ok(None)) {
             return;
         }
         let pid = self.child.id().to_string();
         let _ = Command::new("kill").args(["-TERM", &pid]).status();
-        let deadline = Instant::now() + Duration::from_secs(5);
+        let deadline = Instant::now() + grace;
         while Instant::now() < deadline {
             if let Ok(Some(_)) = self.child.try_wait() {
                 return;
@@ -104,14 +110,17 @@ pub fn start_our_exporter(
         .args(extra);
     let mut bg = Background::start("jmp run", cmd)?;
     let line = bg.wait_for_line("listening on", Duration::from_secs(30))?;
-    let port = line
-        .split("listening on ")
+    Ok((bg, listening_port(&line)?))
+}
+
+/// The port of `jmp run`'s `listening on ADDR` line.
+pub fn listening_port(line: &str) -> Result<u16> {
+    line.split("listening on ")
         .nth(1)
         .and_then(|rest| rest.split_whitespace().next())
         .and_then(|addr| addr.rsplit(':').next())
         .and_then(|p| p.parse::<u16>().ok())
-        .with_context(|| format!("no port in {line:?}"))?;
-    Ok((bg, port))
+        .with_context(|| format!("no port in {line:?}"))
 }
 
 /// A TCP port that was free a moment ago (for tools that cannot listen on port 0).
