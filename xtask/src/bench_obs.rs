@@ -245,7 +245,12 @@ fn instructions(rel: &Path, work: &Path, config: &Path, rounds: usize) -> Result
         return Ok(());
     }
     println!(
-        "== instructions of the thread serving power.on (callgrind), {rounds} interleaved rounds"
+        "== instructions of the thread serving power.on (callgrind), {}",
+        if rounds == 1 {
+            "1 round".to_string()
+        } else {
+            format!("{rounds} interleaved rounds")
+        }
     );
     let mut paired = Paired::default();
     for round in 0..rounds {
