@@ -137,30 +137,38 @@ impl CallQueue {
     }
 }
 
+/// `f` of this thread's subscriber and its [`JsonLayer`], when the subscriber has one and
+/// traces are off (with traces on their layer must see each line as an event); `None`
+/// otherwise or when `f` says so.
+fn with_json_layer<T>(f: impl FnOnce(&tracing::Dispatch, &JsonLayer) -> Option<T>) -> Option<T> {
+    if !JSON_LAYERS.load(std::sync::atomic::Ordering::Relaxed) || crate::telemetry::traces_on() {
+        return None;
+    }
+    let mut f = Some(f);
+    tracing::dispatcher::get_default(|d| {
+        let layer = d.downcast_ref::<JsonLayer>()?;
+        f.take().and_then(|f| f(d, layer))
+    })
+}
+
 /// Where this thread's driver call lines go ([`CallLines`]). With the subscriber of
 /// [`init_json`] the answer of its filter, asked once when it was installed, is kept: the
 /// call neither asks the filter again nor looks for the queue a second time.
 pub fn call_lines() -> CallLines {
-    if JSON_LAYERS.load(std::sync::atomic::Ordering::Relaxed) && !crate::telemetry::traces_on() {
-        let mut found = None;
-        tracing::dispatcher::get_default(|d| {
-            let Some(layer) = d.downcast_ref::<JsonLayer>() else {
-                return;
-            };
-            found = layer.wanted.get().map(|w| {
-                if w.call {
-                    CallLines::Queued(CallQueue {
-                        lines: layer.lines.clone(),
-                        queue: layer.queue.clone(),
-                    })
-                } else {
-                    CallLines::Off
-                }
-            });
-        });
-        if let Some(found) = found {
-            return found;
-        }
+    let kept = with_json_layer(|_, layer| {
+        layer.wanted.get().map(|w| {
+            if w.call {
+                CallLines::Queued(CallQueue {
+                    lines: layer.lines.clone(),
+                    queue: layer.queue.clone(),
+                })
+            } else {
+                CallLines::Off
+            }
+        })
+    });
+    if let Some(kept) = kept {
+        return kept;
     }
     if tracing::enabled!(target: CALL_TARGET, tracing::Level::INFO) {
         CallLines::Logged
@@ -176,16 +184,11 @@ pub fn call_lines() -> CallLines {
 /// test's) or traces are on (their layer sees events): the caller then logs it as an event.
 /// The caller has checked that [`CALL_TARGET`] is enabled at INFO.
 pub fn queue_call_line(parent: &tracing::Span, line: CallLine) -> Result<(), CallLine> {
-    if crate::telemetry::traces_on() {
-        return Err(line);
-    }
     let mut line = Some(line);
-    tracing::dispatcher::get_default(|d| {
-        let Some(layer) = d.downcast_ref::<JsonLayer>() else {
-            return;
-        };
-        let Some(line) = line.take() else { return };
+    with_json_layer(|_, layer| {
+        let line = line.take()?;
         push_call(&layer.queue, layer.lines.clone(), parent, line);
+        Some(())
     });
     match line {
         None => Ok(()),
@@ -220,18 +223,11 @@ pub const DRIVER_TARGET: &str = "driver";
 /// then logs it as an event. The caller has checked that [`DRIVER_TARGET`] is enabled at
 /// `level`.
 pub fn queue_driver_line(level: tracing::Level, driver: &str, message: &str) -> bool {
-    if !JSON_LAYERS.load(std::sync::atomic::Ordering::Relaxed) || crate::telemetry::traces_on() {
-        return false;
-    }
-    let mut queued = false;
-    tracing::dispatcher::get_default(|d| {
-        let Some(layer) = d.downcast_ref::<JsonLayer>() else {
-            return;
-        };
+    with_json_layer(|d, layer| {
         push_driver(d, layer, level, driver, message);
-        queued = true;
-    });
-    queued
+        Some(())
+    })
+    .is_some()
 }
 
 /// [`queue_driver_line`] without its caller's check, when the subscriber of [`init_json`] is
@@ -244,23 +240,13 @@ pub fn queue_wanted_driver_line(
     driver: &str,
     message: &str,
 ) -> Option<bool> {
-    if !JSON_LAYERS.load(std::sync::atomic::Ordering::Relaxed) || crate::telemetry::traces_on() {
-        return None;
-    }
-    let mut out = None;
-    tracing::dispatcher::get_default(|d| {
-        let Some(layer) = d.downcast_ref::<JsonLayer>() else {
-            return;
-        };
-        let Some(wanted) = layer.wanted.get().and_then(|w| w.driver(level)) else {
-            return;
-        };
+    with_json_layer(|d, layer| {
+        let wanted = layer.wanted.get()?.driver(level)?;
         if wanted {
             push_driver(d, layer, level, driver, message);
         }
-        out = Some(wanted);
-    });
-    out
+        Some(wanted)
+    })
 }
 
 /// Queues driver `driver`'s line `message` at `level`, in the current span of `d`, on
