@@ -136,6 +136,29 @@ pub async fn update_lease<S: Store>(
     )))
 }
 
+/// Whether an exporter's `ReportStatus` can change what a reconcile pass decides, so that a
+/// pass must run now. The scheduler grants only an exporter that is online and ready
+/// (`AVAILABLE` or unspecified), and a quarantine or a release request changes a lease; a
+/// report of a lease's progress (`LEASE_READY`, or a hook running) makes no exporter
+/// grantable. While 1,000 leases were granted at once, each exporter's `LEASE_READY` woke
+/// the loop: a score of passes over all the leases, changing nothing, took CPU from the
+/// grants still being made. A waiting lease's `Pending` reason is looked at again within
+/// [`crate::lease::scheduler::PENDING_REQUEUE`] either way, and an exporter's lapse into
+/// offline is timed by the pass from its `lastSeen`.
+fn report_may_change_scheduling(
+    value: ExporterStatusValue,
+    unhealthy: bool,
+    release_lease: Option<bool>,
+) -> bool {
+    let progress = matches!(
+        value,
+        ExporterStatusValue::LeaseReady
+            | ExporterStatusValue::BeforeLeaseHook
+            | ExporterStatusValue::AfterLeaseHook
+    );
+    !progress || unhealthy || release_lease == Some(true)
+}
+
 /// Marks lease `namespace/name` for release (`spec.release`; the scheduler then ends it) and
 /// wakes the scheduler: the one write of `jmp delete lease` (the client API's `DeleteLease`),
 /// of the admin API releasing a deleted exporter's leases and of the dashboard's End lease.
@@ -451,7 +474,9 @@ impl<S: Store> ControllerService for ControllerApi<S> {
                 );
             }
         }
-        self.0.wake.notify_one();
+        if report_may_change_scheduling(value, unhealthy.is_some(), req.release_lease) {
+            self.0.wake.notify_one();
+        }
         Ok(Response::new(ReportStatusResponse {}))
     }
 
@@ -982,6 +1007,79 @@ fn conn_key<T>(request: &Request<T>) -> (ConnKey, Option<std::net::SocketAddr>) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An exporter `ex1` in a fresh embedded store, its state, and call metadata with its
+    /// token.
+    async fn exporter_lab() -> (
+        tempfile::TempDir,
+        Arc<ControllerState<crate::store::SqliteStore>>,
+        tonic::metadata::MetadataMap,
+    ) {
+        use jumpstarter_core::auth::{KIND_KEY, NAME_KEY, NAMESPACE_KEY, Subject};
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::SqliteStore::open(dir.path()).await.unwrap();
+        let issuer = Arc::new(crate::auth::TokenIssuer::generate().unwrap());
+        let (router_key, _) = jumpstarter_router::RouterTokenKey::generate().unwrap();
+        let mut e = Exporter::new("ex1", Default::default());
+        e.metadata.namespace = Some("default".into());
+        let uid = store.create(&e).await.unwrap().metadata.uid.unwrap();
+        let subject = Subject::new(ObjectKind::Exporter, "default", "ex1", &uid);
+        let token = issuer.issue(&subject).unwrap().token;
+        let mut md = tonic::metadata::MetadataMap::new();
+        md.insert("authorization", format!("Bearer {token}").parse().unwrap());
+        md.insert(KIND_KEY, "Exporter".parse().unwrap());
+        md.insert(NAMESPACE_KEY, "default".parse().unwrap());
+        md.insert(NAME_KEY, "ex1".parse().unwrap());
+        let state = ControllerState::new(store, issuer, router_key, vec![], "localhost:1".into());
+        (dir, state, md)
+    }
+
+    #[tokio::test]
+    async fn only_reports_that_can_change_a_grant_wake_the_scheduler() {
+        use futures::FutureExt;
+        let (_dir, state, md) = exporter_lab().await;
+        let api = ControllerApi(state.clone());
+        let cases: [(PbStatus, &str, Option<bool>, bool); 9] = [
+            (PbStatus::Available, "", None, true),
+            (PbStatus::BeforeLeaseHook, "", None, false),
+            (PbStatus::LeaseReady, "", None, false),
+            (PbStatus::AfterLeaseHook, "", None, false),
+            (PbStatus::LeaseReady, "", Some(false), false),
+            // The exporter asks for its lease to end.
+            (PbStatus::LeaseReady, "", Some(true), true),
+            // Quarantine, whatever the status.
+            (
+                PbStatus::LeaseReady,
+                "[UNHEALTHY] healthCheck: disk full",
+                None,
+                true,
+            ),
+            (PbStatus::BeforeLeaseHookFailed, "", None, true),
+            (PbStatus::Offline, "", None, true),
+        ];
+        // No permit left from before.
+        let _ = state.wake.notified().now_or_never();
+        for (status, message, release_lease, wakes) in cases {
+            let mut request = Request::new(ReportStatusRequest {
+                status: status as i32,
+                message: Some(message.into()),
+                release_lease,
+            });
+            *request.metadata_mut() = md.clone();
+            api.report_status(request).await.unwrap();
+            let woke = state.wake.notified().now_or_never().is_some();
+            assert_eq!(
+                woke, wakes,
+                "{status:?} {message:?} release {release_lease:?}"
+            );
+        }
+        // The reports were stored all the same.
+        let e: Exporter = state.store.get("default", "ex1").await.unwrap().unwrap();
+        assert_eq!(
+            e.status.and_then(|s| s.exporter_status),
+            Some(ExporterStatusValue::Offline)
+        );
+    }
 
     #[test]
     fn conflicting_writes_wait_longer_each_time_and_long_enough_in_all() {
