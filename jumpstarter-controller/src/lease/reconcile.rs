@@ -165,7 +165,7 @@ pub async fn reconcile_once<S: Store>(
             view_guard.as_ref()
         },
     );
-    let leases_written = write_leases(
+    let mut leases_written = write_leases(
         store,
         &leases,
         &decisions,
@@ -185,6 +185,10 @@ pub async fn reconcile_once<S: Store>(
     if sync_owners(store, &leases, &leases_written, &named).await {
         next = Some(now);
     }
+    // `CreateLease` answers with its lease from these once the pass has ended.
+    state
+        .passes
+        .wrote(std::mem::take(&mut leases_written.rewritten));
     let leases_in = started.elapsed();
     // Before the exporters hear of their leases: their Status messages name the client.
     let clients_of: crate::state::LeaseClients = leases

@@ -373,21 +373,24 @@ impl<S: Store> ClientService for ClientApi<S> {
         // ready, and the client need not poll for the grant (a client that polls anyway, as
         // upstream's does, finds the same). A loop that does not get to it in time (busy,
         // or not running here) leaves the answer as it was stored.
+        // The pass hands over the leases it wrote: a lease granted (or left waiting) by it
+        // is answered from there, without reading it back.
         let pass = self.0.passes.after_now();
         self.0.wake.notify_one();
         let mut out = created;
-        if self
+        if let Some(written) = self
             .0
             .passes
-            .wait_done(pass, crate::lease::passes::GRANT_WAIT)
+            .wait_written(pass, crate::lease::passes::GRANT_WAIT)
             .await
-            && let Ok(Some(now)) = self
-                .0
-                .store
-                .get::<Lease>(ns, out.metadata.name.as_deref().unwrap_or(&name))
-                .await
         {
-            out = now;
+            let name = out.metadata.name.clone().unwrap_or(name);
+            if let Some(l) = written.get(&(ns.to_string(), name.clone())) {
+                out = l.clone();
+            } else if let Ok(Some(now)) = self.0.store.get::<Lease>(ns, &name).await {
+                // Not written by the last pass (which may be a later one): as stored.
+                out = now;
+            }
         }
         Ok(Response::new(self.lease_out(&out, Timestamp::now())))
     }

@@ -476,6 +476,8 @@ async fn a_lease_granted_at_once_comes_back_ready_and_a_waiting_one_waiting() {
         .unwrap()
         .into_inner();
     assert!(ready(&polled) && polled.exporter == granted.exporter);
+    // The lease as stored, not an earlier copy (the answer comes from the pass's writes).
+    assert_eq!(polled.conditions, granted.conditions);
 
     // The exporter is taken: the next lease comes back waiting, with its place in the queue.
     let waiting = cli
