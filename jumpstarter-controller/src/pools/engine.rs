@@ -1481,17 +1481,11 @@ impl<S: Store> Engine<S> {
             }
         }
         if let Some(lease) = world.holders.get(&key) {
-            let r = crate::service::controller::update_lease(
+            let r = crate::service::controller::mark_release(
                 &self.state.store,
                 namespace,
                 lease,
-                |l| {
-                    if l.is_ended() || l.spec.release {
-                        return Ok(false);
-                    }
-                    l.spec.release = true;
-                    Ok(true)
-                },
+                |_| Ok(true),
             )
             .await;
             if let Err(e) = r

@@ -162,22 +162,37 @@ fn report_may_change_scheduling(
 /// Marks lease `namespace/name` for release (`spec.release`; the scheduler then ends it) and
 /// wakes the scheduler: the one write of `jmp delete lease` (the client API's `DeleteLease`),
 /// of the admin API releasing a deleted exporter's leases and of the dashboard's End lease.
-/// A lease already marked is left as it is. Returns the lease as stored after.
+/// A lease that has ended or is already marked is left as it is. Returns the lease as stored
+/// after.
 pub(crate) async fn release_lease<S: Store>(
     state: &ControllerState<S>,
     namespace: &str,
     name: &str,
 ) -> Result<Lease, Status> {
-    let l = update_lease(&state.store, namespace, name, |l| {
-        if l.spec.release {
+    let l = mark_release(&state.store, namespace, name, |_| Ok(true)).await?;
+    state.wake.notify_one();
+    Ok(l)
+}
+
+/// Sets lease `namespace/name`'s release mark (`spec.release`; the scheduler then ends it)
+/// when `may` says so of the lease as stored: `Ok(false)` leaves it as it is, an error is
+/// the call's answer. A lease that has ended or is already marked is left as it is. Every
+/// release is written here (the caller wakes the scheduler). Returns the lease as stored
+/// after.
+pub(crate) async fn mark_release<S: Store>(
+    store: &S,
+    namespace: &str,
+    name: &str,
+    may: impl Fn(&Lease) -> Result<bool, Status>,
+) -> Result<Lease, Status> {
+    update_lease(store, namespace, name, |l| {
+        if !may(l)? || l.is_ended() || l.spec.release {
             return Ok(false);
         }
         l.spec.release = true;
         Ok(true)
     })
-    .await?;
-    state.wake.notify_one();
-    Ok(l)
+    .await
 }
 
 /// The lease `namespace/name`, or NOT_FOUND.
@@ -458,13 +473,9 @@ impl<S: Store> ControllerService for ControllerApi<S> {
         if req.release_lease == Some(true)
             && let Some(lease) = e.status.as_ref().and_then(|s| s.lease_ref.as_ref())
         {
-            let r = update_lease(&self.0.store, &caller.namespace, &lease.name, |l| {
-                let ours = l.assigned_exporter() == Some(caller.name.as_str());
-                if !ours || l.is_ended() || l.spec.release {
-                    return Ok(false);
-                }
-                l.spec.release = true;
-                Ok(true)
+            // Only the lease it holds.
+            let r = mark_release(&self.0.store, &caller.namespace, &lease.name, |l| {
+                Ok(l.assigned_exporter() == Some(caller.name.as_str()))
             })
             .await;
             if let Err(e) = r {
@@ -911,7 +922,7 @@ impl<S: Store> ControllerService for ControllerApi<S> {
                 false,
             )
         };
-        update_lease(&self.0.store, &caller.namespace, &name, |l| {
+        mark_release(&self.0.store, &caller.namespace, &name, |l| {
             let allowed = if exporter_path {
                 l.assigned_exporter() == Some(caller.name.as_str())
             } else {
@@ -921,10 +932,6 @@ impl<S: Store> ControllerService for ControllerApi<S> {
             if !allowed {
                 return Err(Status::permission_denied("permission denied"));
             }
-            if l.is_ended() || l.spec.release {
-                return Ok(false);
-            }
-            l.spec.release = true;
             Ok(true)
         })
         .await?;
@@ -1032,6 +1039,56 @@ mod tests {
         md.insert(NAME_KEY, "ex1".parse().unwrap());
         let state = ControllerState::new(store, issuer, router_key, vec![], "localhost:1".into());
         (dir, state, md)
+    }
+
+    #[tokio::test]
+    async fn a_release_mark_is_set_once_on_a_live_lease_that_may_be_released() {
+        let (_dir, state, _) = exporter_lab().await;
+        let store = &state.store;
+        let mut l = Lease::new("l1", Default::default());
+        l.metadata.namespace = Some("default".into());
+        let created = store.create(&l).await.unwrap();
+        let rv = |l: &Lease| l.metadata.resource_version.clone();
+        // Refused, or not to be released: the lease is left as it is.
+        let refused = mark_release(store, "default", "l1", |_| {
+            Err(Status::permission_denied("permission denied"))
+        })
+        .await
+        .unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::PermissionDenied);
+        let left = mark_release(store, "default", "l1", |_| Ok(false))
+            .await
+            .unwrap();
+        assert!(!left.spec.release);
+        assert_eq!(rv(&left), rv(&created));
+        // Marked once; marking again writes nothing.
+        let marked = mark_release(store, "default", "l1", |_| Ok(true))
+            .await
+            .unwrap();
+        assert!(marked.spec.release);
+        let again = mark_release(store, "default", "l1", |_| Ok(true))
+            .await
+            .unwrap();
+        assert_eq!(rv(&again), rv(&marked));
+        // An ended lease is not marked.
+        let mut l2 = Lease::new("l2", Default::default());
+        l2.metadata.namespace = Some("default".into());
+        let mut ended = store.create(&l2).await.unwrap();
+        ended.status = Some(crate::objects::LeaseStatus {
+            ended: true,
+            ..Default::default()
+        });
+        let ended = store.update_status(&ended).await.unwrap();
+        let after = mark_release(store, "default", "l2", |_| Ok(true))
+            .await
+            .unwrap();
+        assert!(!after.spec.release);
+        assert_eq!(rv(&after), rv(&ended));
+        // A lease that does not exist.
+        let missing = mark_release(store, "default", "nope", |_| Ok(true))
+            .await
+            .unwrap_err();
+        assert_eq!(missing.code(), tonic::Code::NotFound);
     }
 
     #[tokio::test]
