@@ -1043,12 +1043,19 @@ mod tests {
 
     #[tokio::test]
     async fn a_release_mark_is_set_once_on_a_live_lease_that_may_be_released() {
+        use crate::store::SqliteStore;
         let (_dir, state, _) = exporter_lab().await;
         let store = &state.store;
-        let mut l = Lease::new("l1", Default::default());
-        l.metadata.namespace = Some("default".into());
-        let created = store.create(&l).await.unwrap();
+        async fn create(store: &SqliteStore, name: &str) -> Lease {
+            let mut l = Lease::new(name, Default::default());
+            l.metadata.namespace = Some("default".into());
+            store.create(&l).await.unwrap()
+        }
+        async fn mark(store: &SqliteStore, name: &str, may: bool) -> Result<Lease, Status> {
+            mark_release(store, "default", name, move |_| Ok(may)).await
+        }
         let rv = |l: &Lease| l.metadata.resource_version.clone();
+        let created = create(store, "l1").await;
         // Refused, or not to be released: the lease is left as it is.
         let refused = mark_release(store, "default", "l1", |_| {
             Err(Status::permission_denied("permission denied"))
@@ -1056,38 +1063,25 @@ mod tests {
         .await
         .unwrap_err();
         assert_eq!(refused.code(), tonic::Code::PermissionDenied);
-        let left = mark_release(store, "default", "l1", |_| Ok(false))
-            .await
-            .unwrap();
+        let left = mark(store, "l1", false).await.unwrap();
         assert!(!left.spec.release);
         assert_eq!(rv(&left), rv(&created));
         // Marked once; marking again writes nothing.
-        let marked = mark_release(store, "default", "l1", |_| Ok(true))
-            .await
-            .unwrap();
+        let marked = mark(store, "l1", true).await.unwrap();
         assert!(marked.spec.release);
-        let again = mark_release(store, "default", "l1", |_| Ok(true))
-            .await
-            .unwrap();
-        assert_eq!(rv(&again), rv(&marked));
+        assert_eq!(rv(&mark(store, "l1", true).await.unwrap()), rv(&marked));
         // An ended lease is not marked.
-        let mut l2 = Lease::new("l2", Default::default());
-        l2.metadata.namespace = Some("default".into());
-        let mut ended = store.create(&l2).await.unwrap();
+        let mut ended = create(store, "l2").await;
         ended.status = Some(crate::objects::LeaseStatus {
             ended: true,
             ..Default::default()
         });
         let ended = store.update_status(&ended).await.unwrap();
-        let after = mark_release(store, "default", "l2", |_| Ok(true))
-            .await
-            .unwrap();
+        let after = mark(store, "l2", true).await.unwrap();
         assert!(!after.spec.release);
         assert_eq!(rv(&after), rv(&ended));
         // A lease that does not exist.
-        let missing = mark_release(store, "default", "nope", |_| Ok(true))
-            .await
-            .unwrap_err();
+        let missing = mark(store, "nope", true).await.unwrap_err();
         assert_eq!(missing.code(), tonic::Code::NotFound);
     }
 
