@@ -544,4 +544,4 @@ pub trait Store: Clone + Send + Sync + 'static {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
