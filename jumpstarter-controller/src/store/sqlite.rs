@@ -96,9 +96,9 @@ impl Written {
     }
 
     /// The object `t` as written at `revision`, if that was the last write of it here.
-    fn get<K: StoreObject>(&self, t: &Target, revision: u64) -> Option<K> {
+    fn get(&self, t: &Target, revision: u64) -> Option<Decoded> {
         match self.objects.get(&Self::key(t)) {
-            Some((at, object)) if *at == revision => object.downcast_ref::<K>().cloned(),
+            Some((at, object)) if *at == revision => Some(object.clone()),
             _ => None,
         }
     }
@@ -778,7 +778,7 @@ impl Inner {
         tx: &Connection,
         t: &Target,
         given_rv: &str,
-        given: &K,
+        given: K,
         merge: Merge,
     ) -> Result<(K, Option<RawEvent>), StoreError> {
         let (current_rv, body) = self.read_row(tx, t)?.ok_or_else(|| t.not_found())?;
@@ -790,7 +790,7 @@ impl Inner {
         {
             return self.replace_typed(tx, t, current_rv, &body, given, merge, &ops);
         }
-        let given = serde_json::to_value(given)
+        let given = serde_json::to_value(&given)
             .map_err(|e| t.invalid(Because::boxed("cannot serialize", e)))?;
         let mut next: Value = serde_json::from_str(&body).map_err(|e| t.corrupt(e))?;
         if !merge_value(merge, t, &mut next, given)? {
@@ -816,19 +816,23 @@ impl Inner {
         t: &Target,
         current_rv: u64,
         body: &str,
-        given: &K,
+        given: K,
         merge: Merge,
         ops: &Ops<K>,
     ) -> Result<(K, Option<RawEvent>), StoreError> {
-        let copied = self.written.lock_or_recover().get::<K>(t, current_rv);
-        let stored: K = match copied {
+        let copy = self.written.lock_or_recover().get(t, current_rv);
+        let decoded: K;
+        let stored: &K = match copy.as_deref().and_then(|c| c.downcast_ref::<K>()) {
             Some(stored) => stored,
-            None => t.decode(body)?,
+            None => {
+                decoded = t.decode(body)?;
+                &decoded
+            }
         };
         let mut next = stored.clone();
         if !ops.take_parts(&mut next, given, merge) {
             // Nothing changed: no write, no event, same resourceVersion (as Kubernetes).
-            return Ok((stored, None));
+            return Ok((next, None));
         }
         let revision = self.next_revision();
         next.meta_mut().resource_version = Some(revision.to_string());
@@ -841,8 +845,8 @@ impl Inner {
             .meta_mut()
             .resource_version
             .clone_from(&stored.meta().resource_version);
-        if ops.same(&result, &stored) {
-            return Ok((stored, None));
+        if ops.same(&result, stored) {
+            return Ok((stored.clone(), None));
         }
         result.meta_mut().resource_version = Some(revision.to_string());
         // The write comes last, as in `replace_in`.
@@ -862,19 +866,19 @@ impl Inner {
     fn replace_many_in<K: StoreObject>(
         &self,
         conn: &Connection,
-        objects: &[(K, Merge)],
+        objects: Vec<(K, Merge)>,
     ) -> Result<(Vec<Result<K, StoreError>>, Vec<RawEvent>), StoreError> {
         let mut results = Vec::with_capacity(objects.len());
         let mut events = Vec::new();
         for (object, merge) in objects {
-            let (t, given_rv) = match prepare_replace(object) {
+            let (t, given_rv) = match prepare_replace(&object) {
                 Ok(p) => p,
                 Err(e) => {
                     results.push(Err(e));
                     continue;
                 }
             };
-            match self.replace_in::<K>(conn, &t, &given_rv, object, *merge) {
+            match self.replace_in::<K>(conn, &t, &given_rv, object, merge) {
                 Ok((stored, event)) => {
                     results.push(Ok(stored));
                     events.extend(event);
@@ -1149,7 +1153,7 @@ impl SqliteStore {
         let (t, given_rv) = prepare_replace(object)?;
         let given = object.clone();
         self.write(t.kind.clone(), move |inner, tx| {
-            let (stored, event) = inner.replace_in(tx, &t, &given_rv, &given, merge)?;
+            let (stored, event) = inner.replace_in(tx, &t, &given_rv, given, merge)?;
             Ok((stored, event.into_iter().collect()))
         })
         .await
@@ -1166,7 +1170,7 @@ impl SqliteStore {
             return Ok(Vec::new());
         }
         self.write(kind_of::<K>(), move |inner, conn| {
-            inner.replace_many_in(conn, &objects)
+            inner.replace_many_in(conn, objects)
         })
         .await
     }

@@ -20,7 +20,7 @@ use kube::core::object::HasStatus;
 
 use crate::objects::virtualtarget::ExporterSet;
 use crate::objects::{Client, Exporter, ExporterAccessPolicy, Lease};
-use crate::store::{StoreObject, copy_written_metadata};
+use crate::store::StoreObject;
 
 /// Which parts of the given object a replace writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,8 +39,8 @@ pub(super) enum Merge {
 
 /// A kind written on the typed object: it has a status and compares by value.
 trait Typed: StoreObject + PartialEq {
-    /// Takes `merge`'s parts of `given`; whether anything changed.
-    fn take_parts(&mut self, given: &Self, merge: Merge) -> bool;
+    /// Takes `merge`'s parts of `given` (moved, not copied); whether anything changed.
+    fn take_parts(&mut self, given: Self, merge: Merge) -> bool;
     /// Drops the status (a create writes none: it is the status subresource's).
     fn clear_status(&mut self);
 }
@@ -50,22 +50,26 @@ where
     T: StoreObject + PartialEq + HasStatus,
     T::Status: Clone + PartialEq,
 {
-    fn take_parts(&mut self, given: &Self, merge: Merge) -> bool {
+    fn take_parts(&mut self, mut given: Self, merge: Merge) -> bool {
         let mut changed = false;
         if matches!(merge, Merge::Status | Merge::StatusAndMetadata)
             && self.status() != given.status()
         {
-            *self.status_mut() = given.status().cloned();
+            *self.status_mut() = given.status_mut().take();
             changed = true;
         }
         if matches!(merge, Merge::Metadata | Merge::StatusAndMetadata) {
-            let (mine, theirs) = (self.meta(), given.meta());
+            let (mine, theirs) = (self.meta_mut(), given.meta_mut());
             let same = mine.labels == theirs.labels
                 && mine.annotations == theirs.annotations
                 && mine.owner_references == theirs.owner_references
                 && mine.finalizers == theirs.finalizers;
             if !same {
-                copy_written_metadata(theirs, self.meta_mut());
+                // The fields of `crate::store::WRITTEN_METADATA`.
+                mine.labels = theirs.labels.take();
+                mine.annotations = theirs.annotations.take();
+                mine.owner_references = theirs.owner_references.take();
+                mine.finalizers = theirs.finalizers.take();
                 changed = true;
             }
         }
@@ -79,7 +83,7 @@ where
 
 /// The typed operations, for `K` when it is one of the typed kinds.
 pub(super) struct Ops<K> {
-    take_parts: fn(&mut K, &K, Merge) -> bool,
+    take_parts: fn(&mut K, K, Merge) -> bool,
     clear_status: fn(&mut K),
     same: fn(&K, &K) -> bool,
 }
@@ -108,7 +112,7 @@ impl<K: StoreObject> Ops<K> {
     }
 
     /// Takes `merge`'s parts of `given` into `stored`; whether anything changed.
-    pub(super) fn take_parts(&self, stored: &mut K, given: &K, merge: Merge) -> bool {
+    pub(super) fn take_parts(&self, stored: &mut K, given: K, merge: Merge) -> bool {
         (self.take_parts)(stored, given, merge)
     }
 
@@ -126,12 +130,17 @@ impl<K: StoreObject> Ops<K> {
 /// The operations of `T`, when `K` is `T`.
 fn pick<K: StoreObject, T: Typed>() -> Option<Ops<K>> {
     (std::any::TypeId::of::<K>() == std::any::TypeId::of::<T>()).then_some(Ops {
-        take_parts: |stored, given, merge| match (
-            (stored as &mut dyn Any).downcast_mut::<T>(),
-            (given as &dyn Any).downcast_ref::<T>(),
-        ) {
-            (Some(stored), Some(given)) => stored.take_parts(given, merge),
-            _ => false,
+        take_parts: |stored, given, merge| {
+            let mut given = Some(given);
+            match (
+                (stored as &mut dyn Any).downcast_mut::<T>(),
+                (&mut given as &mut dyn Any)
+                    .downcast_mut::<Option<T>>()
+                    .and_then(Option::take),
+            ) {
+                (Some(stored), Some(given)) => stored.take_parts(given, merge),
+                _ => false,
+            }
         },
         clear_status: |object| {
             if let Some(object) = (object as &mut dyn Any).downcast_mut::<T>() {
