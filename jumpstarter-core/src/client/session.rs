@@ -603,6 +603,12 @@ impl DriverClient {
         &self,
         method: &str,
     ) -> Result<impl AsyncRead + AsyncWrite + Send + Unpin + 'static, ClientError> {
+        self.open_stream_ends(method).await
+    }
+
+    /// [`DriverClient::open_stream`] as its two ends, for a relay:
+    /// [`RouterStreamEnds::splice`] joins a connection to them without copying the bytes.
+    pub async fn open_stream_ends(&self, method: &str) -> Result<RouterStreamEnds, ClientError> {
         let uuid = parse_uuid(&self.node.uuid)?;
         let (_, ends) = self
             .open_router_stream(
@@ -913,6 +919,43 @@ pub struct RouterStreamEnds {
     /// Bytes from the driver; fails if the transfer breaks.
     pub download: PipeReader,
     task: AbortOnDrop<()>,
+}
+
+impl RouterStreamEnds {
+    /// Relays bytes both ways between `conn` and the stream until both directions have
+    /// ended, as `tokio::io::copy_bidirectional` does (an end of file from one side shuts
+    /// down writing to the other), but without copying them: each read from `conn` becomes
+    /// one chunk of the stream in the buffer it was read into, and each chunk from the stream
+    /// is written to `conn` from its own buffer. The first error of either direction ends
+    /// both.
+    pub async fn splice<C>(mut self, conn: C) -> std::io::Result<()>
+    where
+        C: AsyncRead + AsyncWrite + Unpin,
+    {
+        let (mut from_conn, mut to_conn) = tokio::io::split(conn);
+        let upload = &mut self.upload;
+        let download = &mut self.download;
+        let up = async {
+            let mut buf = bytes::BytesMut::new();
+            loop {
+                use bytes::BufMut;
+                buf.reserve(crate::wire::frames::CHUNK);
+                let mut room = (&mut buf).limit(crate::wire::frames::CHUNK);
+                if from_conn.read_buf(&mut room).await? == 0 {
+                    upload.close();
+                    return Ok::<_, std::io::Error>(());
+                }
+                upload.send(buf.split().freeze()).await?;
+            }
+        };
+        let down = async {
+            while let Some(chunk) = download.next().await {
+                to_conn.write_all(&chunk?).await?;
+            }
+            to_conn.shutdown().await
+        };
+        tokio::try_join!(up, down).map(|_| ())
+    }
 }
 
 impl AsyncRead for RouterStreamEnds {

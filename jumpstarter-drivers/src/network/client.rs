@@ -7,7 +7,7 @@ use std::{
 };
 
 use clap::{Arg, ArgAction, ArgMatches, Command};
-use jumpstarter_core::{ClientError, client::DriverClient, wire::frames::CHUNK};
+use jumpstarter_core::{ClientError, client::DriverClient};
 use tokio::{
     io::{AsyncRead, AsyncWrite},
     task::JoinHandle,
@@ -76,20 +76,18 @@ impl Drop for Forwarder {
 }
 
 /// Relays one accepted connection through a new stream to `method`.
-async fn relay<C>(client: DriverClient, method: Arc<str>, mut conn: C)
+async fn relay<C>(client: DriverClient, method: Arc<str>, conn: C)
 where
     C: AsyncRead + AsyncWrite + Unpin,
 {
-    match client.open_stream(&method).await {
-        Ok(mut remote) => {
-            // Buffers of a whole stream chunk each way: tokio's default of 8 KiB made every
-            // 8 KiB a message of its own, and the per-message work of the stream (channel
-            // hops, HTTP/2 frames, wake-ups on both ends) bounded forwarding at a tenth of
-            // loopback TCP.
-            let copied =
-                tokio::io::copy_bidirectional_with_sizes(&mut conn, &mut remote, CHUNK, CHUNK)
-                    .await;
-            if let Err(e) = copied {
+    match client.open_stream_ends(&method).await {
+        Ok(remote) => {
+            // Reads of up to a whole stream chunk, each sent as it was read: tokio's
+            // default of 8 KiB made every 8 KiB a message of its own, and the per-message
+            // work of the stream (channel hops, HTTP/2 frames, wake-ups on both ends) bounded
+            // forwarding at a tenth of loopback TCP; a copying relay copied every byte once
+            // more each way.
+            if let Err(e) = remote.splice(conn).await {
                 tracing::debug!(
                     "forwarded connection ended: {e}",
                     e = jumpstarter_core::error_chain(&e)

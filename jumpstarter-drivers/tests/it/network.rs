@@ -1,6 +1,6 @@
 //! Network drivers end to end: real TCP, UDP and Unix echo servers behind a served session.
 
-use std::{path::Path, sync::Arc};
+use std::{path::Path, sync::Arc, time::Duration};
 
 use jumpstarter_core::{ClientError, DriverError};
 use jumpstarter_drivers::{EchoNetwork, NetworkClient, TcpNetwork, UdpNetwork, UnixNetwork};
@@ -221,6 +221,49 @@ async fn tcp_and_unix_port_forwards_relay_each_connection() {
         let _ = s.write_all(b"x").await;
         assert!(matches!(s.read(&mut buf).await, Ok(0) | Err(_)));
     }
+}
+
+/// A forward carries more than a stream chunk each way, in pieces of any size, and an end of
+/// file from the local side reaches the remote end (the echo server then closes, and that
+/// end of file comes back): every byte arrives, in order, and the connection ends.
+#[tokio::test]
+async fn a_forward_carries_many_chunks_and_passes_end_of_file_both_ways() {
+    let port = tcp_echo("127.0.0.1:0").await;
+    let served = Served::start(vec![(
+        "tcp",
+        Arc::new(TcpNetwork::new("127.0.0.1", port, true)),
+    )]);
+    let tcp = net_client(&served, "tcp").await;
+    let fwd = tcp
+        .forward_tcp("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let conn = tokio::net::TcpStream::connect(fwd.local_address())
+        .await
+        .unwrap();
+    let (mut rd, mut wr) = conn.into_split();
+    // 3 MiB and a bit: twelve stream chunks and a remainder, written in uneven pieces.
+    let sent: Vec<u8> = (0..3 * 1024 * 1024 + 12_345)
+        .map(|i: u32| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+        .collect();
+    let writing = {
+        let sent = sent.clone();
+        tokio::spawn(async move {
+            for piece in sent.chunks(70_001) {
+                wr.write_all(piece).await.unwrap();
+            }
+            wr.shutdown().await.unwrap();
+            wr
+        })
+    };
+    let mut back = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), rd.read_to_end(&mut back))
+        .await
+        .expect("the echoed bytes and the end of file come back")
+        .unwrap();
+    assert_eq!(back.len(), sent.len());
+    assert!(back == sent, "the bytes come back in order");
+    let _wr = writing.await.unwrap();
 }
 
 /// What the WebSocket echo server does with each message.
