@@ -888,11 +888,11 @@ async fn controller_kinds_round_trip_with_status<S: Store>(store: S) {
 /// An exporter whose status has a condition changed at `at` (nanoseconds kept in memory; the
 /// stored form keeps whole seconds).
 fn exporter_changed_at(
-    store_copy: &crate::objects::Exporter,
+    stored: &crate::objects::Exporter,
     at: jiff::Timestamp,
 ) -> crate::objects::Exporter {
     use crate::objects::{ExporterStatus, conditions, set_condition};
-    let mut e = store_copy.clone();
+    let mut e = stored.clone();
     let mut st = ExporterStatus {
         status_message: "Available for new lease".into(),
         ..Default::default()
@@ -910,12 +910,60 @@ fn exporter_changed_at(
     e
 }
 
+/// Creates the exporter `lab/board-1` (with `labels`) and returns it as stored.
+async fn create_board(store: &SqliteStore, labels: &[(&str, &str)]) -> crate::objects::Exporter {
+    let mut e = crate::objects::Exporter::new("board-1", Default::default());
+    e.metadata.namespace = Some("lab".into());
+    if !labels.is_empty() {
+        e.metadata.labels = Some(
+            labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        );
+    }
+    store.create(&e).await.unwrap()
+}
+
+/// `update_status` of `stored` with its condition changed at `at`; the answer.
+async fn write_status_at(
+    store: &SqliteStore,
+    stored: &crate::objects::Exporter,
+    at: jiff::Timestamp,
+) -> crate::objects::Exporter {
+    store
+        .update_status(&exporter_changed_at(stored, at))
+        .await
+        .unwrap()
+}
+
+/// `update_status_and_metadata_many` of `given` alone, both parts; the answer.
+async fn write_both_parts(
+    store: &SqliteStore,
+    given: crate::objects::Exporter,
+) -> crate::objects::Exporter {
+    let both = Parts {
+        status: true,
+        metadata: true,
+    };
+    store
+        .update_status_and_metadata_many(vec![(given, both)])
+        .await
+        .unwrap()
+        .remove(0)
+        .unwrap()
+}
+
+/// `lab/board-1` as a read returns it.
+async fn read_board(store: &SqliteStore) -> crate::objects::Exporter {
+    store.get("lab", "board-1").await.unwrap().unwrap()
+}
+
 /// Status writes of a typed kind (done on the typed object) and of the value merge behave
 /// alike: a write that differs from the stored object only below a second (which its JSON
 /// form drops) writes nothing, and an answer is what a later read returns.
 #[tokio::test]
 async fn a_status_write_that_changes_only_what_json_drops_writes_nothing() {
-    use crate::objects::{Exporter, ExporterSpec};
     let at = jiff::Timestamp::from_second(1_800_000_000).unwrap();
     for value_merge in [false, true] {
         let dir = tempfile::tempdir().unwrap();
@@ -925,45 +973,28 @@ async fn a_status_write_that_changes_only_what_json_drops_writes_nothing() {
                 .await
                 .unwrap(),
         };
-        let mut e = Exporter::new("board-1", ExporterSpec::default());
-        e.metadata.namespace = Some("lab".into());
-        let created = store.create(&e).await.unwrap();
+        let created = create_board(&store, &[]).await;
         assert_eq!(created.status, None, "a create writes no status");
-        let first = store
-            .update_status(&exporter_changed_at(&created, at))
-            .await
-            .unwrap();
-        assert_ne!(
-            first.metadata.resource_version,
-            created.metadata.resource_version
-        );
-        let got: Exporter = store.get("lab", "board-1").await.unwrap().unwrap();
+        let first = write_status_at(&store, &created, at).await;
+        let rv = |e: &crate::objects::Exporter| e.metadata.resource_version.clone();
+        assert_ne!(rv(&first), rv(&created));
         assert_eq!(
-            got, first,
+            read_board(&store).await,
+            first,
             "value_merge={value_merge}: the answer is what a read returns"
         );
         // The same status, 0.4 s later within the same second: nothing to write.
         let later = at + jiff::SignedDuration::from_millis(400);
-        let again = store
-            .update_status(&exporter_changed_at(&first, later))
-            .await
-            .unwrap();
+        let again = write_status_at(&store, &first, later).await;
         assert_eq!(
-            again.metadata.resource_version, first.metadata.resource_version,
+            again, first,
             "value_merge={value_merge}: a write of the same status in JSON is not written"
         );
-        assert_eq!(again, first);
         // A second later it is a change, answered as stored (whole seconds).
         let next_second = at + jiff::SignedDuration::from_millis(1_400);
-        let changed = store
-            .update_status(&exporter_changed_at(&again, next_second))
-            .await
-            .unwrap();
-        assert_ne!(
-            changed.metadata.resource_version,
-            first.metadata.resource_version
-        );
-        let got: Exporter = store.get("lab", "board-1").await.unwrap().unwrap();
+        let changed = write_status_at(&store, &again, next_second).await;
+        assert_ne!(rv(&changed), rv(&first));
+        let got = read_board(&store).await;
         assert_eq!(got, changed, "value_merge={value_merge}");
         let cond = &got.status.as_ref().unwrap().conditions[0];
         assert_eq!(
@@ -977,51 +1008,22 @@ async fn a_status_write_that_changes_only_what_json_drops_writes_nothing() {
 /// by the typed one: an unchanged status is not written again, a changed one is.
 #[tokio::test]
 async fn the_typed_merge_takes_over_objects_the_value_merge_wrote() {
-    use crate::objects::{Exporter, ExporterSpec};
     let at = jiff::Timestamp::from_second(1_800_000_000).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let written = {
         let store = SqliteStore::open_with_value_merge(dir.path())
             .await
             .unwrap();
-        let mut e = Exporter::new("board-1", ExporterSpec::default());
-        e.metadata.namespace = Some("lab".into());
-        e.metadata.labels = Some([("board".to_string(), "rpi4".to_string())].into());
-        let created = store.create(&e).await.unwrap();
-        store
-            .update_status(&exporter_changed_at(&created, at))
-            .await
-            .unwrap()
+        let created = create_board(&store, &[("board", "rpi4")]).await;
+        write_status_at(&store, &created, at).await
     };
     let store = SqliteStore::open(dir.path()).await.unwrap();
-    let same = store
-        .update_status_and_metadata_many(vec![(
-            exporter_changed_at(&written, at),
-            Parts {
-                status: true,
-                metadata: true,
-            },
-        )])
-        .await
-        .unwrap()
-        .remove(0)
-        .unwrap();
+    let same = write_both_parts(&store, exporter_changed_at(&written, at)).await;
     assert_eq!(same, written, "nothing changed, nothing written");
     let mut relabelled = written.clone();
     relabelled.metadata.labels = Some([("board".to_string(), "rpi5".to_string())].into());
     relabelled.spec.username = Some("ignored: the spec is not a part written".into());
-    let stored = store
-        .update_status_and_metadata_many(vec![(
-            relabelled,
-            Parts {
-                status: true,
-                metadata: true,
-            },
-        )])
-        .await
-        .unwrap()
-        .remove(0)
-        .unwrap();
+    let stored = write_both_parts(&store, relabelled).await;
     assert_ne!(
         stored.metadata.resource_version,
         written.metadata.resource_version
@@ -1032,8 +1034,7 @@ async fn the_typed_merge_takes_over_objects_the_value_merge_wrote() {
     );
     assert_eq!(stored.spec, written.spec);
     assert_eq!(stored.status, written.status);
-    let got: Exporter = store.get("lab", "board-1").await.unwrap().unwrap();
-    assert_eq!(got, stored);
+    assert_eq!(read_board(&store).await, stored);
 }
 
 /// The writer starts a status write from its copy of the object it last wrote only while
@@ -1041,27 +1042,17 @@ async fn the_typed_merge_takes_over_objects_the_value_merge_wrote() {
 /// the next status write keeps the new spec.
 #[tokio::test]
 async fn a_status_write_after_a_spec_update_keeps_the_new_spec() {
-    use crate::objects::{Exporter, ExporterSpec};
     let at = jiff::Timestamp::from_second(1_800_000_000).unwrap();
     let (_dir, store) = open().await;
-    let mut e = Exporter::new("board-1", ExporterSpec::default());
-    e.metadata.namespace = Some("lab".into());
-    let created = store.create(&e).await.unwrap();
-    let with_status = store
-        .update_status(&exporter_changed_at(&created, at))
-        .await
-        .unwrap();
-    let mut respec = with_status.clone();
+    let created = create_board(&store, &[]).await;
+    let mut respec = write_status_at(&store, &created, at).await;
     respec.spec.username = Some("board-1-admin".into());
     let updated = store.update(&respec).await.unwrap();
     assert_eq!(updated.spec.username.as_deref(), Some("board-1-admin"));
     let later = at + jiff::SignedDuration::from_secs(5);
-    let restatused = store
-        .update_status(&exporter_changed_at(&updated, later))
-        .await
-        .unwrap();
+    let restatused = write_status_at(&store, &updated, later).await;
     assert_eq!(restatused.spec.username.as_deref(), Some("board-1-admin"));
-    let got: Exporter = store.get("lab", "board-1").await.unwrap().unwrap();
+    let got = read_board(&store).await;
     assert_eq!(got, restatused);
     assert_eq!(got.metadata.generation, Some(2));
 }

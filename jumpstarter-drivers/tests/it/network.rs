@@ -173,8 +173,9 @@ async fn unix_and_echo_streams_echo() {
     assert!(net_client(&served, "unix").await.address().await.is_err());
 }
 
-#[tokio::test]
-async fn tcp_and_unix_port_forwards_relay_each_connection() {
+/// A TCP echo server behind a served `TcpNetwork` named `tcp`, and a forward of it on a
+/// loopback port: the session, its client and the forward.
+async fn forwarded_echo() -> (Served, NetworkClient, jumpstarter_drivers::Forwarder) {
     let port = tcp_echo("127.0.0.1:0").await;
     let served = Served::start(vec![(
         "tcp",
@@ -185,6 +186,12 @@ async fn tcp_and_unix_port_forwards_relay_each_connection() {
         .forward_tcp("127.0.0.1:0".parse().unwrap())
         .await
         .unwrap();
+    (served, tcp, fwd)
+}
+
+#[tokio::test]
+async fn tcp_and_unix_port_forwards_relay_each_connection() {
+    let (_served, tcp, fwd) = forwarded_echo().await;
     let local = fwd.local_address().to_string();
     assert!(local.starts_with("127.0.0.1:"), "{local}");
     let mut a = tokio::net::TcpStream::connect(&local).await.unwrap();
@@ -228,16 +235,7 @@ async fn tcp_and_unix_port_forwards_relay_each_connection() {
 /// end of file comes back): every byte arrives, in order, and the connection ends.
 #[tokio::test]
 async fn a_forward_carries_many_chunks_and_passes_end_of_file_both_ways() {
-    let port = tcp_echo("127.0.0.1:0").await;
-    let served = Served::start(vec![(
-        "tcp",
-        Arc::new(TcpNetwork::new("127.0.0.1", port, true)),
-    )]);
-    let tcp = net_client(&served, "tcp").await;
-    let fwd = tcp
-        .forward_tcp("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
+    let (_served, _tcp, fwd) = forwarded_echo().await;
     let conn = tokio::net::TcpStream::connect(fwd.local_address())
         .await
         .unwrap();
