@@ -125,7 +125,7 @@ pub struct Parts {
 }
 
 /// The metadata fields [`Store::update_status_and_metadata_many`] writes, by their JSON names
-/// (the fields [`copy_written_metadata`] copies).
+/// (the fields [`copy_written_metadata`] copies and [`take_written_metadata`] moves).
 pub(crate) const WRITTEN_METADATA: [&str; 4] =
     ["labels", "annotations", "ownerReferences", "finalizers"];
 
@@ -138,6 +138,25 @@ pub(crate) fn copy_written_metadata(
     into.annotations.clone_from(&given.annotations);
     into.owner_references.clone_from(&given.owner_references);
     into.finalizers.clone_from(&given.finalizers);
+}
+
+/// [`copy_written_metadata`] moving the fields out of `given`, and only when they differ
+/// from those of `into`; whether they did.
+pub(crate) fn take_written_metadata(
+    given: &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    into: &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> bool {
+    let same = into.labels == given.labels
+        && into.annotations == given.annotations
+        && into.owner_references == given.owner_references
+        && into.finalizers == given.finalizers;
+    if !same {
+        into.labels = given.labels.take();
+        into.annotations = given.annotations.take();
+        into.owner_references = given.owner_references.take();
+        into.finalizers = given.finalizers.take();
+    }
+    !same
 }
 
 /// A type the store can hold: a namespaced Kubernetes-style object (the `kube::CustomResource`

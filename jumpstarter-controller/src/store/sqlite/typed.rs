@@ -20,7 +20,7 @@ use kube::core::object::HasStatus;
 
 use crate::objects::virtualtarget::ExporterSet;
 use crate::objects::{Client, Exporter, ExporterAccessPolicy, Lease};
-use crate::store::StoreObject;
+use crate::store::{StoreObject, take_written_metadata};
 
 /// Which parts of the given object a replace writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,19 +59,7 @@ where
             changed = true;
         }
         if matches!(merge, Merge::Metadata | Merge::StatusAndMetadata) {
-            let (mine, theirs) = (self.meta_mut(), given.meta_mut());
-            let same = mine.labels == theirs.labels
-                && mine.annotations == theirs.annotations
-                && mine.owner_references == theirs.owner_references
-                && mine.finalizers == theirs.finalizers;
-            if !same {
-                // The fields of `crate::store::WRITTEN_METADATA`.
-                mine.labels = theirs.labels.take();
-                mine.annotations = theirs.annotations.take();
-                mine.owner_references = theirs.owner_references.take();
-                mine.finalizers = theirs.finalizers.take();
-                changed = true;
-            }
+            changed |= take_written_metadata(given.meta_mut(), self.meta_mut());
         }
         changed
     }
