@@ -262,7 +262,7 @@ pub async fn connect_tls_with(
     };
     if tls.insecure {
         let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
+            crate::wire::settings::tls_provider(),
         ))
         .with_safe_default_protocol_versions()
         .map_err(|e| connect_err(e.into()))?

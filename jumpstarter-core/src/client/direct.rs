@@ -100,7 +100,7 @@ impl DirectTarget {
         let key = PrivateKeyDer::from_pem_slice(ep.client_private_key.as_bytes())
             .map_err(|e| bad(Because::boxed("client private key", e)))?;
         let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
+            crate::wire::settings::tls_provider(),
         ))
         .with_safe_default_protocol_versions()
         .map_err(|e| bad(e.into()))?
@@ -298,6 +298,27 @@ mod tests {
             let e = crate::error_chain(&DirectTarget::from_endpoint(&ep).unwrap_err());
             assert!(e.contains(want), "want {want:?} in {e}");
         }
+    }
+
+    /// The direct path's TLS, where `j` encrypts and the exporter decrypts every forwarded
+    /// byte, settles on AES-128-GCM (ring alone would pick AES-256-GCM).
+    #[tokio::test]
+    async fn the_direct_path_negotiates_aes_128_gcm() {
+        let creds = LeaseCredentials::issue("l", "127.0.0.1").unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let acceptor = creds.server_tls().unwrap();
+        let server = tokio::spawn(async move {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let tls = acceptor.accept(tcp).await.unwrap();
+            tls.get_ref().1.negotiated_cipher_suite().map(|s| s.suite())
+        });
+        let target = DirectTarget::from_endpoint(&creds.endpoint(&addr.to_string())).unwrap();
+        let tls = target.connect_stream().await.unwrap();
+        let client = tls.get_ref().1.negotiated_cipher_suite().map(|s| s.suite());
+        let want = Some(rustls::CipherSuite::TLS13_AES_128_GCM_SHA256);
+        assert_eq!(client, want);
+        assert_eq!(server.await.unwrap(), want);
     }
 
     #[tokio::test]

@@ -208,7 +208,7 @@ impl LeaseCredentials {
     }
 
     /// Server TLS that requires a client certificate issued by this lease's CA.
-    fn server_tls(&self) -> Result<TlsAcceptor, TlsError> {
+    pub(crate) fn server_tls(&self) -> Result<TlsAcceptor, TlsError> {
         tls_acceptor(&self.server, Some(&self.ca_pem))
     }
 }
