@@ -17,10 +17,9 @@ pub const TLS_READ_BUFFER: usize = 64 * 1024;
 /// A server takes the client's order of cipher suites, and ring lists AES-256-GCM first.
 /// AES-128-GCM is as much a standard TLS 1.3 suite (the one upstream's gRPC clients offer
 /// first where the CPU has AES instructions) and costs less CPU per byte: 10 AES rounds
-/// where AES-256 has 14. On the direct path, where every forwarded byte is encrypted by
-/// `j` and decrypted by the exporter, that is about 6% less CPU in the two of them
-/// (docs/performance.md). The binaries make it the process's default with
-/// [`install_tls_provider`], which tonic's TLS then uses too.
+/// where AES-256 has 14, about 13% less a byte for the cipher (docs/performance.md). The
+/// binaries make it the process's default with [`install_tls_provider`], which tonic's TLS
+/// then uses too.
 pub fn tls_provider() -> tokio_rustls::rustls::crypto::CryptoProvider {
     use tokio_rustls::rustls::CipherSuite;
     let mut provider = tokio_rustls::rustls::crypto::ring::default_provider();
