@@ -750,3 +750,44 @@ async fn a_queued_shell_keeps_waiting_while_the_controller_is_away() {
     let (code, stdout, stderr) = finish(held).await;
     assert_eq!(code, 0, "{stdout}{stderr}");
 }
+
+/// A config's CA is all `jmp` needs on a machine without system certificates (a minimal
+/// container): the system's store is not required beside it. Without a CA, the empty
+/// store is named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configs_ca_is_enough_without_system_certificates() {
+    let lab = lab().await;
+    let client = lab.client("hello").await;
+    let no_certs = lab.path("no-certs.pem");
+    std::fs::write(&no_certs, "").unwrap();
+    let no_cert_dir = lab.path("no-certs");
+    std::fs::create_dir(&no_cert_dir).unwrap();
+    let get = |config: &Path| {
+        lab.cmd(JMP)
+            .args(["get", "exporters", "--client-config"])
+            .arg(config)
+            .env("SSL_CERT_FILE", &no_certs)
+            .env("SSL_CERT_DIR", &no_cert_dir)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (code, out, err) = finish(get(&client)).await;
+    assert_eq!(code, 0, "{out}{err}");
+
+    let without_ca = lab.path("without-ca.yaml");
+    let yaml = std::fs::read_to_string(&client).unwrap();
+    let yaml: String = yaml
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("ca:"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&without_ca, yaml).unwrap();
+    let (code, out, err) = finish(get(&without_ca)).await;
+    assert_ne!(code, 0, "{out}{err}");
+    assert!(
+        err.contains("no system CA certificates found") && err.contains("tls.ca"),
+        "{err}"
+    );
+}

@@ -292,9 +292,20 @@ pub async fn connect_tls_with(
             .map(GrpcChannel)
             .map_err(|e| connect_err(e.into()));
     }
-    let mut config = ClientTlsConfig::new()
-        .with_native_roots()
-        .domain_name(host.to_string());
+    let mut config = ClientTlsConfig::new().domain_name(host.to_string());
+    let roots = system_roots();
+    config = match (roots.is_empty(), &tls.ca_pem) {
+        (false, _) => config.trust_anchors(roots.iter().cloned()),
+        // No system certificates (a minimal container): the config's CA is enough.
+        (true, Some(_)) => config,
+        (true, None) => {
+            return Err(connect_err(
+                "no system CA certificates found (the system's store, or SSL_CERT_FILE / \
+                 SSL_CERT_DIR) and the config has no tls.ca to trust instead"
+                    .into(),
+            ));
+        }
+    };
     if let Some(ca) = &tls.ca_pem {
         config = config.ca_certificate(Certificate::from_pem(ca));
     }
@@ -305,6 +316,24 @@ pub async fn connect_tls_with(
         .await
         .map(GrpcChannel)
         .map_err(|e| connect_err(e.into()))
+}
+
+/// The system's trust anchors (`SSL_CERT_FILE`, `SSL_CERT_DIR` or the platform's store),
+/// read once per process. Reading and parsing them takes a few milliseconds, and a
+/// `jmp shell` makes two connections (the controller's and the router's); certificates
+/// that do not parse are skipped.
+pub(crate) fn system_roots() -> &'static [rustls::pki_types::TrustAnchor<'static>] {
+    static ROOTS: std::sync::OnceLock<Vec<rustls::pki_types::TrustAnchor<'static>>> =
+        std::sync::OnceLock::new();
+    ROOTS.get_or_init(|| {
+        let found = rustls_native_certs::load_native_certs();
+        if !found.errors.is_empty() {
+            tracing::debug!("system certificates partly unreadable: {:?}", found.errors);
+        }
+        let mut store = rustls::RootCertStore::empty();
+        store.add_parsable_certificates(found.certs);
+        store.roots
+    })
 }
 
 /// Opens a TLS channel whose calls carry `auth`.

@@ -80,12 +80,10 @@ impl HttpsClient {
                 .with_custom_certificate_verifier(Arc::new(crate::client::channel::AnyServer))
                 .with_no_client_auth()
         } else {
-            let mut roots = rustls::RootCertStore::empty();
             // Unreadable system certificates are skipped: the extra CA may be all we need.
-            let native = rustls_native_certs::load_native_certs();
-            for cert in native.certs {
-                let _ = roots.add(cert);
-            }
+            let mut roots = rustls::RootCertStore::from_iter(
+                crate::client::channel::system_roots().iter().cloned(),
+            );
             if let Some(pem) = extra_ca_pem {
                 let mut added = 0;
                 for cert in CertificateDer::pem_slice_iter(pem.as_bytes()) {

@@ -234,11 +234,10 @@ fn tls_config() -> io::Result<Arc<rustls::ClientConfig>> {
             let builder = rustls::ClientConfig::builder_with_provider(provider)
                 .with_safe_default_protocol_versions()
                 .map_err(|e| format!("TLS protocol versions: {e}", e = crate::error_chain(&e)))?;
-            let mut roots = rustls::RootCertStore::empty();
             // Unreadable system certificates are skipped, as everywhere else.
-            for cert in rustls_native_certs::load_native_certs().certs {
-                let _ = roots.add(cert);
-            }
+            let roots = rustls::RootCertStore::from_iter(
+                crate::client::channel::system_roots().iter().cloned(),
+            );
             let mut config = builder.with_root_certificates(roots).with_no_client_auth();
             config.alpn_protocols = vec![b"http/1.1".to_vec()];
             Ok(Arc::new(config))
