@@ -230,7 +230,8 @@ fn tls_config() -> io::Result<Arc<rustls::ClientConfig>> {
     static CONFIG: OnceLock<Result<Arc<rustls::ClientConfig>, String>> = OnceLock::new();
     CONFIG
         .get_or_init(|| {
-            let provider = Arc::new(rustls::crypto::ring::default_provider());
+            // Bulk data: the suites cheapest per byte first.
+            let provider = Arc::new(crate::wire::settings::tls_provider());
             let builder = rustls::ClientConfig::builder_with_provider(provider)
                 .with_safe_default_protocol_versions()
                 .map_err(|e| format!("TLS protocol versions: {e}", e = crate::error_chain(&e)))?;
