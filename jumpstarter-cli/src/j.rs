@@ -17,7 +17,7 @@ pub fn main() -> ExitCode {
 pub fn main_with(toolkit: crate::Toolkit) -> ExitCode {
     let commands = std::sync::Arc::clone(toolkit.commands());
     crate::pipe::exit_quietly_on_closed_stdout();
-    jumpstarter_core::wire::settings::install_tls_provider();
+    jumpstarter_core::tls::install_tls_provider();
     let Some(host) = std::env::var("JUMPSTARTER_HOST")
         .ok()
         .filter(|h| !h.is_empty())

@@ -301,7 +301,7 @@ pub fn main_with(toolkit: crate::Toolkit) -> ExitCode {
 fn timed_main(toolkit: crate::Toolkit, started: Instant) -> ExitCode {
     let before_parse = Instant::now();
     crate::pipe::exit_quietly_on_closed_stdout();
-    jumpstarter_core::wire::settings::install_tls_provider();
+    jumpstarter_core::tls::install_tls_provider();
     crate::completion::answer_if_asked(<Cli as clap::CommandFactory>::command);
     let cli = Cli::parse();
     if timings::wanted_by_env() || matches!(&cli.command, Command::Shell(s) if s.timings) {

@@ -465,7 +465,7 @@ pub const READY_LINE_PREFIX: &str = "jumpstarter-controller ready:";
 /// Entry point of the binary.
 pub fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    jumpstarter_core::wire::settings::install_tls_provider();
+    jumpstarter_core::tls::install_tls_provider();
     let _traces = match jumpstarter_core::telemetry::start(
         "jumpstarter-controller",
         args.otlp_endpoint.as_deref(),

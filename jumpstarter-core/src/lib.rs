@@ -98,6 +98,7 @@ pub mod server;
 #[doc(hidden)]
 pub mod sync;
 pub mod telemetry;
+pub mod tls;
 pub mod wire;
 
 #[cfg(test)]

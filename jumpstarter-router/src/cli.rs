@@ -91,7 +91,7 @@ impl Args {
 /// Entry point of the binary.
 pub fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    jumpstarter_core::wire::settings::install_tls_provider();
+    jumpstarter_core::tls::install_tls_provider();
     let _traces = match jumpstarter_core::telemetry::start(
         "jumpstarter-router",
         args.otlp_endpoint.as_deref(),

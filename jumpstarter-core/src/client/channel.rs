@@ -261,14 +261,13 @@ pub async fn connect_tls_with(
             .map_err(|e| connect_err(e.into()))
     };
     if tls.insecure {
-        let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-            crate::wire::settings::tls_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| connect_err(e.into()))?
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(AnyServer))
-        .with_no_client_auth();
+        let config =
+            rustls::ClientConfig::builder_with_provider(Arc::new(crate::tls::tls_provider()))
+                .with_safe_default_protocol_versions()
+                .map_err(|e| connect_err(e.into()))?
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(AnyServer))
+                .with_no_client_auth();
         let mut config = config;
         config.alpn_protocols = vec![b"h2".to_vec()];
         let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
@@ -293,7 +292,7 @@ pub async fn connect_tls_with(
             .map_err(|e| connect_err(e.into()));
     }
     let mut config = ClientTlsConfig::new().domain_name(host.to_string());
-    let roots = system_roots();
+    let roots = crate::tls::system_roots();
     config = match (roots.is_empty(), &tls.ca_pem) {
         (false, _) => config.trust_anchors(roots.iter().cloned()),
         // No system certificates (a minimal container): the config's CA is enough.
@@ -316,24 +315,6 @@ pub async fn connect_tls_with(
         .await
         .map(GrpcChannel)
         .map_err(|e| connect_err(e.into()))
-}
-
-/// The system's trust anchors (`SSL_CERT_FILE`, `SSL_CERT_DIR` or the platform's store),
-/// read once per process. Reading and parsing them takes a few milliseconds, and a
-/// `jmp shell` makes two connections (the controller's and the router's); certificates
-/// that do not parse are skipped.
-pub(crate) fn system_roots() -> &'static [rustls::pki_types::TrustAnchor<'static>] {
-    static ROOTS: std::sync::OnceLock<Vec<rustls::pki_types::TrustAnchor<'static>>> =
-        std::sync::OnceLock::new();
-    ROOTS.get_or_init(|| {
-        let found = rustls_native_certs::load_native_certs();
-        if !found.errors.is_empty() {
-            tracing::debug!("system certificates partly unreadable: {:?}", found.errors);
-        }
-        let mut store = rustls::RootCertStore::empty();
-        store.add_parsable_certificates(found.certs);
-        store.roots
-    })
 }
 
 /// Opens a TLS channel whose calls carry `auth`.

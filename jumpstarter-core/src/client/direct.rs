@@ -99,14 +99,13 @@ impl DirectTarget {
         }
         let key = PrivateKeyDer::from_pem_slice(ep.client_private_key.as_bytes())
             .map_err(|e| bad(Because::boxed("client private key", e)))?;
-        let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
-            crate::wire::settings::tls_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| bad(e.into()))?
-        .with_root_certificates(roots)
-        .with_client_auth_cert(chain, key)
-        .map_err(|e| bad(Because::boxed("client identity", e)))?;
+        let mut config =
+            rustls::ClientConfig::builder_with_provider(Arc::new(crate::tls::tls_provider()))
+                .with_safe_default_protocol_versions()
+                .map_err(|e| bad(e.into()))?
+                .with_root_certificates(roots)
+                .with_client_auth_cert(chain, key)
+                .map_err(|e| bad(Because::boxed("client identity", e)))?;
         config.alpn_protocols = vec![b"h2".to_vec()];
         Ok(Self {
             endpoint: ep.endpoint.clone(),

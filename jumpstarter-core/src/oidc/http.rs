@@ -81,9 +81,8 @@ impl HttpsClient {
                 .with_no_client_auth()
         } else {
             // Unreadable system certificates are skipped: the extra CA may be all we need.
-            let mut roots = rustls::RootCertStore::from_iter(
-                crate::client::channel::system_roots().iter().cloned(),
-            );
+            let mut roots =
+                rustls::RootCertStore::from_iter(crate::tls::system_roots().iter().cloned());
             if let Some(pem) = extra_ca_pem {
                 let mut added = 0;
                 for cert in CertificateDer::pem_slice_iter(pem.as_bytes()) {

@@ -504,7 +504,7 @@ pub fn tls_acceptor(
         })?;
     let key = PrivateKeyDer::from_pem_slice(identity.key_pem.as_bytes())
         .map_err(|e| invalid(format!("server key: {e}", e = crate::error_chain(&e))))?;
-    let provider = Arc::new(crate::wire::settings::tls_provider());
+    let provider = Arc::new(crate::tls::tls_provider());
     let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(|e| invalid(crate::error_chain(&e)))?;

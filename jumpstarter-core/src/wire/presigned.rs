@@ -231,14 +231,13 @@ fn tls_config() -> io::Result<Arc<rustls::ClientConfig>> {
     CONFIG
         .get_or_init(|| {
             // Bulk data: the suites cheapest per byte first.
-            let provider = Arc::new(crate::wire::settings::tls_provider());
+            let provider = Arc::new(crate::tls::tls_provider());
             let builder = rustls::ClientConfig::builder_with_provider(provider)
                 .with_safe_default_protocol_versions()
                 .map_err(|e| format!("TLS protocol versions: {e}", e = crate::error_chain(&e)))?;
             // Unreadable system certificates are skipped, as everywhere else.
-            let roots = rustls::RootCertStore::from_iter(
-                crate::client::channel::system_roots().iter().cloned(),
-            );
+            let roots =
+                rustls::RootCertStore::from_iter(crate::tls::system_roots().iter().cloned());
             let mut config = builder.with_root_certificates(roots).with_no_client_auth();
             config.alpn_protocols = vec![b"http/1.1".to_vec()];
             Ok(Arc::new(config))
